@@ -1,0 +1,87 @@
+"""What the box observes about its own confinement (``task.run`` kind ``probe``).
+
+``impyard box check`` compares these observations with the lockdown of
+design.md §10. Reading only: the probe changes nothing and sends no packet.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from box.protocol.models import ReportValue
+
+_CGROUP_FILES = {
+    # name: (cgroup v1 path, cgroup v2 path)
+    "pids_limit": ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max"),
+    "memory_limit": ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"),
+    "memory_swap_limit": ("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes", "/sys/fs/cgroup/memory.swap.max"),
+    "cpu_quota": ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max"),
+}
+
+
+def _status_field(name: str) -> str | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == name:
+                return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def _read_first(*paths: str) -> str | None:
+    for path in paths:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            continue
+    return None
+
+
+def _writable(directory: str) -> bool:
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def _can_route_out() -> bool:
+    """True if an outside address is routable. A UDP connect sends no packet."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))  # TEST-NET-1, never a real host
+        except OSError as exc:
+            return exc.errno not in (errno.ENETUNREACH, errno.EHOSTUNREACH)
+    return True
+
+
+def observe(state_dir: Path) -> dict[str, ReportValue]:
+    try:
+        interfaces = ",".join(sorted(os.listdir("/sys/class/net")))
+    except OSError:
+        interfaces = None
+    cap_eff = _status_field("CapEff")
+    no_new_privs = _status_field("NoNewPrivs")
+    report: dict[str, ReportValue] = {
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "python": sys.version.split()[0],
+        "interfaces": interfaces,
+        "can_route_out": _can_route_out(),
+        "root_writable": _writable("/"),
+        "tmp_writable": _writable(tempfile.gettempdir()),
+        "state_dir": str(state_dir),
+        "state_writable": state_dir.is_dir() and _writable(str(state_dir)),
+        "cap_eff": int(cap_eff, 16) if cap_eff else None,
+        "no_new_privs": int(no_new_privs) if no_new_privs else None,
+    }
+    for name, paths in _CGROUP_FILES.items():
+        report[name] = _read_first(*paths)
+    return report

@@ -1,0 +1,117 @@
+"""The box program: serves the host's requests (design.md §3) over one peer."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+from pydantic import BaseModel
+
+import box
+from box import probe
+from box.protocol import BOX_METHODS, HOST_METHODS, PROTOCOL_VERSION, ErrorCode, Peer, RpcError
+from box.protocol.models import (
+    BoxInitParams,
+    BoxInitResult,
+    DeliverParams,
+    DeliverResult,
+    Empty,
+    TaskRunParams,
+    TaskRunResult,
+)
+from box.turn import SimpleTurn
+
+log = logging.getLogger("box")
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+
+class BoxProgram:
+    """State of one box session: initialised once, then turns one at a time."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.peer: Peer | None = None
+        self.init: BoxInitParams | None = None
+        self._turn_lock = anyio.Lock()
+
+    def attach(self, peer: Peer) -> None:
+        self.peer = peer
+
+    async def handle(self, method: str, params: BaseModel) -> BaseModel | None:
+        if method == "box.init":
+            assert isinstance(params, BoxInitParams)
+            return self._initialise(params)
+        if self.init is None:
+            raise RpcError(ErrorCode.NOT_INITIALISED, "not initialised: send box.init first")
+        if method == "box.shutdown":
+            async with self._turn_lock:  # let a running turn finish; the host bounds the wait
+                return Empty()
+        if method == "mailbox.deliver":
+            assert isinstance(params, DeliverParams)
+            return await self._one_at_a_time(self._deliver, params)
+        if method == "task.run":
+            assert isinstance(params, TaskRunParams)
+            return await self._one_at_a_time(self._run_task, params)
+        raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method}")
+
+    def _initialise(self, params: BoxInitParams) -> BoxInitResult:
+        if self.init is not None:
+            raise RpcError(ErrorCode.INVALID_REQUEST, "already initialised")
+        self.init = params
+        log.info("box %s for imp %s, channel %s", box.__version__, params.imp.name, params.session.channel_id)
+        return BoxInitResult(protocol=PROTOCOL_VERSION, box=box.__version__)
+
+    async def _one_at_a_time(self, work: Callable[[P], Awaitable[R]], params: P) -> R:
+        # The host serialises turns; a second one while busy is refused, not queued.
+        if self._turn_lock.locked():
+            raise RpcError(ErrorCode.BUSY, "a turn is already running in this box")
+        async with self._turn_lock:
+            return await work(params)
+
+    def _turn(self) -> SimpleTurn:
+        assert self.peer is not None and self.init is not None
+        return SimpleTurn(self.peer, self.init)
+
+    async def _deliver(self, params: DeliverParams) -> DeliverResult:
+        result = await self._turn().deliver(params)
+        self._journal({"message_id": params.message.id, "outcome": result.outcome, "at": params.now.isoformat()})
+        return result
+
+    async def _run_task(self, params: TaskRunParams) -> TaskRunResult:
+        kind = params.task.kind
+        if kind == "probe":
+            return TaskRunResult(outcome="done", summary="lockdown observations", report=probe.observe(self.state_dir))
+        if kind == "prompt":
+            result = await self._turn().run_prompt_task(params)
+            self._journal({"task_id": params.task.id, "outcome": result.outcome, "at": params.now.isoformat()})
+            return result
+        return TaskRunResult(outcome="failed", summary=f"this box does not know task kind {kind!r}")
+
+    def _journal(self, record: dict[str, str]) -> None:
+        """The box's own record of its turns; it lives only under the state dir."""
+        try:
+            with (self.state_dir / "journal.jsonl").open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps({**record, "logged": datetime.now(UTC).isoformat()}) + "\n")
+        except OSError as exc:
+            log.warning("could not write the journal under %s: %s", self.state_dir, exc)
+
+
+async def serve(receive, send, state_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    program = BoxProgram(state_dir)
+    peer = Peer(
+        receive,
+        send,
+        serves=BOX_METHODS,
+        calls=HOST_METHODS,
+        handler=program.handle,
+        stop_after=frozenset({"box.shutdown"}),
+        logger=logging.getLogger("box.protocol"),
+    )
+    program.attach(peer)
+    await peer.run()

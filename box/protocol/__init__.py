@@ -1,0 +1,32 @@
+"""The box protocol (v1): the contract between host and box (design.md §3).
+
+One package, imported by both sides: the frame and params models
+(``box.protocol.models``), the NDJSON codec (``box.protocol.codec``) and the
+bidirectional JSON-RPC peer (``box.protocol.peer``).
+"""
+
+from box.protocol.codec import DEFAULT_MAX_LINE_BYTES, LineTooLong, NdjsonDecoder, encode_frame
+from box.protocol.errors import ErrorCode, PeerClosed, ProtocolViolation, RpcError
+from box.protocol.models import (
+    BOX_METHODS,
+    HOST_METHODS,
+    PROTOCOL_VERSION,
+    MethodSpec,
+)
+from box.protocol.peer import Peer
+
+__all__ = [
+    "BOX_METHODS",
+    "DEFAULT_MAX_LINE_BYTES",
+    "HOST_METHODS",
+    "PROTOCOL_VERSION",
+    "ErrorCode",
+    "LineTooLong",
+    "MethodSpec",
+    "NdjsonDecoder",
+    "Peer",
+    "PeerClosed",
+    "ProtocolViolation",
+    "RpcError",
+    "encode_frame",
+]

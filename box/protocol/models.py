@@ -1,0 +1,278 @@
+"""Pydantic models for every params and result shape of the box protocol v1 (design.md §3).
+
+Direction decides strictness: what the *host* sends, the box parses leniently
+(unknown fields ignored, the host may be newer); what the *box* sends, the host
+parses strictly (unknown fields refused with -32602), because every byte from a
+box is hostile input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+
+# Bounds on what a box may ask for; the gateway's policy applies finer limits.
+MAX_SEND_CONTENT_CHARS = 20_000
+MAX_SEND_FILES = 10
+MAX_URL_CHARS = 2_048
+MAX_LOG_MESSAGE_CHARS = 4_000
+
+Id = Annotated[str, Field(min_length=1, max_length=128)]
+Name = Annotated[str, Field(max_length=256)]
+
+
+class FromHost(BaseModel):
+    """Sent by the host, parsed by the box: unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class FromBox(BaseModel):
+    """Sent by the box, parsed by the host: unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Empty(FromBox):
+    """An empty params or result object (``{}``)."""
+
+
+class EmptyFromHost(FromHost):
+    pass
+
+
+# ---------------------------------------------------------------- host -> box
+
+
+class ResponderSettings(FromHost):
+    """How the box's responder calls the model. Every field has a default."""
+
+    model: str = "gpt-4.1-mini"
+    max_tokens: int = Field(default=1024, ge=1, le=128_000)
+    temperature: float | None = None
+    history_limit: int = Field(default=20, ge=0, le=500)
+
+
+class MemorySettings(FromHost):
+    enabled: bool = False
+
+
+class ImpSpec(FromHost):
+    name: Name
+    persona: str = ""
+    responder: ResponderSettings = Field(default_factory=ResponderSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+
+
+ChannelKind = Literal["dm", "guild", "terminal", "task"]
+
+
+class SessionInfo(FromHost):
+    id: Id
+    channel_id: Id
+    channel_kind: ChannelKind
+    channel_name: Name = ""
+
+
+class BoxInitParams(FromHost):
+    protocol: Literal[1]
+    imp: ImpSpec
+    session: SessionInfo
+    now: datetime
+
+
+class BoxInitResult(FromBox):
+    protocol: int
+    box: str
+
+
+class Author(FromHost):
+    id: Id
+    name: Name
+    bot: bool = False
+
+
+class ReplyRef(FromHost):
+    id: Id
+    author: Author | None = None
+    content: str = ""
+
+
+class Attachment(FromHost):
+    filename: Name
+    content_type: str = "application/octet-stream"
+    size: int = Field(ge=0)
+    data_b64: str | None = None
+
+
+class Message(FromHost):
+    id: Id
+    author: Author
+    content: str
+    created_at: datetime
+    mentions_imp: bool = False
+    reply_to: ReplyRef | None = None
+    attachments: list[Attachment] = Field(default_factory=list)
+
+
+class Participant(FromHost):
+    id: Id
+    name: Name
+
+
+class Framing(FromHost):
+    mode: Literal["respond", "judge"]
+    reason: Literal["dm", "mention", "one_to_one", "group", "task"]
+    participants: list[Participant] = Field(default_factory=list)
+
+
+class HistoryEntry(FromHost):
+    id: Id
+    author: Author
+    content: str
+    created_at: datetime
+    from_imp: bool = False
+
+
+class DeliverParams(FromHost):
+    message: Message
+    framing: Framing
+    recent: list[HistoryEntry] = Field(default_factory=list)
+    now: datetime
+
+
+Outcome = Literal["sent", "silent", "pending", "failed"]
+
+
+class DeliverResult(FromBox):
+    outcome: Outcome
+    message_ids: list[Id] = Field(default_factory=list, max_length=100)
+    error: str | None = Field(default=None, max_length=4_000)
+
+
+class TaskSpec(FromHost):
+    id: Id
+    kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]  # an open set: prompt, reflect, ...
+    prompt: str | None = None
+    person: str | None = None
+
+
+class TaskRunParams(FromHost):
+    task: TaskSpec
+    now: datetime
+
+
+ReportValue = str | int | float | bool | None
+
+
+class TaskRunResult(FromBox):
+    outcome: Literal["done", "failed", "pending"]
+    summary: str = Field(default="", max_length=20_000)
+    # Structured observations (the lockdown probe uses it); an addition to §3.
+    report: dict[Annotated[str, Field(max_length=64)], ReportValue] = Field(default_factory=dict, max_length=64)
+
+
+# ---------------------------------------------------------------- box -> host
+
+ModelPath = Literal["/chat/completions", "/responses", "/embeddings", "/images/generations", "/images/edits"]
+
+
+class ModelRequestParams(FromBox):
+    path: ModelPath
+    body: dict[str, Any]
+    purpose: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+
+
+class ModelRequestResult(FromHost):
+    status: int
+    body: Any = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class SendFile(FromBox):
+    filename: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^/\\\x00]+$")]
+    data_b64: str
+
+
+class DiscordSendParams(FromBox):
+    channel_id: Id
+    content: Annotated[str, Field(max_length=MAX_SEND_CONTENT_CHARS)]
+    reply_to: Id | None = None
+    files: list[SendFile] = Field(default_factory=list, max_length=MAX_SEND_FILES)
+    kind: Literal["reply", "staff", "other"] = "reply"
+
+
+class DiscordSendResult(FromHost):
+    status: Literal["delivered", "pending"]
+    message_ids: list[str] = Field(default_factory=list)
+    gate_id: str | None = None
+
+
+class HttpFetchParams(FromBox):
+    url: Annotated[str, Field(min_length=1, max_length=MAX_URL_CHARS)]
+    method: Literal["GET"] = "GET"
+    max_bytes: int = Field(default=1_000_000, ge=1, le=10_000_000)
+
+
+class HttpFetchResult(FromHost):
+    status: int
+    content_type: str = ""
+    text: str = ""
+    truncated: bool = False
+
+
+Stage = Literal["context", "tools", "decision", "render", "send", "post", "failed"]
+
+
+class TurnStageParams(FromBox):
+    message_id: Id
+    stage: Stage
+
+
+class LogParams(FromBox):
+    level: Literal["debug", "info", "warning", "error"]
+    message: Annotated[str, Field(max_length=MAX_LOG_MESSAGE_CHARS)]
+    fields: dict[Annotated[str, Field(max_length=64)], ReportValue] = Field(default_factory=dict, max_length=32)
+
+
+# ---------------------------------------------------------------- method tables
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method of the protocol: its params model, and its result model (None = notification)."""
+
+    name: str
+    params: type[BaseModel]
+    result: type[BaseModel] | None
+
+    @property
+    def is_notification(self) -> bool:
+        return self.result is None
+
+
+def _table(*specs: MethodSpec) -> dict[str, MethodSpec]:
+    return {spec.name: spec for spec in specs}
+
+
+# Methods the box serves (host -> box).
+BOX_METHODS: dict[str, MethodSpec] = _table(
+    MethodSpec("box.init", BoxInitParams, BoxInitResult),
+    MethodSpec("mailbox.deliver", DeliverParams, DeliverResult),
+    MethodSpec("task.run", TaskRunParams, TaskRunResult),
+    MethodSpec("box.shutdown", EmptyFromHost, Empty),
+)
+
+# Methods the host serves (box -> host).
+HOST_METHODS: dict[str, MethodSpec] = _table(
+    MethodSpec("model.request", ModelRequestParams, ModelRequestResult),
+    MethodSpec("discord.send", DiscordSendParams, DiscordSendResult),
+    MethodSpec("http.fetch", HttpFetchParams, HttpFetchResult),
+    MethodSpec("turn.stage", TurnStageParams, None),
+    MethodSpec("log", LogParams, None),
+)

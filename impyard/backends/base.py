@@ -1,0 +1,279 @@
+"""What every box backend shares: the spec of a box, the host's handler, and the running box.
+
+A backend only knows how to start and kill the ``python -m box`` process; the
+running box (``RunningBox``) speaks the protocol to it the same way for every
+backend, treats every byte it writes as hostile, and reaps it on every path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+from anyio.abc import Process
+from pydantic import BaseModel
+
+from box.protocol import (
+    BOX_METHODS,
+    DEFAULT_MAX_LINE_BYTES,
+    HOST_METHODS,
+    Peer,
+    PeerClosed,
+    ProtocolViolation,
+)
+from box.protocol.codec import LineTooLong, NdjsonDecoder
+from box.protocol.models import (
+    BoxInitParams,
+    BoxInitResult,
+    DeliverParams,
+    DeliverResult,
+    EmptyFromHost,
+    TaskRunParams,
+    TaskRunResult,
+)
+
+log = logging.getLogger("impyard.box")
+
+STDERR_LINE_BYTES = 16_384
+STDERR_TAIL_LINES = 40
+SHUTDOWN_GRACE_S = 5.0
+EXIT_WAIT_S = 5.0
+DEATH_REPORT_WAIT_S = 1.0
+
+
+class BoxError(Exception):
+    """Something went wrong with a box; the message says what and what to do."""
+
+
+class BoxStartError(BoxError):
+    """The box could not be started with its lockdown (fail closed)."""
+
+
+class BoxDied(BoxError):
+    """The box exited or broke the protocol while a request was pending."""
+
+
+class BoxTimeout(BoxError):
+    """The box did not answer in time."""
+
+
+@dataclass(frozen=True)
+class BoxSpec:
+    """Which box: the imp, the channel of its session, and the state dir mounted as ``/state``."""
+
+    imp: str
+    channel_id: str
+    state_dir: Path
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+class BoxHost(Protocol):
+    """The host side of a box: serves the box's requests and notifications (the gateway, in real use)."""
+
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None: ...
+
+
+class RefuseAllHost:
+    """A host that answers every request with a denial; for boxes that must not act (``box check``)."""
+
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
+        from box.protocol import ErrorCode, RpcError
+
+        if HOST_METHODS[method].is_notification:
+            return None
+        raise RpcError(ErrorCode.DENIED, "denied: this box may not act", {"rule": "refuse-all", "reason": "probe"})
+
+
+class RunningBox:
+    """A started box process with its protocol peer. Created by a backend's ``open``."""
+
+    def __init__(
+        self,
+        spec: BoxSpec,
+        process: Process,
+        host: BoxHost,
+        terminate: Callable[[], Awaitable[None]],
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    ) -> None:
+        self.spec = spec
+        self.process = process
+        self._terminate = terminate
+        self._host = host
+        self.exited = anyio.Event()
+        self.returncode: int | None = None
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.violation: str | None = None
+        self.unresponsive = False
+        self._kill_requested = anyio.Event()
+        assert process.stdin is not None and process.stdout is not None
+        self.peer = Peer(
+            process.stdout,
+            process.stdin,
+            serves=HOST_METHODS,
+            calls=BOX_METHODS,
+            handler=self._serve,
+            on_violation=self._on_violation,
+            max_line_bytes=max_line_bytes,
+            logger=logging.getLogger(f"impyard.box.{spec.imp}"),
+        )
+
+    # ------------------------------------------------------------ host side
+
+    async def _serve(self, method: str, params: BaseModel) -> BaseModel | None:
+        return await self._host.serve(self.spec, method, params)
+
+    def _on_violation(self, reason: str) -> None:
+        # A box that breaks framing is misbehaving: it is killed, never the supervisor.
+        if self.violation is None:
+            self.violation = reason
+            log.error("box %s/%s broke the protocol (%s); killing it", self.spec.imp, self.spec.channel_id, reason)
+        self._kill_requested.set()
+
+    # ------------------------------------------------------------ calls into the box
+
+    async def request(self, method: str, params: BaseModel, *, timeout: float | None = None) -> BaseModel:
+        try:
+            return await self.peer.request(method, params, timeout=timeout)
+        except TimeoutError as exc:
+            self.unresponsive = True  # closing it will not wait for a polite shutdown
+            raise BoxTimeout(f"the box did not answer {method} within {timeout:.1f} s") from exc
+        except (PeerClosed, ProtocolViolation) as exc:
+            with anyio.move_on_after(DEATH_REPORT_WAIT_S):  # so the report can say how it ended
+                await self.exited.wait()
+            raise BoxDied(self.describe_death(f"{method} got no answer: {exc}")) from exc
+
+    async def init(self, params: BoxInitParams, *, timeout: float = 30.0) -> BoxInitResult:
+        result = await self.request("box.init", params, timeout=timeout)
+        assert isinstance(result, BoxInitResult)
+        return result
+
+    async def deliver(self, params: DeliverParams, *, timeout: float | None = None) -> DeliverResult:
+        result = await self.request("mailbox.deliver", params, timeout=timeout)
+        assert isinstance(result, DeliverResult)
+        return result
+
+    async def run_task(self, params: TaskRunParams, *, timeout: float | None = None) -> TaskRunResult:
+        result = await self.request("task.run", params, timeout=timeout)
+        assert isinstance(result, TaskRunResult)
+        return result
+
+    def describe_death(self, what: str) -> str:
+        parts = [what]
+        if self.violation:
+            parts.append(f"protocol violation: {self.violation}")
+        if self.returncode is not None:
+            parts.append(f"exit code {self.returncode}")
+        if self.stderr_tail:
+            parts.append(f"last log line: {self.stderr_tail[-1][:300]}")
+        return "; ".join(parts)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def close(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Ask the box to shut down, then make sure it is gone."""
+        if not self.exited.is_set() and not self.peer.closed and not self.unresponsive:
+            with anyio.move_on_after(grace_s):
+                try:
+                    await self.peer.request("box.shutdown", EmptyFromHost())
+                except Exception as exc:  # noqa: BLE001 - any failure here just means: kill it
+                    log.debug("box.shutdown failed: %s", exc)
+        with anyio.move_on_after(EXIT_WAIT_S):
+            if self.process.stdin is not None:
+                await self.process.stdin.aclose()
+            await self.exited.wait()
+        await self.kill()
+
+    async def kill(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._terminate()
+            with anyio.move_on_after(EXIT_WAIT_S):
+                self.returncode = await self.process.wait()
+                self.exited.set()
+
+    async def _pump_peer(self) -> None:
+        await self.peer.run()
+        # stdout closed: the box is gone or going; make sure it is.
+        self._kill_requested.set()
+
+    async def _pump_stderr(self) -> None:
+        assert self.process.stderr is not None
+        decoder = NdjsonDecoder(STDERR_LINE_BYTES)
+        box_log = logging.getLogger(f"impyard.box.{self.spec.imp}.stderr")
+        try:
+            async for chunk in self.process.stderr:
+                for line in decoder.feed(chunk):
+                    text = "(over-long log line dropped)" if isinstance(line, LineTooLong) else line.decode(errors="replace")
+                    self.stderr_tail.append(text)
+                    box_log.debug("%s", text)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    async def _watch_exit(self) -> None:
+        self.returncode = await self.process.wait()
+        self.exited.set()
+        self._kill_requested.set()
+
+    async def _watch_kill(self) -> None:
+        await self._kill_requested.wait()
+        if not self.exited.is_set():
+            await self.kill()
+        self.peer.stop()
+
+
+def kill_process(process: Process) -> None:
+    """SIGKILL without ``Popen.send_signal``, whose poll() would reap the child behind asyncio's back."""
+    if process.returncode is None:
+        try:
+            os.kill(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class BoxBackend(Protocol):
+    """Starts boxes. ``open`` yields a running box and reaps it when the block ends, on every path."""
+
+    name: str
+
+    def open(self, spec: BoxSpec, host: BoxHost) -> AbstractAsyncContextManager[RunningBox]: ...
+
+
+@asynccontextmanager
+async def supervise_process(
+    spec: BoxSpec,
+    process: Process,
+    host: BoxHost,
+    terminate: Callable[[], Awaitable[None]],
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> AsyncIterator[RunningBox]:
+    """Run the peer, the stderr pump and the exit watcher for a started box; reap it on every path."""
+    running = RunningBox(spec, process, host, terminate, max_line_bytes)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(running._pump_peer, name="box peer")
+            tg.start_soon(running._pump_stderr, name="box stderr")
+            tg.start_soon(running._watch_exit, name="box exit")
+            tg.start_soon(running._watch_kill, name="box kill")
+            try:
+                yield running
+            except BaseException:
+                # Cancelled or failed: no polite shutdown, the helpers may already be cancelled.
+                await running.kill()
+                raise
+            else:
+                with anyio.CancelScope(shield=True):
+                    await running.close()
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await terminate()
+            await process.aclose()

@@ -1,0 +1,220 @@
+"""The Docker backend: every box is ``docker run -i --rm --init`` with the full lockdown of design.md §10.
+
+The box's stdio is the ``docker run`` client's stdio (``anyio.open_process``);
+the docker SDK is used only for lifecycle: preflight checks, kill by name,
+listing and removing labelled orphans. Fail closed: no engine, no image, or an
+engine that cannot apply a limit is a ``BoxStartError``, never an unconfined box.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import docker
+import docker.errors
+
+from impyard import paths
+from impyard.backends.base import BoxHost, BoxSpec, BoxStartError, RunningBox, kill_process, supervise_process
+
+log = logging.getLogger("impyard.box")
+
+LABEL_BOX = "org.impyard.box"
+LABEL_HOME = "org.impyard.home"
+LABEL_IMP = "org.impyard.imp"
+LABEL_CHANNEL = "org.impyard.channel"
+LABEL_RUN = "org.impyard.run"
+STATE_MOUNT = "/state"
+BOX_UID = 10001  # the non-root user boxes run as when the host runs as root
+DOCKER_API_TIMEOUT_S = 10
+
+# docker info fields that say the engine can enforce each limit we set.
+_REQUIRED_ENGINE_FEATURES = {
+    "MemoryLimit": "--memory",
+    "SwapLimit": "--memory-swap",
+    "PidsLimit": "--pids-limit",
+    "CpuCfsQuota": "--cpus",
+}
+
+
+@dataclass(frozen=True)
+class DockerLimits:
+    """Resource limits of every box (design.md §10)."""
+
+    memory: str = "512m"  # also the --memory-swap value: no swap beyond it
+    cpus: float = 1.0
+    pids_limit: int = 128
+    tmpfs_size: str = "64m"
+    nofile: int = 1024
+
+
+def box_user() -> str:
+    """A non-root uid:gid for the box: 10001 when the host is root, else the host's own (non-root) uid."""
+    uid = os.getuid()
+    if uid == 0:
+        return f"{BOX_UID}:{BOX_UID}"
+    return f"{uid}:{os.getgid()}"
+
+
+def container_name(spec: BoxSpec) -> str:
+    return f"impyard-{paths.safe_name(spec.imp, 24)}-{paths.safe_name(spec.channel_id, 24)}-{spec.run_id[:12]}"
+
+
+def run_argv(
+    spec: BoxSpec,
+    image: str,
+    *,
+    limits: DockerLimits,
+    home_id: str,
+    user: str,
+    command: list[str] | None = None,
+    docker_bin: str = "docker",
+) -> list[str]:
+    """The full ``docker run`` command line of a box: every lockdown flag, one rw mount."""
+    argv = [
+        docker_bin, "run", "-i", "--rm", "--init",
+        "--name", container_name(spec),
+        "--network", "none",
+        "--read-only",
+        "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={limits.tmpfs_size}",
+        "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges",
+        "--pids-limit", str(limits.pids_limit),
+        "--memory", limits.memory,
+        "--memory-swap", limits.memory,
+        "--cpus", f"{limits.cpus:g}",
+        "--ulimit", f"nofile={limits.nofile}:{limits.nofile}",
+        "--user", user,
+        "--log-driver", "none",
+        "--label", f"{LABEL_BOX}=1",
+        "--label", f"{LABEL_HOME}={home_id}",
+        "--label", f"{LABEL_IMP}={spec.imp}",
+        "--label", f"{LABEL_CHANNEL}={spec.channel_id}",
+        "--label", f"{LABEL_RUN}={spec.run_id}",
+        "--mount", f"type=bind,source={spec.state_dir},target={STATE_MOUNT}",
+        "--env", f"IMPYARD_STATE_DIR={STATE_MOUNT}",
+    ]  # fmt: skip
+    if command:
+        argv += ["--entrypoint", command[0], image, *command[1:]]
+    else:
+        argv.append(image)
+    return argv
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        limits: DockerLimits | None = None,
+        home_id: str | None = None,
+    ) -> None:
+        self._image = image
+        self.limits = limits or DockerLimits()
+        self.home_id = home_id or paths.home_id()
+        self._client: docker.DockerClient | None = None
+        self._checked = False
+
+    @property
+    def image(self) -> str:
+        if self._image is None:
+            from impyard.boximage import expected_tag
+
+            self._image = expected_tag()
+        return self._image
+
+    # ------------------------------------------------------------ preflight (fail closed)
+
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            try:
+                client = docker.from_env(timeout=DOCKER_API_TIMEOUT_S)
+                client.ping()
+            except docker.errors.DockerException as exc:
+                raise BoxStartError(
+                    f"the Docker engine is not reachable ({_short(exc)}): start dockerd "
+                    "(or install docker.io), or choose the process backend for development"
+                ) from exc
+            self._client = client
+        return self._client
+
+    def preflight(self) -> None:
+        """Refuse to start anything unless every lockdown flag can be applied."""
+        if self._checked:
+            return
+        if shutil.which("docker") is None:
+            raise BoxStartError("the docker command is not installed: apt-get install docker.io")
+        client = self.client()
+        info = client.info()
+        for feature, flag in _REQUIRED_ENGINE_FEATURES.items():
+            if info.get(feature) is False:
+                raise BoxStartError(
+                    f"the Docker engine cannot apply {flag} ({feature} is off in `docker info`); "
+                    "refusing to start an unconfined box: enable the cgroup controller (e.g. swapaccount=1)"
+                )
+        try:
+            client.images.get(self.image)
+        except docker.errors.ImageNotFound as exc:
+            raise BoxStartError(f"the box image {self.image} is not built: run `impyard box build`") from exc
+        self._checked = True
+
+    # ------------------------------------------------------------ lifecycle
+
+    def kill_by_name(self, name: str) -> None:
+        try:
+            self.client().containers.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress (--rm)
+                raise
+
+    def labelled(self, **labels: str) -> list[docker.models.containers.Container]:
+        filters = [f"{LABEL_BOX}=1", f"{LABEL_HOME}={self.home_id}"]
+        filters += [f"org.impyard.{key}={value}" for key, value in labels.items()]
+        return self.client().containers.list(all=True, filters={"label": filters})
+
+    def remove_orphans(self) -> int:
+        """Remove this home's labelled boxes left by a supervisor that died; returns how many."""
+        removed = 0
+        for container in self.labelled():
+            log.warning("removing orphaned box %s", container.name)
+            self.kill_by_name(container.name)
+            removed += 1
+        return removed
+
+    def prepare_state_dir(self, state_dir: Path, user: str) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        if os.getuid() == 0:
+            uid, gid = (int(part) for part in user.split(":"))
+            os.chown(state_dir, uid, gid)
+        state_dir.chmod(0o700)
+
+    @asynccontextmanager
+    async def open(self, spec: BoxSpec, host: BoxHost, *, command: list[str] | None = None) -> AsyncIterator[RunningBox]:
+        await anyio.to_thread.run_sync(self.preflight)
+        user = box_user()
+        self.prepare_state_dir(spec.state_dir, user)
+        name = container_name(spec)
+        argv = run_argv(spec, self.image, limits=self.limits, home_id=self.home_id, user=user, command=command)
+        process = await anyio.open_process(argv)
+
+        async def terminate() -> None:
+            # Killing the docker client would leave the container running: kill it by name.
+            await anyio.to_thread.run_sync(self.kill_by_name, name)
+            kill_process(process)
+
+        async with supervise_process(spec, process, host, terminate) as running:
+            yield running
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

@@ -1,0 +1,36 @@
+"""The ``impyard`` command line: groups are nouns, subcommands verbs (conventions.md)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from impyard import __version__
+from impyard.cli.box import box_group
+from impyard.cli.doctor import doctor_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="impyard")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """impyard runs AI chat agents (imps) in locked-down boxes, governed by a gateway.
+
+    \b
+    Example:
+      impyard doctor          # what is set up, and how to fix what is not
+      impyard box build       # build the box image (no registry needed)
+      impyard box check       # start a real box and verify its lockdown
+    """
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+
+cli.add_command(box_group)
+cli.add_command(doctor_command)
+
+
+def main() -> None:
+    cli(prog_name="impyard")

@@ -1,0 +1,125 @@
+"""``impyard box``: build the box image and check a real box's lockdown."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+import click
+from rich.console import Console
+from rich.table import Table
+
+from box.protocol.models import BoxInitParams, ImpSpec, ReportValue, SessionInfo, TaskRunParams, TaskSpec
+from impyard.backends import BoxBackend, BoxError, BoxSpec, RefuseAllHost
+from impyard.backends.choose import choose_backend
+from impyard.backends.docker import DockerBackend, DockerLimits
+from impyard.cli.errors import CliError
+from impyard.lockdown import evaluate
+
+PROBE_TIMEOUT_S = 60.0
+
+
+@click.group("box")
+def box_group() -> None:
+    """The box: the locked-down container every imp runs in."""
+
+
+@box_group.command("build")
+@click.option("--base", default=None, help="Base image (default: python:3.11-slim, else a local Debian base).")
+@click.option("--force", is_flag=True, help="Rebuild even if the image for this box version exists.")
+def build_command(base: str | None, force: bool) -> None:
+    """Build the box image without a container registry.
+
+    \b
+    The box's Python dependencies are downloaded on the host and copied in; when
+    the base image cannot be pulled, a minimal Debian base is built locally with
+    debootstrap. Example:
+      impyard box build
+    """
+    from impyard.boximage import BoxImageError, build_image
+
+    console = Console(stderr=True)
+    try:
+        with console.status("Building the box image…") as status:
+
+            def progress(line: str) -> None:
+                status.update(f"Building the box image… {line.strip()[:80]}")
+                console.print(f"[dim]{line.rstrip()}[/dim]", highlight=False)
+
+            tag = build_image(base=base, force=force, progress=progress)
+    except BoxImageError as exc:
+        raise CliError(str(exc)) from exc
+    click.echo(tag)
+
+
+async def probe(backend: BoxBackend, state_dir: Path) -> dict[str, ReportValue]:
+    """Start a real box, ask it what it observes from inside, shut it down."""
+    now = datetime.now(UTC)
+    spec = BoxSpec(imp="box-check", channel_id="check", state_dir=state_dir)
+    async with backend.open(spec, RefuseAllHost()) as running:
+        await running.init(
+            BoxInitParams(
+                protocol=1,
+                imp=ImpSpec(name="box-check"),
+                session=SessionInfo(id=f"check-{uuid.uuid4().hex[:8]}", channel_id="check", channel_kind="task"),
+                now=now,
+            ),
+            timeout=PROBE_TIMEOUT_S,
+        )
+        result = await running.run_task(
+            TaskRunParams(task=TaskSpec(id="probe", kind="probe"), now=now), timeout=PROBE_TIMEOUT_S
+        )
+    return result.report
+
+
+@box_group.command("check")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "docker", "process"]),
+    default="auto",
+    show_default=True,
+    help="Where to start the box (process has no lockdown and fails the check).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the observations and checks as JSON.")
+def check_command(backend: str, as_json: bool) -> None:
+    """Start a real box and verify its lockdown from inside.
+
+    \b
+    Prints what the box observes (uid, network interfaces, root writable,
+    capabilities, NoNewPrivs, pids and memory limits) and exits non-zero if
+    any lockdown property is missing. Example:
+      impyard box check
+    """
+    chosen = choose_backend(backend)  # type: ignore[arg-type]
+    limits = chosen.limits if isinstance(chosen, DockerBackend) else DockerLimits()
+    with tempfile.TemporaryDirectory(prefix="impyard-check-") as tmp:
+        try:
+            report = anyio.run(probe, chosen, Path(tmp) / "state")
+        except BoxError as exc:
+            raise CliError(f"the box did not start: {exc}") from exc
+    checks = evaluate(report, memory=limits.memory, pids_limit=limits.pids_limit)
+    failed = [check for check in checks if not check.ok]
+    if as_json:
+        payload = {
+            "backend": chosen.name,
+            "observed": report,
+            "checks": [check.__dict__ for check in checks],
+            "confined": not failed,
+        }
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        table = Table(title=f"Box lockdown ({chosen.name} backend)")
+        for column in ("property", "observed", "expected", ""):
+            table.add_column(column)
+        for check in checks:
+            table.add_row(check.name, check.observed, check.expected, "[green]ok[/]" if check.ok else "[red]MISSING[/]")
+        Console().print(table)
+    if failed:
+        raise CliError(
+            f"{len(failed)} lockdown properties missing ({', '.join(c.name for c in failed)}): "
+            "use the Docker backend on an engine that can apply every limit"
+        )

@@ -1,0 +1,89 @@
+"""``impyard doctor``: what is set up, and the fix for what is not."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from impyard import paths
+from impyard.backends import BoxStartError
+from impyard.backends.docker import DockerBackend
+
+
+@dataclass(frozen=True)
+class Finding:
+    item: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _docker_findings() -> list[Finding]:
+    backend = DockerBackend()
+    try:
+        version = backend.client().version().get("Version", "?")
+    except BoxStartError as exc:
+        return [
+            Finding("Docker engine", False, str(exc).split(":")[0], "apt-get install docker.io; start dockerd"),
+            Finding("Box image", False, "unknown (no engine)", "impyard box build (after Docker runs)"),
+        ]
+    engine = Finding("Docker engine", True, f"reachable, version {version}")
+    try:
+        backend.preflight()
+    except BoxStartError as exc:
+        fix = "impyard box build" if "not built" in str(exc) else "see the detail"
+        return [engine, Finding("Box image", False, str(exc), fix)]
+    return [engine, Finding("Box image", True, backend.image)]
+
+
+def _model_findings() -> list[Finding]:
+    key = os.environ.get("OPENAI_API_KEY")
+    base = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1 (default)")
+    if key:
+        return [Finding("Model key", True, f"OPENAI_API_KEY set ({len(key)} characters); base {base}")]
+    return [Finding("Model key", False, "OPENAI_API_KEY not set", "export OPENAI_API_KEY=sk-… (and OPENAI_BASE_URL for a compatible server)")]
+
+
+def _discord_findings() -> list[Finding]:
+    tokens = sorted(name for name in os.environ if name.startswith("IMPYARD_DISCORD_TOKEN"))
+    if tokens:
+        return [Finding("Discord token(s)", True, ", ".join(tokens))]
+    return [Finding("Discord token(s)", False, "none configured", "only needed for Discord: see the README, 'Connect a Discord bot'")]
+
+
+def _state_findings() -> list[Finding]:
+    home = paths.home()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        probe = home / ".doctor-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return [Finding("State dir", False, f"{home}: {exc.strerror}", "set IMPYARD_HOME to a writable directory")]
+    return [Finding("State dir", True, str(home))]
+
+
+@click.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def doctor_command(as_json: bool) -> None:
+    """Check the Docker engine, the box image, the model key, Discord tokens and the state dir.
+
+    \b
+    Example:
+      impyard doctor
+    """
+    findings = _docker_findings() + _model_findings() + _discord_findings() + _state_findings()
+    if as_json:
+        click.echo(json.dumps([asdict(finding) for finding in findings], indent=2))
+        return
+    table = Table(title="impyard doctor")
+    for column in ("", "item", "detail", "fix"):
+        table.add_column(column)
+    for finding in findings:
+        table.add_row("[green]ok[/]" if finding.ok else "[red]!![/]", finding.item, finding.detail, finding.fix)
+    Console().print(table)

@@ -1,0 +1,33 @@
+"""Where impyard keeps its state: ``IMPYARD_HOME`` (default: a platformdirs data dir)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import platformdirs
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def home() -> Path:
+    configured = os.environ.get("IMPYARD_HOME")
+    return Path(configured).expanduser().resolve() if configured else Path(platformdirs.user_data_dir("impyard"))
+
+
+def home_id(path: Path | None = None) -> str:
+    """A short stable id for this IMPYARD_HOME; labels its boxes so two supervisors never reap each other's."""
+    return hashlib.sha256(str(path or home()).encode()).hexdigest()[:12]
+
+
+def safe_name(text: str, limit: int = 40) -> str:
+    """A name fit for paths and container names, derived from an imp or channel id."""
+    cleaned = _SAFE.sub("-", text).strip("-.") or "x"
+    return cleaned[:limit]
+
+
+def imp_state_dir(imp: str, base: Path | None = None) -> Path:
+    """The imp's own state directory: the one read-write mount of its boxes (``/state``)."""
+    return (base or home()) / "imps" / safe_name(imp) / "state"

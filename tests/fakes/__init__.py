@@ -1,0 +1,1 @@
+"""Loopback fakes of the services impyard talks to (design.md §9)."""

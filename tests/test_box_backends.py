@@ -1,0 +1,197 @@
+"""The same box behaviour on both backends, and the Docker lockdown observed from inside a real container."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import docker
+import pytest
+from click.testing import CliRunner
+
+from impyard.backends import BoxSpec, BoxStartError, RefuseAllHost
+from impyard.backends.docker import DockerBackend, DockerLimits, run_argv
+from impyard.backends.process import ProcessBackend
+from impyard.cli import cli
+from impyard.cli.box import probe
+from impyard.lockdown import evaluate
+from tests.scripted import ScriptedHost, chat_result, deliver_params, envelope, init_params
+
+pytestmark = pytest.mark.anyio
+
+
+def spec(tmp_path: Path, channel: str = "c1") -> BoxSpec:
+    return BoxSpec(imp="pip", channel_id=channel, state_dir=tmp_path / "state")
+
+
+async def test_the_same_scripted_conversation_on_each_backend(backend: object, tmp_path: Path) -> None:
+    host = ScriptedHost(answers=[chat_result(envelope("hello ann")), chat_result(envelope(None, answer_needed=False))])
+    async with backend.open(spec(tmp_path), host) as running:  # type: ignore[attr-defined]
+        await running.init(init_params())
+        first = await running.deliver(deliver_params("hi pip", "m1"), timeout=30)
+        second = await running.deliver(deliver_params("ok", "m2", mode="judge"), timeout=30)
+    assert (first.outcome, first.message_ids, second.outcome) == ("sent", ["out-1"], "silent")
+    assert [sent.content for sent in host.sent] == ["hello ann"]  # type: ignore[attr-defined]
+    assert running.returncode == 0  # box.shutdown, then a clean exit
+    assert (tmp_path / "state" / "journal.jsonl").exists()  # the box's files land in its state dir
+
+
+async def test_cancelling_the_host_leaves_no_box_behind(backend: object, tmp_path: Path) -> None:
+    boxes = []
+    with anyio.CancelScope() as scope:
+        async with backend.open(spec(tmp_path), ScriptedHost(answers=[])) as running:  # type: ignore[attr-defined]
+            boxes.append(running)
+            await running.init(init_params())
+            scope.cancel()  # the host is cancelled while the box is live
+            await anyio.sleep_forever()
+    assert boxes and boxes[0].exited.is_set()
+    if isinstance(backend, DockerBackend):
+        assert backend.labelled() == []  # `docker ps` by label is empty
+
+
+# ------------------------------------------------------------------ Docker only
+
+
+async def test_lockdown_observed_from_inside(docker_backend: DockerBackend, tmp_path: Path) -> None:
+    report = await probe(docker_backend, tmp_path / "state")
+    assert report["interfaces"] == "lo"
+    assert report["root_writable"] is False
+    assert report["uid"] != 0
+    assert report["cap_eff"] == 0
+    assert report["no_new_privs"] == 1
+    assert report["state_writable"] is True
+    checks = evaluate(report, memory=docker_backend.limits.memory, pids_limit=docker_backend.limits.pids_limit)
+    assert [check.name for check in checks if not check.ok] == []
+
+
+FORK_LOOP = """
+import os, sys, time
+children = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    print(f"fork stopped after {children} children: errno {exc.errno}", file=sys.stderr, flush=True)
+"""
+
+MEMORY_HOG = """
+import sys
+hoard = []
+while True:
+    hoard.append(b"x" * (8 * 1024 * 1024))
+    print(f"holding {len(hoard) * 8} MiB", file=sys.stderr, flush=True)
+"""
+
+
+async def _run_to_exit(backend: DockerBackend, tmp_path: Path, script: str) -> tuple[int | None, list[str]]:
+    async with backend.open(spec(tmp_path, "hostile"), RefuseAllHost(), command=["python3", "-c", script]) as running:
+        with anyio.fail_after(60):
+            await running.exited.wait()
+    return running.returncode, list(running.stderr_tail)
+
+
+async def test_fork_loop_is_stopped_by_the_pids_limit(docker_backend: DockerBackend, tmp_path: Path) -> None:
+    returncode, log = await _run_to_exit(docker_backend, tmp_path, FORK_LOOP)
+    stopped = [line for line in log if line.startswith("fork stopped")]
+    assert stopped, log
+    children = int(stopped[0].split()[3])
+    assert children < docker_backend.limits.pids_limit
+    assert returncode == 0
+    # The supervisor is fine: the next box works.
+    await test_lockdown_observed_from_inside(docker_backend, tmp_path)
+
+
+async def test_memory_hog_is_killed_by_the_memory_limit(test_home_id: str, box_image: str, tmp_path: Path) -> None:
+    backend = DockerBackend(box_image, home_id=test_home_id, limits=DockerLimits(memory="96m"))
+    returncode, log = await _run_to_exit(backend, tmp_path, MEMORY_HOG)
+    assert returncode == 137  # SIGKILL from the OOM killer
+    held = max(int(line.split()[1]) for line in log if line.startswith("holding"))
+    assert held <= 96
+    assert backend.labelled() == []
+
+
+async def test_labelled_orphans_are_removed_at_start(docker_backend: DockerBackend, box_image: str, tmp_path: Path) -> None:
+    # An orphan: a box started like ours whose supervisor vanished.
+    docker_backend.client().containers.run(
+        box_image, ["300"], entrypoint="sleep", detach=True, labels={
+            "org.impyard.box": "1", "org.impyard.home": docker_backend.home_id, "org.impyard.imp": "pip"
+        }, network_mode="none",
+    )  # fmt: skip
+    assert len(docker_backend.labelled()) == 1
+    assert docker_backend.remove_orphans() == 1
+    assert docker_backend.labelled() == []
+
+
+async def test_missing_image_fails_closed(test_home_id: str, tmp_path: Path) -> None:
+    backend = DockerBackend("impyard-box:does-not-exist", home_id=test_home_id)
+    with pytest.raises(BoxStartError, match="impyard box build"):
+        async with backend.open(spec(tmp_path), RefuseAllHost()):
+            pytest.fail("a box started without its image")
+
+
+async def test_unreachable_engine_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(BoxStartError, match="not reachable"):
+        async with DockerBackend("impyard-box:any", home_id="x").open(spec(tmp_path), RefuseAllHost()):
+            pytest.fail("a box started without an engine")
+
+
+async def test_an_engine_that_cannot_apply_a_limit_fails_closed(
+    docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    client = docker_backend.client()
+    real_info = client.info
+    monkeypatch.setattr(client, "info", lambda: {**real_info(), "SwapLimit": False})
+    docker_backend._checked = False
+    with pytest.raises(BoxStartError, match="--memory-swap"):
+        async with docker_backend.open(spec(tmp_path), RefuseAllHost()):
+            pytest.fail("an unconfined box started")
+
+
+def test_every_lockdown_flag_is_on_the_command_line(tmp_path: Path) -> None:
+    argv = run_argv(spec(tmp_path), "img", limits=DockerLimits(), home_id="h", user="10001:10001")
+    line = " ".join(argv)
+    for flag in (
+        "run -i --rm --init", "--network none", "--read-only", "--tmpfs /tmp:", "--cap-drop ALL",
+        "--security-opt no-new-privileges", "--pids-limit 128", "--memory 512m", "--memory-swap 512m",
+        "--cpus 1", "--user 10001:10001", "--label org.impyard.imp=pip", "--label org.impyard.channel=c1",
+        "--label org.impyard.run=",
+    ):  # fmt: skip
+        assert flag in line, flag
+    mounts = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--mount", "-v", "--volume")]
+    assert mounts == [f"type=bind,source={tmp_path / 'state'},target=/state"]  # exactly one rw mount
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_box_check_passes_on_docker(box_image: str) -> None:
+    result = CliRunner().invoke(cli, ["box", "check", "--backend", "docker", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"confined": true' in result.output
+
+
+def test_box_check_fails_on_the_process_backend() -> None:
+    result = CliRunner().invoke(cli, ["box", "check", "--backend", "process"])
+    assert result.exit_code == 1
+    assert "lockdown properties missing" in result.output
+    assert "no network" in result.output
+
+
+def test_doctor_names_what_is_missing_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    result = CliRunner().invoke(cli, ["doctor", "--json"])
+    assert result.exit_code == 0
+    assert "OPENAI_API_KEY not set" in result.output and "apt-get install docker.io" in result.output
+
+
+def test_process_backend_is_selectable_without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from impyard.backends.choose import choose_backend
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    assert isinstance(choose_backend("auto"), ProcessBackend)
+    assert isinstance(choose_backend("docker"), DockerBackend)  # explicit docker never falls back
+    assert docker.errors  # the SDK is importable: lifecycle goes through it
