@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
+
 from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
@@ -58,6 +60,8 @@ class ScriptedHost:
     calls: list[tuple[str, BaseModel]] = field(default_factory=list)
     stages: list[str] = field(default_factory=list)
     sent: list[BaseModel] = field(default_factory=list)
+    hold: anyio.Event | None = None  # when set, model.request waits for it: a turn in flight
+    model_calls: int = 0
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         self.calls.append((method, params))
@@ -67,6 +71,9 @@ class ScriptedHost:
         if method == "log":
             return None
         if method == "model.request":
+            self.model_calls += 1
+            if self.hold is not None:
+                await self.hold.wait()
             answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
             if isinstance(answer, RpcError):
                 raise answer

@@ -1,0 +1,51 @@
+"""One supervisor per IMPYARD_HOME: an advisory lock file that names its holder."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from types import TracebackType
+
+LOCK_FILENAME = "supervisor.lock"
+
+
+class AlreadyRunning(Exception):
+    """Another impyard process holds this IMPYARD_HOME."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(
+            f"another impyard process (pid {holder or 'unknown'}) is already running on {path.parent}; "
+            "stop it first, or set IMPYARD_HOME to another directory"
+        )
+        self.holder = holder
+
+
+class InstanceLock:
+    """``with InstanceLock(home, 'chat'):`` — released on every exit path, and by the kernel if we die."""
+
+    def __init__(self, home: Path, role: str) -> None:
+        self.path = home / LOCK_FILENAME
+        self.role = role
+        self._fd: int | None = None
+
+    def __enter__(self) -> InstanceLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+            os.close(fd)
+            raise AlreadyRunning(self.path, holder[0] if holder else "") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,308 @@
+"""Warm box sessions keyed by (imp, channel) (seed 004 §4, design.md §6 and §12).
+
+A live box gets each message through its mailbox; no live box → one is
+started. Turns are serialised per session; messages that arrive during a turn
+are collected and delivered together as the next turn. The idle window counts
+only *between* turns; a turn ceiling and a session ceiling bound the rest. A
+message never falls between a closing session and the next one: a session
+leaves the map in the same synchronous step that decides it is idle, so the
+next ``deliver`` starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal, Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from box.protocol import RpcError
+from box.protocol.models import BoxInitParams, DeliverParams, DeliverResult, Framing, HistoryEntry, Message
+from impyard.backends import BoxBackend, BoxDied, BoxError, BoxHost, BoxSpec, BoxTimeout, RunningBox
+
+log = logging.getLogger("impyard.sessions")
+
+INIT_TIMEOUT_S = 60.0
+SHUTDOWN_GRACE_S = 10.0
+DIED_NOTICE = "(I ran into a problem and had to restart. Please say that again.)"
+BUSY_NOTICE = "(I'm too busy to keep up with this channel right now — some messages will go unanswered.)"
+CEILING_NOTICE = "(That took too long, so I stopped. Please try again.)"
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    imp: str
+    channel_id: str
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    mode: Literal["warm", "cold"] = "warm"
+    idle_s: float = 60.0
+    turn_ceiling_s: float = 120.0
+    session_ceiling_s: float = 1800.0
+    queue_limit: int = 50
+    failure_notice: str | None = "Sorry — I couldn't answer that just now."
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One woken message, framed, with the channel history it was woken with."""
+
+    key: SessionKey
+    message: Message
+    framing: Framing
+    recent: Sequence[HistoryEntry] = ()
+
+
+class SessionEvents(Protocol):
+    """What the session manager reports; the conversation store and the surface implement it."""
+
+    async def turn_finished(self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult) -> None: ...
+
+    async def notice(self, key: SessionKey, text: str) -> None: ...
+
+    async def turn_ended(self, key: SessionKey) -> None:
+        """Every exit path of a turn: the typing indicator stops here."""
+        ...
+
+
+def merge_batch(batch: Sequence[Delivery], now: datetime) -> DeliverParams:
+    """Messages collected during a turn become one turn: the newest message, the rest in ``recent``."""
+    newest = batch[-1]
+    framing = newest.framing
+    if framing.reason == "group" and any(d.framing.reason == "mention" for d in batch):
+        framing = framing.model_copy(update={"reason": "mention"})  # being addressed is not forgotten
+    recent = list(newest.recent)
+    known = {entry.id for entry in recent}
+    for delivery in batch[:-1]:
+        if delivery.message.id not in known:
+            recent.append(
+                HistoryEntry(
+                    id=delivery.message.id,
+                    author=delivery.message.author,
+                    content=delivery.message.content,
+                    created_at=delivery.message.created_at,
+                )
+            )
+    recent.sort(key=lambda entry: entry.created_at)
+    return DeliverParams(message=newest.message, framing=framing, recent=recent, now=now)
+
+
+@dataclass(eq=False)
+class ChannelSession:
+    key: SessionKey
+    settings: SessionSettings
+    queue: deque[Delivery] = field(default_factory=deque)
+    has_work: anyio.Event = field(default_factory=anyio.Event)
+    closing: bool = False
+    box: RunningBox | None = None
+    boxes_started: int = 0
+    busy_notified: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def push(self, delivery: Delivery) -> None:
+        self.queue.append(delivery)
+        self.has_work.set()
+
+    def take(self) -> list[Delivery]:
+        batch = [self.queue.popleft()] if self.settings.mode == "cold" else list(self.queue)
+        if self.settings.mode != "cold":
+            self.queue.clear()
+        if not self.queue:
+            self.has_work = anyio.Event()
+            self.busy_notified = False
+        return batch
+
+
+DeliverOutcome = Literal["queued", "started", "busy", "refused"]
+
+
+class SessionManager:
+    """Owns every session's worker in one task group; ``async with`` closes every box on every path."""
+
+    def __init__(
+        self,
+        *,
+        backend: BoxBackend,
+        host: BoxHost,
+        events: SessionEvents,
+        init_for: Callable[[SessionKey, datetime], BoxInitParams],
+        state_dir_for: Callable[[str], Path],
+        settings_for: Callable[[str], SessionSettings] = lambda imp: SessionSettings(),
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        monotonic: Callable[[], float] = anyio.current_time,
+    ) -> None:
+        self.backend = backend
+        self.host = host
+        self.events = events
+        self.init_for = init_for
+        self.state_dir_for = state_dir_for
+        self.settings_for = settings_for
+        self.now = now
+        self.sleep = sleep
+        self.monotonic = monotonic
+        self.sessions: dict[SessionKey, ChannelSession] = {}
+        self.boxes_started = 0
+        self._live: set[ChannelSession] = set()
+        self._tg: TaskGroup | None = None
+        self._accepting = False
+
+    async def __aenter__(self) -> SessionManager:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._accepting = True
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> bool | None:
+        with anyio.CancelScope(shield=True):
+            await self.shutdown()
+        assert self._tg is not None
+        return await self._tg.__aexit__(*exc_info)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------ the mailbox
+
+    def deliver(self, delivery: Delivery) -> DeliverOutcome:
+        """Hand a woken message to its session. Synchronous on purpose: no await, no race."""
+        if not self._accepting or self._tg is None:
+            return "refused"
+        session = self.sessions.get(delivery.key)
+        if session is not None and len(session.queue) >= session.settings.queue_limit:
+            if not session.busy_notified:
+                session.busy_notified = True
+                self._tg.start_soon(self.events.notice, delivery.key, BUSY_NOTICE)
+            return "busy"
+        if session is not None:
+            session.push(delivery)
+            return "queued"
+        session = ChannelSession(delivery.key, self.settings_for(delivery.key.imp))
+        session.push(delivery)
+        self.sessions[delivery.key] = session
+        self._live.add(session)
+        self._tg.start_soon(self._run_session, session, name=f"session {delivery.key}")
+        return "started"
+
+    def _retire(self, session: ChannelSession) -> None:
+        """Leave the map; from here on, new messages start a new session."""
+        session.closing = True
+        if self.sessions.get(session.key) is session:
+            del self.sessions[session.key]
+
+    # ------------------------------------------------------------ one session
+
+    async def _run_session(self, session: ChannelSession) -> None:
+        try:
+            while session.queue and not session.closing:
+                try:
+                    await self._box_lifetime(session)
+                except BoxError as exc:
+                    # The box could not start: fail what is waiting, visibly, and stop trying.
+                    log.error("session %s: %s", session.key, exc)
+                    self._retire(session)
+                    batch = list(session.queue)
+                    session.queue.clear()
+                    if batch:
+                        await self._finish(session, batch, DeliverResult(outcome="failed", error=str(exc)[:1000]))
+                        await self.events.notice(session.key, DIED_NOTICE)
+                    return
+            self._retire(session)
+        finally:
+            self._retire(session)
+            self._live.discard(session)
+            session.done.set()
+
+    async def _box_lifetime(self, session: ChannelSession) -> None:
+        key = session.key
+        spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.state_dir_for(key.imp))
+        async with self.backend.open(spec, self.host) as box:
+            session.box = box
+            session.boxes_started += 1
+            self.boxes_started += 1
+            await box.init(self.init_for(key, self.now()), timeout=INIT_TIMEOUT_S)
+            started = self.monotonic()
+            try:
+                await self._serve_turns(session, box, started)
+            finally:
+                session.box = None
+
+    async def _serve_turns(self, session: ChannelSession, box: RunningBox, started: float) -> None:
+        settings = session.settings
+        while not session.closing:
+            if not session.queue:
+                await self._wait_for_work(session, settings.idle_s)
+                if not session.queue:
+                    self._retire(session)  # idle: the same step that decides it leaves the map
+                    return
+            batch = session.take()
+            healthy = await self._turn(session, box, batch)
+            if not healthy or settings.mode == "cold":
+                return  # a fresh box for whatever comes next
+            if self.monotonic() - started >= settings.session_ceiling_s:
+                log.info("session %s reached its ceiling; closing after this turn", session.key)
+                return
+
+    async def _wait_for_work(self, session: ChannelSession, idle_s: float) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def idle_timer() -> None:
+                await self.sleep(idle_s)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(idle_timer)
+            await session.has_work.wait()
+            tg.cancel_scope.cancel()
+
+    async def _turn(self, session: ChannelSession, box: RunningBox, batch: list[Delivery]) -> bool:
+        """Run one turn; returns False when the box can no longer be trusted to serve the next."""
+        key = session.key
+        params = merge_batch(batch, self.now())
+        healthy = True
+        notice: str | None = None
+        try:
+            result = await box.deliver(params, timeout=session.settings.turn_ceiling_s)
+        except BoxTimeout as exc:
+            log.warning("session %s: turn ceiling: %s", key, exc)
+            await box.kill()
+            result, healthy, notice = DeliverResult(outcome="failed", error=str(exc)), False, CEILING_NOTICE
+        except BoxDied as exc:
+            log.error("session %s: box died mid-turn: %s", key, exc)
+            result, healthy, notice = DeliverResult(outcome="failed", error=str(exc)[:1000]), False, DIED_NOTICE
+        except RpcError as exc:
+            result = DeliverResult(outcome="failed", error=f"the box refused the turn: {exc.message}"[:1000])
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.events.turn_ended(key)
+        if notice is None and result.outcome == "failed" and params.framing.mode == "respond":
+            notice = session.settings.failure_notice
+        await self._finish(session, batch, result)
+        if notice:
+            await self.events.notice(key, notice)
+        return healthy
+
+    async def _finish(self, session: ChannelSession, batch: Sequence[Delivery], result: DeliverResult) -> None:
+        try:
+            await self.events.turn_finished(session.key, batch, result)
+        except Exception:
+            log.exception("recording the outcome of a turn in %s failed", session.key)
+
+    # ------------------------------------------------------------ shutdown
+
+    async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop accepting; running turns get ``grace_s`` to finish; then every box is killed."""
+        self._accepting = False
+        for session in list(self._live):
+            session.closing = True
+            session.has_work.set()
+        self.sessions.clear()
+        with anyio.move_on_after(grace_s):
+            for session in list(self._live):
+                await session.done.wait()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()  # what is left is killed by its backend's exit path
