@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-
 from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError

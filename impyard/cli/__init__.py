@@ -8,8 +8,13 @@ import sys
 import click
 
 from impyard import __version__
+from impyard.cli.approvals import approvals_group
+from impyard.cli.audit import audit_group
 from impyard.cli.box import box_group
+from impyard.cli.budget import budget_group
 from impyard.cli.doctor import doctor_command
+from impyard.cli.imp import imp_group
+from impyard.cli.policy import policy_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,6 +35,11 @@ def cli(verbose: int) -> None:
 
 cli.add_command(box_group)
 cli.add_command(doctor_command)
+cli.add_command(imp_group)
+cli.add_command(policy_group)
+cli.add_command(approvals_group)
+cli.add_command(audit_group)
+cli.add_command(budget_group)
 
 
 def main() -> None:

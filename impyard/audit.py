@@ -1,0 +1,108 @@
+"""The audit log (design.md §5): one row per box request and per gate transition.
+
+Rows hold what was asked and what was decided, never credentials: every text
+field passes ``redact`` with the host's known secrets before it is written,
+as a second line of defence behind code that never puts them there.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from impyard.clock import Clock, iso, parse_iso
+from impyard.db import Database
+
+REDACTED = "[redacted]"
+MIN_SECRET_CHARS = 8  # shorter "secrets" would redact ordinary words
+MAX_FIELD_CHARS = 2_000
+SECRET_ENV_NAMES = ("OPENAI_API_KEY",)
+SECRET_ENV_PREFIXES = ("IMPYARD_DISCORD_TOKEN",)
+
+Verdict = str  # allowed | denied | rate_limited | budget_exhausted | unreachable | gated | error | <gate state>
+
+
+def known_secrets(environ: dict[str, str] | None = None) -> list[str]:
+    """The credentials this host holds: the model key and any Discord tokens."""
+    env = os.environ if environ is None else environ
+    return [
+        value
+        for name, value in env.items()
+        if (name in SECRET_ENV_NAMES or name.startswith(SECRET_ENV_PREFIXES)) and len(value) >= MIN_SECRET_CHARS
+    ]
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        if secret and len(secret) >= MIN_SECRET_CHARS and secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+@dataclass
+class AuditRecord:
+    imp: str
+    method: str  # a box method, or "gate" for a gate transition
+    verdict: Verdict = "error"
+    run_id: str = ""
+    channel_id: str = ""
+    purpose: str = ""
+    rule: str = ""
+    reason: str = ""
+    cost_micros: int = 0
+    gate_id: str | None = None
+    latency_ms: float | None = None
+    detail: str = ""
+    at: datetime | None = None
+    id: int | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["at"] = iso(self.at) if self.at else None
+        data["cost_usd"] = self.cost_micros / 1_000_000
+        return data
+
+
+_COLUMNS = (
+    "at", "imp", "run_id", "channel_id", "method", "purpose", "verdict", "rule", "reason",
+    "cost_micros", "gate_id", "latency_ms", "detail",
+)  # fmt: skip
+
+
+class AuditLog:
+    def __init__(self, db: Database, clock: Clock, secrets: Sequence[str] | None = None) -> None:
+        self.db = db
+        self.clock = clock
+        self.secrets = list(secrets) if secrets is not None else known_secrets()
+
+    def write(self, record: AuditRecord, conn: sqlite3.Connection | None = None) -> None:
+        """Append one row (inside the caller's transaction when ``conn`` is given)."""
+        record.at = record.at or self.clock.now()
+        clean = {name: redact(str(value), self.secrets)[:MAX_FIELD_CHARS] for name, value in asdict(record).items()
+                 if isinstance(value, str)}  # fmt: skip
+        values = {**asdict(record), **clean, "at": iso(record.at)}
+        (conn or self.db.connection()).execute(
+            f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})",
+            [values[name] for name in _COLUMNS],
+        )
+
+    def tail(self, n: int = 20, imp: str | None = None) -> list[AuditRecord]:
+        """The last ``n`` rows (oldest first), optionally for one imp."""
+        sql = f"SELECT id, {', '.join(_COLUMNS)} FROM audit"
+        args: list[object] = []
+        if imp is not None:
+            sql += " WHERE imp = ?"
+            args.append(imp)
+        sql += " ORDER BY id DESC LIMIT ?"
+        args.append(max(0, n))
+        rows = self.db.query(sql, args)
+        return [self._record(row) for row in reversed(rows)]
+
+    @staticmethod
+    def _record(row: sqlite3.Row) -> AuditRecord:
+        data = {name: row[name] for name in _COLUMNS}
+        data["at"] = parse_iso(row["at"])
+        return AuditRecord(id=row["id"], **data)

@@ -1,0 +1,154 @@
+"""``impyard approvals``: the gates waiting for a decision, and the operator's decisions."""
+
+from __future__ import annotations
+
+import getpass
+import json
+
+import click
+from rich.console import Console
+from rich.table import Column, Table
+
+from impyard.audit import AuditLog
+from impyard.cli.errors import CliError
+from impyard.clock import SystemClock
+from impyard.db import Database, DatabaseError, open_database
+from impyard.gates import Approver, Gate, GateError, GateStore
+
+
+def _store() -> tuple[Database, GateStore]:
+    try:
+        db = open_database()
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from exc
+    clock = SystemClock()
+    return db, GateStore(db, clock, AuditLog(db, clock))
+
+
+def _operator() -> Approver:
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        name = "operator"
+    return Approver(kind="operator", id=name)
+
+
+def _describe(gate: Gate) -> str:
+    content = str(gate.payload.get("content", ""))
+    files = gate.payload.get("files") or []
+    lines = [
+        f"gate {gate.id}: {gate.state}",
+        f"  imp       {gate.imp} (session channel {gate.session_channel}, run {gate.run_id})",
+        f"  act       {gate.act} to channel {gate.target} (kind {gate.payload.get('kind')})",
+        f"  why gated {gate.reason}",
+        f"  created   {gate.created_at:%Y-%m-%d %H:%M:%S} UTC, deadline {gate.deadline:%Y-%m-%d %H:%M:%S} UTC",
+    ]
+    if gate.decided_by:
+        lines.append(f"  decided   by {gate.decided_by}" + (f": {gate.decision_note}" if gate.decision_note else ""))
+    if gate.state == "executed":
+        lines.append(f"  sent      message ids {', '.join(gate.message_ids)}")
+    if gate.error:
+        lines.append(f"  error     {gate.error}")
+    lines.append(f"  files     {', '.join(str(f.get('filename')) for f in files) or 'none'}")
+    lines.append("  content   " + content.replace("\n", "\n            "))
+    return "\n".join(lines)
+
+
+@click.group("approvals")
+def approvals_group() -> None:
+    """Gated acts waiting for a human decision (design.md §5)."""
+
+
+@approvals_group.command("ls")
+@click.option("--all", "show_all", is_flag=True, help="Every gate, not only the pending ones.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ls_command(show_all: bool, as_json: bool) -> None:
+    """List pending gates (past-deadline ones are expired first).
+
+    \b
+    Example:
+      impyard approvals ls
+    """
+    db, store = _store()
+    store.expire_due()
+    gates = store.list(None if show_all else ("pending",))
+    db.close()
+    if as_json:
+        click.echo(json.dumps([gate.to_json() for gate in gates], indent=2))
+        return
+    if not gates:
+        click.echo("no gates" if show_all else "no pending gates")
+        return
+    table = Table(Column("gate", no_wrap=True), "state", "imp", "act", "target", "deadline (UTC)", "content")
+    for gate in gates:
+        content = str(gate.payload.get("content", "")).replace("\n", " ")
+        table.add_row(
+            gate.id, gate.state, gate.imp, gate.act, gate.target, f"{gate.deadline:%Y-%m-%d %H:%M}",
+            content[:60] + ("…" if len(content) > 60 else ""),
+        )  # fmt: skip
+    Console().print(table)
+
+
+@approvals_group.command("show")
+@click.argument("gate_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show_command(gate_id: str, as_json: bool) -> None:
+    """Show one gate with its frozen payload.
+
+    \b
+    Example:
+      impyard approvals show g-1a2b3c4d5e6f
+    """
+    db, store = _store()
+    try:
+        store.expire_due()
+        gate = store.get(gate_id)
+    except GateError as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        db.close()
+    click.echo(json.dumps(gate.to_json(), indent=2) if as_json else _describe(gate))
+
+
+def _decide(gate_id: str, approve: bool, note: str, as_json: bool) -> None:
+    db, store = _store()
+    try:
+        gate = store.decide(gate_id, _operator(), approve=approve, note=note)
+    except GateError as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        db.close()
+    if as_json:
+        click.echo(json.dumps(gate.to_json(), indent=2))
+    elif approve:
+        click.echo(f"approved {gate.id}; the running impyard host sends it exactly once")
+    else:
+        click.echo(f"denied {gate.id}; it will not be sent")
+
+
+@approvals_group.command("approve")
+@click.argument("gate_id")
+@click.option("--note", default="", help="Why (kept with the decision and in the audit).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def approve_command(gate_id: str, note: str, as_json: bool) -> None:
+    """Approve a pending gate as the host operator.
+
+    \b
+    Example:
+      impyard approvals approve g-1a2b3c4d5e6f --note "fine to post"
+    """
+    _decide(gate_id, True, note, as_json)
+
+
+@approvals_group.command("deny")
+@click.argument("gate_id")
+@click.option("--note", default="", help="Why (kept with the decision and in the audit).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def deny_command(gate_id: str, note: str, as_json: bool) -> None:
+    """Deny a pending gate as the host operator (it also resets the imp's earned trust there).
+
+    \b
+    Example:
+      impyard approvals deny g-1a2b3c4d5e6f --note "not in that channel"
+    """
+    _decide(gate_id, False, note, as_json)

@@ -1,0 +1,122 @@
+"""``impyard budget``: what the imps may spend on the model API, and what they have spent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from impyard.cli.errors import CliError
+from impyard.cli.policy import load_policy_or_fail
+from impyard.clock import SystemClock
+from impyard.db import DatabaseError, open_database
+from impyard.ledger import ALL_IMPS, Ledger
+from impyard.policy_models import NAME_PATTERN
+
+_POLICY_OPTION = click.option(
+    "--policies", type=click.Path(path_type=Path, file_okay=False), default=None,
+    help="Operator policy directory (default: $IMPYARD_POLICY_DIR or IMPYARD_HOME/policies).",
+)  # fmt: skip
+
+
+def _ledger(policies: Path | None) -> Ledger:
+    policy = load_policy_or_fail(policies)
+    try:
+        db = open_database()
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from exc
+    return Ledger(db, policy, SystemClock())
+
+
+def _usd(micros: int | None) -> str:
+    return "no limit" if micros is None else f"{micros / 1_000_000:.4f}"
+
+
+@click.group("budget")
+def budget_group() -> None:
+    """Model spending limits per imp and for all imps (USD per UTC day and month)."""
+
+
+@budget_group.command("show")
+@_POLICY_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show_command(policies: Path | None, as_json: bool) -> None:
+    """Show limits and spending today and this month ("*" is all imps together).
+
+    \b
+    Example:
+      impyard budget show
+    """
+    ledger = _ledger(policies)
+    rows = ledger.summary()
+    ledger.db.close()
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "scope": "all" if row.scope == ALL_IMPS else row.scope,
+                        "daily_limit_usd": None if row.daily_limit is None else row.daily_limit / 1_000_000,
+                        "daily_spent_usd": row.daily_spent / 1_000_000,
+                        "monthly_limit_usd": None if row.monthly_limit is None else row.monthly_limit / 1_000_000,
+                        "monthly_spent_usd": row.monthly_spent / 1_000_000,
+                        "reserved_usd": row.reserved / 1_000_000,
+                        "source": row.source,
+                    }
+                    for row in rows
+                ],
+                indent=2,
+            )
+        )
+        return
+    table = Table("imp", "today $", "daily limit $", "this month $", "monthly limit $", "in flight $", "limits from")
+    for row in rows:
+        table.add_row(
+            "all imps" if row.scope == ALL_IMPS else row.scope, _usd(row.daily_spent), _usd(row.daily_limit),
+            _usd(row.monthly_spent), _usd(row.monthly_limit), _usd(row.reserved), row.source,
+        )  # fmt: skip
+    Console().print(table)
+    default = ledger.policy.budgets.per_imp
+    click.echo(
+        f"any other imp: daily {_usd(None if default.daily_usd is None else round(default.daily_usd * 1e6))}, "
+        f"monthly {_usd(None if default.monthly_usd is None else round(default.monthly_usd * 1e6))} "
+        "(policy [budgets.per_imp])"
+    )
+
+
+@budget_group.command("set")
+@click.argument("imp")
+@click.option("--daily", type=click.FloatRange(min=0), default=None, help="USD per UTC day.")
+@click.option("--monthly", type=click.FloatRange(min=0), default=None, help="USD per UTC month.")
+@click.option("--clear", is_flag=True, help="Drop the override; the policy's limits apply again.")
+@_POLICY_OPTION
+def set_command(imp: str, daily: float | None, monthly: float | None, clear: bool, policies: Path | None) -> None:
+    """Override the policy's budget for IMP ("all" for all imps together); kept in the database.
+
+    \b
+    Examples:
+      impyard budget set pip --daily 1.50 --monthly 20
+      impyard budget set all --monthly 100
+      impyard budget set pip --clear
+    """
+    import re
+
+    scope = ALL_IMPS if imp == "all" else imp
+    if scope != ALL_IMPS and not re.fullmatch(NAME_PATTERN, imp):
+        raise CliError(f"{imp!r} is not an imp name (letters, digits, _ . -); use 'all' for all imps")
+    if not clear and daily is None and monthly is None:
+        raise CliError("nothing to set: give --daily USD and/or --monthly USD (or --clear)")
+    ledger = _ledger(policies)
+    try:
+        if clear:
+            ledger.clear_limits(scope)
+        else:
+            ledger.set_limits(scope, daily_usd=daily, monthly_usd=monthly)
+        limits = ledger.limits(scope)
+    finally:
+        ledger.db.close()
+    who = "all imps" if scope == ALL_IMPS else imp
+    click.echo(f"budget for {who}: daily {_usd(limits.daily)} USD, monthly {_usd(limits.monthly)} USD ({limits.source})")

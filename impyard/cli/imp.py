@@ -1,0 +1,296 @@
+"""``impyard imp``: add, list, show and remove imps (``IMPYARD_HOME/imps/<name>/imp.toml``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from impyard.cli.errors import CliError
+from impyard.imps import (
+    MAX_PERSONA_CHARS,
+    ImpConfig,
+    ImpError,
+    ImpStore,
+    PersonaStatus,
+    TokenStatus,
+    toml_value,
+)
+
+PERSONA_PREVIEW_LINES = 5
+SECTIONS = ("model", "memory", "discord", "box", "sessions")
+
+
+@click.group("imp")
+def imp_group() -> None:
+    """Imps: the chat agents impyard runs, one directory each under IMPYARD_HOME/imps.
+
+    \b
+    Example:
+      impyard imp add pip --persona "You are Pip, a cheerful helper." --owner discord:123456789012345678
+      impyard imp show pip
+    """
+
+
+@imp_group.command("add")
+@click.argument("name")
+@click.option("--persona", "persona_text", metavar="TEXT", help="The persona text (written to persona.md).")
+@click.option(
+    "--persona-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Copy the persona from this file into persona.md.",
+)
+@click.option("--model", help="The reply model (default: gpt-4.1-mini).")
+@click.option("--owner", "owners", multiple=True, metavar="discord:ID", help="An owner (repeatable).")
+@click.option(
+    "--backend", type=click.Choice(["auto", "docker", "process"]), help="Where its boxes run (default: auto)."
+)
+def add_command(
+    name: str,
+    persona_text: str | None,
+    persona_file: Path | None,
+    model: str | None,
+    owners: tuple[str, ...],
+    backend: str | None,
+) -> None:
+    """Create an imp: its directory, a documented imp.toml and persona.md.
+
+    \b
+    Every other setting is in imp.toml, each with its default written in as a
+    comment; edit it, then check it with `impyard imp show NAME`. The Discord
+    token is never stored: it is read from IMPYARD_DISCORD_TOKEN_<NAME>.
+    Example:
+      impyard imp add pip --persona "You are Pip, a cheerful helper." --model gpt-4.1
+    """
+    if persona_text is not None and persona_file is not None:
+        raise CliError("give --persona or --persona-file, not both")
+    if persona_file is not None:
+        persona_text = _read_persona_file(persona_file)
+    settings: dict[str, Any] = {}
+    if owners:
+        settings["owners"] = list(owners)
+    if model is not None:
+        settings["model"] = {"model": model}
+    if backend is not None:
+        settings["box"] = {"backend": backend}
+    store = ImpStore()
+    try:
+        config = store.add(name, persona_text, **settings)
+    except ImpError as exc:
+        raise CliError(str(exc)) from exc
+    directory = store.path(config.name)
+    token = store.token_status(config)
+    click.echo(f"Added imp '{config.name}' in {directory}")
+    click.echo(f"  config:  {directory / 'imp.toml'} (every setting documented inside)")
+    click.echo(f"  persona: {directory / config.persona_file}")
+    click.echo(
+        f"  Discord: token from {token.source} ({'set' if token.is_set else 'not set; only needed for Discord'})"
+    )
+    click.echo(f"Check it with: impyard imp show {config.name}")
+
+
+def _read_persona_file(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read the persona file {path}: {exc.strerror}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"the persona file {path} is not UTF-8 text; save it as UTF-8") from exc
+    if len(text) > MAX_PERSONA_CHARS:
+        raise CliError(
+            f"the persona file {path} has {len(text)} characters; the limit is {MAX_PERSONA_CHARS}"
+        )
+    return text
+
+
+@imp_group.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the imps as a JSON list.")
+def ls_command(as_json: bool) -> None:
+    """List the imps, with their model, backend, owners and whether their Discord token is set.
+
+    \b
+    An imp whose imp.toml is broken is listed with its error, and the exit
+    status is 1. Example:
+      impyard imp ls
+    """
+    store = ImpStore()
+    entries = store.scan()
+    rows: list[dict[str, Any]] = []
+    for name, item in entries:
+        if isinstance(item, ImpError):
+            rows.append({"name": name, "path": str(store.root / name), "error": str(item)})
+            continue
+        token = store.token_status(item)
+        rows.append(
+            {
+                "name": item.name,
+                "path": str(store.path(item.name)),
+                "model": item.model.model,
+                "backend": item.box.backend,
+                "sessions": item.sessions.mode,
+                "owners": item.owners,
+                "discord_token": {"source": token.source, "set": token.is_set},
+            }
+        )
+    broken = [row for row in rows if "error" in row]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif not rows:
+        click.echo("No imps yet. Create one with: impyard imp add NAME")
+    else:
+        table = Table(title=f"Imps in {escape(str(store.root))}")
+        for column in ("name", "model", "backend", "sessions", "owners", "Discord token"):
+            table.add_column(column)
+        for row in rows:
+            if "error" in row:
+                table.add_row(escape(row["name"]), "[red]broken imp.toml[/]", "", "", "", "")
+                continue
+            token = row["discord_token"]
+            table.add_row(
+                escape(row["name"]),
+                escape(row["model"]),
+                row["backend"],
+                row["sessions"],
+                str(len(row["owners"])),
+                f"{escape(token['source'])} ({'[green]set[/]' if token['set'] else '[yellow]not set[/]'})",
+            )
+        Console().print(table)
+    if broken:
+        first = broken[0]
+        more = f" (and {len(broken) - 1} more broken)" if len(broken) > 1 else ""
+        raise CliError(f"imp '{first['name']}' cannot be loaded{more}: {first['error']}")
+
+
+@imp_group.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the config, persona and token status as JSON.")
+def show_command(name: str, as_json: bool) -> None:
+    """Show an imp's settings (defaults included), its persona's first lines and its token source.
+
+    \b
+    The Discord token itself is never shown, only where it comes from and
+    whether it is set. Exits 1 with the file, line and key when imp.toml is
+    broken. Example:
+      impyard imp show pip
+    """
+    store = ImpStore()
+    try:
+        config = store.get(name)
+        persona = store.persona_status(config)
+    except ImpError as exc:
+        raise CliError(str(exc)) from exc
+    token = store.token_status(config)
+    warnings = _warnings(config, persona, token)
+    preview = persona.text.splitlines()[:PERSONA_PREVIEW_LINES]
+    if as_json:
+        payload = {
+            "name": config.name,
+            "path": str(store.path(config.name)),
+            "config": config.model_dump(mode="json"),
+            "persona": {
+                "file": str(persona.path),
+                "exists": persona.exists,
+                "chars": len(persona.text),
+                "preview": preview,
+            },
+            "discord_token": {"source": token.source, "set": token.is_set, "problem": token.problem},
+            "warnings": warnings,
+        }
+        click.echo(json.dumps(payload, indent=2))
+        return
+    console = Console()
+    console.print(f"[bold]{escape(config.name)}[/]  {escape(str(store.path(config.name)))}", highlight=False)
+    console.print(_settings_table(config))
+    console.print(
+        f"[bold]persona[/] {escape(str(persona.path))} ({len(persona.text)} characters)", highlight=False
+    )
+    for line in preview:
+        console.print(f"  [dim]{escape(line)}[/]", highlight=False)
+    if len(persona.text.splitlines()) > PERSONA_PREVIEW_LINES:
+        console.print("  [dim]…[/]")
+    state = "[green]set[/]" if token.is_set else "[yellow]not set[/]"
+    console.print(f"[bold]Discord token[/] from {escape(token.source)}: {state}", highlight=False)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def _settings_table(config: ImpConfig) -> Table:
+    table = Table(show_header=True)
+    table.add_column("setting")
+    table.add_column("value")
+    rows: list[tuple[str, Any, bool]] = [
+        (key, getattr(config, key), key in config.model_fields_set)
+        for key in ("name", "persona_file", "owners")
+    ]
+    for section_name in SECTIONS:
+        section = getattr(config, section_name)
+        for key in type(section).model_fields:
+            rows.append((f"{section_name}.{key}", getattr(section, key), key in section.model_fields_set))
+    for key, value, explicit in rows:
+        if key == "discord.token_env" and value is None:
+            value = config.token_env
+        shown = "[dim]unset[/]" if value is None else escape(toml_value(value))
+        table.add_row(key, shown if explicit else f"{shown} [dim](default)[/]")
+    return table
+
+
+def _warnings(config: ImpConfig, persona: PersonaStatus, token: TokenStatus) -> list[str]:
+    warnings = []
+    if persona.problem:
+        warnings.append(persona.problem)
+    elif not persona.text.strip():
+        warnings.append(f"the persona file {persona.path} is empty")
+    if token.problem and (config.discord.token_file or token.is_set):
+        warnings.append(token.problem)  # an unset env token is only a note: terminal-only imps need none
+    if config.box.backend == "process":
+        warnings.append("box.backend is 'process': its boxes run without any lockdown (development only)")
+    if not config.owners:
+        warnings.append(
+            'no owners: nobody can approve this imp\'s gated acts (add owners = ["discord:<id>"])'
+        )
+    return warnings
+
+
+@imp_group.command("rm")
+@click.argument("name")
+@click.option("--purge", is_flag=True, help="Also delete the imp's state dir (its memory). Cannot be undone.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def rm_command(name: str, purge: bool, yes: bool) -> None:
+    """Remove an imp's config and persona; its state (memory) is kept unless --purge.
+
+    \b
+    A kept state dir is given back when an imp of the same name is added
+    again. Example:
+      impyard imp rm pip            # asks first; keeps imps/pip/state
+      impyard imp rm pip --purge -y # deletes the whole directory
+    """
+    store = ImpStore()
+    try:
+        directory = store.path(name)
+        if not store.config_path(name).is_file():
+            store.get(name)  # raises ImpNotFound, listing the imps there are
+    except ImpError as exc:
+        raise CliError(str(exc)) from exc
+    if purge:
+        question = (
+            f"Remove imp '{name}' and delete {directory} with its state (memory)? This cannot be undone."
+        )
+    else:
+        question = f"Remove imp '{name}' (imp.toml and persona)? Its state in {directory / 'state'} is kept."
+    if not yes:
+        click.confirm(question, abort=True)
+    try:
+        kept = store.remove(name, purge=purge)
+    except (ImpError, OSError) as exc:
+        raise CliError(f"could not remove imp '{name}': {exc}") from exc
+    click.echo(f"Removed imp '{name}'.")
+    if kept:
+        names = ", ".join(path.name + ("/" if path.is_dir() else "") for path in kept)
+        click.echo(f"Kept in {directory}: {names} (adding '{name}' again gives its state back)")

@@ -1,0 +1,272 @@
+"""The host's one SQLite database (design.md §8): WAL mode, under IMPYARD_HOME, migrated at open.
+
+Adding a table is one entry at the end of ``MIGRATIONS``: the next version
+number, a name, and the SQL. A migration runs once, inside ``BEGIN IMMEDIATE``
+together with the ``PRAGMA user_version`` bump, so two processes opening the
+same database never apply it twice and a failed migration leaves nothing behind.
+
+Connections are per thread (sqlite3 objects must not be shared across
+threads). Async code reaches the database through ``await db.run(fn, ...)``,
+which runs ``fn`` in a worker thread: a ``BEGIN IMMEDIATE`` may wait on
+another writer (busy timeout) and must never block the event loop.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import anyio.to_thread
+
+from impyard.paths import home
+
+DB_FILENAME = "impyard.db"
+BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another writer's transaction
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+# Append only; never edit a migration that has shipped. Versions are 1, 2, 3, ... in order.
+MIGRATIONS: list[Migration] = [
+    Migration(
+        1,
+        "gateway: channels, ledger, budgets, gates, earned trust, audit",
+        """
+        -- Channel trust (design.md §6); the channels issue extends this table.
+        CREATE TABLE channels (
+            channel_id TEXT PRIMARY KEY,
+            surface    TEXT NOT NULL DEFAULT 'discord',
+            kind       TEXT NOT NULL DEFAULT 'guild',      -- dm | guild | terminal | task
+            name       TEXT NOT NULL DEFAULT '',
+            guild_id   TEXT,                              -- the origin guild, for approver policy
+            trusted    INTEGER NOT NULL DEFAULT 0,
+            mode       TEXT NOT NULL DEFAULT 'all',       -- all | mention
+            updated_at TEXT NOT NULL
+        );
+
+        -- Budget ledger: one row per reservation; amounts in micro-USD (integers, no float drift).
+        CREATE TABLE ledger (
+            id              INTEGER PRIMARY KEY,
+            imp             TEXT NOT NULL,
+            day             TEXT NOT NULL,                -- UTC YYYY-MM-DD of the reservation
+            month           TEXT NOT NULL,                -- UTC YYYY-MM
+            state           TEXT NOT NULL,                -- reserved | settled
+            reserved_micros INTEGER NOT NULL,
+            cost_micros     INTEGER,                      -- measured; NULL while reserved
+            method          TEXT NOT NULL DEFAULT '',
+            purpose         TEXT NOT NULL DEFAULT '',
+            model           TEXT NOT NULL DEFAULT '',
+            created_at      TEXT NOT NULL,
+            settled_at      TEXT
+        );
+        CREATE INDEX ledger_imp_day ON ledger (imp, day);
+        CREATE INDEX ledger_imp_month ON ledger (imp, month);
+        CREATE INDEX ledger_day ON ledger (day);
+        CREATE INDEX ledger_month ON ledger (month);
+        CREATE INDEX ledger_reserved ON ledger (state, created_at);
+
+        -- Operator overrides of the policy's budget limits ('*' = all imps together).
+        CREATE TABLE budget_limits (
+            scope        TEXT PRIMARY KEY,
+            daily_usd    REAL,
+            monthly_usd  REAL,
+            updated_at   TEXT NOT NULL
+        );
+
+        -- Approval gates: a frozen payload, a deadline, exactly-once execution.
+        CREATE TABLE gates (
+            id              TEXT PRIMARY KEY,
+            imp             TEXT NOT NULL,
+            run_id          TEXT NOT NULL,
+            session_channel TEXT NOT NULL,
+            origin_guild    TEXT,
+            act             TEXT NOT NULL,                -- discord.send
+            target          TEXT NOT NULL,                -- the target channel id
+            payload         TEXT NOT NULL,                -- frozen JSON of the request
+            payload_sha256  TEXT NOT NULL,
+            reason          TEXT NOT NULL DEFAULT '',     -- why it was gated
+            state           TEXT NOT NULL,                -- pending|approved|denied|expired|executing|executed|failed
+            created_at      TEXT NOT NULL,
+            deadline        TEXT NOT NULL,
+            decided_at      TEXT,
+            decided_by      TEXT,                         -- 'operator:NAME' or 'user:ID'
+            decision_note   TEXT,
+            executed_at     TEXT,
+            message_ids     TEXT,                         -- JSON list
+            error           TEXT
+        );
+        CREATE INDEX gates_state ON gates (state, deadline);
+
+        -- Earned trust: clean approvals per imp + act + target; a denial resets it.
+        CREATE TABLE earned_trust (
+            imp             TEXT NOT NULL,
+            act             TEXT NOT NULL,
+            target          TEXT NOT NULL,
+            clean_approvals INTEGER NOT NULL DEFAULT 0,
+            updated_at      TEXT NOT NULL,
+            PRIMARY KEY (imp, act, target)
+        );
+
+        -- One row per box request and per gate transition.
+        CREATE TABLE audit (
+            id          INTEGER PRIMARY KEY,
+            at          TEXT NOT NULL,
+            imp         TEXT NOT NULL,
+            run_id      TEXT NOT NULL DEFAULT '',
+            channel_id  TEXT NOT NULL DEFAULT '',
+            method      TEXT NOT NULL,
+            purpose     TEXT NOT NULL DEFAULT '',
+            verdict     TEXT NOT NULL,
+            rule        TEXT NOT NULL DEFAULT '',
+            reason      TEXT NOT NULL DEFAULT '',
+            cost_micros INTEGER NOT NULL DEFAULT 0,
+            gate_id     TEXT,
+            latency_ms  REAL,
+            detail      TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX audit_imp ON audit (imp, id);
+        """,
+    ),
+]
+
+
+class DatabaseError(Exception):
+    """The database cannot be opened or migrated; the message says what to do."""
+
+
+def default_path() -> Path:
+    return home() / DB_FILENAME
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a script into statements with SQLite's own completeness test (triggers included)."""
+    statements: list[str] = []
+    buffer = ""
+    for line in sql.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip().strip(";").strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements
+
+
+class Database:
+    """One SQLite file; one connection per thread; explicit transactions only."""
+
+    def __init__(self, path: Path, migrations: Sequence[Migration] = MIGRATIONS) -> None:
+        self.path = Path(path)
+        self._migrations = tuple(migrations)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+
+    # ------------------------------------------------------------ connections
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (created on first use)."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; a crash loses at most the last commit
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self, *, immediate: bool = True) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` (a write lock up front, so check-then-write is atomic) ... COMMIT or ROLLBACK."""
+        conn = self.connection()
+        if conn.in_transaction:
+            raise RuntimeError("nested transaction on one connection")
+        conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+        return self.connection().execute(sql, params).fetchall()
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        """One statement in autocommit mode."""
+        return self.connection().execute(sql, params)
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run blocking database work in a worker thread (that thread's own connection)."""
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    def close(self) -> None:
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+
+    # ------------------------------------------------------------ schema
+
+    @property
+    def version(self) -> int:
+        return int(self.connection().execute("PRAGMA user_version").fetchone()[0])
+
+    def migrate(self) -> int:
+        """Apply the migrations this file lacks; returns the schema version."""
+        expected = list(range(1, len(self._migrations) + 1))
+        if [m.version for m in self._migrations] != expected:
+            raise DatabaseError("migrations must be numbered 1, 2, 3, ... in order")
+        for migration in self._migrations:
+            with self.transaction() as conn:
+                current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+                if current >= migration.version:
+                    continue
+                if current != migration.version - 1:
+                    raise DatabaseError(f"{self.path}: schema version {current} cannot take migration {migration.version}")
+                for statement in split_statements(migration.sql):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {int(migration.version)}")
+        version = self.version
+        if version > len(self._migrations):
+            raise DatabaseError(
+                f"{self.path} has schema version {version}, newer than this impyard knows "
+                f"({len(self._migrations)}); upgrade impyard"
+            )
+        return version
+
+
+def open_database(path: Path | None = None) -> Database:
+    """Open (creating and migrating as needed) the host database; default IMPYARD_HOME/impyard.db."""
+    path = Path(path) if path is not None else default_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = Database(path)
+        db.migrate()
+    except (OSError, sqlite3.Error) as exc:
+        raise DatabaseError(f"cannot open the database {path}: {exc}") from exc
+    return db

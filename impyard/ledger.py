@@ -1,0 +1,230 @@
+"""The budget ledger (design.md §5, §12): reserve before a model call, settle with its measured cost.
+
+Check-and-debit is one step: a reservation reads what is spent and reserved
+in the windows and inserts its own row inside one ``BEGIN IMMEDIATE``
+transaction, so concurrent reservations (threads or processes) serialise on
+SQLite's write lock and can never jointly overspend. Windows are the UTC day
+and the UTC month, per imp and for all imps together. Limits come from the
+policy's [budgets] unless the operator set an override (``impyard budget set``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from impyard.clock import Clock, iso
+from impyard.db import Database
+from impyard.policy import Policy
+from impyard.policy_models import BudgetLimit
+from impyard.prices import micros_to_usd, usd_to_micros
+
+ALL_IMPS = "*"  # the scope of the fleet-wide limit
+ABANDONED_AFTER = timedelta(hours=1)  # a reservation this old was left by a crashed host; charge it in full
+
+
+class BudgetExhausted(Exception):
+    """Nothing (or not enough) left in a window; ``ledger`` names it, ``retry_after_s`` is when it resets."""
+
+    def __init__(self, ledger: str, retry_after_s: int, limit_micros: int, spent_micros: int, estimate_micros: int):
+        self.ledger = ledger
+        self.retry_after_s = retry_after_s
+        self.limit_micros = limit_micros
+        self.spent_micros = spent_micros
+        self.estimate_micros = estimate_micros
+        left = max(0, limit_micros - spent_micros)
+        super().__init__(
+            f"budget {ledger} has ${micros_to_usd(left):.4f} of ${micros_to_usd(limit_micros):.2f} left; this request "
+            f"may cost up to ${micros_to_usd(estimate_micros):.4f}; it resets in {retry_after_s} s"
+        )
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: int
+    imp: str
+    reserved_micros: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Effective limits in micro-USD (None = no limit) and where each came from."""
+
+    daily: int | None
+    monthly: int | None
+    source: str  # "policy" | "override" | "policy+override"
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    scope: str  # an imp, or "*" for all imps
+    daily_limit: int | None
+    daily_spent: int
+    monthly_limit: int | None
+    monthly_spent: int
+    reserved: int  # reservations in flight (included in spent)
+    source: str
+
+
+def day_key(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def month_key(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m")
+
+
+def seconds_to_next_day(now: datetime) -> int:
+    now = now.astimezone(UTC)
+    midnight = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1, int((midnight - now).total_seconds() + 0.999))
+
+
+def seconds_to_next_month(now: datetime) -> int:
+    now = now.astimezone(UTC)
+    first = (now.replace(day=28) + timedelta(days=4)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return max(1, int((first - now).total_seconds() + 0.999))
+
+
+_AMOUNT = "CASE WHEN state = 'reserved' THEN reserved_micros ELSE cost_micros END"
+
+
+class Ledger:
+    def __init__(self, db: Database, policy: Policy, clock: Clock) -> None:
+        self.db = db
+        self.policy = policy
+        self.clock = clock
+
+    # ------------------------------------------------------------ limits
+
+    def limits(self, scope: str, conn: sqlite3.Connection | None = None) -> Limits:
+        base: BudgetLimit = self.policy.budgets.all if scope == ALL_IMPS else self.policy.budget_for(scope)
+        row = (conn or self.db.connection()).execute(
+            "SELECT daily_usd, monthly_usd FROM budget_limits WHERE scope = ?", (scope,)
+        ).fetchone()
+        daily, monthly, source = base.daily_usd, base.monthly_usd, "policy"
+        if row is not None:
+            overridden = [name for name in ("daily", "monthly") if row[f"{name}_usd"] is not None]
+            daily = row["daily_usd"] if row["daily_usd"] is not None else daily
+            monthly = row["monthly_usd"] if row["monthly_usd"] is not None else monthly
+            if overridden:
+                source = "override" if len(overridden) == 2 else f"policy, {overridden[0]} override"
+        return Limits(
+            usd_to_micros(daily) if daily is not None else None,
+            usd_to_micros(monthly) if monthly is not None else None,
+            source,
+        )
+
+    def set_limits(self, scope: str, *, daily_usd: float | None, monthly_usd: float | None) -> None:
+        """Override the policy's limits for an imp (or ``*`` for all imps); None keeps the current value."""
+        if daily_usd is not None and daily_usd < 0 or monthly_usd is not None and monthly_usd < 0:
+            raise ValueError("budget limits cannot be negative")
+        with self.db.transaction() as conn:
+            conn.execute(
+                """INSERT INTO budget_limits (scope, daily_usd, monthly_usd, updated_at) VALUES (?, ?, ?, ?)
+                   ON CONFLICT (scope) DO UPDATE SET
+                     daily_usd = COALESCE(excluded.daily_usd, budget_limits.daily_usd),
+                     monthly_usd = COALESCE(excluded.monthly_usd, budget_limits.monthly_usd),
+                     updated_at = excluded.updated_at""",
+                (scope, daily_usd, monthly_usd, iso(self.clock.now())),
+            )
+
+    def clear_limits(self, scope: str) -> bool:
+        return self.db.execute("DELETE FROM budget_limits WHERE scope = ?", (scope,)).rowcount > 0
+
+    # ------------------------------------------------------------ reserve and settle
+
+    def _spent(self, conn: sqlite3.Connection, *, imp: str | None, day: str | None, month: str) -> int:
+        where, args = ["month = ?"], [month]
+        if imp is not None:
+            where.append("imp = ?")
+            args.append(imp)
+        if day is not None:
+            where.append("day = ?")
+            args.append(day)
+        row = conn.execute(f"SELECT COALESCE(SUM({_AMOUNT}), 0) FROM ledger WHERE {' AND '.join(where)}", args).fetchone()
+        return int(row[0])
+
+    def reserve(
+        self, imp: str, estimate_micros: int, *, method: str = "", purpose: str = "", model: str = ""
+    ) -> Reservation:
+        """Atomically check every window and debit the estimate; raises BudgetExhausted (nothing debited)."""
+        if estimate_micros < 0:
+            raise ValueError("an estimate cannot be negative")
+        now = self.clock.now()
+        day, month = day_key(now), month_key(now)
+        with self.db.transaction() as conn:
+            checks = (
+                (f"imp:{imp}/day", self.limits(imp, conn).daily, dict(imp=imp, day=day), seconds_to_next_day(now)),
+                (f"imp:{imp}/month", self.limits(imp, conn).monthly, dict(imp=imp, day=None), seconds_to_next_month(now)),
+                ("all/day", self.limits(ALL_IMPS, conn).daily, dict(imp=None, day=day), seconds_to_next_day(now)),
+                ("all/month", self.limits(ALL_IMPS, conn).monthly, dict(imp=None, day=None), seconds_to_next_month(now)),
+            )
+            for name, limit, where, retry_after in checks:
+                if limit is None:
+                    continue
+                spent = self._spent(conn, month=month, **where)  # type: ignore[arg-type]
+                if spent >= limit or spent + estimate_micros > limit:  # the hard stop: never overspend
+                    raise BudgetExhausted(name, retry_after, limit, spent, estimate_micros)
+            cursor = conn.execute(
+                """INSERT INTO ledger (imp, day, month, state, reserved_micros, method, purpose, model, created_at)
+                   VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?)""",
+                (imp, day, month, estimate_micros, method, purpose, model, iso(now)),
+            )
+            assert cursor.lastrowid is not None
+            return Reservation(cursor.lastrowid, imp, estimate_micros)
+
+    def settle(self, reservation: Reservation | int, cost_micros: int) -> None:
+        """Replace the reservation by the measured cost (0 when nothing was spent). Settling twice is a no-op."""
+        reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
+        self.db.execute(
+            "UPDATE ledger SET state = 'settled', cost_micros = ?, settled_at = ? WHERE id = ? AND state = 'reserved'",
+            (max(0, int(cost_micros)), iso(self.clock.now()), reservation_id),
+        )
+
+    def settle_abandoned(self, older_than: timedelta = ABANDONED_AFTER) -> int:
+        """Charge reservations a crashed host never settled at their full estimate (fail closed)."""
+        cutoff = iso(self.clock.now() - older_than)
+        return self.db.execute(
+            """UPDATE ledger SET state = 'settled', cost_micros = reserved_micros, settled_at = ?
+               WHERE state = 'reserved' AND created_at < ?""",
+            (iso(self.clock.now()), cutoff),
+        ).rowcount
+
+    # ------------------------------------------------------------ reporting
+
+    def settled_total(self, imp: str | None = None) -> int:
+        sql = "SELECT COALESCE(SUM(cost_micros), 0) FROM ledger WHERE state = 'settled'"
+        rows = self.db.query(sql + (" AND imp = ?" if imp else ""), (imp,) if imp else ())
+        return int(rows[0][0])
+
+    def summary(self) -> list[BudgetRow]:
+        """One row for all imps, then one per imp that has spent, has an override, or is named in the policy."""
+        now = self.clock.now()
+        day, month = day_key(now), month_key(now)
+        conn = self.db.connection()
+        imps = {row[0] for row in conn.execute("SELECT DISTINCT imp FROM ledger WHERE month = ?", (month,))}
+        imps |= {row[0] for row in conn.execute("SELECT scope FROM budget_limits WHERE scope != ?", (ALL_IMPS,))}
+        imps |= set(self.policy.budgets.imps)
+        rows = []
+        for scope in [ALL_IMPS, *sorted(imps)]:
+            imp = None if scope == ALL_IMPS else scope
+            limits = self.limits(scope, conn)
+            reserved_sql = "SELECT COALESCE(SUM(reserved_micros), 0) FROM ledger WHERE state = 'reserved' AND month = ?"
+            reserved_args: list[str] = [month]
+            if imp is not None:
+                reserved_sql += " AND imp = ?"
+                reserved_args.append(imp)
+            rows.append(
+                BudgetRow(
+                    scope=scope,
+                    daily_limit=limits.daily,
+                    daily_spent=self._spent(conn, imp=imp, day=day, month=month),
+                    monthly_limit=limits.monthly,
+                    monthly_spent=self._spent(conn, imp=imp, day=None, month=month),
+                    reserved=int(conn.execute(reserved_sql, reserved_args).fetchone()[0]),
+                    source=limits.source,
+                )
+            )
+        return rows

@@ -1,0 +1,81 @@
+"""Where acts land: the Surface interface the gateway executes sends through (design.md §5).
+
+The Discord adapter (a later issue) implements the same protocol; here are a
+recording surface for tests and a terminal surface that prints.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TextIO
+
+import anyio
+
+
+@dataclass(frozen=True)
+class OutgoingFile:
+    filename: str
+    data: bytes
+
+
+class SurfaceError(Exception):
+    """The surface could not deliver (the platform refused or is unreachable)."""
+
+
+class Surface(Protocol):
+    async def send(
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str
+    ) -> list[str]:
+        """Post and return the platform's message ids (several when the content was chunked)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    channel_id: str
+    content: str
+    reply_to: str | None
+    files: tuple[OutgoingFile, ...]
+    kind: str
+    message_ids: tuple[str, ...]
+
+
+@dataclass
+class RecordingSurface:
+    """Records every send; ``fail_with`` makes the next sends fail (for failure paths)."""
+
+    sent: list[SentMessage] = field(default_factory=list)
+    fail_with: str | None = None
+    delay_s: float = 0.0  # widen race windows in concurrency tests
+
+    async def send(
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str
+    ) -> list[str]:
+        if self.delay_s:
+            await anyio.sleep(self.delay_s)
+        if self.fail_with is not None:
+            raise SurfaceError(self.fail_with)
+        ids = (f"rec-{len(self.sent) + 1}",)
+        self.sent.append(SentMessage(channel_id, content, reply_to, tuple(files), kind, ids))
+        return list(ids)
+
+
+class TerminalSurface:
+    """Prints sends to a stream (the operator's terminal)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self._count = 0
+
+    async def send(
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str
+    ) -> list[str]:
+        self._count += 1
+        header = f"[{channel_id}]" + (f" (reply to {reply_to})" if reply_to else "") + (f" <{kind}>" if kind != "reply" else "")
+        lines = [header, content]
+        lines += [f"  [file {item.filename}, {len(item.data)} bytes]" for item in files]
+        self.stream.write("\n".join(lines) + "\n")
+        self.stream.flush()
+        return [f"term-{self._count}"]

@@ -1,0 +1,316 @@
+"""The budget ledger and the price table: atomic reservations, windows, overrides, measured costs."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from impyard.clock import FixedClock
+from impyard.db import MIGRATIONS, Database, Migration, open_database
+from impyard.ledger import ALL_IMPS, BudgetExhausted, Ledger, seconds_to_next_day, seconds_to_next_month
+from impyard.policy import policy_from_text
+from impyard.policy_models import Price
+from impyard.prices import (
+    PriceMissing,
+    Usage,
+    estimate_micros,
+    measured_micros,
+    token_cost_micros,
+    usage_from_response,
+)
+
+pytestmark = pytest.mark.anyio
+
+POLICY = policy_from_text(
+    """
+[budgets.all]
+daily_usd = 1.0
+monthly_usd = 3.0
+[budgets.per_imp]
+daily_usd = 0.5
+monthly_usd = 2.0
+[budgets.imps.big]
+daily_usd = 0.9
+"""
+)
+START = datetime(2026, 3, 31, 23, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock(START)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    database = open_database(tmp_path / "impyard.db")
+    yield database  # type: ignore[misc]
+    database.close()
+
+
+@pytest.fixture
+def ledger(db: Database, clock: FixedClock) -> Ledger:
+    return Ledger(db, POLICY, clock)
+
+
+# --- the database ------------------------------------------------------------------------------
+
+
+def test_the_database_is_wal_and_migrations_run_once(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    db = open_database(path)
+    assert db.query("PRAGMA journal_mode")[0][0] == "wal"
+    assert db.version == len(MIGRATIONS)
+    assert db.migrate() == len(MIGRATIONS)  # idempotent
+    db.close()
+    extra = Database(path, [*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "notes", "CREATE TABLE notes (id INTEGER PRIMARY KEY);")])
+    assert extra.migrate() == len(MIGRATIONS) + 1
+    assert extra.query("SELECT count(*) FROM notes")[0][0] == 0
+    extra.close()
+
+
+def test_a_failing_migration_leaves_nothing_behind(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    open_database(path).close()
+    broken = Database(path, [*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "bad", "CREATE TABLE t (a);\nNOT SQL;")])
+    with pytest.raises(Exception, match="syntax"):
+        broken.migrate()
+    assert broken.version == len(MIGRATIONS)
+    assert not broken.query("SELECT name FROM sqlite_master WHERE name = 't'")
+    broken.close()
+
+
+# --- reserve and settle -------------------------------------------------------------------------
+
+
+def test_reserve_then_settle_charges_the_measured_cost(ledger: Ledger) -> None:
+    reservation = ledger.reserve("pip", 300_000)
+    ledger.settle(reservation, 120_000)
+    ledger.settle(reservation, 999_999)  # settling twice is a no-op
+    row = {r.scope: r for r in ledger.summary()}["pip"]
+    assert (row.daily_spent, row.monthly_spent, row.reserved) == (120_000, 120_000, 0)
+
+
+def test_the_hard_stop_refuses_when_the_window_is_spent_and_says_which(ledger: Ledger) -> None:
+    ledger.settle(ledger.reserve("pip", 500_000), 500_000)  # pip's whole day
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("pip", 1)
+    assert caught.value.ledger == "imp:pip/day"
+    assert caught.value.retry_after_s == 3600  # 23:00 -> midnight UTC
+    ledger.reserve("other", 1)  # other imps are unaffected
+
+
+def test_an_estimate_that_would_overspend_is_refused_too(ledger: Ledger) -> None:
+    ledger.reserve("pip", 400_000)
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("pip", 100_001)
+    ledger.reserve("pip", 100_000)  # exactly to the limit is fine
+
+
+def test_in_flight_reservations_count_against_the_budget(ledger: Ledger) -> None:
+    ledger.reserve("pip", 500_000)  # not settled yet
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("pip", 1)
+
+
+def test_the_all_imps_window_stops_everyone(ledger: Ledger) -> None:
+    ledger.settle(ledger.reserve("big", 900_000), 900_000)
+    ledger.settle(ledger.reserve("pip", 100_000), 100_000)
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("third", 1)
+    assert caught.value.ledger == "all/day"
+
+
+def test_day_and_month_windows_reset_on_the_utc_calendar(ledger: Ledger, clock: FixedClock) -> None:
+    ledger.settle(ledger.reserve("pip", 500_000), 500_000)
+    clock.advance(hours=1)  # 2026-04-01 00:00: a new day and a new month
+    ledger.settle(ledger.reserve("pip", 500_000), 500_000)
+    for _ in range(3):
+        clock.advance(days=1)
+        ledger.settle(ledger.reserve("pip", 500_000), 500_000)
+    with pytest.raises(BudgetExhausted) as caught:  # 2.0 USD in April for pip
+        clock.advance(days=1)
+        ledger.reserve("pip", 1)
+    assert caught.value.ledger == "imp:pip/month"
+    assert caught.value.retry_after_s == seconds_to_next_month(clock.now())
+
+
+def test_operator_overrides_replace_the_policy_limits(ledger: Ledger) -> None:
+    assert ledger.limits("pip").daily == 500_000 and ledger.limits("pip").source == "policy"
+    assert ledger.limits("big").daily == 900_000 and ledger.limits("big").monthly == 2_000_000
+    ledger.set_limits("pip", daily_usd=0.25, monthly_usd=None)
+    limits = ledger.limits("pip")
+    assert (limits.daily, limits.monthly, limits.source) == (250_000, 2_000_000, "policy, daily override")
+    ledger.set_limits("pip", daily_usd=None, monthly_usd=5)
+    assert ledger.limits("pip").daily == 250_000 and ledger.limits("pip").source == "override"
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("pip", 250_001)
+    ledger.set_limits(ALL_IMPS, daily_usd=0, monthly_usd=None)
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("big", 0)  # nothing left means nothing, even for a free call
+    assert caught.value.ledger == "all/day"
+    assert ledger.clear_limits(ALL_IMPS)
+    ledger.reserve("big", 1)
+
+
+def test_abandoned_reservations_are_charged_in_full(ledger: Ledger, clock: FixedClock) -> None:
+    ledger.reserve("pip", 200_000)
+    clock.advance(minutes=30)
+    assert ledger.settle_abandoned() == 0
+    clock.advance(hours=1)
+    assert ledger.settle_abandoned() == 1
+    assert ledger.settled_total("pip") == 200_000
+
+
+@pytest.mark.parametrize(
+    ("now", "day_s", "month_s"),
+    [
+        (datetime(2026, 1, 31, 23, 59, 30, tzinfo=UTC), 30, 30),
+        (datetime(2026, 2, 1, 0, 0, tzinfo=UTC), 86_400, 28 * 86_400),
+        (datetime(2026, 12, 31, 12, 0, tzinfo=UTC), 43_200, 43_200),
+    ],
+)
+def test_retry_after_is_the_time_to_the_window_reset(now: datetime, day_s: int, month_s: int) -> None:
+    assert (seconds_to_next_day(now), seconds_to_next_month(now)) == (day_s, month_s)
+
+
+# --- concurrency: the hard stop is atomic --------------------------------------------------------
+
+
+def test_100_concurrent_threads_never_overspend(tmp_path: Path, clock: FixedClock) -> None:
+    db = open_database(tmp_path / "race.db")
+    ledger = Ledger(db, POLICY, clock)  # pip: 0.50 USD per day
+    estimate = 7_000  # 71 fit in 500_000, not 100
+    barrier = threading.Barrier(100)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        barrier.wait()  # every thread (each with its own connection) reserves at once
+        try:
+            reservation = ledger.reserve("pip", estimate)
+        except BudgetExhausted:
+            result = "refused"
+        else:
+            ledger.settle(reservation, estimate)
+            result = "ok"
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=one) for _ in range(100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(outcomes) == 100
+    assert outcomes.count("ok") == 500_000 // estimate
+    assert ledger.settled_total("pip") <= 500_000
+    db.close()
+
+
+async def test_100_concurrent_tasks_and_two_databases_never_overspend(tmp_path: Path, clock: FixedClock) -> None:
+    """Two Database objects on one file stand for two host processes; tasks reserve through worker threads."""
+    path = tmp_path / "race.db"
+    ledgers = [Ledger(open_database(path), POLICY, clock), Ledger(open_database(path), POLICY, clock)]
+    settled: list[int] = []
+
+    async def one(index: int) -> None:
+        ledger = ledgers[index % 2]
+        try:
+            reservation = await ledger.db.run(ledger.reserve, "pip", 9_000)
+        except BudgetExhausted:
+            return
+        await anyio.lowlevel.checkpoint()
+        await ledger.db.run(ledger.settle, reservation, 9_000)
+        settled.append(9_000)
+
+    async with anyio.create_task_group() as tg:
+        for index in range(100):
+            tg.start_soon(one, index)
+    assert sum(settled) == ledgers[0].settled_total("pip") <= 500_000
+    assert len(settled) == 500_000 // 9_000
+    for ledger in ledgers:
+        ledger.db.close()
+
+
+# --- prices ------------------------------------------------------------------------------------
+
+TEXT = Price(input=2.0, cached_input=0.5, output=8.0)
+EMBED = Price(input=0.02)
+IMAGE = Price(input=5.0, output=40.0, image=0.25)
+
+
+@pytest.mark.parametrize(
+    ("path", "response", "price", "micros"),
+    [
+        pytest.param(
+            "/chat/completions",
+            {"usage": {"prompt_tokens": 1000, "completion_tokens": 500, "prompt_tokens_details": {"cached_tokens": 400}}},
+            TEXT, 600 * 2 + 400 * 0.5 + 500 * 8, id="chat-with-cache",
+        ),
+        pytest.param(
+            "/responses",
+            {"usage": {"input_tokens": 1_000_000, "output_tokens": 1_000_000, "input_tokens_details": {"cached_tokens": 0}}},
+            TEXT, 10_000_000, id="responses-a-million-each-is-10-usd",
+        ),
+        pytest.param("/embeddings", {"usage": {"prompt_tokens": 5000, "total_tokens": 5000}}, EMBED, 100, id="embeddings"),
+        pytest.param("/images/generations", {"data": [{}, {}]}, IMAGE, 500_000, id="images-per-image"),
+        pytest.param(
+            "/images/generations", {"data": [{}], "usage": {"input_tokens": 100, "output_tokens": 1000}}, IMAGE,
+            100 * 5 + 1000 * 40, id="images-by-token-usage",
+        ),
+        pytest.param("/chat/completions", {"choices": []}, TEXT, None, id="no-usage-reported"),
+        pytest.param("/chat/completions", "not json", TEXT, None, id="not-an-object"),
+    ],
+)
+def test_measured_cost_from_usage_matches_the_price_table(path: str, response: object, price: Price, micros: float | None) -> None:
+    assert measured_micros(path, response, price) == (None if micros is None else round(micros))
+
+
+def test_cached_tokens_never_exceed_the_input() -> None:
+    assert token_cost_micros(TEXT, Usage(input_tokens=10, cached_tokens=50)) == 5
+    assert usage_from_response("/chat/completions", {"usage": {"prompt_tokens": "x"}}) == Usage()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "body_bytes", "price", "micros"),
+    [
+        ("/chat/completions", {"model": "m", "max_completion_tokens": 1000}, 300, TEXT, 100 * 2 + 1000 * 8),
+        ("/chat/completions", {"model": "m", "max_tokens": 10, "n": 3}, 30, TEXT, 10 * 2 + 30 * 8),
+        ("/chat/completions", {"model": "m"}, 3, TEXT, 1 * 2 + 4096 * 8),  # no cap: the policy's default
+        ("/responses", {"model": "m", "max_output_tokens": 50}, 3, TEXT, 2 + 50 * 8),
+        ("/embeddings", {"model": "e"}, 3000, EMBED, 1000 * 0.02),
+        ("/images/generations", {"model": "i", "n": 2}, 30, IMAGE, 500_000 + 10 * 5),
+    ],
+)
+def test_the_estimate_covers_the_output_cap(path: str, body: dict, body_bytes: int, price: Price, micros: float) -> None:
+    assert estimate_micros(path, body, body_bytes, price, default_output_tokens=4096) == round(micros)
+
+
+@pytest.mark.parametrize(
+    ("path", "price", "missing"),
+    [
+        ("/images/generations", Price(input=1.0, output=1.0), "per-image price"),
+        ("/chat/completions", Price(image=1.0), "input price"),
+        ("/chat/completions", Price(input=1.0), "output price"),
+    ],
+)
+def test_an_incomplete_price_refuses_rather_than_assumes_zero(path: str, price: Price, missing: str) -> None:
+    with pytest.raises(PriceMissing, match=missing):
+        estimate_micros(path, {"model": "m"}, 10, price, default_output_tokens=10)
+
+
+def test_summary_lists_every_imp_with_spending_or_limits(ledger: Ledger, clock: FixedClock) -> None:
+    ledger.settle(ledger.reserve("pip", 10), 7)
+    ledger.set_limits("quiet", daily_usd=1, monthly_usd=None)
+    rows = {row.scope: row for row in ledger.summary()}
+    assert set(rows) == {ALL_IMPS, "pip", "quiet", "big"}
+    assert rows[ALL_IMPS].daily_spent == 7 and rows["quiet"].daily_limit == 1_000_000
+    clock.advance(timedelta(days=1))  # a new month: pip has spent nothing in it
+    rows = {row.scope: row for row in ledger.summary()}
+    assert "pip" not in rows and rows[ALL_IMPS].monthly_spent == 0
