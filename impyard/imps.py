@@ -1,0 +1,1125 @@
+"""Imps: their config (``IMPYARD_HOME/imps/<name>/imp.toml``) and the store that adds, reads and removes them.
+
+An imp's directory holds three things::
+
+    imps/<name>/imp.toml     the config: validated by ImpConfig, no secrets ever
+    imps/<name>/persona.md   the persona text (``persona_file``)
+    imps/<name>/state/       the box's /state mount: written by the box, so never read as config
+
+``ImpConfig`` is the typed config; ``ImpStore`` reads and writes it. A broken
+file raises ``ImpConfigError`` naming the file, the line (where it can be
+found), the key, the reason and the fix; nothing is ever half-loaded. The box
+receives only ``ImpConfig.imp_spec()``: name, persona and responder/memory
+settings, never owners, tokens or host paths (design.md §1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+
+from box.protocol.models import ImpSpec, MemorySettings, ResponderSettings
+from impyard.paths import home
+
+if TYPE_CHECKING:
+    from impyard.backends.docker import DockerLimits
+
+CONFIG_FILE = "imp.toml"
+DEFAULT_PERSONA_FILE = "persona.md"
+STATE_DIR = "state"
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+NAME_RULE = (
+    "1-32 characters: lowercase letters, digits and dashes, starting with a letter (e.g. 'pip', 'desk-2')"
+)
+TOKEN_ENV_PREFIX = "IMPYARD_DISCORD_TOKEN_"
+MAX_CONFIG_BYTES = 256 * 1024
+MAX_PERSONA_CHARS = 100_000  # the persona goes into every model call
+MAX_NEWS_BYTES = 64 * 1024
+MAX_TOKEN_FILE_BYTES = 4096
+MAX_GOT_CHARS = 60
+DEFAULT_STARTER_PERSONA = "You are {name}, a helpful and friendly assistant.\n"
+
+# Keys that would hold a secret: refused anywhere in imp.toml with a pointer to token_env / token_file.
+SECRET_KEYS = frozenset(
+    {"token", "bot_token", "discord_token", "api_key", "openai_api_key", "secret", "password"}
+)
+SECRET_FIX = (
+    "secrets never go in imp.toml: set [discord] token_env (the name of an environment variable "
+    "holding the token) or token_file (a file holding it), and remove this key"
+)
+
+
+# ------------------------------------------------------------------ errors
+
+
+class ImpError(Exception):
+    """Any refusal of the imp store; the message is one line that says what to do."""
+
+
+class ImpNameError(ImpError, ValueError):
+    """The name is not a valid imp name."""
+
+
+class ImpNotFound(ImpError, LookupError):
+    """No imp of that name; the message lists the imps there are."""
+
+
+class ImpExists(ImpError):
+    """``add`` of a name that is already an imp."""
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    file: str
+    line: int | None
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: key '{self.key}': {self.reason}" if self.key else f"{where}: {self.reason}"
+
+
+class ImpConfigError(ImpError):
+    """An imp's config (or persona, news or token file) is broken; ``problems`` lists every finding.
+
+    The message is one line per problem: ``<file>[:<line>]: key '<key>': <reason and fix>``.
+    """
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = problems
+        first = problems[0]
+        self.file, self.line, self.key, self.reason = first.file, first.line, first.key, first.reason
+        super().__init__("\n".join(str(problem) for problem in problems))
+
+
+def validate_name(name: str) -> str:
+    """Return ``name`` if it is a valid imp name, else raise ``ImpNameError`` saying what a name may be."""
+    if isinstance(name, str) and NAME_PATTERN.match(name):
+        return name
+    shown = name if isinstance(name, str) and len(name) <= MAX_GOT_CHARS else f"{str(name)[:MAX_GOT_CHARS]}…"
+    hint = ""
+    if isinstance(name, str) and NAME_PATTERN.match(name.lower()):
+        hint = f" (did you mean '{name.lower()}'?)"
+    raise ImpNameError(f"invalid imp name {shown!r}: use {NAME_RULE}{hint}")
+
+
+# ------------------------------------------------------------------ the config model
+
+
+def _field(default: Any, doc: str, *, expect: str, example: Any = None, **constraints: Any) -> Any:
+    """A config field: ``doc`` becomes the comment in a new imp.toml, ``expect`` the error text."""
+    extra: dict[str, Any] = {"expect": expect}
+    if example is not None:
+        extra["example"] = example
+    return Field(default=default, description=doc, json_schema_extra=extra, **constraints)
+
+
+def _section(cls: type[BaseModel], doc: str, example: str) -> Any:
+    return Field(
+        default_factory=cls,
+        description=doc,
+        json_schema_extra={"expect": f"a table: write [{example}] on its own line and the keys under it"},
+    )
+
+
+class _Strict(BaseModel):
+    # Strict: a hand-written "60" is not silently a number, "yes" not a bool; unknown keys are typos.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _check_relative_path(value: str | None) -> str | None:
+    """Paths in imp.toml: absolute, or relative to the imp's directory without leaving it or entering state/."""
+    if value is None:
+        return None
+    if not value.strip() or "\x00" in value:
+        raise ValueError("must be a file path (relative to the imp's directory, or absolute)")
+    path = Path(value)
+    if path.is_absolute():
+        return value
+    if ".." in path.parts:
+        raise ValueError(
+            f"must stay inside the imp's directory (got {value!r}): drop the '..' or use an absolute path"
+        )
+    if path.parts and path.parts[0] == STATE_DIR:
+        raise ValueError(
+            f"must not be under {STATE_DIR}/ (got {value!r}): the box writes there, so it must never "
+            "feed the host's config; move the file next to imp.toml"
+        )
+    return value
+
+
+def _snowflake(value: Any) -> Any:
+    # Discord ids are often pasted as bare TOML integers; store them as strings of digits.
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)
+    return value
+
+
+Snowflake = Annotated[str, Field(pattern=r"^[0-9]{1,20}$")]
+RegexPair = Annotated[list[str], Field(min_length=2, max_length=2)]
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class ModelConfig(_Strict):
+    """``[model]``: how the responder calls the model (SPEC-001)."""
+
+    model: str = _field(
+        "gpt-4.1-mini", "The default reply model.", expect="a model name in quotes", min_length=1
+    )
+    vision_model: str | None = _field(
+        None,
+        "Used when the message carries images (default: model).",
+        expect="a model name in quotes",
+        example="gpt-4.1",
+        min_length=1,
+    )
+    factual_model: str | None = _field(
+        None,
+        "Used for factual look-ups (default: model).",
+        expect="a model name in quotes",
+        example="gpt-4.1",
+        min_length=1,
+    )
+    retry_model: str | None = _field(
+        None,
+        "Used after a rate limit until a call succeeds again (ENV-15; default: none).",
+        expect="a model name in quotes",
+        example="gpt-4.1-nano",
+        min_length=1,
+    )
+    max_tokens: int = _field(
+        1024, "Most tokens one reply may use.", expect="a whole number from 1 to 128000", ge=1, le=128_000
+    )
+    temperature: float | None = _field(
+        None,
+        "Sampling temperature (default: the model's own).",
+        expect="a number from 0 to 2",
+        example=0.7,
+        ge=0,
+        le=2,
+        allow_inf_nan=False,
+    )
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] = _field(
+        "none",
+        "Reasoning effort sent when tools are attached (ENV-21).",
+        expect='one of "none", "minimal", "low", "medium", "high", "xhigh"',
+    )
+    use_responses_api: bool = _field(
+        False, "Call /responses instead of /chat/completions (ENV-22).", expect="true or false"
+    )
+    responses_tool_rounds: int = _field(
+        4,
+        "Tool rounds on the Responses API before a forced tool-less answer (ENV-23).",
+        expect="a whole number from 1 to 16",
+        ge=1,
+        le=16,
+    )
+    tool_rounds: int = _field(
+        3, "Tool rounds on chat/completions.", expect="a whole number from 0 to 16", ge=0, le=16
+    )
+    history_limit: int = _field(
+        20,
+        "Most history messages sent to the model (ENV-07).",
+        expect="a whole number from 0 to 500",
+        ge=0,
+        le=500,
+    )
+    history_per_channel: int = _field(
+        3,
+        "History messages kept per channel when shrinking (ENV-11).",
+        expect="a whole number from 0 to 500",
+        ge=0,
+        le=500,
+    )
+    short_path: list[RegexPair] = _field(
+        [],
+        "[channel_regex, user_regex] pairs archived without a model call (ENV-05; Python re syntax).",
+        expect='a list of [channel_regex, user_regex] pairs, e.g. [["^announcements$", ".*"]]',
+        example=[["^announcements$", ".*"]],
+    )
+    news_file: str | None = _field(
+        None,
+        "A file whose text goes into the prompt's ## Context (ENV-10; relative to the imp's directory).",
+        expect="a file path in quotes",
+        example="news.md",
+    )
+
+    @field_validator("short_path")
+    @classmethod
+    def _regexes_compile(cls, pairs: list[list[str]]) -> list[list[str]]:
+        for index, pair in enumerate(pairs):
+            for which, pattern in zip(("channel_regex", "user_regex"), pair, strict=True):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(
+                        f"rule {index + 1}'s {which} {pattern!r} is not a valid regular expression ({exc}); "
+                        "fix it, or escape special characters with \\"
+                    ) from None
+        return pairs
+
+    @field_validator("news_file")
+    @classmethod
+    def _news_path(cls, value: str | None) -> str | None:
+        return _check_relative_path(value)
+
+
+class MemoryConfig(_Strict):
+    """``[memory]``: the memory engine inside the box."""
+
+    enabled: bool = _field(False, "Run the memory engine (EmoStack) inside the box.", expect="true or false")
+
+
+class DiscordConfig(_Strict):
+    """``[discord]``: the imp's bot. The token is read on the host only, from token_env or token_file."""
+
+    token_env: str | None = _field(
+        None,
+        "Environment variable holding the bot token (default: IMPYARD_DISCORD_TOKEN_<NAME>).",
+        expect='the name of an environment variable, e.g. "IMPYARD_DISCORD_TOKEN_PIP" (its name, never the token)',
+        example="IMPYARD_DISCORD_TOKEN_PIP",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+    )
+    token_file: str | None = _field(
+        None,
+        "A file holding the bot token, used instead of token_env (keep it chmod 600).",
+        expect="a file path in quotes",
+        example="discord.token",
+    )
+    application_id: Snowflake | None = _field(
+        None,
+        "The bot's application id (for slash-command sync).",
+        expect="a Discord id (digits)",
+        example="123456789012345678",
+    )
+    owner_channel: Snowflake | None = _field(
+        None,
+        "Channel id where approval cards are posted.",
+        expect="a Discord channel id (digits)",
+        example="123456789012345678",
+    )
+    staff_channel: Snowflake | None = _field(
+        None,
+        "Channel id for staff notes and hack alerts (ENV-03).",
+        expect="a Discord channel id (digits)",
+        example="123456789012345678",
+    )
+
+    @field_validator("application_id", "owner_channel", "staff_channel", mode="before")
+    @classmethod
+    def _ids_as_text(cls, value: Any) -> Any:
+        return _snowflake(value)
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("token_env") is not None:
+            raise ValueError("set token_env or token_file, not both: remove one of them")
+        return _check_relative_path(value)
+
+
+class BoxConfig(_Strict):
+    """``[box]``: where and how confined the imp's boxes run (design.md §10)."""
+
+    backend: Literal["auto", "docker", "process"] = _field(
+        "auto",
+        "docker; process (no lockdown, development only); auto = docker, else process with a warning.",
+        expect='one of "auto", "docker", "process"',
+    )
+    memory: str = _field(
+        "512m", "Memory per box (also its swap limit).", expect='a size from "64m" to "64g", e.g. "512m"'
+    )
+    cpus: float = _field(
+        1.0, "CPU cores per box.", expect="a number from 0.1 to 64", ge=0.1, le=64, allow_inf_nan=False
+    )
+    pids_limit: int = _field(
+        128, "Most processes per box.", expect="a whole number from 16 to 4096", ge=16, le=4096
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_size(cls, value: str) -> str:
+        match = re.fullmatch(r"([1-9][0-9]{0,6})([kmg])", value.strip().lower())
+        size = int(match.group(1)) * {"k": 1, "m": 1024, "g": 1024**2}[match.group(2)] if match else 0
+        if not 64 * 1024 <= size <= 64 * 1024**2:
+            raise ValueError(f'must be a size from "64m" to "64g", e.g. "512m" (got {json.dumps(value)})')
+        return value.strip().lower()
+
+    def docker_limits(self) -> DockerLimits:
+        from impyard.backends.docker import DockerLimits
+
+        return DockerLimits(memory=self.memory, cpus=self.cpus, pids_limit=self.pids_limit)
+
+
+class SessionsConfig(_Strict):
+    """``[sessions]``: the warm box sessions of design.md §6."""
+
+    mode: Literal["warm", "cold"] = _field(
+        "warm",
+        "warm: one box per channel kept between turns; cold: a fresh box per message.",
+        expect='one of "warm", "cold"',
+    )
+    idle_s: Seconds = _field(
+        60.0,
+        "Seconds a session waits between turns before its box closes.",
+        expect="a number of seconds from 1 to 3600",
+        ge=1,
+        le=3600,
+    )
+    turn_ceiling_s: Seconds = _field(
+        120.0,
+        "Seconds one turn may take; then the box is told to stop, then killed.",
+        expect="a number of seconds from 5 to 3600",
+        ge=5,
+        le=3600,
+    )
+    session_ceiling_s: Seconds = _field(
+        1800.0,
+        "Seconds one session may live; it closes after its current turn.",
+        expect="a number of seconds from 5 to 86400",
+        ge=5,
+        le=86_400,
+    )
+    queue_limit: int = _field(
+        50,
+        "Messages a channel may queue before it gets a 'too busy' notice.",
+        expect="a whole number from 1 to 1000",
+        ge=1,
+        le=1000,
+    )
+    failure_notice: str = _field(
+        "Sorry — I couldn't answer that just now.",
+        "Posted when a respond turn fails (empty: post nothing).",
+        expect="text in quotes, at most 2000 characters",
+        max_length=2000,
+    )
+
+    @field_validator("session_ceiling_s")
+    @classmethod
+    def _session_outlasts_turn(cls, value: float, info: ValidationInfo) -> float:
+        turn = info.data.get("turn_ceiling_s")
+        if turn is not None and value < turn:
+            raise ValueError(
+                f"must be at least turn_ceiling_s ({turn:g}), since a session holds whole turns (got {value:g}); "
+                "raise it or lower turn_ceiling_s"
+            )
+        return value
+
+
+class ImpConfig(_Strict):
+    """One imp's config, as read from ``imps/<name>/imp.toml``. Every key but ``name`` has a default."""
+
+    name: str = _field(..., "The imp's name: the same as its directory's.", expect=f"a name of {NAME_RULE}")
+    persona_file: str = _field(
+        DEFAULT_PERSONA_FILE,
+        "The persona text, relative to this directory (or absolute).",
+        expect="a file path in quotes",
+    )
+    owners: list[str] = _field(
+        [],
+        'Who may approve this imp\'s gated acts, e.g. ["discord:123456789012345678"].',
+        expect='a list of owners like "discord:123456789012345678"',
+        example=["discord:123456789012345678"],
+    )
+    model: ModelConfig = _section(ModelConfig, "How the responder calls the model.", "model")
+    memory: MemoryConfig = _section(MemoryConfig, "The memory engine.", "memory")
+    discord: DiscordConfig = _section(
+        DiscordConfig, "The imp's Discord bot; never the token itself.", "discord"
+    )
+    box: BoxConfig = _section(BoxConfig, "The box the imp runs in.", "box")
+    sessions: SessionsConfig = _section(SessionsConfig, "Warm box sessions, per channel.", "sessions")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        try:
+            return validate_name(value)
+        except ImpNameError as exc:
+            raise ValueError(str(exc).replace("invalid imp name", "not a valid name", 1)) from None
+
+    @field_validator("owners")
+    @classmethod
+    def _owner_ids(cls, owners: list[str]) -> list[str]:
+        for owner in owners:
+            if not re.fullmatch(r"discord:[0-9]{1,20}", owner):
+                raise ValueError(
+                    f'{json.dumps(owner)[:MAX_GOT_CHARS]} is not an owner: write "discord:<user id>", '
+                    'e.g. "discord:123456789012345678" (Discord: Developer Mode → right-click the user → Copy User ID)'
+                )
+        return list(dict.fromkeys(owners))  # duplicates are harmless: keep the first
+
+    @field_validator("persona_file")
+    @classmethod
+    def _persona_path(cls, value: str) -> str:
+        return _check_relative_path(value) or value
+
+    @property
+    def token_env(self) -> str:
+        """The environment variable the Discord token is read from (when no token_file is set)."""
+        return self.discord.token_env or default_token_env(self.name)
+
+    def token_source(self) -> str:
+        """Where the Discord token comes from, in words (never the token)."""
+        if self.discord.token_file:
+            return f"file {self.discord.token_file}"
+        return f"env {self.token_env}"
+
+    def imp_spec(self, persona: str = "") -> ImpSpec:
+        """What the box receives in ``box.init``: name, persona, responder and memory settings — no secrets.
+
+        Responder settings are passed by name: every ``[model]`` key that ``ResponderSettings``
+        knows goes to the box, so a setting the box learns later flows without a change here.
+        """
+        known = set(ResponderSettings.model_fields)
+        responder = {key: value for key, value in self.model.model_dump().items() if key in known}
+        return ImpSpec(
+            name=self.name,
+            persona=persona,
+            responder=ResponderSettings(**responder),
+            memory=MemorySettings(enabled=self.memory.enabled),
+        )
+
+
+def default_token_env(name: str) -> str:
+    """``IMPYARD_DISCORD_TOKEN_<NAME>``: the name upper-cased, dashes as underscores."""
+    return TOKEN_ENV_PREFIX + name.upper().replace("-", "_")
+
+
+# ------------------------------------------------------------------ validation with errors that name file, line, key
+
+
+def parse_config(text: str, file: str, *, expected_name: str | None = None) -> ImpConfig:
+    """Parse and validate imp.toml text; raise ``ImpConfigError`` naming ``file``, the line and the key."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = re.search(r"at line (\d+)", str(exc))
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        raise ImpConfigError(
+            [
+                ConfigProblem(
+                    file,
+                    int(line.group(1)) if line else None,
+                    "",
+                    f'not valid TOML: {reason}; fix the syntax (text values need "quotes")',
+                )
+            ]
+        ) from None
+    return validate_config(raw, file, text=text, expected_name=expected_name)
+
+
+def validate_config(
+    raw: dict[str, Any], file: str, *, text: str | None = None, expected_name: str | None = None
+) -> ImpConfig:
+    """Validate a parsed config; every problem names the key (and, given ``text``, the line)."""
+    secrets = list(_secret_keys(raw))
+    problems = [ConfigProblem(file, _locate(text, path), _key_text(path), SECRET_FIX) for path in secrets]
+    try:
+        config = ImpConfig.model_validate(raw)
+    except ValidationError as exc:
+        for error in exc.errors():
+            loc = tuple(error["loc"])
+            if loc in secrets:
+                continue  # already reported, with the secret-specific fix
+            problems.append(ConfigProblem(file, _locate(text, loc), _key_text(loc), _reason(error, loc)))
+        problems.sort(key=lambda problem: problem.line or 1 << 30)
+        raise ImpConfigError(problems) from None
+    if problems:
+        raise ImpConfigError(problems)
+    if expected_name is not None and config.name != expected_name:
+        raise ImpConfigError(
+            [
+                ConfigProblem(
+                    file,
+                    _locate(text, ("name",)),
+                    "name",
+                    f"must be {json.dumps(expected_name)}, the directory's name (got {json.dumps(config.name)}); "
+                    "fix the name or rename the directory",
+                )
+            ]
+        )
+    return config
+
+
+def _secret_keys(raw: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            if key.lower() in SECRET_KEYS:
+                yield (*prefix, key)
+            else:
+                yield from _secret_keys(value, (*prefix, key))
+
+
+def _key_text(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _field_info(loc: tuple[Any, ...]) -> FieldInfo | None:
+    """The FieldInfo of the deepest config field on ``loc`` (list indexes skipped)."""
+    model: type[BaseModel] | None = ImpConfig
+    info: FieldInfo | None = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if model is None or part not in model.model_fields:
+            return info
+        info = model.model_fields[part]
+        annotation = info.annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return info
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a table"
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= MAX_GOT_CHARS else text[: MAX_GOT_CHARS - 1] + "…"
+
+
+def _reason(error: Any, loc: tuple[Any, ...]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        section = _field_info(loc[:-1]) if len(loc) > 1 else None
+        model = section.annotation if section is not None else ImpConfig
+        known = list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+        close = [k for k in known if _similar(str(loc[-1]), k)]
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        # The value is never echoed: an unknown key might hold a secret.
+        return f"unknown key; {hint}remove it or fix its spelling (known here: {', '.join(known)})"
+    if kind == "missing":
+        return 'missing; add it (name = "<the directory\'s name>")' if loc == ("name",) else "missing"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    info = _field_info(loc)
+    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    expect = extra.get("expect")
+    if not expect:
+        return error["msg"]
+    if loc and loc[0] == "discord":
+        return f"must be {expect}"  # discord values are not echoed: a pasted token must not reach a log
+    return f"must be {expect} (got {_got(error['input'])})"
+
+
+def _similar(a: str, b: str) -> bool:
+    return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio() >= 0.75
+
+
+_STRINGS_AND_COMMENT = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'|#.*$")
+_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(?:#.*)?$")
+_KEY_LINE = re.compile(
+    r"^\s*((?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'))*)\s*="
+)
+
+
+def _split_dotted(text: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in re.findall(r"\"[^\"]*\"|'[^']*'|[^.]+", text))
+
+
+def _locate(text: str | None, loc: tuple[Any, ...]) -> int | None:
+    """Best effort: the 1-based line of the key on ``loc``, else of its table's header."""
+    if text is None:
+        return None
+    want = tuple(str(part) for part in loc if not isinstance(part, int))
+    table: tuple[str, ...] = ()
+    best: tuple[int, int] | None = None  # (depth matched, line)
+    open_brackets = 0  # inside a multi-line array, lines are values, not headers or keys
+    for number, line in enumerate(text.splitlines(), start=1):
+        inside_array = open_brackets > 0
+        bare = _STRINGS_AND_COMMENT.sub("", line)
+        open_brackets = max(0, open_brackets + bare.count("[") - bare.count("]"))
+        if inside_array:
+            continue
+        header = _HEADER.match(line)
+        if header:
+            open_brackets = 0
+            table = _split_dotted(header.group(1))
+            found = table
+        else:
+            key = _KEY_LINE.match(line)
+            if not key:
+                continue
+            found = table + _split_dotted(key.group(1))
+        depth = len(found)
+        if found == want[:depth] and (best is None or depth > best[0]):
+            best = (depth, number)
+    return best[1] if best else None
+
+
+# ------------------------------------------------------------------ writing imp.toml (by hand: it keeps the comments)
+
+
+def _toml_string(value: str) -> str:
+    if "\\" in value and "'" not in value and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return f"'{value}'"  # a literal string: regexes stay readable
+    out = []
+    for char in value:
+        code = ord(char)
+        if char == "\\":
+            out.append("\\\\")
+        elif char == '"':
+            out.append('\\"')
+        elif char in "\b\t\n\f\r":
+            out.append({"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}[char])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def toml_value(value: Any) -> str:
+    """One TOML value: strings, booleans, numbers and (nested) lists of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)  # finite by validation; repr always has a '.' or an exponent
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _field_lines(
+    model: BaseModel,
+    cls: type[BaseModel],
+    *,
+    skip: tuple[str, ...] = (),
+    shown_defaults: dict[str, Any] | None = None,
+) -> list[str]:
+    lines: list[str] = []
+    explicit = model.model_fields_set
+    for key, info in cls.model_fields.items():
+        annotation = info.annotation
+        if key in skip or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            continue
+        lines.append(f"# {info.description}")
+        if key in explicit:
+            lines.append(f"{key} = {toml_value(getattr(model, key))}")
+        else:
+            default = info.get_default(call_default_factory=True)
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            if shown_defaults and key in shown_defaults:
+                lines.append(f"# {key} = {toml_value(shown_defaults[key])}")
+            elif default is not None:
+                lines.append(f"# {key} = {toml_value(default)}")
+            elif extra.get("example") is not None:
+                lines.append(f"# {key} = {toml_value(extra['example'])}  # an example; unset by default")
+    return lines
+
+
+def render_config(config: ImpConfig) -> str:
+    """imp.toml text: keys set explicitly are written, every other key is a commented-out default."""
+    lines = [
+        f"# The imp {json.dumps(config.name)}. Edit, then check with: impyard imp show {config.name}",
+        "# Every key but `name` is optional; a commented-out key shows its default.",
+        "# Secrets never go here: the Discord token is read from [discord] token_env or token_file.",
+        "",
+        f"name = {toml_value(config.name)}",
+        *_field_lines(config, ImpConfig, skip=("name",)),
+    ]
+    for key, info in ImpConfig.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            section = getattr(config, key)
+            shown = {"token_env": default_token_env(config.name)} if key == "discord" else None
+            lines += ["", f"[{key}]", *_field_lines(section, annotation, shown_defaults=shown)]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ the store
+
+
+@dataclass(frozen=True)
+class TokenStatus:
+    """Where an imp's Discord token comes from and whether it is there; never the token itself."""
+
+    source: str
+    is_set: bool
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class PersonaStatus:
+    path: Path
+    exists: bool
+    text: str
+    problem: str | None = None
+
+
+class ImpStore:
+    """The imps under ``home/imps`` (default ``IMPYARD_HOME``). Names are validated before any path is built."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self._home = home
+
+    @property
+    def home(self) -> Path:
+        return self._home if self._home is not None else home()
+
+    @property
+    def root(self) -> Path:
+        return self.home / "imps"
+
+    def path(self, name: str) -> Path:
+        """The imp's directory (which need not exist)."""
+        return self.root / validate_name(name)
+
+    def config_path(self, name: str) -> Path:
+        return self.path(name) / CONFIG_FILE
+
+    def state_dir(self, name: str) -> Path:
+        """The box's /state mount; kept by ``remove`` unless ``purge=True``."""
+        return self.path(name) / STATE_DIR
+
+    def names(self) -> list[str]:
+        """Names of every directory that holds an imp.toml, sorted (invalid names included, for ``scan``)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(entry.name for entry in self.root.iterdir() if (entry / CONFIG_FILE).is_file())
+
+    def scan(self) -> list[tuple[str, ImpConfig | ImpError]]:
+        """Every imp with its config or the error that keeps it from loading (for listings)."""
+        found: list[tuple[str, ImpConfig | ImpError]] = []
+        for name in self.names():
+            try:
+                found.append((name, self.get(name)))
+            except ImpError as exc:
+                found.append((name, exc))
+        return found
+
+    def list(self) -> list[ImpConfig]:
+        """Every imp's config, sorted by name; fails closed on the first broken one."""
+        configs = []
+        for _name, item in self.scan():
+            if isinstance(item, ImpError):
+                raise item
+            configs.append(item)
+        return configs
+
+    def get(self, name: str) -> ImpConfig:
+        """Load and validate one imp; ``ImpNotFound`` lists the imps there are."""
+        file = self.config_path(name)
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError:
+            raise self._not_found(name) from None
+        except OSError as exc:
+            raise ImpConfigError(
+                [ConfigProblem(str(file), None, "", f"cannot be read ({exc.strerror})")]
+            ) from None
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ImpConfigError(
+                [
+                    ConfigProblem(
+                        str(file),
+                        None,
+                        "",
+                        f"is {len(data)} bytes; an imp.toml may be at most {MAX_CONFIG_BYTES}",
+                    )
+                ]
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ImpConfigError(
+                [
+                    ConfigProblem(
+                        str(file), None, "", f"is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+                    )
+                ]
+            ) from None
+        config = parse_config(text, str(file), expected_name=name)
+        self._check_paths(config, text)
+        return config
+
+    def add(self, name: str, persona: str | None = None, **settings: Any) -> ImpConfig:
+        """Create ``imps/<name>/`` with imp.toml and persona.md; refuse a name that is already an imp.
+
+        ``settings`` take imp.toml's shape: ``owners=[...]``, ``model={"model": "gpt-4.1"}``,
+        ``box={"backend": "process"}`` … ``persona`` is written to persona.md (a short starter
+        persona when None). A state dir kept by an earlier ``remove`` is reused: the imp gets its
+        memory back. Everything is validated before anything is written; imp.toml is written last,
+        atomically and without clobbering, so a failed add leaves no imp behind.
+        """
+        if "name" in settings:
+            raise TypeError("add() takes the name as its first argument, not in settings")
+        directory = self.path(name)
+        file = directory / CONFIG_FILE
+        if file.exists():
+            raise ImpExists(
+                f"an imp named '{name}' already exists ({file}); pick another name or remove it first"
+            )
+        config = validate_config({"name": name, **settings}, str(file))
+        self._check_paths(config, None)
+        custom_persona = config.persona_file != DEFAULT_PERSONA_FILE
+        if persona is not None and custom_persona:
+            raise ImpError("give the persona text or a persona_file, not both")
+        if persona is not None and len(persona) > MAX_PERSONA_CHARS:
+            raise ImpError(f"the persona is {len(persona)} characters; the limit is {MAX_PERSONA_CHARS}")
+        text = render_config(config)
+        if validate_config(tomllib.loads(text), str(file)) != config:  # the hand-written TOML must round-trip
+            raise AssertionError(f"imp.toml for {name!r} did not round-trip; please report this")
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700)
+            created_dir = True
+        except FileExistsError:
+            created_dir = False  # a state dir kept by an earlier remove, or a concurrent add
+        persona_path = directory / DEFAULT_PERSONA_FILE
+        persona_tmp: Path | None = None
+        linked = False
+        try:
+            if not custom_persona and (persona is not None or not persona_path.exists()):
+                starter = DEFAULT_STARTER_PERSONA.format(name=name)
+                persona_tmp = _write_temp(
+                    directory, DEFAULT_PERSONA_FILE, persona if persona is not None else starter
+                )
+            _write_atomic(file, text, exclusive=True)  # the commit point: the imp exists from here on
+            linked = True
+            if persona_tmp is not None:
+                os.replace(persona_tmp, persona_path)
+        except BaseException:
+            if persona_tmp is not None:
+                persona_tmp.unlink(missing_ok=True)
+            if linked:
+                file.unlink(missing_ok=True)
+            if created_dir:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()  # only if still empty: never take a concurrent add's files with us
+            raise
+        return config
+
+    def remove(self, name: str, *, purge: bool = False) -> list[Path]:
+        """Remove the imp's imp.toml and its persona file (when inside its directory).
+
+        The state dir (the imp's memory) is kept unless ``purge=True``, which removes the whole
+        directory. Returns what was kept behind in the directory.
+        """
+        directory = self.path(name)
+        file = directory / CONFIG_FILE
+        if not file.is_file():
+            raise self._not_found(name)
+        if purge:
+            shutil.rmtree(directory)
+            return []
+        persona_file: str | None = None
+        try:
+            persona_file = self.get(name).persona_file
+        except ImpConfigError:
+            persona_file = DEFAULT_PERSONA_FILE  # a broken config can still be removed
+        file.unlink()  # first: from here on the imp no longer exists
+        persona_path = (directory / persona_file) if persona_file else None
+        if persona_path is not None and _inside(persona_path, directory):
+            persona_path.unlink(missing_ok=True)
+        kept = sorted(directory.iterdir()) if directory.is_dir() else []
+        if not kept:
+            directory.rmdir()
+        return kept
+
+    # -------------------------------------------------------------- reading the files an imp names
+
+    def persona_status(self, config: ImpConfig) -> PersonaStatus:
+        path = self._resolve(config, config.persona_file)
+        try:
+            text = self._read_text(path, "persona_file", MAX_PERSONA_CHARS * 4)
+        except FileNotFoundError:
+            return PersonaStatus(
+                path, False, "", f"persona file {path} is missing: the imp has an empty persona"
+            )
+        if len(text) > MAX_PERSONA_CHARS:
+            raise ImpConfigError(
+                [
+                    ConfigProblem(
+                        str(path),
+                        None,
+                        "",
+                        f"is {len(text)} characters; a persona may be at most {MAX_PERSONA_CHARS}",
+                    )
+                ]
+            )
+        return PersonaStatus(path, True, text)
+
+    def persona(self, config: ImpConfig) -> str:
+        """The persona text; a missing file is an empty persona (``show`` warns about it)."""
+        return self.persona_status(config).text
+
+    def news(self, config: ImpConfig) -> str | None:
+        """The news file's text (bounded), or None when none is configured or the file does not exist."""
+        if config.model.news_file is None:
+            return None
+        path = self._resolve(config, config.model.news_file)
+        try:
+            return self._read_text(path, "model.news_file", MAX_NEWS_BYTES)
+        except FileNotFoundError:
+            return None
+
+    def imp_spec(self, config: ImpConfig) -> ImpSpec:
+        """``config.imp_spec`` with the persona read from its file."""
+        return config.imp_spec(self.persona(config))
+
+    def token_status(self, config: ImpConfig) -> TokenStatus:
+        """Whether the Discord token is there, and where from, without exposing it."""
+        source = config.token_source()
+        if config.discord.token_file:
+            path = self._resolve(config, config.discord.token_file)
+            try:
+                mode = path.stat().st_mode
+            except FileNotFoundError:
+                return TokenStatus(
+                    source, False, f"{path} does not exist: write the bot token into it (chmod 600)"
+                )
+            except OSError as exc:
+                return TokenStatus(source, False, f"{path} cannot be read ({exc.strerror})")
+            try:
+                is_set = self.discord_token(config) is not None
+            except ImpConfigError as exc:
+                return TokenStatus(source, False, exc.reason)
+            problem = None
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                problem = f"{path} is readable by other users: chmod 600 {path}"
+            elif not is_set:
+                problem = f"{path} is empty: write the bot token into it"
+            return TokenStatus(source, is_set, problem)
+        is_set = bool(os.environ.get(config.token_env, "").strip())
+        return TokenStatus(
+            source, is_set, None if is_set else f"set it with: export {config.token_env}=<bot token>"
+        )
+
+    def discord_token(self, config: ImpConfig) -> str | None:
+        """The bot token from token_file (when set) or the environment; None when absent. Never logged."""
+        if not config.discord.token_file:
+            return os.environ.get(config.token_env, "").strip() or None
+        path = self._resolve(config, config.discord.token_file)
+        try:
+            token = self._read_text(path, "discord.token_file", MAX_TOKEN_FILE_BYTES).strip()
+        except FileNotFoundError:
+            return None
+        return token or None
+
+    # -------------------------------------------------------------- helpers
+
+    def _not_found(self, name: str) -> ImpNotFound:
+        existing = [n for n in self.names() if NAME_PATTERN.match(n)]
+        listed = f"imps here: {', '.join(existing)}" if existing else "there are no imps yet"
+        return ImpNotFound(f"no imp named '{name}' ({listed}); create it with: impyard imp add {name}")
+
+    def _resolve(self, config: ImpConfig, value: str) -> Path:
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self.path(config.name) / path
+
+    def _box_writable(self, path: Path) -> bool:
+        """True for anything inside any imp's state dir (after resolving symlinks)."""
+        try:
+            relative = path.resolve().relative_to(self.root.resolve())
+        except ValueError:
+            return False
+        return len(relative.parts) >= 2 and relative.parts[1] == STATE_DIR
+
+    def _read_text(self, path: Path, key: str, limit: int) -> str:
+        if self._box_writable(path):
+            raise ImpConfigError(
+                [
+                    ConfigProblem(
+                        str(path),
+                        None,
+                        key,
+                        "lies in a box's state dir, which the box writes: refused; "
+                        "move the file next to imp.toml",
+                    )
+                ]
+            )
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(limit + 1)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise ImpConfigError(
+                [ConfigProblem(str(path), None, key, f"cannot be read ({exc.strerror})")]
+            ) from None
+        if len(data) > limit:
+            raise ImpConfigError([ConfigProblem(str(path), None, key, f"is larger than {limit} bytes")])
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ImpConfigError([ConfigProblem(str(path), None, key, "is not UTF-8 text")]) from None
+
+    def _check_paths(self, config: ImpConfig, text: str | None) -> None:
+        """Absolute paths into any box's state dir are refused at load, like relative ones."""
+        problems = []
+        for loc, value in (
+            (("persona_file",), config.persona_file),
+            (("model", "news_file"), config.model.news_file),
+            (("discord", "token_file"), config.discord.token_file),
+        ):
+            if value and self._box_writable(self._resolve(config, value)):
+                problems.append(
+                    ConfigProblem(
+                        str(self.config_path(config.name)),
+                        _locate(text, loc),
+                        ".".join(loc),
+                        f"{json.dumps(value)} lies in a box's state dir, which the box writes; "
+                        "move the file next to imp.toml",
+                    )
+                )
+        if problems:
+            raise ImpConfigError(problems)
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.resolve().relative_to(directory.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _write_temp(directory: Path, name: str, text: str) -> Path:
+    """A fully written, synced temp file in ``directory`` (mode 600), ready to be renamed into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def _write_atomic(path: Path, text: str, *, exclusive: bool = False) -> None:
+    """Write via a temp file and rename (or hard-link, when ``exclusive``: never clobbers an existing file)."""
+    tmp = _write_temp(path.parent, path.name, text)
+    try:
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise ImpExists(f"an imp named '{path.parent.name}' already exists ({path})") from None
+        else:
+            os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
