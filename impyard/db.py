@@ -140,6 +140,41 @@ MIGRATIONS: list[Migration] = [
         CREATE INDEX audit_imp ON audit (imp, id);
         """,
     ),
+    Migration(
+        2,
+        "conversation: channel history and wakes",
+        """
+        -- Every non-bot message, persisted before it is routed (design.md §6); trimmed per channel.
+        CREATE TABLE history (
+            seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+            channel_id  TEXT NOT NULL,
+            message_id  TEXT NOT NULL,
+            author_id   TEXT NOT NULL,
+            author_name TEXT NOT NULL,
+            author_bot  INTEGER NOT NULL DEFAULT 0,
+            from_imp    TEXT,                               -- the imp that wrote it, for its own replies
+            content     TEXT NOT NULL,
+            created_at  TEXT NOT NULL,
+            reply_to_id TEXT,
+            attachments TEXT NOT NULL DEFAULT '[]',
+            UNIQUE (channel_id, message_id)
+        );
+        CREATE INDEX history_channel ON history (channel_id, seq);
+
+        -- Which imp a message woke, and what became of it (NULL outcome = not finished yet).
+        CREATE TABLE wakes (
+            imp         TEXT NOT NULL,
+            channel_id  TEXT NOT NULL,
+            message_id  TEXT NOT NULL,
+            woken_at    TEXT NOT NULL,
+            outcome     TEXT,                               -- sent | silent | pending | failed | missed | busy
+            error       TEXT,
+            finished_at TEXT,
+            PRIMARY KEY (imp, channel_id, message_id)
+        );
+        CREATE INDEX wakes_unfinished ON wakes (outcome, woken_at);
+        """,
+    ),
 ]
 
 

@@ -1,0 +1,169 @@
+"""Channel history and the record of which messages woke which imp, and what became of them.
+
+Every non-bot message is persisted *before* it is routed, woken or not
+(design.md §6). Each wake gets a row with its outcome once the turn ends, so
+after a crash or restart a woken message that never got an outcome is
+answered if still fresh, or recorded as missed — never silently forgotten.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from box.protocol.models import Author, HistoryEntry, Message, ReplyRef
+from impyard.clock import Clock, iso, parse_iso
+from impyard.db import Database
+
+DEFAULT_RETENTION = 1_000  # messages kept per channel
+DEFAULT_RECENT = 50  # messages sent to the box with each delivery
+RECOVERY_FRESH = timedelta(minutes=5)
+
+Outcome = str  # sent | silent | pending | failed | missed | busy
+
+
+@dataclass(frozen=True)
+class PendingWake:
+    imp: str
+    channel_id: str
+    message: Message
+    woken_at: datetime
+
+
+class History:
+    def __init__(self, db: Database, clock: Clock, *, retention: int = DEFAULT_RETENTION) -> None:
+        if retention < 1:
+            raise ValueError("history retention must keep at least one message per channel")
+        self.db = db
+        self.clock = clock
+        self.retention = retention
+
+    # ------------------------------------------------------------ writing
+
+    def record(self, channel_id: str, message: Message, *, from_imp: str | None = None) -> None:
+        """Persist one message (idempotent by id) and trim the channel to its retention."""
+        row = (
+            channel_id,
+            message.id,
+            message.author.id,
+            message.author.name,
+            int(message.author.bot),
+            from_imp,
+            message.content,
+            iso(message.created_at),
+            message.reply_to.id if message.reply_to else None,
+            json.dumps([item.model_dump(mode="json", exclude={"data_b64"}) for item in message.attachments]),
+        )
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO history (channel_id, message_id, author_id, author_name, author_bot,"
+                " from_imp, content, created_at, reply_to_id, attachments) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                row,
+            )
+            conn.execute(
+                "DELETE FROM history WHERE channel_id = ? AND seq <= ("
+                " SELECT seq FROM history WHERE channel_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+                (channel_id, channel_id, self.retention),
+            )
+
+    def record_wake(self, imp: str, channel_id: str, message_id: str) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO wakes (imp, channel_id, message_id, woken_at) VALUES (?,?,?,?)",
+                (imp, channel_id, message_id, iso(self.clock.now())),
+            )
+
+    def finish(self, imp: str, channel_id: str, message_ids: Sequence[str], outcome: Outcome, error: str | None = None) -> None:
+        """Record a turn's outcome for every message it answered (first outcome wins)."""
+        now = iso(self.clock.now())
+        with self.db.transaction() as conn:
+            conn.executemany(
+                "UPDATE wakes SET outcome = ?, error = ?, finished_at = ?"
+                " WHERE imp = ? AND channel_id = ? AND message_id = ? AND outcome IS NULL",
+                [(outcome, error, now, imp, channel_id, message_id) for message_id in message_ids],
+            )
+
+    # ------------------------------------------------------------ reading
+
+    def recent(self, channel_id: str, limit: int = DEFAULT_RECENT, *, imp: str | None = None) -> list[HistoryEntry]:
+        conn = self.db.connection()
+        rows = conn.execute(
+            "SELECT message_id, author_id, author_name, author_bot, from_imp, content, created_at FROM history"
+            " WHERE channel_id = ? ORDER BY seq DESC LIMIT ?",
+            (channel_id, limit),
+        ).fetchall()
+        return [
+            HistoryEntry(
+                id=row[0],
+                author=Author(id=row[1], name=row[2], bot=bool(row[3])),
+                content=row[5],
+                created_at=parse_iso(row[6]),
+                from_imp=imp is not None and row[4] == imp,
+            )
+            for row in reversed(rows)
+        ]
+
+    def get(self, channel_id: str, message_id: str) -> Message | None:
+        conn = self.db.connection()
+        row = conn.execute(
+            "SELECT message_id, author_id, author_name, author_bot, content, created_at, reply_to_id FROM history"
+            " WHERE channel_id = ? AND message_id = ?",
+            (channel_id, message_id),
+        ).fetchone()
+        return _message(row) if row else None
+
+    def outcome(self, imp: str, channel_id: str, message_id: str) -> Outcome | None:
+        conn = self.db.connection()
+        row = conn.execute(
+            "SELECT outcome FROM wakes WHERE imp = ? AND channel_id = ? AND message_id = ?",
+            (imp, channel_id, message_id),
+        ).fetchone()
+        return row[0] if row else None
+
+    def count(self, channel_id: str) -> int:
+        return self.db.connection().execute("SELECT COUNT(*) FROM history WHERE channel_id = ?", (channel_id,)).fetchone()[0]
+
+    # ------------------------------------------------------------ recovery
+
+    def unfinished(self, imp: str | None = None) -> list[PendingWake]:
+        """Woken messages that never got an outcome (the supervisor stopped or crashed)."""
+        query = (
+            "SELECT w.imp, w.channel_id, w.woken_at, h.message_id, h.author_id, h.author_name, h.author_bot,"
+            " h.content, h.created_at, h.reply_to_id FROM wakes w LEFT JOIN history h"
+            " ON h.channel_id = w.channel_id AND h.message_id = w.message_id WHERE w.outcome IS NULL"
+        )
+        args: tuple[str, ...] = ()
+        if imp is not None:
+            query += " AND w.imp = ?"
+            args = (imp,)
+        conn = self.db.connection()
+        rows = conn.execute(query + " ORDER BY w.woken_at", args).fetchall()
+        pending = []
+        for row in rows:
+            if row[3] is None:  # the message itself was trimmed away: nothing left to answer
+                continue
+            pending.append(PendingWake(row[0], row[1], _message(row[3:]), parse_iso(row[2])))
+        return pending
+
+    def triage(self, imp: str | None = None, fresh: timedelta = RECOVERY_FRESH) -> list[PendingWake]:
+        """Mark stale unfinished wakes ``missed``; return the fresh ones, to be answered now."""
+        now = self.clock.now()
+        fresh_ones, stale = [], []
+        for wake in self.unfinished(imp):
+            (fresh_ones if now - wake.message.created_at <= fresh else stale).append(wake)
+        for wake in stale:
+            self.finish(wake.imp, wake.channel_id, [wake.message.id], "missed", "not answered before a restart")
+        return fresh_ones
+
+
+def _message(row: Sequence[object] | sqlite3.Row) -> Message:
+    return Message(
+        id=str(row[0]),
+        author=Author(id=str(row[1]), name=str(row[2]), bot=bool(row[3])),
+        content=str(row[4]),
+        created_at=parse_iso(str(row[5])),
+        reply_to=ReplyRef(id=str(row[6])) if row[6] else None,
+    )
