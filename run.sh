@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # impyard's two commands (see README.md):
-#   ./run.sh          set everything up and run the main job
+#   ./run.sh          set everything up and run the main job: chat with an imp in the terminal
 #   ./run.sh test     set everything up and run the whole test suite (extra args go to pytest)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -45,10 +45,10 @@ case "${1:-}" in
     "")
         if docker_works; then
             "$VENV/bin/impyard" box build
-            exec "$VENV/bin/impyard" box check
+            exec "$VENV/bin/impyard" chat
         fi
         banner "No Docker engine: using the PROCESS backend, which has NO lockdown. Install Docker for real use."
-        exec "$VENV/bin/impyard" box check --backend process
+        exec "$VENV/bin/impyard" chat --backend process
         ;;
     *)
         echo "usage: ./run.sh [test [pytest args...]]" >&2

@@ -130,7 +130,7 @@ class SessionManager:
     def __init__(
         self,
         *,
-        backend: BoxBackend,
+        backend_for: Callable[[str], BoxBackend],
         host: BoxHost,
         events: SessionEvents,
         init_for: Callable[[SessionKey, datetime], BoxInitParams],
@@ -140,7 +140,7 @@ class SessionManager:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         monotonic: Callable[[], float] = anyio.current_time,
     ) -> None:
-        self.backend = backend
+        self.backend_for = backend_for  # per imp: its configured backend and limits
         self.host = host
         self.events = events
         self.init_for = init_for
@@ -221,7 +221,7 @@ class SessionManager:
     async def _box_lifetime(self, session: ChannelSession) -> None:
         key = session.key
         spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.state_dir_for(key.imp))
-        async with self.backend.open(spec, self.host) as box:
+        async with self.backend_for(key.imp).open(spec, self.host) as box:
             session.box = box
             session.boxes_started += 1
             self.boxes_started += 1

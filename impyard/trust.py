@@ -27,6 +27,7 @@ class ChannelInfo:
     name: str = ""
     guild_id: str | None = None
     trusted: bool = False
+    mode: str = "all"  # all | mention: the wake rule's per-channel setting (design.md §6)
 
 
 def channel_is_trusted(info: ChannelInfo | None) -> bool:
@@ -53,12 +54,15 @@ class DbChannelTrust:
 
     def info(self, channel_id: str) -> ChannelInfo | None:
         rows = self.db.query(
-            "SELECT channel_id, surface, kind, name, guild_id, trusted FROM channels WHERE channel_id = ?", (channel_id,)
+            "SELECT channel_id, surface, kind, name, guild_id, trusted, mode FROM channels WHERE channel_id = ?",
+            (channel_id,),
         )
         if not rows:
             return None
         row = rows[0]
-        return ChannelInfo(row["channel_id"], row["surface"], row["kind"], row["name"], row["guild_id"], bool(row["trusted"]))
+        return ChannelInfo(
+            row["channel_id"], row["surface"], row["kind"], row["name"], row["guild_id"], bool(row["trusted"]), row["mode"]
+        )
 
     def is_trusted(self, channel_id: str) -> bool:
         return channel_is_trusted(self.info(channel_id))

@@ -117,7 +117,8 @@ async def test_labelled_orphans_are_removed_at_start(docker_backend: DockerBacke
     # An orphan: a box started like ours whose supervisor vanished.
     docker_backend.client().containers.run(
         box_image, ["300"], entrypoint="sleep", detach=True, labels={
-            "org.impyard.box": "1", "org.impyard.home": docker_backend.home_id, "org.impyard.imp": "pip"
+            "org.impyard.box": "1", "org.impyard.home": docker_backend.home_id, "org.impyard.imp": "pip",
+            "org.impyard.role": "session",
         }, network_mode="none",
     )  # fmt: skip
     assert len(docker_backend.labelled()) == 1

@@ -94,8 +94,9 @@ def delivery(n: int, content: str = "hi", key: SessionKey = KEY) -> Delivery:
 async def manager(
     tmp_path: Path, host: ScriptedHost, recorder: Recorder, settings: SessionSettings | None = None, **kwargs: object
 ) -> AsyncIterator[SessionManager]:
+    backend = ProcessBackend(warn=False)
     async with SessionManager(
-        backend=ProcessBackend(warn=False),
+        backend_for=lambda imp: backend,
         host=host,
         events=recorder,
         init_for=lambda key, now: init_params(key.imp, key.channel_id, "guild"),

@@ -6,7 +6,7 @@ import logging
 from typing import Literal
 
 from impyard.backends.base import BoxBackend, BoxStartError
-from impyard.backends.docker import DockerBackend
+from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.process import NO_LOCKDOWN_WARNING, ProcessBackend
 
 log = logging.getLogger("impyard.box")
@@ -14,11 +14,11 @@ log = logging.getLogger("impyard.box")
 BackendName = Literal["auto", "docker", "process"]
 
 
-def choose_backend(name: BackendName = "auto") -> BoxBackend:
+def choose_backend(name: BackendName = "auto", *, limits: DockerLimits | None = None, role: str = "session") -> BoxBackend:
     """``docker`` fails closed if Docker cannot run a confined box; ``auto`` falls back to process, loudly."""
     if name == "process":
         return ProcessBackend()
-    docker_backend = DockerBackend()
+    docker_backend = DockerBackend(limits=limits, role=role)
     if name == "docker":
         return docker_backend
     try:

@@ -30,6 +30,7 @@ LABEL_HOME = "org.impyard.home"
 LABEL_IMP = "org.impyard.imp"
 LABEL_CHANNEL = "org.impyard.channel"
 LABEL_RUN = "org.impyard.run"
+LABEL_ROLE = "org.impyard.role"  # session | task: a chat supervisor never reaps the scheduler's boxes
 STATE_MOUNT = "/state"
 BOX_UID = 10001  # the non-root user boxes run as when the host runs as root
 DOCKER_API_TIMEOUT_S = 10
@@ -74,6 +75,7 @@ def run_argv(
     home_id: str,
     user: str,
     command: list[str] | None = None,
+    role: str = "session",
     docker_bin: str = "docker",
 ) -> list[str]:
     """The full ``docker run`` command line of a box: every lockdown flag, one rw mount."""
@@ -97,6 +99,7 @@ def run_argv(
         "--label", f"{LABEL_IMP}={spec.imp}",
         "--label", f"{LABEL_CHANNEL}={spec.channel_id}",
         "--label", f"{LABEL_RUN}={spec.run_id}",
+        "--label", f"{LABEL_ROLE}={role}",
         "--mount", f"type=bind,source={spec.state_dir},target={STATE_MOUNT}",
         "--env", f"IMPYARD_STATE_DIR={STATE_MOUNT}",
     ]  # fmt: skip
@@ -116,8 +119,10 @@ class DockerBackend:
         *,
         limits: DockerLimits | None = None,
         home_id: str | None = None,
+        role: str = "session",
     ) -> None:
         self._image = image
+        self.role = role
         self.limits = limits or DockerLimits()
         self.home_id = home_id or paths.home_id()
         self._client: docker.DockerClient | None = None
@@ -183,9 +188,9 @@ class DockerBackend:
         return self.client().containers.list(all=True, filters={"label": filters})
 
     def remove_orphans(self) -> int:
-        """Remove this home's labelled boxes left by a supervisor that died; returns how many."""
+        """Remove this home's boxes of this role left by a supervisor that died; returns how many."""
         removed = 0
-        for container in self.labelled():
+        for container in self.labelled(role=self.role):
             log.warning("removing orphaned box %s", container.name)
             self.kill_by_name(container.name)
             removed += 1
@@ -204,7 +209,9 @@ class DockerBackend:
         user = box_user()
         self.prepare_state_dir(spec.state_dir, user)
         name = container_name(spec)
-        argv = run_argv(spec, self.image, limits=self.limits, home_id=self.home_id, user=user, command=command)
+        argv = run_argv(
+            spec, self.image, limits=self.limits, home_id=self.home_id, user=user, command=command, role=self.role
+        )
         process = await anyio.open_process(argv)
 
         async def terminate() -> None:

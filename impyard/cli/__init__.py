@@ -12,6 +12,8 @@ from impyard.cli.approvals import approvals_group
 from impyard.cli.audit import audit_group
 from impyard.cli.box import box_group
 from impyard.cli.budget import budget_group
+from impyard.cli.channel import channel_group
+from impyard.cli.chat import chat_command
 from impyard.cli.doctor import doctor_command
 from impyard.cli.imp import imp_group
 from impyard.cli.policy import policy_group
@@ -25,6 +27,7 @@ def cli(verbose: int) -> None:
 
     \b
     Example:
+      impyard chat            # talk to an imp in the terminal
       impyard doctor          # what is set up, and how to fix what is not
       impyard box build       # build the box image (no registry needed)
       impyard box check       # start a real box and verify its lockdown
@@ -33,6 +36,8 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
+cli.add_command(chat_command)
+cli.add_command(channel_group)
 cli.add_command(box_group)
 cli.add_command(doctor_command)
 cli.add_command(imp_group)

@@ -1,0 +1,69 @@
+"""``impyard chat [IMP]``: talk to an imp in the terminal, through the whole pipeline."""
+
+from __future__ import annotations
+
+import anyio
+import click
+
+from impyard.backends import BoxError
+from impyard.broker import UpstreamConfig
+from impyard.cli.errors import CliError
+from impyard.db import DatabaseError
+from impyard.imps import ImpError, ImpStore
+from impyard.instance import AlreadyRunning, InstanceLock
+from impyard.paths import home
+from impyard.policy import PolicyError
+
+DEFAULT_IMP = "pip"
+NO_KEY = (
+    "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
+    "OPENAI_BASE_URL=http://host:port/v1), then run impyard chat again"
+)
+
+
+def pick_imp(store: ImpStore, name: str | None) -> str:
+    """The named imp; else the only one; else a first imp created with a starter persona."""
+    if name:
+        store.get(name)  # a clear error for an unknown imp
+        return name
+    names = store.names()
+    if len(names) == 1:
+        return names[0]
+    if names:
+        raise CliError(f"several imps exist ({', '.join(names)}): say which, e.g. impyard chat {names[0]}")
+    store.add(DEFAULT_IMP)
+    click.echo(f"Created a first imp, {DEFAULT_IMP!r}; give it a persona in {store.path(DEFAULT_IMP) / 'persona.md'}", err=True)
+    return DEFAULT_IMP
+
+
+@click.command("chat")
+@click.argument("imp", required=False)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "docker", "process"]),
+    default=None,
+    help="Override the imp's [box] backend (process has no lockdown).",
+)
+def chat_command(imp: str | None, backend: str | None) -> None:
+    """Chat with an imp in the terminal.
+
+    \b
+    The message goes through the whole pipeline: history, wake, framing, the
+    imp's warm box and the gateway (terminal replies are auto-approved). With
+    no IMP and no imps yet, a first imp called 'pip' is created.
+    Example:
+      export OPENAI_API_KEY=sk-...
+      impyard chat pip
+    """
+    from impyard.terminal import run_chat
+
+    if not UpstreamConfig.from_env().api_key:
+        raise CliError(NO_KEY)
+    try:
+        name = pick_imp(ImpStore(), imp)
+        with InstanceLock(home(), "chat"):
+            anyio.run(lambda: run_chat(name, backend=backend))
+    except (ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError) as exc:
+        raise CliError(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,102 @@
+"""``impyard chat`` driven in a pseudo-terminal, against the fake OpenAI, on both backends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+from click.testing import CliRunner
+
+from impyard import paths
+from impyard.backends.docker import DockerBackend
+from impyard.cli import cli
+from tests.fakes.openai_server import FakeOpenAI, envelope
+
+IMPYARD = str(Path(sys.executable).parent / "impyard")
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        server.script(envelope(answer="Hello from Pip!", answer_needed=True))
+        yield server
+
+
+def spawn_chat(fake: FakeOpenAI, home: Path, *args: str) -> pexpect.spawn:
+    env = {**os.environ, "IMPYARD_HOME": str(home), "OPENAI_API_KEY": fake.api_key, "OPENAI_BASE_URL": fake.base_url}
+    return pexpect.spawn(IMPYARD, ["chat", *args], env=env, encoding="utf-8", timeout=60)
+
+
+def converse(child: pexpect.spawn) -> None:
+    child.expect("you> ")
+    child.sendline("hello pip")
+    child.expect("pip> Hello from Pip!")
+    child.expect("you> ")
+    child.sendline("/mode mention")
+    child.expect("mode set to mention")
+    child.sendline("/mode")
+    child.expect("mode is mention")
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_chat_end_to_end(backend: str, fake: FakeOpenAI, impyard_home: Path, request: pytest.FixtureRequest) -> None:
+    if backend == "docker":
+        request.getfixturevalue("box_image")
+    child = spawn_chat(fake, impyard_home, "--backend", backend)
+    converse(child)
+    child.expect("you> ")
+    child.sendline("/quit")
+    child.expect("bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    (request_seen,) = fake.requests_for("/chat/completions")
+    assert request_seen.body["messages"][-1]["content"].endswith("hello pip")
+    assert request_seen.headers["authorization"] == f"Bearer {fake.api_key}"  # the host's key, sent by the host
+    if backend == "docker":
+        assert DockerBackend(home_id=paths.home_id(impyard_home)).labelled() == []
+
+
+def test_sigterm_shuts_down_and_leaves_no_box(fake: FakeOpenAI, impyard_home: Path, box_image: str) -> None:
+    child = spawn_chat(fake, impyard_home, "--backend", "docker")
+    child.expect("you> ")
+    child.sendline("hello pip")
+    child.expect("pip> Hello from Pip!")
+    backend = DockerBackend(home_id=paths.home_id(impyard_home))
+    assert len(backend.labelled()) == 1  # the warm box is still there between turns
+    child.kill(signal.SIGTERM)
+    child.expect("stopping")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert backend.labelled() == []
+
+
+def test_a_second_chat_on_the_same_home_is_refused_with_the_holders_pid(fake: FakeOpenAI, impyard_home: Path) -> None:
+    child = spawn_chat(fake, impyard_home, "--backend", "process")
+    child.expect("you> ")
+    try:
+        result = CliRunner().invoke(cli, ["chat", "pip", "--backend", "process"], env={
+            "OPENAI_API_KEY": fake.api_key, "OPENAI_BASE_URL": fake.base_url,
+        })  # fmt: skip
+        assert result.exit_code == 1
+        assert f"pid {child.pid}" in result.output
+    finally:
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+
+
+def test_chat_without_a_model_key_says_how_to_set_one(impyard_home: Path) -> None:
+    result = CliRunner().invoke(cli, ["chat"])
+    assert result.exit_code == 1
+    assert "OPENAI_API_KEY" in result.output and "OPENAI_BASE_URL" in result.output
+    assert not (impyard_home / "imps").exists()  # nothing was created on the way to the error
+
+
+def test_chat_with_an_unknown_imp_is_a_one_line_error(fake: FakeOpenAI, impyard_home: Path) -> None:
+    result = CliRunner().invoke(cli, ["chat", "nobody"], env={"OPENAI_API_KEY": "sk-x"})
+    assert result.exit_code == 1 and "nobody" in result.output and "Traceback" not in result.output
