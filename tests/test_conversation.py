@@ -209,3 +209,31 @@ async def test_unanswered_wakes_are_answered_after_a_restart_if_fresh_else_misse
         assert rt.history.outcome("pip", CHANNEL, "m1") == "missed"
         assert rt.history.outcome("pip", CHANNEL, "m2") == "sent"
     assert [sent.reply_to for sent in surface.sent] == ["m2"]
+
+
+class TypingSurface(RecordingSurface):
+    def __init__(self) -> None:
+        super().__init__()
+        self.typing_calls: list[tuple[str, bool]] = []
+
+    async def typing(self, channel_id: str, active: bool) -> None:
+        self.typing_calls.append((channel_id, active))
+
+
+@pytest.mark.parametrize(("answer_needed", "expected"), [(True, [(CHANNEL, True), (CHANNEL, False)]), (False, [])])
+async def test_typing_shows_from_render_and_stops_when_the_turn_ends(
+    fake: FakeOpenAI, clock: FixedClock, answer_needed: bool, expected: list[tuple[str, bool]]
+) -> None:
+    fake.clear_rules()
+    fake.script(envelope(answer="maybe", answer_needed=answer_needed))
+    ImpStore().add("pip", "You are Pip.")
+    surface = TypingSurface()
+    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": ProcessBackend(warn=False)}) as rt:
+        rt.channels.set_trusted(CHANNEL, True)
+        seen = spy(rt)
+        # A group, so the turn is judged and may end silent.
+        for n, author in enumerate(("ann", "bob"), start=1):
+            await rt.conversations.receive("pip", inbound(message(n, "chatter", author, clock=clock)))
+        await answered(rt, "m2")
+    assert seen[-1].framing.mode == "judge"
+    assert surface.typing_calls[-len(expected) :] == expected if expected else surface.typing_calls == []

@@ -1,0 +1,59 @@
+"""The history store: persisted before routing, bounded per channel, outcomes recorded once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from box.protocol.models import Author, Message
+from impyard.clock import FixedClock
+from impyard.db import open_database
+from impyard.history import History
+
+
+def msg(n: int, clock: FixedClock, content: str = "hi") -> Message:
+    return Message(id=f"m{n}", author=Author(id="ann", name="ann"), content=content, created_at=clock.now() + timedelta(seconds=n))
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock()
+
+
+def test_retention_keeps_the_newest_messages_per_channel(tmp_path: Path, clock: FixedClock) -> None:
+    history = History(open_database(tmp_path / "db"), clock, retention=5)
+    for n in range(12):
+        history.record("a", msg(n, clock))
+    history.record("b", msg(0, clock))
+    assert [entry.id for entry in history.recent("a")] == [f"m{n}" for n in range(7, 12)]
+    assert history.count("b") == 1  # other channels are untouched
+
+
+def test_recording_is_idempotent_and_outcomes_are_written_once(tmp_path: Path, clock: FixedClock) -> None:
+    history = History(open_database(tmp_path / "db"), clock)
+    history.record("a", msg(1, clock))
+    history.record("a", msg(1, clock, "edited?"))  # a re-delivered message is not stored twice
+    assert history.count("a") == 1 and history.get("a", "m1").content == "hi"  # type: ignore[union-attr]
+    history.record_wake("pip", "a", "m1")
+    history.finish("pip", "a", ["m1"], "sent")
+    history.finish("pip", "a", ["m1"], "failed")
+    assert history.outcome("pip", "a", "m1") == "sent"
+
+
+def test_triage_answers_fresh_wakes_and_marks_stale_ones_missed(tmp_path: Path, clock: FixedClock) -> None:
+    history = History(open_database(tmp_path / "db"), clock)
+    old = Message(id="old", author=Author(id="ann", name="ann"), content="?", created_at=clock.now() - timedelta(minutes=6))
+    new = Message(id="new", author=Author(id="ann", name="ann"), content="?", created_at=clock.now() - timedelta(minutes=4))
+    for message in (old, new):
+        history.record("a", message)
+        history.record_wake("pip", "a", message.id)
+    assert [wake.message.id for wake in history.triage()] == ["new"]
+    assert history.outcome("pip", "a", "old") == "missed"
+    assert history.outcome("pip", "a", "new") is None  # still to be answered
+
+
+def test_retention_must_keep_something(tmp_path: Path, clock: FixedClock) -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        History(open_database(tmp_path / "db"), clock, retention=0)
