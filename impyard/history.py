@@ -9,6 +9,7 @@ answered if still fresh, or recorded as missed — never silently forgotten.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,16 @@ DEFAULT_RECENT = 50  # messages sent to the box with each delivery
 RECOVERY_FRESH = timedelta(minutes=5)
 
 Outcome = str  # sent | silent | pending | failed | missed | busy
+
+
+def retention_from_env(environ: dict[str, str] | None = None) -> int:
+    """``IMPYARD_HISTORY_RETENTION``: messages kept per channel (default 1000)."""
+    raw = (environ if environ is not None else dict(os.environ)).get("IMPYARD_HISTORY_RETENTION", "").strip()
+    if not raw:
+        return DEFAULT_RETENTION
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"IMPYARD_HISTORY_RETENTION must be a whole number of messages >= 1 (got {raw!r})")
+    return int(raw)
 
 
 @dataclass(frozen=True)

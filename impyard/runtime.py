@@ -19,7 +19,7 @@ from impyard.clock import Clock, SystemClock
 from impyard.conversation import Conversations, HistorySurface
 from impyard.db import Database, open_database
 from impyard.gateway import Gateway
-from impyard.history import History
+from impyard.history import History, retention_from_env
 from impyard.imps import ImpConfig, ImpStore
 from impyard.policy import load_policy
 from impyard.sessions import SessionManager
@@ -63,12 +63,13 @@ async def open_runtime(
     backends: dict[str, BoxBackend] | None = None,
 ) -> AsyncIterator[Runtime]:
     clock = clock or SystemClock()
+    retention_from_env()  # a bad setting stops here, before anything opens
     store = ImpStore()
     configs = {name: store.get(name) for name in imp_names}
     policy = load_policy()  # a broken policy stops here, before anything starts
     db = open_database()
     try:
-        history = History(db, clock)
+        history = History(db, clock, retention=retention_from_env())
         channels = ChannelStore(db, clock)
         conversations = Conversations(
             imps=store, configs=configs, history=history, channels=channels, surface=surface, clock=clock

@@ -57,3 +57,18 @@ def test_triage_answers_fresh_wakes_and_marks_stale_ones_missed(tmp_path: Path, 
 def test_retention_must_keep_something(tmp_path: Path, clock: FixedClock) -> None:
     with pytest.raises(ValueError, match="at least one"):
         History(open_database(tmp_path / "db"), clock, retention=0)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", 1000), ("25", 25)])
+def test_retention_from_the_environment(raw: str, expected: int) -> None:
+    from impyard.history import retention_from_env
+
+    assert retention_from_env({"IMPYARD_HISTORY_RETENTION": raw}) == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "lots", "1e3"])
+def test_a_bad_retention_setting_is_a_clear_error(raw: str) -> None:
+    from impyard.history import retention_from_env
+
+    with pytest.raises(ValueError, match="IMPYARD_HISTORY_RETENTION"):
+        retention_from_env({"IMPYARD_HISTORY_RETENTION": raw})
