@@ -141,7 +141,7 @@ class HttpFetcher:
         for address in addresses:  # every answer must be acceptable, not just the first
             refusal = address_refusal(address, allow_loopback=allow_loopback)
             if refusal:
-                raise FetchRefused(f"{host} resolves to {refusal}")
+                raise FetchRefused(f"{host} is refused: it resolves to {refusal}")
         pinned = _pin(parts, addresses[0], port)
         headers = {"Host": parts.netloc.rpartition("@")[2], "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}

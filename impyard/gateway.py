@@ -359,10 +359,10 @@ class Gateway:
             return await self.db.run(lambda: self.gates.finish(gate_id, error=error))
         return await self.db.run(lambda: self.gates.finish(gate_id, message_ids=ids))
 
-    async def execute_approved(self) -> list[Gate]:
-        """Execute gates approved elsewhere (the CLI); the supervisor calls this."""
+    async def execute_approved(self, accept: Callable[[Gate], bool] | None = None) -> list[Gate]:
+        """Execute gates approved elsewhere (the CLI); ``accept`` picks those this host's surface can reach."""
         waiting = await self.db.run(self.gates.approved_waiting)
-        return [await self.execute(gate.id) for gate in waiting]
+        return [await self.execute(gate.id) for gate in waiting if accept is None or accept(gate)]
 
     async def expire_due(self) -> list[Gate]:
         return await self.db.run(self.gates.expire_due)

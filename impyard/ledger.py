@@ -35,7 +35,7 @@ class BudgetExhausted(Exception):
         self.estimate_micros = estimate_micros
         left = max(0, limit_micros - spent_micros)
         super().__init__(
-            f"budget {ledger} has ${micros_to_usd(left):.4f} of ${micros_to_usd(limit_micros):.2f} left; this request "
+            f"budget {ledger} has ${micros_to_usd(left):.4f} of ${micros_to_usd(limit_micros):.4f} left; this request "
             f"may cost up to ${micros_to_usd(estimate_micros):.4f}; it resets in {retry_after_s} s"
         )
 

@@ -170,6 +170,8 @@ def load_policy(
                 )
             ]
         )
+    # An operator who names a policy dir expects it: a typo there must not silently drop their rules.
+    require_dir = require_dir or (operator_dir is None and bool(os.environ.get(POLICY_DIR_ENV)))
     operator_dir = operator_dir if operator_dir is not None else operator_policy_dir()
     if not operator_dir.is_dir():
         if require_dir or operator_dir.exists():

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import anyio
+
 from impyard.backends import BoxBackend
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend
@@ -18,6 +20,7 @@ from impyard.channels import ChannelStore
 from impyard.clock import Clock, SystemClock
 from impyard.conversation import Conversations, HistorySurface
 from impyard.db import Database, open_database
+from impyard.gates import Gate
 from impyard.gateway import Gateway
 from impyard.history import History, retention_from_env
 from impyard.imps import ImpConfig, ImpStore
@@ -26,6 +29,8 @@ from impyard.sessions import SessionManager
 from impyard.surfaces import Surface
 
 log = logging.getLogger("impyard.runtime")
+
+GATE_PUMP_S = 2.0  # how soon an approval given on the CLI is sent by the host that owns the surface
 
 
 @dataclass
@@ -53,6 +58,23 @@ def backends_for(configs: Sequence[ImpConfig], override: str | None = None) -> d
     return chosen
 
 
+async def pump_gates(gateway: Gateway, channels: ChannelStore, surface_name: str, period_s: float = GATE_PUMP_S) -> None:
+    """Expire overdue gates; send approved ones whose channel lives on this host's surface (exactly once)."""
+
+    def reachable(gate: Gate) -> bool:
+        info = channels.info(str(gate.payload.get("channel_id", "")))
+        return (info.surface if info else "discord") == surface_name
+
+    while True:
+        try:
+            await gateway.expire_due()
+            for gate in await gateway.execute_approved(reachable):
+                log.info("approved gate %s executed: %s", gate.id, gate.state)
+        except Exception:  # noqa: BLE001 - the pump must outlive one bad gate; the gate records its failure
+            log.exception("executing approved gates failed")
+        await anyio.sleep(period_s)
+
+
 @asynccontextmanager
 async def open_runtime(
     imp_names: Sequence[str],
@@ -61,6 +83,7 @@ async def open_runtime(
     backend: str | None = None,
     clock: Clock | None = None,
     backends: dict[str, BoxBackend] | None = None,
+    surface_name: str = "terminal",
 ) -> AsyncIterator[Runtime]:
     clock = clock or SystemClock()
     retention_from_env()  # a bad setting stops here, before anything opens
@@ -105,7 +128,10 @@ async def open_runtime(
                 resumed = await conversations.recover()
                 if resumed:
                     log.info("answering %d message(s) left unanswered by the last run", resumed)
-                yield runtime
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pump_gates, gateway, channels, surface_name, GATE_PUMP_S, name="gate pump")
+                    yield runtime
+                    tg.cancel_scope.cancel()
         finally:
             await gateway.aclose()
     finally:

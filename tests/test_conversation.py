@@ -8,6 +8,7 @@ test_chat_terminal.py.)
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -141,6 +142,42 @@ async def test_an_untrusted_channel_reply_waits_for_approval(
     assert surface.sent == [] and rt.history.outcome("pip", CHANNEL, "m1") == "pending"
     (gate,) = rt.gateway.gates.list()
     assert gate.state == "pending"
+
+
+async def test_a_gate_approved_on_the_cli_is_sent_once_by_the_running_host(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from impyard.gates import Approver
+
+    rt, surface = runtime
+    rt.channels.set_trusted(CHANNEL, False)
+    on_this_surface = dataclasses.replace(inbound(message(1, clock=clock)), surface="terminal")
+    await rt.conversations.receive("pip", on_this_surface)
+    await answered(rt, "m1")
+    (gate,) = rt.gateway.gates.list()
+    # The operator approves from another process: the decision is recorded, not executed there.
+    await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
+    with anyio.fail_after(10):
+        while not surface.sent:
+            await anyio.sleep(0.05)
+    await anyio.sleep(2.5)  # another pump round: still once
+    assert [sent.content for sent in surface.sent] == ["hello there"]
+    assert rt.gateway.gates.get(gate.id).state == "executed"
+
+
+async def test_the_pump_leaves_gates_of_another_surface_alone(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
+) -> None:
+    from impyard.gates import Approver
+
+    rt, surface = runtime
+    rt.channels.set_trusted(CHANNEL, False)
+    await rt.conversations.receive("pip", inbound(message(1, clock=clock)))  # a Discord channel
+    await answered(rt, "m1")
+    (gate,) = rt.gateway.gates.list()
+    await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
+    await anyio.sleep(2.5)
+    assert surface.sent == [] and rt.gateway.gates.get(gate.id).state == "approved"  # left for the Discord host
 
 
 async def test_a_dm_is_always_respond(runtime: tuple[Runtime, RecordingSurface], clock: FixedClock) -> None:
