@@ -120,6 +120,11 @@ class Policy:
                             f'rule "{rule.name}" allows model {model!r} for {purpose!r} but [prices] has no '
                             f"entry for it: such requests will be refused"
                         )
+            if rule.allow_loopback:
+                found.append(
+                    f'rule "{rule.name}" sets allow_loopback: boxes may fetch from this host\'s own services '
+                    "(meant for tests only)"
+                )
         return found
 
 

@@ -190,3 +190,10 @@ def test_a_model_allowed_but_not_priced_is_a_warning_not_a_silent_free_pass() ->
     policy = policy_from_text(ALLOW_REPLY)
     assert policy.price("gpt-4.1-mini") is None
     assert "no entry" in policy.warnings[0] and "refused" in policy.warnings[0]
+
+
+def test_a_rule_that_allows_loopback_fetches_is_flagged() -> None:
+    policy = policy_from_text(
+        '[[rules]]\nname = "fetch-local"\nmethod = "http.fetch"\naction = "allow"\nhosts = ["localhost"]\nallow_loopback = true\n'
+    )
+    assert any("allow_loopback" in warning and "tests only" in warning for warning in policy.warnings)
