@@ -1,0 +1,1 @@
+"""The Discord surface: inbound messages, outbound sends, slash commands, `impyard serve`."""
