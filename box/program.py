@@ -1,4 +1,10 @@
-"""The box program: serves the host's requests (design.md §3) over one peer."""
+"""The box program: serves the host's requests (design.md §3) over one peer.
+
+``box.init`` creates the responder; ``mailbox.deliver`` and ``task.run`` (kind ``prompt``)
+run one turn each through it, one at a time; ``mailbox.event`` (a notification) records a
+channel event. The box's own files — the journal and the responder's history — live only
+under the state dir.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel
 
 import box
 from box import probe
+from box.memory import MemoryEngine
 from box.protocol import BOX_METHODS, HOST_METHODS, PROTOCOL_VERSION, ErrorCode, Peer, RpcError
 from box.protocol.models import (
     BoxInitParams,
@@ -21,10 +28,12 @@ from box.protocol.models import (
     DeliverParams,
     DeliverResult,
     Empty,
+    MailboxEventParams,
     TaskRunParams,
     TaskRunResult,
 )
-from box.turn import SimpleTurn
+from box.responder import Responder
+from box.tools import ToolRegistry
 
 log = logging.getLogger("box")
 P = TypeVar("P", bound=BaseModel)
@@ -34,11 +43,23 @@ R = TypeVar("R", bound=BaseModel)
 class BoxProgram:
     """State of one box session: initialised once, then turns one at a time."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        memory: MemoryEngine | None = None,
+        tools: ToolRegistry | None = None,
+    ) -> None:
         self.state_dir = state_dir
         self.peer: Peer | None = None
         self.init: BoxInitParams | None = None
+        self.responder: Responder | None = None
         self._turn_lock = anyio.Lock()
+        # Seams for tests and for the memory engine: the backoff's sleep, the memory, the tools.
+        self._sleep = sleep
+        self._memory = memory
+        self._tools = tools
 
     def attach(self, peer: Peer) -> None:
         self.peer = peer
@@ -48,6 +69,9 @@ class BoxProgram:
             assert isinstance(params, BoxInitParams)
             return self._initialise(params)
         if self.init is None:
+            if method == "mailbox.event":  # a notification has no one to tell: note it and move on
+                log.warning("a channel event arrived before box.init; ignored")
+                return None
             raise RpcError(ErrorCode.NOT_INITIALISED, "not initialised: send box.init first")
         if method == "box.shutdown":
             async with self._turn_lock:  # let a running turn finish; the host bounds the wait
@@ -58,12 +82,20 @@ class BoxProgram:
         if method == "task.run":
             assert isinstance(params, TaskRunParams)
             return await self._one_at_a_time(self._run_task, params)
+        if method == "mailbox.event":  # a notification: recorded even while a turn runs
+            assert isinstance(params, MailboxEventParams) and self.responder is not None
+            await self.responder.record_event(params)
+            return None
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method}")
 
     def _initialise(self, params: BoxInitParams) -> BoxInitResult:
         if self.init is not None:
             raise RpcError(ErrorCode.INVALID_REQUEST, "already initialised")
         self.init = params
+        assert self.peer is not None
+        self.responder = Responder(
+            self.peer, params, self.state_dir, sleep=self._sleep, memory=self._memory, tools=self._tools
+        )
         log.info("box %s for imp %s, channel %s", box.__version__, params.imp.name, params.session.channel_id)
         return BoxInitResult(protocol=PROTOCOL_VERSION, box=box.__version__)
 
@@ -74,26 +106,27 @@ class BoxProgram:
         async with self._turn_lock:
             return await work(params)
 
-    def _turn(self) -> SimpleTurn:
-        assert self.peer is not None and self.init is not None
-        return SimpleTurn(self.peer, self.init)
-
     async def _deliver(self, params: DeliverParams) -> DeliverResult:
-        result = await self._turn().deliver(params)
-        self._journal({"message_id": params.message.id, "outcome": result.outcome, "at": params.now.isoformat()})
-        return result
+        assert self.responder is not None
+        report = await self.responder.deliver(params)
+        self._journal(
+            {"message_id": params.message.id, "outcome": report.result.outcome, "at": params.now.isoformat(), **report.journal}
+        )
+        return report.result
 
     async def _run_task(self, params: TaskRunParams) -> TaskRunResult:
         kind = params.task.kind
         if kind == "probe":
             return TaskRunResult(outcome="done", summary="lockdown observations", report=probe.observe(self.state_dir))
         if kind == "prompt":
-            result = await self._turn().run_prompt_task(params)
-            self._journal({"task_id": params.task.id, "outcome": result.outcome, "at": params.now.isoformat()})
+            assert self.responder is not None
+            report = await self.responder.run_prompt_task(params)
+            result = Responder.task_result(report)
+            self._journal({"task_id": params.task.id, "outcome": result.outcome, "at": params.now.isoformat(), **report.journal})
             return result
         return TaskRunResult(outcome="failed", summary=f"this box does not know task kind {kind!r}")
 
-    def _journal(self, record: dict[str, str]) -> None:
+    def _journal(self, record: dict[str, Any]) -> None:
         """The box's own record of its turns; it lives only under the state dir."""
         try:
             with (self.state_dir / "journal.jsonl").open("a", encoding="utf-8") as fh:
@@ -102,8 +135,8 @@ class BoxProgram:
             log.warning("could not write the journal under %s: %s", self.state_dir, exc)
 
 
-async def serve(receive, send, state_dir: Path) -> None:  # type: ignore[no-untyped-def]
-    program = BoxProgram(state_dir)
+async def serve(receive, send, state_dir: Path, **seams: Any) -> None:  # type: ignore[no-untyped-def]
+    program = BoxProgram(state_dir, **seams)
     peer = Peer(
         receive,
         send,

@@ -3,26 +3,39 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
 from pydantic import BaseModel
 
-from box.protocol import ErrorCode, RpcError
+from box.protocol import BOX_METHODS, HOST_METHODS, ErrorCode, Peer, RpcError
 from box.protocol.models import (
+    Attachment,
     Author,
     BoxInitParams,
+    BoxInitResult,
     DeliverParams,
+    DeliverResult,
     DiscordSendResult,
+    EmptyFromHost,
     Framing,
+    HistoryEntry,
+    HttpFetchResult,
     ImpSpec,
     Message,
     ModelRequestResult,
+    ResponderSettings,
     SessionInfo,
+    TaskRunParams,
+    TaskRunResult,
 )
 from impyard.backends import BoxSpec
+from tests.pipes import byte_pipe
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 
@@ -61,6 +74,14 @@ class ScriptedHost:
     sent: list[BaseModel] = field(default_factory=list)
     hold: anyio.Event | None = None  # when set, model.request waits for it: a turn in flight
     model_calls: int = 0
+    fetches: list[HttpFetchResult | RpcError] = field(default_factory=list)  # http.fetch answers (last repeats)
+    send_errors: list[RpcError] = field(default_factory=list)  # discord.send refusals, one per send, in order
+    logs: list[BaseModel] = field(default_factory=list)
+
+    @property
+    def model_requests(self) -> list[Any]:
+        """The model.request params the box sent, in order (``.path``, ``.body``, ``.purpose``)."""
+        return [params for method, params in self.calls if method == "model.request"]
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         self.calls.append((method, params))
@@ -68,6 +89,7 @@ class ScriptedHost:
             self.stages.append(params.stage)  # type: ignore[attr-defined]
             return None
         if method == "log":
+            self.logs.append(params)
             return None
         if method == "model.request":
             self.model_calls += 1
@@ -78,25 +100,113 @@ class ScriptedHost:
                 raise answer
             return answer
         if method == "discord.send":
+            if self.send_errors:
+                raise self.send_errors.pop(0)
             self.sent.append(params)
             if self.send_status == "pending":
                 return DiscordSendResult(status="pending", gate_id="g1")
             return DiscordSendResult(status="delivered", message_ids=[f"out-{len(self.sent)}"])
+        if method == "http.fetch" and self.fetches:
+            fetched = self.fetches.pop(0) if len(self.fetches) > 1 else self.fetches[0]
+            if isinstance(fetched, RpcError):
+                raise fetched
+            return fetched
         raise RpcError(ErrorCode.DENIED, "denied", {"rule": "test", "reason": "not scripted"})
 
 
-def init_params(imp: str = "pip", channel_id: str = "c1", kind: str = "dm") -> BoxInitParams:
+def tool_calls_result(*calls: tuple[str, dict[str, Any], str]) -> ModelRequestResult:
+    """A chat/completions answer that calls tools: (name, arguments, call_id) each."""
+    tool_calls = [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        for name, arguments, call_id in calls
+    ]
+    message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    return ModelRequestResult(status=200, body={"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+
+
+def init_params(
+    imp: str = "pip",
+    channel_id: str = "c1",
+    kind: str = "dm",
+    *,
+    persona: str = "You are Pip.",
+    channel_name: str = "",
+    **responder: Any,
+) -> BoxInitParams:
+    """``responder`` keys are ResponderSettings fields (model, tools, staff_channel, ...)."""
     return BoxInitParams(
         protocol=1,
-        imp=ImpSpec(name=imp, persona="You are Pip."),
-        session=SessionInfo(id="s1", channel_id=channel_id, channel_kind=kind),  # type: ignore[arg-type]
+        imp=ImpSpec(name=imp, persona=persona, responder=ResponderSettings(**responder)),
+        session=SessionInfo(id="s1", channel_id=channel_id, channel_kind=kind, channel_name=channel_name),  # type: ignore[arg-type]
         now=NOW,
     )
 
 
-def deliver_params(content: str = "hi", message_id: str = "m1", mode: str = "respond") -> DeliverParams:
+def deliver_params(
+    content: str = "hi",
+    message_id: str = "m1",
+    mode: str = "respond",
+    *,
+    reason: str | None = None,
+    author: str = "ann",
+    author_id: str = "u1",
+    attachments: Sequence[Attachment] = (),
+    recent: Sequence[HistoryEntry] = (),
+    now: datetime = NOW,
+) -> DeliverParams:
     return DeliverParams(
-        message=Message(id=message_id, author=Author(id="u1", name="ann"), content=content, created_at=NOW),
-        framing=Framing(mode=mode, reason="dm" if mode == "respond" else "group"),  # type: ignore[arg-type]
-        now=NOW,
+        message=Message(
+            id=message_id, author=Author(id=author_id, name=author), content=content, created_at=now,
+            attachments=list(attachments),
+        ),  # fmt: skip
+        framing=Framing(mode=mode, reason=reason or ("dm" if mode == "respond" else "group")),  # type: ignore[arg-type]
+        recent=list(recent),
+        now=now,
     )
+
+
+@dataclass
+class InProcessBox:
+    """The real box program on in-memory pipes, for tests that inject its seams (a fake sleep, a memory)."""
+
+    peer: Peer
+
+    async def init(self, params: BoxInitParams) -> BoxInitResult:
+        result = await self.peer.request("box.init", params, timeout=10)
+        assert isinstance(result, BoxInitResult)
+        return result
+
+    async def deliver(self, params: DeliverParams) -> DeliverResult:
+        result = await self.peer.request("mailbox.deliver", params, timeout=30)
+        assert isinstance(result, DeliverResult)
+        return result
+
+    async def run_task(self, params: TaskRunParams) -> TaskRunResult:
+        result = await self.peer.request("task.run", params, timeout=30)
+        assert isinstance(result, TaskRunResult)
+        return result
+
+    async def notify(self, method: str, params: BaseModel) -> None:
+        await self.peer.notify(method, params)
+
+
+@asynccontextmanager
+async def in_process_box(host: ScriptedHost, state_dir: Path, **seams: Any) -> AsyncIterator[InProcessBox]:
+    """``box.program.serve`` in this process, talking to ``host`` through a real protocol peer."""
+    from box.program import serve
+
+    host_out, box_in = byte_pipe()
+    box_out, host_in = byte_pipe()
+    spec = BoxSpec("pip", "c1", state_dir)
+
+    async def handle(method: str, params: BaseModel) -> BaseModel | None:
+        return await host.serve(spec, method, params)
+
+    peer = Peer(host_in, host_out, serves=HOST_METHODS, calls=BOX_METHODS, handler=handle)
+    await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(peer.run)
+        tg.start_soon(lambda: serve(box_in, box_out, state_dir, **seams))
+        yield InProcessBox(peer)
+        await peer.request("box.shutdown", EmptyFromHost(), timeout=10)
+        tg.cancel_scope.cancel()

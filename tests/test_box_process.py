@@ -77,7 +77,7 @@ async def test_a_scripted_conversation(tmp_path: Path) -> None:
     assert body["response_format"]["json_schema"]["name"] == "envelope"
     assert body["response_format"]["json_schema"]["strict"] is True
     assert body["messages"][-1] == {"role": "user", "content": "ann: hi pip"}
-    assert host.stages[:4] == ["context", "render", "send", "post"]
+    assert host.stages[:5] == ["context", "tools", "render", "send", "post"]  # the turn machine (seed 003)
     assert (tmp_path / "state" / "journal.jsonl").read_text().count("\n") == 3  # its files live under /state
 
 

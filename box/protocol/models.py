@@ -49,13 +49,38 @@ class EmptyFromHost(FromHost):
 # ---------------------------------------------------------------- host -> box
 
 
+ModelName = Annotated[str, Field(min_length=1, max_length=128)]
+
+
 class ResponderSettings(FromHost):
-    """How the box's responder calls the model. Every field has a default."""
+    """How the box's responder calls the model (SPEC-001). Every field has a default.
+
+    The host fills these from the imp's ``[model]`` table by field name (``ImpConfig.imp_spec``),
+    plus ``news`` (the news file's text) and ``staff_channel`` (``[discord] staff_channel``).
+    Open-ended values (effort, tool names) are plain strings so a newer host never breaks box.init.
+    """
 
     model: str = "gpt-4.1-mini"
     max_tokens: int = Field(default=1024, ge=1, le=128_000)
     temperature: float | None = None
     history_limit: int = Field(default=20, ge=0, le=500)
+    # Added with the responder (issue 6); all optional, defaults equal the host's imp.toml defaults.
+    vision_model: ModelName | None = None  # the message carries images (default: model)
+    factual_model: ModelName | None = None  # the call answers from tool results (default: model)
+    retry_model: ModelName | None = None  # after an HTTP 429, until a call succeeds again (ENV-15)
+    reasoning_effort: Annotated[str, Field(max_length=16)] = "none"  # ENV-21 / ENV-22
+    use_responses_api: bool = False  # ENV-22
+    responses_tool_rounds: int = Field(default=4, ge=1, le=16)  # ENV-23
+    tool_rounds: int = Field(default=3, ge=0, le=16)  # chat/completions tool rounds
+    history_per_channel: int = Field(default=3, ge=0, le=500)  # ENV-11
+    short_path: list[tuple[str, str]] = Field(default_factory=list)  # ENV-05: (channel_regex, user_regex)
+    tools: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list)  # "web_fetch", "search"
+    news: Annotated[str, Field(max_length=65_536)] | None = None  # ENV-10: the news file's text, read host-side
+    staff_channel: Id | None = None  # ENV-03: where staff notes and hack alerts go
+    retry_backoff_s: float = Field(default=1.0, ge=0, le=60)  # ENV-12: first backoff; doubles per attempt
+    image_model: ModelName = "gpt-image-1"
+    image_size: Annotated[str, Field(max_length=16)] = "1024x1024"
+    image_quality: Annotated[str, Field(max_length=16)] = "low"  # small images fit one protocol line
 
 
 class MemorySettings(FromHost):
@@ -177,6 +202,21 @@ class TaskRunResult(FromBox):
     report: dict[Annotated[str, Field(max_length=64)], ReportValue] = Field(default_factory=dict, max_length=64)
 
 
+class MailboxEventParams(FromHost):
+    """Something happened in the channel that is not a message (a notification; no answer).
+
+    ``kind`` is an open set; the box records the kinds it knows and ignores the rest.
+    ``reaction_clear`` (ENV-13): every reaction was removed from ``message_id``; ``reactions``
+    lists the emoji that were there (discord.py's ``on_reaction_clear(message, reactions)``).
+    """
+
+    kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+    channel_id: Id
+    message_id: Id
+    reactions: list[Annotated[str, Field(max_length=100)]] = Field(default_factory=list, max_length=100)
+    at: datetime | None = None
+
+
 # ---------------------------------------------------------------- box -> host
 
 ModelPath = Literal["/chat/completions", "/responses", "/embeddings", "/images/generations", "/images/edits"]
@@ -266,6 +306,7 @@ BOX_METHODS: dict[str, MethodSpec] = _table(
     MethodSpec("mailbox.deliver", DeliverParams, DeliverResult),
     MethodSpec("task.run", TaskRunParams, TaskRunResult),
     MethodSpec("box.shutdown", EmptyFromHost, Empty),
+    MethodSpec("mailbox.event", MailboxEventParams, None),  # a notification (issue 6, ENV-13)
 )
 
 # Methods the host serves (box -> host).

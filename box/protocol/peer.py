@@ -122,6 +122,11 @@ class Peer:
         self._close_pending(PeerClosed("the peer was stopped"))
 
     @property
+    def max_line_bytes(self) -> int:
+        """The longest line either side may send on this pipe."""
+        return self._max_line_bytes
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

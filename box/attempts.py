@@ -1,0 +1,108 @@
+"""Which model a reply call uses, and how failed attempts are retried (SPEC-001 ENV-12, ENV-15, ENV-22).
+
+Model choice, first match wins (the same on chat/completions and on the Responses API):
+
+1. ``retry_model`` — the previous attempt got HTTP 429 (ENV-15), until an attempt succeeds;
+2. ``vision_model`` — the prompt carries images (the message's or the replied-to attachments);
+3. ``factual_model`` — the call answers from tool results (after a ``web_fetch`` / ``search`` round);
+4. ``model`` — everything else.
+
+An unset model falls through to the next rule. Three failed attempts in a row raise
+``ModelExhausted`` (a ``RuntimeError``, ENV-12); between attempts the box sleeps
+``retry_backoff_s`` × 2^(attempt-1), or longer when the host said when to come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from box.model import ModelCallFailed
+from box.protocol import ErrorCode, RpcError
+from box.protocol.models import ResponderSettings
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
+
+MAX_ATTEMPTS = 3  # ENV-12
+MAX_WAIT_S = 30.0  # never sit in a turn longer than this for one retry
+RATE_LIMITED_STATUS = 429
+# Gateway refusals that may pass with time; a policy denial or an exhausted budget will not.
+RETRYABLE_RPC_CODES = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.UPSTREAM_UNREACHABLE})
+
+
+class ModelExhausted(RuntimeError):
+    """ENV-12: the model gave no usable answer in ``MAX_ATTEMPTS`` attempts."""
+
+
+@dataclass
+class ModelChooser:
+    """The model for the next attempt; remembers a rate limit across calls and turns (ENV-15)."""
+
+    settings: ResponderSettings
+    rate_limited: bool = False
+
+    def choose(self, *, images: bool = False, tool_results: bool = False) -> str:
+        s = self.settings
+        if self.rate_limited and s.retry_model:
+            return s.retry_model  # ENV-15
+        if images and s.vision_model:
+            return s.vision_model
+        if tool_results and s.factual_model:
+            return s.factual_model
+        return s.model
+
+    def failed(self, error: ModelCallFailed) -> None:
+        if error.status == RATE_LIMITED_STATUS:
+            self.rate_limited = True  # ENV-15: the next attempt uses retry_model
+
+    def succeeded(self) -> None:
+        self.rate_limited = False  # ENV-15: back to the configured model
+
+
+def as_attempt_failure(error: RpcError) -> ModelCallFailed | None:
+    """A gateway refusal that counts as a failed attempt, or None when retrying cannot help."""
+    if error.code not in RETRYABLE_RPC_CODES:
+        return None
+    retry_after = error.data.get("retry_after") if isinstance(error.data, dict) else None
+    return ModelCallFailed(
+        error.message, retry_after=float(retry_after) if isinstance(retry_after, int | float) else None
+    )
+
+
+def backoff_s(attempt: int, base_s: float, retry_after: float | None = None) -> float:
+    """ENV-12: base × 2^(attempt-1), at least what the host asked for, at most MAX_WAIT_S."""
+    delay = base_s * (2 ** (attempt - 1))
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return min(delay, MAX_WAIT_S)
+
+
+async def with_attempts(
+    attempt: Callable[[int], Awaitable[T]],
+    *,
+    sleep: Sleep,
+    base_s: float,
+    chooser: ModelChooser,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> T:
+    """Run ``attempt(n)`` until it returns; ``ModelCallFailed`` is a failed attempt (ENV-12/18/24)."""
+    failures: list[str] = []
+    for n in range(1, max_attempts + 1):
+        try:
+            result = await attempt(n)
+        except RpcError as exc:
+            failure = as_attempt_failure(exc)
+            if failure is None:
+                raise  # denied by policy or out of budget: the same request would be refused again
+        except ModelCallFailed as exc:
+            failure = exc
+        else:
+            chooser.succeeded()
+            return result
+        chooser.failed(failure)
+        failures.append(str(failure))
+        if n < max_attempts:
+            await sleep(backoff_s(n, base_s, failure.retry_after))  # D1: never hammer the API back-to-back
+    raise ModelExhausted(f"no usable answer after {max_attempts} attempts: {'; '.join(failures)[:800]}")

@@ -1,0 +1,173 @@
+"""The prompt package of one turn (seed 003 ContextBuilding; SPEC-001 ENV-10, ENV-20).
+
+The system message is the persona — the operator's template with the legacy ``{date}``,
+``{time}``, ``{news}`` and ``{memory}`` placeholders removed — followed by a ``## Context``
+suffix holding the date, time, channel, news (when the host sent the news file's text) and
+the memory block (when the memory engine gave one), then the framing note. The persona
+prefix is byte-identical from call to call, so the upstream's prompt cache can hit (ENV-20).
+
+Pure functions of plain values: the machine gathers the facts, this module only arranges them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from box.history import PromptEntry
+from box.protocol.models import Attachment, Framing, ImpSpec, Message, SessionInfo
+
+# ENV-10 / ENV-20: the old inline placeholders; their values now live in the ## Context suffix.
+LEGACY_PLACEHOLDERS = re.compile(r"\{(?:date|time|news|memory)\}")
+MAX_REPLY_EXCERPT_CHARS = 300
+
+JUDGE_NOTE = (
+    "Several people are talking here. Reply only when you are addressed or have something genuinely useful "
+    "to add; otherwise set answer_needed to false. Staying silent is fine."
+)
+ADDRESSED_NOTE = "You were addressed directly in this message."
+TASK_NOTE = (
+    "This is a scheduled task, not a chat message. Set answer_needed to true only when your answer should be "
+    "posted to the channel."
+)
+
+
+def persona_prefix(imp: ImpSpec) -> str:
+    """ENV-20: the static persona, every dynamic placeholder removed. Byte-stable for a given imp."""
+    persona = LEGACY_PLACEHOLDERS.sub("", imp.persona).strip()
+    return persona or f"You are {imp.name}, a helpful companion in a chat."
+
+
+def _channel_line(session: SessionInfo) -> str:
+    if session.channel_kind == "dm":
+        return "Channel: a direct message"
+    if session.channel_kind == "terminal":
+        return "Channel: a terminal session"
+    if session.channel_kind == "task":
+        return "Channel: a scheduled task"
+    return f"Channel: #{session.channel_name}" if session.channel_name else f"Channel: {session.channel_id}"
+
+
+def framing_note(framing: Framing) -> str | None:
+    if framing.reason == "task":
+        return TASK_NOTE
+    if framing.mode == "judge":
+        note = JUDGE_NOTE
+        if framing.participants:
+            note += "\nPeople here: " + ", ".join(p.name for p in framing.participants[:20])
+        if framing.reason == "mention":
+            note += "\n" + ADDRESSED_NOTE
+        return note
+    return None
+
+
+def context_suffix(
+    now: datetime, session: SessionInfo, framing: Framing, *, news: str | None, memory: str | None
+) -> str:
+    """ENV-10: date, time, channel, news, memory — everything that changes from call to call."""
+    at = now.astimezone(UTC)
+    lines = ["## Context", f"Date: {at:%Y-%m-%d (%A)}", f"Time: {at:%H:%M} UTC", _channel_line(session)]
+    if news and news.strip():
+        lines += ["", "### News", news.strip()]
+    if memory and memory.strip():
+        lines += ["", "### Memory", memory.strip()]
+    note = framing_note(framing)
+    if note:
+        lines += ["", note]
+    return "\n".join(lines)
+
+
+def system_message(prefix: str, suffix: str) -> str:
+    return f"{prefix}\n\n{suffix}"
+
+
+# ------------------------------------------------------------------ the conversation
+
+
+def is_image(attachment: Attachment) -> bool:
+    return attachment.content_type.startswith("image/") and bool(attachment.data_b64)
+
+
+def data_url(attachment: Attachment) -> str:
+    return f"data:{attachment.content_type};base64,{attachment.data_b64}"
+
+
+def message_body(message: Message) -> str:
+    """What the message says, with what came with it (images are described when their bytes did not come)."""
+    parts = [message.content]
+    for item in message.attachments:
+        if not is_image(item):
+            parts.append(f"[attachment: {item.filename}, {item.content_type}, {item.size} bytes]")
+    return "\n".join(part for part in parts if part)
+
+
+def message_text(message: Message) -> str:
+    """The message as one line of talk: what it answers, who said it, what came with it."""
+    prefix = ""
+    if message.reply_to is not None:
+        who = message.reply_to.author.name if message.reply_to.author else "someone"
+        prefix = f'(in reply to {who}: "{message.reply_to.content[:MAX_REPLY_EXCERPT_CHARS]}")\n'
+    return f"{prefix}{message.author.name}: {message_body(message)}"
+
+
+def user_content(message: Message) -> str | list[dict[str, Any]]:
+    """A plain string, or text plus image parts when the message carries images (the vision model reads them)."""
+    text = message_text(message)
+    images = [item for item in message.attachments if is_image(item)]
+    if not images:
+        return text
+    return [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images)]
+
+
+def entry_message(entry: PromptEntry) -> dict[str, Any]:
+    if entry.role == "assistant":
+        return {"role": "assistant", "content": entry.content}
+    if entry.role == "event":
+        return {"role": "user", "content": f"[{entry.content}]"}
+    return {"role": "user", "content": f"{entry.author}: {entry.content}"}
+
+
+@dataclass
+class PromptPackage:
+    """Everything the reply call needs; mutable during the turn (tool rounds append to ``messages``)."""
+
+    prefix: str  # the persona (ENV-20)
+    suffix: str  # ## Context (ENV-10)
+    messages: list[dict[str, Any]]  # the conversation after the system message, ending with the current message
+    image_urls: list[str] = field(default_factory=list)  # data URLs of the message's images
+    tool_results: int = 0  # how many tool results have been appended
+
+    @property
+    def system(self) -> str:
+        return system_message(self.prefix, self.suffix)
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.image_urls)
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": self.system}, *self.messages]
+
+
+def build_package(
+    imp: ImpSpec,
+    session: SessionInfo,
+    message: Message,
+    framing: Framing,
+    now: datetime,
+    history: Sequence[PromptEntry],
+    *,
+    news: str | None,
+    memory: str | None,
+) -> PromptPackage:
+    messages = [entry_message(entry) for entry in history]
+    messages.append({"role": "user", "content": user_content(message)})
+    return PromptPackage(
+        prefix=persona_prefix(imp),
+        suffix=context_suffix(now, session, framing, news=news, memory=memory),
+        messages=messages,
+        image_urls=[data_url(item) for item in message.attachments if is_image(item)],
+    )

@@ -1,0 +1,155 @@
+"""The imp's responder: what the box does with a delivered message, a prompt task or a channel event.
+
+Trivial prefilters stay outside the turn machine (seed 003): a short-path rule archives the
+message without a model call (ENV-05). Everything else runs through ``TurnMachine``. The
+responder lives as long as the box session, so the retry-model state (ENV-15) carries from
+one turn to the next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+
+import anyio
+
+from box.attempts import ModelChooser
+from box.context import message_body
+from box.history import HistoryStore, Record
+from box.machine import TurnContext, TurnDeps, TurnInput, TurnMachine
+from box.memory import MemoryEngine, NoMemory
+from box.model import ModelClient
+from box.protocol import Peer
+from box.protocol.models import (
+    Author,
+    BoxInitParams,
+    DeliverParams,
+    DeliverResult,
+    Framing,
+    MailboxEventParams,
+    Message,
+    TaskRunParams,
+    TaskRunResult,
+)
+from box.short_path import short_path_matches
+from box.tool_loop import ReplyCaller
+from box.tools import ToolRegistry, builtin_tools
+
+log = logging.getLogger("box.responder")
+
+TASK_AUTHOR = Author(id="task", name="task")
+
+
+@dataclass(frozen=True)
+class TurnReport:
+    """The answer for the host and what the box's journal keeps about the turn."""
+
+    result: DeliverResult
+    journal: dict[str, str | bool]
+    answer: str | None = None  # the envelope's answer (a prompt task's summary)
+
+
+def error_text(error: BaseException | None) -> str:
+    return (str(error) or type(error).__name__)[:1000] if error is not None else "unknown failure"
+
+
+class Responder:
+    def __init__(
+        self,
+        peer: Peer,
+        init: BoxInitParams,
+        state_dir: Path,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        memory: MemoryEngine | None = None,
+        tools: ToolRegistry | None = None,
+    ) -> None:
+        settings = init.imp.responder
+        self.init = init
+        self.memory = memory or NoMemory()
+        self.history = HistoryStore(state_dir, limit=settings.history_limit, per_channel=settings.history_per_channel)
+        self.chooser = ModelChooser(settings)  # ENV-15: kept for the whole session
+        client = ModelClient(peer)
+        registry = tools or builtin_tools(peer, self.memory)
+        caller = ReplyCaller(client, settings, self.chooser, registry, sleep)
+        self.machine = TurnMachine(TurnDeps(peer, init, self.history, self.memory, caller, client))
+
+    # ------------------------------------------------------------ mailbox.deliver
+
+    async def deliver(self, params: DeliverParams) -> TurnReport:
+        message = params.message
+        session = self.init.session
+        if short_path_matches(
+            self.init.imp.responder.short_path,
+            channel_name=session.channel_name, channel_id=session.channel_id,
+            author_name=message.author.name, author_id=message.author.id,
+        ):  # fmt: skip
+            await self._archive(message)  # ENV-05: no model call
+            return TurnReport(DeliverResult(outcome="silent"), {"short_path": True})
+        ctx = await self.machine.run(TurnContext(TurnInput(message, params.framing, list(params.recent), params.now)))
+        return TurnReport(self._result(ctx), self._journal(ctx))
+
+    async def _archive(self, message: Message) -> None:
+        record = Record(
+            self.init.session.channel_id, message.id, "user", message.author.name, message_body(message), message.created_at
+        )
+        await anyio.to_thread.run_sync(
+            partial(self.history.commit, [record], count=(self.init.session.channel_id, "archived"))
+        )  # ENV-05: appended, trimmed (ENV-07) and persisted
+
+    @staticmethod
+    def _result(ctx: TurnContext) -> DeliverResult:
+        if ctx.outcome == "failed" or ctx.outcome is None:
+            return DeliverResult(outcome="failed", error=error_text(ctx.error))
+        ids = ctx.delivery.message_ids if ctx.outcome == "sent" and ctx.delivery is not None else []
+        return DeliverResult(outcome=ctx.outcome, message_ids=ids[:100])
+
+    @staticmethod
+    def _journal(ctx: TurnContext) -> dict[str, str | bool]:
+        entry: dict[str, str | bool] = {"stages": ",".join(stage.value for stage in ctx.stages)}
+        if ctx.envelope is not None and ctx.envelope.hack:
+            entry["hack"] = True  # the message tried to subvert the imp: recorded here, alerted to staff
+        if ctx.error is not None:
+            entry["error"] = f"{type(ctx.error).__name__}: {error_text(ctx.error)}"
+        if ctx.notes:
+            entry["notes"] = "; ".join(ctx.notes)[:1000]
+        return entry
+
+    # ------------------------------------------------------------ task.run kind "prompt"
+
+    async def run_prompt_task(self, params: TaskRunParams) -> TurnReport:
+        """A scheduled prompt, through the same machine; it posts as an act of its own (kind "other")."""
+        prompt = (params.task.prompt or "").strip()
+        if not prompt:
+            return TurnReport(DeliverResult(outcome="failed", error="the task has no prompt"), {})
+        message = Message(id=params.task.id, author=TASK_AUTHOR, content=prompt, created_at=params.now)
+        framing = Framing(mode="judge", reason="task")  # the model decides whether the result is posted
+        ctx = await self.machine.run(TurnContext(TurnInput(message, framing, [], params.now, task=True)))
+        return TurnReport(self._result(ctx), self._journal(ctx), ctx.envelope.answer if ctx.envelope else None)
+
+    @staticmethod
+    def task_result(report: TurnReport) -> TaskRunResult:
+        result = report.result
+        answer = (report.answer or "")[:20_000]
+        if result.outcome == "failed":
+            return TaskRunResult(outcome="failed", summary=(result.error or "")[:20_000])
+        return TaskRunResult(outcome="pending" if result.outcome == "pending" else "done", summary=answer)
+
+    # ------------------------------------------------------------ mailbox.event
+
+    async def record_event(self, params: MailboxEventParams) -> bool:
+        """ENV-13: a reaction clear is recorded in the channel's history (and handed to memory)."""
+        if params.kind != "reaction_clear":
+            log.info("ignoring a channel event of unknown kind %r", params.kind)
+            return False
+        at = params.at or datetime.now(UTC)
+        emoji = ", ".join(params.reactions) if params.reactions else "all reactions"
+        text = f"the reactions on message {params.message_id} were cleared ({emoji})"
+        record = Record(params.channel_id, f"reaction_clear:{params.message_id}:{at.isoformat()}", "event", "", text, at)
+        await anyio.to_thread.run_sync(partial(self.history.commit, [record]))
+        await anyio.to_thread.run_sync(self.memory.record_event, params.channel_id, text)
+        return True
