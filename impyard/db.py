@@ -175,6 +175,84 @@ MIGRATIONS: list[Migration] = [
         CREATE INDEX wakes_unfinished ON wakes (outcome, woken_at);
         """,
     ),
+    Migration(
+        3,
+        "supervise: tasks, their runs, schedules",
+        """
+        -- One-shot work for impyard supervise (design.md §1, §5); the state is attested by the host.
+        CREATE TABLE tasks (
+            id               TEXT PRIMARY KEY,
+            imp              TEXT NOT NULL,
+            kind             TEXT NOT NULL,                -- an open set: prompt, reflect, sleep, depart, ...
+            prompt           TEXT,
+            person           TEXT,
+            origin           TEXT NOT NULL,                -- manual | schedule | continuation | event
+            channel_id       TEXT NOT NULL,                -- the target channel: the task box's own channel
+            ceiling_s        REAL NOT NULL,
+            wake_on_resolve  INTEGER NOT NULL DEFAULT 0,   -- a decided gate of this task queues a follow-up
+            briefing         INTEGER NOT NULL DEFAULT 0,   -- give the box its imp's journal of past tasks
+            state            TEXT NOT NULL,                -- queued | running | done | failed | needs_review | cancelled
+            attempts         INTEGER NOT NULL DEFAULT 0,   -- box runs started
+            deferrals        INTEGER NOT NULL DEFAULT 0,   -- times moved to a later budget window
+            not_before       TEXT NOT NULL,                -- not dispatched before this time
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            run_id           TEXT,                         -- the current or last run (box label, audit, gates)
+            outcome          TEXT,                         -- what the host saw happen
+            box_outcome      TEXT,                         -- what the box claimed: done | failed | pending
+            box_summary      TEXT,                         -- the box's own report, never trusted for the state
+            schedule_id      TEXT,
+            scheduled_for    TEXT,
+            parent_task      TEXT,
+            parent_gate      TEXT UNIQUE,                  -- a continuation: at most one per decided gate
+            created_at       TEXT NOT NULL,
+            updated_at       TEXT NOT NULL,
+            started_at       TEXT,
+            finished_at      TEXT,
+            UNIQUE (schedule_id, scheduled_for)
+        );
+        CREATE INDEX tasks_ready ON tasks (state, not_before);
+        CREATE INDEX tasks_imp ON tasks (imp, finished_at);
+
+        -- One row per box run of a task: its run id labels the box, the audit rows and the gates.
+        CREATE TABLE task_runs (
+            run_id      TEXT PRIMARY KEY,
+            task_id     TEXT NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
+            attempt     INTEGER NOT NULL,
+            backend     TEXT NOT NULL DEFAULT '',
+            box_pid     INTEGER,                           -- process backend: the box process, for orphan reclaim
+            started_at  TEXT NOT NULL,
+            finished_at TEXT,
+            result      TEXT,                              -- done | failed | ceiling | died | interrupted | reclaimed | ...
+            returncode  INTEGER,
+            detail      TEXT
+        );
+        CREATE INDEX task_runs_task ON task_runs (task_id, attempt);
+
+        -- Recurring tasks: every N seconds from an anchor, or a cron expression in a timezone.
+        CREATE TABLE schedules (
+            id              TEXT PRIMARY KEY,
+            imp             TEXT NOT NULL,
+            kind            TEXT NOT NULL DEFAULT 'prompt',
+            prompt          TEXT,
+            channel_id      TEXT NOT NULL,
+            ceiling_s       REAL NOT NULL,
+            wake_on_resolve INTEGER NOT NULL DEFAULT 0,
+            briefing        INTEGER NOT NULL DEFAULT 0,
+            every_s         REAL,                          -- exactly one of every_s and cron is set
+            cron            TEXT,
+            tz              TEXT NOT NULL DEFAULT 'UTC',
+            missed          TEXT NOT NULL DEFAULT 'once',  -- skip | once | all
+            anchor          TEXT NOT NULL,                 -- every: fire times are anchor + k * every_s
+            next_run        TEXT NOT NULL,
+            paused          INTEGER NOT NULL DEFAULT 0,
+            last_fired      TEXT,
+            fired           INTEGER NOT NULL DEFAULT 0,
+            created_at      TEXT NOT NULL,
+            updated_at      TEXT NOT NULL
+        );
+        CREATE INDEX schedules_due ON schedules (paused, next_run);
+        """,
+    ),
 ]
 
 

@@ -1,4 +1,9 @@
-"""One supervisor per IMPYARD_HOME: an advisory lock file that names its holder."""
+"""One supervisor per IMPYARD_HOME and role: an advisory lock file that names its holder.
+
+``impyard chat`` (and later ``serve``) hold ``supervisor.lock``; ``impyard
+supervise`` holds its own ``supervise.lock``, so the task loop and a chat can
+run side by side while two task loops on one home never can.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +13,27 @@ from pathlib import Path
 from types import TracebackType
 
 LOCK_FILENAME = "supervisor.lock"
+SUPERVISE_LOCK_FILENAME = "supervise.lock"  # the task loop's own lock (impyard supervise)
 
 
 class AlreadyRunning(Exception):
     """Another impyard process holds this IMPYARD_HOME."""
 
-    def __init__(self, path: Path, holder: str) -> None:
+    def __init__(self, path: Path, holder: str, role: str = "") -> None:
+        what = f"impyard {role}" if role else "impyard process"
         super().__init__(
-            f"another impyard process (pid {holder or 'unknown'}) is already running on {path.parent}; "
+            f"another {what} (pid {holder or 'unknown'}) is already running on {path.parent}; "
             "stop it first, or set IMPYARD_HOME to another directory"
         )
         self.holder = holder
+        self.role = role
 
 
 class InstanceLock:
     """``with InstanceLock(home, 'chat'):`` — released on every exit path, and by the kernel if we die."""
 
-    def __init__(self, home: Path, role: str) -> None:
-        self.path = home / LOCK_FILENAME
+    def __init__(self, home: Path, role: str, filename: str = LOCK_FILENAME) -> None:
+        self.path = home / filename
         self.role = role
         self._fd: int | None = None
 
@@ -37,7 +45,7 @@ class InstanceLock:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").split()
             os.close(fd)
-            raise AlreadyRunning(self.path, holder[0] if holder else "") from None
+            raise AlreadyRunning(self.path, holder[0] if holder else "", holder[1] if len(holder) > 1 else "") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
         self._fd = fd

@@ -17,6 +17,9 @@ from impyard.cli.chat import chat_command
 from impyard.cli.doctor import doctor_command
 from impyard.cli.imp import imp_group
 from impyard.cli.policy import policy_group
+from impyard.cli.schedule import schedule_group
+from impyard.cli.supervise import supervise_command
+from impyard.cli.task import task_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,6 +48,9 @@ cli.add_command(policy_group)
 cli.add_command(approvals_group)
 cli.add_command(audit_group)
 cli.add_command(budget_group)
+cli.add_command(task_group)
+cli.add_command(schedule_group)
+cli.add_command(supervise_command)
 
 
 def main() -> None:

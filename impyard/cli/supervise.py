@@ -1,0 +1,82 @@
+"""``impyard supervise``: run scheduled and queued tasks in governed one-shot boxes (issue 8)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import anyio
+import click
+
+from impyard.backends import BoxError
+from impyard.broker import UpstreamConfig
+from impyard.cli.errors import CliError
+from impyard.db import DatabaseError
+from impyard.imps import ImpError
+from impyard.instance import AlreadyRunning
+from impyard.policy import PolicyError
+from impyard.supervisor import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, SupervisorSettings, open_supervisor
+
+NO_KEY = (
+    "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
+    "OPENAI_BASE_URL=http://host:port/v1), then run impyard supervise again"
+)
+TRANSITION_LOGGERS = ("impyard.supervisor", "impyard.tasks", "impyard.schedules")
+
+
+async def supervise(concurrency: int, once: bool, backend: str | None) -> None:
+    """The loop, stopped cleanly by SIGINT or SIGTERM (a second signal stops at once)."""
+    async with open_supervisor(backend=backend, settings=SupervisorSettings(concurrency=concurrency)) as supervisor:
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+
+            async def watch_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        if stop.is_set():
+                            tg.cancel_scope.cancel()
+                            return
+                        logging.getLogger("impyard.supervisor").warning(
+                            "%s: finishing running tasks (again to stop now; they are requeued)",
+                            signal.Signals(signum).name,
+                        )
+                        stop.set()
+
+            tg.start_soon(watch_signals)
+            await supervisor.run(once=once, stop=stop)
+            tg.cancel_scope.cancel()
+
+
+@click.command("supervise")
+@click.option(
+    "--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=DEFAULT_CONCURRENCY, show_default=True,
+    help="Most task boxes running at once.",
+)  # fmt: skip
+@click.option("--once", is_flag=True, help="Run what is due (and what it queues), then exit: for cron and tests.")
+@click.option(
+    "--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
+    help="Override the imps' [box] backend (process has no lockdown).",
+)  # fmt: skip
+def supervise_command(concurrency: int, once: bool, backend: str | None) -> None:
+    """Run queued and scheduled tasks, each in a fresh governed box.
+
+    \b
+    One supervisor per IMPYARD_HOME (a second one refuses, naming the first's
+    pid). Tasks left running by a supervisor that died are reclaimed at start.
+    Every task transition is logged. Example:
+      export OPENAI_API_KEY=sk-...
+      impyard schedule add pip --cron "0 9 * * *" --tz Europe/Oslo "Post the daily summary" --channel 123456789012345678
+      impyard supervise
+    """
+    if not UpstreamConfig.from_env().api_key:
+        raise CliError(NO_KEY)
+    for name in TRANSITION_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)  # transitions are the point of this command's output
+    try:
+        anyio.run(supervise, concurrency, once, backend)
+    except (AlreadyRunning, ImpError, PolicyError, DatabaseError, BoxError) as exc:
+        raise CliError(str(exc).splitlines()[0]) from exc
+    except KeyboardInterrupt:
+        pass
