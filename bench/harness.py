@@ -167,7 +167,9 @@ class TimingSurface(RecordingSurface):
     replied_at: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     _landed: dict[str, anyio.Event] = field(default_factory=dict)
 
-    async def send(self, channel_id: str, content: str, reply_to: str | None, files: Sequence[Any], kind: str) -> list[str]:
+    async def send(
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[Any], kind: str, *, imp: str = ""
+    ) -> list[str]:
         ids = await super().send(channel_id, content, reply_to, files, kind)
         if reply_to is not None:
             self.replied_at[reply_to].append(time.perf_counter())

@@ -225,7 +225,7 @@ class Conversations:
     async def notice(self, key: SessionKey, text: str) -> None:
         """A host-authored notice (a box died, too busy): posted directly, never a box act."""
         try:
-            await self.surface.send(key.channel_id, text, None, (), "notice")
+            await self.surface.send(key.channel_id, text, None, (), "notice", imp=key.imp)
         except Exception as exc:  # noqa: BLE001 - a notice that cannot be posted is logged, not fatal
             log.warning("could not post a notice to %s: %s", key.channel_id, exc)
 
@@ -260,8 +260,10 @@ class HistorySurface:
         self.imp_user_id = imp_user_id
         self.clock = clock
 
-    async def send(self, channel_id: str, content: str, reply_to: str | None, files: Sequence[object], kind: str) -> list[str]:
-        ids = await self.inner.send(channel_id, content, reply_to, files, kind)  # type: ignore[arg-type]
+    async def send(
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[object], kind: str, *, imp: str = ""
+    ) -> list[str]:
+        ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp or self.imp)  # type: ignore[arg-type]
         if kind in ("reply", "other") and ids:
             message = Message(
                 id=ids[0], author=Author(id=self.imp_user_id, name=self.imp, bot=True), content=content,

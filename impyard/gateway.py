@@ -313,14 +313,16 @@ class Gateway:
             )
             record.verdict, record.gate_id = "gated", gate.id
             return DiscordSendResult(status="pending", gate_id=gate.id)
-        message_ids = await self._send(params, record)
+        message_ids = await self._send(params, spec.imp, record)
         record.verdict = "allowed"
         return DiscordSendResult(status="delivered", message_ids=message_ids)
 
-    async def _send(self, params: DiscordSendParams, record: AuditRecord | None = None) -> list[str]:
+    async def _send(self, params: DiscordSendParams, imp: str, record: AuditRecord | None = None) -> list[str]:
         files = [OutgoingFile(item.filename, decode_file(item.data_b64)) for item in params.files]
         try:
-            ids = await self.surface.send(params.channel_id, params.content, params.reply_to, files, params.kind)
+            ids = await self.surface.send(
+                params.channel_id, params.content, params.reply_to, files, params.kind, imp=imp
+            )
         except SurfaceError as exc:
             if record is not None:
                 record.verdict = "unreachable"
@@ -353,7 +355,7 @@ class Gateway:
             return await self.db.run(self.gates.get, gate_id)
         params = DiscordSendParams.model_validate(claimed.payload)
         try:
-            ids = await self._send(params)
+            ids = await self._send(params, claimed.imp)
         except RpcError as exc:
             error = redact(exc.message, self.secrets)
             return await self.db.run(lambda: self.gates.finish(gate_id, error=error))

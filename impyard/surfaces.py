@@ -26,9 +26,9 @@ class SurfaceError(Exception):
 
 class Surface(Protocol):
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
     ) -> list[str]:
-        """Post and return the platform's message ids (several when the content was chunked)."""
+        """Post as ``imp`` (each imp is its own bot) and return the message ids (several when chunked)."""
         ...
 
 
@@ -40,6 +40,7 @@ class SentMessage:
     files: tuple[OutgoingFile, ...]
     kind: str
     message_ids: tuple[str, ...]
+    imp: str = ""
 
 
 @dataclass
@@ -51,14 +52,14 @@ class RecordingSurface:
     delay_s: float = 0.0  # widen race windows in concurrency tests
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
     ) -> list[str]:
         if self.delay_s:
             await anyio.sleep(self.delay_s)
         if self.fail_with is not None:
             raise SurfaceError(self.fail_with)
         ids = (f"rec-{len(self.sent) + 1}",)
-        self.sent.append(SentMessage(channel_id, content, reply_to, tuple(files), kind, ids))
+        self.sent.append(SentMessage(channel_id, content, reply_to, tuple(files), kind, ids, imp))
         return list(ids)
 
 
@@ -70,7 +71,7 @@ class TerminalSurface:
         self._count = 0
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
     ) -> list[str]:
         self._count += 1
         header = f"[{channel_id}]" + (f" (reply to {reply_to})" if reply_to else "") + (f" <{kind}>" if kind != "reply" else "")

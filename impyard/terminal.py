@@ -41,7 +41,7 @@ class ChatSurface:
         self.out.flush()
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
     ) -> list[str]:
         self._count += 1
         label = {"notice": "(impyard)", "staff": f"{self.imp} [staff]"}.get(kind, self.imp)

@@ -88,6 +88,7 @@ async def test_all_mode_with_one_human_gets_a_reply(runtime: tuple[Runtime, Reco
     await answered(rt, "m1")
     assert [sent.content for sent in surface.sent] == ["hello there"]
     assert surface.sent[0].channel_id == CHANNEL and surface.sent[0].reply_to == "m1"
+    assert surface.sent[0].imp == "pip"  # each imp posts as its own bot
     assert rt.history.outcome("pip", CHANNEL, "m1") == "sent"
     # The imp's own reply joined the history, so the next turn sees both sides.
     assert [(e.content, e.from_imp) for e in rt.history.recent(CHANNEL, imp="pip")] == [("hi", False), ("hello there", True)]
