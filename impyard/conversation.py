@@ -42,6 +42,7 @@ log = logging.getLogger("impyard.conversation")
 MAX_INBOUND_CHARS = 8_000  # beyond Discord's own 4000 (Nitro); anything longer is cut, visibly
 MAX_ATTACHMENTS = 10
 MAX_ATTACHMENT_BYTES = 8 * 1024 * 1024  # larger attachments reach the box as metadata only
+MAX_ATTACHMENT_DATA_B64 = 700_000  # all attachment data of one message: a delivery must fit the 1 MiB line
 TYPING_FROM_STAGE = frozenset({"render", "send"})  # nothing shows for a turn that ends silent
 
 
@@ -80,9 +81,13 @@ def clean_content(text: str) -> str:
 
 def bound_attachments(items: Sequence[Attachment]) -> list[Attachment]:
     bounded = []
+    budget = MAX_ATTACHMENT_DATA_B64
     for item in list(items)[:MAX_ATTACHMENTS]:
-        if item.size > MAX_ATTACHMENT_BYTES or (item.data_b64 and len(item.data_b64) * 3 // 4 > MAX_ATTACHMENT_BYTES):
+        data = item.data_b64 or ""
+        if item.size > MAX_ATTACHMENT_BYTES or len(data) > budget:
             item = item.model_copy(update={"data_b64": None})  # the box learns it exists, not its bytes
+        else:
+            budget -= len(data)
         bounded.append(item)
     return bounded
 
@@ -161,6 +166,9 @@ class Conversations:
             now=self.clock.now(),
         )
         key = SessionKey(imp, channel_id)
+        # Framing looks at the whole window; the box gets only what its prompt can use (ENV-07).
+        limit = self.configs[imp].model.history_limit if imp in self.configs else len(recent)
+        recent = recent[-limit:] if limit else []
         outcome = self.sessions.deliver(Delivery(key, message, framing, recent))
         if outcome == "busy":
             await self.history.db.run(self.history.finish, imp, channel_id, [message.id], "busy", "the channel's queue was full")

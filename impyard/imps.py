@@ -232,6 +232,11 @@ class ModelConfig(_Strict):
     tool_rounds: int = _field(
         3, "Tool rounds on chat/completions.", expect="a whole number from 0 to 16", ge=0, le=16
     )
+    tools: list[Literal["web_fetch", "search"]] = _field(
+        [],
+        "Function tools the responder may call: web_fetch (only hosts a policy http.fetch rule allows), search (memory).",
+        expect='a list like ["web_fetch"]',
+    )
     history_limit: int = _field(
         20,
         "Most history messages sent to the model (ENV-07).",
@@ -479,7 +484,7 @@ class ImpConfig(_Strict):
             return f"file {self.discord.token_file}"
         return f"env {self.token_env}"
 
-    def imp_spec(self, persona: str = "") -> ImpSpec:
+    def imp_spec(self, persona: str = "", news: str | None = None) -> ImpSpec:
         """What the box receives in ``box.init``: name, persona, responder and memory settings — no secrets.
 
         Responder settings are passed by name: every ``[model]`` key that ``ResponderSettings``
@@ -487,6 +492,10 @@ class ImpConfig(_Strict):
         """
         known = set(ResponderSettings.model_fields)
         responder = {key: value for key, value in self.model.model_dump().items() if key in known}
+        # The box cannot read host files or know channels: the host hands it the news text (ENV-10)
+        # and the staff channel its staff notes go to (ENV-03; the gateway still judges that send).
+        responder["news"] = news
+        responder["staff_channel"] = self.discord.staff_channel
         return ImpSpec(
             name=self.name,
             persona=persona,
@@ -977,7 +986,7 @@ class ImpStore:
 
     def imp_spec(self, config: ImpConfig) -> ImpSpec:
         """``config.imp_spec`` with the persona read from its file."""
-        return config.imp_spec(self.persona(config))
+        return config.imp_spec(self.persona(config), self.news(config))
 
     def token_status(self, config: ImpConfig) -> TokenStatus:
         """Whether the Discord token is there, and where from, without exposing it."""

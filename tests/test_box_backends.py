@@ -196,3 +196,20 @@ def test_process_backend_is_selectable_without_docker(monkeypatch: pytest.Monkey
     assert isinstance(choose_backend("auto"), ProcessBackend)
     assert isinstance(choose_backend("docker"), DockerBackend)  # explicit docker never falls back
     assert docker.errors  # the SDK is importable: lifecycle goes through it
+
+
+async def test_a_docker_box_can_use_state_a_process_box_wrote_as_root(
+    docker_backend: DockerBackend, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "history.lock").write_text("")  # written by a process box running as the host's user
+    (state / "notes").mkdir()
+    (state / "evil").symlink_to("/etc/hostname")  # a link planted by a box is not followed
+    before = Path("/etc/hostname").stat().st_uid
+    host = ScriptedHost()
+    async with docker_backend.open(spec(tmp_path), host) as running:
+        await running.init(init_params())
+        result = await running.deliver(deliver_params(), timeout=30)
+    assert result.outcome == "sent", result.error
+    assert Path("/etc/hostname").stat().st_uid == before

@@ -275,3 +275,25 @@ async def test_typing_shows_from_render_and_stops_when_the_turn_ends(
         await answered(rt, "m2")
     assert seen[-1].framing.mode == "judge"
     assert surface.typing_calls[-len(expected) :] == expected if expected else surface.typing_calls == []
+
+
+def test_attachment_data_is_bounded_in_total_so_a_delivery_fits_one_line() -> None:
+    from impyard.conversation import MAX_ATTACHMENT_DATA_B64, bound_attachments
+
+    item = Attachment(filename="a.png", content_type="image/png", size=300_000, data_b64="A" * 400_000)
+    kept = bound_attachments([item, item.model_copy(update={"filename": "b.png"})])
+    assert kept[0].data_b64 is not None and kept[1].data_b64 is None  # the second would pass the budget
+    assert sum(len(a.data_b64 or "") for a in kept) <= MAX_ATTACHMENT_DATA_B64
+
+
+async def test_the_box_gets_only_the_history_its_prompt_can_use(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
+) -> None:
+    rt, _ = runtime
+    seen = spy(rt)
+    rt.channels.set_mode(CHANNEL, "mention")
+    for n in range(30):
+        await rt.conversations.receive("pip", inbound(message(n, f"chatter {n}", clock=clock)))
+    await rt.conversations.receive("pip", inbound(message(30, "@pip hi", clock=clock), mentions_imp=True))
+    await answered(rt, "m30")
+    assert len(seen[0].recent) == 20  # history_limit (ENV-07), not the 50-message framing window

@@ -519,8 +519,9 @@ def test_imp_spec_carries_persona_and_model_settings_and_no_secrets(
     )  # fmt: skip
     assert spec.memory.enabled is True
     wire = spec.model_dump_json()
-    for leak in (SECRET, "IMPYARD_DISCORD_TOKEN", "123456789012345678", "555", "666", str(store.home)):
+    for leak in (SECRET, "IMPYARD_DISCORD_TOKEN", "123456789012345678", "555", str(store.home)):
         assert leak not in wire
+    assert responder.staff_channel == "666"  # where its staff notes go (ENV-03); the gateway judges that send
 
 
 def test_imp_spec_defaults_match_the_box_defaults() -> None:
@@ -604,3 +605,13 @@ def test_store_add_rejects_existing_even_in_a_race(store: ImpStore) -> None:
     with pytest.raises(ImpExists):
         store.add("pip", "two")
     assert store.persona(store.get("pip")) == "one"
+
+
+def test_the_news_file_text_reaches_the_box_not_its_path(tmp_path: Path) -> None:
+    store = ImpStore(tmp_path)
+    config = store.add("pip", "You are Pip.", model={"news_file": "news.md", "tools": ["web_fetch"]})
+    (store.path("pip") / "news.md").write_text("The harbour opens on Friday.")
+    responder = store.imp_spec(config).responder
+    assert responder.news == "The harbour opens on Friday."  # ENV-10: read on the host
+    assert responder.tools == ["web_fetch"]
+    assert "news.md" not in store.imp_spec(config).model_dump_json()

@@ -197,10 +197,17 @@ class DockerBackend:
         return removed
 
     def prepare_state_dir(self, state_dir: Path, user: str) -> None:
+        """The state dir and everything in it belong to the box user (a process box may have written it as root)."""
         state_dir.mkdir(parents=True, exist_ok=True)
         if os.getuid() == 0:
             uid, gid = (int(part) for part in user.split(":"))
             os.chown(state_dir, uid, gid)
+            # lchown never follows a link a box may have planted; ownership is all the host changes here.
+            for root, dirs, files in os.walk(state_dir, followlinks=False):
+                for name in dirs + files:
+                    path = os.path.join(root, name)
+                    if os.lstat(path).st_uid != uid:
+                        os.lchown(path, uid, gid)
         state_dir.chmod(0o700)
 
     @asynccontextmanager
