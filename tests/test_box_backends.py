@@ -213,3 +213,16 @@ async def test_a_docker_box_can_use_state_a_process_box_wrote_as_root(
         result = await running.deliver(deliver_params(), timeout=30)
     assert result.outcome == "sent", result.error
     assert Path("/etc/hostname").stat().st_uid == before
+
+
+def test_doctor_reports_each_imps_token_without_showing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from impyard.imps import ImpStore
+
+    ImpStore().add("pip")
+    ImpStore().add("pix")
+    monkeypatch.setenv("IMPYARD_DISCORD_TOKEN_PIP", "very-secret-token")
+    result = CliRunner().invoke(cli, ["doctor", "--json"])
+    assert result.exit_code == 0
+    assert "Discord token (pip)" in result.output and "env IMPYARD_DISCORD_TOKEN_PIP: set" in result.output
+    assert "IMPYARD_DISCORD_TOKEN_PIX" in result.output  # the fix names the variable to set
+    assert "very-secret-token" not in result.output

@@ -13,6 +13,7 @@ from rich.table import Table
 from impyard import paths
 from impyard.backends import BoxStartError
 from impyard.backends.docker import DockerBackend
+from impyard.imps import ImpError, ImpStore
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,23 @@ def _model_findings() -> list[Finding]:
 
 
 def _discord_findings() -> list[Finding]:
-    tokens = sorted(name for name in os.environ if name.startswith("IMPYARD_DISCORD_TOKEN"))
-    if tokens:
-        return [Finding("Discord token(s)", True, ", ".join(tokens))]
-    return [Finding("Discord token(s)", False, "none configured", "only needed for Discord: see the README, 'Connect a Discord bot'")]
+    """Each imp's Discord token: where it is read from and whether it is there (never the token)."""
+    try:
+        imps = ImpStore().scan()
+    except ImpError as exc:
+        return [Finding("Discord token(s)", False, str(exc), "fix the imp directory named in the error")]
+    if not imps:
+        return [Finding("Discord token(s)", False, "no imps yet", "impyard imp add NAME (impyard chat creates one)")]
+    findings = []
+    for name, config in imps:
+        if isinstance(config, ImpError):
+            findings.append(Finding(f"Imp {name}", False, str(config).splitlines()[0], "edit its imp.toml"))
+            continue
+        status = ImpStore().token_status(config)
+        detail = f"{status.source}: " + ("set" if status.is_set else "not set")
+        fix = status.problem or ("" if status.is_set else f"only needed for Discord: export {config.token_env}=…")
+        findings.append(Finding(f"Discord token ({name})", status.is_set and not status.problem, detail, fix))
+    return findings
 
 
 def _state_findings() -> list[Finding]:
