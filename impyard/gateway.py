@@ -144,6 +144,14 @@ class Gateway:
 
     # ------------------------------------------------------------ BoxHost
 
+    async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+        """A box request the protocol refused before judging (unknown method, invalid params): audited too."""
+        record = AuditRecord(
+            imp=spec.imp, method=method, verdict="invalid", run_id=spec.run_id, channel_id=spec.channel_id,
+            reason=f"refused by the protocol ({code}): {reason}",
+        )  # fmt: skip
+        await self.db.run(self.audit.write, record)
+
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         if method == "turn.stage":
             assert isinstance(params, TurnStageParams)

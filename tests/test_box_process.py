@@ -156,3 +156,23 @@ async def test_cancelling_the_host_reaps_the_box(tmp_path: Path) -> None:
             await running.init(init_params())
             await running.deliver(deliver_params())  # never answered: cancelled by the scope
     assert boxes[0].exited.is_set() and boxes[0].process.returncode is not None
+
+
+async def test_a_request_the_protocol_refuses_is_still_reported_to_the_host(tmp_path: Path) -> None:
+    class RecordingRefusals(ScriptedHost):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refusals: list[tuple[str, int, str]] = []
+
+        async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+            self.refusals.append((method, code, reason))
+
+    host = RecordingRefusals()
+    backend = ProcessBackend(command=[sys.executable, BAD_BOX, "bad-request"], warn=False)
+    async with backend.open(spec(tmp_path), host) as running:
+        await running.init(init_params())
+        result = await running.deliver(deliver_params(), timeout=15)
+    assert result.outcome == "failed"
+    ((method, code, reason),) = host.refusals
+    assert (method, code) == ("model.request", ErrorCode.INVALID_PARAMS) and "path" in reason
+    assert [m for m, _ in host.calls if m == "model.request"] == []  # the handler never ran

@@ -313,7 +313,10 @@ async def test_the_peer_refuses_bad_params_before_the_gateway_runs(h: Harness, p
     async def serve(method: str, p: BaseModel) -> BaseModel | None:
         return await h.gateway.serve(h.spec, method, p)
 
-    host = Peer(host_in, host_out, serves=HOST_METHODS, calls=BOX_METHODS, handler=serve)
+    async def refused(method: str, code: int, reason: str) -> None:
+        await h.gateway.refused(h.spec, method, code, reason)
+
+    host = Peer(host_in, host_out, serves=HOST_METHODS, calls=BOX_METHODS, handler=serve, on_refusal=refused)
     sneaky_calls = {**HOST_METHODS, "model.request": HOST_METHODS["model.request"]}
     box = Peer(box_in, box_out, serves=BOX_METHODS, calls=sneaky_calls, handler=serve)
     async with anyio.create_task_group() as tg:
@@ -325,7 +328,9 @@ async def test_the_peer_refuses_bad_params_before_the_gateway_runs(h: Harness, p
         tg.cancel_scope.cancel()
     assert caught.value.code == ErrorCode.INVALID_PARAMS
     assert any(item["loc"].startswith(loc) for item in caught.value.data)
-    assert h.fake.requests == [] and h.audit() == []
+    assert h.fake.requests == []  # nothing executed ...
+    (row,) = h.audit()  # ... but the attempt is on the record
+    assert row["verdict"] == "invalid" and row["method"] == "model.request" and loc in row["reason"]
 
 
 # --- discord.send ----------------------------------------------------------------------------------

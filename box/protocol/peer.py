@@ -26,6 +26,7 @@ from box.protocol.models import MethodSpec
 
 Handler = Callable[[str, BaseModel], Awaitable[BaseModel | None]]
 ViolationHook = Callable[[str], None]
+RefusalHook = Callable[[str, int, str], Awaitable[None]]  # (method, error code, reason)
 
 _READ_CHUNK_BYTES = 65_536
 # After EOF, handlers in flight get this long to finish (their own requests now fail fast).
@@ -68,6 +69,7 @@ class Peer:
         handler: Handler,
         on_violation: ViolationHook | None = None,
         stop_after: frozenset[str] = frozenset(),
+        on_refusal: RefusalHook | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         logger: logging.Logger | None = None,
     ) -> None:
@@ -78,6 +80,7 @@ class Peer:
         self._handler = handler
         self._on_violation = on_violation
         self._stop_after = stop_after
+        self._on_refusal = on_refusal
         self._max_line_bytes = max_line_bytes
         self._log = logger or logging.getLogger("impyard.protocol")
         self._ids = itertools.count(1)
@@ -178,6 +181,7 @@ class Peer:
             self._log.warning("unknown method %r refused", method if isinstance(method, str) else type(method))
             if is_request:
                 await self._reply_error(frame_id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {str(method)[:80]}")
+            await self._refused(str(method)[:80], ErrorCode.METHOD_NOT_FOUND, "unknown method")
             return
         raw_params = frame.get("params", {})
         try:
@@ -189,6 +193,7 @@ class Peer:
             self._log.warning("invalid params for %s: %s", method, data)
             if is_request:
                 await self._reply_error(frame_id, ErrorCode.INVALID_PARAMS, f"invalid params for {method}", data)
+            await self._refused(method, ErrorCode.INVALID_PARAMS, "; ".join(f"{d['loc']}: {d['msg']}" for d in data))
             return
         if not is_request:
             await self._notify_handler(method, params)
@@ -196,6 +201,14 @@ class Peer:
         assert self._tg is not None
         self._in_flight += 1  # counted before it starts, so an EOF right after still waits for it
         self._tg.start_soon(self._serve, frame_id, spec, params, name=f"serve {method}#{frame_id}")
+
+    async def _refused(self, method: str, code: int, reason: str) -> None:
+        """Tell the owner a call was refused before any handler saw it (the host audits it)."""
+        if self._on_refusal is not None:
+            try:
+                await self._on_refusal(method, code, reason[:500])
+            except Exception:
+                self._log.exception("recording a refused call failed")
 
     async def _notify_handler(self, method: str, params: BaseModel) -> None:
         try:

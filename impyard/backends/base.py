@@ -122,6 +122,7 @@ class RunningBox:
             calls=BOX_METHODS,
             handler=self._serve,
             on_violation=self._on_violation,
+            on_refusal=self._refused,
             max_line_bytes=max_line_bytes,
             logger=logging.getLogger(f"impyard.box.{spec.imp}"),
         )
@@ -130,6 +131,12 @@ class RunningBox:
 
     async def _serve(self, method: str, params: BaseModel) -> BaseModel | None:
         return await self._host.serve(self.spec, method, params)
+
+    async def _refused(self, method: str, code: int, reason: str) -> None:
+        # A request refused by the schema never reaches the host's handler; the host still records it.
+        record = getattr(self._host, "refused", None)
+        if record is not None:
+            await record(self.spec, method, code, reason)
 
     def _on_violation(self, reason: str) -> None:
         # A box that breaks framing is misbehaving: it is killed, never the supervisor.

@@ -18,6 +18,9 @@ def main(mode: str) -> None:
         if frame.get("method") == "box.init":
             reply(frame["id"], {"protocol": 1, "box": "bad"})
             continue
+        if frame.get("method") == "box.shutdown" and mode == "bad-request":
+            reply(frame["id"], {})
+            return
         if mode == "garbage":
             sys.stdout.write("<html>surprise</html>\n")
             sys.stdout.flush()
@@ -30,6 +33,12 @@ def main(mode: str) -> None:
             sys.stdout.flush()
         elif mode == "extra-field":
             reply(frame["id"], {"outcome": "sent", "message_ids": [], "error": None, "sneaky": True})
+        elif mode == "bad-request":
+            bad = {"jsonrpc": "2.0", "id": "b1", "method": "model.request", "params": {"path": "/v9", "body": {}, "purpose": "reply"}}
+            sys.stdout.write(json.dumps(bad) + "\n")
+            sys.stdout.flush()
+            json.loads(sys.stdin.readline())  # the host's error answer
+            reply(frame["id"], {"outcome": "failed", "message_ids": [], "error": "refused"})
         elif mode == "wrong-type":
             reply(frame["id"], {"outcome": "exploded"})
         time.sleep(0.01)
