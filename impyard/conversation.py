@@ -8,9 +8,10 @@ Messages are content, never commands: framing travels as structured fields.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -67,7 +68,7 @@ RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refus
 
 
 class Typing(Protocol):
-    async def typing(self, channel_id: str, active: bool) -> None: ...
+    async def typing(self, channel_id: str, active: bool) -> None: ...  # optionally also ``*, imp: str``
 
 
 def clean_content(text: str) -> str:
@@ -250,38 +251,57 @@ class Conversations:
             await self._set_typing(key, False)
 
     async def _set_typing(self, key: SessionKey, active: bool) -> None:
-        typing = getattr(self.surface, "typing", None)
-        if typing is not None:
-            try:
-                await typing(key.channel_id, active)
-            except Exception as exc:  # noqa: BLE001
-                log.debug("typing indicator failed in %s: %s", key.channel_id, exc)
+        try:
+            await set_typing(self.surface, key.channel_id, active, key.imp)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("typing indicator failed in %s: %s", key.channel_id, exc)
 
 
 class HistorySurface:
-    """Wraps a surface so the imp's own posts join the channel history (the box sees its side of the talk)."""
+    """Wraps a surface so an imp's own posts join the channel history (the box sees its side of the talk).
 
-    def __init__(self, inner: Surface, history: History, imp: str, imp_user_id: str, clock: Clock) -> None:
+    Every send names its imp (``imp=``), so one wrapper serves a host with several imps;
+    ``default_imp`` covers a caller that does not say (a host with one imp).
+    """
+
+    def __init__(
+        self,
+        inner: Surface,
+        history: History,
+        imp_user_id: Callable[[str], str],
+        clock: Clock,
+        *,
+        default_imp: str = "",
+    ) -> None:
         self.inner = inner
         self.history = history
-        self.imp = imp
         self.imp_user_id = imp_user_id
         self.clock = clock
+        self.default_imp = default_imp
 
     async def send(
         self, channel_id: str, content: str, reply_to: str | None, files: Sequence[object], kind: str, *, imp: str = ""
     ) -> list[str]:
-        ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp or self.imp)  # type: ignore[arg-type]
-        if kind in ("reply", "other") and ids:
+        imp = imp or self.default_imp
+        ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp)  # type: ignore[arg-type]
+        if kind in ("reply", "other") and ids and imp:
             message = Message(
-                id=ids[0], author=Author(id=self.imp_user_id, name=self.imp, bot=True), content=content,
+                id=ids[0], author=Author(id=self.imp_user_id(imp), name=imp, bot=True), content=content,
                 created_at=self.clock.now(),
             )  # fmt: skip
-            await self.history.db.run(lambda: self.history.record(channel_id, message, from_imp=self.imp))
+            await self.history.db.run(lambda: self.history.record(channel_id, message, from_imp=imp))
         return ids
 
-    async def typing(self, channel_id: str, active: bool) -> None:
-        inner = getattr(self.inner, "typing", None)
-        if inner is not None:
-            await inner(channel_id, active)
+    async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:
+        await set_typing(self.inner, channel_id, active, imp or self.default_imp)
 
+
+async def set_typing(surface: object, channel_id: str, active: bool, imp: str) -> None:
+    """Call the surface's optional ``typing``; surfaces with one bot per imp also take ``imp=``."""
+    typing = getattr(surface, "typing", None)
+    if typing is None:
+        return
+    if "imp" in inspect.signature(typing).parameters:
+        await typing(channel_id, active, imp=imp)
+    else:
+        await typing(channel_id, active)

@@ -68,6 +68,7 @@ RATE_WINDOW_S = 60.0
 SEND_ACT = "discord.send"
 
 StageCallback = Callable[[BoxSpec, TurnStageParams], Awaitable[None]]
+GateCallback = Callable[[Gate], Awaitable[None]]  # a gate was opened (the Discord surface posts an approval card)
 
 
 class RateMeter:
@@ -106,6 +107,7 @@ class Gateway:
         owners: Mapping[str, Collection[str]] | None = None,
         staff_channels: Mapping[str, Collection[str]] | None = None,
         on_stage: StageCallback | None = None,
+        on_gate: GateCallback | None = None,
         secrets: Collection[str] | None = None,
     ) -> None:
         self._policy = policy
@@ -118,6 +120,7 @@ class Gateway:
         self.owners = {imp: frozenset(ids) for imp, ids in (owners or {}).items()}
         self.staff_channels = {imp: tuple(ids) for imp, ids in (staff_channels or {}).items()}
         self.on_stage = on_stage
+        self.on_gate = on_gate
         key = self.broker.config.api_key
         self.secrets = sorted({*(secrets if secrets is not None else known_secrets()), *([key] if key else [])})
         self.audit = AuditLog(db, self.clock, self.secrets)
@@ -320,6 +323,7 @@ class Gateway:
                 )
             )
             record.verdict, record.gate_id = "gated", gate.id
+            await self._gate_opened(gate)
             return DiscordSendResult(status="pending", gate_id=gate.id)
         message_ids = await self._send(params, spec.imp, record)
         record.verdict = "allowed"
@@ -342,6 +346,15 @@ class Gateway:
         return ids
 
     # ------------------------------------------------------------ gates
+
+    async def _gate_opened(self, gate: Gate) -> None:
+        """Tell the surface (an approval card); the gate stands in the database whatever happens here."""
+        if self.on_gate is None:
+            return
+        try:
+            await self.on_gate(gate)
+        except Exception:  # noqa: BLE001 - a card that cannot be posted never fails the box's request
+            log.exception("announcing gate %s failed; it waits in `impyard approvals ls`", gate.id)
 
     async def decide(
         self, gate_id: str, approver: Approver, *, approve: bool, note: str = "", execute: bool = True

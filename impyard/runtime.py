@@ -7,7 +7,7 @@ closes every box on every path (design.md §6: graceful shutdown, no box left).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -21,7 +21,7 @@ from impyard.clock import Clock, SystemClock
 from impyard.conversation import Conversations, HistorySurface
 from impyard.db import Database, open_database
 from impyard.gates import Gate
-from impyard.gateway import Gateway
+from impyard.gateway import GateCallback, Gateway
 from impyard.history import History, retention_from_env
 from impyard.imps import ImpConfig, ImpStore
 from impyard.policy import load_policy
@@ -84,7 +84,10 @@ async def open_runtime(
     clock: Clock | None = None,
     backends: dict[str, BoxBackend] | None = None,
     surface_name: str = "terminal",
+    on_gate: GateCallback | None = None,
+    imp_user_ids: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Runtime]:
+    """``on_gate`` hears of every gate opened (approval cards); ``imp_user_ids``: each imp's user id on the surface."""
     clock = clock or SystemClock()
     retention_from_env()  # a bad setting stops here, before anything opens
     store = ImpStore()
@@ -95,13 +98,13 @@ async def open_runtime(
         history = History(db, clock, retention=retention_from_env())
         channels = ChannelStore(db, clock)
         conversations = Conversations(
-            imps=store, configs=configs, history=history, channels=channels, surface=surface, clock=clock
+            imps=store, configs=configs, history=history, channels=channels, surface=surface, clock=clock,
+            imp_user_ids=imp_user_ids,
         )
-        # The imp's own posts join the history, so the box sees its side of the conversation.
-        recorded: Surface = surface
-        if len(configs) == 1:
-            (only,) = configs
-            recorded = HistorySurface(surface, history, only, conversations.imp_user_id(only), clock)
+        # Each imp's own posts join the history, so its box sees its side of the conversation.
+        recorded = HistorySurface(
+            surface, history, conversations.imp_user_id, clock, default_imp=next(iter(configs)) if len(configs) == 1 else ""
+        )
         gateway = Gateway(
             policy=policy,
             db=db,
@@ -111,6 +114,7 @@ async def open_runtime(
             owners={name: cfg.owners for name, cfg in configs.items()},
             staff_channels={name: [cfg.discord.staff_channel] for name, cfg in configs.items() if cfg.discord.staff_channel},
             on_stage=conversations.on_stage,
+            on_gate=on_gate,
         )
         chosen = backends or backends_for(list(configs.values()), backend)
         try:

@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
+from pydantic import BaseModel
 
 from box.protocol import RpcError
 from box.protocol.models import BoxInitParams, DeliverParams, DeliverResult, Framing, HistoryEntry, Message
@@ -188,6 +189,22 @@ class SessionManager:
         self._live.add(session)
         self._tg.start_soon(self._run_session, session, name=f"session {delivery.key}")
         return "started"
+
+    async def notify(self, key: SessionKey, method: str, params: BaseModel) -> bool:
+        """A notification for the live box of ``key`` (ENV-13 ``mailbox.event``); False when none is live.
+
+        Events are not queued and start no box: they only matter to a conversation in progress.
+        """
+        session = self.sessions.get(key)
+        box = session.box if session is not None and not session.closing else None
+        if box is None:
+            return False
+        try:
+            await box.notify(method, params)
+        except BoxError as exc:
+            log.info("session %s: %s not delivered: %s", key, method, exc)
+            return False
+        return True
 
     def _retire(self, session: ChannelSession) -> None:
         """Leave the map; from here on, new messages start a new session."""

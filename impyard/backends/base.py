@@ -173,6 +173,13 @@ class RunningBox:
         assert isinstance(result, TaskRunResult)
         return result
 
+    async def notify(self, method: str, params: BaseModel) -> None:
+        """A notification into the box (``mailbox.event``): no answer; BoxDied when it cannot be written."""
+        try:
+            await self.peer.notify(method, params)
+        except (PeerClosed, ProtocolViolation) as exc:
+            raise BoxDied(self.describe_death(f"{method} could not be delivered: {exc}")) from exc
+
     def describe_death(self, what: str) -> str:
         parts = [what]
         if self.violation:

@@ -14,10 +14,12 @@ from impyard.cli.box import box_group
 from impyard.cli.budget import budget_group
 from impyard.cli.channel import channel_group
 from impyard.cli.chat import chat_command
+from impyard.cli.discord import discord_group
 from impyard.cli.doctor import doctor_command
 from impyard.cli.imp import imp_group
 from impyard.cli.policy import policy_group
 from impyard.cli.schedule import schedule_group
+from impyard.cli.serve import serve_command
 from impyard.cli.supervise import supervise_command
 from impyard.cli.task import task_group
 
@@ -51,6 +53,8 @@ cli.add_command(budget_group)
 cli.add_command(task_group)
 cli.add_command(schedule_group)
 cli.add_command(supervise_command)
+cli.add_command(serve_command)
+cli.add_command(discord_group)
 
 
 def main() -> None:

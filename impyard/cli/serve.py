@@ -1,0 +1,69 @@
+"""``impyard serve``: the imps on Discord (and, with ``--supervise``, their scheduled work) in one process."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import click
+
+from impyard.backends import BoxError
+from impyard.broker import UpstreamConfig
+from impyard.cli.errors import CliError
+from impyard.db import DatabaseError
+from impyard.imps import ImpError
+from impyard.instance import AlreadyRunning
+from impyard.policy import PolicyError
+
+NO_KEY = (
+    "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
+    "OPENAI_BASE_URL=http://host:port/v1), then run impyard serve again"
+)
+HOST_LOGGERS = ("impyard.serve", "impyard.discord", "impyard.posts", "impyard.supervisor", "impyard.tasks")
+
+
+def configure_logs(as_json: bool) -> None:
+    """What serve reports is the point of its output: INFO for the host's own loggers; JSON lines on request."""
+    from impyard.discord.serve import JsonLogFormatter
+
+    for name in HOST_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+    if as_json:
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLogFormatter())
+
+
+@click.command("serve")
+@click.argument("imps", nargs=-1)
+@click.option("--supervise", is_flag=True, help="Also run queued and scheduled tasks (what `impyard supervise` does).")
+@click.option(
+    "--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
+    help="Override the imps' [box] backend (process has no lockdown).",
+)  # fmt: skip
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line (ts, level, logger, message).")
+def serve_command(imps: tuple[str, ...], supervise: bool, backend: str | None, log_json: bool) -> None:
+    """Run the imps' Discord bots: chat in channels and DMs, slash commands, approval cards.
+
+    \b
+    With no IMP, every imp whose Discord token is set is served (one bot each).
+    One host per IMPYARD_HOME; SIGINT or SIGTERM stops it cleanly (running turns
+    finish, every box is closed). The walkthrough is docs/discord.md.
+    Example:
+      export OPENAI_API_KEY=sk-...
+      export IMPYARD_DISCORD_TOKEN_PIP=...
+      impyard serve pip --supervise
+    """
+    from impyard.discord.client import DiscordSetupError
+    from impyard.discord.serve import serve
+
+    if not UpstreamConfig.from_env().api_key:
+        raise CliError(NO_KEY)
+    configure_logs(log_json)
+    try:
+        anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise))
+    except (DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, ValueError) as exc:
+        raise CliError(str(exc).splitlines()[0]) from exc
+    except KeyboardInterrupt:
+        pass

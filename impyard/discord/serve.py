@@ -1,0 +1,409 @@
+"""``impyard serve``: every configured imp's Discord bot, the session manager and the gateway in one process.
+
+Start, in order, so that nothing runs when something is wrong: the instance lock (one host per
+``IMPYARD_HOME``), the imps and their tokens (read on the host; a missing or rejected token stops
+here with the fix), login (REST only), the runtime (policy, database, gateway, sessions, the gate
+pump), then each bot's gateway connection. Inbound messages queue per imp and are routed in arrival
+order by one worker per imp, owned by this host's task group. With ``--supervise`` the task loop of
+``impyard supervise`` runs here too, posting through the same bots (its ``task:<imp>`` log goes to
+the log). Shutdown (SIGINT/SIGTERM, or a bot's connection failing for good): running turns get
+their grace, every box is closed, the bots disconnect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import discord
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from box.protocol.models import MailboxEventParams
+from impyard.audit import REDACTED
+from impyard.backends import BoxBackend
+from impyard.clock import Clock
+from impyard.discord.approval_cards import ApprovalCards
+from impyard.discord.client import DiscordSettings, DiscordSetupError, ImpClient
+from impyard.discord.commands import CommandHost
+from impyard.discord.inbound import bot_role_ids, skip_reason, to_inbound
+from impyard.discord.surface import DiscordSurface
+from impyard.imps import ImpConfig, ImpStore
+from impyard.instance import InstanceLock
+from impyard.paths import home
+from impyard.runtime import Runtime, open_runtime
+from impyard.sessions import SessionKey
+from impyard.supervisor import SupervisorSettings, open_supervisor
+
+log = logging.getLogger("impyard.serve")
+
+READY_TIMEOUT_S = 60.0  # login is done by then: this is the gateway handshake and the guild list
+SUPERVISOR_STOP_S = 30.0  # the task loop's own grace (10 s by default) and then some
+INBOUND_QUEUE = 1_000  # per imp; a message beyond it is dropped with a warning (Discord keeps it)
+
+
+@dataclass(frozen=True)
+class ReactionsCleared:
+    channel_id: int
+    message_id: int
+    emoji: list[str]
+
+
+HostEvent = discord.Message | ReactionsCleared  # what a bot hands its imp's inbound worker
+
+
+# ------------------------------------------------------------------ which imps
+
+
+def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
+    """The named imps; else every imp whose token is set (the others are skipped, with a note)."""
+    if names:
+        return [store.get(name) for name in dict.fromkeys(names)]
+    configs = store.list()
+    if not configs:
+        raise DiscordSetupError("there are no imps yet: `impyard imp add pip`, give it a bot token (docs/discord.md)")
+    chosen = []
+    for config in configs:
+        status = store.token_status(config)
+        if status.is_set:
+            chosen.append(config)
+        else:
+            log.info("imp %s has no Discord token (%s); not serving it", config.name, status.source)
+    if not chosen:
+        sources = ", ".join(f"{c.name}: {store.token_status(c).source}" for c in configs)
+        raise DiscordSetupError(f"no imp has a Discord token ({sources}): set one (docs/discord.md), then run impyard serve")
+    return chosen
+
+
+async def login_all(store: ImpStore, configs: Sequence[ImpConfig], settings: DiscordSettings) -> dict[str, ImpClient]:
+    """Log every imp's bot in (REST only); on any failure, close the ones already in and raise."""
+    clients: dict[str, ImpClient] = {}
+    try:
+        for config in configs:
+            client = ImpClient(config, settings)
+            clients[config.name] = client
+            await client.login_checked(store.discord_token(config), config.token_source())
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            for client in clients.values():
+                await client.close()
+        raise
+    return clients
+
+
+# ------------------------------------------------------------------ logs
+
+
+class RedactTokens(logging.Filter):
+    """A second line of defence: no log line carries a bot token, whatever logged it."""
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        super().__init__()
+        self.secrets = [secret for secret in secrets if len(secret) >= 8]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if any(secret in text for secret in self.secrets):
+            for secret in self.secrets:
+                text = text.replace(secret, REDACTED)
+            record.msg, record.args = text, ()
+        return True
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+@asynccontextmanager
+async def redacted_logs(secrets: Sequence[str]) -> AsyncIterator[None]:
+    handlers = list(logging.getLogger().handlers)
+    guard = RedactTokens(secrets)
+    for handler in handlers:
+        handler.addFilter(guard)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(guard)
+
+
+# ------------------------------------------------------------------ the host
+
+
+@dataclass(eq=False)
+class DiscordHost:
+    runtime: Runtime
+    clients: dict[str, ImpClient]
+    surface: DiscordSurface
+    cards: ApprovalCards
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    failure: str | None = None
+    _queues: dict[str, MemoryObjectSendStream[HostEvent]] = field(default_factory=dict)
+    _ready: dict[str, anyio.Event] = field(default_factory=dict)
+    _closing: bool = False
+
+    # ------------------------------------------------------------ the Bridge (called by the clients)
+
+    def ready(self, client: ImpClient) -> None:
+        guilds = ", ".join(f"{g.name} ({g.id})" for g in client.guilds) or "none yet: invite the bot (docs/discord.md)"
+        log.info("imp %s is on Discord as %s; servers: %s", client.imp, client.user, guilds)
+        self._ready[client.imp].set()
+
+    def message(self, client: ImpClient, message: discord.Message) -> None:
+        self._queue(client, message)
+
+    def reactions_cleared(self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]) -> None:
+        self._queue(client, ReactionsCleared(channel_id, message_id, emoji))
+
+    def _queue(self, client: ImpClient, item: HostEvent) -> None:
+        queue = self._queues.get(client.imp)
+        if queue is None:
+            return
+        try:
+            queue.send_nowait(item)
+        except anyio.WouldBlock:
+            log.warning("imp %s: %d events waiting; dropped one (Discord keeps the message)", client.imp, INBOUND_QUEUE)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # shutting down
+
+    # ------------------------------------------------------------ workers
+
+    async def route_inbound(self, client: ImpClient, queue: MemoryObjectReceiveStream[HostEvent]) -> None:
+        """One imp's events, in arrival order: a message through the pipeline; a reaction clear to its live box."""
+        async with queue:
+            async for item in queue:
+                try:
+                    if isinstance(item, ReactionsCleared):
+                        await self._forward_reactions_cleared(client, item)
+                    else:
+                        await self._receive(client, item)
+                except Exception:  # noqa: BLE001 - one bad message never stops the imp's inbound
+                    log.exception("imp %s: routing an inbound event failed", client.imp)
+
+    async def _receive(self, client: ImpClient, message: discord.Message) -> None:
+        assert client.user is not None
+        skipped = skip_reason(message, client.user.id)
+        if skipped is not None:
+            log.debug("imp %s: message %s skipped (%s)", client.imp, message.id, skipped)
+            return
+        started = time.perf_counter()
+        inbound = await to_inbound(
+            message,
+            bot_user_id=client.user.id,
+            bot_role_ids=bot_role_ids(message),
+            imp_user_ids={c.user.id for c in self.clients.values() if c.user is not None},
+        )
+        outcome = await self.runtime.conversations.receive(client.imp, inbound)
+        log.info(
+            "inbound imp=%s channel=%s message=%s kind=%s outcome=%s attachments=%d ms=%.1f",
+            client.imp, inbound.channel_id, message.id, inbound.channel_kind, outcome,
+            len(inbound.message.attachments), (time.perf_counter() - started) * 1000,
+        )  # fmt: skip
+
+    async def _forward_reactions_cleared(self, client: ImpClient, event: ReactionsCleared) -> None:
+        params = MailboxEventParams(
+            kind="reaction_clear", channel_id=str(event.channel_id), message_id=str(event.message_id),
+            reactions=[e[:100] for e in event.emoji[:100]], at=self.runtime.gateway.clock.now(),
+        )  # fmt: skip
+        delivered = await self.runtime.sessions.notify(
+            SessionKey(client.imp, str(event.channel_id)), "mailbox.event", params
+        )
+        log.info("reaction clear imp=%s channel=%s message=%s delivered=%s", client.imp, event.channel_id, event.message_id, delivered)
+
+    async def keep_connected(self, client: ImpClient) -> None:
+        """The bot's gateway connection (discord.py reconnects and resumes by itself); a fatal end stops the host."""
+        try:
+            await client.connect(reconnect=True)
+        except discord.PrivilegedIntentsRequired:
+            self._fail(
+                f"Discord refused the intents of imp {client.imp}: turn on Message Content Intent at "
+                "https://discord.com/developers/applications → your app → Bot → Privileged Gateway Intents"
+            )
+        except (discord.ConnectionClosed, discord.GatewayNotFound, discord.HTTPException, OSError) as exc:
+            self._fail(f"imp {client.imp}: the Discord gateway connection failed: {exc}")
+        else:
+            if not self._closing:
+                self._fail(f"imp {client.imp}: the Discord gateway connection ended")
+
+    def _fail(self, why: str) -> None:
+        log.error("%s; stopping", why)
+        self.failure = self.failure or why
+        for event in self._ready.values():
+            event.set()
+        self.stop.set()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        try:
+            with anyio.fail_after(timeout_s):
+                for event in self._ready.values():
+                    await event.wait()
+        except TimeoutError:
+            self._fail(f"the Discord gateway did not get ready within {timeout_s:g} s")
+        if self.failure is not None:
+            raise DiscordSetupError(self.failure)
+
+    async def close(self) -> None:
+        """Graceful: running turns finish (their grace), boxes close, typing stops, the bots disconnect."""
+        self._closing = True
+        await self.runtime.sessions.shutdown()
+        await self.surface.aclose()
+        for client in self.clients.values():
+            await client.close()
+
+
+def only_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The one exception inside nested task-group wrappers (so callers see a DiscordSetupError), else the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+@asynccontextmanager
+async def open_discord_host(
+    imp_names: Sequence[str] | None = None, **options: Any
+) -> AsyncIterator[DiscordHost]:
+    """Everything ``impyard serve`` runs, connected and ready; closed (gracefully) when the block ends.
+
+    Options: ``backend``, ``clock``, ``backends`` (imp → BoxBackend, for tests), ``settings``
+    (DiscordSettings), ``supervise``, ``supervisor_settings``, ``lock``, ``ready_timeout_s``.
+    """
+    try:
+        async with _open_discord_host(imp_names, **options) as host:
+            yield host
+    except BaseExceptionGroup as group:
+        raise only_error(group) from None
+
+
+@asynccontextmanager
+async def _open_discord_host(
+    imp_names: Sequence[str] | None = None,
+    *,
+    backend: str | None = None,
+    clock: Clock | None = None,
+    backends: Mapping[str, BoxBackend] | None = None,
+    settings: DiscordSettings | None = None,
+    supervise: bool = False,
+    supervisor_settings: SupervisorSettings | None = None,
+    lock: bool = True,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> AsyncIterator[DiscordHost]:
+    settings = settings or DiscordSettings.from_env()
+    settings.apply()
+    store = ImpStore()
+    configs = pick_imps(store, imp_names)
+    with InstanceLock(home(), "serve") if lock else nullcontext():
+        tokens = [token for config in configs if (token := store.discord_token(config))]
+        async with redacted_logs(tokens):
+            clients = await login_all(store, configs, settings)
+            try:
+                await next(iter(clients.values())).point_gateway()
+                surface = DiscordSurface(clients)
+                cards = ApprovalCards(clients, {c.name: c for c in configs})
+                user_ids = {imp: str(client.user.id) for imp, client in clients.items() if client.user is not None}
+                async with open_runtime(
+                    list(clients), surface, backend=backend, clock=clock, backends=dict(backends) if backends else None,
+                    surface_name="discord", on_gate=cards.gate_opened, imp_user_ids=user_ids,
+                ) as runtime:  # fmt: skip
+                    cards.bind(runtime.gateway)
+                    host = DiscordHost(runtime, clients, surface, cards)
+                    command_host = CommandHost(runtime.channels, runtime.gateway, {c.name: c for c in configs}, cards)
+                    async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
+                        tg.start_soon(cards.run, name="approval cards")
+                        for imp, client in clients.items():
+                            send, receive = anyio.create_memory_object_stream[HostEvent](INBOUND_QUEUE)
+                            host._queues[imp] = send
+                            host._ready[imp] = anyio.Event()
+                            client.host, client.cards, client.bridge = command_host, cards, host
+                            tg.start_soon(host.route_inbound, client, receive, name=f"inbound {imp}")
+                            tg.start_soon(host.keep_connected, client, name=f"discord {imp}")
+                        await host.wait_ready(ready_timeout_s)
+                        supervisor_stop = anyio.Event()
+                        supervisor_done = anyio.Event()
+                        if supervise:
+                            supervisor = await stack.enter_async_context(
+                                open_supervisor(surface=surface, clock=clock, backend=backend, settings=supervisor_settings)
+                            )
+                            supervisor.gateway.on_gate = cards.gate_opened
+
+                            async def run_supervisor() -> None:
+                                try:
+                                    await supervisor.run(stop=supervisor_stop)
+                                finally:
+                                    supervisor_done.set()
+
+                            tg.start_soon(run_supervisor, name="supervisor")
+                        else:
+                            supervisor_done.set()
+                        log.info("serving %s on Discord%s", ", ".join(clients), " with the task supervisor" if supervise else "")
+                        try:
+                            yield host
+                        finally:
+                            try:
+                                with anyio.CancelScope(shield=True):
+                                    supervisor_stop.set()  # it gives its running tasks their own grace
+                                    with anyio.move_on_after(SUPERVISOR_STOP_S):
+                                        await supervisor_done.wait()
+                                    await host.close()
+                            finally:
+                                tg.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for client in clients.values():
+                        await client.close()
+
+
+async def serve(
+    imp_names: Sequence[str] | None = None,
+    *,
+    stop: anyio.Event | None = None,
+    handle_signals: bool = True,
+    **options: Any,
+) -> None:
+    """Run until SIGINT/SIGTERM (or ``stop``); raises DiscordSetupError when a bot cannot start or stay up."""
+    async with open_discord_host(imp_names, **options) as host:
+        try:
+            async with anyio.create_task_group() as tg:
+                if stop is not None:
+
+                    async def relay() -> None:
+                        await stop.wait()
+                        host.stop.set()
+
+                    tg.start_soon(relay)
+                if handle_signals:
+                    tg.start_soon(_watch_signals, host.stop)
+                await host.stop.wait()
+                log.info("stopping: running turns get their grace, then every box is closed")
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise only_error(group) from None
+    if host.failure is not None:
+        raise DiscordSetupError(host.failure)
+    log.info("stopped")
+
+
+async def _watch_signals(stop: anyio.Event) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.warning("%s received", signal.Signals(signum).name)
+            stop.set()
+            return
