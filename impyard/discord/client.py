@@ -122,7 +122,7 @@ class ImpClient(discord.Client):
         if not token:
             raise DiscordSetupError(
                 f"imp {self.imp} has no Discord token ({source} is not set): create a bot at {PORTAL}, copy its token, "
-                f"then set it (see docs/discord.md)"
+                f"then set it (see the README, section Discord)"
             )
         try:
             await self.login(token)

@@ -68,7 +68,7 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
         return [store.get(name) for name in dict.fromkeys(names)]
     configs = store.list()
     if not configs:
-        raise DiscordSetupError("there are no imps yet: `impyard imp add pip`, give it a bot token (docs/discord.md)")
+        raise DiscordSetupError("there are no imps yet: `impyard imp add pip`, give it a bot token (the README, section Discord)")
     chosen = []
     for config in configs:
         status = store.token_status(config)
@@ -78,7 +78,7 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
             log.info("imp %s has no Discord token (%s); not serving it", config.name, status.source)
     if not chosen:
         sources = ", ".join(f"{c.name}: {store.token_status(c).source}" for c in configs)
-        raise DiscordSetupError(f"no imp has a Discord token ({sources}): set one (docs/discord.md), then run impyard serve")
+        raise DiscordSetupError(f"no imp has a Discord token ({sources}): set one (the README, section Discord), then run impyard serve")
     return chosen
 
 
@@ -163,7 +163,7 @@ class DiscordHost:
     # ------------------------------------------------------------ the Bridge (called by the clients)
 
     def ready(self, client: ImpClient) -> None:
-        guilds = ", ".join(f"{g.name} ({g.id})" for g in client.guilds) or "none yet: invite the bot (docs/discord.md)"
+        guilds = ", ".join(f"{g.name} ({g.id})" for g in client.guilds) or "none yet: invite the bot (the README, section Discord)"
         log.info("imp %s is on Discord as %s; servers: %s", client.imp, client.user, guilds)
         self._ready[client.imp].set()
 
