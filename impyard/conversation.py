@@ -8,7 +8,6 @@ Messages are content, never commands: framing travels as structured fields.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
@@ -68,7 +67,7 @@ RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refus
 
 
 class Typing(Protocol):
-    async def typing(self, channel_id: str, active: bool) -> None: ...  # optionally also ``*, imp: str``
+    async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None: ...  # as that imp's bot
 
 
 def clean_content(text: str) -> str:
@@ -297,11 +296,7 @@ class HistorySurface:
 
 
 async def set_typing(surface: object, channel_id: str, active: bool, imp: str) -> None:
-    """Call the surface's optional ``typing``; surfaces with one bot per imp also take ``imp=``."""
+    """Call the surface's optional ``typing`` (the ``Typing`` protocol) as ``imp``."""
     typing = getattr(surface, "typing", None)
-    if typing is None:
-        return
-    if "imp" in inspect.signature(typing).parameters:
+    if typing is not None:
         await typing(channel_id, active, imp=imp)
-    else:
-        await typing(channel_id, active)

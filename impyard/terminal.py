@@ -50,7 +50,7 @@ class ChatSurface:
         self._write("\r" + "\n".join(lines) + "\n")
         return [f"term-{uuid.uuid4().hex[:12]}"]
 
-    async def typing(self, channel_id: str, active: bool) -> None:
+    async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:
         if active:
             self._write(f"\r({self.imp} is typing…)\n")
 

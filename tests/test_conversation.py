@@ -254,7 +254,7 @@ class TypingSurface(RecordingSurface):
         super().__init__()
         self.typing_calls: list[tuple[str, bool]] = []
 
-    async def typing(self, channel_id: str, active: bool) -> None:
+    async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:
         self.typing_calls.append((channel_id, active))
 
 
