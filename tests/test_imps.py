@@ -13,17 +13,8 @@ from pydantic import BaseModel
 
 from box.protocol.models import ImpSpec
 from impyard.cli import cli
-from impyard.imps import (
-    ImpConfig,
-    ImpConfigError,
-    ImpExists,
-    ImpNameError,
-    ImpNotFound,
-    ImpStore,
-    default_token_env,
-    parse_config,
-    render_config,
-)
+from impyard.imp_config import default_token_env, parse_config, render_config
+from impyard.imps import ImpConfig, ImpConfigError, ImpExists, ImpNameError, ImpNotFound, ImpStore
 
 SECRET = "MTIzNDU2Nzg5MDEy.Gabcde.super-secret-token-value"
 

@@ -12,15 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from impyard.cli.errors import CliError
-from impyard.imps import (
-    MAX_PERSONA_CHARS,
-    ImpConfig,
-    ImpError,
-    ImpStore,
-    PersonaStatus,
-    TokenStatus,
-    toml_value,
-)
+from impyard.imp_config import MAX_PERSONA_CHARS, ImpConfig, ImpError, toml_value
+from impyard.imps import ImpStore, PersonaStatus, TokenStatus
 
 PERSONA_PREVIEW_LINES = 5
 SECTIONS = ("model", "memory", "discord", "box", "sessions")
