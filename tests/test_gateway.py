@@ -11,7 +11,6 @@ import http.server
 import json
 import logging
 import os
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,6 +42,7 @@ from impyard.policy import Policy, build_policy, default_policy_path, load_polic
 from impyard.surfaces import RecordingSurface
 from impyard.trust import ChannelInfo, DbChannelTrust
 from tests.fakes.openai_server import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
+from tests.fakes.web import local_site
 from tests.pipes import byte_pipe
 from tests.scripted import NOW, deliver_params, init_params
 
@@ -471,13 +471,8 @@ class _Page(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def site() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with local_site(_Page) as address:
+        yield address
 
 
 FETCH_LOOPBACK = (

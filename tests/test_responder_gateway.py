@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import http.server
 import json
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -40,6 +39,7 @@ from tests.fakes.openai_server import (
     refusal,
     tool_call,
 )
+from tests.fakes.web import local_site
 from tests.scripted import NOW, deliver_params, init_params
 
 pytestmark = pytest.mark.anyio
@@ -348,13 +348,8 @@ class _Page(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def site() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with local_site(_Page) as address:
+        yield address
 
 
 async def test_web_fetch_goes_through_the_hosts_egress_policy(rig: Rig, site: str) -> None:
