@@ -12,6 +12,7 @@ import pytest
 from impyard.backends import BoxStartError
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.process import ProcessBackend
+from impyard.db import Database, open_database
 
 
 @pytest.fixture
@@ -28,6 +29,14 @@ def impyard_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         if name in ("OPENAI_API_KEY", "OPENAI_BASE_URL") or name.startswith("IMPYARD_DISCORD_TOKEN"):
             monkeypatch.delenv(name)
     return home
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    """A fresh, migrated host database for store tests."""
+    database = open_database(tmp_path / "impyard.db")
+    yield database
+    database.close()
 
 
 @pytest.fixture(scope="session")

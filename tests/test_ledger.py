@@ -47,13 +47,6 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Database:
-    database = open_database(tmp_path / "impyard.db")
-    yield database  # type: ignore[misc]
-    database.close()
-
-
-@pytest.fixture
 def ledger(db: Database, clock: FixedClock) -> Ledger:
     return Ledger(db, POLICY, clock)
 

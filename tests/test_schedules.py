@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
+from impyard.db import Database
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.imps import ImpNotFound, ImpStore
 from impyard.schedules import (
@@ -198,13 +198,6 @@ def test_all_is_bounded_after_a_very_long_downtime() -> None:
 @pytest.fixture
 def clock() -> FixedClock:
     return FixedClock(T0)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Database:
-    database = open_database(tmp_path / "impyard.db")
-    yield database  # type: ignore[misc]
-    database.close()
 
 
 @pytest.fixture

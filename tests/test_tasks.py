@@ -10,7 +10,7 @@ import pytest
 
 from impyard.audit import AuditLog, AuditRecord
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
+from impyard.db import Database
 from impyard.gates import Approver, Gate, GateStore
 from impyard.imps import ImpNameError, ImpNotFound, ImpStore
 from impyard.ledger import ALL_IMPS, BudgetRow
@@ -38,13 +38,6 @@ NOW = datetime(2026, 4, 10, 12, 0, tzinfo=UTC)
 @pytest.fixture
 def clock() -> FixedClock:
     return FixedClock(NOW)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Database:
-    database = open_database(tmp_path / "impyard.db")
-    yield database  # type: ignore[misc]
-    database.close()
 
 
 @pytest.fixture

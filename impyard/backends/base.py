@@ -86,8 +86,6 @@ class RefuseAllHost:
     """A host that answers every request with a denial; for boxes that must not act (``box check``)."""
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
-        from box.protocol import ErrorCode, RpcError
-
         if HOST_METHODS[method].is_notification:
             return None
         raise RpcError(ErrorCode.DENIED, "denied: this box may not act", {"rule": "refuse-all", "reason": "probe"})
