@@ -26,9 +26,11 @@ from box.protocol import (
     BOX_METHODS,
     DEFAULT_MAX_LINE_BYTES,
     HOST_METHODS,
+    ErrorCode,
     Peer,
     PeerClosed,
     ProtocolViolation,
+    RpcError,
 )
 from box.protocol.codec import LineTooLong, NdjsonDecoder
 from box.protocol.models import (
