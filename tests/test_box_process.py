@@ -176,3 +176,14 @@ async def test_a_request_the_protocol_refuses_is_still_reported_to_the_host(tmp_
     ((method, code, reason),) = host.refusals
     assert (method, code) == ("model.request", ErrorCode.INVALID_PARAMS) and "path" in reason
     assert [m for m, _ in host.calls if m == "model.request"] == []  # the handler never ran
+
+
+async def test_the_refuse_all_host_denies_every_request_and_ignores_notifications(tmp_path: Path) -> None:
+    from box.protocol.models import ModelRequestParams, TurnStageParams
+    from impyard.backends import RefuseAllHost
+
+    host = RefuseAllHost()
+    with pytest.raises(RpcError) as caught:
+        await host.serve(spec(tmp_path), "model.request", ModelRequestParams(path="/embeddings", body={}, purpose="embedding"))
+    assert caught.value.code == ErrorCode.DENIED and caught.value.data["rule"] == "refuse-all"
+    assert await host.serve(spec(tmp_path), "turn.stage", TurnStageParams(message_id="m", stage="post")) is None
