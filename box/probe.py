@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 import sys
 import tempfile
@@ -62,6 +63,12 @@ def _can_route_out() -> bool:
     return True
 
 
+def _file_size_limit() -> int | None:
+    """The largest file this box may write (RLIMIT_FSIZE), in bytes; None when unlimited."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def observe(state_dir: Path) -> dict[str, ReportValue]:
     try:
         interfaces = ",".join(sorted(os.listdir("/sys/class/net")))
@@ -81,6 +88,7 @@ def observe(state_dir: Path) -> dict[str, ReportValue]:
         "state_writable": state_dir.is_dir() and _writable(str(state_dir)),
         "cap_eff": int(cap_eff, 16) if cap_eff else None,
         "no_new_privs": int(no_new_privs) if no_new_privs else None,
+        "file_size_limit": _file_size_limit(),
     }
     for name, paths in _CGROUP_FILES.items():
         report[name] = _read_first(*paths)

@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database
@@ -21,22 +22,54 @@ MIN_SECRET_CHARS = 8  # shorter "secrets" would redact ordinary words
 MAX_FIELD_CHARS = 2_000
 SECRET_ENV_NAMES = ("OPENAI_API_KEY",)
 SECRET_ENV_PREFIXES = ("IMPYARD_DISCORD_TOKEN",)
+SECRET_URL_ENV_NAMES = ("OPENAI_BASE_URL",)  # their userinfo and query values are credentials (issue 11 #9)
 
 Verdict = str  # allowed | denied | rate_limited | budget_exhausted | unreachable | gated | error | <gate state>
 
 
 def known_secrets(environ: dict[str, str] | None = None) -> list[str]:
-    """The credentials this host holds: the model key and any Discord tokens."""
+    """The credentials this host holds: the model key, any Discord tokens, and the model base URL's
+    userinfo and query values (a proxy's ``user:password@``, a ``?key=``)."""
     env = os.environ if environ is None else environ
-    return [
+    found = [
         value
         for name, value in env.items()
         if (name in SECRET_ENV_NAMES or name.startswith(SECRET_ENV_PREFIXES)) and len(value) >= MIN_SECRET_CHARS
     ]
+    for name in SECRET_URL_ENV_NAMES:
+        found += url_secrets(env.get(name) or "")
+    return found
+
+
+def url_secrets(url: str) -> list[str]:
+    """A URL's userinfo and query values, raw and decoded, as ``redact`` should know them (short ones skipped)."""
+    try:
+        parts = urlsplit(url)
+        username, password = parts.username, parts.password
+    except ValueError:
+        return [url] if len(url) >= MIN_SECRET_CHARS else []
+    userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    values = [userinfo, username or "", password or "", unquote(username or ""), unquote(password or "")]
+    values += [parts.query] + [value for _key, value in parse_qsl(parts.query, keep_blank_values=True)]
+    values += [raw.partition("=")[2] for raw in parts.query.split("&")]
+    # longest first, so "user:password" is replaced whole before its parts
+    return sorted({value for value in values if len(value) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+
+
+def redact_url(url: str) -> str:
+    """A URL as it may be shown: userinfo and query values replaced by [redacted], no fragment."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{REDACTED}@{host}" if "@" in parts.netloc else host
+    query = "&".join(f"{raw.partition('=')[0]}={REDACTED}" for raw in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
+    for secret in sorted(secrets, key=len, reverse=True):  # a longer secret before any secret inside it
         if secret and len(secret) >= MIN_SECRET_CHARS and secret in text:
             text = text.replace(secret, REDACTED)
     return text

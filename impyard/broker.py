@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import anyio
 
@@ -23,6 +24,7 @@ try:  # the HTTP client the openai SDK ships with (httpx, published as httpx2 in
 except ImportError:  # pragma: no cover - depends on the installed openai
     import httpx  # type: ignore[no-redef]
 
+from impyard.audit import redact, redact_url, url_secrets
 from impyard.policy_models import UpstreamSettings
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -45,9 +47,11 @@ class UpstreamUnreachable(Exception):
 
 @dataclass(frozen=True)
 class UpstreamConfig:
-    """Where the model API is and the key for it. The key never leaves the host process."""
+    """Where the model API is and the key for it. The key never leaves the host process, and neither do
+    the credentials a base URL may carry (``http://user:password@proxy/v1?key=…``, issue 11 #9): messages
+    show ``display_url``, requests go to ``endpoint`` with the userinfo as an auth header."""
 
-    base_url: str = OPENAI_DEFAULT_BASE_URL
+    base_url: str = field(default=OPENAI_DEFAULT_BASE_URL, repr=False)
     api_key: str | None = field(default=None, repr=False)
 
     @classmethod
@@ -57,6 +61,38 @@ class UpstreamConfig:
             base_url=(env.get("OPENAI_BASE_URL") or OPENAI_DEFAULT_BASE_URL).rstrip("/"),
             api_key=env.get("OPENAI_API_KEY") or None,
         )
+
+    def __repr__(self) -> str:
+        return f"UpstreamConfig(base_url={self.display_url!r}, api_key={'set' if self.api_key else None})"
+
+    @property
+    def display_url(self) -> str:
+        """The base URL as it may be shown: userinfo and query values replaced by [redacted]."""
+        return redact_url(self.base_url)
+
+    @property
+    def secrets(self) -> list[str]:
+        """Everything of this config that must never be shown: the key, the URL's userinfo and query."""
+        return [*([self.api_key] if self.api_key else []), *url_secrets(self.base_url)]
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL without userinfo, query or fragment: what request paths are appended to."""
+        parts = urlsplit(self.base_url)
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+
+    @property
+    def query(self) -> str:
+        return urlsplit(self.base_url).query
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        """The base URL's userinfo, sent as HTTP Basic auth (as the HTTP client did with it in the URL)."""
+        parts = urlsplit(self.base_url)
+        if parts.username is None and parts.password is None:
+            return None
+        return unquote(parts.username or ""), unquote(parts.password or "")
 
 
 @dataclass(frozen=True)
@@ -121,15 +157,18 @@ class ModelBroker:
             "Accept": "application/json",
             PURPOSE_HEADER: purpose,
         }
-        url = self.config.base_url + path
+        # No credentials in the URL itself: the HTTP client logs request URLs (issue 11 #9).
+        url = self.config.endpoint + path + (f"?{self.config.query}" if self.config.query else "")
+        credentials = self.config.credentials
+        auth = httpx.BasicAuth(*credentials) if credentials else None
         try:
             with anyio.fail_after(self.settings.timeout_s):  # a whole-call bound; httpx's are per read
-                async with self._http().stream("POST", url, content=body, headers=headers) as response:
+                async with self._http().stream("POST", url, content=body, headers=headers, auth=auth) as response:
                     raw = await self._read_bounded(response)
                     status = response.status_code
                     selected = {name: response.headers[name] for name in SELECTED_HEADERS if name in response.headers}
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise UpstreamUnreachable(f"cannot connect to the model API at {self.config.base_url}: {type(exc).__name__}", sent=False) from exc
+            raise UpstreamUnreachable(f"cannot connect to the model API at {self.config.display_url}: {type(exc).__name__}", sent=False) from exc
         except TimeoutError as exc:
             raise UpstreamUnreachable(f"the model API did not answer within {self.settings.timeout_s:g} s", sent=True) from exc
         except ResponseTooLarge as exc:
@@ -153,6 +192,7 @@ class ModelBroker:
         text = raw.decode("utf-8", errors="replace")
         if self.config.api_key and self.config.api_key in text:  # never hand the key to the box, even if echoed
             text = text.replace(self.config.api_key, "[redacted]")
+        text = redact(text, self.config.secrets)  # nor the base URL's credentials (issue 11 #9)
         try:
             return json.loads(text) if text.strip() else None
         except ValueError:

@@ -253,6 +253,21 @@ MIGRATIONS: list[Migration] = [
         CREATE INDEX schedules_due ON schedules (paused, next_run);
         """,
     ),
+    Migration(
+        4,
+        "gates: the guild of the target channel, for the approver policy",
+        """
+        -- Admins of the guild a message would be posted in decide it, not those of the session's guild (issue 11 #5).
+        ALTER TABLE gates ADD COLUMN target_guild TEXT;   -- NULL: not known to the host (no guild admin may decide)
+        UPDATE gates SET target_guild = origin_guild WHERE target = session_channel;
+        -- Approvals of sends to other channels may have come from admins of the wrong guild: earned trust starts over.
+        UPDATE earned_trust SET clean_approvals = 0 WHERE EXISTS (
+            SELECT 1 FROM gates WHERE gates.imp = earned_trust.imp AND gates.act = earned_trust.act
+              AND gates.target = earned_trust.target AND gates.target != gates.session_channel
+              AND gates.decided_by LIKE 'user:%'
+        );
+        """,
+    ),
 ]
 
 

@@ -6,6 +6,12 @@ private, link-local, multicast or reserved), and the request connects to that
 very address (Host header and TLS SNI keep the name), so a DNS answer cannot
 change between the check and the connection. Redirects are not followed: the
 box gets the status and the location, and a fetch of that URL is judged anew.
+
+HTML is turned into text in a worker process, never on the event loop (issue 11 #7):
+``html.parser`` takes time quadratic in some hostile markup (seconds to hours per
+page). At most ``MAX_HTML_CHARS`` of a page are parsed (the rest is cut, and the
+answer says ``truncated``), and a parse still running after ``EXTRACT_TIMEOUT_S``
+is killed with its process and refused with that reason (``TextRefused``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from html.parser import HTMLParser
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import anyio
+import anyio.to_process
 
 from impyard.broker import httpx
 from impyard.policy_models import HttpSettings
@@ -25,10 +32,22 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 USER_AGENT = "impyard-fetch/0.1"
 MAX_ADDRESSES = 16
 TEXT_TYPES = ("text/", "application/json", "application/xml", "application/xhtml+xml")
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+EXTRACT_TIMEOUT_S = 10.0  # the most one page's HTML-to-text may take (worker start included), then it is killed
+MAX_HTML_CHARS = 1_000_000  # characters of HTML handed to the parser; a longer page is cut (truncated)
+TEXT_RULE = "http-text"  # the rule name a refusal of a page's text carries
 
 
 class FetchRefused(Exception):
     """The destination is not allowed (resolves to a non-public address, or not at all)."""
+
+    rule: str | None = None  # None: the egress rule
+
+
+class TextRefused(FetchRefused):
+    """The page was fetched but its text is not returned: the HTML could not be turned into text within bounds."""
+
+    rule = TEXT_RULE
 
 
 class FetchFailed(Exception):
@@ -109,8 +128,8 @@ def html_to_text(html: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def extract_text(content_type: str, raw: bytes) -> str:
-    """Text for the box from a response body; binary content gives no text."""
+def decode_body(content_type: str, raw: bytes) -> tuple[str, bool]:
+    """A response body as text, and whether that text is HTML; binary content gives no text."""
     media = content_type.split(";")[0].strip().lower()
     charset = "utf-8"
     for param in content_type.split(";")[1:]:
@@ -118,20 +137,57 @@ def extract_text(content_type: str, raw: bytes) -> str:
         if name.strip().lower() == "charset" and value.strip():
             charset = value.strip().strip('"')
     if media and not media.startswith(TEXT_TYPES):
-        return ""
+        return "", False
     try:
         text = raw.decode(charset, errors="replace")
     except LookupError:
         text = raw.decode("utf-8", errors="replace")
-    if media in ("text/html", "application/xhtml+xml") or (not media and "<html" in text[:1000].lower()):
-        return html_to_text(text)
-    return text
+    return text, media in HTML_TYPES or (not media and "<html" in text[:1000].lower())
+
+
+def extract_text(content_type: str, raw: bytes) -> str:
+    """Text for the box from a response body, in this thread (unbounded: see ``extract_text_bounded``)."""
+    text, is_html = decode_body(content_type, raw)
+    return html_to_text(text) if is_html else text
+
+
+async def extract_text_bounded(
+    content_type: str, raw: bytes, *, timeout_s: float = EXTRACT_TIMEOUT_S, max_html_chars: int = MAX_HTML_CHARS
+) -> tuple[str, bool]:
+    """``extract_text`` off the event loop, in a worker process killed at the deadline; (text, cut short).
+
+    Raises TextRefused when the parse runs out of time or fails: hostile markup never hangs the host.
+    """
+    text, is_html = decode_body(content_type, raw)
+    if not is_html:
+        return text, False
+    cut = len(text) > max_html_chars
+    try:
+        with anyio.fail_after(timeout_s):
+            extracted = await anyio.to_process.run_sync(html_to_text, text[:max_html_chars], cancellable=True)
+    except TimeoutError:
+        raise TextRefused(
+            f"the page's HTML could not be turned into text within {timeout_s:g} s (markup that is slow to parse); "
+            "its text is not returned"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - whatever the parser (or its process) died of, the answer is one refusal
+        raise TextRefused(f"the page's HTML could not be turned into text ({type(exc).__name__}); its text is not returned") from None
+    return extracted, cut
 
 
 class HttpFetcher:
-    def __init__(self, settings: HttpSettings | None = None, *, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        settings: HttpSettings | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        extract_timeout_s: float = EXTRACT_TIMEOUT_S,
+        max_html_chars: int = MAX_HTML_CHARS,
+    ):
         self.settings = settings or HttpSettings()
         self._transport = transport
+        self.extract_timeout_s = extract_timeout_s
+        self.max_html_chars = max_html_chars
 
     async def fetch(self, url: str, *, max_bytes: int, allow_loopback: bool = False) -> FetchResponse:
         parts = urlsplit(url)
@@ -165,7 +221,10 @@ class HttpFetcher:
         if 300 <= response.status_code < 400 and "location" in response.headers:
             text = f"redirect to {response.headers['location'][:2000]} (not followed; fetch that URL if needed)"
         else:
-            text = extract_text(content_type, raw)
+            text, cut = await extract_text_bounded(
+                content_type, raw, timeout_s=self.extract_timeout_s, max_html_chars=self.max_html_chars
+            )
+            truncated = truncated or cut
         return FetchResponse(response.status_code, content_type[:200], text, truncated)
 
 

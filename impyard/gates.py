@@ -11,7 +11,11 @@ transaction.
 
 Who may decide (``may_decide``, a pure rule): the host operator on the CLI,
 always; in chat only the imp's configured owners and admins of the guild the
-request came from, never "anyone in a DM".
+message would be posted in (``deciding_guild``: the target channel's guild,
+recorded when the gate opens, or learned from the surface just after), never
+"anyone in a DM" and never the admins of the session's guild for a post into
+another guild (issue 11 #5). A target whose guild the host does not know is
+decided by owners and the operator only.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Gate:
     executed_at: datetime | None = None
     message_ids: list[str] = field(default_factory=list)
     error: str | None = None
+    target_guild: str | None = None  # the target channel's guild (None: a DM, or not known to the host)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +83,7 @@ class Gate:
             "run_id": self.run_id,
             "session_channel": self.session_channel,
             "origin_guild": self.origin_guild,
+            "target_guild": self.target_guild,
             "act": self.act,
             "target": self.target,
             "payload": self.payload,
@@ -102,17 +108,24 @@ class GateError(Exception):
         self.kind = kind
 
 
+def deciding_guild(gate: Gate) -> str | None:
+    """The guild whose admins may decide a gate: the one its message would be posted in (None: no guild admin)."""
+    return gate.origin_guild if gate.target == gate.session_channel else gate.target_guild
+
+
 def may_decide(approver: Approver, gate: Gate, owners: Collection[str]) -> tuple[bool, str]:
     """The approver policy. ``owners`` are the user ids configured as the imp's owners."""
     if approver.kind == "operator":
         return True, "the host operator"
     if approver.id in owners:
         return True, f"an owner of {gate.imp}"
-    if gate.origin_guild is not None and approver.is_guild_admin and approver.guild_id == gate.origin_guild:
-        return True, "an admin of the guild the request came from"
+    guild = deciding_guild(gate)
+    if guild is not None and approver.is_guild_admin and approver.guild_id == guild:
+        return True, "an admin of the guild the message would be posted in"
+    unknown = "" if guild is not None else " (its channel is a DM or in a guild this host does not know, so no guild admin may)"
     return False, (
-        f"only the host operator, an owner of {gate.imp}, or an admin of the guild the request came from may "
-        "decide this gate"
+        f"only the host operator, an owner of {gate.imp}, or an admin of the guild the message would be posted in "
+        f"may decide this gate{unknown}"
     )
 
 
@@ -145,6 +158,7 @@ def _row_to_gate(row: sqlite3.Row) -> Gate:
         executed_at=when("executed_at"),
         message_ids=json.loads(row["message_ids"]) if row["message_ids"] else [],
         error=row["error"],
+        target_guild=row["target_guild"],
     )
 
 
@@ -210,18 +224,33 @@ class GateStore:
         payload: dict[str, Any],
         reason: str,
         deadline: timedelta,
+        target_guild: str | None = None,
     ) -> Gate:
+        """``target_guild``: the target channel's guild as the host knows it (the session's own is ``origin_guild``)."""
         now = self.clock.now()
         text, digest = freeze(payload)
         gate_id = f"g-{secrets.token_hex(6)}"
+        if target == session_channel:
+            target_guild = origin_guild
         with self.db.transaction() as conn:
             conn.execute(
-                """INSERT INTO gates (id, imp, run_id, session_channel, origin_guild, act, target, payload,
-                     payload_sha256, reason, state, created_at, deadline)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)""",
-                (gate_id, imp, run_id, session_channel, origin_guild, act, target, text, digest, reason,
-                 iso(now), iso(now + deadline)),
+                """INSERT INTO gates (id, imp, run_id, session_channel, origin_guild, target_guild, act, target,
+                     payload, payload_sha256, reason, state, created_at, deadline)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)""",
+                (gate_id, imp, run_id, session_channel, origin_guild, target_guild, act, target, text, digest,
+                 reason, iso(now), iso(now + deadline)),
             )  # fmt: skip
+        return self.get(gate_id)
+
+    def learn_target_guild(self, gate_id: str, guild_id: str) -> Gate:
+        """Record the target channel's guild found after the gate opened (the surface's own view of the channel).
+
+        Only fills a gap: a guild already recorded, or the session's own channel's, is never changed.
+        """
+        self.db.execute(
+            "UPDATE gates SET target_guild = ? WHERE id = ? AND target_guild IS NULL AND target != session_channel",
+            (guild_id, gate_id),
+        )
         return self.get(gate_id)
 
     def expire_due(self) -> list[Gate]:

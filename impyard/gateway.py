@@ -39,6 +39,7 @@ from box.protocol.models import (
 )
 from impyard.audit import AuditLog, AuditRecord, known_secrets, redact
 from impyard.backends.base import BoxSpec
+from impyard.backends.conduct import printable
 from impyard.broker import NO_KEY_MESSAGE, ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
 from impyard.clock import Clock, SystemClock
 from impyard.db import Database
@@ -55,7 +56,7 @@ from impyard.judge import (
 from impyard.ledger import BudgetExhausted, Ledger
 from impyard.policy import Policy
 from impyard.policy_models import Rule
-from impyard.prices import PriceMissing, estimate_micros, measured_micros
+from impyard.prices import PriceMissing, bound_output, estimate_micros, measured_micros, tier_multiplier
 from impyard.surfaces import OutgoingFile, Surface, SurfaceError
 from impyard.trust import ChannelTrust, DbChannelTrust, EarnedTrust, decide_trust
 
@@ -121,8 +122,8 @@ class Gateway:
         self.staff_channels = {imp: tuple(ids) for imp, ids in (staff_channels or {}).items()}
         self.on_stage = on_stage
         self.on_gate = on_gate
-        key = self.broker.config.api_key
-        self.secrets = sorted({*(secrets if secrets is not None else known_secrets()), *([key] if key else [])})
+        # The model key and the base URL's userinfo and query (issue 11 #9), whoever configured them.
+        self.secrets = sorted({*(secrets if secrets is not None else known_secrets()), *self.broker.config.secrets})
         self.audit = AuditLog(db, self.clock, self.secrets)
         self.ledger = Ledger(db, policy, self.clock)
         self.earned = EarnedTrust(db, self.clock)
@@ -163,9 +164,12 @@ class Gateway:
             return None
         if method == "log":
             assert isinstance(params, LogParams)
+            # Box text is made printable: it can never start a forged line of the host's log (issue 11 #8).
+            fields = " ".join(f"{printable(key, 64)}={printable(repr(value), 200)}" for key, value in params.fields.items())
             logging.getLogger(f"impyard.box.{spec.imp}").log(
-                logging.getLevelName(params.level.upper()), "%s %s", params.message, params.fields or ""
-            )
+                logging.getLevelName(params.level.upper()),
+                "box %s/%s: %s%s", spec.imp, spec.channel_id, printable(params.message), f" [{fields}]" if fields else "",
+            )  # fmt: skip
             return None
         handlers = {
             "model.request": self._model_request,
@@ -241,10 +245,20 @@ class Gateway:
                 f'model {facts.model!r} has no price in the price table (add [prices."{facts.model}"] to a policy '
                 "file); it is refused rather than assumed free",
             )  # fmt: skip
+        # issue 11 #3: a text call without an output cap is sent one within the rule's limit, so the upstream
+        # cannot write past the reservation; what is forwarded is what is priced.
+        cap = min(limit for limit in (rule.max_tokens, self.policy.upstream.default_output_tokens) if limit is not None)
+        body = bound_output(params.path, params.body, cap)
+        if body is not params.body:
+            raw = encode_body(body)
+            record.detail += f" output_cap={cap} (set by the host)"
         try:
+            multiplier = tier_multiplier(price, body.get("service_tier"), facts.model)
             estimate = estimate_micros(
-                params.path, params.body, len(raw), price, default_output_tokens=self.policy.upstream.default_output_tokens
-            )
+                params.path, body, len(raw), price, default_output_tokens=cap, input_images=facts.input_images,
+                inline_image_bytes=facts.inline_image_bytes,
+                stored_context_tokens=(rule.stored_context_tokens or 0) if facts.stored_context else 0,
+            )  # fmt: skip
         except PriceMissing as exc:
             raise self._denied(record, PRICES_RULE, str(exc)) from None
         if len(raw) > self.policy.upstream.max_request_bytes:
@@ -274,7 +288,7 @@ class Gateway:
             record.verdict = "unreachable"
             raise RpcError(ErrorCode.UPSTREAM_UNREACHABLE, f"model API unreachable: {exc}", {"reason": str(exc)}) from None
         else:
-            measured = measured_micros(params.path, response.body, price)
+            measured = measured_micros(params.path, response.body, price, multiplier=multiplier)
             if measured is not None:
                 cost = measured
             elif not 200 <= response.status < 300:
@@ -282,7 +296,14 @@ class Gateway:
             record.verdict = "allowed"
             record.detail += f" status={response.status}"
         finally:
-            record.cost_micros = cost
+            record.cost_micros = min(cost, estimate)  # the ledger never charges past the reservation (issue 11 #3)
+            if cost > estimate:
+                log.error(
+                    "model.request by %s (%s %s): the upstream reported %d micro-USD, over the %d reserved; the "
+                    "reservation was charged. Its worst case did not hold: check [prices] and the rule's limits",
+                    spec.imp, params.path, facts.model, cost, estimate,
+                )  # fmt: skip
+                record.detail += f"; OVER RESERVATION: the upstream reported {cost} micro-USD, {estimate} reserved and charged"
             with anyio.CancelScope(shield=True):
                 await self.db.run(self.ledger.settle, reservation, cost)
         return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
@@ -309,12 +330,15 @@ class Gateway:
         record.detail += f"; trust: {decision.why}"
         if decision.mode == "gate":
             own = await self.db.run(self.channels.info, spec.channel_id)
+            # Admins of the guild the post lands in decide it (issue 11 #5); a channel the host never saw has none.
+            target = own if target_is_own else await self.db.run(self.channels.info, params.channel_id)
             gate = await self.db.run(
                 lambda: self.gates.open(
                     imp=spec.imp,
                     run_id=spec.run_id,
                     session_channel=spec.channel_id,
                     origin_guild=own.guild_id if own else None,
+                    target_guild=target.guild_id if target else None,
                     act=SEND_ACT,
                     target=params.channel_id,
                     payload=params.model_dump(mode="json"),
@@ -400,8 +424,8 @@ class Gateway:
         caps = [params.max_bytes, self.policy.http.max_bytes, *([rule.max_fetch_bytes] if rule.max_fetch_bytes else [])]
         try:
             response = await self.fetcher.fetch(params.url, max_bytes=min(caps), allow_loopback=rule.allow_loopback)
-        except FetchRefused as exc:
-            raise self._denied(record, EGRESS_RULE, str(exc)) from None
+        except FetchRefused as exc:  # the destination (egress), or the page's text (bounded extraction, issue 11 #7)
+            raise self._denied(record, exc.rule or EGRESS_RULE, str(exc)) from None
         except FetchFailed as exc:
             record.verdict = "unreachable"
             raise RpcError(ErrorCode.UPSTREAM_UNREACHABLE, str(exc), {"reason": str(exc)}) from None

@@ -343,6 +343,15 @@ class BoxConfig(_Strict):
     pids_limit: int = _field(
         128, "Most processes per box.", expect="a whole number from 16 to 4096", ge=16, le=4096
     )
+    state_quota: str = _field(
+        "256m",
+        "Most the imp's state dir (/state) may hold on disk; a box past it is killed (Docker backend).",
+        expect='a size from "1m" to "1024g", e.g. "256m"',
+    )
+    state_max_files: int = _field(
+        100_000, "Most files and directories in the state dir.", expect="a whole number from 100 to 10000000",
+        ge=100, le=10_000_000,
+    )  # fmt: skip
 
     @field_validator("memory")
     @classmethod
@@ -353,10 +362,21 @@ class BoxConfig(_Strict):
             raise ValueError(f'must be a size from "64m" to "64g", e.g. "512m" (got {json.dumps(value)})')
         return value.strip().lower()
 
+    @field_validator("state_quota")
+    @classmethod
+    def _state_quota_size(cls, value: str) -> str:
+        match = re.fullmatch(r"([1-9][0-9]{0,6})([mg])", value.strip().lower())
+        size = int(match.group(1)) * {"m": 1, "g": 1024}[match.group(2)] if match else 0
+        if not 1 <= size <= 1024 * 1024:
+            raise ValueError(f'must be a size from "1m" to "1024g", e.g. "256m" (got {json.dumps(value)})')
+        return value.strip().lower()
+
     def docker_limits(self) -> DockerLimits:
         from impyard.backends.docker import DockerLimits
+        from impyard.backends.statedir import StateQuota, parse_size
 
-        return DockerLimits(memory=self.memory, cpus=self.cpus, pids_limit=self.pids_limit)
+        quota = StateQuota(max_bytes=parse_size(self.state_quota), max_entries=self.state_max_files)
+        return DockerLimits(memory=self.memory, cpus=self.cpus, pids_limit=self.pids_limit, state_quota=quota)
 
 
 class SessionsConfig(_Strict):

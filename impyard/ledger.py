@@ -10,6 +10,7 @@ policy's [budgets] unless the operator set an override (``impyard budget set``).
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from impyard.clock import Clock, iso
 from impyard.db import Database
 from impyard.policy import Policy
-from impyard.policy_models import BudgetLimit
+from impyard.policy_models import MAX_USD, BudgetLimit
 from impyard.prices import micros_to_usd, usd_to_micros
 
 ALL_IMPS = "*"  # the scope of the fleet-wide limit
@@ -118,8 +119,9 @@ class Ledger:
 
     def set_limits(self, scope: str, *, daily_usd: float | None, monthly_usd: float | None) -> None:
         """Override the policy's limits for an imp (or ``*`` for all imps); None keeps the current value."""
-        if daily_usd is not None and daily_usd < 0 or monthly_usd is not None and monthly_usd < 0:
-            raise ValueError("budget limits cannot be negative")
+        for value in (daily_usd, monthly_usd):  # issue 11 #10: inf or nan would overflow every later read
+            if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_USD):
+                raise ValueError(f"a budget limit is a number of USD from 0 to {MAX_USD:g} (got {value!r})")
         with self.db.transaction() as conn:
             conn.execute(
                 """INSERT INTO budget_limits (scope, daily_usd, monthly_usd, updated_at) VALUES (?, ?, ?, ?)
@@ -175,13 +177,20 @@ class Ledger:
             assert cursor.lastrowid is not None
             return Reservation(cursor.lastrowid, imp, estimate_micros)
 
-    def settle(self, reservation: Reservation | int, cost_micros: int) -> None:
-        """Replace the reservation by the measured cost (0 when nothing was spent). Settling twice is a no-op."""
+    def settle(self, reservation: Reservation | int, cost_micros: int) -> int:
+        """Replace the reservation by the measured cost (0 when nothing was spent), and return what was charged.
+
+        The charge never exceeds the reservation (issue 11 #3): the reserve step checked the limits against
+        the reservation, so settling above it would overspend the hard stop. A caller whose measured cost is
+        higher must say so loudly. Settling twice is a no-op (returns 0).
+        """
         reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
-        self.db.execute(
-            "UPDATE ledger SET state = 'settled', cost_micros = ?, settled_at = ? WHERE id = ? AND state = 'reserved'",
+        rows = self.db.execute(
+            """UPDATE ledger SET state = 'settled', cost_micros = MIN(?, reserved_micros), settled_at = ?
+               WHERE id = ? AND state = 'reserved' RETURNING cost_micros""",
             (max(0, int(cost_micros)), iso(self.clock.now()), reservation_id),
-        )
+        ).fetchall()
+        return int(rows[0][0]) if rows else 0
 
     def settle_abandoned(self, older_than: timedelta = ABANDONED_AFTER) -> int:
         """Charge reservations a crashed host never settled at their full estimate (fail closed)."""

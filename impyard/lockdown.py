@@ -37,7 +37,9 @@ def _limit(value: ReportValue) -> int | None:
         return None
 
 
-def evaluate(report: dict[str, ReportValue], *, memory: str, pids_limit: int) -> list[LockdownCheck]:
+def evaluate(
+    report: dict[str, ReportValue], *, memory: str, pids_limit: int, state_quota_bytes: int | None = None
+) -> list[LockdownCheck]:
     """One check per lockdown property; all must pass for a box to count as confined."""
     memory_bytes = _size_bytes(memory)
     mem = _limit(report.get("memory_limit"))
@@ -47,7 +49,8 @@ def evaluate(report: dict[str, ReportValue], *, memory: str, pids_limit: int) ->
     quota = report.get("cpu_quota")
     quota_ok = quota is not None and str(quota).split()[0] not in _UNLIMITED
     uid = report.get("uid")
-    return [
+    file_limit = _limit(report.get("file_size_limit"))
+    checks = [
         LockdownCheck("non-root user", isinstance(uid, int) and uid != 0, str(uid), "uid != 0"),
         LockdownCheck("no network", report.get("interfaces") == "lo", str(report.get("interfaces")), "only lo"),
         LockdownCheck("no route out", report.get("can_route_out") is False, str(report.get("can_route_out")), "False"),
@@ -60,3 +63,11 @@ def evaluate(report: dict[str, ReportValue], *, memory: str, pids_limit: int) ->
         LockdownCheck("no swap beyond memory", swap_ok, str(swap), "memory-swap = memory"),
         LockdownCheck("cpu quota", quota_ok, str(quota), "a CFS quota"),
     ]
+    if state_quota_bytes is not None:  # one file can never outgrow the state dir's quota (issue 11 #11)
+        checks.append(
+            LockdownCheck(
+                "file size limit", file_limit is not None and file_limit <= state_quota_bytes,
+                str(report.get("file_size_limit")), f"<= {state_quota_bytes}",
+            )  # fmt: skip
+        )
+    return checks

@@ -320,6 +320,8 @@ def _problem(name: str, text: str, raw: dict[str, Any], error: Any) -> Problem:
             reason += f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"
     elif kind == "missing":
         reason = "required key is missing"
+    elif kind == "int_parsing_size":  # pydantic's own words ("input string") would mislead here
+        reason = f"{error.get('input')!r} is far too large for this key"
     elif kind == "string_pattern_mismatch":
         field_name = next((str(part) for part in reversed(loc) if isinstance(part, str)), "")
         hint = _PATTERN_HINTS.get(field_name, "a value of the expected form")

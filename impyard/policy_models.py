@@ -9,15 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveInt,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from box.protocol.models import ModelPath
 
@@ -30,9 +22,27 @@ PURPOSE_PATTERN = r"^(\*|[a-z][a-z0-9_]{0,39})$"
 HOST_PATTERN = r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?)*$"
 RuleName = Annotated[str, Field(pattern=NAME_PATTERN)]
 ModelName = Annotated[str, Field(min_length=1, max_length=128)]
+HostPattern = Annotated[str, Field(pattern=HOST_PATTERN, max_length=253)]
+
+# Every number in a policy is finite and within a sane range (issue 11 #10): `inf`, `nan` or 1e300 would
+# load, then overflow or disable a limit at run time. Upper bounds are far above any real setting.
+MAX_USD = 1_000_000.0  # a budget, USD per day or month
+MAX_USD_PER_UNIT = 100_000.0  # a price, USD per million tokens or per image
+MAX_BYTES = 1 << 30  # 1 GiB
+MAX_TOKENS = 10_000_000
+MAX_COUNT = 1_000_000  # images, files, characters, requests per minute, approvals
+Usd = Annotated[float, Field(ge=0, le=MAX_USD, allow_inf_nan=False)]
+UsdPerUnit = Annotated[float, Field(ge=0, le=MAX_USD_PER_UNIT, allow_inf_nan=False)]
+Multiplier = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+Bytes = Annotated[int, Field(gt=0, le=MAX_BYTES)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+CountOrZero = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 # Which rule keys belong to which method; a key on the wrong method is an error, not ignored.
-MODEL_KEYS = frozenset({"paths", "purposes", "max_body_bytes", "max_tokens", "max_images"})
+MODEL_KEYS = frozenset(
+    {"paths", "purposes", "max_body_bytes", "max_tokens", "max_images", "image_hosts", "stored_context_tokens"}
+)
 SEND_KEYS = frozenset({"channels", "max_content_chars", "max_files", "max_file_bytes", "trust"})
 FETCH_KEYS = frozenset({"hosts", "max_fetch_bytes", "allow_loopback"})
 METHOD_KEYS = {"model.request": MODEL_KEYS, "discord.send": SEND_KEYS, "http.fetch": FETCH_KEYS}
@@ -58,24 +68,27 @@ class Rule(Strict):
     paths: list[ModelPath] | None = None
     purposes: dict[Annotated[str, Field(pattern=PURPOSE_PATTERN)], list[ModelName]] | None = None  # purpose -> models ("*" = any)
     # model.request: limits
-    max_body_bytes: PositiveInt | None = None
-    max_tokens: PositiveInt | None = None  # caps max_tokens / max_completion_tokens / max_output_tokens
-    max_images: PositiveInt | None = None
+    max_body_bytes: Bytes | None = None
+    max_tokens: Tokens | None = None  # caps max_tokens / max_completion_tokens / max_output_tokens (and is sent when unset)
+    max_images: Count | None = None
+    # model.request: what the provider may do beyond the body (issue 11 #4); by default nothing
+    image_hosts: list[HostPattern] | None = None  # https image URLs on these hosts (else inline data: images only)
+    stored_context_tokens: Tokens | None = None  # admits previous_response_id / conversation, reserving this many input tokens
 
     # discord.send: selector ("own" = the session's channel, "staff" = [channels].staff, or ids)
     channels: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = None
     # discord.send: limits and trust
-    max_content_chars: PositiveInt | None = None
-    max_files: NonNegativeInt | None = None
-    max_file_bytes: PositiveInt | None = None
+    max_content_chars: Count | None = None
+    max_files: CountOrZero | None = None
+    max_file_bytes: Bytes | None = None
     trust: TrustMode | None = None  # overrides the [trust] ladder for sends this rule allows
 
     # discord.send and http.fetch: per target (channel or host) per minute
-    rate_per_minute: PositiveInt | None = None
+    rate_per_minute: Count | None = None
 
     # http.fetch: selector (exact host or "*.example.com") and limits
-    hosts: list[Annotated[str, Field(pattern=HOST_PATTERN, max_length=253)]] | None = None
-    max_fetch_bytes: PositiveInt | None = None
+    hosts: list[HostPattern] | None = None
+    max_fetch_bytes: Bytes | None = None
     allow_loopback: bool = False  # tests only: lets a loopback destination through
 
     @model_validator(mode="after")
@@ -99,8 +112,8 @@ class Rule(Strict):
 class BudgetLimit(Strict):
     """USD per UTC day and per UTC month; a missing value means no limit in that window."""
 
-    daily_usd: NonNegativeFloat | None = None
-    monthly_usd: NonNegativeFloat | None = None
+    daily_usd: Usd | None = None
+    monthly_usd: Usd | None = None
 
 
 class Budgets(Strict):
@@ -112,10 +125,16 @@ class Budgets(Strict):
 class Price(Strict):
     """USD per million tokens (input, cached input, output) and USD per generated image."""
 
-    input: NonNegativeFloat | None = None
-    cached_input: NonNegativeFloat | None = None  # defaults to input when missing
-    output: NonNegativeFloat | None = None
-    image: NonNegativeFloat | None = None
+    input: UsdPerUnit | None = None
+    cached_input: UsdPerUnit | None = None  # defaults to input when missing
+    output: UsdPerUnit | None = None
+    image: UsdPerUnit | None = None  # the most one generated image may cost
+    # The most input tokens one input image may cost (priced at `input`); image inputs to a model without it
+    # are refused, since their cost could not be reserved (issue 11 #3).
+    image_input_tokens: Tokens | None = None
+    # A multiplier on this model's prices for each non-default service_tier it may be asked for
+    # ("priority" = 2.0); any tier not listed is refused (issue 11 #3).
+    service_tiers: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")], Multiplier] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _has_a_price(self) -> Price:
@@ -130,7 +149,7 @@ class TrustSettings(Strict):
     own_channel: TrustMode = "auto"  # the session's own channel when it is trusted (DMs always are)
     untrusted: Literal["gate", "earned"] = "gate"  # the session's own channel when it is not trusted
     other_channel: Literal["gate", "earned"] = "gate"  # never auto on the target's trust; only a rule may say auto
-    earned_after: PositiveInt = 5  # clean approvals before "earned" becomes auto
+    earned_after: Count = 5  # clean approvals before "earned" becomes auto
 
 
 class ChannelSettings(Strict):
@@ -138,19 +157,20 @@ class ChannelSettings(Strict):
 
 
 class GateSettings(Strict):
-    deadline_hours: Annotated[float, Field(gt=0, le=24 * 30)] = 24.0
+    deadline_hours: Annotated[float, Field(gt=0, le=24 * 30, allow_inf_nan=False)] = 24.0
 
 
 class UpstreamSettings(Strict):
-    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
-    max_request_bytes: PositiveInt = 1_048_576
-    max_response_bytes: PositiveInt = 16_777_216
-    default_output_tokens: PositiveInt = 4_096  # budget estimate when a body sets no output cap
+    timeout_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 120.0
+    max_request_bytes: Bytes = 1_048_576
+    max_response_bytes: Bytes = 16_777_216
+    # The output cap sent (and reserved) when a body sets none, within the matched rule's max_tokens (issue 11 #3).
+    default_output_tokens: Tokens = 4_096
 
 
 class HttpSettings(Strict):
-    timeout_s: Annotated[float, Field(gt=0, le=300)] = 15.0
-    max_bytes: PositiveInt = 2_000_000
+    timeout_s: Annotated[float, Field(gt=0, le=300, allow_inf_nan=False)] = 15.0
+    max_bytes: Bytes = 2_000_000
 
 
 class PolicyFile(Strict):

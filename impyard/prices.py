@@ -14,10 +14,21 @@ from typing import Any
 from impyard.policy_models import Price
 
 MICROS_PER_USD = 1_000_000
-BYTES_PER_TOKEN_ESTIMATE = 3  # JSON bytes per input token, on the generous side (English runs ~4 chars/token)
+# The reservation is the call's worst case, so the hard stop holds against a hostile box (issue 11 #3):
+# a byte-level BPE token is at least one byte, so the JSON body's bytes bound its text tokens (the JSON
+# around each message outweighs the chat template's framing), plus the headers the provider adds.
+BYTES_PER_TOKEN_WORST = 1
+PROMPT_OVERHEAD_TOKENS = 64
 IMAGE_PATHS = frozenset({"/images/generations", "/images/edits"})
 TEXT_PATHS = frozenset({"/chat/completions", "/responses"})
+# The output caps each path takes (a key of another path would be ignored upstream, not obeyed).
+OUTPUT_CAP_KEYS_BY_PATH: dict[str, tuple[str, ...]] = {
+    "/chat/completions": ("max_tokens", "max_completion_tokens"),
+    "/responses": ("max_output_tokens",),
+}
 OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+SENT_CAP_KEY = {"/chat/completions": "max_completion_tokens", "/responses": "max_output_tokens"}  # what the box sends too
+DEFAULT_TIERS = frozenset({"auto", "default"})  # service_tier values billed at the price table's own prices
 
 
 class PriceMissing(Exception):
@@ -53,37 +64,89 @@ def token_cost_micros(price: Price, usage: Usage) -> int:
     )
 
 
-def output_cap(body: dict[str, Any]) -> int | None:
-    """The largest output-token cap the body sets (already validated as positive ints by the judge)."""
-    caps = [value for key in OUTPUT_CAP_KEYS if isinstance(value := body.get(key), int) and not isinstance(value, bool)]
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def output_cap(path: str, body: dict[str, Any]) -> int | None:
+    """The largest output-token cap the body sets among the keys this path takes."""
+    caps = [cap for key in OUTPUT_CAP_KEYS_BY_PATH.get(path, ()) if (cap := _count(body.get(key))) is not None]
     return max(caps) if caps else None
 
 
+def bound_output(path: str, body: dict[str, Any], cap: int) -> dict[str, Any]:
+    """The body as forwarded: a text call without an output cap gets ``cap`` (issue 11 #3).
+
+    Without one the upstream may write up to the model's own maximum (32,768 tokens for gpt-4.1), far past
+    what was reserved. The key is the one this path takes, as the box's responder sends it.
+    """
+    if path not in SENT_CAP_KEY or output_cap(path, body) is not None:
+        return body
+    return {**body, SENT_CAP_KEY[path]: cap}
+
+
 def image_count(body: dict[str, Any]) -> int:
-    n = body.get("n", 1)
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return _count(body.get("n", 1)) or 1
 
 
-def estimate_micros(path: str, body: dict[str, Any], body_bytes: int, price: Price, *, default_output_tokens: int) -> int:
-    """An upper-side estimate of the call's cost, reserved before the call (the hard stop uses it)."""
+def tier_multiplier(price: Price, service_tier: Any, model: Any) -> float:
+    """What a service tier multiplies this model's prices by; an unpriced tier is refused, never assumed default."""
+    if service_tier is None or (isinstance(service_tier, str) and service_tier in DEFAULT_TIERS):
+        return 1.0
+    multiplier = price.service_tiers.get(service_tier) if isinstance(service_tier, str) else None
+    if multiplier is None:
+        raise PriceMissing(
+            f"service_tier {service_tier!r} is not priced for model {model!r}: leave service_tier unset, or add "
+            f'service_tiers = {{ {service_tier} = MULTIPLIER }} to [prices."{model}"]'
+        )
+    return multiplier
+
+
+def estimate_micros(
+    path: str,
+    body: dict[str, Any],
+    body_bytes: int,
+    price: Price,
+    *,
+    default_output_tokens: int,
+    input_images: int = 0,
+    inline_image_bytes: int = 0,
+    stored_context_tokens: int = 0,
+) -> int:
+    """The most the call can cost, reserved before it: the hard stop holds only if this is a true worst case.
+
+    Every input byte but inline image data is a token; each input image costs the model's worst case
+    (``image_input_tokens``); stored context costs what the policy reserves for it; each of ``n`` choices
+    writes its full output cap; each generated image costs its full price; a service tier multiplies it all.
+    """
     model = body.get("model")
-    input_tokens = math.ceil(body_bytes / BYTES_PER_TOKEN_ESTIMATE)
+    multiplier = tier_multiplier(price, body.get("service_tier"), model)
+    if input_images and price.image_input_tokens is None:
+        raise PriceMissing(
+            f"model {model!r} has no worst case for input images: add image_input_tokens = N (the most tokens "
+            f'one input image can cost) to [prices."{model}"]'
+        )
+    text_bytes = max(0, body_bytes - inline_image_bytes)
+    input_tokens = (
+        math.ceil(text_bytes / BYTES_PER_TOKEN_WORST)
+        + PROMPT_OVERHEAD_TOKENS
+        + input_images * (price.image_input_tokens or 0)
+        + stored_context_tokens
+    )
     if path in IMAGE_PATHS:
         if price.image is None:
             raise PriceMissing(f'model {model!r} has no per-image price: add image = USD to [prices."{model}"]')
-        return _ceil(image_count(body) * price.image * MICROS_PER_USD) + token_cost_micros(
-            price, Usage(input_tokens=input_tokens)
-        )
+        images = image_count(body) * price.image * MICROS_PER_USD
+        return _ceil((images + token_cost_micros(price, Usage(input_tokens=input_tokens))) * multiplier)
     if price.input is None:
         raise PriceMissing(f'model {model!r} has no input price: add input = USD per 1M tokens to [prices."{model}"]')
     if path == "/embeddings":
-        return token_cost_micros(price, Usage(input_tokens=input_tokens))
+        return _ceil(token_cost_micros(price, Usage(input_tokens=input_tokens)) * multiplier)
     if price.output is None:
         raise PriceMissing(f'model {model!r} has no output price: add output = USD per 1M tokens to [prices."{model}"]')
-    choices = body.get("n", 1) if path == "/chat/completions" else 1
-    choices = choices if isinstance(choices, int) and not isinstance(choices, bool) and choices > 0 else 1
-    output_tokens = (output_cap(body) or default_output_tokens) * choices
-    return token_cost_micros(price, Usage(input_tokens=input_tokens, output_tokens=output_tokens))
+    choices = (_count(body.get("n", 1)) or 1) if path == "/chat/completions" else 1
+    output_tokens = (output_cap(path, body) or default_output_tokens) * choices
+    return _ceil(token_cost_micros(price, Usage(input_tokens=input_tokens, output_tokens=output_tokens)) * multiplier)
 
 
 def _int(value: Any) -> int:
@@ -107,8 +170,9 @@ def usage_from_response(path: str, response: Any) -> Usage | None:
     return Usage(_int(usage.get("input_tokens")), cached, _int(usage.get("output_tokens")), images)
 
 
-def measured_micros(path: str, response: Any, price: Price) -> int | None:
-    """The cost from the upstream's own usage report; None when it reported none (charge the estimate)."""
+def measured_micros(path: str, response: Any, price: Price, *, multiplier: float = 1.0) -> int | None:
+    """The cost from the upstream's own usage report (times the asked-for tier's multiplier); None when it
+    reported none (charge the estimate)."""
     usage = usage_from_response(path, response)
     if usage is None:
         return None
@@ -116,5 +180,5 @@ def measured_micros(path: str, response: Any, price: Price) -> int | None:
     if path in IMAGE_PATHS and not has_tokens:
         if price.image is None:
             return None
-        return _ceil(usage.images * price.image * MICROS_PER_USD)
-    return token_cost_micros(price, usage)
+        return _ceil(usage.images * price.image * MICROS_PER_USD * multiplier)
+    return _ceil(token_cost_micros(price, usage) * multiplier)

@@ -74,6 +74,14 @@ class SessionEvents(Protocol):
         ...
 
 
+def describe_error(exc: BaseException) -> str:
+    """One bounded line for an unexpected error: its type and the first line of its message."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]  # what happened, not the task group that carried it
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:1000] if text else type(exc).__name__
+
+
 def merge_batch(batch: Sequence[Delivery], now: datetime) -> DeliverParams:
     """Messages collected during a turn become one turn: the newest message, the rest in ``recent``."""
     newest = batch[-1]
@@ -107,6 +115,7 @@ class ChannelSession:
     boxes_started: int = 0
     busy_notified: bool = False
     done: anyio.Event = field(default_factory=anyio.Event)
+    in_turn: list[Delivery] = field(default_factory=list)  # taken, outcome not yet recorded
 
     def push(self, delivery: Delivery) -> None:
         self.queue.append(delivery)
@@ -178,7 +187,7 @@ class SessionManager:
         if session is not None and len(session.queue) >= session.settings.queue_limit:
             if not session.busy_notified:
                 session.busy_notified = True
-                self._tg.start_soon(self.events.notice, delivery.key, BUSY_NOTICE)
+                self._tg.start_soon(self._notice, delivery.key, BUSY_NOTICE)
             return "busy"
         if session is not None:
             session.push(delivery)
@@ -219,15 +228,21 @@ class SessionManager:
             while session.queue and not session.closing:
                 try:
                     await self._box_lifetime(session)
-                except BoxError as exc:
-                    # The box could not start: fail what is waiting, visibly, and stop trying.
-                    log.error("session %s: %s", session.key, exc)
+                except Exception as exc:  # noqa: BLE001 - one session's failure never reaches the manager (issue 11 #1)
+                    # The box could not start, or broke in a way nobody foresaw: fail what is waiting, visibly,
+                    # and stop trying. Every other session goes on.
+                    if isinstance(exc, BoxError):
+                        log.error("session %s: %s", session.key, exc)
+                    else:
+                        log.error("session %s ended by an unexpected error: %s", session.key, describe_error(exc))
+                        log.debug("session %s: the unexpected error", session.key, exc_info=exc)
                     self._retire(session)
-                    batch = list(session.queue)
+                    batch = [*session.in_turn, *session.queue]  # a turn cut short is failed too, never lost
+                    session.in_turn = []
                     session.queue.clear()
                     if batch:
-                        await self._finish(session, batch, DeliverResult(outcome="failed", error=str(exc)[:1000]))
-                        await self.events.notice(session.key, DIED_NOTICE)
+                        await self._finish(session, batch, DeliverResult(outcome="failed", error=describe_error(exc)))
+                        await self._notice(session.key, DIED_NOTICE)
                     return
             self._retire(session)
         finally:
@@ -257,7 +272,7 @@ class SessionManager:
                 if not session.queue:
                     self._retire(session)  # idle: the same step that decides it leaves the map
                     return
-            batch = session.take()
+            batch = session.in_turn = session.take()
             healthy = await self._turn(session, box, batch)
             if not healthy or settings.mode == "cold":
                 return  # a fresh box for whatever comes next
@@ -293,15 +308,30 @@ class SessionManager:
             result, healthy, notice = DeliverResult(outcome="failed", error=str(exc)[:1000]), False, DIED_NOTICE
         except RpcError as exc:
             result = DeliverResult(outcome="failed", error=f"the box refused the turn: {exc.message}"[:1000])
+        except Exception as exc:  # noqa: BLE001 - whatever the box caused, this turn fails and is recorded
+            log.error("session %s: the turn failed unexpectedly: %s", key, describe_error(exc))
+            log.debug("session %s: the unexpected error", key, exc_info=exc)
+            await box.kill()
+            result, healthy, notice = DeliverResult(outcome="failed", error=describe_error(exc)), False, DIED_NOTICE
         finally:
             with anyio.CancelScope(shield=True):
-                await self.events.turn_ended(key)
+                try:
+                    await self.events.turn_ended(key)
+                except Exception:  # noqa: BLE001 - the typing indicator is cosmetic; the outcome is not
+                    log.exception("ending the turn's indicators in %s failed", key)
         if notice is None and result.outcome == "failed" and params.framing.mode == "respond":
             notice = session.settings.failure_notice
+        session.in_turn = []
         await self._finish(session, batch, result)
         if notice:
-            await self.events.notice(key, notice)
+            await self._notice(key, notice)
         return healthy
+
+    async def _notice(self, key: SessionKey, text: str) -> None:
+        try:
+            await self.events.notice(key, text)
+        except Exception:  # noqa: BLE001 - a notice that cannot be shown never ends the session's cleanup
+            log.exception("posting a notice in %s failed", key)
 
     async def _finish(self, session: ChannelSession, batch: Sequence[Delivery], result: DeliverResult) -> None:
         try:

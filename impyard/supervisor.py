@@ -50,6 +50,7 @@ from impyard.ledger import ALL_IMPS, BudgetRow, seconds_to_next_day, seconds_to_
 from impyard.paths import home
 from impyard.policy import load_policy
 from impyard.schedules import ScheduleStore
+from impyard.sessions import describe_error
 from impyard.surfaces import Surface, TerminalSurface
 from impyard.tasks import (
     RunEnd,
@@ -133,14 +134,15 @@ def budget_wait(rows: Sequence[BudgetRow], imp: str, now: datetime) -> tuple[int
 
 
 def looks_like_box_process(pid: int, state_dir: Path) -> bool:
-    """A process backend box of this imp: its working directory is the imp's state dir (Linux /proc)."""
+    """A process backend box of this imp: its environment names the imp's state dir (Linux /proc)."""
     proc = Path(f"/proc/{pid}")
     try:
-        cwd = Path(os.readlink(proc / "cwd"))
+        environ = (proc / "environ").read_bytes().split(b"\0")
         cmdline = (proc / "cmdline").read_bytes()
     except OSError:
         return False
-    return cwd == state_dir.resolve() and b"box" in cmdline
+    named = {f"IMPYARD_STATE_DIR={path}".encode() for path in (state_dir, state_dir.resolve())}
+    return not named.isdisjoint(environ) and b"box" in cmdline
 
 
 # ------------------------------------------------------------------ the loop
@@ -355,8 +357,9 @@ class Supervisor:
                     except RpcError as exc:
                         died = f"the box refused the task: {exc.message}"
                     except Exception as exc:  # noqa: BLE001 - a task's failure never stops the supervisor
-                        log.exception("task %s: unexpected error", task.id)
-                        died = f"{type(exc).__name__}: {exc}"
+                        died = describe_error(exc)
+                        log.error("task %s: unexpected error: %s", task.id, died)
+                        log.debug("task %s: the unexpected error", task.id, exc_info=exc)
                 ceiling_hit = ceiling_scope.cancelled_caught
             if handle.box is not None:
                 returncode = handle.box.returncode

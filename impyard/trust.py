@@ -122,7 +122,12 @@ def decide_trust(
 
 
 class EarnedTrust:
-    """Clean approvals per imp + act + target channel; one denial resets the count."""
+    """Clean approvals per imp + act + target channel; one denial resets the count.
+
+    Counted only by ``GateStore.decide`` after the approver policy accepted the approver *for that target*
+    (an owner, the operator, or an admin of the target's guild), so nobody earns an imp the right to post
+    where they could not approve a post (issue 11 #5).
+    """
 
     def __init__(self, db: Database, clock: Clock) -> None:
         self.db = db

@@ -60,8 +60,13 @@ async def test_lockdown_observed_from_inside(docker_backend: DockerBackend, tmp_
     assert report["cap_eff"] == 0
     assert report["no_new_privs"] == 1
     assert report["state_writable"] is True
-    checks = evaluate(report, memory=docker_backend.limits.memory, pids_limit=docker_backend.limits.pids_limit)
+    quota = docker_backend.limits.state_quota.max_bytes
+    assert report["file_size_limit"] == quota == 256 * 1024**2  # one file never outgrows /state (issue 11 #11)
+    checks = evaluate(
+        report, memory=docker_backend.limits.memory, pids_limit=docker_backend.limits.pids_limit, state_quota_bytes=quota
+    )
     assert [check.name for check in checks if not check.ok] == []
+    assert "file size limit" in [check.name for check in checks]
 
 
 FORK_LOOP = """

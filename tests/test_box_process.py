@@ -12,7 +12,7 @@ import pytest
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import TaskRunParams, TaskSpec
 from impyard.backends import BoxDied, BoxSpec, BoxTimeout
-from impyard.backends.process import ProcessBackend, box_environment
+from impyard.backends.process import ProcessBackend, box_command, box_environment
 from tests.scripted import NOW, ScriptedHost, chat_result, deliver_params, envelope, init_params
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +35,7 @@ async def test_box_refuses_everything_before_init(tmp_path: Path) -> None:
 async def test_box_survives_garbage_on_stdin_and_answers_after(tmp_path: Path) -> None:
     """The box's side of the bad-input list, with raw bytes on its real stdin."""
     process = await anyio.open_process(
-        [sys.executable, "-m", "box"], env=box_environment(tmp_path), cwd=tmp_path
+        box_command(), env=box_environment(tmp_path), cwd=tmp_path
     )
     async with process:
         assert process.stdin is not None and process.stdout is not None

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from impyard import paths
 from impyard.backends.docker import DockerBackend
 from impyard.cli import cli
-from tests.fakes.openai_server import FakeOpenAI, envelope
+from tests.fakes.openai_server import FakeOpenAI, envelope, slow
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 
@@ -60,6 +60,27 @@ def test_chat_end_to_end(backend: str, fake: FakeOpenAI, impyard_home: Path, req
     assert request_seen.headers["authorization"] == f"Bearer {fake.api_key}"  # the host's key, sent by the host
     if backend == "docker":
         assert DockerBackend(home_id=paths.home_id(impyard_home)).labelled() == []
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_ctrl_c_gives_the_running_turn_its_deadline(backend: str, impyard_home: Path, request: pytest.FixtureRequest) -> None:
+    """Ctrl-C goes to the terminal's whole process group; the box is not in it (issue 11, "also close")."""
+    if backend == "docker":
+        request.getfixturevalue("box_image")
+    with FakeOpenAI() as server:
+        server.script(slow(envelope(answer="Finished anyway.", answer_needed=True), 3.0))
+        child = spawn_chat(server, impyard_home, "--backend", backend)
+        child.expect("you> ")
+        child.sendline("hello pip")
+        server.wait_for_requests(1, path="/chat/completions", timeout_s=60)  # the turn is in flight
+        child.sendintr()  # ^C through the pseudo-terminal: SIGINT to the foreground process group
+        child.expect("stopping")
+        child.expect("pip> Finished anyway.")
+        child.expect("bye")
+        child.expect(pexpect.EOF)
+        child.close()
+    assert "died" not in (child.before or "")
+    assert child.exitstatus == 0
 
 
 def test_sigterm_shuts_down_and_leaves_no_box(fake: FakeOpenAI, impyard_home: Path, box_image: str) -> None:

@@ -16,8 +16,8 @@ from box.protocol.models import DiscordSendParams, DiscordSendResult
 from impyard.backends import BoxSpec
 from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gates import Approver, GateError
+from impyard.db import MIGRATIONS, Database, open_database
+from impyard.gates import Approver, Gate, GateError, deciding_guild, may_decide
 from impyard.gateway import Gateway
 from impyard.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.surfaces import RecordingSurface
@@ -261,4 +261,150 @@ async def test_earned_trust_promotes_after_n_clean_approvals_and_a_denial_resets
     pending = await s.gateway.serve(other, "discord.send", DiscordSendParams(channel_id="guild-other", content="x"))
     assert isinstance(pending, DiscordSendResult) and pending.status == "pending"
     assert len(s.surface.sent) == 6  # five approved gates and one earned auto-send
+    s.db.close()
+
+
+# --- the approver policy for posts into another channel (issue 11 #5) --------------------------------
+
+NOW = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+CROSS_SEND = '[[rules]]\nname = "cross"\nmethod = "discord.send"\naction = "allow"\nchannels = ["news-b", "unseen"]\n'
+
+
+def a_gate(*, target: str, origin_guild: str | None = "g1", target_guild: str | None = None) -> Gate:
+    return Gate(
+        id="g-1", imp="pip", run_id="r", session_channel="guild-chat", origin_guild=origin_guild, act="discord.send",
+        target=target, payload={}, payload_sha256="", reason="", state="pending", created_at=NOW, deadline=NOW,
+        target_guild=target_guild,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("approver", "target", "target_guild", "allowed"),
+    [
+        pytest.param(GUILD_ADMIN, "guild-chat", "g1", True, id="own-channel: admin of its guild"),
+        pytest.param(OTHER_GUILD_ADMIN, "guild-chat", "g1", False, id="own-channel: admin of another guild"),
+        pytest.param(GUILD_ADMIN, "news-b", "g2", False, id="other guild: admin of the requesting guild"),
+        pytest.param(OTHER_GUILD_ADMIN, "news-b", "g2", True, id="other guild: admin of the target's guild"),
+        pytest.param(GUILD_ADMIN, "news-a", "g1", True, id="other channel of the same guild: its admin"),
+        pytest.param(GUILD_ADMIN, "unseen", None, False, id="unknown guild: admin of the requesting guild"),
+        pytest.param(OTHER_GUILD_ADMIN, "unseen", None, False, id="unknown guild: any admin"),
+        pytest.param(Approver("user", "admin-7", is_guild_admin=True, guild_id=None), "unseen", None, False, id="unknown guild: admin in a DM"),
+        pytest.param(Approver("user", "member", is_guild_admin=False, guild_id="g2"), "news-b", "g2", False, id="member of the target's guild"),
+        pytest.param(OWNER, "news-b", "g2", True, id="owner: any guild"),
+        pytest.param(OWNER, "unseen", None, True, id="owner: unknown guild"),
+        pytest.param(OPERATOR, "unseen", None, True, id="operator: unknown guild"),
+        pytest.param(STRANGER, "news-b", "g2", False, id="stranger"),
+    ],
+)
+def test_who_may_decide_is_the_guild_the_post_lands_in(
+    approver: Approver, target: str, target_guild: str | None, allowed: bool
+) -> None:
+    ok, why = may_decide(approver, a_gate(target=target, target_guild=target_guild), owners={"owner-1"})
+    assert ok is allowed, why
+    if not ok:
+        assert "guild the message would be posted in" in why
+
+
+def test_the_deciding_guild_of_an_own_channel_gate_is_the_session_guild_even_if_unrecorded() -> None:
+    """A gate from before the target guild was recorded: its own channel's guild is the origin guild."""
+    assert deciding_guild(a_gate(target="guild-chat", target_guild=None)) == "g1"
+    assert deciding_guild(a_gate(target="news-b", target_guild=None)) is None
+    assert deciding_guild(a_gate(target="news-b", origin_guild="g1", target_guild="g2")) == "g2"
+
+
+def cross_setup(tmp_path: Path, extra: str = "") -> Setup:
+    policy = build_policy([("ops.toml", CROSS_SEND + extra), (str(default_policy_path()), default_policy_path().read_text())])
+    s = make_setup(tmp_path, policy)
+    DbChannelTrust(s.db, s.clock).upsert(ChannelInfo("news-b", kind="guild", guild_id="g2"))  # a channel of guild g2
+    return s
+
+
+@pytest.mark.parametrize(
+    ("approver", "allowed"),
+    [(GUILD_ADMIN, False), (OTHER_GUILD_ADMIN, True), (OWNER, True), (STRANGER, False)],
+    ids=["admin-of-the-requesting-guild", "admin-of-the-target-guild", "owner", "stranger"],
+)
+async def test_a_post_into_another_guild_is_decided_by_that_guild_not_the_requesting_one(
+    tmp_path: Path, approver: Approver, allowed: bool
+) -> None:
+    s = cross_setup(tmp_path)
+    gate_id = await s.gated_send("into guild b", target="news-b")
+    gate = s.gateway.gates.get(gate_id)
+    assert (gate.origin_guild, gate.target_guild) == ("g1", "g2")
+    if allowed:
+        assert (await s.gateway.decide(gate_id, approver, approve=True)).state == "executed"
+        assert [(m.channel_id, m.content) for m in s.surface.sent] == [("news-b", "into guild b")]
+    else:
+        with pytest.raises(GateError) as caught:
+            await s.gateway.decide(gate_id, approver, approve=True)
+        assert caught.value.kind == "not_authorised" and "guild the message would be posted in" in str(caught.value)
+        assert s.gateway.gates.get(gate_id).state == "pending" and s.surface.sent == [] and s.transitions(gate_id) == []
+    s.db.close()
+
+
+async def test_a_post_into_a_channel_whose_guild_is_unknown_is_for_owners_and_the_operator(tmp_path: Path) -> None:
+    s = cross_setup(tmp_path)
+    gate_id = await s.gated_send("somewhere", target="unseen")  # the host never saw this channel
+    assert s.gateway.gates.get(gate_id).target_guild is None
+    for approver in (GUILD_ADMIN, OTHER_GUILD_ADMIN):
+        with pytest.raises(GateError, match="no guild admin may"):
+            await s.gateway.decide(gate_id, approver, approve=True)
+    assert s.surface.sent == []
+    assert (await s.gateway.decide(gate_id, OWNER, approve=True)).state == "executed"
+    second = await s.gated_send("again", target="unseen")
+    assert (await s.gateway.decide(second, OPERATOR, approve=True)).state == "executed"
+    s.db.close()
+
+
+async def test_earned_trust_counts_only_approvals_from_approvers_of_the_target(tmp_path: Path) -> None:
+    s = cross_setup(tmp_path, '[trust."discord.send"]\nother_channel = "earned"\nearned_after = 2\n')
+    for _ in range(3):  # the requesting guild's admin keeps trying: refused, and nothing is earned
+        gate_id = await s.gated_send(target="news-b")
+        with pytest.raises(GateError):
+            await s.gateway.decide(gate_id, GUILD_ADMIN, approve=True)
+    assert s.gateway.earned.count("pip", "discord.send", "news-b") == 0
+    still = await s.gateway.serve(s.spec, "discord.send", DiscordSendParams(channel_id="news-b", content="x"))
+    assert isinstance(still, DiscordSendResult) and still.status == "pending"
+    for _ in range(2):  # the target guild's admin approves: that is earned
+        await s.gateway.decide(await s.gated_send(target="news-b"), OTHER_GUILD_ADMIN, approve=True)
+    assert s.gateway.earned.count("pip", "discord.send", "news-b") == 2
+    alone = await s.gateway.serve(s.spec, "discord.send", DiscordSendParams(channel_id="news-b", content="alone"))
+    assert isinstance(alone, DiscordSendResult) and alone.status == "delivered"
+    s.db.close()
+
+
+def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_across_channels(tmp_path: Path) -> None:
+    old = Database(tmp_path / "old.db", MIGRATIONS[:3])
+    old.migrate()
+    row = "('{id}', 'pip', 'r', 'chat', 'g1', 'discord.send', '{target}', '{{}}', 'x', '', 'executed', 't', 't', '{by}')"
+    old.execute(
+        "INSERT INTO gates (id, imp, run_id, session_channel, origin_guild, act, target, payload, payload_sha256, "
+        "reason, state, created_at, deadline, decided_by) VALUES "
+        + ", ".join(
+            row.format(id=i, target=t, by=b)
+            for i, t, b in [("g-own", "chat", "user:discord:7"), ("g-far", "far", "user:discord:7"), ("g-cli", "cli", "operator:root")]
+        )
+    )
+    old.execute(
+        "INSERT INTO earned_trust VALUES ('pip', 'discord.send', 'chat', 4, 't'), ('pip', 'discord.send', 'far', 4, 't'), "
+        "('pip', 'discord.send', 'cli', 4, 't')"
+    )
+    old.close()
+    db = open_database(tmp_path / "old.db")
+    guilds = {r["id"]: r["target_guild"] for r in db.query("SELECT id, target_guild FROM gates")}
+    earned = {r["target"]: r["clean_approvals"] for r in db.query("SELECT target, clean_approvals FROM earned_trust")}
+    db.close()
+    assert guilds == {"g-own": "g1", "g-far": None, "g-cli": None}
+    assert earned == {"chat": 4, "far": 0, "cli": 4}  # a chat user's approval across channels may have been the wrong guild's
+
+
+async def test_a_learned_target_guild_only_fills_a_gap(tmp_path: Path) -> None:
+    s = cross_setup(tmp_path)
+    unknown = await s.gated_send(target="unseen")
+    known = await s.gated_send(target="news-b")
+    own = await s.gated_send(target="guild-chat")
+    assert s.gateway.gates.learn_target_guild(unknown, "g2").target_guild == "g2"
+    assert s.gateway.gates.learn_target_guild(known, "g9").target_guild == "g2"  # never changes a recorded guild
+    assert s.gateway.gates.learn_target_guild(own, "g9").target_guild == "g1"  # nor the session's own channel's
+    assert (await s.gateway.decide(unknown, OTHER_GUILD_ADMIN, approve=True)).state == "executed"
     s.db.close()

@@ -144,13 +144,14 @@ def no_secret_anywhere(h: Harness) -> None:
 
 async def test_a_chat_call_goes_upstream_with_the_real_key_and_is_charged_from_usage(h: Harness) -> None:
     h.fake.script(envelope(answer="hello"), purpose="reply", usage={"prompt_tokens": 1000, "completion_tokens": 200, "cached_tokens": 100})
-    result = await h.call("model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"))
+    body = {**CHAT_BODY, "messages": [{"role": "user", "content": "hello " * 200}]}  # 1,000 tokens need the bytes
+    result = await h.call("model.request", ModelRequestParams(path="/chat/completions", body=body, purpose="reply"))
     assert isinstance(result, ModelRequestResult) and result.status == 200
     assert json.loads(result.body["choices"][0]["message"]["content"])["answer"] == "hello"
     [request] = h.fake.requests
     assert request.headers["authorization"] == f"Bearer {KEY}"
     assert request.headers[PURPOSE_HEADER.lower()] == "reply"
-    assert request.body == CHAT_BODY  # exactly what the box asked for
+    assert request.body == body  # exactly what the box asked for
     expected = 900 * 0.40 + 100 * 0.10 + 200 * 1.60  # gpt-4.1-mini, micro-USD
     assert h.spent() == round(expected)
     [row] = h.audit()
@@ -164,9 +165,9 @@ async def test_a_chat_call_goes_upstream_with_the_real_key_and_is_charged_from_u
 @pytest.mark.parametrize(
     ("path", "body", "purpose", "usage", "expected_micros"),
     [
-        ("/responses", {"model": "gpt-4.1", "input": "hi", "max_output_tokens": 100}, "reply",
+        ("/responses", {"model": "gpt-4.1", "input": "hi " * 700, "max_output_tokens": 100}, "reply",
          {"input_tokens": 2000, "output_tokens": 50, "cached_tokens": 1000}, 1000 * 2.0 + 1000 * 0.5 + 50 * 8.0),
-        ("/embeddings", {"model": "text-embedding-3-small", "input": ["a", "b"]}, "embedding",
+        ("/embeddings", {"model": "text-embedding-3-small", "input": ["word " * 500, "word " * 500]}, "embedding",
          {"prompt_tokens": 5000}, 5000 * 0.02),
         ("/images/generations", {"model": "gpt-image-1", "prompt": "a cat", "n": 2}, "image",
          {"input_tokens": 10, "output_tokens": 100}, 10 * 5.0 + 100 * 40.0),

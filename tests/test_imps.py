@@ -241,6 +241,16 @@ BROKEN = [
         id="backend",
     ),
     pytest.param(
+        'name = "pip"\n[box]\nstate_quota = "5t"\n',
+        3, "box.state_quota", 'must be a size from "1m" to "1024g"',
+        id="state-quota",
+    ),
+    pytest.param(
+        'name = "pip"\n[box]\nstate_max_files = 10\n',
+        3, "box.state_max_files", "from 100 to 10000000",
+        id="state-max-files",
+    ),
+    pytest.param(
         'name = "pip"\n[memory]\nenabled = "yes"\n',
         3, "memory.enabled", 'must be true or false (got "yes")',
         id="strict-bool",
@@ -283,6 +293,12 @@ def test_broken_config_names_file_line_key_and_fix(
         store.list()
     assert SECRET not in str(error) and SECRET not in shown.output and SECRET not in listed.output
     assert snapshot(impyard_home) == before  # reading never rewrites
+
+
+def test_the_state_quota_reaches_the_docker_limits(store: ImpStore, impyard_home: Path) -> None:
+    write_config(impyard_home, 'name = "pip"\n[box]\nstate_quota = "2g"\nstate_max_files = 5000\n')
+    limits = store.get("pip").box.docker_limits()
+    assert (limits.state_quota.max_bytes, limits.state_quota.max_entries) == (2 * 1024**3, 5000)
 
 
 def test_every_problem_is_reported_in_file_order(store: ImpStore, impyard_home: Path) -> None:

@@ -9,22 +9,35 @@ from datetime import UTC, datetime
 
 import pytest
 
-from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelRequestParams, SendFile
+from box import chat_api, responses_api
+from box.envelope import Envelope
+from box.images import image_request
+from box.protocol.models import (
+    DiscordSendParams,
+    HttpFetchParams,
+    ModelRequestParams,
+    ResponderSettings,
+    SendFile,
+)
+from box.tools import Tool, ToolCall
 from impyard.fetch import address_refusal, extract_text, html_to_text
 from impyard.gates import Approver, Gate, may_decide
 from impyard.judge import (
     DEFAULT_DENY,
     MALFORMED,
+    BodyFacts,
     RequestFacts,
     discord_send_facts,
     host_selected,
     http_fetch_facts,
+    inspect_body,
     judge,
     model_request_facts,
 )
 from impyard.policy import policy_from_text
 from impyard.policy_models import TrustSettings
 from impyard.trust import ChannelInfo, channel_is_trusted, decide_trust
+from tests.fakes.openai_server import envelope as full_envelope
 
 POLICY = policy_from_text(
     """
@@ -37,6 +50,16 @@ scope = "grumpy"
 method = "*"
 action = "deny"
 reason = "grumpy is suspended"
+
+[[rules]]
+name = "rich"
+scope = "richie"
+method = "model.request"
+action = "allow"
+paths = ["/responses"]
+purposes = { reply = ["gpt-a"] }
+image_hosts = ["*.example.org"]
+stored_context_tokens = 20000
 
 [[rules]]
 name = "chat"
@@ -123,6 +146,18 @@ def fetch(host: str) -> RequestFacts:
         pytest.param(model(path="/images/generations", purpose="image", model="img-1", images=3), False, "images", "3 images", id="too-many-images"),
         pytest.param(model(imp="grumpy"), False, "quiet-imp", "grumpy is suspended", id="scoped-deny-first"),
         pytest.param(model(malformed="max_tokens must be a positive integer"), False, MALFORMED, "positive integer", id="malformed"),
+        # issue 11 #4: what the provider would do beyond the prompt is refused by the matched rule, by name
+        pytest.param(model(body_problem="tools[0]: tool type 'mcp' is not allowed (function tools only)"), False, "chat",
+                     "tool type 'mcp'", id="body-outside-the-allow-list"),
+        pytest.param(model(image_hosts=("img.example.org",)), False, "chat", "only inline data:image/", id="image-url-without-image-hosts"),
+        pytest.param(model(imp="richie", path="/responses", image_hosts=("img.example.org",)), True, "rich", "allowed", id="image-host-named"),
+        pytest.param(model(imp="richie", path="/responses", image_hosts=("example.org",)), False, "rich", "'example.org'", id="image-host-apex-not-named"),
+        pytest.param(model(imp="richie", path="/responses", image_hosts=("img.example.org", "evil.example")), False, "rich",
+                     "'evil.example'", id="every-image-host-must-be-named"),
+        pytest.param(model(path="/responses", stored_context=("previous_response_id",)), False, "chat",
+                     "previous_response_id pulls stored context", id="stored-context-without-a-worst-case"),
+        pytest.param(model(imp="richie", path="/responses", stored_context=("conversation",)), True, "rich", "allowed",
+                     id="stored-context-with-a-worst-case"),
         pytest.param(send(), True, "send-own", "allowed", id="own-channel"),
         pytest.param(send(target_channel="staff-1"), True, "send-staff", "allowed", id="staff-channel"),
         pytest.param(send(target_channel="announce-9"), True, "send-staff", "allowed", id="explicit-channel-id"),
@@ -193,6 +228,151 @@ def test_model_request_facts(body: dict, path: str, malformed: str | None, outpu
     else:
         assert facts.malformed is None
         assert (facts.output_tokens, facts.images) == (output_tokens, images)
+
+
+# --- the model body allow-list (issue 11 #4) ------------------------------------------------------
+
+CHAT = "/chat/completions"
+RESP = "/responses"
+PNG = "data:image/png;base64,iVBORw0KGgo="
+SAY = {"role": "user", "content": "hi"}
+FN_CHAT = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+FN_RESP = {"type": "function", "name": "search", "parameters": {"type": "object"}}
+
+
+def _chat(**extra: object) -> dict:
+    return {"model": "m", "messages": [SAY], **extra}
+
+
+def _parts(*parts: dict) -> dict:
+    return _chat(messages=[{"role": "user", "content": [{"type": "text", "text": "look"}, *parts]}])
+
+
+def _resp(*items: object, **extra: object) -> dict:
+    return {"model": "m", "input": list(items) or "hi", **extra}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "problem"),
+    [
+        # hosted tools make the provider reach hosts of the box's choosing, and cost outside the price table
+        pytest.param(RESP, _resp(tools=[{"type": "mcp", "server_label": "x", "server_url": "https://evil.example/mcp",
+                                          "headers": {"x": "memories"}}]), "tools[0]: tool type 'mcp'", id="mcp"),
+        pytest.param(RESP, _resp(tools=[FN_RESP, {"type": "web_search"}]), "tools[1]: tool type 'web_search'", id="web-search"),
+        pytest.param(RESP, _resp(tools=[{"type": "web_search_preview"}]), "'web_search_preview'", id="web-search-preview"),
+        pytest.param(RESP, _resp(tools=[{"type": "code_interpreter", "container": {"type": "auto"}}]), "'code_interpreter'", id="code-interpreter"),
+        pytest.param(RESP, _resp(tools=[{"type": "image_generation"}]), "'image_generation'", id="image-generation"),
+        pytest.param(RESP, _resp(tools=[{"type": "file_search", "vector_store_ids": ["vs_1"]}]), "'file_search'", id="file-search"),
+        pytest.param(CHAT, _chat(tools=[{"type": "custom", "custom": {"name": "x"}}]), "tool type 'custom'", id="chat-custom-tool"),
+        pytest.param(CHAT, _chat(tools={"type": "function"}), "tools must be a list", id="tools-not-a-list"),
+        pytest.param(RESP, _resp(tool_choice={"type": "web_search_preview"}), "tool_choice", id="tool-choice-hosted"),
+        pytest.param(RESP, _resp(tool_choice=["auto"]), "tool_choice", id="tool-choice-unhashable"),
+        pytest.param(RESP, _resp(tools=[{"type": {"mcp": 1}}]), "tool type {'mcp': 1}", id="tool-type-unhashable"),
+        pytest.param(RESP, _resp({"type": ["message"], "role": "user"}), "input item type ['message']", id="item-type-unhashable"),
+        pytest.param(CHAT, _parts({"type": {"x": 1}}), "content part type {'x': 1}", id="part-type-unhashable"),
+        # body keys the gateway cannot judge or price
+        pytest.param(CHAT, _chat(web_search_options={}), "body key 'web_search_options' is not allowed on /chat/completions", id="chat-web-search"),
+        pytest.param(CHAT, _chat(modalities=["text", "audio"], audio={"voice": "alloy"}), "body key 'audio'", id="chat-audio"),
+        pytest.param(CHAT, _chat(prediction={"type": "content", "content": "x"}), "'prediction'", id="chat-prediction"),
+        pytest.param(CHAT, _chat(max_output_tokens=5), "'max_output_tokens' is not allowed on /chat/completions", id="another-paths-cap"),
+        pytest.param(RESP, _resp(prompt={"id": "pmpt_1"}), "body key 'prompt'", id="stored-prompt"),
+        pytest.param(RESP, _resp(background=True), "body key 'background'", id="background"),
+        pytest.param(RESP, _resp(max_tokens=5), "'max_tokens' is not allowed on /responses", id="responses-chat-cap"),
+        pytest.param("/embeddings", {"model": "e", "input": "x", "tools": []}, "body key 'tools'", id="embeddings-tools"),
+        pytest.param("/images/generations", {"model": "i", "prompt": "x", "images": []}, "body key 'images'", id="generations-images"),
+        # content parts and image URLs: inline data:image/ only
+        pytest.param(CHAT, _parts({"type": "image_url", "image_url": {"url": "http://evil.example/x.png"}}),
+                     "messages[0].content[1].image_url.url: a 'http' URL is not allowed", id="chat-image-http"),
+        pytest.param(CHAT, _parts({"type": "image_url", "image_url": {"url": "https://u:p@evil.example/x.png"}}), "credentials", id="image-url-credentials"),
+        pytest.param(CHAT, _parts({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}), "'file' URL", id="image-file-url"),
+        pytest.param(CHAT, _parts({"type": "image_url", "image_url": {"url": PNG, "fetch": "x"}}), "image_url.fetch is not allowed", id="image-extra-key"),
+        pytest.param(CHAT, _parts({"type": "file", "file": {"file_id": "file-1"}}), "content part type 'file'", id="chat-file"),
+        pytest.param(CHAT, _parts({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}), "'input_audio'", id="chat-audio-part"),
+        pytest.param(CHAT, _chat(messages=[{"role": "assistant", "audio": {"id": "audio_1"}}]), "messages[0].audio is not allowed", id="stored-audio"),
+        pytest.param(CHAT, _chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "custom"}]}]),
+                     "tool call type 'custom'", id="custom-tool-call"),
+        pytest.param(CHAT, _chat(messages={"role": "user"}), "messages must be a list", id="messages-not-a-list"),
+        pytest.param(RESP, _resp({"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}),
+                     "input[0].content[0].file_id is not allowed", id="responses-file-id-image"),
+        pytest.param(RESP, _resp({"role": "user", "content": [{"type": "input_file", "file_url": "https://evil.example/a.pdf"}]}),
+                     "content part type 'input_file'", id="responses-file"),
+        pytest.param(RESP, _resp({"type": "item_reference", "id": "msg_1"}), "input item type 'item_reference'", id="item-reference"),
+        pytest.param(RESP, _resp({"type": "mcp_approval_response", "approve": True}), "'mcp_approval_response'", id="mcp-item"),
+        pytest.param(RESP, _resp({"type": "function_call_output", "call_id": "c",
+                                  "output": [{"type": "input_image", "image_url": "gopher://evil.example/"}]}),
+                     "input[0].output[0].image_url: a 'gopher' URL", id="tool-output-image"),
+        pytest.param(RESP, _resp(instructions=["not", "text"]), "instructions must be a string", id="instructions-not-text"),
+        pytest.param(CHAT, _chat(service_tier=2), "service_tier must be a string", id="tier-not-text"),
+        pytest.param("/images/edits", {"model": "i", "prompt": "x", "images": [{"file_id": "file-1"}]}, "images[0].file_id", id="edit-file-id"),
+        pytest.param("/images/edits", {"model": "i", "prompt": "x", "images": [{"image_url": PNG}], "mask": {"image_url": "https://a.example/m.png"}},
+                     None, id="edit-mask-url-is-a-host-for-the-rule"),
+    ],
+)  # fmt: skip
+def test_the_body_allow_list_refuses_what_the_provider_would_do_beyond_the_prompt(path: str, body: dict, problem: str | None) -> None:
+    found = inspect_body(path, body)
+    if problem is None:
+        assert found.problem is None, found
+    else:
+        assert found.problem is not None and problem in found.problem, found
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "facts"),
+    [
+        pytest.param(CHAT, _chat(), BodyFacts(), id="plain-text"),
+        pytest.param(CHAT, _parts({"type": "image_url", "image_url": {"url": PNG, "detail": "low"}}),
+                     BodyFacts(input_images=1, inline_image_bytes=len(PNG)), id="inline-image-counted"),
+        pytest.param(CHAT, _parts({"type": "image_url", "image_url": {"url": "https://CDN.Example.org/x.png"}}),
+                     BodyFacts(image_hosts=("cdn.example.org",), input_images=1), id="https-image-host-for-the-rule"),
+        pytest.param(RESP, _resp(previous_response_id="resp_1"), BodyFacts(stored_context=("previous_response_id",)), id="previous-response"),
+        pytest.param(RESP, _resp(conversation="conv_1"), BodyFacts(stored_context=("conversation",)), id="conversation"),
+        pytest.param(CHAT, {"model": "m", "messages": [SAY], "previous_response_id": "r"}, BodyFacts(problem="body key 'previous_response_id' is not allowed on /chat/completions"),
+                     id="stored-context-is-a-responses-thing"),
+        pytest.param("/images/edits", {"model": "i", "prompt": "x", "images": [{"image_url": PNG}, {"image_url": PNG}], "mask": {"image_url": PNG}},
+                     BodyFacts(input_images=3, inline_image_bytes=3 * len(PNG)), id="edit-images-and-mask"),
+        pytest.param("/embeddings", {"model": "e", "input": [[1, 2, 3]], "dimensions": 8}, BodyFacts(), id="embeddings-token-arrays"),
+    ],
+)  # fmt: skip
+def test_body_facts_count_images_and_note_hosts_and_stored_context(path: str, body: dict, facts: BodyFacts) -> None:
+    assert inspect_body(path, body) == facts
+
+
+def _tool() -> Tool:
+    return Tool("search", "Search memory.", {"type": "object", "properties": {"query": {"type": "string"}}}, lambda _: "")
+
+
+@pytest.mark.parametrize("temperature", [None, 0.3])
+def test_every_body_the_box_builds_passes_the_allow_list(temperature: float | None) -> None:
+    """The responder's own requests (box/chat_api.py, box/responses_api.py, box/images.py) are never refused."""
+    settings = ResponderSettings(temperature=temperature, reasoning_effort="low")
+    call = ToolCall("call_1", "search", '{"query": "owls"}')
+    vision = [{"type": "text", "text": "ann: look"}, {"type": "image_url", "image_url": {"url": PNG}}]
+    messages = [
+        {"role": "system", "content": "You are Pip."},
+        {"role": "assistant", "content": "earlier"},
+        {"role": "user", "content": vision},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        chat_api.tool_result_message(call, "nothing found"),
+    ]  # fmt: skip
+    items = responses_api.input_items(messages[1:3]) + [
+        responses_api.reduce_item({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "E", "status": "completed"}),
+        responses_api.reduce_item({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "search", "arguments": "{}", "status": "completed"}),
+        responses_api.function_call_output(call, "nothing found"),
+    ]  # fmt: skip
+    envelope = Envelope.model_validate(full_envelope(picture="an owl", picture_count=2, picture_edit=True))
+    bodies = [
+        (CHAT, chat_api.chat_body(settings, "gpt-4.1", messages, [_tool()])),
+        (CHAT, chat_api.chat_body(settings, "gpt-4.1", messages, [])),
+        (RESP, responses_api.responses_body(settings, "gpt-4.1", "You are Pip.", items, [_tool()])),
+        (RESP, responses_api.responses_body(settings, "gpt-4.1", "You are Pip.", items, [])),
+        (lambda r: (r.path, r.body))(image_request(settings, envelope, [PNG], "draw")),
+        (lambda r: (r.path, r.body))(image_request(settings, envelope, [], "draw")),
+    ]
+    for path, body in bodies:
+        found = inspect_body(path, body)
+        assert found.problem is None and found.image_hosts == () and found.stored_context == (), (path, found)
+    assert inspect_body(CHAT, bodies[0][1]).input_images == 1 and inspect_body("/images/edits", bodies[4][1]).input_images == 1
 
 
 def test_send_facts_measure_decoded_files_and_refuse_bad_base64() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,8 +18,10 @@ from impyard.ledger import ALL_IMPS, BudgetExhausted, Ledger, seconds_to_next_da
 from impyard.policy import policy_from_text
 from impyard.policy_models import Price
 from impyard.prices import (
+    PROMPT_OVERHEAD_TOKENS,
     PriceMissing,
     Usage,
+    bound_output,
     estimate_micros,
     measured_micros,
     token_cost_micros,
@@ -87,6 +91,23 @@ def test_reserve_then_settle_charges_the_measured_cost(ledger: Ledger) -> None:
     ledger.settle(reservation, 999_999)  # settling twice is a no-op
     row = {r.scope: r for r in ledger.summary()}["pip"]
     assert (row.daily_spent, row.monthly_spent, row.reserved) == (120_000, 120_000, 0)
+
+
+def test_settling_never_charges_more_than_was_reserved(ledger: Ledger) -> None:
+    """issue 11 #3: the reserve step checked the limits against the reservation; settling above it would overspend."""
+    reservation = ledger.reserve("pip", 400_000)
+    assert ledger.settle(reservation, 5_000_000) == 400_000  # the upstream reported 12x the worst case
+    row = {r.scope: r for r in ledger.summary()}["pip"]
+    assert row.daily_spent == 400_000 <= row.daily_limit  # type: ignore[operator]
+    assert ledger.settle(reservation, 1) == 0  # settled already: a no-op
+    assert ledger.settle(ledger.reserve("pip", 50_000), 20_000) == 20_000  # below the reservation: the measured cost
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0, 1e300])
+def test_an_override_must_be_a_finite_sane_amount(ledger: Ledger, bad: float) -> None:
+    with pytest.raises(ValueError, match="budget limit is a number of USD"):
+        ledger.set_limits("pip", daily_usd=bad, monthly_usd=None)
+    assert ledger.limits("pip").source == "policy"  # nothing written
 
 
 def test_the_hard_stop_refuses_when_the_window_is_spent_and_says_which(ledger: Ledger) -> None:
@@ -270,32 +291,72 @@ def test_cached_tokens_never_exceed_the_input() -> None:
     assert usage_from_response("/chat/completions", {"usage": {"prompt_tokens": "x"}}) == Usage()
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "body_bytes", "price", "micros"),
-    [
-        ("/chat/completions", {"model": "m", "max_completion_tokens": 1000}, 300, TEXT, 100 * 2 + 1000 * 8),
-        ("/chat/completions", {"model": "m", "max_tokens": 10, "n": 3}, 30, TEXT, 10 * 2 + 30 * 8),
-        ("/chat/completions", {"model": "m"}, 3, TEXT, 1 * 2 + 4096 * 8),  # no cap: the policy's default
-        ("/responses", {"model": "m", "max_output_tokens": 50}, 3, TEXT, 2 + 50 * 8),
-        ("/embeddings", {"model": "e"}, 3000, EMBED, 1000 * 0.02),
-        ("/images/generations", {"model": "i", "n": 2}, 30, IMAGE, 500_000 + 10 * 5),
-    ],
-)
-def test_the_estimate_covers_the_output_cap(path: str, body: dict, body_bytes: int, price: Price, micros: float) -> None:
-    assert estimate_micros(path, body, body_bytes, price, default_output_tokens=4096) == round(micros)
+W = PROMPT_OVERHEAD_TOKENS  # the provider's own headers around the body
+VISION = Price(input=2.0, cached_input=0.5, output=8.0, image_input_tokens=1000)
+TIERED = Price(input=2.0, output=8.0, service_tiers={"priority": 2.0, "flex": 0.5})
+EDITS = Price(input=5.0, output=40.0, image=0.25, image_input_tokens=100)
 
 
 @pytest.mark.parametrize(
-    ("path", "price", "missing"),
+    ("path", "body", "body_bytes", "price", "extra", "micros"),
     [
-        ("/images/generations", Price(input=1.0, output=1.0), "per-image price"),
-        ("/chat/completions", Price(image=1.0), "input price"),
-        ("/chat/completions", Price(input=1.0), "output price"),
+        pytest.param("/chat/completions", {"model": "m", "max_completion_tokens": 1000}, 300, TEXT, {},
+                     (300 + W) * 2 + 1000 * 8, id="every-byte-a-token-plus-the-cap"),
+        pytest.param("/chat/completions", {"model": "m", "max_tokens": 10, "n": 3}, 30, TEXT, {},
+                     (30 + W) * 2 + 3 * 10 * 8, id="n-choices-each-write-the-cap"),
+        pytest.param("/chat/completions", {"model": "m"}, 3, TEXT, {}, (3 + W) * 2 + 4096 * 8, id="no-cap-the-default"),
+        pytest.param("/responses", {"model": "m", "max_output_tokens": 50}, 3, TEXT, {}, (3 + W) * 2 + 50 * 8, id="responses"),
+        pytest.param("/responses", {"model": "m", "max_tokens": 50}, 3, TEXT, {}, (3 + W) * 2 + 4096 * 8,
+                     id="a-chat-cap-does-not-bound-responses"),
+        pytest.param("/embeddings", {"model": "e"}, 3000, EMBED, {}, (3000 + W) * 0.02, id="embeddings"),
+        pytest.param("/images/generations", {"model": "i", "n": 2}, 30, IMAGE, {}, 500_000 + (30 + W) * 5, id="images-full-price"),
+        pytest.param("/chat/completions", {"model": "m", "max_tokens": 10}, 5600, VISION,
+                     {"input_images": 2, "inline_image_bytes": 5000}, (600 + W + 2 * 1000) * 2 + 10 * 8,
+                     id="input-images-at-their-worst-case-not-their-bytes"),
+        pytest.param("/images/edits", {"model": "i"}, 1030, EDITS, {"input_images": 2, "inline_image_bytes": 1000},
+                     250_000 + (30 + W + 2 * 100) * 5, id="edit-images"),
+        pytest.param("/responses", {"model": "m", "max_output_tokens": 50}, 3, TEXT, {"stored_context_tokens": 10_000},
+                     (3 + W + 10_000) * 2 + 50 * 8, id="stored-context-at-the-policys-worst-case"),
+        pytest.param("/chat/completions", {"model": "m", "max_tokens": 10, "service_tier": "priority"}, 30, TIERED, {},
+                     2 * ((30 + W) * 2 + 10 * 8), id="priority-tier-multiplied"),
+        pytest.param("/chat/completions", {"model": "m", "max_tokens": 10, "service_tier": "default"}, 30, TIERED, {},
+                     (30 + W) * 2 + 10 * 8, id="default-tier"),
+    ],
+)  # fmt: skip
+def test_the_estimate_is_the_worst_case(path: str, body: dict, body_bytes: int, price: Price, extra: dict, micros: float) -> None:
+    estimate = estimate_micros(path, body, body_bytes, price, default_output_tokens=4096, **extra)
+    assert estimate == math.ceil(micros - 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "forwarded"),
+    [
+        pytest.param("/chat/completions", {"model": "m"}, {"model": "m", "max_completion_tokens": 500}, id="chat-gets-one"),
+        pytest.param("/chat/completions", {"model": "m", "max_tokens": 9}, {"model": "m", "max_tokens": 9}, id="chat-keeps-its-own"),
+        pytest.param("/responses", {"model": "m"}, {"model": "m", "max_output_tokens": 500}, id="responses-gets-one"),
+        pytest.param("/responses", {"model": "m", "max_output_tokens": 7}, {"model": "m", "max_output_tokens": 7}, id="responses-keeps-its-own"),
+        pytest.param("/embeddings", {"model": "e"}, {"model": "e"}, id="embeddings-write-nothing"),
+        pytest.param("/images/generations", {"model": "i"}, {"model": "i"}, id="images-priced-per-image"),
+    ],
+)  # fmt: skip
+def test_a_text_call_without_an_output_cap_is_sent_one(path: str, body: dict, forwarded: dict) -> None:
+    assert bound_output(path, body, 500) == forwarded
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "price", "extra", "missing"),
+    [
+        ("/images/generations", {}, Price(input=1.0, output=1.0), {}, "per-image price"),
+        ("/chat/completions", {}, Price(image=1.0), {}, "input price"),
+        ("/chat/completions", {}, Price(input=1.0), {}, "output price"),
+        ("/chat/completions", {}, TEXT, {"input_images": 1}, "add image_input_tokens"),
+        ("/chat/completions", {"service_tier": "priority"}, TEXT, {}, "service_tiers = { priority = MULTIPLIER }"),
+        ("/responses", {"service_tier": "scale"}, TIERED, {}, "'scale' is not priced"),
     ],
 )
-def test_an_incomplete_price_refuses_rather_than_assumes_zero(path: str, price: Price, missing: str) -> None:
-    with pytest.raises(PriceMissing, match=missing):
-        estimate_micros(path, {"model": "m"}, 10, price, default_output_tokens=10)
+def test_an_incomplete_price_refuses_rather_than_assumes_zero(path: str, body: dict, price: Price, extra: dict, missing: str) -> None:
+    with pytest.raises(PriceMissing, match=re.escape(missing)):
+        estimate_micros(path, {"model": "m", **body}, 10, price, default_output_tokens=10, **extra)
 
 
 def test_summary_lists_every_imp_with_spending_or_limits(ledger: Ledger, clock: FixedClock) -> None:

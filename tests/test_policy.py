@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
+from impyard.cli import cli
 from impyard.policy import PolicyError, default_policy_path, load_policy, policy_from_text
+from impyard.policy_models import PolicyFile
 
 ALLOW_REPLY = """
 [[rules]]
@@ -197,3 +205,94 @@ def test_a_rule_that_allows_loopback_fetches_is_flagged() -> None:
         '[[rules]]\nname = "fetch-local"\nmethod = "http.fetch"\naction = "allow"\nhosts = ["localhost"]\nallow_loopback = true\n'
     )
     assert any("allow_loopback" in warning and "tests only" in warning for warning in policy.warnings)
+
+
+# --- every number finite and in range (issue 11 #10) -------------------------------------------------
+
+RULE = '[[rules]]\nname = "r"\nmethod = "model.request"\naction = "allow"\npurposes = {{ reply = ["m"] }}\nmax_tokens = {v}\n'
+NUMBERS = [
+    pytest.param("[budgets.all]\ndaily_usd = {v}\n", 2, "budgets.all.daily_usd", "float", id="budget"),
+    pytest.param("[budgets.imps.pip]\nmonthly_usd = {v}\n", 2, "budgets.imps.pip.monthly_usd", "float", id="imp-budget"),
+    pytest.param('[prices."gpt-x"]\ninput = {v}\n', 2, "prices.gpt-x.input", "float", id="price"),
+    pytest.param("[gates]\ndeadline_hours = {v}\n", 2, "gates.deadline_hours", "float", id="deadline"),
+    pytest.param(RULE, 6, "rules['r'].max_tokens", "int", id="rule-limit"),
+    pytest.param("[upstream]\ndefault_output_tokens = {v}\n", 2, "upstream.default_output_tokens", "int", id="upstream"),
+    pytest.param('[trust."discord.send"]\nearned_after = {v}\n', 2, 'trust."discord.send".earned_after', "int", id="trust"),
+]
+BAD = {  # TOML literal -> what the error says, for a float key and for an int key
+    "inf": ("finite number", "finite number"),
+    "nan": ("finite number", "finite number"),
+    "-1": ("greater than", "greater than"),
+    "1e300": ("less than or equal to", "far too large"),
+    "100000000000000000000": ("less than or equal to", "less than or equal to"),
+}
+
+
+@pytest.mark.parametrize("value", list(BAD))
+@pytest.mark.parametrize(("template", "line", "key", "kind"), NUMBERS)
+def test_every_number_in_a_policy_is_finite_and_in_range(template: str, line: int, key: str, kind: str, value: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        policy_from_text(template.format(v=value), "ops/limits.toml")
+    problem = caught.value.problems[0]
+    assert (problem.file, problem.line, problem.key) == ("ops/limits.toml", line, key), str(problem)
+    assert BAD[value][kind == "int"] in problem.reason, str(problem)
+    assert "\n" not in str(problem)
+
+
+def _numbers(annotation: Any, constraints: list[Any]) -> Iterator[tuple[Any, list[Any]]]:
+    """Each int/float inside an annotation (through Optional, list, dict, Annotated) with its constraints,
+    and each nested policy model (with no constraints)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *extra = typing.get_args(annotation)
+        found = [item for e in extra for item in (e.metadata if isinstance(e, FieldInfo) else [e])]
+        yield from _numbers(base, [*constraints, *found])
+    elif origin is not None:
+        for arg in typing.get_args(annotation):
+            yield from _numbers(arg, constraints)
+    elif annotation in (int, float) or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        yield annotation, constraints
+
+
+def _numeric_fields(model: type[BaseModel], seen: set[type] | None = None) -> Iterator[tuple[str, type, set[str]]]:
+    seen = seen if seen is not None else set()
+    seen.add(model)
+    for name, info in model.model_fields.items():
+        for found, constraints in _numbers(info.annotation, list(info.metadata)):
+            if found in (int, float):
+                kinds = {type(c).__name__ for c in constraints if getattr(c, "allow_inf_nan", None) is not True}
+                yield f"{model.__name__}.{name}", found, kinds
+            elif found not in seen:
+                yield from _numeric_fields(found, seen)
+
+
+def test_no_number_field_of_the_policy_is_left_unbounded() -> None:
+    """A new int or float key without bounds (or a float that admits inf and nan) fails here, not at run time."""
+    fields = list(_numeric_fields(PolicyFile))
+    names = {name for name, _, _ in fields}
+    assert {"Price.input", "Price.service_tiers", "BudgetLimit.daily_usd", "Rule.max_tokens", "UpstreamSettings.timeout_s"} <= names
+    for name, kind, constraints in fields:
+        assert constraints & {"Le", "Lt"}, f"{name} has no upper bound"
+        assert constraints & {"Ge", "Gt"}, f"{name} has no lower bound"
+        assert kind is int or "AllowInfNan" in constraints, f"{name} admits inf and nan"
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
+def test_policy_check_and_budget_show_name_the_file_and_key_of_a_bad_number(tmp_path: Path, value: str) -> None:
+    ops = tmp_path / "ops"
+    write(ops, "money.toml", f"[budgets.per_imp]\ndaily_usd = {value}\n")
+    runner = CliRunner(env={"COLUMNS": "200"})
+    check = runner.invoke(cli, ["policy", "check", str(ops)])
+    assert check.exit_code == 1 and "Traceback" not in check.output, check.output
+    assert "money.toml:2: budgets.per_imp.daily_usd: " in check.output
+    show = runner.invoke(cli, ["budget", "show", "--policies", str(ops)])  # it crashed with OverflowError on inf
+    assert show.exit_code == 1 and isinstance(show.exception, SystemExit), show.exception  # a CliError, not a crash
+    assert "money.toml:2: budgets.per_imp.daily_usd: " in show.output and len(show.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
+def test_budget_set_refuses_a_non_finite_amount_with_one_line(value: str) -> None:
+    result = CliRunner().invoke(cli, ["budget", "set", "pip", "--daily", value])
+    assert isinstance(result.exception, SystemExit), result.exception  # click's range check, or the ledger's for nan
+    assert result.exit_code == (1 if value == "nan" else 2), result.output
+    assert "budget limit is a number of USD" in result.output if value == "nan" else "--daily" in result.output

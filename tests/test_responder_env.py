@@ -24,6 +24,7 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Author, HistoryEntry, MailboxEventParams, ModelRequestResult
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
+from impyard.backends.statedir import FOREIGN_WRITER_MARK
 from tests.scripted import (
     NOW,
     ScriptedHost,
@@ -54,7 +55,8 @@ def stored(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def files_under(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    """Files the box wrote (the host's own mark beside the state dir is not one of them)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != FOREIGN_WRITER_MARK)
 
 
 class Sleeps:

@@ -281,6 +281,27 @@ async def test_a_task_box_that_hangs_is_killed_at_its_ceiling(fake: FakeOpenAI) 
         assert not alive(run.box_pid)  # the box is gone, not merely abandoned
 
 
+async def test_a_box_dying_mid_task_fails_the_task_with_one_line(fake: FakeOpenAI, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 11: a box killed mid-task ends its task cleanly, with the death in one line, no ExceptionGroup."""
+    fake.script(slow(envelope(answer="never posted"), 30.0))
+    async with yard(fake, ProcessBackend(warn=False)) as y:
+        task = y.add(channel_id=TRUSTED)
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: y.supervisor.run(stop=stop))
+            await anyio.to_thread.run_sync(lambda: fake.wait_for_requests(1, timeout_s=20))  # task.run in flight
+            os.kill(y.supervisor.tasks.runs(task.id)[0].box_pid or 0, signal.SIGKILL)
+
+            async def failed() -> bool:
+                return y.task(task.id).state == "failed"
+
+            await wait_until(failed)
+            stop.set()
+    outcome = y.task(task.id).outcome or ""
+    assert outcome.startswith("the box failed: task.run got no answer") and "exit code -9" in outcome
+    assert "ExceptionGroup" not in outcome and "ExceptionGroup" not in caplog.text and "Traceback" not in caplog.text
+
+
 async def test_the_operator_can_cancel_a_running_task(fake: FakeOpenAI) -> None:
     async with yard(fake, hanging_box()) as y:
         task = y.add(channel_id=TRUSTED)

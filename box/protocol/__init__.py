@@ -5,7 +5,15 @@ One package, imported by both sides: the frame and params models
 bidirectional JSON-RPC peer (``box.protocol.peer``).
 """
 
-from box.protocol.codec import DEFAULT_MAX_LINE_BYTES, LineTooLong, NdjsonDecoder, encode_frame
+from box.protocol.codec import (
+    DEFAULT_MAX_LINE_BYTES,
+    MAX_FRAME_DEPTH,
+    FrameInvalid,
+    LineTooLong,
+    NdjsonDecoder,
+    decode_frame,
+    encode_frame,
+)
 from box.protocol.errors import ErrorCode, PeerClosed, ProtocolViolation, RpcError
 from box.protocol.models import (
     BOX_METHODS,
@@ -20,7 +28,9 @@ __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "HOST_METHODS",
     "PROTOCOL_VERSION",
+    "MAX_FRAME_DEPTH",
     "ErrorCode",
+    "FrameInvalid",
     "LineTooLong",
     "MethodSpec",
     "NdjsonDecoder",
@@ -28,5 +38,6 @@ __all__ = [
     "PeerClosed",
     "ProtocolViolation",
     "RpcError",
+    "decode_frame",
     "encode_frame",
 ]

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024  # design.md §3: 1 MiB
+# No frame of the protocol nests deeper than a model body with a JSON schema in it; far below what
+# recursion in json.loads, pydantic or json.dumps can take (issue 11 #1: 100,000 levels crashed the host).
+MAX_FRAME_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -14,6 +17,51 @@ class LineTooLong:
     """Marks a line that exceeded the limit; its bytes were dropped, not buffered."""
 
     size: int
+
+
+class FrameInvalid(ValueError):
+    """A line that is not one acceptable JSON value: not UTF-8, not JSON, or nested too deep."""
+
+
+def decode_frame(line: bytes, max_depth: int = MAX_FRAME_DEPTH) -> Any:
+    """Parse one line. Every failure — whatever the bytes make the parser raise — is ``FrameInvalid``.
+
+    The bytes come from the other side, which may be hostile: no exception they cause may escape
+    as anything the caller does not expect (issue 11 #1).
+    """
+    try:
+        value = json.loads(line)
+    except RecursionError as exc:
+        raise FrameInvalid(f"nested deeper than {max_depth} levels") from exc
+    except (ValueError, TypeError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
+        raise FrameInvalid("not JSON") from exc
+    if nesting_depth(value, max_depth) > max_depth:
+        raise FrameInvalid(f"nested deeper than {max_depth} levels")
+    return value
+
+
+def nesting_depth(value: Any, limit: int) -> int:
+    """How deep containers nest in a parsed JSON value (a scalar is 0), counted up to ``limit + 1``.
+
+    Iterative, so it cannot itself run out of stack; stops as soon as the limit is passed.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        stack.extend((child, depth) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 class FrameTooLarge(ValueError):

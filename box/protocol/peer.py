@@ -10,7 +10,6 @@ What the peer *serves* and what it *calls* are method tables from
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import nullcontext
@@ -20,7 +19,15 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
 from pydantic import BaseModel, ValidationError
 
-from box.protocol.codec import DEFAULT_MAX_LINE_BYTES, FrameTooLarge, LineTooLong, NdjsonDecoder, encode_frame
+from box.protocol.codec import (
+    DEFAULT_MAX_LINE_BYTES,
+    FrameInvalid,
+    FrameTooLarge,
+    LineTooLong,
+    NdjsonDecoder,
+    decode_frame,
+    encode_frame,
+)
 from box.protocol.errors import ErrorCode, PeerClosed, ProtocolViolation, RpcError
 from box.protocol.models import MethodSpec
 
@@ -71,6 +78,7 @@ class Peer:
         stop_after: frozenset[str] = frozenset(),
         on_refusal: RefusalHook | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_in_flight: int | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self._receive = receive
@@ -82,6 +90,7 @@ class Peer:
         self._stop_after = stop_after
         self._on_refusal = on_refusal
         self._max_line_bytes = max_line_bytes
+        self._max_in_flight = max_in_flight  # requests from the other side being served at once
         self._log = logger or logging.getLogger("impyard.protocol")
         self._ids = itertools.count(1)
         self._pending: dict[int, _Waiter] = {}
@@ -106,7 +115,13 @@ class Peer:
                     except _STREAM_ENDED:
                         break
                     for line in decoder.feed(chunk):
-                        await self._on_line(line)
+                        try:
+                            await self._on_line(line)
+                        except _STREAM_ENDED:
+                            raise
+                        except Exception as exc:  # noqa: BLE001 - the other side's bytes never end this side
+                            self._log.debug("handling a line failed", exc_info=True)
+                            self._violation(f"a line could not be handled ({type(exc).__name__})")
                 if decoder.pending_bytes:
                     self._log.warning("stream ended inside a line (%d bytes dropped)", decoder.pending_bytes)
                 # Nothing more can arrive: requests we sent fail now, handlers get a short grace to answer.
@@ -151,10 +166,10 @@ class Peer:
             await self._reply_error(None, ErrorCode.INVALID_REQUEST, "line too long; dropped", {"bytes": line.size})
             return
         try:
-            frame = json.loads(line)
-        except (UnicodeDecodeError, ValueError):
-            self._violation("line is not JSON")
-            await self._reply_error(None, ErrorCode.PARSE_ERROR, "parse error: the line is not JSON")
+            frame = decode_frame(line)
+        except FrameInvalid as exc:
+            self._violation(f"line is {exc}")
+            await self._reply_error(None, ErrorCode.PARSE_ERROR, f"parse error: the line is {exc}")
             return
         if not isinstance(frame, dict) or frame.get("jsonrpc") != "2.0":
             self._violation("not a JSON-RPC 2.0 object")
@@ -178,7 +193,7 @@ class Peer:
         is_request = frame_id is not None
         spec = self._serves.get(method) if isinstance(method, str) else None
         if spec is None or spec.is_notification == is_request:
-            self._log.warning("unknown method %r refused", method if isinstance(method, str) else type(method))
+            self._log.debug("unknown method %r refused", method if isinstance(method, str) else type(method))
             if is_request:
                 await self._reply_error(frame_id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {str(method)[:80]}")
             await self._refused(str(method)[:80], ErrorCode.METHOD_NOT_FOUND, "unknown method")
@@ -190,7 +205,7 @@ class Peer:
             params = spec.params.model_validate(raw_params)
         except (TypeError, ValidationError) as exc:
             data = validation_summary(exc) if isinstance(exc, ValidationError) else [{"loc": "", "msg": str(exc)}]
-            self._log.warning("invalid params for %s: %s", method, data)
+            self._log.debug("invalid params for %s: %s", method, data)
             if is_request:
                 await self._reply_error(frame_id, ErrorCode.INVALID_PARAMS, f"invalid params for {method}", data)
             await self._refused(method, ErrorCode.INVALID_PARAMS, "; ".join(f"{d['loc']}: {d['msg']}" for d in data))
@@ -199,6 +214,11 @@ class Peer:
             await self._notify_handler(method, params)
             return
         assert self._tg is not None
+        if self._max_in_flight is not None and self._in_flight >= self._max_in_flight:
+            # A side that floods requests without reading answers would hold the host's memory (issue 11 #6).
+            self._violation(f"more than {self._max_in_flight} requests in flight")
+            await self._reply_error(frame_id, ErrorCode.BUSY, f"too many requests in flight (at most {self._max_in_flight})")
+            return
         self._in_flight += 1  # counted before it starts, so an EOF right after still waits for it
         self._tg.start_soon(self._serve, frame_id, spec, params, name=f"serve {method}#{frame_id}")
 

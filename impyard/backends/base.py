@@ -39,9 +39,12 @@ from box.protocol.models import (
     DeliverParams,
     DeliverResult,
     EmptyFromHost,
+    LogParams,
     TaskRunParams,
     TaskRunResult,
 )
+from impyard.backends.conduct import LOG_LIMITS, REFUSAL_LIMITS, Admission, NoiseMeter, printable
+from impyard.backends.statedir import StateQuota, measure_state_dir
 
 log = logging.getLogger("impyard.box")
 
@@ -50,6 +53,13 @@ STDERR_TAIL_LINES = 40
 SHUTDOWN_GRACE_S = 5.0
 EXIT_WAIT_S = 5.0
 DEATH_REPORT_WAIT_S = 1.0
+STATE_CHECK_S = 2.0  # how often a running box's state dir is measured against its quota
+# Host requests (model calls, sends, fetches) one box may have in flight at once; the box's own turn
+# machine has one at a time, so this is generous. Past it the box is killed: each request in flight
+# holds up to a 1 MiB line of host memory (issue 11 #6).
+MAX_REQUESTS_IN_FLIGHT = 8
+# Refusals that count against a box's conduct: its requests were invalid or denied.
+_REFUSAL_CODES = frozenset({ErrorCode.INVALID_PARAMS, ErrorCode.METHOD_NOT_FOUND, ErrorCode.INVALID_REQUEST, ErrorCode.DENIED})
 
 
 class BoxError(Exception):
@@ -114,6 +124,9 @@ class RunningBox:
         self.violation: str | None = None
         self.unresponsive = False
         self._kill_requested = anyio.Event()
+        self._logs = NoiseMeter(LOG_LIMITS, anyio.current_time, "log lines")
+        self._refusals = NoiseMeter(REFUSAL_LIMITS, anyio.current_time, "refusals")
+        self._box_log = logging.getLogger(f"impyard.box.{spec.imp}")
         assert process.stdin is not None and process.stdout is not None
         self.peer = Peer(
             process.stdout,
@@ -124,19 +137,60 @@ class RunningBox:
             on_violation=self._on_violation,
             on_refusal=self._refused,
             max_line_bytes=max_line_bytes,
-            logger=logging.getLogger(f"impyard.box.{spec.imp}"),
+            max_in_flight=MAX_REQUESTS_IN_FLIGHT,
+            logger=self._box_log,
         )
 
     # ------------------------------------------------------------ host side
 
     async def _serve(self, method: str, params: BaseModel) -> BaseModel | None:
-        return await self._host.serve(self.spec, method, params)
+        if method == "log":
+            assert isinstance(params, LogParams)
+            admission = self._logs.admit(f"{params.level}:{params.message}")
+            self._note_held_back(admission.summary, "log")
+            if admission.kill:
+                self._on_violation(f"flooded the host's log ({self._logs.suppressed} lines held back)")
+            if not admission.show:
+                return None
+        try:
+            return await self._host.serve(self.spec, method, params)
+        except RpcError as exc:
+            if exc.code in _REFUSAL_CODES:
+                self._count_refusal(self._refusals.admit(f"{method}:{exc.code}"))
+            raise
 
     async def _refused(self, method: str, code: int, reason: str) -> None:
-        # A request refused by the schema never reaches the host's handler; the host still records it.
+        # A request refused by the schema never reaches the host's handler; the host still records it,
+        # one row each within the box's refusal budget, the rest folded into one row at the box's end.
+        admission = self._refusals.admit(f"{method}:{code}")
+        self._count_refusal(admission)
+        if admission.show:
+            await self._record_refusal(method, code, reason)
+
+    def _count_refusal(self, admission: Admission) -> None:
+        self._note_held_back(admission.summary, "refusal")
+        if admission.kill:
+            self._on_violation(f"kept sending refused requests ({self._refusals.suppressed} over its budget)")
+
+    async def _record_refusal(self, method: str, code: int, reason: str) -> None:
         record = getattr(self._host, "refused", None)
         if record is not None:
-            await record(self.spec, method, code, reason)
+            try:
+                await record(self.spec, method, code, reason)
+            except Exception:  # noqa: BLE001 - recording a refusal never fails the box's pipe
+                log.exception("recording a refused request of box %s/%s failed", self.spec.imp, self.spec.channel_id)
+
+    def _note_held_back(self, summary: str | None, what: str) -> None:
+        if summary:
+            self._box_log.warning("box %s/%s: %s %s", self.spec.imp, self.spec.channel_id, what, summary)
+
+    async def flush_conduct(self) -> None:
+        """At the box's end: say what was held back, and audit the refusals that were folded."""
+        self._note_held_back(self._logs.flush(), "log")
+        folded = self._refusals.flush()
+        if folded:
+            self._note_held_back(folded, "refusal")
+            await self._record_refusal("(folded)", ErrorCode.INVALID_REQUEST, f"refusals not recorded one by one: {folded}")
 
     def _on_violation(self, reason: str) -> None:
         # A box that breaks framing is misbehaving: it is killed, never the supervisor.
@@ -226,6 +280,7 @@ class RunningBox:
             async for chunk in self.process.stderr:
                 for line in decoder.feed(chunk):
                     text = "(over-long log line dropped)" if isinstance(line, LineTooLong) else line.decode(errors="replace")
+                    text = printable(text, STDERR_LINE_BYTES)
                     self.stderr_tail.append(text)
                     box_log.debug("%s", text)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -236,11 +291,40 @@ class RunningBox:
         self.exited.set()
         self._kill_requested.set()
 
+    async def _watch_state(self, quota: StateQuota) -> None:
+        """Measure the state dir while the box lives; past its quota the box is killed (issue 11 #11)."""
+        while not self.exited.is_set():
+            usage = await anyio.to_thread.run_sync(measure_state_dir, self.spec.state_dir, quota, abandon_on_cancel=True)
+            over = usage.over(quota)
+            if over:
+                self._on_violation(f"its state dir holds {over}")
+                return
+            await anyio.sleep(STATE_CHECK_S)
+
     async def _watch_kill(self) -> None:
         await self._kill_requested.wait()
         if not self.exited.is_set():
             await self.kill()
         self.peer.stop()
+
+
+@asynccontextmanager
+async def _unwrapped() -> AsyncIterator[None]:
+    """The one error of a box's task group raised as itself (``BoxDied``), not as an ExceptionGroup around it."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves: list[BaseException] = []
+        pending: list[BaseException] = [group]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, BaseExceptionGroup):
+                pending.extend(item.exceptions)
+            else:
+                leaves.append(item)
+        if len(leaves) == 1:
+            raise leaves[0] from leaves[0].__cause__
+        raise
 
 
 def kill_process(process: Process) -> None:
@@ -267,15 +351,19 @@ async def supervise_process(
     host: BoxHost,
     terminate: Callable[[], Awaitable[None]],
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    *,
+    state_quota: StateQuota | None = None,
 ) -> AsyncIterator[RunningBox]:
     """Run the peer, the stderr pump and the exit watcher for a started box; reap it on every path."""
     running = RunningBox(spec, process, host, terminate, max_line_bytes)
     try:
-        async with anyio.create_task_group() as tg:
+        async with _unwrapped(), anyio.create_task_group() as tg:
             tg.start_soon(running._pump_peer, name="box peer")
             tg.start_soon(running._pump_stderr, name="box stderr")
             tg.start_soon(running._watch_exit, name="box exit")
             tg.start_soon(running._watch_kill, name="box kill")
+            if state_quota is not None:
+                tg.start_soon(running._watch_state, state_quota, name="box state quota")
             try:
                 yield running
             except BaseException:
@@ -291,3 +379,4 @@ async def supervise_process(
         with anyio.CancelScope(shield=True):
             await terminate()
             await process.aclose()
+            await running.flush_conduct()

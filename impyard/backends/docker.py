@@ -22,6 +22,7 @@ import docker.errors
 
 from impyard import paths
 from impyard.backends.base import BoxHost, BoxSpec, BoxStartError, RunningBox, kill_process, supervise_process
+from impyard.backends.statedir import StateQuota, measure_state_dir, prepare_state_dir
 
 log = logging.getLogger("impyard.box")
 
@@ -53,6 +54,7 @@ class DockerLimits:
     pids_limit: int = 128
     tmpfs_size: str = "64m"
     nofile: int = 1024
+    state_quota: StateQuota = StateQuota()  # also the largest single file a box may write (--ulimit fsize)
 
 
 def box_user() -> str:
@@ -92,6 +94,7 @@ def run_argv(
         "--memory-swap", limits.memory,
         "--cpus", f"{limits.cpus:g}",
         "--ulimit", f"nofile={limits.nofile}:{limits.nofile}",
+        "--ulimit", f"fsize={limits.state_quota.max_bytes}:{limits.state_quota.max_bytes}",
         "--user", user,
         "--log-driver", "none",
         "--label", f"{LABEL_BOX}=1",
@@ -197,36 +200,39 @@ class DockerBackend:
         return removed
 
     def prepare_state_dir(self, state_dir: Path, user: str) -> None:
-        """The state dir and everything in it belong to the box user (a process box may have written it as root)."""
-        state_dir.mkdir(parents=True, exist_ok=True)
-        if os.getuid() == 0:
-            uid, gid = (int(part) for part in user.split(":"))
-            os.chown(state_dir, uid, gid)
-            # lchown never follows a link a box may have planted; ownership is all the host changes here.
-            for root, dirs, files in os.walk(state_dir, followlinks=False):
-                for name in dirs + files:
-                    path = os.path.join(root, name)
-                    if os.lstat(path).st_uid != uid:
-                        os.lchown(path, uid, gid)
-        state_dir.chmod(0o700)
+        """The state dir belongs to the box user and is private; refuse a start when it is over its quota.
+
+        Blocking (it may repair ownership once, or count a large dir): ``open`` runs it in a worker thread.
+        """
+        uid, gid = (int(part) for part in user.split(":"))
+        try:
+            prepare_state_dir(state_dir, uid, gid)
+            over = measure_state_dir(state_dir, self.limits.state_quota).over(self.limits.state_quota)
+        except OSError as exc:  # e.g. a link in the state dir's place: never followed, never started
+            raise BoxStartError(f"the state dir {state_dir} cannot be prepared ({exc.strerror or exc}): check it by hand") from exc
+        if over:
+            raise BoxStartError(
+                f"the state dir {state_dir} holds {over}: free space in it, or raise [box] state_quota in imp.toml"
+            )
 
     @asynccontextmanager
     async def open(self, spec: BoxSpec, host: BoxHost, *, command: list[str] | None = None) -> AsyncIterator[RunningBox]:
         await anyio.to_thread.run_sync(self.preflight)
         user = box_user()
-        self.prepare_state_dir(spec.state_dir, user)
+        await anyio.to_thread.run_sync(self.prepare_state_dir, spec.state_dir, user)
         name = container_name(spec)
         argv = run_argv(
             spec, self.image, limits=self.limits, home_id=self.home_id, user=user, command=command, role=self.role
         )
-        process = await anyio.open_process(argv)
+        # Its own session: the terminal's Ctrl-C never reaches the docker client, which would pass it to the box.
+        process = await anyio.open_process(argv, start_new_session=True)
 
         async def terminate() -> None:
             # Killing the docker client would leave the container running: kill it by name.
             await anyio.to_thread.run_sync(self.kill_by_name, name)
             kill_process(process)
 
-        async with supervise_process(spec, process, host, terminate) as running:
+        async with supervise_process(spec, process, host, terminate, state_quota=self.limits.state_quota) as running:
             yield running
 
 

@@ -18,6 +18,7 @@ import anyio
 
 import box
 from impyard.backends.base import BoxHost, BoxSpec, RunningBox, kill_process, supervise_process
+from impyard.backends.statedir import mark_foreign_writer
 
 log = logging.getLogger("impyard.box")
 
@@ -29,10 +30,24 @@ NO_LOCKDOWN_WARNING = (
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "IMPYARD_BOX_LOG_LEVEL")
 
 
+BOX_SOURCE_ROOT = str(Path(box.__file__).resolve().parent.parent)
+# ``python -I`` ignores the working directory, PYTHONPATH, PYTHON* variables and the user's site-packages
+# (under HOME, which is the state dir): nothing a box writes under /state can change which program the
+# next box runs. The box package is put on the path explicitly, ahead of everything else.
+_BOOTSTRAP = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('box', run_name='__main__', alter_sys=True)"
+)
+BOX_WORKDIR = "/"  # a fixed working directory the box cannot write (never the state dir)
+
+
+def box_command() -> list[str]:
+    """``python -m box``, isolated from everything under the state dir."""
+    return [sys.executable, "-I", "-c", _BOOTSTRAP, BOX_SOURCE_ROOT]
+
+
 def box_environment(state_dir: Path) -> dict[str, str]:
     """The whole environment of a process box: no secrets, only what Python needs."""
     env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
-    env["PYTHONPATH"] = str(Path(box.__file__).resolve().parent.parent)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["IMPYARD_STATE_DIR"] = str(state_dir)
@@ -44,7 +59,7 @@ class ProcessBackend:
     name = "process"
 
     def __init__(self, *, command: list[str] | None = None, warn: bool = True) -> None:
-        self.command = command or [sys.executable, "-m", "box"]
+        self.command = command or box_command()
         self._warned = not warn
 
     @asynccontextmanager
@@ -53,7 +68,13 @@ class ProcessBackend:
             log.warning(NO_LOCKDOWN_WARNING)
             self._warned = True
         spec.state_dir.mkdir(parents=True, exist_ok=True)
-        process = await anyio.open_process(self.command, env=box_environment(spec.state_dir), cwd=spec.state_dir)
+        if os.getuid() == 0:
+            mark_foreign_writer(spec.state_dir)  # root-owned files may follow: the next Docker box repairs once
+        # Its own session: a Ctrl-C meant for the host never reaches the box (the host's shutdown
+        # gives running turns their deadline, then closes the box).
+        process = await anyio.open_process(
+            self.command, env=box_environment(spec.state_dir), cwd=BOX_WORKDIR, start_new_session=True
+        )
 
         async def terminate() -> None:
             kill_process(process)

@@ -13,7 +13,7 @@ from impyard.audit import AuditLog
 from impyard.cli.errors import CliError
 from impyard.clock import SystemClock
 from impyard.db import Database, DatabaseError, open_database
-from impyard.gates import Approver, Gate, GateError, GateStore
+from impyard.gates import Approver, Gate, GateError, GateStore, deciding_guild
 
 
 def _store() -> tuple[Database, GateStore]:
@@ -41,6 +41,8 @@ def _describe(gate: Gate) -> str:
         f"  imp       {gate.imp} (session channel {gate.session_channel}, run {gate.run_id})",
         f"  act       {gate.act} to channel {gate.target} (kind {gate.payload.get('kind')})",
         f"  why gated {gate.reason}",
+        f"  deciders  the operator, owners of {gate.imp}"
+        + (f", admins of guild {guild}" if (guild := deciding_guild(gate)) else " (no guild admin: a DM, or a guild this host does not know)"),
         f"  created   {gate.created_at:%Y-%m-%d %H:%M:%S} UTC, deadline {gate.deadline:%Y-%m-%d %H:%M:%S} UTC",
     ]
     if gate.decided_by:

@@ -90,7 +90,7 @@ def check_command(backend: str, as_json: bool) -> None:
 
     \b
     Prints what the box observes (uid, network interfaces, root writable,
-    capabilities, NoNewPrivs, pids and memory limits) and exits non-zero if
+    capabilities, NoNewPrivs, pids, memory and file size limits) and exits non-zero if
     any lockdown property is missing. Example:
       impyard box check
     """
@@ -101,7 +101,9 @@ def check_command(backend: str, as_json: bool) -> None:
             report = anyio.run(probe, chosen, Path(tmp) / "state")
         except BoxError as exc:
             raise CliError(f"the box did not start: {exc}") from exc
-    checks = evaluate(report, memory=limits.memory, pids_limit=limits.pids_limit)
+    checks = evaluate(
+        report, memory=limits.memory, pids_limit=limits.pids_limit, state_quota_bytes=limits.state_quota.max_bytes
+    )
     failed = [check for check in checks if not check.ok]
     if as_json:
         payload = {

@@ -14,7 +14,7 @@ from impyard.cli.policy import load_policy_or_fail
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
 from impyard.ledger import ALL_IMPS, Ledger
-from impyard.policy_models import NAME_PATTERN
+from impyard.policy_models import MAX_USD, NAME_PATTERN
 
 _POLICY_OPTION = click.option(
     "--policies", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -89,8 +89,8 @@ def show_command(policies: Path | None, as_json: bool) -> None:
 
 @budget_group.command("set")
 @click.argument("imp")
-@click.option("--daily", type=click.FloatRange(min=0), default=None, help="USD per UTC day.")
-@click.option("--monthly", type=click.FloatRange(min=0), default=None, help="USD per UTC month.")
+@click.option("--daily", type=click.FloatRange(min=0, max=MAX_USD), default=None, help="USD per UTC day.")
+@click.option("--monthly", type=click.FloatRange(min=0, max=MAX_USD), default=None, help="USD per UTC month.")
 @click.option("--clear", is_flag=True, help="Drop the override; the policy's limits apply again.")
 @_POLICY_OPTION
 def set_command(imp: str, daily: float | None, monthly: float | None, clear: bool, policies: Path | None) -> None:
@@ -116,6 +116,8 @@ def set_command(imp: str, daily: float | None, monthly: float | None, clear: boo
         else:
             ledger.set_limits(scope, daily_usd=daily, monthly_usd=monthly)
         limits = ledger.limits(scope)
+    except ValueError as exc:  # nan slips past click's range check; the ledger refuses it (issue 11 #10)
+        raise CliError(str(exc)) from exc
     finally:
         ledger.db.close()
     who = "all imps" if scope == ALL_IMPS else imp

@@ -8,9 +8,11 @@ from dataclasses import asdict, dataclass
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from impyard import paths
+from impyard.audit import redact_url
 from impyard.backends import BoxStartError
 from impyard.backends.docker import DockerBackend
 from impyard.imps import ImpError, ImpStore
@@ -44,7 +46,8 @@ def _docker_findings() -> list[Finding]:
 
 def _model_findings() -> list[Finding]:
     key = os.environ.get("OPENAI_API_KEY")
-    base = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1 (default)")
+    configured = os.environ.get("OPENAI_BASE_URL")
+    base = redact_url(configured) if configured else "https://api.openai.com/v1 (default)"  # issue 11 #9: no proxy credentials
     if key:
         return [Finding("Model key", True, f"OPENAI_API_KEY set ({len(key)} characters); base {base}")]
     return [Finding("Model key", False, "OPENAI_API_KEY not set", "export OPENAI_API_KEY=sk-… (and OPENAI_BASE_URL for a compatible server)")]
@@ -99,5 +102,6 @@ def doctor_command(as_json: bool) -> None:
     for column in ("", "item", "detail", "fix"):
         table.add_column(column)
     for finding in findings:
-        table.add_row("[green]ok[/]" if finding.ok else "[red]!![/]", finding.item, finding.detail, finding.fix)
+        # details are text, not markup: "[redacted]" must print as itself
+        table.add_row("[green]ok[/]" if finding.ok else "[red]!![/]", escape(finding.item), escape(finding.detail), escape(finding.fix))
     Console().print(table)

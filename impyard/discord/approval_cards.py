@@ -3,9 +3,12 @@
 When the gateway opens a gate, the card is posted by the imp's bot to its configured ``[discord]
 owner_channel`` (the gate also waits in ``impyard approvals ls`` and ``/approvals list``). A click is
 one more approval request: it is acknowledged at once, then checked against the approver policy by
-``Gateway.decide`` — only the imp's owners and admins of the guild the request came from may decide —
-and an approved gate is executed there, exactly once. The card then shows the outcome and loses its
+``Gateway.decide`` — only the imp's owners and admins of the guild the reply would be posted in (not
+those of the guild the request came from, when it goes elsewhere) may decide — and an approved gate is
+executed there, exactly once. The card then shows the outcome and loses its
 buttons. Gates decided elsewhere (the CLI, ``/approvals``, the deadline) update their cards too.
+Before its card is posted, a gate whose target channel the host never saw a message in learns that
+channel's guild from the imp's bot (``learn_target_guild``), so that guild's admins may decide it.
 
 The buttons are ``DynamicItem``s: their custom id carries the gate id, so cards posted before a
 restart keep working.
@@ -22,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import discord
 
-from impyard.gates import FINAL_STATES, Gate, GateError
+from impyard.discord.inbound import channel_facts
+from impyard.discord.surface import is_discord_channel
+from impyard.gates import FINAL_STATES, Gate, GateError, deciding_guild
 from impyard.imps import ImpConfig
 
 if TYPE_CHECKING:
@@ -57,6 +62,12 @@ def card_text(gate: Gate) -> str:
         f"**{gate.imp}** wants to post in <#{gate.target}>"
         + (f" (its conversation is in <#{gate.session_channel}>)" if gate.session_channel != gate.target else ""),
         f"Why it waits: {gate.reason}",
+        *(
+            [f"Who may decide: an owner of {gate.imp} or the host operator (no server admin may: <#{gate.target}> "
+             "is a DM or in a server this host does not know)"]
+            if deciding_guild(gate) is None
+            else []
+        ),
         f"Deadline: <t:{int(gate.deadline.timestamp())}:R>"
         + (f" · {len(files)} file{'s' if len(files) != 1 else ''} attached" if files else ""),
         quoted,
@@ -139,9 +150,25 @@ class ApprovalCards:
         async with self._queue:
             async for gate in self._queue:
                 try:
-                    await self.post(gate)
+                    await self.post(await self.learn_target_guild(gate))
                 except Exception:  # noqa: BLE001 - one card that cannot be posted never stops the others
                     log.exception("could not post the approval card of gate %s", gate.id)
+
+    async def learn_target_guild(self, gate: Gate) -> Gate:
+        """A post into a channel the host never saw a message in: record its guild as the imp's bot sees it.
+
+        Discord's own view of the channel (never what the box or a user wrote) says whose admins may decide
+        (issue 11 #5); until it is known, and for a channel the bot cannot see, only owners and the operator may.
+        """
+        client = self.clients.get(gate.imp)
+        if self.gateway is None or client is None or deciding_guild(gate) is not None or not is_discord_channel(gate.target):
+            return gate
+        channel = client.get_channel(int(gate.target))
+        guild_id = channel_facts(channel)[2] if channel is not None else None
+        if guild_id is None:
+            return gate
+        log.info("gate %s: <#%s> is in guild %s; its admins may decide", gate.id, gate.target, guild_id)
+        return await self.gateway.db.run(self.gateway.gates.learn_target_guild, gate.id, guild_id)
 
     async def post(self, gate: Gate) -> Card | None:
         config = self.configs.get(gate.imp)

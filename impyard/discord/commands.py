@@ -3,6 +3,8 @@
 Administration happens only on authenticated surfaces: every command is checked here, in code, for
 who runs it — the server owner, a member with Administrator or Manage Server, or one of the imp's
 configured owners (``discord:<id>`` in imp.toml) — whatever ``default_permissions`` Discord applies.
+``/approvals`` then shows and decides only the gates the approver policy (``gates.may_decide``) lets this
+user decide: an owner of the imp, or an admin of the guild the reply would be posted in.
 Every interaction is deferred (ephemeral) before anything else, well inside Discord's 3 seconds;
 answers and refusals are ephemeral and say why. ``/channel`` acts on the channel it is run in (a
 thread is a channel of its own) through the same store as ``impyard channel``. Syncing the command
@@ -20,7 +22,7 @@ import discord
 from discord import app_commands
 
 from impyard.channels import ChannelModeError, ChannelStore, parse_mode
-from impyard.gates import Approver, Gate, GateError
+from impyard.gates import Approver, Gate, GateError, may_decide
 from impyard.imps import ImpConfig
 from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
 
@@ -214,9 +216,9 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
         client, host = _context(interaction)
         await host.gateway.expire_due()
         pending = await host.gateway.db.run(host.gateway.gates.list, ("pending",))
-        owner = f"discord:{interaction.user.id}" in client.config.owners
-        here = str(interaction.guild_id) if interaction.guild_id else None
-        mine = [g for g in pending if g.imp == client.imp and (owner or (here is not None and g.origin_guild == here))]
+        approver, owners = approver_of(interaction), host.gateway.owners.get(client.imp, frozenset())
+        # Only the gates this user may decide here: the approver policy itself, never a looser filter (issue 11 #5).
+        mine = [g for g in pending if g.imp == client.imp and may_decide(approver, g, owners)[0]]
         if not mine:
             await _answer(interaction, f"No approvals of {client.imp} are waiting for you.")
             return
