@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.fakes.openai_server import FakeOpenAI
+from impyard.testing.fake_openai import FakeOpenAI
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import SessionKey
 from impyard.surfaces import RecordingSurface
-from tests.pipes import byte_pipe
+from impyard.testing.pipes import byte_pipe
 
 MODES = ("warm", "cold")  # [sessions] mode; cold = a fresh box per message
 PERSONA = "You are Pip, a friendly imp who answers briefly."

@@ -21,7 +21,7 @@ from impyard.discord.client import DiscordSettings
 from impyard.discord.serve import DiscordHost, open_discord_host
 from impyard.imps import ImpStore
 from impyard.sessions import Delivery
-from tests.fakes.discord_server import (
+from impyard.testing.fake_discord import (
     FakeBot,
     FakeChannel,
     FakeDiscord,
@@ -29,7 +29,7 @@ from tests.fakes.discord_server import (
     FakeUser,
     member,
 )
-from tests.fakes.openai_server import FakeOpenAI, envelope
+from impyard.testing.fake_openai import FakeOpenAI, envelope
 
 T = TypeVar("T")
 

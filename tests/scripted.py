@@ -35,7 +35,7 @@ from box.protocol.models import (
     TaskRunResult,
 )
 from impyard.backends import BoxSpec
-from tests.pipes import byte_pipe
+from impyard.testing.pipes import byte_pipe
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 

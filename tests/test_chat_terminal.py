@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from impyard import paths
 from impyard.backends.docker import DockerBackend
 from impyard.cli import cli
-from tests.fakes.openai_server import FakeOpenAI, envelope, slow
+from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 

@@ -21,7 +21,7 @@ from impyard.db import open_database
 from impyard.imps import ImpStore
 from impyard.instance import SUPERVISE_LOCK_FILENAME
 from impyard.tasks import TaskRequest, TaskStore
-from tests.fakes.openai_server import FakeOpenAI, envelope
+from impyard.testing.fake_openai import FakeOpenAI, envelope
 
 KEY = "sk-impyard-cli-tasks-SECRET-19fe"
 

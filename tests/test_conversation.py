@@ -24,7 +24,7 @@ from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import Delivery
 from impyard.surfaces import RecordingSurface
-from tests.fakes.openai_server import FakeOpenAI, envelope
+from impyard.testing.fake_openai import FakeOpenAI, envelope
 
 pytestmark = pytest.mark.anyio
 

@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
+from impyard.testing.fake_discord import FakeAttachment
+from impyard.testing.fake_openai import TINY_PNG, FakeOpenAI, envelope, slow
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -29,8 +31,6 @@ from tests.discord_yard import (
     serving,
     until,
 )
-from tests.fakes.discord_server import FakeAttachment
-from tests.fakes.openai_server import TINY_PNG, FakeOpenAI, envelope, slow
 
 pytestmark = pytest.mark.anyio
 

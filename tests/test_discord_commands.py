@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from impyard.cli import cli
+from impyard.testing.fake_discord import CallbackType, FakeInteraction, FakeUser, Perm
+from impyard.testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -26,8 +28,6 @@ from tests.discord_yard import (
     model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
-from tests.fakes.discord_server import CallbackType, FakeInteraction, FakeUser, Perm
-from tests.fakes.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.anyio
 

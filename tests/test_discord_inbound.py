@@ -15,7 +15,7 @@ from impyard.discord.client import wanted_intents
 from impyard.discord.inbound import skip_reason, to_inbound
 from impyard.discord.surface import DiscordSurface
 from impyard.surfaces import OutgoingFile
-from tests.fakes.discord_server import FakeChannel, FakeDiscord, FakeGuild, FakeRole, FakeUser, member
+from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeRole, FakeUser, member
 
 pytestmark = pytest.mark.anyio
 

@@ -28,6 +28,7 @@ from impyard.imps import ImpStore
 from impyard.instance import AlreadyRunning
 from impyard.supervisor import SupervisorSettings
 from impyard.tasks import TaskRequest, TaskStore
+from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
     ALICE,
     GENERAL,
@@ -39,7 +40,6 @@ from tests.discord_yard import (
     settings_for,
     until,
 )
-from tests.fakes.openai_server import FakeOpenAI, envelope
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 

@@ -11,7 +11,7 @@ import discord
 import pytest
 from discord import app_commands
 
-from tests.fakes.discord_server import (
+from impyard.testing.fake_discord import (
     CallbackType,
     FakeAttachment,
     FakeBot,

@@ -40,10 +40,10 @@ from impyard.db import Database, open_database
 from impyard.gateway import Gateway
 from impyard.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.surfaces import RecordingSurface
+from impyard.testing.fake_openai import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
+from impyard.testing.pipes import byte_pipe
+from impyard.testing.web import local_site
 from impyard.trust import ChannelInfo, DbChannelTrust
-from tests.fakes.openai_server import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
-from tests.fakes.web import local_site
-from tests.pipes import byte_pipe
 from tests.scripted import NOW, deliver_params, init_params
 
 pytestmark = pytest.mark.anyio

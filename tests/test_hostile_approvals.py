@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from impyard.paths import home
+from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
+from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
     BOB,
     CAROL,
@@ -27,8 +29,6 @@ from tests.discord_yard import (
     serving,
     until,
 )
-from tests.fakes.discord_server import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
-from tests.fakes.openai_server import FakeOpenAI, envelope
 from tests.test_discord_commands import answer_to, run, synced
 
 pytestmark = pytest.mark.anyio

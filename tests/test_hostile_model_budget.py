@@ -25,7 +25,7 @@ from impyard.gateway import Gateway
 from impyard.ledger import Ledger
 from impyard.policy import Policy, build_policy, default_policy_path
 from impyard.surfaces import RecordingSurface
-from tests.fakes.openai_server import FakeOpenAI, envelope
+from impyard.testing.fake_openai import FakeOpenAI, envelope
 
 pytestmark = pytest.mark.anyio
 

@@ -23,7 +23,7 @@ from impyard.db import open_database
 from impyard.gateway import Gateway
 from impyard.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.surfaces import RecordingSurface
-from tests.fakes.openai_server import FakeOpenAI, envelope
+from impyard.testing.fake_openai import FakeOpenAI, envelope
 
 pytestmark = pytest.mark.anyio
 

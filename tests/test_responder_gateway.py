@@ -28,8 +28,7 @@ from impyard.db import Database, open_database
 from impyard.gateway import Gateway
 from impyard.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.surfaces import RecordingSurface
-from impyard.trust import ChannelInfo, DbChannelTrust
-from tests.fakes.openai_server import (
+from impyard.testing.fake_openai import (
     TINY_PNG,
     TINY_PNG_B64,
     FakeOpenAI,
@@ -39,7 +38,8 @@ from tests.fakes.openai_server import (
     refusal,
     tool_call,
 )
-from tests.fakes.web import local_site
+from impyard.testing.web import local_site
+from impyard.trust import ChannelInfo, DbChannelTrust
 from tests.scripted import NOW, deliver_params, init_params
 
 pytestmark = pytest.mark.anyio

@@ -38,8 +38,8 @@ from impyard.schedules import ScheduleRequest
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest
+from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
 from impyard.trust import ChannelInfo, DbChannelTrust
-from tests.fakes.openai_server import FakeOpenAI, envelope, slow
 
 pytestmark = pytest.mark.anyio
 

@@ -1,1 +1,0 @@
-"""Loopback fakes of the services impyard talks to (design.md §9)."""
