@@ -227,7 +227,7 @@ class Host:
 async def host(backend: BoxBackend, mode: str = "warm") -> AsyncIterator[Host]:
     imp = imp_for(backend.name, mode)
     surface = TimingSurface()
-    async with open_runtime([imp], surface, backends={imp: backend}) as runtime:
+    async with open_runtime([imp], surface, backends={imp: backend}, surfaces=("discord",)) as runtime:
         yield Host(runtime, surface, imp)
 
 

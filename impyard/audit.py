@@ -15,7 +15,7 @@ from datetime import datetime
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from impyard.clock import Clock, iso, parse_iso
-from impyard.db import Database
+from impyard.db import Database, Store
 
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 8  # shorter "secrets" would redact ordinary words
@@ -105,7 +105,7 @@ _COLUMNS = (
 )  # fmt: skip
 
 
-class AuditLog:
+class AuditLog(Store):
     def __init__(self, db: Database, clock: Clock, secrets: Sequence[str] | None = None) -> None:
         self.db = db
         self.clock = clock

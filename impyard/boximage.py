@@ -24,6 +24,8 @@ import docker.errors
 import docker.utils
 import requests.exceptions
 
+from impyard.errors import ImpyardError
+
 __all__ = ["BoxImageError", "build_image", "content_hash", "debian_mirror", "expected_tag", "image_present"]
 
 IMAGE_REPO = "impyard-box"
@@ -51,7 +53,7 @@ TRIM_GLOBS = (
 Progress = Callable[[str], None]
 
 
-class BoxImageError(Exception):
+class BoxImageError(ImpyardError):
     """A one-line reason the box image cannot be built or found, with the fix."""
 
 

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - depends on the installed openai
     import httpx  # type: ignore[no-redef]
 
 from impyard.audit import redact, redact_url, url_secrets
+from impyard.errors import ImpyardError
 from impyard.policy_models import UpstreamSettings
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -37,7 +38,7 @@ NO_KEY_MESSAGE = (
 )
 
 
-class UpstreamUnreachable(Exception):
+class UpstreamUnreachable(ImpyardError):
     """No answer from the upstream. ``sent`` is True when the request may have reached it (cost possible)."""
 
     def __init__(self, message: str, *, sent: bool) -> None:

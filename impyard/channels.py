@@ -8,11 +8,16 @@ is recorded and applies when the first message arrives.
 from __future__ import annotations
 
 from impyard.clock import iso
+from impyard.errors import ImpyardError
 from impyard.trust import ChannelInfo, DbChannelTrust
 from impyard.wake import CHANNEL_MODES, ChannelMode
 
 
-class ChannelModeError(ValueError):
+class ChannelError(ImpyardError, ValueError):
+    """A channel setting that cannot be taken (a bad channel id or mode); the message says what to use."""
+
+
+class ChannelModeError(ChannelError):
     def __init__(self, value: str) -> None:
         super().__init__(f"unknown mode {value!r}: use 'all' (every message wakes the imp) or 'mention' (only mentions and DMs)")
 
@@ -65,7 +70,7 @@ class ChannelStore(DbChannelTrust):
     def _set(self, channel_id: str, column: str, value: object) -> None:
         assert column in ("mode", "trusted")  # never a caller-chosen column name
         if not channel_id.strip() or len(channel_id) > 128:
-            raise ValueError("a channel id is 1-128 characters (a Discord channel id, or terminal:<name>)")
+            raise ChannelError("a channel id is 1-128 characters (a Discord channel id, or terminal:<name>)")
         self.db.execute(
             f"""INSERT INTO channels (channel_id, {column}, updated_at) VALUES (?, ?, ?)
                 ON CONFLICT (channel_id) DO UPDATE SET {column} = excluded.{column}, updated_at = excluded.updated_at""",

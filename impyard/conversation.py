@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import unicodedata
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,6 +39,7 @@ from impyard.surfaces import Surface
 from impyard.wake import WakeFacts, decide_wake
 
 log = logging.getLogger("impyard.conversation")
+RECENTLY_FINISHED = 1_000  # finished turns remembered for a waiter that asks after the fact
 
 MAX_INBOUND_CHARS = 8_000  # beyond Discord's own 4000 (Nitro); anything longer is cut, visibly
 MAX_ATTACHMENTS = 10
@@ -115,7 +117,8 @@ class Conversations:
         self.imp_user_ids = dict(imp_user_ids or {})
         self.sessions: SessionManager | None = None
         self._typing: set[SessionKey] = set()
-        self._finished: dict[str, anyio.Event] = {}
+        self._waiters: dict[str, anyio.Event] = {}  # message id -> set when its turn ends (only while awaited)
+        self._recently_finished: deque[str] = deque(maxlen=RECENTLY_FINISHED)  # for a waiter that comes late
 
     def imp_user_id(self, imp: str) -> str:
         return self.imp_user_ids.get(imp, f"imp:{imp}")
@@ -223,12 +226,20 @@ class Conversations:
         ids = [delivery.message.id for delivery in batch]
         await self.history.db.run(self.history.finish, key.imp, key.channel_id, ids, result.outcome, result.error)
         for message_id in ids:
-            self._finished.setdefault(message_id, anyio.Event()).set()
+            self._recently_finished.append(message_id)  # bounded: a host nobody waits on keeps only the last few
+            waiter = self._waiters.pop(message_id, None)
+            if waiter is not None:
+                waiter.set()
 
     async def wait_finished(self, message_id: str) -> None:
         """Until the turn that answers this message has ended (the terminal waits before its next prompt)."""
-        await self._finished.setdefault(message_id, anyio.Event()).wait()
-        self._finished.pop(message_id, None)
+        if message_id in self._recently_finished:
+            return
+        waiter = self._waiters.setdefault(message_id, anyio.Event())
+        try:
+            await waiter.wait()
+        finally:
+            self._waiters.pop(message_id, None)
 
     async def notice(self, key: SessionKey, text: str) -> None:
         """A host-authored notice (a box died, too busy): posted directly, never a box act."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio.to_thread
 
+from impyard.errors import ImpyardError
 from impyard.paths import home
 
 DB_FILENAME = "impyard.db"
@@ -271,7 +272,7 @@ MIGRATIONS: list[Migration] = [
 ]
 
 
-class DatabaseError(Exception):
+class DatabaseError(ImpyardError):
     """The database cannot be opened or migrated; the message says what to do."""
 
 
@@ -398,3 +399,37 @@ def open_database(path: Path | None = None) -> Database:
     except (OSError, sqlite3.Error) as exc:
         raise DatabaseError(f"cannot open the database {path}: {exc}") from exc
     return db
+
+
+class AsyncView:
+    """A store's methods, awaited: each call runs on a database worker thread (``Database.run``)."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._store, name)
+        if not callable(method) or name.startswith("_"):
+            raise AttributeError(f"{type(self._store).__name__}.{name} is not a store method")
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self._store.db.run(method, *args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+
+class Store:
+    """The base of the host's stores (issue 12): blocking methods for the CLI, and ``aio`` for the event loop.
+
+    ``await store.aio.get(gate_id)`` runs ``store.get(gate_id)`` on a worker thread: the store owns the
+    hop, so an adapter never reaches for the database, and nothing blocking runs on the event loop.
+    """
+
+    db: Database
+
+    @property
+    def aio(self) -> AsyncView:
+        return AsyncView(self)

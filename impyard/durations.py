@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+from impyard.errors import ImpyardError
+
 _PART = r"(\d+(?:\.\d+)?)(d|h|m|s)"
 _UNIT_S = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
 
 
-class DurationError(ValueError):
+class DurationError(ImpyardError, ValueError):
     """Text that is not a duration; the message says how to write one."""
 
 

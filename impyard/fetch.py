@@ -26,6 +26,7 @@ import anyio
 import anyio.to_process
 
 from impyard.broker import httpx
+from impyard.errors import ImpyardError
 from impyard.policy_models import HttpSettings
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -38,7 +39,7 @@ MAX_HTML_CHARS = 1_000_000  # characters of HTML handed to the parser; a longer 
 TEXT_RULE = "http-text"  # the rule name a refusal of a page's text carries
 
 
-class FetchRefused(Exception):
+class FetchRefused(ImpyardError):
     """The destination is not allowed (resolves to a non-public address, or not at all)."""
 
     rule: str | None = None  # None: the egress rule
@@ -50,7 +51,7 @@ class TextRefused(FetchRefused):
     rule = TEXT_RULE
 
 
-class FetchFailed(Exception):
+class FetchFailed(ImpyardError):
     """No answer from the destination."""
 
 

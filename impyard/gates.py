@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 from impyard.audit import AuditLog, AuditRecord
 from impyard.clock import Clock, iso, parse_iso
-from impyard.db import Database
+from impyard.db import Database, Store
+from impyard.errors import ImpyardError
 from impyard.trust import EarnedTrust
 
 GateState = Literal["pending", "approved", "denied", "expired", "executing", "executed", "failed"]
@@ -100,7 +101,7 @@ class Gate:
         }
 
 
-class GateError(Exception):
+class GateError(ImpyardError):
     """A decision that cannot be taken; ``kind`` is not_found | not_authorised | not_pending | expired | tampered."""
 
     def __init__(self, kind: str, message: str) -> None:
@@ -162,7 +163,7 @@ def _row_to_gate(row: sqlite3.Row) -> Gate:
     )
 
 
-class GateStore:
+class GateStore(Store):
     def __init__(self, db: Database, clock: Clock, audit: AuditLog, earned: EarnedTrust | None = None) -> None:
         self.db = db
         self.clock = clock

@@ -57,7 +57,7 @@ from impyard.ledger import BudgetExhausted, Ledger
 from impyard.policy import Policy
 from impyard.policy_models import Rule
 from impyard.prices import PriceMissing, bound_output, estimate_micros, measured_micros, tier_multiplier
-from impyard.surfaces import OutgoingFile, Surface, SurfaceError
+from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
 from impyard.trust import ChannelTrust, DbChannelTrust, EarnedTrust, decide_trust
 
 log = logging.getLogger("impyard.gateway")
@@ -110,7 +110,9 @@ class Gateway:
         on_stage: StageCallback | None = None,
         on_gate: GateCallback | None = None,
         secrets: Collection[str] | None = None,
+        surfaces: Collection[str] | None = None,
     ) -> None:
+        """``surfaces``: where this host's surface posts (``impyard.surfaces.surface_of`` names); None = everywhere."""
         self._policy = policy
         self.db = db
         self.surface = surface
@@ -122,6 +124,7 @@ class Gateway:
         self.staff_channels = {imp: tuple(ids) for imp, ids in (staff_channels or {}).items()}
         self.on_stage = on_stage
         self.on_gate = on_gate
+        self.surfaces = frozenset(surfaces) if surfaces is not None else None
         # The model key and the base URL's userinfo and query (issue 11 #9), whoever configured them.
         self.secrets = sorted({*(secrets if secrets is not None else known_secrets()), *self.broker.config.secrets})
         self.audit = AuditLog(db, self.clock, self.secrets)
@@ -353,7 +356,24 @@ class Gateway:
         record.verdict = "allowed"
         return DiscordSendResult(status="delivered", message_ids=message_ids)
 
+    async def reaches(self, channel_id: str) -> bool:
+        """Whether this host's surface posts in ``channel_id`` (a supervisor without Discord does not)."""
+        if self.surfaces is None:
+            return True
+        info = await self.db.run(self.channels.info, channel_id)
+        return surface_of(channel_id, info.surface if info else None) in self.surfaces
+
     async def _send(self, params: DiscordSendParams, imp: str, record: AuditRecord | None = None) -> list[str]:
+        if not await self.reaches(params.channel_id):
+            where = surface_of(params.channel_id)
+            if record is not None:
+                record.verdict = "unreachable"
+            reason = (
+                f"channel {params.channel_id} is on {where}, which this host does not reach "
+                f"(it posts on {', '.join(sorted(self.surfaces or ())) or 'nothing'})"
+            )
+            hint = "; run the task under `impyard serve --supervise`" if where == "discord" else ""
+            raise RpcError(ErrorCode.UPSTREAM_UNREACHABLE, f"the message could not be delivered: {reason}{hint}", {"reason": reason})
         files = [OutgoingFile(item.filename, decode_file(item.data_b64)) for item in params.files]
         try:
             ids = await self.surface.send(
@@ -406,10 +426,11 @@ class Gateway:
             return await self.db.run(lambda: self.gates.finish(gate_id, error=error))
         return await self.db.run(lambda: self.gates.finish(gate_id, message_ids=ids))
 
-    async def execute_approved(self, accept: Callable[[Gate], bool] | None = None) -> list[Gate]:
-        """Execute gates approved elsewhere (the CLI); ``accept`` picks those this host's surface can reach."""
+    async def execute_approved(self) -> list[Gate]:
+        """Execute gates approved elsewhere (the CLI) whose channel this host's surface reaches; leave the rest
+        approved for a host that reaches them (issue 12: never "delivered" through the wrong surface)."""
         waiting = await self.db.run(self.gates.approved_waiting)
-        return [await self.execute(gate.id) for gate in waiting if accept is None or accept(gate)]
+        return [await self.execute(gate.id) for gate in waiting if await self.reaches(gate.target)]
 
     async def expire_due(self) -> list[Gate]:
         return await self.db.run(self.gates.expire_due)

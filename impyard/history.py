@@ -17,7 +17,8 @@ from datetime import datetime, timedelta
 
 from box.protocol.models import Author, HistoryEntry, Message, ReplyRef
 from impyard.clock import Clock, iso, parse_iso
-from impyard.db import Database
+from impyard.db import Database, Store
+from impyard.errors import ImpyardError
 
 DEFAULT_RETENTION = 1_000  # messages kept per channel
 DEFAULT_RECENT = 50  # messages sent to the box with each delivery
@@ -26,13 +27,19 @@ RECOVERY_FRESH = timedelta(minutes=5)
 Outcome = str  # sent | silent | pending | failed | missed | busy
 
 
+class RetentionError(ImpyardError, ValueError):
+    """IMPYARD_HISTORY_RETENTION is not a whole number of messages >= 1."""
+
+
 def retention_from_env(environ: dict[str, str] | None = None) -> int:
     """``IMPYARD_HISTORY_RETENTION``: messages kept per channel (default 1000)."""
     raw = (environ if environ is not None else dict(os.environ)).get("IMPYARD_HISTORY_RETENTION", "").strip()
     if not raw:
         return DEFAULT_RETENTION
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"IMPYARD_HISTORY_RETENTION must be a whole number of messages >= 1 (got {raw!r})")
+        raise RetentionError(
+            f"IMPYARD_HISTORY_RETENTION must be a whole number of messages >= 1 (got {raw!r})"
+        )
     return int(raw)
 
 
@@ -44,7 +51,7 @@ class PendingWake:
     woken_at: datetime
 
 
-class History:
+class History(Store):
     def __init__(self, db: Database, clock: Clock, *, retention: int = DEFAULT_RETENTION) -> None:
         if retention < 1:
             raise ValueError("history retention must keep at least one message per channel")

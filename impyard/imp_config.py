@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.fields import FieldInfo
 
 from box.protocol.models import ImpSpec, MemorySettings, ResponderSettings
+from impyard.errors import ImpyardError
 
 if TYPE_CHECKING:
     from impyard.backends.docker import DockerLimits
@@ -54,7 +55,7 @@ SECRET_FIX = (
 # ------------------------------------------------------------------ errors
 
 
-class ImpError(Exception):
+class ImpError(ImpyardError):
     """Any refusal of the imp store; the message is one line that says what to do."""
 
 

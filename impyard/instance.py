@@ -12,11 +12,13 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from impyard.errors import ImpyardError
+
 LOCK_FILENAME = "supervisor.lock"
 SUPERVISE_LOCK_FILENAME = "supervise.lock"  # the task loop's own lock (impyard supervise)
 
 
-class AlreadyRunning(Exception):
+class AlreadyRunning(ImpyardError):
     """Another impyard process holds this IMPYARD_HOME."""
 
     def __init__(self, path: Path, holder: str, role: str = "") -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from impyard.clock import Clock, iso
-from impyard.db import Database
+from impyard.db import Database, Store
+from impyard.errors import ImpyardError
 from impyard.policy import Policy
 from impyard.policy_models import MAX_USD, BudgetLimit
 from impyard.prices import micros_to_usd, usd_to_micros
@@ -25,7 +26,11 @@ ALL_IMPS = "*"  # the scope of the fleet-wide limit
 ABANDONED_AFTER = timedelta(hours=1)  # a reservation this old was left by a crashed host; charge it in full
 
 
-class BudgetExhausted(Exception):
+class BudgetLimitError(ImpyardError, ValueError):
+    """A budget limit that is not a number of USD from 0 to MAX_USD (inf, nan, negative)."""
+
+
+class BudgetExhausted(ImpyardError):
     """Nothing (or not enough) left in a window; ``ledger`` names it, ``retry_after_s`` is when it resets."""
 
     def __init__(self, ledger: str, retry_after_s: int, limit_micros: int, spent_micros: int, estimate_micros: int):
@@ -91,7 +96,7 @@ def seconds_to_next_month(now: datetime) -> int:
 _AMOUNT = "CASE WHEN state = 'reserved' THEN reserved_micros ELSE cost_micros END"
 
 
-class Ledger:
+class Ledger(Store):
     def __init__(self, db: Database, policy: Policy, clock: Clock) -> None:
         self.db = db
         self.policy = policy
@@ -121,7 +126,9 @@ class Ledger:
         """Override the policy's limits for an imp (or ``*`` for all imps); None keeps the current value."""
         for value in (daily_usd, monthly_usd):  # issue 11 #10: inf or nan would overflow every later read
             if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_USD):
-                raise ValueError(f"a budget limit is a number of USD from 0 to {MAX_USD:g} (got {value!r})")
+                raise BudgetLimitError(
+                    f"a budget limit is a number of USD from 0 to {MAX_USD:g} (got {value!r})"
+                )
         with self.db.transaction() as conn:
             conn.execute(
                 """INSERT INTO budget_limits (scope, daily_usd, monthly_usd, updated_at) VALUES (?, ?, ?, ?)

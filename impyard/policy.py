@@ -35,6 +35,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 import impyard
+from impyard.errors import ImpyardError
 from impyard.paths import home
 from impyard.policy_models import (
     BudgetLimit,
@@ -67,7 +68,7 @@ class Problem:
         return f"{where}: {self.key}: {self.reason}" if self.key else f"{where}: {self.reason}"
 
 
-class PolicyError(Exception):
+class PolicyError(ImpyardError):
     """A policy file is broken; ``problems`` lists every finding, the message starts with the first."""
 
     def __init__(self, problems: list[Problem]) -> None:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from impyard.errors import ImpyardError
 from impyard.policy_models import Price
 
 MICROS_PER_USD = 1_000_000
@@ -31,7 +32,7 @@ SENT_CAP_KEY = {"/chat/completions": "max_completion_tokens", "/responses": "max
 DEFAULT_TIERS = frozenset({"auto", "default"})  # service_tier values billed at the price table's own prices
 
 
-class PriceMissing(Exception):
+class PriceMissing(ImpyardError):
     """The price table cannot price this request; the message says which entry to add."""
 
 

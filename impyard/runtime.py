@@ -1,13 +1,13 @@
-"""Assemble a running host for some imps: database, policy, gateway, channels, history, sessions.
+"""A running conversation host for some imps: the host (``impyard.host``), the conversation and the sessions.
 
-``impyard chat`` and (later) ``impyard serve`` open one of these; closing it
-closes every box on every path (design.md §6: graceful shutdown, no box left).
+``impyard chat`` and ``impyard serve`` open one of these; closing it closes every box on every path
+(design.md §6: graceful shutdown, no box left).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -17,24 +17,23 @@ from impyard.backends import BoxBackend
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend
 from impyard.channels import ChannelStore
-from impyard.clock import Clock, SystemClock
-from impyard.conversation import Conversations, HistorySurface
-from impyard.db import Database, open_database
-from impyard.gates import Gate
+from impyard.clock import Clock
+from impyard.conversation import Conversations
+from impyard.db import Database
+from impyard.gate_pump import GATE_PUMP_S
 from impyard.gateway import GateCallback, Gateway
-from impyard.history import History, retention_from_env
+from impyard.history import History
+from impyard.host import Host, open_host
 from impyard.imps import ImpConfig, ImpStore
-from impyard.policy import load_policy
 from impyard.sessions import SessionManager
-from impyard.surfaces import Surface
+from impyard.surfaces import SURFACE_TERMINAL, Surface
 
 log = logging.getLogger("impyard.runtime")
-
-GATE_PUMP_S = 2.0  # how soon an approval given on the CLI is sent by the host that owns the surface
 
 
 @dataclass
 class Runtime:
+    host: Host
     db: Database
     gateway: Gateway
     conversations: Conversations
@@ -58,23 +57,6 @@ def backends_for(configs: Sequence[ImpConfig], override: str | None = None) -> d
     return chosen
 
 
-async def pump_gates(gateway: Gateway, channels: ChannelStore, surface_name: str, period_s: float = GATE_PUMP_S) -> None:
-    """Expire overdue gates; send approved ones whose channel lives on this host's surface (exactly once)."""
-
-    def reachable(gate: Gate) -> bool:
-        info = channels.info(str(gate.payload.get("channel_id", "")))
-        return (info.surface if info else "discord") == surface_name
-
-    while True:
-        try:
-            await gateway.expire_due()
-            for gate in await gateway.execute_approved(reachable):
-                log.info("approved gate %s executed: %s", gate.id, gate.state)
-        except Exception:  # noqa: BLE001 - the pump must outlive one bad gate; the gate records its failure
-            log.exception("executing approved gates failed")
-        await anyio.sleep(period_s)
-
-
 @asynccontextmanager
 async def open_runtime(
     imp_names: Sequence[str],
@@ -83,60 +65,42 @@ async def open_runtime(
     backend: str | None = None,
     clock: Clock | None = None,
     backends: dict[str, BoxBackend] | None = None,
-    surface_name: str = "terminal",
+    surfaces: Collection[str] = (SURFACE_TERMINAL,),
     on_gate: GateCallback | None = None,
     imp_user_ids: Mapping[str, str] | None = None,
+    pump_period_s: float | None = GATE_PUMP_S,
 ) -> AsyncIterator[Runtime]:
-    """``on_gate`` hears of every gate opened (approval cards); ``imp_user_ids``: each imp's user id on the surface."""
-    clock = clock or SystemClock()
-    retention_from_env()  # a bad setting stops here, before anything opens
+    """The host (``impyard.host``) plus conversation and sessions for ``imp_names``; the gate pump runs inside.
+
+    ``surfaces``: where ``surface`` posts; ``on_gate`` hears of every gate opened (approval cards);
+    ``imp_user_ids``: each imp's user id on the surface; ``pump_period_s``: how often the gate pump runs
+    (None: never by itself — the caller drives ``runtime.host.pump.run_once()``, as tests do).
+    """
     store = ImpStore()
-    configs = {name: store.get(name) for name in imp_names}
-    policy = load_policy()  # a broken policy stops here, before anything starts
-    db = open_database()
-    try:
-        history = History(db, clock, retention=retention_from_env())
-        channels = ChannelStore(db, clock)
+    configs = {name: store.get(name) for name in imp_names}  # an unknown or broken imp stops here
+    async with open_host(surface, reaches=surfaces, clock=clock, imp_user_ids=imp_user_ids, on_gate=on_gate) as host:
         conversations = Conversations(
-            imps=store, configs=configs, history=history, channels=channels, surface=surface, clock=clock,
-            imp_user_ids=imp_user_ids,
-        )
-        # Each imp's own posts join the history, so its box sees its side of the conversation.
-        recorded = HistorySurface(
-            surface, history, conversations.imp_user_id, clock, default_imp=next(iter(configs)) if len(configs) == 1 else ""
-        )
-        gateway = Gateway(
-            policy=policy,
-            db=db,
-            surface=recorded,
-            clock=clock,
-            channels=channels,
-            owners={name: cfg.owners for name, cfg in configs.items()},
-            staff_channels={name: [cfg.discord.staff_channel] for name, cfg in configs.items() if cfg.discord.staff_channel},
-            on_stage=conversations.on_stage,
-            on_gate=on_gate,
-        )
+            imps=host.imps, configs=configs, history=host.history, channels=host.channels, surface=surface,
+            clock=host.clock, imp_user_ids=imp_user_ids,
+        )  # fmt: skip
+        host.gateway.on_stage = conversations.on_stage
         chosen = backends or backends_for(list(configs.values()), backend)
-        try:
-            async with SessionManager(
-                backend_for=chosen.__getitem__,
-                host=gateway,
-                events=conversations,
-                init_for=conversations.init_for,
-                state_dir_for=conversations.state_dir_for,
-                settings_for=conversations.settings_for,
-                now=clock.now,
-            ) as sessions:
-                conversations.sessions = sessions
-                runtime = Runtime(db, gateway, conversations, sessions, channels, history, chosen)
-                resumed = await conversations.recover()
-                if resumed:
-                    log.info("answering %d message(s) left unanswered by the last run", resumed)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(pump_gates, gateway, channels, surface_name, GATE_PUMP_S, name="gate pump")
-                    yield runtime
-                    tg.cancel_scope.cancel()
-        finally:
-            await gateway.aclose()
-    finally:
-        db.close()
+        async with SessionManager(
+            backend_for=chosen.__getitem__,
+            host=host.gateway,
+            events=conversations,
+            init_for=conversations.init_for,
+            state_dir_for=conversations.state_dir_for,
+            settings_for=conversations.settings_for,
+            now=host.clock.now,
+        ) as sessions:
+            conversations.sessions = sessions
+            runtime = Runtime(host, host.db, host.gateway, conversations, sessions, host.channels, host.history, chosen)
+            resumed = await conversations.recover()
+            if resumed:
+                log.info("answering %d message(s) left unanswered by the last run", resumed)
+            async with anyio.create_task_group() as tg:
+                if pump_period_s is not None:
+                    tg.start_soon(host.pump.run, pump_period_s, name="gate pump")
+                yield runtime
+                tg.cancel_scope.cancel()

@@ -31,8 +31,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from impyard.clock import Clock, iso, parse_iso
-from impyard.db import Database
+from impyard.db import Database, Store
 from impyard.durations import DurationError, format_duration, parse_duration
+from impyard.errors import ImpyardError
 from impyard.imps import ImpStore
 from impyard.tasks import Task, TaskRequest, TaskStore, validate_request
 
@@ -50,7 +51,7 @@ MAX_QUEUED_PER_SCHEDULE = 10  # a schedule whose tasks cannot keep up stops pili
 _CRON_ALIASES = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"})
 
 
-class ScheduleError(ValueError):
+class ScheduleError(ImpyardError, ValueError):
     """A schedule that cannot be accepted (or found); the message is one line that says what to do."""
 
 
@@ -334,7 +335,7 @@ def _row_to_schedule(row: sqlite3.Row) -> Schedule:
     )
 
 
-class ScheduleStore:
+class ScheduleStore(Store):
     def __init__(self, db: Database, clock: Clock, tasks: TaskStore, imps: ImpStore | None = None) -> None:
         self.db = db
         self.clock = clock

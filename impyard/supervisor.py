@@ -27,7 +27,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -41,17 +41,18 @@ from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.process import ProcessBackend
-from impyard.clock import Clock, SystemClock, iso
-from impyard.db import Database, open_database
+from impyard.clock import Clock, iso
+from impyard.db import Database
+from impyard.gate_pump import GatePump
 from impyard.gateway import Gateway
+from impyard.host import Host, open_host
 from impyard.imps import ImpConfig, ImpError, ImpStore
 from impyard.instance import SUPERVISE_LOCK_FILENAME, InstanceLock
 from impyard.ledger import ALL_IMPS, BudgetRow, seconds_to_next_day, seconds_to_next_month
 from impyard.paths import home
-from impyard.policy import load_policy
 from impyard.schedules import ScheduleStore
 from impyard.sessions import describe_error
-from impyard.surfaces import Surface, TerminalSurface
+from impyard.surfaces import SURFACE_LOG, Surface, TerminalSurface
 from impyard.tasks import (
     RunEnd,
     Task,
@@ -72,8 +73,8 @@ SHUTDOWN_GRACE_S = 10.0
 MAX_ATTEMPTS = 3  # a task interrupted this often by a dying supervisor is failed, not retried
 READY_BATCH = 100
 TERMINAL_SURFACE_NOTICE = (
-    "no chat surface is connected: task posts are printed on this terminal (the Discord surface "
-    "comes with `impyard serve`)"
+    "no chat surface is connected: task log posts are printed on this terminal, and posts into Discord "
+    "channels are refused here (run tasks that post to Discord under `impyard serve --supervise`)"
 )
 
 
@@ -167,8 +168,11 @@ class Supervisor:
         backend_for: BackendFor,
         clock: Clock | None = None,
         settings: SupervisorSettings | None = None,
+        pump: GatePump | None = None,
     ) -> None:
+        """``pump``: the host's gate pump, run on every tick; None where the host runs its own (``serve``)."""
         self.db = db
+        self.pump = pump
         self.gateway = gateway
         self.imps = imps
         self.backend_for = backend_for
@@ -244,10 +248,8 @@ class Supervisor:
             log.exception("supervise: dispatch failed; going on")
 
     async def _gates(self) -> None:
-        for gate in await self.gateway.expire_due():
-            log.info("gate %s expired (imp=%s run=%s)", gate.id, gate.imp, gate.run_id)
-        for gate in await self.gateway.execute_approved():
-            log.info("gate %s %s (imp=%s run=%s)", gate.id, gate.state, gate.imp, gate.run_id)
+        if self.pump is not None:
+            await self.pump.run_once()
 
     async def _follow_ups(self) -> None:
         for task, gate in await self.db.run(self.tasks.decided_gates_to_follow):
@@ -278,7 +280,7 @@ class Supervisor:
             except ImpError as exc:
                 await self.db.run(self.tasks.fail, task.id, f"cannot run: {str(exc).splitlines()[0][:300]}")
                 continue
-            rows = await self.db.run(self.gateway.ledger.summary)
+            rows = await self.gateway.ledger.aio.summary()
             wait = budget_wait(rows, task.imp, self.clock.now())
             if wait is not None:
                 seconds, window = wait
@@ -383,7 +385,7 @@ class Supervisor:
         attestation = attest(end, facts)
         not_before = None
         if attestation.deferred:
-            rows = await self.db.run(self.gateway.ledger.summary)
+            rows = await self.gateway.ledger.aio.summary()
             now = self.clock.now()
             wait = budget_wait(rows, task.imp, now)
             not_before = now + timedelta(seconds=wait[0] if wait else seconds_to_next_day(now))
@@ -436,41 +438,28 @@ async def open_supervisor(
     backend_for: BackendFor | None = None,
     settings: SupervisorSettings | None = None,
     lock: bool = True,
+    host: Host | None = None,
 ) -> AsyncIterator[Supervisor]:
-    """The supervisor of this IMPYARD_HOME: its lock first (a second one refuses with the holder's pid),
-    then the policy (a broken one stops here), the database, the imps and a gateway with ``surface``."""
+    """The supervisor of this IMPYARD_HOME: its lock first (a second one refuses with the holder's pid), then
+    its host. Standalone, it opens a host of its own that reaches only the task log (``surface``, else the
+    terminal) and pumps its gates; given the ``host`` of ``impyard serve``, it shares that host's gateway and
+    leaves the gates to that host's pump."""
     instance = InstanceLock(home(), "supervise", SUPERVISE_LOCK_FILENAME)
     if lock:
         instance.__enter__()
     try:
-        clock = clock or SystemClock()
-        policy = load_policy()
-        imps = ImpStore()
-        configs = {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
-        if surface is None:
-            log.warning(TERMINAL_SURFACE_NOTICE)
-            surface = TerminalSurface(sys.stdout)
-        db = open_database()
-        try:
-            gateway = Gateway(
-                policy=policy,
-                db=db,
-                surface=surface,
-                clock=clock,
-                owners={name: config.owners for name, config in configs.items()},
-                staff_channels={
-                    name: [config.discord.staff_channel] for name, config in configs.items() if config.discord.staff_channel
-                },
-            )
-            try:
-                yield Supervisor(
-                    db=db, gateway=gateway, imps=imps, backend_for=backend_for or BackendChooser(imps, backend),
-                    clock=clock, settings=settings,
-                )  # fmt: skip
-            finally:
-                await gateway.aclose()
-        finally:
-            db.close()
+        async with AsyncExitStack() as stack:
+            own_pump = host is None
+            if host is None:
+                if surface is None:
+                    log.warning(TERMINAL_SURFACE_NOTICE)
+                    surface = TerminalSurface(sys.stdout)
+                host = await stack.enter_async_context(open_host(surface, reaches=(SURFACE_LOG,), clock=clock))
+            yield Supervisor(
+                db=host.db, gateway=host.gateway, imps=host.imps,
+                backend_for=backend_for or BackendChooser(host.imps, backend), clock=clock or host.clock,
+                settings=settings, pump=host.pump if own_pump else None,
+            )  # fmt: skip
     finally:
         if lock:
             instance.__exit__(None, None, None)

@@ -13,6 +13,8 @@ from typing import Protocol, TextIO
 
 import anyio
 
+from impyard.errors import ImpyardError
+
 
 @dataclass(frozen=True)
 class OutgoingFile:
@@ -20,8 +22,31 @@ class OutgoingFile:
     data: bytes
 
 
-class SurfaceError(Exception):
+class SurfaceError(ImpyardError):
     """The surface could not deliver (the platform refused or is unreachable)."""
+
+
+SURFACE_DISCORD = "discord"
+SURFACE_TERMINAL = "terminal"
+SURFACE_LOG = "log"  # host-side channels such as a task's log (task:<imp>): any host prints or logs them
+
+
+def surface_of(channel_id: str, recorded: str | None = None) -> str:
+    """The surface a channel lives on: a host-side id says it (``terminal:``, ``task:``); else the surface its
+    messages arrived through; else a Discord snowflake is Discord's.
+
+    A host executes an act only where its own surface reaches the channel (issue 12): a supervisor with
+    no Discord connection never "delivers" a Discord post by printing it.
+    """
+    if channel_id.startswith("terminal:"):
+        return SURFACE_TERMINAL
+    if channel_id.startswith("task:"):
+        return SURFACE_LOG
+    if recorded:
+        return recorded
+    if channel_id.isdigit():
+        return SURFACE_DISCORD
+    return SURFACE_LOG
 
 
 class Surface(Protocol):

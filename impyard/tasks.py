@@ -35,8 +35,9 @@ from typing import Any, Literal
 
 from impyard.audit import AuditLog, AuditRecord
 from impyard.clock import Clock, iso, parse_iso
-from impyard.db import Database
+from impyard.db import Database, Store
 from impyard.durations import DurationError, format_duration, parse_duration
+from impyard.errors import ImpyardError
 from impyard.gates import OPEN_STATES, Gate, GateStore
 from impyard.imps import ImpStore, validate_name
 
@@ -63,7 +64,7 @@ BRIEFING_MAX_CHARS = 4_000
 _CHANNEL_PATTERN = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
 
 
-class TaskError(ValueError):
+class TaskError(ImpyardError, ValueError):
     """A task that cannot be added, found or changed; the message is one line that says what to do."""
 
 
@@ -503,7 +504,7 @@ _OPEN_GATE_SQL = ", ".join(f"'{state}'" for state in OPEN_STATES)
 _FINAL_GATE_SQL = "'denied', 'expired', 'executed', 'failed'"
 
 
-class TaskStore:
+class TaskStore(Store):
     def __init__(self, db: Database, clock: Clock, imps: ImpStore | None = None) -> None:
         self.db = db
         self.clock = clock

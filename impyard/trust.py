@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from impyard.clock import Clock, iso
-from impyard.db import Database
+from impyard.db import Database, Store
 from impyard.policy_models import TrustMode, TrustSettings
 
 ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs (design.md §6) and the operator's own terminal
@@ -45,7 +45,7 @@ class ChannelTrust(Protocol):
     def is_trusted(self, channel_id: str) -> bool: ...
 
 
-class DbChannelTrust:
+class DbChannelTrust(Store):
     """Channel trust from the ``channels`` table."""
 
     def __init__(self, db: Database, clock: Clock) -> None:
@@ -121,7 +121,7 @@ def decide_trust(
 # ------------------------------------------------------------------ earned counts
 
 
-class EarnedTrust:
+class EarnedTrust(Store):
     """Clean approvals per imp + act + target channel; one denial resets the count.
 
     Counted only by ``GateStore.decide`` after the approver policy accepted the approver *for that target*

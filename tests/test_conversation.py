@@ -50,7 +50,9 @@ async def runtime(fake: FakeOpenAI, clock: FixedClock, tmp_path: Path) -> AsyncI
     ImpStore().add("pip", "You are Pip.")
     surface = RecordingSurface()
     backend = ProcessBackend(warn=False)
-    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": backend}) as rt:
+    async with open_runtime(
+        ["pip"], surface, clock=clock, backends={"pip": backend}, surfaces=("discord", "terminal"), pump_period_s=None,
+    ) as rt:
         rt.channels.set_trusted(CHANNEL, True)  # replies in an untrusted channel would wait for approval
         yield rt, surface
 
@@ -158,10 +160,9 @@ async def test_a_gate_approved_on_the_cli_is_sent_once_by_the_running_host(
     (gate,) = rt.gateway.gates.list()
     # The operator approves from another process: the decision is recorded, not executed there.
     await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
-    with anyio.fail_after(10):
-        while not surface.sent:
-            await anyio.sleep(0.05)
-    await anyio.sleep(2.5)  # another pump round: still once
+    assert surface.sent == []
+    assert [moved.state for moved in await rt.host.pump.run_once()] == ["executed"]  # this host reaches it
+    assert await rt.host.pump.run_once() == []  # another pass: still once
     assert [sent.content for sent in surface.sent] == ["hello there"]
     assert rt.gateway.gates.get(gate.id).state == "executed"
 
@@ -177,7 +178,8 @@ async def test_the_pump_leaves_gates_of_another_surface_alone(
     await answered(rt, "m1")
     (gate,) = rt.gateway.gates.list()
     await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
-    await anyio.sleep(2.5)
+    rt.gateway.surfaces = frozenset({"terminal"})  # from here on this is `impyard chat`: it reaches the terminal only
+    assert await rt.host.pump.run_once() == []
     assert surface.sent == [] and rt.gateway.gates.get(gate.id).state == "approved"  # left for the Discord host
 
 
@@ -234,7 +236,7 @@ async def test_unanswered_wakes_are_answered_after_a_restart_if_fresh_else_misse
     ImpStore().add("pip", "You are Pip.")
     backend = ProcessBackend(warn=False)
     surface = RecordingSurface()
-    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": backend}) as rt:
+    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": backend}, surfaces=("discord",)) as rt:
         # A crash between "woken" and "answered", simulated by writing the records directly.
         for n, age in ((1, timedelta(minutes=30)), (2, timedelta(minutes=1))):
             msg = Message(id=f"m{n}", author=Author(id="ann", name="ann"), content=f"q{n}", created_at=clock.now() - age)
@@ -242,7 +244,7 @@ async def test_unanswered_wakes_are_answered_after_a_restart_if_fresh_else_misse
             rt.channels.set_trusted(CHANNEL, True)
             rt.history.record(CHANNEL, msg)
             rt.history.record_wake("pip", CHANNEL, msg.id)
-    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": backend}) as rt:
+    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": backend}, surfaces=("discord",)) as rt:
         await answered(rt, "m2")
         assert rt.history.outcome("pip", CHANNEL, "m1") == "missed"
         assert rt.history.outcome("pip", CHANNEL, "m2") == "sent"
@@ -266,7 +268,7 @@ async def test_typing_shows_from_render_and_stops_when_the_turn_ends(
     fake.script(envelope(answer="maybe", answer_needed=answer_needed))
     ImpStore().add("pip", "You are Pip.")
     surface = TypingSurface()
-    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": ProcessBackend(warn=False)}) as rt:
+    async with open_runtime(["pip"], surface, clock=clock, backends={"pip": ProcessBackend(warn=False)}, surfaces=("discord",)) as rt:
         rt.channels.set_trusted(CHANNEL, True)
         seen = spy(rt)
         # A group, so the turn is judged and may end silent.
@@ -297,3 +299,16 @@ async def test_the_box_gets_only_the_history_its_prompt_can_use(
     await rt.conversations.receive("pip", inbound(message(30, "@pip hi", clock=clock), mentions_imp=True))
     await answered(rt, "m30")
     assert len(seen[0].recent) == 20  # history_limit (ENV-07), not the 50-message framing window
+
+
+async def test_finished_turns_nobody_waits_for_are_not_kept(runtime: tuple[Runtime, RecordingSurface], clock: FixedClock) -> None:
+    """Issue 12: under `serve` nobody awaits turns; their bookkeeping stays bounded (it grew by one per message)."""
+    from impyard.conversation import RECENTLY_FINISHED
+
+    rt, _ = runtime
+    for n in range(1, 4):
+        await rt.conversations.receive("pip", inbound(message(n, clock=clock), kind="dm"))
+        await answered(rt, f"m{n}")
+    assert rt.conversations._waiters == {}  # noqa: SLF001 - the leak was in this private table
+    await rt.conversations.wait_finished("m1")  # a late waiter still learns the turn has ended
+    assert len(rt.conversations._recently_finished) <= RECENTLY_FINISHED  # noqa: SLF001

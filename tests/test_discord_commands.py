@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import anyio
 import pytest
 from click.testing import CliRunner
 
@@ -30,12 +29,6 @@ from tests.discord_yard import (
 )
 
 pytestmark = pytest.mark.anyio
-
-
-def fast_pumps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gate pump and the card follower poll every 0.1 s instead of 2 s."""
-    monkeypatch.setattr("impyard.runtime.GATE_PUMP_S", 0.1)
-    monkeypatch.setattr("impyard.discord.approval_cards.REFRESH_S", 0.1)
 
 
 async def synced(yard: Yard) -> None:
@@ -131,7 +124,6 @@ async def untrusted_reply(yard: Yard) -> tuple[Any, Any, str]:
 async def test_an_untrusted_reply_waits_for_approval_and_is_posted_exactly_once(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
 ) -> None:
-    fast_pumps(monkeypatch)
     async with serving(monkeypatch, model, trusted=()) as yard:
         asked, card, gate_id = await untrusted_reply(yard)
         assert yard.fake.messages(GENERAL) == [] and yard.rt.history.outcome("pip", str(GENERAL), str(asked.id)) == "pending"
@@ -144,7 +136,7 @@ async def test_an_untrusted_reply_waits_for_approval_and_is_posted_exactly_once(
         approved = yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:approve", user=OLIVE)
         (reply,) = await yard.posted(GENERAL)
         await yard.fake.wait_for(lambda: edited_card(yard, approved))
-        await anyio.sleep(0.5)  # rounds of the gate pump and of the card follower: still once
+        assert await yard.rt.host.pump.run_once() == []  # a pass of the gate pump (and the cards): still once
         gate = yard.rt.gateway.gates.get(gate_id)
     assert [g["id"] for g in json.loads(listed.output)] == [gate_id]  # the desk on the CLI shows it too
     assert buttons == [f"impyard:gate:{gate_id}:approve", f"impyard:gate:{gate_id}:deny"]
@@ -189,11 +181,11 @@ async def test_approvals_list_and_approve_as_slash_commands(monkeypatch: pytest.
 async def test_a_gate_approved_on_the_cli_is_posted_and_its_card_updated(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
 ) -> None:
-    fast_pumps(monkeypatch)
     async with serving(monkeypatch, model, trusted=()) as yard:
         _, card, gate_id = await untrusted_reply(yard)
         result = CliRunner().invoke(cli, ["approvals", "approve", gate_id])
-        await yard.posted(GENERAL)  # the running host's gate pump sends it
+        await yard.rt.host.pump.run_once()  # the running host's gate pump sends it, and updates the card
+        await yard.posted(GENERAL)
         await yard.fake.wait_for(lambda: yard.fake.message(card.id).components == [])
     assert result.exit_code == 0
     assert [m.content for m in yard.fake.messages(GENERAL)] == ["hello there"]

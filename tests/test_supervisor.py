@@ -29,6 +29,7 @@ from impyard.backends.process import ProcessBackend
 from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
 from impyard.db import Database, open_database
+from impyard.gate_pump import GatePump
 from impyard.gates import Approver, GateStore
 from impyard.gateway import Gateway
 from impyard.imps import ImpStore
@@ -75,7 +76,7 @@ class Yard:
 
     def fresh_supervisor(self, backend: BoxBackend, settings: SupervisorSettings = FAST) -> Supervisor:
         return Supervisor(db=self.db, gateway=self.gateway, imps=self.imps, backend_for=lambda imp: backend,
-                          clock=self.clock, settings=settings)  # fmt: skip
+                          clock=self.clock, settings=settings, pump=GatePump(self.gateway))  # fmt: skip
 
 
 @asynccontextmanager
@@ -91,7 +92,10 @@ async def yard(fake: FakeOpenAI, backend: BoxBackend, settings: SupervisorSettin
     )  # fmt: skip
     DbChannelTrust(db, clock).upsert(ChannelInfo(TRUSTED, kind="guild", name="daily", trusted=True))
     DbChannelTrust(db, clock).upsert(ChannelInfo(UNTRUSTED, kind="guild", name="general", trusted=False))
-    supervisor = Supervisor(db=db, gateway=gateway, imps=imps, backend_for=lambda imp: backend, clock=clock, settings=settings)
+    supervisor = Supervisor(
+        db=db, gateway=gateway, imps=imps, backend_for=lambda imp: backend, clock=clock, settings=settings,
+        pump=GatePump(gateway),
+    )  # fmt: skip
     try:
         yield Yard(db, clock, surface, fake, gateway, imps, supervisor)
     finally:

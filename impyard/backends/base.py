@@ -45,6 +45,7 @@ from box.protocol.models import (
 )
 from impyard.backends.conduct import LOG_LIMITS, REFUSAL_LIMITS, Admission, NoiseMeter, printable
 from impyard.backends.statedir import StateQuota, measure_state_dir
+from impyard.errors import ImpyardError
 
 log = logging.getLogger("impyard.box")
 
@@ -62,7 +63,7 @@ MAX_REQUESTS_IN_FLIGHT = 8
 _REFUSAL_CODES = frozenset({ErrorCode.INVALID_PARAMS, ErrorCode.METHOD_NOT_FOUND, ErrorCode.INVALID_REQUEST, ErrorCode.DENIED})
 
 
-class BoxError(Exception):
+class BoxError(ImpyardError):
     """Something went wrong with a box; the message says what and what to do."""
 
 

@@ -16,6 +16,7 @@ from impyard.cli.channel import channel_group
 from impyard.cli.chat import chat_command
 from impyard.cli.discord import discord_group
 from impyard.cli.doctor import doctor_command
+from impyard.cli.errors import ImpyardGroup
 from impyard.cli.imp import imp_group
 from impyard.cli.policy import policy_group
 from impyard.cli.schedule import schedule_group
@@ -24,7 +25,7 @@ from impyard.cli.supervise import supervise_command
 from impyard.cli.task import task_group
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ImpyardGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="impyard")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def cli(verbose: int) -> None:
@@ -58,4 +59,5 @@ cli.add_command(discord_group)
 
 
 def main() -> None:
+    """The ``impyard`` script; user errors and bugs are shown by ``ImpyardGroup`` (cli/errors.py)."""
     cli(prog_name="impyard")

@@ -13,7 +13,7 @@ from impyard.cli.errors import CliError
 from impyard.cli.policy import load_policy_or_fail
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
-from impyard.ledger import ALL_IMPS, Ledger
+from impyard.ledger import ALL_IMPS, BudgetLimitError, Ledger
 from impyard.policy_models import MAX_USD, NAME_PATTERN
 
 _POLICY_OPTION = click.option(
@@ -116,7 +116,7 @@ def set_command(imp: str, daily: float | None, monthly: float | None, clear: boo
         else:
             ledger.set_limits(scope, daily_usd=daily, monthly_usd=monthly)
         limits = ledger.limits(scope)
-    except ValueError as exc:  # nan slips past click's range check; the ledger refuses it (issue 11 #10)
+    except BudgetLimitError as exc:  # nan passes click's range check; the ledger refuses it (issue 11 #10)
         raise CliError(str(exc)) from exc
     finally:
         ledger.db.close()

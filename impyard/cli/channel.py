@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from impyard.channels import ChannelModeError, ChannelStore
+from impyard.channels import ChannelError, ChannelStore
 from impyard.cli.errors import CliError
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
@@ -96,7 +96,7 @@ def mode_command(channel_id: str, mode: str) -> None:
     """
     try:
         _echo(_store().set_mode(channel_id, mode), False)
-    except (ChannelModeError, ValueError) as exc:
+    except ChannelError as exc:
         raise CliError(str(exc)) from exc
 
 
@@ -111,7 +111,7 @@ def trust_command(channel_id: str) -> None:
     """
     try:
         _echo(_store().set_trusted(channel_id, True), False)
-    except ValueError as exc:
+    except ChannelError as exc:
         raise CliError(str(exc)) from exc
 
 
@@ -126,5 +126,5 @@ def untrust_command(channel_id: str) -> None:
     """
     try:
         _echo(_store().set_trusted(channel_id, False), False)
-    except ValueError as exc:
+    except ChannelError as exc:
         raise CliError(str(exc)) from exc

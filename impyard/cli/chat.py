@@ -63,7 +63,7 @@ def chat_command(imp: str | None, backend: str | None) -> None:
         name = pick_imp(ImpStore(), imp)
         with InstanceLock(home(), "chat"):
             anyio.run(lambda: run_chat(name, backend=backend))
-    except (ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, ValueError) as exc:
+    except (ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError) as exc:  # other ImpyardErrors: the root
         raise CliError(str(exc)) from exc
     except KeyboardInterrupt:
         pass

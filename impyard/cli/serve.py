@@ -63,7 +63,7 @@ def serve_command(imps: tuple[str, ...], supervise: bool, backend: str | None, l
     configure_logs(log_json)
     try:
         anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise))
-    except (DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, ValueError) as exc:
+    except (DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError) as exc:
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:
         pass

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("impyard.discord.cards")
 
-REFRESH_S = 2.0  # how soon a card shows a decision taken elsewhere (the CLI, the deadline)
 CARD_PREVIEW_CHARS = 1_200
 QUEUE_SIZE = 1_000
 CUSTOM_ID = re.compile(r"impyard:gate:(?P<gate>g-[0-9a-f]{6,32}):(?P<action>approve|deny)")
@@ -141,12 +140,8 @@ class ApprovalCards:
             log.warning("too many approval cards waiting; gate %s is only in `impyard approvals ls`", gate.id)
 
     async def run(self) -> None:
-        """The worker (in the host's task group): post cards as gates open; show decisions taken elsewhere."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._post_cards)
-            tg.start_soon(self._follow_gates)
-
-    async def _post_cards(self) -> None:
+        """The worker (in the host's task group): post cards as gates open. Decisions taken elsewhere reach
+        the cards through the host's gate pump (``refresh_decided``)."""
         async with self._queue:
             async for gate in self._queue:
                 try:
@@ -168,7 +163,7 @@ class ApprovalCards:
         if guild_id is None:
             return gate
         log.info("gate %s: <#%s> is in guild %s; its admins may decide", gate.id, gate.target, guild_id)
-        return await self.gateway.db.run(self.gateway.gates.learn_target_guild, gate.id, guild_id)
+        return await self.gateway.gates.aio.learn_target_guild(gate.id, guild_id)  # type: ignore[no-any-return]
 
     async def post(self, gate: Gate) -> Card | None:
         config = self.configs.get(gate.imp)
@@ -201,7 +196,7 @@ class ApprovalCards:
             log.info("card click on %s by %s refused: %s", gate_id, approver.id, exc)
             await interaction.followup.send(f"Nothing was changed: {exc}", ephemeral=True)
             if exc.kind in ("not_pending", "expired"):
-                await self.refresh(await self.gateway.db.run(self.gateway.gates.get, gate_id))
+                await self.refresh(await self.gateway.gates.aio.get(gate_id))
             return
         log.info("gate %s %s from its card by %s", gate.id, gate.state, approver.id)
         self.cards.pop(gate.id, None)
@@ -227,16 +222,15 @@ class ApprovalCards:
         except discord.HTTPException as exc:
             log.warning("could not update the card of gate %s: %s", gate.id, exc)
 
-    async def _follow_gates(self) -> None:
-        while True:
-            await anyio.sleep(REFRESH_S)
-            if not self.cards or self.gateway is None:
+    async def refresh_decided(self) -> None:
+        """A gate pump follower: cards of gates decided elsewhere (the CLI, the deadline) show the outcome."""
+        if not self.cards or self.gateway is None:
+            return
+        for gate_id in list(self.cards):
+            try:
+                gate = await self.gateway.gates.aio.get(gate_id)
+            except GateError:
+                self.cards.pop(gate_id, None)
                 continue
-            for gate_id in list(self.cards):
-                try:
-                    gate = await self.gateway.db.run(self.gateway.gates.get, gate_id)
-                except GateError:
-                    self.cards.pop(gate_id, None)
-                    continue
-                if gate.state in FINAL_STATES:
-                    await self.refresh(gate)
+            if gate.state in FINAL_STATES:
+                await self.refresh(gate)

@@ -24,6 +24,7 @@ import discord
 import yarl
 from discord import app_commands
 
+from impyard.errors import ImpyardError
 from impyard.imps import ImpConfig
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ MESSAGE_CONTENT_WHY = (
 )
 
 
-class DiscordSetupError(Exception):
+class DiscordSetupError(ImpyardError):
     """The Discord side cannot start (a missing or rejected token, refused intents); the message says the fix."""
 
 

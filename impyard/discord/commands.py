@@ -22,7 +22,7 @@ import discord
 from discord import app_commands
 
 from impyard.channels import ChannelModeError, ChannelStore, parse_mode
-from impyard.gates import Approver, Gate, GateError, may_decide
+from impyard.gates import Approver, Gate, GateError, GateStore, may_decide
 from impyard.imps import ImpConfig
 from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
 
@@ -52,6 +52,11 @@ class CommandHost:
     gateway: Gateway
     configs: Mapping[str, ImpConfig]
     cards: ApprovalCards | None = None
+
+    @property
+    def gates(self) -> GateStore:
+        """The gate store the gateway was handed (awaited through ``aio``, never through its database)."""
+        return self.gateway.gates
 
 
 # ------------------------------------------------------------------ who may (a pure rule)
@@ -155,11 +160,9 @@ async def _this_channel(interaction: discord.Interaction[ImpClient]) -> ChannelI
     channel = interaction.channel
     name = (getattr(channel, "name", "") or "")[:256]
     kind = "dm" if interaction.guild_id is None else "guild"
-    return await host.gateway.db.run(
-        lambda: host.channels.seen(
-            str(interaction.channel_id), surface="discord", kind=kind, name=name,
-            guild_id=str(interaction.guild_id) if interaction.guild_id else None,
-        )
+    return await host.channels.aio.seen(  # type: ignore[no-any-return]
+        str(interaction.channel_id), surface="discord", kind=kind, name=name,
+        guild_id=str(interaction.guild_id) if interaction.guild_id else None,
     )  # fmt: skip
 
 
@@ -186,7 +189,7 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
             await _answer(interaction, f"Nothing was changed: {exc}.")
             return
         await _this_channel(interaction)
-        info = await host.gateway.db.run(host.channels.set_mode, str(interaction.channel_id), checked)
+        info = await host.channels.aio.set_mode(str(interaction.channel_id), checked)
         log.info("channel %s mode set to %s by %s", info.channel_id, checked, interaction.user.id)
         await _answer(interaction, "Done. " + channel_text(info))
 
@@ -215,7 +218,7 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
             return
         client, host = _context(interaction)
         await host.gateway.expire_due()
-        pending = await host.gateway.db.run(host.gateway.gates.list, ("pending",))
+        pending = await host.gates.aio.list(("pending",))
         approver, owners = approver_of(interaction), host.gateway.owners.get(client.imp, frozenset())
         # Only the gates this user may decide here: the approver policy itself, never a looser filter (issue 11 #5).
         mine = [g for g in pending if g.imp == client.imp and may_decide(approver, g, owners)[0]]
@@ -249,7 +252,7 @@ async def _set_trust(interaction: discord.Interaction[ImpClient], trusted: bool)
         return
     _, host = _context(interaction)
     await _this_channel(interaction)
-    info = await host.gateway.db.run(host.channels.set_trusted, str(interaction.channel_id), trusted)
+    info = await host.channels.aio.set_trusted(str(interaction.channel_id), trusted)
     log.info("channel %s trusted=%s by %s", info.channel_id, trusted, interaction.user.id)
     await _answer(interaction, "Done. " + channel_text(info))
 
@@ -269,7 +272,7 @@ async def decide_gate(interaction: discord.Interaction[ImpClient], gate_id: str,
     client, host = _context(interaction)
     gate_id = gate_id.strip()[:64]
     try:
-        gate = await host.gateway.db.run(host.gateway.gates.get, gate_id)
+        gate = await host.gates.aio.get(gate_id)
         if gate.imp != client.imp:
             return None, f"Gate `{gate_id}` belongs to {gate.imp}, not {client.imp}: use {gate.imp}'s /approvals."
         decided = await host.gateway.decide(gate_id, approver_of(interaction), approve=approve, note=note[:500])

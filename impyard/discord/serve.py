@@ -41,6 +41,7 @@ from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import SessionKey
 from impyard.supervisor import SupervisorSettings, open_supervisor
+from impyard.surfaces import SURFACE_DISCORD, SURFACE_LOG
 
 log = logging.getLogger("impyard.serve")
 
@@ -321,9 +322,10 @@ async def _open_discord_host(
                 user_ids = {imp: str(client.user.id) for imp, client in clients.items() if client.user is not None}
                 async with open_runtime(
                     list(clients), surface, backend=backend, clock=clock, backends=dict(backends) if backends else None,
-                    surface_name="discord", on_gate=cards.gate_opened, imp_user_ids=user_ids,
+                    surfaces=(SURFACE_DISCORD, SURFACE_LOG), on_gate=cards.gate_opened, imp_user_ids=user_ids,
                 ) as runtime:  # fmt: skip
                     cards.bind(runtime.gateway)
+                    runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
                     host = DiscordHost(runtime, clients, surface, cards)
                     command_host = CommandHost(runtime.channels, runtime.gateway, {c.name: c for c in configs}, cards)
                     async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
@@ -339,10 +341,9 @@ async def _open_discord_host(
                         supervisor_stop = anyio.Event()
                         supervisor_done = anyio.Event()
                         if supervise:
-                            supervisor = await stack.enter_async_context(
-                                open_supervisor(surface=surface, clock=clock, backend=backend, settings=supervisor_settings)
+                            supervisor = await stack.enter_async_context(  # one host: the same gateway and gate pump
+                                open_supervisor(host=runtime.host, backend=backend, settings=supervisor_settings)
                             )
-                            supervisor.gateway.on_gate = cards.gate_opened
 
                             async def run_supervisor() -> None:
                                 try:

@@ -1,0 +1,106 @@
+"""One host per process (issue 12): the policy, the database, the stores, one gateway and one gate pump.
+
+Every entry point opens its host here — ``impyard chat`` (the terminal), ``impyard serve`` (Discord,
+with or without ``--supervise``) and ``impyard supervise`` — so that each process has exactly one
+gateway (one rate meter, one ledger view, one audit writer) and one gate pump, built the same way.
+What differs is only the surface a host posts through and the surfaces it reaches:
+
+* ``chat`` reaches ``terminal``;
+* ``serve`` reaches ``discord`` and ``log`` (task logs go to its log);
+* a standalone ``supervise`` reaches ``log`` only: a post into a Discord channel is refused there
+  with a one-line reason, and a Discord gate approved on the CLI waits for a host that has Discord.
+
+The surface is wrapped so that an imp's own posts join the channel history. Opening checks the
+settings and the policy before anything starts; closing closes the gateway and the database on
+every path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Collection, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from impyard.channels import ChannelStore
+from impyard.clock import Clock, SystemClock
+from impyard.conversation import HistorySurface
+from impyard.db import Database, open_database
+from impyard.gate_pump import GatePump
+from impyard.gateway import GateCallback, Gateway
+from impyard.history import History, retention_from_env
+from impyard.imps import ImpConfig, ImpStore
+from impyard.policy import Policy, load_policy
+from impyard.surfaces import Surface
+
+log = logging.getLogger("impyard.host")
+
+
+@dataclass(eq=False)
+class Host:
+    """What one process serves boxes with. Adapters use these parts; nothing reaches through the gateway."""
+
+    db: Database
+    policy: Policy
+    clock: Clock
+    imps: ImpStore
+    configs: dict[str, ImpConfig]  # every imp of this home whose imp.toml loads
+    channels: ChannelStore
+    history: History
+    gateway: Gateway
+    pump: GatePump
+    surfaces: frozenset[str]
+    imp_user_ids: dict[str, str] = field(default_factory=dict)
+
+    def imp_user_id(self, imp: str) -> str:
+        """The imp's own user id on the surface (its bot's id on Discord), or a stable stand-in."""
+        return self.imp_user_ids.get(imp, f"imp:{imp}")
+
+
+@asynccontextmanager
+async def open_host(
+    surface: Surface,
+    *,
+    reaches: Collection[str],
+    clock: Clock | None = None,
+    configs: Mapping[str, ImpConfig] | None = None,
+    imp_user_ids: Mapping[str, str] | None = None,
+    on_gate: GateCallback | None = None,
+) -> AsyncIterator[Host]:
+    """The host of this IMPYARD_HOME. ``configs``: the imps to know (default: every imp whose imp.toml loads)."""
+    clock = clock or SystemClock()
+    retention = retention_from_env()  # a bad setting stops here, before anything opens
+    policy = load_policy()  # a broken policy stops here, before anything starts
+    imps = ImpStore()
+    known = dict(configs) if configs is not None else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
+    db = open_database()
+    try:
+        history = History(db, clock, retention=retention)
+        channels = ChannelStore(db, clock)
+        user_ids = dict(imp_user_ids or {})
+        host_surface = HistorySurface(
+            surface, history, lambda imp: user_ids.get(imp, f"imp:{imp}"), clock,
+            default_imp=next(iter(known)) if len(known) == 1 else "",
+        )  # fmt: skip
+        gateway = Gateway(
+            policy=policy,
+            db=db,
+            surface=host_surface,
+            clock=clock,
+            channels=channels,
+            owners={name: config.owners for name, config in known.items()},
+            staff_channels={
+                name: [config.discord.staff_channel] for name, config in known.items() if config.discord.staff_channel
+            },
+            on_gate=on_gate,
+            surfaces=reaches,
+        )
+        try:
+            yield Host(
+                db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
+                gateway=gateway, pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
+            )  # fmt: skip
+        finally:
+            await gateway.aclose()
+    finally:
+        db.close()
