@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # impyard's two commands (see README.md):
 #   ./run.sh          set everything up and run the main job: chat with an imp in the terminal
-#   ./run.sh test     set everything up and run the whole test suite (extra args go to pytest)
+#   ./run.sh test     set everything up, check format, lint and types, and run the whole test suite
+#                     (with extra args: only pytest, with those args)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -35,6 +36,12 @@ ensure_venv
 case "${1:-}" in
     test)
         shift
+        if [ "$#" -eq 0 ]; then
+            # The whole suite starts with the checks CI holds the code to: format, lint, types.
+            "$VENV/bin/ruff" format --check --quiet . || { echo "run: .venv/bin/ruff format ." >&2; exit 1; }
+            "$VENV/bin/ruff" check --quiet .
+            "$VENV/bin/mypy"
+        fi
         if docker_works; then
             "$VENV/bin/impyard" box build
         else

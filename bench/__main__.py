@@ -61,7 +61,9 @@ class RichProgress:
         self._progress.advance(self._task, steps)
 
 
-def choose_backends(use_docker: bool, say: Callable[[str], None]) -> tuple[dict[str, BoxBackend], dict[str, str]]:
+def choose_backends(
+    use_docker: bool, say: Callable[[str], None]
+) -> tuple[dict[str, BoxBackend], dict[str, str]]:
     """The process backend always; Docker where an engine runs and the box image is (or can be) built."""
     backends: dict[str, BoxBackend] = {"process": ProcessBackend(warn=False)}
     if not use_docker:
@@ -97,7 +99,9 @@ async def run_scenarios(names: list[str], ctx: Context, console: Console) -> dic
 @click.option("--quick", is_flag=True, help="Tiny sample counts: checks that the benchmark runs (seconds).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_OUT, show_default=True,
               help="Where the JSON results go.")  # fmt: skip
-@click.option("--only", multiple=True, type=click.Choice(list(SCENARIOS)), help="Run only this scenario (repeatable).")
+@click.option(
+    "--only", multiple=True, type=click.Choice(list(SCENARIOS)), help="Run only this scenario (repeatable)."
+)
 @click.option("--no-docker", is_flag=True, help="Measure the process backend only.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the table as Markdown, with the machine and the command (e.g. bench/RESULTS.md).")  # fmt: skip
@@ -114,27 +118,37 @@ def main(quick: bool, out: Path, only: tuple[str, ...], no_docker: bool, markdow
     names = [name for name in SCENARIOS if not only or name in only]
     started, began, load_before = datetime.now(UTC), time.perf_counter(), os.getloadavg()[0]
     if load_before > BUSY_LOAD:
-        console.print(f"[yellow]the machine is busy (load {load_before:.1f}): other work will show in the figures[/yellow]")
+        console.print(
+            f"[yellow]the machine is busy (load {load_before:.1f}): other work will show in the figures[/yellow]"
+        )
     with isolated_home():
         backends, skipped = choose_backends(not no_docker, console.print)
         add_imps(list(backends))
         for name, why in skipped.items():
             console.print(f"[yellow]not measuring the {name} backend:[/yellow] {why}")
         try:
-            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
             with Progress(*columns, console=console) as bar:
                 ctx = Context(plan=plan, progress=RichProgress(bar), backends=backends)
                 scenarios = anyio.run(run_scenarios, names, ctx, console)
         finally:
-            if "docker" in backends:
-                backends["docker"].remove_orphans()
+            docker = backends.get("docker")
+            if isinstance(docker, DockerBackend):
+                docker.remove_orphans()
     results = {
         "command": shlex.join(["python", "-m", "bench", *sys.argv[1:]]),
         "started_at": started.isoformat(timespec="seconds"),
         "duration_s": round(time.perf_counter() - began, 1),
         "quick": quick,
         "environment": {
-            **environment(), "load_1m_at_start": round(load_before, 2), "load_1m_at_end": round(os.getloadavg()[0], 2)
+            **environment(),
+            "load_1m_at_start": round(load_before, 2),
+            "load_1m_at_end": round(os.getloadavg()[0], 2),
         },
         "backends": {"measured": list(backends), "skipped": skipped},
         "plan": asdict(plan),

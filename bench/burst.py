@@ -80,5 +80,14 @@ def rows(s: dict[str, Any]) -> list[Row]:
     out = []
     for name, v in s["variants"].items():
         target = f"boxes 1 → {max(v['boxes_started'])}; lost {sum(v['lost'])}, dup {sum(v['duplicated'])}"
-        out.append(Row(f"burst of {s['messages']} → last reply, {name}", v, v["single"]["p50_ms"], v["ratio_p50"], target, v["met"]))
+        out.append(
+            Row(
+                f"burst of {s['messages']} → last reply, {name}",
+                v,
+                v["single"]["p50_ms"],
+                v["ratio_p50"],
+                target,
+                v["met"],
+            )
+        )
     return out

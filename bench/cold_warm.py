@@ -43,7 +43,12 @@ async def _cold(ctx: Context, name: str, samples: int) -> dict[str, Any]:
             ctx.progress.advance()
         boxes = cold.runtime.sessions.boxes_started
         split = start_split(timed.starts, _replies(cold.surface, ids))
-    return {**summary(latencies), "boxes_started": boxes, "split_median_ms": split, "teardown": summary(teardowns)}
+    return {
+        **summary(latencies),
+        "boxes_started": boxes,
+        "split_median_ms": split,
+        "teardown": summary(teardowns),
+    }
 
 
 async def _warm(ctx: Context, name: str, samples: int) -> dict[str, Any]:
@@ -71,11 +76,18 @@ async def run(ctx: Context) -> dict[str, Any]:
             cold = await _cold(ctx, name, cold_n)
             warm = await _warm(ctx, name, warm_n)
             met = cold["p50_ms"] <= TARGETS["cold_first_reply_p50_ms"] if name == "docker" else None
-            variants[name] = {"cold": cold, "warm": warm, "ratio_p50": ratio(cold["p50_ms"], warm["p50_ms"]), "met": met}
+            variants[name] = {
+                "cold": cold,
+                "warm": warm,
+                "ratio_p50": ratio(cold["p50_ms"], warm["p50_ms"]),
+                "met": met,
+            }
     head = primary(names)
     cold, warm = variants[head]["cold"], variants[head]["warm"]
     met = bool(variants[head]["met"])
-    notes = [] if head == "docker" else ["Docker was not measured: the target is for Docker, so it is not met"]
+    notes = (
+        [] if head == "docker" else ["Docker was not measured: the target is for Docker, so it is not met"]
+    )
     return result(
         cold, baseline=warm, ratio=variants[head]["ratio_p50"], targets=TARGETS, met=met, headline=head,
         model_latency_ms=TURN_MODEL_LATENCY_S * 1000, variants=variants, notes=notes,
@@ -86,5 +98,14 @@ def rows(s: dict[str, Any]) -> list[Row]:
     out = []
     for name, v in s["variants"].items():
         target = "p50 ≤1500 (Docker)" if v["met"] is not None else "(the target is for Docker)"
-        out.append(Row(f"cold box → first reply, {name}", v["cold"], v["warm"]["p50_ms"], v["ratio_p50"], target, v["met"]))
+        out.append(
+            Row(
+                f"cold box → first reply, {name}",
+                v["cold"],
+                v["warm"]["p50_ms"],
+                v["ratio_p50"],
+                target,
+                v["met"],
+            )
+        )
     return out

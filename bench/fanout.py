@@ -91,7 +91,9 @@ async def run(ctx: Context) -> dict[str, Any]:
     head = primary([name for name in names if widest[name] == max(widest.values())])
     top, one = variants[head][str(widest[head])], variants[head][str(min(ctx.plan.fanout_levels[head]))]
     clean = all(level["lost"] == level["duplicated"] == 0 for v in variants.values() for level in v.values())
-    lean = all(variants[n][str(widest[n])]["rss_per_session_mib"] < TARGETS["rss_per_session_mib"] for n in names)
+    lean = all(
+        variants[n][str(widest[n])]["rss_per_session_mib"] < TARGETS["rss_per_session_mib"] for n in names
+    )
     return result(
         top, baseline=one, ratio=ratio(top["p50_ms"], one["p50_ms"]), targets=TARGETS, met=clean and lean,
         headline=f"{head}, {widest[head]} sessions",
@@ -106,10 +108,22 @@ def rows(s: dict[str, Any]) -> list[Row]:
     for name, levels in s["variants"].items():
         one = levels[min(levels, key=int)]
         for n, v in levels.items():
-            ok = v["lost"] == v["duplicated"] == 0 and v["rss_per_session_mib"] < TARGETS["rss_per_session_mib"]
+            ok = (
+                v["lost"] == v["duplicated"] == 0
+                and v["rss_per_session_mib"] < TARGETS["rss_per_session_mib"]
+            )
             target = (
                 f"lost {v['lost']}, dup {v['duplicated']}; RSS <2 MiB/session → {v['rss_per_session_mib']:.2f}; "
                 f"{v['throughput_per_s']:.0f} turns/s"
             )
-            out.append(Row(f"fan-out {n} sessions, {name}", v, one["p50_ms"], ratio(v["p50_ms"], one["p50_ms"]), target, ok))
+            out.append(
+                Row(
+                    f"fan-out {n} sessions, {name}",
+                    v,
+                    one["p50_ms"],
+                    ratio(v["p50_ms"], one["p50_ms"]),
+                    target,
+                    ok,
+                )
+            )
     return out

@@ -106,8 +106,15 @@ async def run(ctx: Context) -> dict[str, Any]:
     samples = ctx.plan.gateway_samples
     policy = load_policy()
     request = _chat_request()
-    send = DiscordSendParams(channel_id=CHANNEL, content="hello there, nice to meet you", reply_to="m1", kind="reply")
-    served, upstream_only, send_gateway, send_surface, ledger_ms, audit_ms = [], [], [], [], [], []
+    send = DiscordSendParams(
+        channel_id=CHANNEL, content="hello there, nice to meet you", reply_to="m1", kind="reply"
+    )
+    served: list[float] = []
+    upstream_only: list[float] = []
+    send_gateway: list[float] = []
+    send_surface: list[float] = []
+    ledger_ms: list[float] = []
+    audit_ms: list[float] = []
     db = open_database(home() / "gateway-bench.db")
     try:
         ChannelStore(db, SystemClock()).seen(CHANNEL, surface="discord", kind="dm")
@@ -141,7 +148,9 @@ async def run(ctx: Context) -> dict[str, Any]:
                 await gateway.aclose()
     finally:
         db.close()
-    ctx.progress.phase(f"gateway: judge × {ctx.plan.judge_samples}, ledger race × {ctx.plan.ledger_reservations}", 2)
+    ctx.progress.phase(
+        f"gateway: judge × {ctx.plan.judge_samples}, ledger race × {ctx.plan.ledger_reservations}", 2
+    )
     micro = _judge_micro(policy, request, ctx.plan.judge_samples)
     ctx.progress.advance()
     race = _ledger_race(policy, ctx.plan.ledger_reservations)

@@ -157,7 +157,13 @@ def message(channel_id: str, n: int) -> Message:
 
 def dm(channel_id: str, n: int) -> Inbound:
     """A direct message: always wakes, always framed respond, the channel trusted."""
-    return Inbound(surface="discord", channel_id=channel_id, channel_kind="dm", message=message(channel_id, n), channel_name=channel_id)
+    return Inbound(
+        surface="discord",
+        channel_id=channel_id,
+        channel_kind="dm",
+        message=message(channel_id, n),
+        channel_name=channel_id,
+    )
 
 
 @dataclass
@@ -168,7 +174,14 @@ class TimingSurface(RecordingSurface):
     _landed: dict[str, anyio.Event] = field(default_factory=dict)
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[Any], kind: str, *, imp: str = ""
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[Any],
+        kind: str,
+        *,
+        imp: str = "",
     ) -> list[str]:
         ids = await super().send(channel_id, content, reply_to, files, kind)
         if reply_to is not None:
@@ -211,7 +224,9 @@ class Host:
             await self.runtime.conversations.wait_finished(message_id)
         self.ended_ms.append((time.perf_counter() - start) * 1000)
         if not self.surface.replied_at.get(message_id):
-            outcome = await self.runtime.db.run(self.runtime.history.outcome, self.imp, inbound.channel_id, message_id)
+            outcome = await self.runtime.db.run(
+                self.runtime.history.outcome, self.imp, inbound.channel_id, message_id
+            )
             raise RuntimeError(f"message {message_id} got no reply: the turn ended {outcome}")
         return (self.surface.replied_at[message_id][0] - start) * 1000
 
@@ -275,9 +290,13 @@ class InProcessBox:
 
     async def turn(self, n: int) -> float:
         msg = message(self.channel_id, n)
-        self.history.append(HistoryEntry(id=msg.id, author=msg.author, content=msg.content, created_at=msg.created_at))
+        self.history.append(
+            HistoryEntry(id=msg.id, author=msg.author, content=msg.content, created_at=msg.created_at)
+        )
         framing = Framing(mode="respond", reason="dm")
-        params = DeliverParams(message=msg, framing=framing, recent=self.history[-HISTORY_SENT:], now=datetime.now(UTC))
+        params = DeliverParams(
+            message=msg, framing=framing, recent=self.history[-HISTORY_SENT:], now=datetime.now(UTC)
+        )
         start = time.perf_counter()
         await self.peer.request("mailbox.deliver", params, timeout=REPLY_TIMEOUT_S)
         landed = await self.surface.reply_to(msg.id, timeout_s=1)
@@ -292,7 +311,9 @@ class InProcessBox:
 
 
 @asynccontextmanager
-async def in_process_box(upstream: Upstream, imp: str, channel_id: str, state_dir: Path) -> AsyncIterator[InProcessBox]:
+async def in_process_box(
+    upstream: Upstream, imp: str, channel_id: str, state_dir: Path
+) -> AsyncIterator[InProcessBox]:
     """``imp``'s settings and persona, exactly as ``box.init`` carries them to a real box; its own state dir."""
     surface = TimingSurface()
     broker = ModelBroker(upstream.config())
@@ -349,8 +370,14 @@ SCENARIO_KEYS = ("status", "samples", "p50_ms", "p95_ms", "p99_ms", "baseline", 
 
 
 def result(
-    stats: dict[str, Any], *, baseline: dict[str, Any] | None, ratio: float | None, targets: dict[str, Any],
-    met: bool, status: str = "ok", **detail: Any,
+    stats: dict[str, Any],
+    *,
+    baseline: dict[str, Any] | None,
+    ratio: float | None,
+    targets: dict[str, Any],
+    met: bool,
+    status: str = "ok",
+    **detail: Any,
 ) -> dict[str, Any]:
     """One scenario's JSON: the headline figure's percentiles, its baseline, the ratio, the targets, met."""
     return {

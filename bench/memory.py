@@ -19,7 +19,15 @@ RECALL_TARGETS = {"recall_p50_ms_at_100000": 50.0}
 
 async def recall(ctx: Context) -> dict[str, Any]:
     sizes = {str(size): {"status": NOT_BUILT} for size in ctx.plan.memory_sizes}
-    return result({"samples": 0}, baseline=None, ratio=None, targets=RECALL_TARGETS, met=False, status=NOT_BUILT, sizes=sizes)
+    return result(
+        {"samples": 0},
+        baseline=None,
+        ratio=None,
+        targets=RECALL_TARGETS,
+        met=False,
+        status=NOT_BUILT,
+        sizes=sizes,
+    )
 
 
 async def turn_overhead(ctx: Context) -> dict[str, Any]:

@@ -76,7 +76,7 @@ async def run(ctx: Context) -> dict[str, Any]:
             for p in ("p50", "p95", "p99")
         }
         got["ratio_p50"] = ratio(stats["p50_ms"], baseline["p50_ms"])
-        checks = {key: got[key] <= limit for key, limit in TARGETS.items()}  # type: ignore[operator]
+        checks = {key: got[key] <= limit for key, limit in TARGETS.items()}
         variants[name] = {
             **stats, **got, "ratio_p99": ratio(stats["p99_ms"], baseline["p99_ms"]), "first_reply_ms": round(first[name], 1),
             "gateway_median_ms": splits[name], "routing_median_ms": routing[name], "turn_ended": ended[name], "checks": checks, "met": all(checks.values()),

@@ -88,7 +88,9 @@ def parse_chat(result: ModelRequestResult, *, tools_attached: bool) -> ChatReply
 def _tool_call(item: Any) -> ToolCall:
     try:
         function = item["function"]
-        return ToolCall(call_id=str(item["id"]), name=str(function["name"]), arguments=str(function["arguments"]))
+        return ToolCall(
+            call_id=str(item["id"]), name=str(function["name"]), arguments=str(function["arguments"])
+        )
     except (KeyError, TypeError) as exc:
         raise ModelCallFailed("model response has a malformed tool call") from exc
 

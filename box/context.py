@@ -119,7 +119,10 @@ def user_content(message: Message) -> str | list[dict[str, Any]]:
     images = [item for item in message.attachments if is_image(item)]
     if not images:
         return text
-    return [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images)]
+    return [
+        {"type": "text", "text": text},
+        *({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images),
+    ]
 
 
 def entry_message(entry: PromptEntry) -> dict[str, Any]:
@@ -136,7 +139,9 @@ class PromptPackage:
 
     prefix: str  # the persona (ENV-20)
     suffix: str  # ## Context (ENV-10)
-    messages: list[dict[str, Any]]  # the conversation after the system message, ending with the current message
+    messages: list[
+        dict[str, Any]
+    ]  # the conversation after the system message, ending with the current message
     image_urls: list[str] = field(default_factory=list)  # data URLs of the message's images
     tool_results: int = 0  # how many tool results have been appended
 

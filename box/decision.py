@@ -15,7 +15,9 @@ from box.protocol.models import Framing
 
 def has_answer(envelope: Envelope) -> bool:
     """Something to post: answer text, or a picture to make (its text may be empty)."""
-    return bool((envelope.answer and envelope.answer.strip()) or (envelope.picture and envelope.picture.strip()))
+    return bool(
+        (envelope.answer and envelope.answer.strip()) or (envelope.picture and envelope.picture.strip())
+    )
 
 
 def judge_answers(envelope: Envelope, framing: Framing) -> bool:

@@ -84,7 +84,10 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
 
 def response_format() -> dict[str, Any]:
     """The chat/completions ``response_format`` that pins the envelope (ENV-19)."""
-    return {"type": "json_schema", "json_schema": {"name": ENVELOPE_NAME, "strict": True, "schema": ENVELOPE_SCHEMA}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": ENVELOPE_NAME, "strict": True, "schema": ENVELOPE_SCHEMA},
+    }
 
 
 class Moment(BaseModel):

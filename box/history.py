@@ -111,7 +111,9 @@ def combine(
     for entry in recent:  # the host's copy wins: it is what the channel actually shows
         if entry.id != current_id:
             role: Role = "assistant" if entry.from_imp else "user"
-            entries[entry.id] = PromptEntry(entry.id, role, entry.author.name, entry.content, entry.created_at)
+            entries[entry.id] = PromptEntry(
+                entry.id, role, entry.author.name, entry.content, entry.created_at
+            )
     ordered = sorted(entries.values(), key=lambda item: item.at)
     return ordered[-limit:] if limit > 0 else []
 
@@ -147,7 +149,9 @@ class HistoryStore:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             records = [Record.from_json(item) for item in data.get("records", [])]
-            counters = {str(k): {str(o): int(n) for o, n in v.items()} for k, v in data.get("counters", {}).items()}
+            counters = {
+                str(k): {str(o): int(n) for o, n in v.items()} for k, v in data.get("counters", {}).items()
+            }
             return records, counters
         except FileNotFoundError:
             return [], {}

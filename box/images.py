@@ -44,7 +44,9 @@ def wants_picture(envelope: Envelope, image_urls: list[str]) -> bool:
     return bool(envelope.picture and envelope.picture.strip()) or (envelope.picture_edit and bool(image_urls))
 
 
-def image_request(settings: ResponderSettings, envelope: Envelope, image_urls: list[str], fallback_prompt: str) -> ImageRequest:
+def image_request(
+    settings: ResponderSettings, envelope: Envelope, image_urls: list[str], fallback_prompt: str
+) -> ImageRequest:
     """An edit when asked and an image came with the message; otherwise a new picture."""
     prompt = (envelope.picture or "").strip() or fallback_prompt.strip() or "a picture"
     body: dict[str, Any] = {
@@ -56,7 +58,9 @@ def image_request(settings: ResponderSettings, envelope: Envelope, image_urls: l
         "output_format": IMAGE_FORMAT,
     }
     if envelope.picture_edit and image_urls:
-        return ImageRequest(EDITS, {**body, "images": [{"image_url": url} for url in image_urls[:MAX_IMAGES]]})
+        return ImageRequest(
+            EDITS, {**body, "images": [{"image_url": url} for url in image_urls[:MAX_IMAGES]]}
+        )
     return ImageRequest(GENERATIONS, body)
 
 

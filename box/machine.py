@@ -134,7 +134,9 @@ class TurnMachine:
                 ctx.error, ctx.outcome = exc, "failed"
                 log.warning("turn for %s failed in %s: %r", ctx.message.id, stage.value, exc)
                 await self._enter(ctx, Stage.FAILED)
-                await self.host_log("warning", f"turn failed in {stage.value}: {exc}"[:1000], message_id=ctx.message.id)
+                await self.host_log(
+                    "warning", f"turn failed in {stage.value}: {exc}"[:1000], message_id=ctx.message.id
+                )
                 break
         return ctx
 
@@ -143,8 +145,12 @@ class TurnMachine:
     async def context_building(self, ctx: TurnContext) -> Stage:
         turn = ctx.turn
         own = await anyio.to_thread.run_sync(self.deps.history.load)  # ENV-07: trimmed before the call
-        entries = combine(turn.recent, own, self.session.channel_id, turn.message.id, self.settings.history_limit)
-        memory = await anyio.to_thread.run_sync(self.deps.memory.recall, self.session.channel_id, turn.message.content)
+        entries = combine(
+            turn.recent, own, self.session.channel_id, turn.message.id, self.settings.history_limit
+        )
+        memory = await anyio.to_thread.run_sync(
+            self.deps.memory.recall, self.session.channel_id, turn.message.content
+        )
         ctx.package = build_package(
             self.deps.init.imp, self.session, turn.message, turn.framing, turn.now, entries,
             news=self.settings.news, memory=memory,
@@ -189,7 +195,9 @@ class TurnMachine:
                 await self.deps.peer.request("discord.send", act.params())
             except RpcError as exc:
                 ctx.notes.append(f"a {act.kind} post to {act.channel_id} was refused: {exc.message}")
-                await self.host_log("error", f"staff post not delivered: {exc.message}; it said: {act.content}"[:1000])
+                await self.host_log(
+                    "error", f"staff post not delivered: {exc.message}; it said: {act.content}"[:1000]
+                )
         return Stage.POST
 
     async def post_send(self, ctx: TurnContext) -> Stage:
@@ -200,14 +208,37 @@ class TurnMachine:
             ctx.outcome = "sent" if delivered else "pending"
         message = ctx.message
         if ctx.turn.task:  # a scheduled prompt is context for what was posted, not something a person said
-            said = Record(self.session.channel_id, message.id, "event", "", f"scheduled task: {message.content}", message.created_at)
+            said = Record(
+                self.session.channel_id,
+                message.id,
+                "event",
+                "",
+                f"scheduled task: {message.content}",
+                message.created_at,
+            )
         else:
-            said = Record(self.session.channel_id, message.id, "user", message.author.name, message_body(message), message.created_at)
+            said = Record(
+                self.session.channel_id,
+                message.id,
+                "user",
+                message.author.name,
+                message_body(message),
+                message.created_at,
+            )
         records = [said]
         if delivered:  # only a confirmed delivery becomes the imp's side of the talk
             assert ctx.reply is not None and ctx.delivery is not None
             reply_id = ctx.delivery.message_ids[0] if ctx.delivery.message_ids else f"{message.id}:reply"
-            records.append(Record(ctx.reply.channel_id, reply_id, "assistant", self.deps.init.imp.name, ctx.reply.content, ctx.turn.now))
+            records.append(
+                Record(
+                    ctx.reply.channel_id,
+                    reply_id,
+                    "assistant",
+                    self.deps.init.imp.name,
+                    ctx.reply.content,
+                    ctx.turn.now,
+                )
+            )
         assert ctx.envelope is not None
         committed = CommittedTurn(
             channel_id=self.session.channel_id,
@@ -231,7 +262,9 @@ class TurnMachine:
 
     # ------------------------------------------------------------ rendering helpers
 
-    async def _render_reply(self, ctx: TurnContext, envelope: Envelope, package: PromptPackage) -> Payload | None:
+    async def _render_reply(
+        self, ctx: TurnContext, envelope: Envelope, package: PromptPackage
+    ) -> Payload | None:
         target = reply_target(envelope.channel, self.session.channel_id, self.session.channel_name)  # ENV-09
         as_reply = target.own and not ctx.turn.task
         text = unwrap_links((envelope.answer or "").strip())  # ENV-08
@@ -265,28 +298,39 @@ class TurnMachine:
             if staff:
                 ctx.acts.append(staff_note(imp, where, author, envelope.staff, staff))
             else:
-                await self.host_log("warning", f"staff note (no staff channel configured): {envelope.staff}"[:1000])
+                await self.host_log(
+                    "warning", f"staff note (no staff channel configured): {envelope.staff}"[:1000]
+                )
         if envelope.hack:  # recorded in the journal; alerted to the staff channel when there is one
-            await self.host_log("warning", "the message tried to subvert the imp", message_id=ctx.message.id, author=author)
+            await self.host_log(
+                "warning", "the message tried to subvert the imp", message_id=ctx.message.id, author=author
+            )
             if staff:
                 ctx.acts.append(hack_alert(imp, where, author, ctx.message.content, staff))
 
     def _channel_label(self) -> str:
         if self.session.channel_kind == "dm":
             return "a direct message"
-        return f"#{self.session.channel_name}" if self.session.channel_name else f"channel {self.session.channel_id}"
+        return (
+            f"#{self.session.channel_name}"
+            if self.session.channel_name
+            else f"channel {self.session.channel_id}"
+        )
 
     # ------------------------------------------------------------ talking to the host
 
     async def _enter(self, ctx: TurnContext, stage: Stage) -> None:
         ctx.stages.append(stage)
         try:
-            await self.deps.peer.notify("turn.stage", TurnStageParams(message_id=ctx.message.id, stage=stage.value))  # type: ignore[arg-type]
+            params = TurnStageParams(message_id=ctx.message.id, stage=stage.value)  # type: ignore[arg-type]
+            await self.deps.peer.notify("turn.stage", params)
         except PeerClosed:
             pass
 
     async def host_log(self, level: str, message: str, **fields: Any) -> None:
-        values: dict[str, ReportValue] = {k: v for k, v in fields.items() if isinstance(v, str | int | float | bool)}
+        values: dict[str, ReportValue] = {
+            k: v for k, v in fields.items() if isinstance(v, str | int | float | bool)
+        }
         try:
             await self.deps.peer.notify("log", LogParams(level=level, message=message[:4000], fields=values))  # type: ignore[arg-type]
         except PeerClosed:

@@ -30,7 +30,8 @@ class ModelClient:
     async def call(self, path: str, body: dict[str, Any], purpose: str) -> ModelRequestResult:
         # ENV-16: straight to the host every time; there is no response cache, on disk or in memory.
         result = await self.peer.request(
-            "model.request", ModelRequestParams(path=path, body=body, purpose=purpose)  # type: ignore[arg-type]
+            "model.request",
+            ModelRequestParams(path=path, body=body, purpose=purpose),  # type: ignore[arg-type]
         )
         assert isinstance(result, ModelRequestResult)
         return result
@@ -50,5 +51,7 @@ def http_failure(result: ModelRequestResult) -> ModelCallFailed:
     if isinstance(result.body, dict) and isinstance(result.body.get("error"), dict):
         detail = f": {str(result.body['error'].get('message', ''))[:200]}"
     return ModelCallFailed(
-        f"model returned HTTP {result.status}{detail}", status=result.status, retry_after=retry_after_of(result)
+        f"model returned HTTP {result.status}{detail}",
+        status=result.status,
+        retry_after=retry_after_of(result),
     )

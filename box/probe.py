@@ -20,7 +20,10 @@ _CGROUP_FILES = {
     # name: (cgroup v1 path, cgroup v2 path)
     "pids_limit": ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max"),
     "memory_limit": ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"),
-    "memory_swap_limit": ("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes", "/sys/fs/cgroup/memory.swap.max"),
+    "memory_swap_limit": (
+        "/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes",
+        "/sys/fs/cgroup/memory.swap.max",
+    ),
     "cpu_quota": ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max"),
 }
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream
 from pydantic import BaseModel
 
 import box
@@ -110,19 +111,33 @@ class BoxProgram:
         assert self.responder is not None
         report = await self.responder.deliver(params)
         self._journal(
-            {"message_id": params.message.id, "outcome": report.result.outcome, "at": params.now.isoformat(), **report.journal}
+            {
+                "message_id": params.message.id,
+                "outcome": report.result.outcome,
+                "at": params.now.isoformat(),
+                **report.journal,
+            }
         )
         return report.result
 
     async def _run_task(self, params: TaskRunParams) -> TaskRunResult:
         kind = params.task.kind
         if kind == "probe":
-            return TaskRunResult(outcome="done", summary="lockdown observations", report=probe.observe(self.state_dir))
+            return TaskRunResult(
+                outcome="done", summary="lockdown observations", report=probe.observe(self.state_dir)
+            )
         if kind == "prompt":
             assert self.responder is not None
             report = await self.responder.run_prompt_task(params)
             result = Responder.task_result(report)
-            self._journal({"task_id": params.task.id, "outcome": result.outcome, "at": params.now.isoformat(), **report.journal})
+            self._journal(
+                {
+                    "task_id": params.task.id,
+                    "outcome": result.outcome,
+                    "at": params.now.isoformat(),
+                    **report.journal,
+                }
+            )
             return result
         return TaskRunResult(outcome="failed", summary=f"this box does not know task kind {kind!r}")
 
@@ -135,7 +150,7 @@ class BoxProgram:
             log.warning("could not write the journal under %s: %s", self.state_dir, exc)
 
 
-async def serve(receive, send, state_dir: Path, **seams: Any) -> None:  # type: ignore[no-untyped-def]
+async def serve(receive: ByteReceiveStream, send: ByteSendStream, state_dir: Path, **seams: Any) -> None:
     program = BoxProgram(state_dir, **seams)
     peer = Peer(
         receive,

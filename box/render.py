@@ -69,7 +69,12 @@ def fit_files(payload: Payload, max_line_bytes: int) -> list[str]:
     """Drop files from the end until the send fits one protocol line; returns the dropped file names."""
     dropped: list[str] = []
     while payload.files:
-        frame = {"jsonrpc": "2.0", "id": 2**31, "method": "discord.send", "params": payload.params().model_dump(mode="json")}
+        frame = {
+            "jsonrpc": "2.0",
+            "id": 2**31,
+            "method": "discord.send",
+            "params": payload.params().model_dump(mode="json"),
+        }
         try:
             encode_frame(frame, max_line_bytes)
             break
@@ -86,5 +91,5 @@ def staff_note(imp: str, channel_label: str, author: str, note: str, staff_chann
 
 def hack_alert(imp: str, channel_label: str, author: str, excerpt: str, staff_channel: str) -> Payload:
     """A message that tried to subvert the imp, reported to the staff channel."""
-    text = f"Possible manipulation attempt on {imp} ({channel_label}) by {author}: \"{excerpt[:300]}\""
+    text = f'Possible manipulation attempt on {imp} ({channel_label}) by {author}: "{excerpt[:300]}"'
     return Payload(staff_channel, text[:STAFF_NOTE_CHARS], "staff")

@@ -71,7 +71,9 @@ class Responder:
         settings = init.imp.responder
         self.init = init
         self.memory = memory or NoMemory()
-        self.history = HistoryStore(state_dir, limit=settings.history_limit, per_channel=settings.history_per_channel)
+        self.history = HistoryStore(
+            state_dir, limit=settings.history_limit, per_channel=settings.history_per_channel
+        )
         self.chooser = ModelChooser(settings)  # ENV-15: kept for the whole session
         client = ModelClient(peer)
         registry = tools or builtin_tools(peer, self.memory)
@@ -90,12 +92,19 @@ class Responder:
         ):  # fmt: skip
             await self._archive(message)  # ENV-05: no model call
             return TurnReport(DeliverResult(outcome="silent"), {"short_path": True})
-        ctx = await self.machine.run(TurnContext(TurnInput(message, params.framing, list(params.recent), params.now)))
+        ctx = await self.machine.run(
+            TurnContext(TurnInput(message, params.framing, list(params.recent), params.now))
+        )
         return TurnReport(self._result(ctx), self._journal(ctx))
 
     async def _archive(self, message: Message) -> None:
         record = Record(
-            self.init.session.channel_id, message.id, "user", message.author.name, message_body(message), message.created_at
+            self.init.session.channel_id,
+            message.id,
+            "user",
+            message.author.name,
+            message_body(message),
+            message.created_at,
         )
         await anyio.to_thread.run_sync(
             partial(self.history.commit, [record], count=(self.init.session.channel_id, "archived"))
@@ -129,7 +138,9 @@ class Responder:
         message = Message(id=params.task.id, author=TASK_AUTHOR, content=prompt, created_at=params.now)
         framing = Framing(mode="judge", reason="task")  # the model decides whether the result is posted
         ctx = await self.machine.run(TurnContext(TurnInput(message, framing, [], params.now, task=True)))
-        return TurnReport(self._result(ctx), self._journal(ctx), ctx.envelope.answer if ctx.envelope else None)
+        return TurnReport(
+            self._result(ctx), self._journal(ctx), ctx.envelope.answer if ctx.envelope else None
+        )
 
     @staticmethod
     def task_result(report: TurnReport) -> TaskRunResult:
@@ -149,7 +160,9 @@ class Responder:
         at = params.at or datetime.now(UTC)
         emoji = ", ".join(params.reactions) if params.reactions else "all reactions"
         text = f"the reactions on message {params.message_id} were cleared ({emoji})"
-        record = Record(params.channel_id, f"reaction_clear:{params.message_id}:{at.isoformat()}", "event", "", text, at)
+        record = Record(
+            params.channel_id, f"reaction_clear:{params.message_id}:{at.isoformat()}", "event", "", text, at
+        )
         await anyio.to_thread.run_sync(partial(self.history.commit, [record]))
         await anyio.to_thread.run_sync(self.memory.record_event, params.channel_id, text)
         return True

@@ -33,7 +33,9 @@ INPUT_FIELDS: dict[str, tuple[str, ...]] = {
 
 def text_format() -> dict[str, Any]:
     """The envelope as the Responses API's ``text.format`` (ENV-19 / ENV-22)."""
-    return {"format": {"type": "json_schema", "name": ENVELOPE_NAME, "strict": True, "schema": ENVELOPE_SCHEMA}}
+    return {
+        "format": {"type": "json_schema", "name": ENVELOPE_NAME, "strict": True, "schema": ENVELOPE_SCHEMA}
+    }
 
 
 def responses_body(

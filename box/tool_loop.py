@@ -52,11 +52,15 @@ class ReplyCaller:
             attached = tools if hop < rounds else []  # the last hop answers without tools
 
             async def attempt(_: int, attached: list[Tool] = attached) -> chat_api.ChatReply:
-                body = chat_api.chat_body(self.settings, self._model(package), package.chat_messages(), attached)
+                body = chat_api.chat_body(
+                    self.settings, self._model(package), package.chat_messages(), attached
+                )
                 result = await self.client.call(chat_api.PATH, body, PURPOSE)
                 return chat_api.parse_chat(result, tools_attached=bool(attached))
 
-            reply = await with_attempts(attempt, sleep=self.sleep, base_s=self.settings.retry_backoff_s, chooser=self.chooser)
+            reply = await with_attempts(
+                attempt, sleep=self.sleep, base_s=self.settings.retry_backoff_s, chooser=self.chooser
+            )
             if reply.envelope is not None:
                 return reply.envelope
             assert reply.echo is not None
@@ -77,11 +81,15 @@ class ReplyCaller:
             attached = tools if hop < rounds else []  # ENV-23: an exhausted loop forces a tool-less answer
 
             async def attempt(_: int, attached: list[Tool] = attached) -> responses_api.ResponsesReply:
-                body = responses_api.responses_body(self.settings, self._model(package), package.system, items, attached)
+                body = responses_api.responses_body(
+                    self.settings, self._model(package), package.system, items, attached
+                )
                 result = await self.client.call(responses_api.PATH, body, PURPOSE)
                 return responses_api.parse_responses(result, tools_attached=bool(attached))
 
-            reply = await with_attempts(attempt, sleep=self.sleep, base_s=self.settings.retry_backoff_s, chooser=self.chooser)
+            reply = await with_attempts(
+                attempt, sleep=self.sleep, base_s=self.settings.retry_backoff_s, chooser=self.chooser
+            )
             if reply.envelope is not None:
                 return reply.envelope
             items.extend(reply.passback)  # ENV-23: reasoning + function_call items, input fields only

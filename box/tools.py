@@ -133,7 +133,9 @@ def web_fetch_tool(peer: Peer) -> Tool:
         if not url:
             return "error: give a url"
         try:
-            result = await peer.request("http.fetch", HttpFetchParams(url=url[:2048], max_bytes=FETCH_MAX_BYTES))
+            result = await peer.request(
+                "http.fetch", HttpFetchParams(url=url[:2048], max_bytes=FETCH_MAX_BYTES)
+            )
         except RpcError as exc:
             return f"refused by the host: {exc.message}"
         assert isinstance(result, HttpFetchResult)

@@ -24,7 +24,9 @@ SECRET_ENV_NAMES = ("OPENAI_API_KEY",)
 SECRET_ENV_PREFIXES = ("IMPYARD_DISCORD_TOKEN",)
 SECRET_URL_ENV_NAMES = ("OPENAI_BASE_URL",)  # their userinfo and query values are credentials (issue 11 #9)
 
-Verdict = str  # allowed | denied | rate_limited | budget_exhausted | unreachable | gated | error | <gate state>
+Verdict = (
+    str  # allowed | denied | rate_limited | budget_exhausted | unreachable | gated | error | <gate state>
+)
 
 
 def known_secrets(environ: dict[str, str] | None = None) -> list[str]:
@@ -34,7 +36,8 @@ def known_secrets(environ: dict[str, str] | None = None) -> list[str]:
     found = [
         value
         for name, value in env.items()
-        if (name in SECRET_ENV_NAMES or name.startswith(SECRET_ENV_PREFIXES)) and len(value) >= MIN_SECRET_CHARS
+        if (name in SECRET_ENV_NAMES or name.startswith(SECRET_ENV_PREFIXES))
+        and len(value) >= MIN_SECRET_CHARS
     ]
     for name in SECRET_URL_ENV_NAMES:
         found += url_secrets(env.get(name) or "")
@@ -64,7 +67,11 @@ def redact_url(url: str) -> str:
         return REDACTED
     host = parts.netloc.rpartition("@")[2]
     netloc = f"{REDACTED}@{host}" if "@" in parts.netloc else host
-    query = "&".join(f"{raw.partition('=')[0]}={REDACTED}" for raw in parts.query.split("&")) if parts.query else ""
+    query = (
+        "&".join(f"{raw.partition('=')[0]}={REDACTED}" for raw in parts.query.split("&"))
+        if parts.query
+        else ""
+    )
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 

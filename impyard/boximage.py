@@ -89,7 +89,7 @@ def expected_tag(box_dir: Path | None = None) -> str:
 def _client(timeout: int | None = None) -> docker.DockerClient:
     where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        return docker.from_env(**({"timeout": timeout} if timeout else {}))
+        return docker.from_env(timeout=timeout) if timeout else docker.from_env()
     except docker.errors.DockerException as exc:
         if "PermissionError" in str(exc) or "Permission denied" in str(exc):
             raise BoxImageError(

@@ -164,18 +164,29 @@ class ModelBroker:
         auth = httpx.BasicAuth(*credentials) if credentials else None
         try:
             with anyio.fail_after(self.settings.timeout_s):  # a whole-call bound; httpx's are per read
-                async with self._http().stream("POST", url, content=body, headers=headers, auth=auth) as response:
+                async with self._http().stream(
+                    "POST", url, content=body, headers=headers, auth=auth
+                ) as response:
                     raw = await self._read_bounded(response)
                     status = response.status_code
-                    selected = {name: response.headers[name] for name in SELECTED_HEADERS if name in response.headers}
+                    selected = {
+                        name: response.headers[name] for name in SELECTED_HEADERS if name in response.headers
+                    }
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise UpstreamUnreachable(f"cannot connect to the model API at {self.config.display_url}: {type(exc).__name__}", sent=False) from exc
+            raise UpstreamUnreachable(
+                f"cannot connect to the model API at {self.config.display_url}: {type(exc).__name__}",
+                sent=False,
+            ) from exc
         except TimeoutError as exc:
-            raise UpstreamUnreachable(f"the model API did not answer within {self.settings.timeout_s:g} s", sent=True) from exc
+            raise UpstreamUnreachable(
+                f"the model API did not answer within {self.settings.timeout_s:g} s", sent=True
+            ) from exc
         except ResponseTooLarge as exc:
             raise UpstreamUnreachable(str(exc), sent=True) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamUnreachable(f"the model API connection failed: {type(exc).__name__}", sent=True) from exc
+            raise UpstreamUnreachable(
+                f"the model API connection failed: {type(exc).__name__}", sent=True
+            ) from exc
         return UpstreamResponse(status, self._decode(raw), selected)
 
     async def _read_bounded(self, response: httpx.Response) -> bytes:
@@ -191,10 +202,17 @@ class ModelBroker:
 
     def _decode(self, raw: bytes) -> Any:
         text = raw.decode("utf-8", errors="replace")
-        if self.config.api_key and self.config.api_key in text:  # never hand the key to the box, even if echoed
+        if (
+            self.config.api_key and self.config.api_key in text
+        ):  # never hand the key to the box, even if echoed
             text = text.replace(self.config.api_key, "[redacted]")
         text = redact(text, self.config.secrets)  # nor the base URL's credentials (issue 11 #9)
         try:
             return json.loads(text) if text.strip() else None
         except ValueError:
-            return {"error": {"message": "the model API answered with something that is not JSON", "text": text[:1000]}}
+            return {
+                "error": {
+                    "message": "the model API answered with something that is not JSON",
+                    "text": text[:1000],
+                }
+            }

@@ -19,20 +19,24 @@ class ChannelError(ImpyardError, ValueError):
 
 class ChannelModeError(ChannelError):
     def __init__(self, value: str) -> None:
-        super().__init__(f"unknown mode {value!r}: use 'all' (every message wakes the imp) or 'mention' (only mentions and DMs)")
+        super().__init__(
+            f"unknown mode {value!r}: use 'all' (every message wakes the imp) or 'mention' (only mentions and DMs)"
+        )
 
 
 def parse_mode(value: str) -> ChannelMode:
     mode = value.strip().lower()
     if mode not in CHANNEL_MODES:
         raise ChannelModeError(value)
-    return mode  # type: ignore[return-value]
+    return mode
 
 
 class ChannelStore(DbChannelTrust):
     """Channel trust (what the gateway asks) plus what the conversation needs: mode, first sight, listing."""
 
-    def seen(self, channel_id: str, *, surface: str, kind: str, name: str = "", guild_id: str | None = None) -> ChannelInfo:
+    def seen(
+        self, channel_id: str, *, surface: str, kind: str, name: str = "", guild_id: str | None = None
+    ) -> ChannelInfo:
         """Record a channel as messages arrive: its kind and name follow the surface; trust and mode are kept."""
         self.db.execute(
             """INSERT INTO channels (channel_id, surface, kind, name, guild_id, trusted, updated_at)
@@ -61,7 +65,15 @@ class ChannelStore(DbChannelTrust):
 
     def all(self) -> list[ChannelInfo]:
         return [
-            ChannelInfo(r["channel_id"], r["surface"], r["kind"], r["name"], r["guild_id"], bool(r["trusted"]), r["mode"])
+            ChannelInfo(
+                r["channel_id"],
+                r["surface"],
+                r["kind"],
+                r["name"],
+                r["guild_id"],
+                bool(r["trusted"]),
+                r["mode"],
+            )
             for r in self.db.query(
                 "SELECT channel_id, surface, kind, name, guild_id, trusted, mode FROM channels ORDER BY surface, channel_id"
             )

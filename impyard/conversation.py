@@ -28,7 +28,7 @@ from box.protocol.models import (
     SessionInfo,
     TurnStageParams,
 )
-from impyard.backends import BoxSpec
+from impyard.backends import BoxBackend, BoxSpec
 from impyard.channels import ChannelStore
 from impyard.clock import Clock
 from impyard.framing import RecentAuthor, decide_framing
@@ -107,7 +107,10 @@ class Conversations:
         surface: Surface,
         clock: Clock,
         imp_user_ids: Mapping[str, str] | None = None,
+        backends: Mapping[str, BoxBackend] | None = None,
     ) -> None:
+        """``backends``: each imp's box backend (the session manager's plan, with init/state dir/settings)."""
+        self.backends = dict(backends or {})
         self.imps = imps
         self.configs = dict(configs)
         self.history = history
@@ -117,7 +120,9 @@ class Conversations:
         self.imp_user_ids = dict(imp_user_ids or {})
         self.sessions: SessionManager | None = None
         self._typing: set[SessionKey] = set()
-        self._waiters: dict[str, anyio.Event] = {}  # message id -> set when its turn ends (only while awaited)
+        self._waiters: dict[
+            str, anyio.Event
+        ] = {}  # message id -> set when its turn ends (only while awaited)
         self._recently_finished: deque[str] = deque(maxlen=RECENTLY_FINISHED)  # for a waiter that comes late
 
     def imp_user_id(self, imp: str) -> str:
@@ -142,7 +147,9 @@ class Conversations:
             name=inbound.channel_name,
             guild_id=inbound.guild_id,
         )
-        await self.history.db.run(self.history.record, inbound.channel_id, message)  # before routing, woken or not
+        await self.history.db.run(
+            self.history.record, inbound.channel_id, message
+        )  # before routing, woken or not
         decision = decide_wake(
             WakeFacts(
                 is_dm=inbound.channel_kind in ("dm", "terminal"),
@@ -156,15 +163,22 @@ class Conversations:
         if not decision.wake:
             return "ambient"
         await self.history.db.run(self.history.record_wake, imp, inbound.channel_id, message.id)
-        return await self._route(imp, inbound.channel_id, inbound.channel_kind, message, addressed=decision.addressed)
+        return await self._route(
+            imp, inbound.channel_id, inbound.channel_kind, message, addressed=decision.addressed
+        )
 
-    async def _route(self, imp: str, channel_id: str, kind: str, message: Message, *, addressed: bool) -> RouteOutcome:
+    async def _route(
+        self, imp: str, channel_id: str, kind: str, message: Message, *, addressed: bool
+    ) -> RouteOutcome:
         assert self.sessions is not None, "attach a SessionManager first"
         recent = await self.history.db.run(self.history.recent, channel_id, imp=imp)
         framing = decide_framing(
             channel_kind=kind,
             addressed=addressed,
-            recent=[RecentAuthor(e.author.id, e.author.name, e.author.bot or e.from_imp, e.created_at) for e in recent],
+            recent=[
+                RecentAuthor(e.author.id, e.author.name, e.author.bot or e.from_imp, e.created_at)
+                for e in recent
+            ],
             imp_id=self.imp_user_id(imp),
             now=self.clock.now(),
         )
@@ -174,7 +188,9 @@ class Conversations:
         recent = recent[-limit:] if limit else []
         outcome = self.sessions.deliver(Delivery(key, message, framing, recent))
         if outcome == "busy":
-            await self.history.db.run(self.history.finish, imp, channel_id, [message.id], "busy", "the channel's queue was full")
+            await self.history.db.run(
+                self.history.finish, imp, channel_id, [message.id], "busy", "the channel's queue was full"
+            )
         return outcome
 
     async def recover(self) -> int:
@@ -186,19 +202,26 @@ class Conversations:
             info = self.channels.info(wake.channel_id)
             kind = info.kind if info else "guild"
             log.info("answering %s in %s after a restart", wake.message.id, wake.channel_id)
-            await self._route(wake.imp, wake.channel_id, kind, wake.message, addressed=kind in ("dm", "terminal"))
+            await self._route(
+                wake.imp, wake.channel_id, kind, wake.message, addressed=kind in ("dm", "terminal")
+            )
             resumed += 1
         return resumed
 
     # ------------------------------------------------------------ the box's world
 
-    def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
+    def backend_for(self, imp: str) -> BoxBackend:
+        return self.backends[imp]
+
+    async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
+        """What a new box of this session is told; the channel and the persona are read off the event loop."""
         config = self.configs[key.imp]
-        info = self.channels.info(key.channel_id)
+        info = await self.channels.aio.info(key.channel_id)
+        imp = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
         kind = info.kind if info and info.kind in ("dm", "guild", "terminal", "task") else "guild"
         return BoxInitParams(
             protocol=1,
-            imp=self.imps.imp_spec(config),
+            imp=imp,
             session=SessionInfo(
                 id=f"{key.imp}:{key.channel_id}", channel_id=key.channel_id, channel_kind=kind,  # type: ignore[arg-type]
                 channel_name=info.name if info else "",
@@ -224,9 +247,13 @@ class Conversations:
 
     async def turn_finished(self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult) -> None:
         ids = [delivery.message.id for delivery in batch]
-        await self.history.db.run(self.history.finish, key.imp, key.channel_id, ids, result.outcome, result.error)
+        await self.history.db.run(
+            self.history.finish, key.imp, key.channel_id, ids, result.outcome, result.error
+        )
         for message_id in ids:
-            self._recently_finished.append(message_id)  # bounded: a host nobody waits on keeps only the last few
+            self._recently_finished.append(
+                message_id
+            )  # bounded: a host nobody waits on keeps only the last few
             waiter = self._waiters.pop(message_id, None)
             if waiter is not None:
                 waiter.set()
@@ -290,7 +317,14 @@ class HistorySurface:
         self.default_imp = default_imp
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[object], kind: str, *, imp: str = ""
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[object],
+        kind: str,
+        *,
+        imp: str = "",
     ) -> list[str]:
         imp = imp or self.default_imp
         ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp)  # type: ignore[arg-type]

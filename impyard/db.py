@@ -376,7 +376,9 @@ class Database:
                 if current >= migration.version:
                     continue
                 if current != migration.version - 1:
-                    raise DatabaseError(f"{self.path}: schema version {current} cannot take migration {migration.version}")
+                    raise DatabaseError(
+                        f"{self.path}: schema version {current} cannot take migration {migration.version}"
+                    )
                 for statement in split_statements(migration.sql):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {int(migration.version)}")

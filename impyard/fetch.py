@@ -34,7 +34,9 @@ USER_AGENT = "impyard-fetch/0.1"
 MAX_ADDRESSES = 16
 TEXT_TYPES = ("text/", "application/json", "application/xml", "application/xhtml+xml")
 HTML_TYPES = ("text/html", "application/xhtml+xml")
-EXTRACT_TIMEOUT_S = 10.0  # the most one page's HTML-to-text may take (worker start included), then it is killed
+EXTRACT_TIMEOUT_S = (
+    10.0  # the most one page's HTML-to-text may take (worker start included), then it is killed
+)
 MAX_HTML_CHARS = 1_000_000  # characters of HTML handed to the parser; a longer page is cut (truncated)
 TEXT_RULE = "http-text"  # the rule name a refusal of a page's text carries
 
@@ -97,7 +99,9 @@ class _TextExtractor(HTMLParser):
     """Visible text of an HTML page: tags dropped, script/style skipped, entities decoded."""
 
     SKIP = frozenset({"script", "style", "noscript", "template", "svg", "head"})
-    BLOCK = frozenset({"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "title"})
+    BLOCK = frozenset(
+        {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "title"}
+    )
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -153,7 +157,11 @@ def extract_text(content_type: str, raw: bytes) -> str:
 
 
 async def extract_text_bounded(
-    content_type: str, raw: bytes, *, timeout_s: float = EXTRACT_TIMEOUT_S, max_html_chars: int = MAX_HTML_CHARS
+    content_type: str,
+    raw: bytes,
+    *,
+    timeout_s: float = EXTRACT_TIMEOUT_S,
+    max_html_chars: int = MAX_HTML_CHARS,
 ) -> tuple[str, bool]:
     """``extract_text`` off the event loop, in a worker process killed at the deadline; (text, cut short).
 
@@ -172,7 +180,9 @@ async def extract_text_bounded(
             "its text is not returned"
         ) from None
     except Exception as exc:  # noqa: BLE001 - whatever the parser (or its process) died of, the answer is one refusal
-        raise TextRefused(f"the page's HTML could not be turned into text ({type(exc).__name__}); its text is not returned") from None
+        raise TextRefused(
+            f"the page's HTML could not be turned into text ({type(exc).__name__}); its text is not returned"
+        ) from None
     return extracted, cut
 
 
@@ -200,7 +210,11 @@ class HttpFetcher:
             if refusal:
                 raise FetchRefused(f"{host} is refused: it resolves to {refusal}")
         pinned = _pin(parts, addresses[0], port)
-        headers = {"Host": parts.netloc.rpartition("@")[2], "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+        headers = {
+            "Host": parts.netloc.rpartition("@")[2],
+            "User-Agent": USER_AGENT,
+            "Accept-Encoding": "identity",
+        }
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
         try:
             with anyio.fail_after(self.settings.timeout_s):
@@ -220,7 +234,9 @@ class HttpFetcher:
             raise FetchFailed(f"fetching from {host} failed: {type(exc).__name__}") from exc
         content_type = response.headers.get("content-type", "")
         if 300 <= response.status_code < 400 and "location" in response.headers:
-            text = f"redirect to {response.headers['location'][:2000]} (not followed; fetch that URL if needed)"
+            text = (
+                f"redirect to {response.headers['location'][:2000]} (not followed; fetch that URL if needed)"
+            )
         else:
             text, cut = await extract_text_bounded(
                 content_type, raw, timeout_s=self.extract_timeout_s, max_html_chars=self.max_html_chars

@@ -20,6 +20,7 @@ decided by owners and the operator only.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import secrets
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from box.protocol.models import DiscordSendParams
 from impyard.audit import AuditLog, AuditRecord
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
@@ -77,6 +79,11 @@ class Gate:
     error: str | None = None
     target_guild: str | None = None  # the target channel's guild (None: a DM, or not known to the host)
 
+    @property
+    def send(self) -> DiscordSendParams:
+        """The frozen payload as the typed request it was (every gate holds a ``discord.send``)."""
+        return DiscordSendParams.model_validate(self.payload)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -123,7 +130,11 @@ def may_decide(approver: Approver, gate: Gate, owners: Collection[str]) -> tuple
     guild = deciding_guild(gate)
     if guild is not None and approver.is_guild_admin and approver.guild_id == guild:
         return True, "an admin of the guild the message would be posted in"
-    unknown = "" if guild is not None else " (its channel is a DM or in a guild this host does not know, so no guild admin may)"
+    unknown = (
+        ""
+        if guild is not None
+        else " (its channel is a DM or in a guild this host does not know, so no guild admin may)"
+    )
     return False, (
         f"only the host operator, an owner of {gate.imp}, or an admin of the guild the message would be posted in "
         f"may decide this gate{unknown}"
@@ -164,7 +175,9 @@ def _row_to_gate(row: sqlite3.Row) -> Gate:
 
 
 class GateStore(Store):
-    def __init__(self, db: Database, clock: Clock, audit: AuditLog, earned: EarnedTrust | None = None) -> None:
+    def __init__(
+        self, db: Database, clock: Clock, audit: AuditLog, earned: EarnedTrust | None = None
+    ) -> None:
         self.db = db
         self.clock = clock
         self.audit = audit
@@ -179,7 +192,8 @@ class GateStore(Store):
         return _row_to_gate(rows[0])
 
     def list(self, states: Collection[str] | None = None, limit: int = 100) -> list[Gate]:
-        sql, args = "SELECT * FROM gates", []
+        sql = "SELECT * FROM gates"
+        args: list[object] = []
         if states:
             sql += f" WHERE state IN ({', '.join('?' for _ in states)})"
             args.extend(states)
@@ -190,7 +204,14 @@ class GateStore(Store):
     # ------------------------------------------------------------ transitions
 
     def _transition(
-        self, conn: sqlite3.Connection, gate: Gate, expected: str, new: GateState, *, note: str = "", **columns: Any
+        self,
+        conn: sqlite3.Connection,
+        gate: Gate,
+        expected: str,
+        new: GateState,
+        *,
+        note: str = "",
+        **columns: Any,
     ) -> bool:
         sets = ", ".join(["state = ?", *(f"{name} = ?" for name in columns)])
         cursor = conn.execute(
@@ -254,12 +275,14 @@ class GateStore(Store):
         )
         return self.get(gate_id)
 
-    def expire_due(self) -> list[Gate]:
+    def expire_due(self) -> builtins.list[Gate]:
         """Move every pending gate past its deadline to ``expired``."""
         now = iso(self.clock.now())
         expired = []
         with self.db.transaction() as conn:
-            rows = conn.execute("SELECT * FROM gates WHERE state = 'pending' AND deadline <= ?", (now,)).fetchall()
+            rows = conn.execute(
+                "SELECT * FROM gates WHERE state = 'pending' AND deadline <= ?", (now,)
+            ).fetchall()
             for row in rows:
                 gate = _row_to_gate(row)
                 if self._transition(conn, gate, "pending", "expired", note="deadline passed", decided_at=now):
@@ -282,7 +305,9 @@ class GateStore(Store):
             if gate.state != "pending":
                 raise GateError("not_pending", f"gate {gate_id} is already {gate.state}")
             if now >= gate.deadline:
-                self._transition(conn, gate, "pending", "expired", note="deadline passed", decided_at=iso(now))
+                self._transition(
+                    conn, gate, "pending", "expired", note="deadline passed", decided_at=iso(now)
+                )
                 expired = True
             else:
                 expired = False
@@ -295,9 +320,13 @@ class GateStore(Store):
                 if approve:
                     self.earned.record_approval(conn, gate.imp, gate.act, gate.target)
                 else:
-                    self.earned.record_denial(conn, gate.imp, gate.act, gate.target)  # one denial resets earned trust
+                    self.earned.record_denial(
+                        conn, gate.imp, gate.act, gate.target
+                    )  # one denial resets earned trust
         if expired:  # committed above: the deadline passing is a fact even though the decision fails
-            raise GateError("expired", f"gate {gate_id} expired at {iso(gate.deadline)}; it can no longer be decided")
+            raise GateError(
+                "expired", f"gate {gate_id} expired at {iso(gate.deadline)}; it can no longer be decided"
+            )
         return self.get(gate_id)
 
     def claim(self, gate_id: str) -> Gate | None:
@@ -312,10 +341,14 @@ class GateStore(Store):
         text, digest = freeze(gate.payload)
         if digest != gate.payload_sha256:
             self.finish(gate_id, error="the frozen payload does not match its hash; not executed")
-            raise GateError("tampered", f"gate {gate_id}: the frozen payload was changed; it was not executed")
+            raise GateError(
+                "tampered", f"gate {gate_id}: the frozen payload was changed; it was not executed"
+            )
         return self.get(gate_id)
 
-    def finish(self, gate_id: str, *, message_ids: list[str] | None = None, error: str | None = None) -> Gate:
+    def finish(
+        self, gate_id: str, *, message_ids: builtins.list[str] | None = None, error: str | None = None
+    ) -> Gate:
         now = iso(self.clock.now())
         with self.db.transaction() as conn:
             gate = _row_to_gate(conn.execute("SELECT * FROM gates WHERE id = ?", (gate_id,)).fetchone())
@@ -328,6 +361,6 @@ class GateStore(Store):
                 self._transition(conn, gate, "executing", "failed", note=error, executed_at=now, error=error)
         return self.get(gate_id)
 
-    def approved_waiting(self) -> list[Gate]:
+    def approved_waiting(self) -> builtins.list[Gate]:
         """Approved gates nobody has executed yet (e.g. approved on the CLI while the supervisor runs)."""
         return self.list(states=("approved",))

@@ -11,6 +11,12 @@ Refusals are JSON-RPC errors the box's model can read: -32010 with
 that is the host's setup, not a policy decision, so it is -32013 with a
 message that says how to set OPENAI_API_KEY / OPENAI_BASE_URL).
 
+The checks before execution are one decision per request kind (``_decide_model``,
+``_decide_send``, ``_decide_fetch``), in one order; the handlers act on it, and
+``dry_run`` asks the same decision without taking a rate-meter event, reserving
+budget, opening a gate, calling the upstream or writing an audit row (issue 12:
+``impyard policy check`` explains what the gateway itself would answer).
+
 SQLite work runs in worker threads (``Database.run``): the event loop never
 waits on a write lock.
 """
@@ -21,7 +27,9 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from typing import Any, Literal
 
 import anyio
 from pydantic import BaseModel
@@ -46,19 +54,19 @@ from impyard.db import Database
 from impyard.fetch import FetchFailed, FetchRefused, HttpFetcher
 from impyard.gates import Approver, Gate, GateStore
 from impyard.judge import (
-    Verdict,
+    RequestFacts,
     decode_file,
     discord_send_facts,
     http_fetch_facts,
     judge,
     model_request_facts,
 )
-from impyard.ledger import BudgetExhausted, Ledger
+from impyard.ledger import BudgetExhausted, Ledger, Reservation
 from impyard.policy import Policy
-from impyard.policy_models import Rule
+from impyard.policy_models import Price, Rule
 from impyard.prices import PriceMissing, bound_output, estimate_micros, measured_micros, tier_multiplier
 from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
-from impyard.trust import ChannelTrust, DbChannelTrust, EarnedTrust, decide_trust
+from impyard.trust import ChannelTrust, DbChannelTrust, EarnedTrust, TrustDecision, decide_trust
 
 log = logging.getLogger("impyard.gateway")
 
@@ -69,7 +77,9 @@ RATE_WINDOW_S = 60.0
 SEND_ACT = "discord.send"
 
 StageCallback = Callable[[BoxSpec, TurnStageParams], Awaitable[None]]
-GateCallback = Callable[[Gate], Awaitable[None]]  # a gate was opened (the Discord surface posts an approval card)
+GateCallback = Callable[
+    [Gate], Awaitable[None]
+]  # a gate was opened (the Discord surface posts an approval card)
 
 
 class RateMeter:
@@ -89,6 +99,56 @@ class RateMeter:
             return max(0.001, events[0] + RATE_WINDOW_S - now)
         events.append(now)
         return None
+
+    def peek(self, key: tuple[str, ...], per_minute: int) -> float | None:
+        """What ``take`` would answer now, without counting the event (a dry run)."""
+        now = self.clock.now().timestamp()
+        recent = [at for at in self._events.get(key, ()) if at > now - RATE_WINDOW_S]
+        if len(recent) >= per_minute:
+            return max(0.001, recent[0] + RATE_WINDOW_S - now)
+        return None
+
+
+Outcome = Literal["allowed", "gated", "denied", "rate_limited", "budget_exhausted", "unreachable"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the gateway decides on one box request before it acts; ``Gateway.dry_run`` returns it.
+
+    ``rule`` and ``verdict`` are what the request's audit row would say; ``error`` is what the box would be
+    answered instead of the act (None: it goes ahead now, or waits at a gate when ``verdict`` is "gated").
+    """
+
+    verdict: Outcome
+    rule: str
+    reason: str
+    error: RpcError | None = field(default=None, compare=False)
+    trust: TrustDecision | None = (
+        None  # discord.send past the judge and the rate limit: auto or gate, and why
+    )
+    estimate_micros: int | None = (
+        None  # model.request past the price table: what is reserved (its worst case)
+    )
+
+    @property
+    def allowed(self) -> bool:
+        """Nothing refuses it: it is executed now, or (gated) once someone approves it."""
+        return self.error is None
+
+
+@dataclass
+class _Plan:
+    """What a decision found on its way, for the handler that acts on it."""
+
+    facts: RequestFacts
+    rule: Rule | None = None
+    raw: bytes = b""  # model.request: the body as it is sent upstream
+    body: dict[str, Any] = field(default_factory=dict)
+    output_cap: int | None = None  # model.request: the cap the host added to a body that set none
+    price: Price | None = None
+    multiplier: float = 1.0
+    reservation: Reservation | None = None  # model.request, committed: the budget held for the call
 
 
 class Gateway:
@@ -111,8 +171,10 @@ class Gateway:
         on_gate: GateCallback | None = None,
         secrets: Collection[str] | None = None,
         surfaces: Collection[str] | None = None,
+        settle_abandoned: bool = True,
     ) -> None:
-        """``surfaces``: where this host's surface posts (``impyard.surfaces.surface_of`` names); None = everywhere."""
+        """``surfaces``: where this host's surface posts (``impyard.surfaces.surface_of`` names); None = everywhere.
+        ``settle_abandoned=False`` writes nothing at start: a gateway that only answers ``dry_run``."""
         self._policy = policy
         self.db = db
         self.surface = surface
@@ -126,13 +188,16 @@ class Gateway:
         self.on_gate = on_gate
         self.surfaces = frozenset(surfaces) if surfaces is not None else None
         # The model key and the base URL's userinfo and query (issue 11 #9), whoever configured them.
-        self.secrets = sorted({*(secrets if secrets is not None else known_secrets()), *self.broker.config.secrets})
+        self.secrets = sorted(
+            {*(secrets if secrets is not None else known_secrets()), *self.broker.config.secrets}
+        )
         self.audit = AuditLog(db, self.clock, self.secrets)
         self.ledger = Ledger(db, policy, self.clock)
         self.earned = EarnedTrust(db, self.clock)
         self.gates = GateStore(db, self.clock, self.audit, self.earned)
         self.rates = RateMeter(self.clock)
-        self.ledger.settle_abandoned()  # a previous host that died mid-call still pays for it
+        if settle_abandoned:
+            self.ledger.settle_abandoned()  # a previous host that died mid-call still pays for it
 
     @property
     def policy(self) -> Policy:
@@ -168,13 +233,15 @@ class Gateway:
         if method == "log":
             assert isinstance(params, LogParams)
             # Box text is made printable: it can never start a forged line of the host's log (issue 11 #8).
-            fields = " ".join(f"{printable(key, 64)}={printable(repr(value), 200)}" for key, value in params.fields.items())
+            fields = " ".join(
+                f"{printable(key, 64)}={printable(repr(value), 200)}" for key, value in params.fields.items()
+            )
             logging.getLogger(f"impyard.box.{spec.imp}").log(
                 logging.getLevelName(params.level.upper()),
                 "box %s/%s: %s%s", spec.imp, spec.channel_id, printable(params.message), f" [{fields}]" if fields else "",
             )  # fmt: skip
             return None
-        handlers = {
+        handlers: dict[str, Callable[[BoxSpec, Any, AuditRecord], Awaitable[BaseModel]]] = {
             "model.request": self._model_request,
             "discord.send": self._discord_send,
             "http.fetch": self._http_fetch,
@@ -185,15 +252,10 @@ class Gateway:
         record = AuditRecord(imp=spec.imp, method=method, run_id=spec.run_id, channel_id=spec.channel_id)
         started = time.perf_counter()
         try:
-            return await handler(spec, params, record)  # type: ignore[arg-type]
+            return await handler(spec, params, record)
         except RpcError as exc:
             record.reason = record.reason or exc.message
-            data = (
-                {key: redact(value, self.secrets) if isinstance(value, str) else value for key, value in exc.data.items()}
-                if isinstance(exc.data, dict)
-                else exc.data
-            )
-            raise RpcError(exc.code, redact(exc.message, self.secrets), data) from None
+            raise self._redacted(exc) from None
         except Exception:
             log.exception("gateway failed on %s for %s", method, spec.imp)
             record.verdict, record.reason = "error", "internal error"
@@ -203,93 +265,174 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await self.db.run(self.audit.write, record)
 
+    async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision:
+        """The decision ``serve`` would take on this request now, without acting on it (issue 12): every check
+        in the same order, but no rate-meter event is taken, no budget reserved, no gate opened, nothing sent
+        upstream or posted, and no audit row written. ``params`` are the method's protocol params."""
+        if method == "model.request" and isinstance(params, ModelRequestParams):
+            decision, _ = await self._decide_model(spec, params, commit=False)
+        elif method == "discord.send" and isinstance(params, DiscordSendParams):
+            decision = await self._decide_send(spec, params, commit=False)
+        elif method == "http.fetch" and isinstance(params, HttpFetchParams):
+            decision, _ = await self._decide_fetch(spec, params, commit=False)
+        else:
+            raise ValueError(
+                f"no decision for {method!r} with {type(params).__name__}: dry_run takes the params of "
+                "model.request, discord.send or http.fetch"
+            )
+        error = self._redacted(decision.error) if decision.error is not None else None
+        return replace(decision, reason=redact(decision.reason, self.secrets), error=error)
+
     # ------------------------------------------------------------ refusals
 
+    def _redacted(self, exc: RpcError) -> RpcError:
+        """The refusal as the box may see it: no secret of the host in its message or data."""
+        data = (
+            {
+                key: redact(value, self.secrets) if isinstance(value, str) else value
+                for key, value in exc.data.items()
+            }
+            if isinstance(exc.data, dict)
+            else exc.data
+        )
+        return RpcError(exc.code, redact(exc.message, self.secrets), data)
+
     @staticmethod
-    def _denied(record: AuditRecord, rule: str, reason: str) -> RpcError:
-        record.verdict, record.rule, record.reason = "denied", rule, reason
-        return RpcError(ErrorCode.DENIED, f"denied by policy rule {rule}: {reason}", {"rule": rule, "reason": reason})
+    def _denied(rule: str, reason: str) -> Decision:
+        error = RpcError(
+            ErrorCode.DENIED, f"denied by policy rule {rule}: {reason}", {"rule": rule, "reason": reason}
+        )
+        return Decision("denied", rule, reason, error)
 
-    def _judged(self, verdict: Verdict, record: AuditRecord) -> Rule:
-        record.rule = verdict.rule
-        if not verdict.allowed:
-            raise self._denied(record, verdict.rule, verdict.reason)
-        assert verdict.matched is not None
-        return verdict.matched
+    @staticmethod
+    def _refusal(decision: Decision, record: AuditRecord) -> RpcError:
+        """Put a refusal on the audit row; returns what the box is answered."""
+        assert decision.error is not None
+        record.verdict, record.rule, record.reason = decision.verdict, decision.rule, decision.reason
+        return decision.error
 
-    def _rate(self, rule: Rule, key: tuple[str, ...], record: AuditRecord) -> None:
+    def _enforce(self, decision: Decision, record: AuditRecord) -> None:
+        """Put the decision's rule on the audit row; a refusal is raised for the box."""
+        record.rule = decision.rule
+        if decision.error is not None:
+            raise self._refusal(decision, record)
+
+    def _rate(self, rule: Rule, key: tuple[str, ...], *, commit: bool) -> Decision | None:
+        """The rule's rate limit: None within it; ``commit`` counts this request (a dry run only looks)."""
         if rule.rate_per_minute is None:
-            return
-        wait = self.rates.take((rule.name, *key), rule.rate_per_minute)
-        if wait is not None:
-            retry_after = round(wait, 3)
-            record.verdict, record.reason = "rate_limited", f"over {rule.rate_per_minute} per minute"
-            raise RpcError(
-                ErrorCode.RATE_LIMITED,
-                f"rate limited by rule {rule.name}: at most {rule.rate_per_minute} per minute; retry in {retry_after} s",
-                {"retry_after": retry_after, "rule": rule.name},
-            )
+            return None
+        meter = self.rates.take if commit else self.rates.peek
+        wait = meter((rule.name, *key), rule.rate_per_minute)
+        if wait is None:
+            return None
+        retry_after = round(wait, 3)
+        error = RpcError(
+            ErrorCode.RATE_LIMITED,
+            f"rate limited by rule {rule.name}: at most {rule.rate_per_minute} per minute; retry in {retry_after} s",
+            {"retry_after": retry_after, "rule": rule.name},
+        )
+        return Decision("rate_limited", rule.name, f"over {rule.rate_per_minute} per minute", error)
 
     # ------------------------------------------------------------ model.request
 
-    async def _model_request(
-        self, spec: BoxSpec, params: ModelRequestParams, record: AuditRecord
-    ) -> ModelRequestResult:
+    async def _decide_model(
+        self, spec: BoxSpec, params: ModelRequestParams, *, commit: bool
+    ) -> tuple[Decision, _Plan]:
+        """judge (facts, the body allow-list, caps, size) → price and estimate → request size → model key →
+        rate limit → budget. ``commit`` takes the rate-meter event and reserves the estimate (the live call)."""
         raw = encode_body(params.body)
-        facts = model_request_facts(spec.imp, spec.channel_id, params, len(raw))
-        record.purpose = params.purpose
-        record.detail = f"{params.path} model={facts.model}"
-        rule = self._judged(judge(facts, self.policy), record)
-        assert facts.model is not None
+        plan = _Plan(
+            model_request_facts(spec.imp, spec.channel_id, params, len(raw)), raw=raw, body=params.body
+        )
+        facts = plan.facts
+        verdict = judge(facts, self.policy)
+        if not verdict.allowed:
+            return self._denied(verdict.rule, verdict.reason), plan
+        assert verdict.matched is not None and facts.model is not None
+        rule = plan.rule = verdict.matched
         price = self.policy.price(facts.model)
         if price is None:
-            raise self._denied(
-                record, PRICES_RULE,
+            reason = (
                 f'model {facts.model!r} has no price in the price table (add [prices."{facts.model}"] to a policy '
-                "file); it is refused rather than assumed free",
-            )  # fmt: skip
+                "file); it is refused rather than assumed free"
+            )
+            return self._denied(PRICES_RULE, reason), plan
         # issue 11 #3: a text call without an output cap is sent one within the rule's limit, so the upstream
         # cannot write past the reservation; what is forwarded is what is priced.
-        cap = min(limit for limit in (rule.max_tokens, self.policy.upstream.default_output_tokens) if limit is not None)
+        cap = min(
+            limit
+            for limit in (rule.max_tokens, self.policy.upstream.default_output_tokens)
+            if limit is not None
+        )
         body = bound_output(params.path, params.body, cap)
         if body is not params.body:
-            raw = encode_body(body)
-            record.detail += f" output_cap={cap} (set by the host)"
+            plan.raw, plan.body, plan.output_cap = encode_body(body), body, cap
         try:
             multiplier = tier_multiplier(price, body.get("service_tier"), facts.model)
             estimate = estimate_micros(
-                params.path, body, len(raw), price, default_output_tokens=cap, input_images=facts.input_images,
+                params.path, body, len(plan.raw), price, default_output_tokens=cap, input_images=facts.input_images,
                 inline_image_bytes=facts.inline_image_bytes,
                 stored_context_tokens=(rule.stored_context_tokens or 0) if facts.stored_context else 0,
             )  # fmt: skip
         except PriceMissing as exc:
-            raise self._denied(record, PRICES_RULE, str(exc)) from None
-        if len(raw) > self.policy.upstream.max_request_bytes:
-            raise self._denied(
-                record, UPSTREAM_RULE, f"the body is {len(raw)} bytes, over {self.policy.upstream.max_request_bytes}"
-            )
+            return self._denied(PRICES_RULE, str(exc)), plan
+        plan.price, plan.multiplier = price, multiplier
+        if len(plan.raw) > self.policy.upstream.max_request_bytes:
+            reason = f"the body is {len(plan.raw)} bytes, over {self.policy.upstream.max_request_bytes}"
+            return replace(self._denied(UPSTREAM_RULE, reason), estimate_micros=estimate), plan
         if not self.broker.configured:
-            record.verdict = "unreachable"
-            raise RpcError(ErrorCode.UPSTREAM_UNREACHABLE, NO_KEY_MESSAGE, {"reason": "no model key configured"})
-        self._rate(rule, (spec.imp,), record)
-        try:
-            reservation = await self.db.run(
-                self.ledger.reserve, spec.imp, estimate, method="model.request", purpose=params.purpose, model=facts.model
+            error = RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, NO_KEY_MESSAGE, {"reason": "no model key configured"}
             )
+            return Decision("unreachable", rule.name, NO_KEY_MESSAGE, error, estimate_micros=estimate), plan
+        limited = self._rate(rule, (spec.imp,), commit=commit)
+        if limited is not None:
+            return replace(limited, estimate_micros=estimate), plan
+        try:
+            if commit:
+                plan.reservation = await self.db.run(
+                    self.ledger.reserve, spec.imp, estimate, method="model.request", purpose=params.purpose,
+                    model=facts.model,
+                )  # fmt: skip
+            else:
+                await self.db.run(self.ledger.check_headroom, spec.imp, estimate)
         except BudgetExhausted as exc:
-            record.verdict, record.rule, record.reason = "budget_exhausted", "budget", str(exc)
-            raise RpcError(
+            error = RpcError(
                 ErrorCode.BUDGET_EXHAUSTED,
                 f"budget exhausted: {exc}",
                 {"ledger": exc.ledger, "retry_after": exc.retry_after_s},
-            ) from None
+            )
+            return Decision("budget_exhausted", "budget", str(exc), error, estimate_micros=estimate), plan
+        return Decision("allowed", rule.name, "allowed", estimate_micros=estimate), plan
+
+    async def _model_request(
+        self, spec: BoxSpec, params: ModelRequestParams, record: AuditRecord
+    ) -> ModelRequestResult:
+        decision, plan = await self._decide_model(spec, params, commit=True)
+        record.purpose = params.purpose
+        record.detail = f"{params.path} model={plan.facts.model}"
+        if plan.output_cap is not None:
+            record.detail += f" output_cap={plan.output_cap} (set by the host)"
+        self._enforce(decision, record)
+        assert (
+            plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
+        )
+        reservation, price, multiplier, estimate = (
+            plan.reservation,
+            plan.price,
+            plan.multiplier,
+            decision.estimate_micros,
+        )
+        facts, raw = plan.facts, plan.raw
         cost = estimate  # what is charged if we cannot tell better (cancelled mid-call, no usage reported)
         try:
             response = await self.broker.call(params.path, raw, params.purpose)
         except UpstreamUnreachable as exc:
             cost = estimate if exc.sent else 0
             record.verdict = "unreachable"
-            raise RpcError(ErrorCode.UPSTREAM_UNREACHABLE, f"model API unreachable: {exc}", {"reason": str(exc)}) from None
+            raise RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, f"model API unreachable: {exc}", {"reason": str(exc)}
+            ) from None
         else:
             measured = measured_micros(params.path, response.body, price, multiplier=multiplier)
             if measured is not None:
@@ -299,7 +442,9 @@ class Gateway:
             record.verdict = "allowed"
             record.detail += f" status={response.status}"
         finally:
-            record.cost_micros = min(cost, estimate)  # the ledger never charges past the reservation (issue 11 #3)
+            record.cost_micros = min(
+                cost, estimate
+            )  # the ledger never charges past the reservation (issue 11 #3)
             if cost > estimate:
                 log.error(
                     "model.request by %s (%s %s): the upstream reported %d micro-USD, over the %d reserved; the "
@@ -313,28 +458,51 @@ class Gateway:
 
     # ------------------------------------------------------------ discord.send
 
-    async def _discord_send(self, spec: BoxSpec, params: DiscordSendParams, record: AuditRecord) -> DiscordSendResult:
+    async def _decide_send(self, spec: BoxSpec, params: DiscordSendParams, *, commit: bool) -> Decision:
+        """judge → rate limit → trust (auto, or a gate) → whether this host reaches the channel.
+        ``commit`` takes the rate-meter event (the live send)."""
         facts = discord_send_facts(spec.imp, spec.channel_id, params, self.staff_channels.get(spec.imp, ()))
+        verdict = judge(facts, self.policy)
+        if not verdict.allowed:
+            return self._denied(verdict.rule, verdict.reason)
+        assert verdict.matched is not None
+        rule = verdict.matched
+        limited = self._rate(rule, (spec.imp, params.channel_id), commit=commit)
+        if limited is not None:
+            return limited
+        trust = decide_trust(
+            target_is_own=params.channel_id == spec.channel_id,
+            own_trusted=await self.db.run(self.channels.is_trusted, spec.channel_id),
+            rule_trust=rule.trust,
+            settings=self.policy.trust_for(SEND_ACT),
+            clean_approvals=await self.db.run(self.earned.count, spec.imp, SEND_ACT, params.channel_id),
+        )
+        if trust.mode == "gate":
+            return Decision("gated", rule.name, "allowed", trust=trust)
+        unreachable = await self._unreachable(params.channel_id)
+        if unreachable is not None:
+            return Decision("unreachable", rule.name, unreachable.message, unreachable, trust=trust)
+        return Decision("allowed", rule.name, "allowed", trust=trust)
+
+    async def _discord_send(
+        self, spec: BoxSpec, params: DiscordSendParams, record: AuditRecord
+    ) -> DiscordSendResult:
         record.purpose = params.kind
         record.detail = f"to {params.channel_id}, {len(params.content)} chars, {len(params.files)} files"
-        rule = self._judged(judge(facts, self.policy), record)
-        self._rate(rule, (spec.imp, params.channel_id), record)
-        target_is_own = params.channel_id == spec.channel_id
-        own_trusted = await self.db.run(self.channels.is_trusted, spec.channel_id)
-        settings = self.policy.trust_for(SEND_ACT)
-        clean = await self.db.run(self.earned.count, spec.imp, SEND_ACT, params.channel_id)
-        decision = decide_trust(
-            target_is_own=target_is_own,
-            own_trusted=own_trusted,
-            rule_trust=rule.trust,
-            settings=settings,
-            clean_approvals=clean,
-        )
-        record.detail += f"; trust: {decision.why}"
-        if decision.mode == "gate":
+        decision = await self._decide_send(spec, params, commit=True)
+        if decision.trust is not None:
+            record.detail += f"; trust: {decision.trust.why}"
+        self._enforce(decision, record)
+        if decision.verdict == "gated":
+            assert decision.trust is not None
             own = await self.db.run(self.channels.info, spec.channel_id)
             # Admins of the guild the post lands in decide it (issue 11 #5); a channel the host never saw has none.
-            target = own if target_is_own else await self.db.run(self.channels.info, params.channel_id)
+            target = (
+                own
+                if params.channel_id == spec.channel_id
+                else await self.db.run(self.channels.info, params.channel_id)
+            )
+            reason = decision.trust.why
             gate = await self.db.run(
                 lambda: self.gates.open(
                     imp=spec.imp,
@@ -345,14 +513,14 @@ class Gateway:
                     act=SEND_ACT,
                     target=params.channel_id,
                     payload=params.model_dump(mode="json"),
-                    reason=decision.why,
+                    reason=reason,
                     deadline=timedelta(hours=self.policy.gates.deadline_hours),
                 )
             )
             record.verdict, record.gate_id = "gated", gate.id
             await self._gate_opened(gate)
             return DiscordSendResult(status="pending", gate_id=gate.id)
-        message_ids = await self._send(params, spec.imp, record)
+        message_ids = await self._deliver(params, spec.imp, record)
         record.verdict = "allowed"
         return DiscordSendResult(status="delivered", message_ids=message_ids)
 
@@ -363,17 +531,32 @@ class Gateway:
         info = await self.db.run(self.channels.info, channel_id)
         return surface_of(channel_id, info.surface if info else None) in self.surfaces
 
-    async def _send(self, params: DiscordSendParams, imp: str, record: AuditRecord | None = None) -> list[str]:
-        if not await self.reaches(params.channel_id):
-            where = surface_of(params.channel_id)
-            if record is not None:
-                record.verdict = "unreachable"
-            reason = (
-                f"channel {params.channel_id} is on {where}, which this host does not reach "
-                f"(it posts on {', '.join(sorted(self.surfaces or ())) or 'nothing'})"
-            )
-            hint = "; run the task under `impyard serve --supervise`" if where == "discord" else ""
-            raise RpcError(ErrorCode.UPSTREAM_UNREACHABLE, f"the message could not be delivered: {reason}{hint}", {"reason": reason})
+    async def _unreachable(self, channel_id: str) -> RpcError | None:
+        """The refusal of a post into a channel this host's surface does not reach; None when it does."""
+        if await self.reaches(channel_id):
+            return None
+        where = surface_of(channel_id)
+        reason = (
+            f"channel {channel_id} is on {where}, which this host does not reach "
+            f"(it posts on {', '.join(sorted(self.surfaces or ())) or 'nothing'})"
+        )
+        hint = "; run the task under `impyard serve --supervise`" if where == "discord" else ""
+        return RpcError(
+            ErrorCode.UPSTREAM_UNREACHABLE,
+            f"the message could not be delivered: {reason}{hint}",
+            {"reason": reason},
+        )
+
+    async def _send(self, params: DiscordSendParams, imp: str) -> list[str]:
+        """Post an approved gate's payload, if this host reaches its channel."""
+        unreachable = await self._unreachable(params.channel_id)
+        if unreachable is not None:
+            raise unreachable
+        return await self._deliver(params, imp)
+
+    async def _deliver(
+        self, params: DiscordSendParams, imp: str, record: AuditRecord | None = None
+    ) -> list[str]:
         files = [OutgoingFile(item.filename, decode_file(item.data_b64)) for item in params.files]
         try:
             ids = await self.surface.send(
@@ -383,7 +566,9 @@ class Gateway:
             if record is not None:
                 record.verdict = "unreachable"
             raise RpcError(
-                ErrorCode.UPSTREAM_UNREACHABLE, f"the message could not be delivered: {exc}", {"reason": str(exc)}
+                ErrorCode.UPSTREAM_UNREACHABLE,
+                f"the message could not be delivered: {exc}",
+                {"reason": str(exc)},
             ) from None
         if record is not None:
             record.detail += f"; message ids {ids}"
@@ -437,21 +622,51 @@ class Gateway:
 
     # ------------------------------------------------------------ http.fetch
 
-    async def _http_fetch(self, spec: BoxSpec, params: HttpFetchParams, record: AuditRecord) -> HttpFetchResult:
-        facts = http_fetch_facts(spec.imp, spec.channel_id, params)
-        record.detail = f"GET {facts.host}"
-        rule = self._judged(judge(facts, self.policy), record)
-        self._rate(rule, (spec.imp, facts.host or ""), record)
-        caps = [params.max_bytes, self.policy.http.max_bytes, *([rule.max_fetch_bytes] if rule.max_fetch_bytes else [])]
+    async def _decide_fetch(
+        self, spec: BoxSpec, params: HttpFetchParams, *, commit: bool
+    ) -> tuple[Decision, _Plan]:
+        """judge → rate limit; the destination's addresses are checked when it is fetched (rule egress).
+        ``commit`` takes the rate-meter event (the live fetch)."""
+        plan = _Plan(http_fetch_facts(spec.imp, spec.channel_id, params))
+        verdict = judge(plan.facts, self.policy)
+        if not verdict.allowed:
+            return self._denied(verdict.rule, verdict.reason), plan
+        assert verdict.matched is not None
+        rule = plan.rule = verdict.matched
+        limited = self._rate(rule, (spec.imp, plan.facts.host or ""), commit=commit)
+        if limited is not None:
+            return limited, plan
+        return Decision("allowed", rule.name, "allowed"), plan
+
+    async def _http_fetch(
+        self, spec: BoxSpec, params: HttpFetchParams, record: AuditRecord
+    ) -> HttpFetchResult:
+        decision, plan = await self._decide_fetch(spec, params, commit=True)
+        record.detail = f"GET {plan.facts.host}"
+        self._enforce(decision, record)
+        rule = plan.rule
+        assert rule is not None
+        caps = [
+            params.max_bytes,
+            self.policy.http.max_bytes,
+            *([rule.max_fetch_bytes] if rule.max_fetch_bytes else []),
+        ]
         try:
-            response = await self.fetcher.fetch(params.url, max_bytes=min(caps), allow_loopback=rule.allow_loopback)
-        except FetchRefused as exc:  # the destination (egress), or the page's text (bounded extraction, issue 11 #7)
-            raise self._denied(record, exc.rule or EGRESS_RULE, str(exc)) from None
+            response = await self.fetcher.fetch(
+                params.url, max_bytes=min(caps), allow_loopback=rule.allow_loopback
+            )
+        except (
+            FetchRefused
+        ) as exc:  # the destination (egress), or the page's text (bounded extraction, issue 11 #7)
+            raise self._refusal(self._denied(exc.rule or EGRESS_RULE, str(exc)), record) from None
         except FetchFailed as exc:
             record.verdict = "unreachable"
             raise RpcError(ErrorCode.UPSTREAM_UNREACHABLE, str(exc), {"reason": str(exc)}) from None
         record.verdict = "allowed"
         record.detail += f" status={response.status} truncated={response.truncated}"
         return HttpFetchResult(
-            status=response.status, content_type=response.content_type, text=response.text, truncated=response.truncated
+            status=response.status,
+            content_type=response.content_type,
+            text=response.text,
+            truncated=response.truncated,
         )

@@ -94,7 +94,14 @@ class History(Store):
                 (imp, channel_id, message_id, iso(self.clock.now())),
             )
 
-    def finish(self, imp: str, channel_id: str, message_ids: Sequence[str], outcome: Outcome, error: str | None = None) -> None:
+    def finish(
+        self,
+        imp: str,
+        channel_id: str,
+        message_ids: Sequence[str],
+        outcome: Outcome,
+        error: str | None = None,
+    ) -> None:
         """Record a turn's outcome for every message it answered (first outcome wins)."""
         now = iso(self.clock.now())
         with self.db.transaction() as conn:
@@ -106,7 +113,9 @@ class History(Store):
 
     # ------------------------------------------------------------ reading
 
-    def recent(self, channel_id: str, limit: int = DEFAULT_RECENT, *, imp: str | None = None) -> list[HistoryEntry]:
+    def recent(
+        self, channel_id: str, limit: int = DEFAULT_RECENT, *, imp: str | None = None
+    ) -> list[HistoryEntry]:
         conn = self.db.connection()
         rows = conn.execute(
             "SELECT message_id, author_id, author_name, author_bot, from_imp, content, created_at FROM history"
@@ -142,7 +151,11 @@ class History(Store):
         return row[0] if row else None
 
     def count(self, channel_id: str) -> int:
-        return self.db.connection().execute("SELECT COUNT(*) FROM history WHERE channel_id = ?", (channel_id,)).fetchone()[0]
+        return (
+            self.db.connection()
+            .execute("SELECT COUNT(*) FROM history WHERE channel_id = ?", (channel_id,))
+            .fetchone()[0]
+        )
 
     # ------------------------------------------------------------ recovery
 
@@ -169,11 +182,14 @@ class History(Store):
     def triage(self, imp: str | None = None, fresh: timedelta = RECOVERY_FRESH) -> list[PendingWake]:
         """Mark stale unfinished wakes ``missed``; return the fresh ones, to be answered now."""
         now = self.clock.now()
-        fresh_ones, stale = [], []
+        fresh_ones: list[PendingWake] = []
+        stale: list[PendingWake] = []
         for wake in self.unfinished(imp):
             (fresh_ones if now - wake.message.created_at <= fresh else stale).append(wake)
         for wake in stale:
-            self.finish(wake.imp, wake.channel_id, [wake.message.id], "missed", "not answered before a restart")
+            self.finish(
+                wake.imp, wake.channel_id, [wake.message.id], "missed", "not answered before a restart"
+            )
         return fresh_ones
 
 

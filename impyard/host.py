@@ -72,7 +72,11 @@ async def open_host(
     retention = retention_from_env()  # a bad setting stops here, before anything opens
     policy = load_policy()  # a broken policy stops here, before anything starts
     imps = ImpStore()
-    known = dict(configs) if configs is not None else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
+    known = (
+        dict(configs)
+        if configs is not None
+        else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
+    )
     db = open_database()
     try:
         history = History(db, clock, retention=retention)
@@ -90,7 +94,9 @@ async def open_host(
             channels=channels,
             owners={name: config.owners for name, config in known.items()},
             staff_channels={
-                name: [config.discord.staff_channel] for name, config in known.items() if config.discord.staff_channel
+                name: [config.discord.staff_channel]
+                for name, config in known.items()
+                if config.discord.staff_channel
             },
             on_gate=on_gate,
             surfaces=reaches,

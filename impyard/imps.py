@@ -15,6 +15,7 @@ settings, never owners, tokens or host paths (design.md §1).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -216,7 +217,7 @@ class ImpStore:
             raise
         return config
 
-    def remove(self, name: str, *, purge: bool = False) -> list[Path]:
+    def remove(self, name: str, *, purge: bool = False) -> builtins.list[Path]:
         """Remove the imp's imp.toml and its persona file (when inside its directory).
 
         The state dir (the imp's memory) is kept unless ``purge=True``, which removes the whole

@@ -47,13 +47,17 @@ class InstanceLock:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").split()
             os.close(fd)
-            raise AlreadyRunning(self.path, holder[0] if holder else "", holder[1] if len(holder) > 1 else "") from None
+            raise AlreadyRunning(
+                self.path, holder[0] if holder else "", holder[1] if len(holder) > 1 else ""
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
         self._fd = fd
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -41,14 +41,18 @@ class RequestFacts:
     body_bytes: int = 0
     output_tokens: int | None = None  # the largest output cap the body sets
     images: int | None = None  # images asked for (image paths)
-    body_problem: str | None = None  # a key, tool, item, part or URL outside the body allow-list (issue 11 #4)
+    body_problem: str | None = (
+        None  # a key, tool, item, part or URL outside the body allow-list (issue 11 #4)
+    )
     image_hosts: tuple[str, ...] = ()  # hosts of https image URLs the provider would fetch
     input_images: int = 0  # images the model reads (each reserved at the model's worst case)
     inline_image_bytes: int = 0  # bytes of data:image/ URLs (priced per image, not per byte)
     stored_context: tuple[str, ...] = ()  # keys that pull server-side context of unknown size into the call
     # discord.send
     target_channel: str | None = None
-    imp_staff_channels: tuple[str, ...] = ()  # the imp's own staff channel(s) from its config, besides [channels].staff
+    imp_staff_channels: tuple[
+        str, ...
+    ] = ()  # the imp's own staff channel(s) from its config, besides [channels].staff
     content_chars: int = 0
     files: int = 0
     largest_file_bytes: int = 0
@@ -88,7 +92,9 @@ def channel_selected(entry: str, facts: RequestFacts, policy: Policy) -> bool:
     if entry == OWN_CHANNEL:
         return facts.target_channel == facts.session_channel
     if entry == STAFF_CHANNELS:
-        return facts.target_channel in policy.channels.staff or facts.target_channel in facts.imp_staff_channels
+        return (
+            facts.target_channel in policy.channels.staff or facts.target_channel in facts.imp_staff_channels
+        )
     return facts.target_channel == entry
 
 
@@ -107,7 +113,9 @@ def _selects(rule: Rule, facts: RequestFacts, policy: Policy) -> bool:
         return False
     if rule.purposes is not None and facts.purpose not in rule.purposes and "*" not in rule.purposes:
         return False
-    if rule.channels is not None and not any(channel_selected(entry, facts, policy) for entry in rule.channels):
+    if rule.channels is not None and not any(
+        channel_selected(entry, facts, policy) for entry in rule.channels
+    ):
         return False
     if rule.hosts is not None and not any(host_selected(pattern, facts.host) for pattern in rule.hosts):
         return False
@@ -127,8 +135,14 @@ def _limit_problem(rule: Rule, facts: RequestFacts) -> str | None:
             return f"model {facts.model!r} is not allowed for purpose {facts.purpose!r} (allowed: {', '.join(allowed)})"
         if rule.max_body_bytes is not None and facts.body_bytes > rule.max_body_bytes:
             return f"the body is {facts.body_bytes} bytes, over the limit of {rule.max_body_bytes} bytes"
-        if rule.max_tokens is not None and facts.output_tokens is not None and facts.output_tokens > rule.max_tokens:
-            return f"the output cap {facts.output_tokens} tokens is over the limit of {rule.max_tokens} tokens"
+        if (
+            rule.max_tokens is not None
+            and facts.output_tokens is not None
+            and facts.output_tokens > rule.max_tokens
+        ):
+            return (
+                f"the output cap {facts.output_tokens} tokens is over the limit of {rule.max_tokens} tokens"
+            )
         if rule.max_images is not None and facts.images is not None and facts.images > rule.max_images:
             return f"{facts.images} images asked for, over the limit of {rule.max_images}"
         if facts.body_problem:  # issue 11 #4: what the provider would do beyond the prompt
@@ -146,11 +160,15 @@ def _limit_problem(rule: Rule, facts: RequestFacts) -> str | None:
             )
     if facts.method == "discord.send":
         if rule.max_content_chars is not None and facts.content_chars > rule.max_content_chars:
-            return f"the content is {facts.content_chars} characters, over the limit of {rule.max_content_chars}"
+            return (
+                f"the content is {facts.content_chars} characters, over the limit of {rule.max_content_chars}"
+            )
         if rule.max_files is not None and facts.files > rule.max_files:
             return f"{facts.files} files attached, over the limit of {rule.max_files}"
         if rule.max_file_bytes is not None and facts.largest_file_bytes > rule.max_file_bytes:
-            return f"a file of {facts.largest_file_bytes} bytes is over the limit of {rule.max_file_bytes} bytes"
+            return (
+                f"a file of {facts.largest_file_bytes} bytes is over the limit of {rule.max_file_bytes} bytes"
+            )
     return None
 
 
@@ -174,7 +192,9 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def model_request_facts(imp: str, session_channel: str, params: ModelRequestParams, body_bytes: int) -> RequestFacts:
+def model_request_facts(
+    imp: str, session_channel: str, params: ModelRequestParams, body_bytes: int
+) -> RequestFacts:
     body = params.body
     malformed = None
     model = body.get("model")
@@ -224,7 +244,9 @@ _TEXT_KEYS = frozenset({
     "model", "stream", "temperature", "top_p", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
     "service_tier", "store", "metadata", "user", "safety_identifier", "prompt_cache_key",
 })  # fmt: skip
-_IMAGE_KEYS = frozenset({"model", "prompt", "n", "size", "quality", "output_format", "output_compression", "background", "user"})
+_IMAGE_KEYS = frozenset(
+    {"model", "prompt", "n", "size", "quality", "output_format", "output_compression", "background", "user"}
+)
 BODY_KEYS: dict[str, frozenset[str]] = {
     "/chat/completions": _TEXT_KEYS | {
         "messages", "max_tokens", "max_completion_tokens", "n", "stop", "seed", "presence_penalty",
@@ -235,7 +257,10 @@ BODY_KEYS: dict[str, frozenset[str]] = {
     "/images/generations": _IMAGE_KEYS | {"moderation", "style", "response_format"},
     "/images/edits": _IMAGE_KEYS | {"images", "mask", "input_fidelity"},
 }  # fmt: skip
-STORED_CONTEXT_KEYS = ("previous_response_id", "conversation")  # /responses, only where a rule's stored_context_tokens allows
+STORED_CONTEXT_KEYS = (
+    "previous_response_id",
+    "conversation",
+)  # /responses, only where a rule's stored_context_tokens allows
 TOOL_TYPES = frozenset({"function"})
 TOOL_CHOICES = frozenset({"auto", "none", "required"})
 CHAT_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "refusal"})
@@ -349,7 +374,9 @@ def _chat_messages(messages: Any, images: _Images) -> None:
         for number, call in enumerate(_list(message.get("tool_calls") or [], f"{where}.tool_calls")):
             call = _object(call, CHAT_TOOL_CALL_KEYS, f"{where}.tool_calls[{number}]")
             if _kind(call.get("type", "function"), TOOL_TYPES) is None:
-                raise _Outside(f"{where}.tool_calls[{number}]: tool call type {_shown(call.get('type'))} is not allowed")
+                raise _Outside(
+                    f"{where}.tool_calls[{number}]: tool call type {_shown(call.get('type'))} is not allowed"
+                )
         content = message.get("content")
         if content is None or isinstance(content, str):
             continue
@@ -358,10 +385,15 @@ def _chat_messages(messages: Any, images: _Images) -> None:
             kind = _kind(part.get("type"), CHAT_PART_KEYS) if isinstance(part, dict) else None
             if kind is None:
                 named = part.get("type") if isinstance(part, dict) else None
-                raise _Outside(f"{spot}: content part type {_shown(named)} is not allowed (text and image_url only)")
+                raise _Outside(
+                    f"{spot}: content part type {_shown(named)} is not allowed (text and image_url only)"
+                )
             _object(part, CHAT_PART_KEYS[kind], spot)
             if kind == "image_url":
-                images.url(_object(part.get("image_url"), CHAT_IMAGE_KEYS, f"{spot}.image_url").get("url"), f"{spot}.image_url.url")
+                images.url(
+                    _object(part.get("image_url"), CHAT_IMAGE_KEYS, f"{spot}.image_url").get("url"),
+                    f"{spot}.image_url.url",
+                )
 
 
 def _responses_parts(content: Any, where: str, images: _Images) -> None:
@@ -372,7 +404,9 @@ def _responses_parts(content: Any, where: str, images: _Images) -> None:
         kind = _kind(part.get("type"), RESPONSES_PART_KEYS) if isinstance(part, dict) else None
         if kind is None:
             named = part.get("type") if isinstance(part, dict) else None
-            raise _Outside(f"{spot}: content part type {_shown(named)} is not allowed (input_text and input_image only)")
+            raise _Outside(
+                f"{spot}: content part type {_shown(named)} is not allowed (input_text and input_image only)"
+            )
         _object(part, RESPONSES_PART_KEYS[kind], spot)
         if kind == "input_image":
             images.url(part.get("image_url"), f"{spot}.image_url")
@@ -383,7 +417,9 @@ def _responses_input(items: Any, images: _Images) -> None:
         return
     for index, item in enumerate(_list(items, "input")):
         where = f"input[{index}]"
-        named = (item.get("type") or ("message" if "role" in item else None)) if isinstance(item, dict) else None
+        named = (
+            (item.get("type") or ("message" if "role" in item else None)) if isinstance(item, dict) else None
+        )
         kind = _kind(named, RESPONSES_ITEM_KEYS)
         if kind is None:
             raise _Outside(f"{where}: input item type {_shown(named)} is not allowed")
@@ -396,7 +432,9 @@ def _responses_input(items: Any, images: _Images) -> None:
 
 def _edit_images(body: dict[str, Any], images: _Images) -> None:
     for index, entry in enumerate(_list(body.get("images", []), "images")):
-        images.url(_object(entry, EDIT_IMAGE_KEYS, f"images[{index}]").get("image_url"), f"images[{index}].image_url")
+        images.url(
+            _object(entry, EDIT_IMAGE_KEYS, f"images[{index}]").get("image_url"), f"images[{index}].image_url"
+        )
     if "mask" in body:
         images.url(_object(body["mask"], EDIT_IMAGE_KEYS, "mask").get("image_url"), "mask.image_url")
 

@@ -33,7 +33,9 @@ class BudgetLimitError(ImpyardError, ValueError):
 class BudgetExhausted(ImpyardError):
     """Nothing (or not enough) left in a window; ``ledger`` names it, ``retry_after_s`` is when it resets."""
 
-    def __init__(self, ledger: str, retry_after_s: int, limit_micros: int, spent_micros: int, estimate_micros: int):
+    def __init__(
+        self, ledger: str, retry_after_s: int, limit_micros: int, spent_micros: int, estimate_micros: int
+    ):
         self.ledger = ledger
         self.retry_after_s = retry_after_s
         self.limit_micros = limit_micros
@@ -89,7 +91,9 @@ def seconds_to_next_day(now: datetime) -> int:
 
 def seconds_to_next_month(now: datetime) -> int:
     now = now.astimezone(UTC)
-    first = (now.replace(day=28) + timedelta(days=4)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    first = (now.replace(day=28) + timedelta(days=4)).replace(
+        day=1, hour=0, minute=0, second=0, microsecond=0
+    )
     return max(1, int((first - now).total_seconds() + 0.999))
 
 
@@ -106,9 +110,11 @@ class Ledger(Store):
 
     def limits(self, scope: str, conn: sqlite3.Connection | None = None) -> Limits:
         base: BudgetLimit = self.policy.budgets.all if scope == ALL_IMPS else self.policy.budget_for(scope)
-        row = (conn or self.db.connection()).execute(
-            "SELECT daily_usd, monthly_usd FROM budget_limits WHERE scope = ?", (scope,)
-        ).fetchone()
+        row = (
+            (conn or self.db.connection())
+            .execute("SELECT daily_usd, monthly_usd FROM budget_limits WHERE scope = ?", (scope,))
+            .fetchone()
+        )
         daily, monthly, source = base.daily_usd, base.monthly_usd, "policy"
         if row is not None:
             overridden = [name for name in ("daily", "monthly") if row[f"{name}_usd"] is not None]
@@ -152,7 +158,9 @@ class Ledger(Store):
         if day is not None:
             where.append("day = ?")
             args.append(day)
-        row = conn.execute(f"SELECT COALESCE(SUM({_AMOUNT}), 0) FROM ledger WHERE {' AND '.join(where)}", args).fetchone()
+        row = conn.execute(
+            f"SELECT COALESCE(SUM({_AMOUNT}), 0) FROM ledger WHERE {' AND '.join(where)}", args
+        ).fetchone()
         return int(row[0])
 
     def reserve(
@@ -164,18 +172,7 @@ class Ledger(Store):
         now = self.clock.now()
         day, month = day_key(now), month_key(now)
         with self.db.transaction() as conn:
-            checks = (
-                (f"imp:{imp}/day", self.limits(imp, conn).daily, dict(imp=imp, day=day), seconds_to_next_day(now)),
-                (f"imp:{imp}/month", self.limits(imp, conn).monthly, dict(imp=imp, day=None), seconds_to_next_month(now)),
-                ("all/day", self.limits(ALL_IMPS, conn).daily, dict(imp=None, day=day), seconds_to_next_day(now)),
-                ("all/month", self.limits(ALL_IMPS, conn).monthly, dict(imp=None, day=None), seconds_to_next_month(now)),
-            )
-            for name, limit, where, retry_after in checks:
-                if limit is None:
-                    continue
-                spent = self._spent(conn, month=month, **where)  # type: ignore[arg-type]
-                if spent >= limit or spent + estimate_micros > limit:  # the hard stop: never overspend
-                    raise BudgetExhausted(name, retry_after, limit, spent, estimate_micros)
+            self._check(conn, imp, estimate_micros, now)
             cursor = conn.execute(
                 """INSERT INTO ledger (imp, day, month, state, reserved_micros, method, purpose, model, created_at)
                    VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?)""",
@@ -183,6 +180,42 @@ class Ledger(Store):
             )
             assert cursor.lastrowid is not None
             return Reservation(cursor.lastrowid, imp, estimate_micros)
+
+    def check_headroom(self, imp: str, estimate_micros: int) -> None:
+        """Raise BudgetExhausted where ``reserve`` would, debiting nothing (a dry run; a read-only transaction)."""
+        with self.db.transaction(immediate=False) as conn:
+            self._check(conn, imp, estimate_micros, self.clock.now())
+
+    def _check(self, conn: sqlite3.Connection, imp: str, estimate_micros: int, now: datetime) -> None:
+        """Every window must take the estimate on top of what is spent and reserved, else BudgetExhausted."""
+        day, month = day_key(now), month_key(now)
+        checks = (
+            (
+                f"imp:{imp}/day",
+                self.limits(imp, conn).daily,
+                dict(imp=imp, day=day),
+                seconds_to_next_day(now),
+            ),
+            (
+                f"imp:{imp}/month",
+                self.limits(imp, conn).monthly,
+                dict(imp=imp, day=None),
+                seconds_to_next_month(now),
+            ),
+            ("all/day", self.limits(ALL_IMPS, conn).daily, dict(imp=None, day=day), seconds_to_next_day(now)),
+            (
+                "all/month",
+                self.limits(ALL_IMPS, conn).monthly,
+                dict(imp=None, day=None),
+                seconds_to_next_month(now),
+            ),
+        )
+        for name, limit, where, retry_after in checks:
+            if limit is None:
+                continue
+            spent = self._spent(conn, month=month, **where)
+            if spent >= limit or spent + estimate_micros > limit:  # the hard stop: never overspend
+                raise BudgetExhausted(name, retry_after, limit, spent, estimate_micros)
 
     def settle(self, reservation: Reservation | int, cost_micros: int) -> int:
         """Replace the reservation by the measured cost (0 when nothing was spent), and return what was charged.
@@ -221,13 +254,17 @@ class Ledger(Store):
         day, month = day_key(now), month_key(now)
         conn = self.db.connection()
         imps = {row[0] for row in conn.execute("SELECT DISTINCT imp FROM ledger WHERE month = ?", (month,))}
-        imps |= {row[0] for row in conn.execute("SELECT scope FROM budget_limits WHERE scope != ?", (ALL_IMPS,))}
+        imps |= {
+            row[0] for row in conn.execute("SELECT scope FROM budget_limits WHERE scope != ?", (ALL_IMPS,))
+        }
         imps |= set(self.policy.budgets.imps)
         rows = []
         for scope in [ALL_IMPS, *sorted(imps)]:
             imp = None if scope == ALL_IMPS else scope
             limits = self.limits(scope, conn)
-            reserved_sql = "SELECT COALESCE(SUM(reserved_micros), 0) FROM ledger WHERE state = 'reserved' AND month = ?"
+            reserved_sql = (
+                "SELECT COALESCE(SUM(reserved_micros), 0) FROM ledger WHERE state = 'reserved' AND month = ?"
+            )
             reserved_args: list[str] = [month]
             if imp is not None:
                 reserved_sql += " AND imp = ?"

@@ -52,22 +52,50 @@ def evaluate(
     file_limit = _limit(report.get("file_size_limit"))
     checks = [
         LockdownCheck("non-root user", isinstance(uid, int) and uid != 0, str(uid), "uid != 0"),
-        LockdownCheck("no network", report.get("interfaces") == "lo", str(report.get("interfaces")), "only lo"),
-        LockdownCheck("no route out", report.get("can_route_out") is False, str(report.get("can_route_out")), "False"),
-        LockdownCheck("read-only root", report.get("root_writable") is False, str(report.get("root_writable")), "False"),
-        LockdownCheck("state mount writable", report.get("state_writable") is True, str(report.get("state_writable")), "True"),
+        LockdownCheck(
+            "no network", report.get("interfaces") == "lo", str(report.get("interfaces")), "only lo"
+        ),
+        LockdownCheck(
+            "no route out", report.get("can_route_out") is False, str(report.get("can_route_out")), "False"
+        ),
+        LockdownCheck(
+            "read-only root", report.get("root_writable") is False, str(report.get("root_writable")), "False"
+        ),
+        LockdownCheck(
+            "state mount writable",
+            report.get("state_writable") is True,
+            str(report.get("state_writable")),
+            "True",
+        ),
         LockdownCheck("no capabilities", report.get("cap_eff") == 0, str(report.get("cap_eff")), "CapEff 0"),
-        LockdownCheck("no new privileges", report.get("no_new_privs") == 1, str(report.get("no_new_privs")), "NoNewPrivs 1"),
-        LockdownCheck("pids limit", _limit(report.get("pids_limit")) == pids_limit, str(report.get("pids_limit")), str(pids_limit)),
-        LockdownCheck("memory limit", mem is not None and mem <= memory_bytes, str(report.get("memory_limit")), f"<= {memory_bytes}"),
+        LockdownCheck(
+            "no new privileges",
+            report.get("no_new_privs") == 1,
+            str(report.get("no_new_privs")),
+            "NoNewPrivs 1",
+        ),
+        LockdownCheck(
+            "pids limit",
+            _limit(report.get("pids_limit")) == pids_limit,
+            str(report.get("pids_limit")),
+            str(pids_limit),
+        ),
+        LockdownCheck(
+            "memory limit",
+            mem is not None and mem <= memory_bytes,
+            str(report.get("memory_limit")),
+            f"<= {memory_bytes}",
+        ),
         LockdownCheck("no swap beyond memory", swap_ok, str(swap), "memory-swap = memory"),
         LockdownCheck("cpu quota", quota_ok, str(quota), "a CFS quota"),
     ]
     if state_quota_bytes is not None:  # one file can never outgrow the state dir's quota (issue 11 #11)
         checks.append(
             LockdownCheck(
-                "file size limit", file_limit is not None and file_limit <= state_quota_bytes,
-                str(report.get("file_size_limit")), f"<= {state_quota_bytes}",
+                "file size limit",
+                file_limit is not None and file_limit <= state_quota_bytes,
+                str(report.get("file_size_limit")),
+                f"<= {state_quota_bytes}",
             )  # fmt: skip
         )
     return checks

@@ -14,7 +14,9 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 def home() -> Path:
     configured = os.environ.get("IMPYARD_HOME")
-    return Path(configured).expanduser().resolve() if configured else Path(platformdirs.user_data_dir("impyard"))
+    return (
+        Path(configured).expanduser().resolve() if configured else Path(platformdirs.user_data_dir("impyard"))
+    )
 
 
 def home_id(path: Path | None = None) -> str:

@@ -181,7 +181,9 @@ def load_policy(
     operator_dir = operator_dir if operator_dir is not None else operator_policy_dir()
     if not operator_dir.is_dir():
         if require_dir or operator_dir.exists():
-            raise PolicyError([Problem(str(operator_dir), None, "", "not a directory of *.toml policy files")])
+            raise PolicyError(
+                [Problem(str(operator_dir), None, "", "not a directory of *.toml policy files")]
+            )
         operator_files: list[Path] = []
     else:
         operator_files = [p for p in policy_files(operator_dir) if p.resolve() != default_path.resolve()]
@@ -215,7 +217,12 @@ def build_policy(layers: list[tuple[str, str]]) -> Policy:
                     continue  # an operator rule of the same name replaces the default one
                 line = _locate(dict(layers)[name], ("rules", policy_file.rules.index(rule), "name"))
                 problems.append(
-                    Problem(name, line, f"rules.{rule.name}", f"rule name already used in {rule_sources[rule.name]}")
+                    Problem(
+                        name,
+                        line,
+                        f"rules.{rule.name}",
+                        f"rule name already used in {rule_sources[rule.name]}",
+                    )
                 )
                 continue
             rules.append(rule)
@@ -231,7 +238,7 @@ def build_policy(layers: list[tuple[str, str]]) -> Policy:
         rules=tuple(rules),
         budgets=tables.budgets,
         prices=dict(tables.prices),
-        trust=dict(tables.trust),
+        trust=dict(tables.trust.items()),  # keyed by act name, read with any str
         channels=tables.channels,
         gates=tables.gates,
         upstream=tables.upstream,
@@ -294,14 +301,16 @@ def _without_redundant_missing(errors: list[Any]) -> list[Any]:
         and (model := _model_at(tuple(e["loc"][:-1]))) is not None
         and (close := difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), n=1, cutoff=0.6))
     }
-    return [e for e in errors if not (e["type"] == "missing" and (tuple(e["loc"][:-1]), e["loc"][-1]) in typos)]
+    return [
+        e for e in errors if not (e["type"] == "missing" and (tuple(e["loc"][:-1]), e["loc"][-1]) in typos)
+    ]
 
 
 _PATTERN_HINTS = {
     "hosts": "a host name in lowercase (letters, digits, dots, hyphens) or *.example.com",
     "name": "a name of letters, digits, _ . - (up to 64 characters)",
     "scope": '"*" or an imp name',
-    "purposes": "a purpose in lowercase letters, digits and _ (or \"*\")",
+    "purposes": 'a purpose in lowercase letters, digits and _ (or "*")',
 }
 
 
@@ -318,7 +327,11 @@ def _problem(name: str, text: str, raw: dict[str, Any], error: Any) -> Problem:
         model = _model_at(loc[:-1])
         if model is not None:
             close = difflib.get_close_matches(leaf, list(model.model_fields), n=1, cutoff=0.6)
-            reason += f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(model.model_fields)})"
+            reason += (
+                f" (did you mean {close[0]!r}?)"
+                if close
+                else f" (known keys: {', '.join(model.model_fields)})"
+            )
     elif kind == "missing":
         reason = "required key is missing"
     elif kind == "int_parsing_size":  # pydantic's own words ("input string") would mislead here
@@ -330,7 +343,11 @@ def _problem(name: str, text: str, raw: dict[str, Any], error: Any) -> Problem:
     else:
         msg = error["msg"].removeprefix("Value error, ")
         value = error.get("input")
-        shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) and kind != "value_error" else ""
+        shown = (
+            f" (got {value!r})"
+            if isinstance(value, str | int | float | bool) and kind != "value_error"
+            else ""
+        )
         reason = f"{msg}{shown}"
     return Problem(name, _locate(text, loc), key, reason)
 
@@ -340,7 +357,11 @@ def _key_text(loc: tuple[Any, ...], raw: dict[str, Any]) -> str:
     node: Any = raw
     for part in loc:
         if isinstance(part, int):
-            rule_name = node[part].get("name") if isinstance(node, list) and part < len(node) and isinstance(node[part], dict) else None
+            rule_name = (
+                node[part].get("name")
+                if isinstance(node, list) and part < len(node) and isinstance(node[part], dict)
+                else None
+            )
             parts[-1] += f"[{rule_name!r}]" if isinstance(rule_name, str) else f"[#{part + 1}]"
         else:
             parts.append(part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"')
@@ -392,7 +413,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 _KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""")
-_KEY_LINE = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*=""")
+_KEY_LINE = re.compile(
+    r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*="""
+)
 
 
 def _split_key(text: str) -> list[str]:

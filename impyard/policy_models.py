@@ -41,7 +41,15 @@ CountOrZero = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 # Which rule keys belong to which method; a key on the wrong method is an error, not ignored.
 MODEL_KEYS = frozenset(
-    {"paths", "purposes", "max_body_bytes", "max_tokens", "max_images", "image_hosts", "stored_context_tokens"}
+    {
+        "paths",
+        "purposes",
+        "max_body_bytes",
+        "max_tokens",
+        "max_images",
+        "image_hosts",
+        "stored_context_tokens",
+    }
 )
 SEND_KEYS = frozenset({"channels", "max_content_chars", "max_files", "max_file_bytes", "trust"})
 FETCH_KEYS = frozenset({"hosts", "max_fetch_bytes", "allow_loopback"})
@@ -66,14 +74,22 @@ class Rule(Strict):
 
     # model.request: selectors
     paths: list[ModelPath] | None = None
-    purposes: dict[Annotated[str, Field(pattern=PURPOSE_PATTERN)], list[ModelName]] | None = None  # purpose -> models ("*" = any)
+    purposes: dict[Annotated[str, Field(pattern=PURPOSE_PATTERN)], list[ModelName]] | None = (
+        None  # purpose -> models ("*" = any)
+    )
     # model.request: limits
     max_body_bytes: Bytes | None = None
-    max_tokens: Tokens | None = None  # caps max_tokens / max_completion_tokens / max_output_tokens (and is sent when unset)
+    max_tokens: Tokens | None = (
+        None  # caps max_tokens / max_completion_tokens / max_output_tokens (and is sent when unset)
+    )
     max_images: Count | None = None
     # model.request: what the provider may do beyond the body (issue 11 #4); by default nothing
-    image_hosts: list[HostPattern] | None = None  # https image URLs on these hosts (else inline data: images only)
-    stored_context_tokens: Tokens | None = None  # admits previous_response_id / conversation, reserving this many input tokens
+    image_hosts: list[HostPattern] | None = (
+        None  # https image URLs on these hosts (else inline data: images only)
+    )
+    stored_context_tokens: Tokens | None = (
+        None  # admits previous_response_id / conversation, reserving this many input tokens
+    )
 
     # discord.send: selector ("own" = the session's channel, "staff" = [channels].staff, or ids)
     channels: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = None
@@ -93,17 +109,25 @@ class Rule(Strict):
 
     @model_validator(mode="after")
     def _keys_fit_the_method(self) -> Rule:
-        present = {key for key in self.model_fields_set if getattr(self, key) is not None and getattr(self, key) is not False}
+        present = {
+            key
+            for key in self.model_fields_set
+            if getattr(self, key) is not None and getattr(self, key) is not False
+        }
         for method, keys in METHOD_KEYS.items():
             stray = sorted(present & keys)
             if stray and self.method != method:
-                raise ValueError(f"{', '.join(stray)} only apply to {method} rules (this rule is for {self.method})")
+                raise ValueError(
+                    f"{', '.join(stray)} only apply to {method} rules (this rule is for {self.method})"
+                )
         if self.action == "allow":
             if self.method == "*":
                 raise ValueError('an allow rule must name one method; method = "*" is for deny rules only')
             required = REQUIRED_FOR_ALLOW[self.method]
             if getattr(self, required) is None:
-                raise ValueError(f"an allow rule for {self.method} must list {required} (allow never means anything)")
+                raise ValueError(
+                    f"an allow rule for {self.method} must list {required} (allow never means anything)"
+                )
         if self.purposes is not None and any(not models for models in self.purposes.values()):
             raise ValueError('each purpose needs at least one model (use ["*"] for any model)')
         return self
@@ -134,7 +158,9 @@ class Price(Strict):
     image_input_tokens: Tokens | None = None
     # A multiplier on this model's prices for each non-default service_tier it may be asked for
     # ("priority" = 2.0); any tier not listed is refused (issue 11 #3).
-    service_tiers: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")], Multiplier] = Field(default_factory=dict)
+    service_tiers: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")], Multiplier] = Field(
+        default_factory=dict
+    )
 
     @model_validator(mode="after")
     def _has_a_price(self) -> Price:
@@ -148,7 +174,9 @@ class TrustSettings(Strict):
 
     own_channel: TrustMode = "auto"  # the session's own channel when it is trusted (DMs always are)
     untrusted: Literal["gate", "earned"] = "gate"  # the session's own channel when it is not trusted
-    other_channel: Literal["gate", "earned"] = "gate"  # never auto on the target's trust; only a rule may say auto
+    other_channel: Literal["gate", "earned"] = (
+        "gate"  # never auto on the target's trust; only a rule may say auto
+    )
     earned_after: Count = 5  # clean approvals before "earned" becomes auto
 
 

@@ -28,7 +28,10 @@ OUTPUT_CAP_KEYS_BY_PATH: dict[str, tuple[str, ...]] = {
     "/responses": ("max_output_tokens",),
 }
 OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-SENT_CAP_KEY = {"/chat/completions": "max_completion_tokens", "/responses": "max_output_tokens"}  # what the box sends too
+SENT_CAP_KEY = {
+    "/chat/completions": "max_completion_tokens",
+    "/responses": "max_output_tokens",
+}  # what the box sends too
 DEFAULT_TIERS = frozenset({"auto", "default"})  # service_tier values billed at the price table's own prices
 
 
@@ -61,7 +64,9 @@ def token_cost_micros(price: Price, usage: Usage) -> int:
     cached_price = price.cached_input if price.cached_input is not None else input_price
     cached = min(usage.cached_tokens, usage.input_tokens)
     return _ceil(
-        (usage.input_tokens - cached) * input_price + cached * cached_price + usage.output_tokens * (price.output or 0.0)
+        (usage.input_tokens - cached) * input_price
+        + cached * cached_price
+        + usage.output_tokens * (price.output or 0.0)
     )
 
 
@@ -71,7 +76,9 @@ def _count(value: Any) -> int | None:
 
 def output_cap(path: str, body: dict[str, Any]) -> int | None:
     """The largest output-token cap the body sets among the keys this path takes."""
-    caps = [cap for key in OUTPUT_CAP_KEYS_BY_PATH.get(path, ()) if (cap := _count(body.get(key))) is not None]
+    caps = [
+        cap for key in OUTPUT_CAP_KEYS_BY_PATH.get(path, ()) if (cap := _count(body.get(key))) is not None
+    ]
     return max(caps) if caps else None
 
 
@@ -136,18 +143,26 @@ def estimate_micros(
     )
     if path in IMAGE_PATHS:
         if price.image is None:
-            raise PriceMissing(f'model {model!r} has no per-image price: add image = USD to [prices."{model}"]')
+            raise PriceMissing(
+                f'model {model!r} has no per-image price: add image = USD to [prices."{model}"]'
+            )
         images = image_count(body) * price.image * MICROS_PER_USD
         return _ceil((images + token_cost_micros(price, Usage(input_tokens=input_tokens))) * multiplier)
     if price.input is None:
-        raise PriceMissing(f'model {model!r} has no input price: add input = USD per 1M tokens to [prices."{model}"]')
+        raise PriceMissing(
+            f'model {model!r} has no input price: add input = USD per 1M tokens to [prices."{model}"]'
+        )
     if path == "/embeddings":
         return _ceil(token_cost_micros(price, Usage(input_tokens=input_tokens)) * multiplier)
     if price.output is None:
-        raise PriceMissing(f'model {model!r} has no output price: add output = USD per 1M tokens to [prices."{model}"]')
+        raise PriceMissing(
+            f'model {model!r} has no output price: add output = USD per 1M tokens to [prices."{model}"]'
+        )
     choices = (_count(body.get("n", 1)) or 1) if path == "/chat/completions" else 1
     output_tokens = (output_cap(path, body) or default_output_tokens) * choices
-    return _ceil(token_cost_micros(price, Usage(input_tokens=input_tokens, output_tokens=output_tokens)) * multiplier)
+    return _ceil(
+        token_cost_micros(price, Usage(input_tokens=input_tokens, output_tokens=output_tokens)) * multiplier
+    )
 
 
 def _int(value: Any) -> int:

@@ -78,24 +78,22 @@ async def open_runtime(
     """
     store = ImpStore()
     configs = {name: store.get(name) for name in imp_names}  # an unknown or broken imp stops here
-    async with open_host(surface, reaches=surfaces, clock=clock, imp_user_ids=imp_user_ids, on_gate=on_gate) as host:
+    async with open_host(
+        surface, reaches=surfaces, clock=clock, imp_user_ids=imp_user_ids, on_gate=on_gate
+    ) as host:
+        chosen = backends or backends_for(list(configs.values()), backend)
         conversations = Conversations(
             imps=host.imps, configs=configs, history=host.history, channels=host.channels, surface=surface,
-            clock=host.clock, imp_user_ids=imp_user_ids,
+            clock=host.clock, imp_user_ids=imp_user_ids, backends=chosen,
         )  # fmt: skip
         host.gateway.on_stage = conversations.on_stage
-        chosen = backends or backends_for(list(configs.values()), backend)
         async with SessionManager(
-            backend_for=chosen.__getitem__,
-            host=host.gateway,
-            events=conversations,
-            init_for=conversations.init_for,
-            state_dir_for=conversations.state_dir_for,
-            settings_for=conversations.settings_for,
-            now=host.clock.now,
+            plan=conversations, host=host.gateway, events=conversations, now=host.clock.now
         ) as sessions:
             conversations.sessions = sessions
-            runtime = Runtime(host, host.db, host.gateway, conversations, sessions, host.channels, host.history, chosen)
+            runtime = Runtime(
+                host, host.db, host.gateway, conversations, sessions, host.channels, host.history, chosen
+            )
             resumed = await conversations.recover()
             if resumed:
                 log.info("answering %d message(s) left unanswered by the last run", resumed)

@@ -20,6 +20,7 @@ is enqueued exactly once.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import secrets
 import sqlite3
@@ -44,7 +45,9 @@ MISSED_POLICIES: tuple[MissedPolicy, ...] = ("skip", "once", "all")
 DEFAULT_MISSED: MissedPolicy = "once"
 MIN_EVERY = timedelta(minutes=1)
 MAX_EVERY = timedelta(days=366)
-ON_TIME = timedelta(seconds=60)  # a fire this late still counts as "now", not as missed (the loop ticks every second)
+ON_TIME = timedelta(
+    seconds=60
+)  # a fire this late still counts as "now", not as missed (the loop ticks every second)
 MAX_CATCH_UP = 100  # ``all`` runs at most this many missed fires; the older ones are dropped (and logged)
 MAX_QUEUED_PER_SCHEDULE = 10  # a schedule whose tasks cannot keep up stops piling more onto the queue
 
@@ -75,7 +78,9 @@ def parse_timezone(name: str) -> ZoneInfo:
     """An IANA timezone; an unknown one is refused (never silently UTC)."""
     text = str(name).strip()
     if not text or len(text) > 64 or text.startswith(("/", ".")) or ".." in text:
-        raise ScheduleError(f"unknown timezone {name!r}: use an IANA name such as Europe/Oslo, America/New_York or UTC")
+        raise ScheduleError(
+            f"unknown timezone {name!r}: use an IANA name such as Europe/Oslo, America/New_York or UTC"
+        )
     try:
         return ZoneInfo(text)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -109,7 +114,7 @@ def parse_missed(value: str) -> MissedPolicy:
     text = str(value).strip().lower()
     if text not in MISSED_POLICIES:
         raise ScheduleError(f"unknown missed-run policy {value!r}: use skip, once (the default) or all")
-    return text  # type: ignore[return-value]
+    return text
 
 
 # ------------------------------------------------------------------ the trigger and its rules (pure)
@@ -165,10 +170,14 @@ def next_after(trigger: Trigger, after: datetime) -> datetime:
         try:
             candidate: datetime = iterator.get_next(datetime)
         except CroniterBadDateError:
-            raise ScheduleError(f"cron expression {trigger.cron!r} never fires (e.g. a day that does not exist)") from None
+            raise ScheduleError(
+                f"cron expression {trigger.cron!r} never fires (e.g. a day that does not exist)"
+            ) from None
         if not _is_second_occurrence(candidate, zone):
             return candidate.astimezone(UTC)
-    raise ScheduleError(f"cron expression {trigger.cron!r}: no next fire time could be found")  # pragma: no cover
+    raise ScheduleError(
+        f"cron expression {trigger.cron!r}: no next fire time could be found"
+    )  # pragma: no cover
 
 
 def first_run(trigger: Trigger, created: datetime, *, now: bool = False) -> datetime:
@@ -176,7 +185,9 @@ def first_run(trigger: Trigger, created: datetime, *, now: bool = False) -> date
     return created.astimezone(UTC) if now else next_after(trigger, created)
 
 
-def recent_fires(trigger: Trigger, after: datetime, until: datetime, limit: int) -> tuple[list[datetime], bool]:
+def recent_fires(
+    trigger: Trigger, after: datetime, until: datetime, limit: int
+) -> tuple[list[datetime], bool]:
     """The newest ``limit`` fire times in (after, until], oldest first, and whether that is all of them.
 
     Bounded work however long the downtime: arithmetic for ``every``, a walk
@@ -222,7 +233,9 @@ class DueRuns:
 
     fire: tuple[datetime, ...]
     next_run: datetime
-    missed: int  # fire times that passed without a run (dropped by the policy); a lower bound after long downtime
+    missed: (
+        int  # fire times that passed without a run (dropped by the policy); a lower bound after long downtime
+    )
 
 
 def due_runs(
@@ -240,7 +253,9 @@ def due_runs(
     if next_run > now:
         return DueRuns((), next_run, 0)
     later, complete = recent_fires(trigger, next_run, now, MAX_CATCH_UP)
-    times = ([next_run] if complete else []) + later  # next_run is a fire time by definition (or the --now fire)
+    times = (
+        [next_run] if complete else []
+    ) + later  # next_run is a fire time by definition (or the --now fire)
     total = len(times) if complete else len(times) + 1
     times = times[-MAX_CATCH_UP:]
     if policy == "skip":
@@ -346,9 +361,11 @@ class ScheduleStore(Store):
 
     def add(self, request: ScheduleRequest) -> Schedule:
         if (request.every is None) == (request.cron is None):
-            raise ScheduleError("give exactly one of --every (e.g. 24h) and --cron (e.g. \"0 9 * * 1-5\")")
+            raise ScheduleError('give exactly one of --every (e.g. 24h) and --cron (e.g. "0 9 * * 1-5")')
         if request.every is not None and request.tz is not None:
-            raise ScheduleError("--tz applies to --cron schedules only; an --every interval is the same in every timezone")
+            raise ScheduleError(
+                "--tz applies to --cron schedules only; an --every interval is the same in every timezone"
+            )
         missed = parse_missed(request.missed)
         now = self.clock.now()
         if request.every is not None:
@@ -380,7 +397,13 @@ class ScheduleStore(Store):
                  iso(trigger.anchor or now), iso(next_run), iso(now), iso(now)),
             )  # fmt: skip
         schedule = self.get(schedule_id)
-        log.info("schedule %s added: imp=%s %s next_run=%s", schedule.id, schedule.imp, trigger.describe(), iso(next_run))
+        log.info(
+            "schedule %s added: imp=%s %s next_run=%s",
+            schedule.id,
+            schedule.imp,
+            trigger.describe(),
+            iso(next_run),
+        )
         return schedule
 
     # ------------------------------------------------------------ reading
@@ -402,14 +425,17 @@ class ScheduleStore(Store):
 
     def remove(self, schedule_id: str) -> Schedule:
         schedule = self.get(schedule_id)
-        self.db.execute("DELETE FROM schedules WHERE id = ?", (schedule_id,))  # its queued tasks stay (they are tasks)
+        self.db.execute(
+            "DELETE FROM schedules WHERE id = ?", (schedule_id,)
+        )  # its queued tasks stay (they are tasks)
         log.info("schedule %s removed", schedule_id)
         return schedule
 
     def pause(self, schedule_id: str) -> Schedule:
         self.get(schedule_id)
         self.db.execute(
-            "UPDATE schedules SET paused = 1, updated_at = ? WHERE id = ?", (iso(self.clock.now()), schedule_id)
+            "UPDATE schedules SET paused = 1, updated_at = ? WHERE id = ?",
+            (iso(self.clock.now()), schedule_id),
         )
         log.info("schedule %s paused", schedule_id)
         return self.get(schedule_id)
@@ -428,7 +454,7 @@ class ScheduleStore(Store):
 
     # ------------------------------------------------------------ firing
 
-    def fire_due(self) -> list[Task]:
+    def fire_due(self) -> builtins.list[Task]:
         """Queue a task for each due fire of every active schedule; one transaction per schedule."""
         now = self.clock.now()
         due = self.db.query(
@@ -439,18 +465,20 @@ class ScheduleStore(Store):
             queued.extend(self._fire(row["id"], now))
         return queued
 
-    def _fire(self, schedule_id: str, now: datetime) -> list[Task]:
+    def _fire(self, schedule_id: str, now: datetime) -> builtins.list[Task]:
         task_ids: list[str] = []
         with self.db.transaction() as conn:
             row = conn.execute(
-                "SELECT * FROM schedules WHERE id = ? AND paused = 0 AND next_run <= ?", (schedule_id, iso(now))
+                "SELECT * FROM schedules WHERE id = ? AND paused = 0 AND next_run <= ?",
+                (schedule_id, iso(now)),
             ).fetchone()
             if row is None:
                 return []  # removed, paused or fired by someone else meanwhile
             schedule = _row_to_schedule(row)
             runs = due_runs(schedule.trigger, schedule.next_run, now, schedule.missed)
             backlog = conn.execute(
-                "SELECT COUNT(*) FROM tasks WHERE schedule_id = ? AND state IN ('queued', 'running')", (schedule.id,)
+                "SELECT COUNT(*) FROM tasks WHERE schedule_id = ? AND state IN ('queued', 'running')",
+                (schedule.id,),
             ).fetchone()[0]
             room = max(0, MAX_QUEUED_PER_SCHEDULE - backlog)
             if len(runs.fire) > room:
@@ -474,7 +502,10 @@ class ScheduleStore(Store):
                     task_ids.append(task_id)
             if runs.missed and schedule.missed != "all":
                 log.info(
-                    "schedule %s: %d missed run(s) dropped by its missed-run policy %r", schedule.id, runs.missed, schedule.missed
+                    "schedule %s: %d missed run(s) dropped by its missed-run policy %r",
+                    schedule.id,
+                    runs.missed,
+                    schedule.missed,
                 )
             conn.execute(
                 """UPDATE schedules SET next_run = ?, last_fired = CASE WHEN ? > 0 THEN ? ELSE last_fired END,

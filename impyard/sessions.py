@@ -65,13 +65,28 @@ class Delivery:
 class SessionEvents(Protocol):
     """What the session manager reports; the conversation store and the surface implement it."""
 
-    async def turn_finished(self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult) -> None: ...
+    async def turn_finished(
+        self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult
+    ) -> None: ...
 
     async def notice(self, key: SessionKey, text: str) -> None: ...
 
     async def turn_ended(self, key: SessionKey) -> None:
         """Every exit path of a turn: the typing indicator stops here."""
         ...
+
+
+class SessionPlan(Protocol):
+    """What the session manager needs to know of an imp's sessions: one object (the conversation host), not four
+    callbacks. Everything here may be called at every box start; ``init_for`` does its reading off the loop."""
+
+    def backend_for(self, imp: str) -> BoxBackend: ...
+
+    async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams: ...
+
+    def state_dir_for(self, imp: str) -> Path: ...
+
+    def settings_for(self, imp: str) -> SessionSettings: ...
 
 
 def describe_error(exc: BaseException) -> str:
@@ -140,22 +155,17 @@ class SessionManager:
     def __init__(
         self,
         *,
-        backend_for: Callable[[str], BoxBackend],
+        plan: SessionPlan,
         host: BoxHost,
         events: SessionEvents,
-        init_for: Callable[[SessionKey, datetime], BoxInitParams],
-        state_dir_for: Callable[[str], Path],
-        settings_for: Callable[[str], SessionSettings] = lambda imp: SessionSettings(),
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         monotonic: Callable[[], float] = anyio.current_time,
     ) -> None:
-        self.backend_for = backend_for  # per imp: its configured backend and limits
+        """``plan``: what each imp's sessions are made of; ``host``: serves the boxes; ``events``: hears the outcomes."""
+        self.plan = plan
         self.host = host
         self.events = events
-        self.init_for = init_for
-        self.state_dir_for = state_dir_for
-        self.settings_for = settings_for
         self.now = now
         self.sleep = sleep
         self.monotonic = monotonic
@@ -192,7 +202,7 @@ class SessionManager:
         if session is not None:
             session.push(delivery)
             return "queued"
-        session = ChannelSession(delivery.key, self.settings_for(delivery.key.imp))
+        session = ChannelSession(delivery.key, self.plan.settings_for(delivery.key.imp))
         session.push(delivery)
         self.sessions[delivery.key] = session
         self._live.add(session)
@@ -234,14 +244,18 @@ class SessionManager:
                     if isinstance(exc, BoxError):
                         log.error("session %s: %s", session.key, exc)
                     else:
-                        log.error("session %s ended by an unexpected error: %s", session.key, describe_error(exc))
+                        log.error(
+                            "session %s ended by an unexpected error: %s", session.key, describe_error(exc)
+                        )
                         log.debug("session %s: the unexpected error", session.key, exc_info=exc)
                     self._retire(session)
                     batch = [*session.in_turn, *session.queue]  # a turn cut short is failed too, never lost
                     session.in_turn = []
                     session.queue.clear()
                     if batch:
-                        await self._finish(session, batch, DeliverResult(outcome="failed", error=describe_error(exc)))
+                        await self._finish(
+                            session, batch, DeliverResult(outcome="failed", error=describe_error(exc))
+                        )
                         await self._notice(session.key, DIED_NOTICE)
                     return
             self._retire(session)
@@ -252,12 +266,12 @@ class SessionManager:
 
     async def _box_lifetime(self, session: ChannelSession) -> None:
         key = session.key
-        spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.state_dir_for(key.imp))
-        async with self.backend_for(key.imp).open(spec, self.host) as box:
+        spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.plan.state_dir_for(key.imp))
+        async with self.plan.backend_for(key.imp).open(spec, self.host) as box:
             session.box = box
             session.boxes_started += 1
             self.boxes_started += 1
-            await box.init(self.init_for(key, self.now()), timeout=INIT_TIMEOUT_S)
+            await box.init(await self.plan.init_for(key, self.now()), timeout=INIT_TIMEOUT_S)
             started = self.monotonic()
             try:
                 await self._serve_turns(session, box, started)
@@ -305,14 +319,22 @@ class SessionManager:
             result, healthy, notice = DeliverResult(outcome="failed", error=str(exc)), False, CEILING_NOTICE
         except BoxDied as exc:
             log.error("session %s: box died mid-turn: %s", key, exc)
-            result, healthy, notice = DeliverResult(outcome="failed", error=str(exc)[:1000]), False, DIED_NOTICE
+            result, healthy, notice = (
+                DeliverResult(outcome="failed", error=str(exc)[:1000]),
+                False,
+                DIED_NOTICE,
+            )
         except RpcError as exc:
             result = DeliverResult(outcome="failed", error=f"the box refused the turn: {exc.message}"[:1000])
         except Exception as exc:  # noqa: BLE001 - whatever the box caused, this turn fails and is recorded
             log.error("session %s: the turn failed unexpectedly: %s", key, describe_error(exc))
             log.debug("session %s: the unexpected error", key, exc_info=exc)
             await box.kill()
-            result, healthy, notice = DeliverResult(outcome="failed", error=describe_error(exc)), False, DIED_NOTICE
+            result, healthy, notice = (
+                DeliverResult(outcome="failed", error=describe_error(exc)),
+                False,
+                DIED_NOTICE,
+            )
         finally:
             with anyio.CancelScope(shield=True):
                 try:
@@ -333,7 +355,9 @@ class SessionManager:
         except Exception:  # noqa: BLE001 - a notice that cannot be shown never ends the session's cleanup
             log.exception("posting a notice in %s failed", key)
 
-    async def _finish(self, session: ChannelSession, batch: Sequence[Delivery], result: DeliverResult) -> None:
+    async def _finish(
+        self, session: ChannelSession, batch: Sequence[Delivery], result: DeliverResult
+    ) -> None:
         try:
             await self.events.turn_finished(session.key, batch, result)
         except Exception:

@@ -228,6 +228,8 @@ class Supervisor:
             try:
                 containers = await anyio.to_thread.run_sync(lambda: backend.labelled(run=task.run_id or ""))
                 for container in containers:
+                    if container.name is None:
+                        continue
                     await anyio.to_thread.run_sync(backend.kill_by_name, container.name)
                     log.warning("removed orphaned box %s of task %s", container.name, task.id)
             except Exception as exc:  # noqa: BLE001 - reclaim goes on; the box is reported
@@ -286,7 +288,10 @@ class Supervisor:
                 seconds, window = wait
                 until = self.clock.now() + timedelta(seconds=seconds)
                 await self.db.run(
-                    self.tasks.defer, task.id, until, f"deferred to {iso(until)}: {window} is spent (the next window starts then)"
+                    self.tasks.defer,
+                    task.id,
+                    until,
+                    f"deferred to {iso(until)}: {window} is spent (the next window starts then)",
                 )
                 continue
             try:
@@ -324,7 +329,9 @@ class Supervisor:
             entries = await self.db.run(lambda: self.tasks.journal(task.imp, exclude=task.id))
             briefing = render_briefing(entries)
         return TaskRunParams(
-            task=TaskSpec(id=task.id, kind=task.kind, prompt=compose_prompt(task.prompt, briefing), person=task.person),
+            task=TaskSpec(
+                id=task.id, kind=task.kind, prompt=compose_prompt(task.prompt, briefing), person=task.person
+            ),
             now=self.clock.now(),
         )
 
@@ -334,7 +341,12 @@ class Supervisor:
         ceiling = task.ceiling_s
         if self.settings.max_ceiling_s is not None:
             ceiling = min(ceiling, self.settings.max_ceiling_s)
-        spec = BoxSpec(imp=task.imp, channel_id=task.channel_id, state_dir=self.imps.state_dir(task.imp), run_id=task.run_id)
+        spec = BoxSpec(
+            imp=task.imp,
+            channel_id=task.channel_id,
+            state_dir=self.imps.state_dir(task.imp),
+            run_id=task.run_id,
+        )
         box_outcome: str | None = None
         box_summary = ""
         died: str | None = None
@@ -373,7 +385,12 @@ class Supervisor:
                 await self._finish(task, end, returncode)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self.db.run(self.tasks.interrupt, task.id, task.run_id, "interrupted: the supervisor stopped; it runs again")
+                await self.db.run(
+                    self.tasks.interrupt,
+                    task.id,
+                    task.run_id,
+                    "interrupted: the supervisor stopped; it runs again",
+                )
             raise
         finally:
             self.running.pop(task.id, None)
@@ -390,7 +407,9 @@ class Supervisor:
             wait = budget_wait(rows, task.imp, now)
             not_before = now + timedelta(seconds=wait[0] if wait else seconds_to_next_day(now))
         await self.db.run(
-            lambda: self.tasks.finish(task.id, task.run_id or "", attestation, end, returncode=returncode, not_before=not_before)
+            lambda: self.tasks.finish(
+                task.id, task.run_id or "", attestation, end, returncode=returncode, not_before=not_before
+            )
         )
 
     # ------------------------------------------------------------ the loop
@@ -413,7 +432,11 @@ class Supervisor:
                 with anyio.move_on_after(self.settings.tick_s):
                     await self._wake.wait()
             if self.running:
-                log.info("stopping: %d task(s) running get %.0f s to finish", len(self.running), self.settings.shutdown_grace_s)
+                log.info(
+                    "stopping: %d task(s) running get %.0f s to finish",
+                    len(self.running),
+                    self.settings.shutdown_grace_s,
+                )
                 with anyio.move_on_after(self.settings.shutdown_grace_s):
                     while self.running:
                         self._wake = anyio.Event()
@@ -454,7 +477,9 @@ async def open_supervisor(
                 if surface is None:
                     log.warning(TERMINAL_SURFACE_NOTICE)
                     surface = TerminalSurface(sys.stdout)
-                host = await stack.enter_async_context(open_host(surface, reaches=(SURFACE_LOG,), clock=clock))
+                host = await stack.enter_async_context(
+                    open_host(surface, reaches=(SURFACE_LOG,), clock=clock)
+                )
             yield Supervisor(
                 db=host.db, gateway=host.gateway, imps=host.imps,
                 backend_for=backend_for or BackendChooser(host.imps, backend), clock=clock or host.clock,

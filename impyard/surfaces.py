@@ -51,7 +51,14 @@ def surface_of(channel_id: str, recorded: str | None = None) -> str:
 
 class Surface(Protocol):
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[OutgoingFile],
+        kind: str,
+        *,
+        imp: str = "",
     ) -> list[str]:
         """Post as ``imp`` (each imp is its own bot) and return the message ids (several when chunked)."""
         ...
@@ -77,7 +84,14 @@ class RecordingSurface:
     delay_s: float = 0.0  # widen race windows in concurrency tests
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[OutgoingFile],
+        kind: str,
+        *,
+        imp: str = "",
     ) -> list[str]:
         if self.delay_s:
             await anyio.sleep(self.delay_s)
@@ -96,10 +110,21 @@ class TerminalSurface:
         self._count = 0
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[OutgoingFile],
+        kind: str,
+        *,
+        imp: str = "",
     ) -> list[str]:
         self._count += 1
-        header = f"[{channel_id}]" + (f" (reply to {reply_to})" if reply_to else "") + (f" <{kind}>" if kind != "reply" else "")
+        header = (
+            f"[{channel_id}]"
+            + (f" (reply to {reply_to})" if reply_to else "")
+            + (f" <{kind}>" if kind != "reply" else "")
+        )
         lines = [header, content]
         lines += [f"  [file {item.filename}, {len(item.data)} bytes]" for item in files]
         self.stream.write("\n".join(lines) + "\n")

@@ -23,6 +23,7 @@ not know a kind answers ``failed``.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import re
@@ -190,7 +191,9 @@ class RunFacts:
         return [gate_id for gate_id, state in self.gates if state in OPEN_STATES]
 
     def describe(self) -> str:
-        parts = [f"{self.model_calls} model call{'s' if self.model_calls != 1 else ''} (${self.cost_micros / 1e6:.4f})"]
+        parts = [
+            f"{self.model_calls} model call{'s' if self.model_calls != 1 else ''} (${self.cost_micros / 1e6:.4f})"
+        ]
         parts.append(f"{self.sent} post{'s' if self.sent != 1 else ''} delivered")
         if self.gates:
             parts.append(f"{len(self.gates)} gated")
@@ -228,14 +231,19 @@ def gates_verdict(gates: Sequence[tuple[str, str]]) -> Attestation | None:
     refused = [f"{gate_id} {state}" for gate_id, state in gates if state != "executed"]
     if refused:
         return Attestation("failed", f"gated act not sent: {', '.join(refused)}")
-    return Attestation("done", f"gated act{'s' if len(gates) > 1 else ''} approved and sent: {', '.join(g for g, _ in gates)}")
+    return Attestation(
+        "done",
+        f"gated act{'s' if len(gates) > 1 else ''} approved and sent: {', '.join(g for g, _ in gates)}",
+    )
 
 
 def attest(end: RunEnd, facts: RunFacts) -> Attestation:
     """The task's state from what happened; the box's claim only decides between outcomes the host allows."""
     seen = facts.describe()
     if end.cancelled:
-        return Attestation("cancelled", f"cancelled by the operator while running; the box was killed ({seen})")
+        return Attestation(
+            "cancelled", f"cancelled by the operator while running; the box was killed ({seen})"
+        )
     if end.ceiling_hit:
         return Attestation("failed", f"killed at its ceiling of {format_duration(end.ceiling_s)} ({seen})")
     if end.died is not None:
@@ -246,9 +254,13 @@ def attest(end: RunEnd, facts: RunFacts) -> Attestation:
     if gated is not None and gated.state == "needs_review":
         return Attestation("needs_review", f"{gated.outcome} ({seen})")
     if end.box_outcome == "failed":
-        return Attestation("failed", f"the box reported failure: {end.box_summary[:200] or 'no reason given'} ({seen})")
+        return Attestation(
+            "failed", f"the box reported failure: {end.box_summary[:200] or 'no reason given'} ({seen})"
+        )
     if end.box_outcome == "pending" and gated is None:
-        return Attestation("needs_review", f"the box said pending, but it opened no gate; check its report ({seen})")
+        return Attestation(
+            "needs_review", f"the box said pending, but it opened no gate; check its report ({seen})"
+        )
     if gated is not None:
         return Attestation(gated.state, f"{gated.outcome} ({seen})")
     if end.box_outcome == "done":
@@ -259,12 +271,17 @@ def attest(end: RunEnd, facts: RunFacts) -> Attestation:
 ReclaimAction = Literal["requeue", "failed", "needs_review", "cancelled"]
 
 
-def reclaim_decision(*, attempts: int, max_attempts: int, acted: bool, cancel_requested: bool) -> tuple[ReclaimAction, str]:
+def reclaim_decision(
+    *, attempts: int, max_attempts: int, acted: bool, cancel_requested: bool
+) -> tuple[ReclaimAction, str]:
     """A task left ``running`` by a supervisor that died: run it again only when that cannot act twice."""
     if cancel_requested:
         return "cancelled", "cancelled by the operator; its supervisor had stopped"
     if acted:
-        return "needs_review", "interrupted after it acted (a post or a gate); not rerun, so nothing is done twice"
+        return (
+            "needs_review",
+            "interrupted after it acted (a post or a gate); not rerun, so nothing is done twice",
+        )
     if attempts >= max_attempts:
         return "failed", f"interrupted {attempts} time(s); not retried again (max {max_attempts} attempts)"
     return "requeue", f"requeued: its supervisor stopped during attempt {attempts}"
@@ -294,7 +311,7 @@ def continuation_prompt(task_id: str, task_prompt: str | None, gate: Gate) -> st
         f"## Follow-up to your task {task_id}",
         f"Your request ({gate.act} to channel {gate.target}, gate {gate.id}) {outcome}.",
     ]
-    content = str(gate.payload.get("content", ""))
+    content = gate.send.content
     if content:
         lines += ["What you asked to send:", _quote(content, 1_500)]
     if task_prompt:
@@ -322,7 +339,9 @@ def render_briefing(entries: Sequence[JournalEntry], max_chars: int = BRIEFING_M
     for entry in entries:
         said = " ".join(entry.box_summary.split())
         said = f' You reported: "{said[:280]}{"…" if len(said) > 280 else ""}"' if said else ""
-        line = f"- {entry.finished_at:%Y-%m-%d %H:%M} UTC, {entry.kind} ({entry.origin}): {entry.state}.{said}"
+        line = (
+            f"- {entry.finished_at:%Y-%m-%d %H:%M} UTC, {entry.kind} ({entry.origin}): {entry.state}.{said}"
+        )
         if sum(len(item) + 1 for item in lines) + len(line) > max_chars:
             break
         lines.append(line)
@@ -518,7 +537,7 @@ class TaskStore(Store):
             conn.execute(
                 """INSERT OR IGNORE INTO channels (channel_id, surface, kind, name, trusted, updated_at)
                    VALUES (?, 'terminal', 'terminal', ?, 0, ?)""",
-                (channel_id, f"tasks of {channel_id[len(TASK_CHANNEL_PREFIX):]}", iso(self.clock.now())),
+                (channel_id, f"tasks of {channel_id[len(TASK_CHANNEL_PREFIX) :]}", iso(self.clock.now())),
             )
 
     def insert(
@@ -548,7 +567,9 @@ class TaskStore(Store):
         )  # fmt: skip
         if cursor.rowcount != 1:
             return None
-        log_transition(task_id, task.imp, "new", "queued", kind=task.kind, origin=task.origin, channel=task.channel_id)
+        log_transition(
+            task_id, task.imp, "new", "queued", kind=task.kind, origin=task.origin, channel=task.channel_id
+        )
         return task_id
 
     def add(self, request: TaskRequest) -> Task:
@@ -567,8 +588,11 @@ class TaskStore(Store):
             raise TaskError(f"no task {task_id!r}; `impyard task ls` lists them")
         return _row_to_task(rows[0])
 
-    def list(self, *, imp: str | None = None, states: Collection[str] | None = None, limit: int = 100) -> list[Task]:
-        where, args = [], []
+    def list(
+        self, *, imp: str | None = None, states: Collection[str] | None = None, limit: int = 100
+    ) -> list[Task]:
+        where: list[str] = []
+        args: list[object] = []
         if imp is not None:
             where.append("imp = ?")
             args.append(imp)
@@ -580,7 +604,7 @@ class TaskStore(Store):
         args.append(limit)
         return [_row_to_task(row) for row in self.db.query(sql, args)]
 
-    def ready(self, limit: int) -> list[Task]:
+    def ready(self, limit: int) -> builtins.list[Task]:
         """Queued tasks whose time has come, oldest first."""
         rows = self.db.query(
             """SELECT * FROM tasks WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= ?
@@ -592,10 +616,13 @@ class TaskStore(Store):
     def has_ready(self) -> bool:
         return bool(self.ready(1))
 
-    def running(self) -> list[Task]:
-        return [_row_to_task(row) for row in self.db.query("SELECT * FROM tasks WHERE state = 'running' ORDER BY started_at")]
+    def running(self) -> builtins.list[Task]:
+        return [
+            _row_to_task(row)
+            for row in self.db.query("SELECT * FROM tasks WHERE state = 'running' ORDER BY started_at")
+        ]
 
-    def cancel_requested(self, task_ids: Collection[str]) -> list[str]:
+    def cancel_requested(self, task_ids: Collection[str]) -> builtins.list[str]:
         if not task_ids:
             return []
         rows = self.db.query(
@@ -604,7 +631,7 @@ class TaskStore(Store):
         )
         return [row["id"] for row in rows]
 
-    def runs(self, task_id: str) -> list[TaskRun]:
+    def runs(self, task_id: str) -> builtins.list[TaskRun]:
         rows = self.db.query("SELECT * FROM task_runs WHERE task_id = ? ORDER BY attempt", (task_id,))
         return [_row_to_run(row) for row in rows]
 
@@ -612,7 +639,7 @@ class TaskStore(Store):
         rows = self.db.query("SELECT * FROM task_runs WHERE run_id = ?", (run_id,))
         return _row_to_run(rows[0]) if rows else None
 
-    def audit_trail(self, task_id: str) -> list[AuditRecord]:
+    def audit_trail(self, task_id: str) -> builtins.list[AuditRecord]:
         """Every audit row of every run of the task (requests and gate transitions), oldest first."""
         rows = self.db.query(
             """SELECT a.* FROM audit a JOIN task_runs r ON a.run_id = r.run_id
@@ -621,7 +648,7 @@ class TaskStore(Store):
         )
         return [AuditLog._record(row) for row in rows]
 
-    def gates_of(self, task_id: str) -> list[Gate]:
+    def gates_of(self, task_id: str) -> builtins.list[Gate]:
         rows = self.db.query(
             "SELECT g.id FROM gates g JOIN task_runs r ON g.run_id = r.run_id WHERE r.task_id = ? ORDER BY g.created_at",
             (task_id,),
@@ -634,7 +661,9 @@ class TaskStore(Store):
         rows = self.db.query(
             "SELECT method, verdict, cost_micros FROM audit WHERE run_id = ? AND method != 'gate'", (run_id,)
         )
-        gates = self.db.query("SELECT id, state FROM gates WHERE run_id = ? ORDER BY created_at, id", (run_id,))
+        gates = self.db.query(
+            "SELECT id, state FROM gates WHERE run_id = ? ORDER BY created_at, id", (run_id,)
+        )
         refused_verdicts = ("denied", "rate_limited", "budget_exhausted", "unreachable", "error")
         return RunFacts(
             model_calls=sum(1 for r in rows if r["method"] == "model.request" and r["verdict"] == "allowed"),
@@ -645,7 +674,9 @@ class TaskStore(Store):
             gates=tuple((g["id"], g["state"]) for g in gates),
         )
 
-    def journal(self, imp: str, *, limit: int = JOURNAL_ENTRIES, exclude: str | None = None) -> list[JournalEntry]:
+    def journal(
+        self, imp: str, *, limit: int = JOURNAL_ENTRIES, exclude: str | None = None
+    ) -> builtins.list[JournalEntry]:
         """The imp's own finished tasks, newest first (never another imp's)."""
         rows = self.db.query(
             """SELECT id, kind, origin, state, outcome, box_summary, finished_at FROM tasks
@@ -679,7 +710,9 @@ class TaskStore(Store):
                 (run_id, task_id, attempt, backend, now),
             )
         task = self.get(task_id)
-        log_transition(task.id, task.imp, "queued", "running", run=run_id, attempt=task.attempts, backend=backend)
+        log_transition(
+            task.id, task.imp, "queued", "running", run=run_id, attempt=task.attempts, backend=backend
+        )
         return task
 
     def record_pid(self, run_id: str, pid: int) -> None:
@@ -709,7 +742,9 @@ class TaskStore(Store):
             )  # fmt: skip
             if cursor.rowcount != 1:
                 return None
-            result = {"cancelled": "cancelled", "queued": "deferred"}.get(attestation.state, attestation.state)
+            result = {"cancelled": "cancelled", "queued": "deferred"}.get(
+                attestation.state, attestation.state
+            )
             if end.ceiling_hit:
                 result = "ceiling"
             elif end.died is not None:
@@ -812,7 +847,9 @@ class TaskStore(Store):
                     (now, task_id),
                 )
             else:
-                raise TaskError(f"task {task_id} is already {task.state}; only queued or running tasks can be cancelled")
+                raise TaskError(
+                    f"task {task_id} is already {task.state}; only queued or running tasks can be cancelled"
+                )
         cancelled = self.get(task_id)
         if cancelled.state == "cancelled":
             log_transition(task_id, task.imp, "queued", "cancelled", reason="operator")
@@ -822,7 +859,7 @@ class TaskStore(Store):
 
     # ------------------------------------------------------------ gates: follow-ups and review
 
-    def decided_gates_to_follow(self) -> list[tuple[Task, Gate]]:
+    def decided_gates_to_follow(self) -> builtins.list[tuple[Task, Gate]]:
         """Decided gates of wake-on-resolve tasks that have no follow-up yet."""
         rows = self.db.query(
             f"""SELECT g.id AS gate_id, t.id AS task_id FROM gates g
@@ -851,7 +888,7 @@ class TaskStore(Store):
         log.info("task %s follows up task %s: gate %s %s", task_id, task.id, gate.id, gate.state)
         return self.get(task_id)
 
-    def settle_reviews(self) -> list[Task]:
+    def settle_reviews(self) -> builtins.list[Task]:
         """needs_review tasks whose gates are all decided become done (all sent) or failed."""
         rows = self.db.query(
             f"""SELECT t.id FROM tasks t WHERE t.state = 'needs_review'

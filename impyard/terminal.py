@@ -41,7 +41,14 @@ class ChatSurface:
         self.out.flush()
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[OutgoingFile],
+        kind: str,
+        *,
+        imp: str = "",
     ) -> list[str]:
         self._count += 1
         label = {"notice": "(impyard)", "staff": f"{self.imp} [staff]"}.get(kind, self.imp)
@@ -78,7 +85,9 @@ class LineReader:
         return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
-async def _chat_loop(runtime: Runtime, imp: str, channel_id: str, user: str, stdin: LineReader, out: TextIO, clock: Clock) -> None:
+async def _chat_loop(
+    runtime: Runtime, imp: str, channel_id: str, user: str, stdin: LineReader, out: TextIO, clock: Clock
+) -> None:
     turn_ceiling = runtime.conversations.settings_for(imp).turn_ceiling_s
     while True:
         out.write("you> ")
@@ -92,7 +101,9 @@ async def _chat_loop(runtime: Runtime, imp: str, channel_id: str, user: str, std
         if text.startswith("/mode"):
             parts = text.split()
             if len(parts) == 1:
-                out.write(f"(impyard) this channel's mode is {runtime.channels.mode(channel_id)}; the terminal always wakes {imp}\n")
+                out.write(
+                    f"(impyard) this channel's mode is {runtime.channels.mode(channel_id)}; the terminal always wakes {imp}\n"
+                )
             elif parts[1] in CHANNEL_MODES:
                 runtime.channels.set_mode(channel_id, parts[1])
                 out.write(f"(impyard) mode set to {parts[1]}\n")
@@ -107,7 +118,14 @@ async def _chat_loop(runtime: Runtime, imp: str, channel_id: str, user: str, std
             created_at=clock.now(),
         )  # fmt: skip
         outcome = await runtime.conversations.receive(
-            imp, Inbound(surface="terminal", channel_id=channel_id, channel_kind="terminal", message=message, channel_name="terminal")
+            imp,
+            Inbound(
+                surface="terminal",
+                channel_id=channel_id,
+                channel_kind="terminal",
+                message=message,
+                channel_name="terminal",
+            ),
         )
         if outcome in ("started", "queued"):
             with anyio.move_on_after(turn_ceiling + 15):  # the session's own ceiling ends it first
@@ -116,7 +134,9 @@ async def _chat_loop(runtime: Runtime, imp: str, channel_id: str, user: str, std
             out.write(f"(impyard) {imp} is too busy; that message will go unanswered\n")
 
 
-async def run_chat(imp: str, *, backend: str | None = None, stdin: TextIO | None = None, out: TextIO | None = None) -> None:
+async def run_chat(
+    imp: str, *, backend: str | None = None, stdin: TextIO | None = None, out: TextIO | None = None
+) -> None:
     reader = LineReader((stdin or sys.stdin).fileno())
     out = out or sys.stdout
     clock = SystemClock()

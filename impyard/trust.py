@@ -61,7 +61,13 @@ class DbChannelTrust(Store):
             return None
         row = rows[0]
         return ChannelInfo(
-            row["channel_id"], row["surface"], row["kind"], row["name"], row["guild_id"], bool(row["trusted"]), row["mode"]
+            row["channel_id"],
+            row["surface"],
+            row["kind"],
+            row["name"],
+            row["guild_id"],
+            bool(row["trusted"]),
+            row["mode"],
         )
 
     def is_trusted(self, channel_id: str) -> bool:
@@ -78,7 +84,15 @@ class DbChannelTrust(Store):
                ON CONFLICT (channel_id) DO UPDATE SET surface = excluded.surface, kind = excluded.kind,
                  name = excluded.name, guild_id = excluded.guild_id, trusted = excluded.trusted,
                  updated_at = excluded.updated_at""",
-            (info.channel_id, info.surface, info.kind, info.name, info.guild_id, int(info.trusted), iso(self.clock.now())),
+            (
+                info.channel_id,
+                info.surface,
+                info.kind,
+                info.name,
+                info.guild_id,
+                int(info.trusted),
+                iso(self.clock.now()),
+            ),
         )
 
 
@@ -113,7 +127,9 @@ def decide_trust(
         if clean_approvals >= settings.earned_after:
             return TrustDecision("auto", rung, f"{source} earned ({clean_approvals} clean approvals)")
         return TrustDecision(
-            "gate", rung, f"{source} earned ({clean_approvals} of {settings.earned_after} clean approvals so far)"
+            "gate",
+            rung,
+            f"{source} earned ({clean_approvals} of {settings.earned_after} clean approvals so far)",
         )
     return TrustDecision(rung, rung, f"{source} {rung}")
 
@@ -135,7 +151,8 @@ class EarnedTrust(Store):
 
     def count(self, imp: str, act: str, target: str) -> int:
         rows = self.db.query(
-            "SELECT clean_approvals FROM earned_trust WHERE imp = ? AND act = ? AND target = ?", (imp, act, target)
+            "SELECT clean_approvals FROM earned_trust WHERE imp = ? AND act = ? AND target = ?",
+            (imp, act, target),
         )
         return int(rows[0][0]) if rows else 0
 

@@ -22,7 +22,9 @@ class WakeFacts:
     mode: ChannelMode
     author_is_bot: bool = False
     author_is_imp: bool = False
-    mentions_imp: bool = False  # the imp's user is in message.mentions (not mentioned_in(): that counts @everyone)
+    mentions_imp: bool = (
+        False  # the imp's user is in message.mentions (not mentioned_in(): that counts @everyone)
+    )
     mentions_imp_role: bool = False  # the imp's own managed role is mentioned
     replies_to_imp: bool = False  # the message replies to one of the imp's messages
     mentions_everyone: bool = False  # @everyone / @here: deliberately not a wake reason

@@ -60,7 +60,14 @@ def make_fake(**kwargs: Any) -> FakeDiscord:
             FakeChannel(QUIET, "quiet"),
             FakeChannel.thread(THREAD, "a thread", parent_id=GENERAL, owner_id=ALICE.id),
         ],
-        members=[member(ALICE), member(BOB, administrator=True), member(CAROL), member(DAVE), member(ERIN), member(OLIVE)],
+        members=[
+            member(ALICE),
+            member(BOB, administrator=True),
+            member(CAROL),
+            member(DAVE),
+            member(ERIN),
+            member(OLIVE),
+        ],
     )
     kwargs.setdefault("token", "pip-token-0123456789")
     return FakeDiscord(guilds=[guild], dms=[FakeChannel.dm(DM, CAROL)], **kwargs)
@@ -104,7 +111,9 @@ class Yard:
         await until(lambda: self.rt.history.get(str(channel_id), str(message_id)))
 
     async def posted(self, channel_id: int, count: int = 1) -> list[Any]:
-        return await self.fake.wait_for(lambda: len(self.fake.messages(channel_id)) >= count and self.fake.messages(channel_id), WAIT_S)
+        return await self.fake.wait_for(
+            lambda: len(self.fake.messages(channel_id)) >= count and self.fake.messages(channel_id), WAIT_S
+        )
 
 
 async def until(predicate: Callable[[], T], timeout: float = WAIT_S) -> T:

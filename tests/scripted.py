@@ -60,7 +60,9 @@ def envelope(answer: str | None = "hello", answer_needed: bool = True, **fields:
 
 def chat_result(content: dict[str, Any] | str, status: int = 200) -> ModelRequestResult:
     text = content if isinstance(content, str) else json.dumps(content)
-    return ModelRequestResult(status=status, body={"choices": [{"message": {"role": "assistant", "content": text}}]})
+    return ModelRequestResult(
+        status=status, body={"choices": [{"message": {"role": "assistant", "content": text}}]}
+    )
 
 
 @dataclass
@@ -74,7 +76,9 @@ class ScriptedHost:
     sent: list[BaseModel] = field(default_factory=list)
     hold: anyio.Event | None = None  # when set, model.request waits for it: a turn in flight
     model_calls: int = 0
-    fetches: list[HttpFetchResult | RpcError] = field(default_factory=list)  # http.fetch answers (last repeats)
+    fetches: list[HttpFetchResult | RpcError] = field(
+        default_factory=list
+    )  # http.fetch answers (last repeats)
     send_errors: list[RpcError] = field(default_factory=list)  # discord.send refusals, one per send, in order
     logs: list[BaseModel] = field(default_factory=list)
 
@@ -121,7 +125,9 @@ def tool_calls_result(*calls: tuple[str, dict[str, Any], str]) -> ModelRequestRe
         for name, arguments, call_id in calls
     ]
     message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
-    return ModelRequestResult(status=200, body={"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+    return ModelRequestResult(
+        status=200, body={"choices": [{"message": message, "finish_reason": "tool_calls"}]}
+    )
 
 
 def init_params(
@@ -156,7 +162,10 @@ def deliver_params(
 ) -> DeliverParams:
     return DeliverParams(
         message=Message(
-            id=message_id, author=Author(id=author_id, name=author), content=content, created_at=now,
+            id=message_id,
+            author=Author(id=author_id, name=author),
+            content=content,
+            created_at=now,
             attachments=list(attachments),
         ),  # fmt: skip
         framing=Framing(mode=mode, reason=reason or ("dm" if mode == "respond" else "group")),  # type: ignore[arg-type]

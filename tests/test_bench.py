@@ -19,7 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_quick_benchmark_writes_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads(out.read_text())

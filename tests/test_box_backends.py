@@ -25,7 +25,9 @@ def spec(tmp_path: Path, channel: str = "c1") -> BoxSpec:
 
 
 async def test_the_same_scripted_conversation_on_each_backend(backend: object, tmp_path: Path) -> None:
-    host = ScriptedHost(answers=[chat_result(envelope("hello ann")), chat_result(envelope(None, answer_needed=False))])
+    host = ScriptedHost(
+        answers=[chat_result(envelope("hello ann")), chat_result(envelope(None, answer_needed=False))]
+    )
     async with backend.open(spec(tmp_path), host) as running:  # type: ignore[attr-defined]
         await running.init(init_params())
         first = await running.deliver(deliver_params("hi pip", "m1"), timeout=30)
@@ -61,9 +63,14 @@ async def test_lockdown_observed_from_inside(docker_backend: DockerBackend, tmp_
     assert report["no_new_privs"] == 1
     assert report["state_writable"] is True
     quota = docker_backend.limits.state_quota.max_bytes
-    assert report["file_size_limit"] == quota == 256 * 1024**2  # one file never outgrows /state (issue 11 #11)
+    assert (
+        report["file_size_limit"] == quota == 256 * 1024**2
+    )  # one file never outgrows /state (issue 11 #11)
     checks = evaluate(
-        report, memory=docker_backend.limits.memory, pids_limit=docker_backend.limits.pids_limit, state_quota_bytes=quota
+        report,
+        memory=docker_backend.limits.memory,
+        pids_limit=docker_backend.limits.pids_limit,
+        state_quota_bytes=quota,
     )
     assert [check.name for check in checks if not check.ok] == []
     assert "file size limit" in [check.name for check in checks]
@@ -92,7 +99,9 @@ while True:
 
 
 async def _run_to_exit(backend: DockerBackend, tmp_path: Path, script: str) -> tuple[int | None, list[str]]:
-    async with backend.open(spec(tmp_path, "hostile"), RefuseAllHost(), command=["python3", "-c", script]) as running:
+    async with backend.open(
+        spec(tmp_path, "hostile"), RefuseAllHost(), command=["python3", "-c", script]
+    ) as running:
         with anyio.fail_after(60):
             await running.exited.wait()
     return running.returncode, list(running.stderr_tail)
@@ -109,7 +118,9 @@ async def test_fork_loop_is_stopped_by_the_pids_limit(docker_backend: DockerBack
     await test_lockdown_observed_from_inside(docker_backend, tmp_path)
 
 
-async def test_memory_hog_is_killed_by_the_memory_limit(test_home_id: str, box_image: str, tmp_path: Path) -> None:
+async def test_memory_hog_is_killed_by_the_memory_limit(
+    test_home_id: str, box_image: str, tmp_path: Path
+) -> None:
     backend = DockerBackend(box_image, home_id=test_home_id, limits=DockerLimits(memory="96m"))
     returncode, log = await _run_to_exit(backend, tmp_path, MEMORY_HOG)
     assert returncode == 137  # SIGKILL from the OOM killer
@@ -118,7 +129,9 @@ async def test_memory_hog_is_killed_by_the_memory_limit(test_home_id: str, box_i
     assert backend.labelled() == []
 
 
-async def test_labelled_orphans_are_removed_at_start(docker_backend: DockerBackend, box_image: str, tmp_path: Path) -> None:
+async def test_labelled_orphans_are_removed_at_start(
+    docker_backend: DockerBackend, box_image: str, tmp_path: Path
+) -> None:
     # An orphan: a box started like ours whose supervisor vanished.
     docker_backend.client().containers.run(
         box_image, ["300"], entrypoint="sleep", detach=True, labels={

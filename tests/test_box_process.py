@@ -34,13 +34,15 @@ async def test_box_refuses_everything_before_init(tmp_path: Path) -> None:
 
 async def test_box_survives_garbage_on_stdin_and_answers_after(tmp_path: Path) -> None:
     """The box's side of the bad-input list, with raw bytes on its real stdin."""
-    process = await anyio.open_process(
-        box_command(), env=box_environment(tmp_path), cwd=tmp_path
-    )
+    process = await anyio.open_process(box_command(), env=box_environment(tmp_path), cwd=tmp_path)
     async with process:
         assert process.stdin is not None and process.stdout is not None
-        init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "box.init", "params": init_params().model_dump(mode="json")})
-        await process.stdin.send(b"not json\n" + b"y" * (1024 * 1024 + 10) + b"\n" + b'{"x": 1}\n' + init.encode() + b"\n")
+        init = json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "box.init", "params": init_params().model_dump(mode="json")}
+        )
+        await process.stdin.send(
+            b"not json\n" + b"y" * (1024 * 1024 + 10) + b"\n" + b'{"x": 1}\n' + init.encode() + b"\n"
+        )
         received = b""
         with anyio.fail_after(10):
             while received.count(b"\n") < 4:
@@ -82,7 +84,9 @@ async def test_a_scripted_conversation(tmp_path: Path) -> None:
 
 
 async def test_pending_send_and_refused_model_call(tmp_path: Path) -> None:
-    denied = RpcError(ErrorCode.BUDGET_EXHAUSTED, "budget exhausted", {"ledger": "imp:pip:day", "retry_after": 60})
+    denied = RpcError(
+        ErrorCode.BUDGET_EXHAUSTED, "budget exhausted", {"ledger": "imp:pip:day", "retry_after": 60}
+    )
     host = ScriptedHost(answers=[chat_result(envelope("needs approval")), denied], send_status="pending")
     async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
         await running.init(init_params())
@@ -96,7 +100,9 @@ async def test_prompt_task_posts_through_the_host(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("daily summary: all quiet"))])
     async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
         await running.init(init_params(kind="task"))
-        result = await running.run_task(TaskRunParams(task=TaskSpec(id="t1", kind="prompt", prompt="Summarise the day"), now=NOW))
+        result = await running.run_task(
+            TaskRunParams(task=TaskSpec(id="t1", kind="prompt", prompt="Summarise the day"), now=NOW)
+        )
         unknown = await running.run_task(TaskRunParams(task=TaskSpec(id="t2", kind="dance"), now=NOW))
     assert (result.outcome, result.summary) == ("done", "daily summary: all quiet")
     assert host.sent[0].kind == "other"  # type: ignore[attr-defined]
@@ -184,6 +190,12 @@ async def test_the_refuse_all_host_denies_every_request_and_ignores_notification
 
     host = RefuseAllHost()
     with pytest.raises(RpcError) as caught:
-        await host.serve(spec(tmp_path), "model.request", ModelRequestParams(path="/embeddings", body={}, purpose="embedding"))
+        await host.serve(
+            spec(tmp_path),
+            "model.request",
+            ModelRequestParams(path="/embeddings", body={}, purpose="embedding"),
+        )
     assert caught.value.code == ErrorCode.DENIED and caught.value.data["rule"] == "refuse-all"
-    assert await host.serve(spec(tmp_path), "turn.stage", TurnStageParams(message_id="m", stage="post")) is None
+    assert (
+        await host.serve(spec(tmp_path), "turn.stage", TurnStageParams(message_id="m", stage="post")) is None
+    )

@@ -96,7 +96,8 @@ def test_dockerfile_builds_without_network_or_runc() -> None:
     user = dict((w[0].upper(), w[1].strip()) for w in instructions)["USER"]
     assert not user.startswith(("0", "root"))
     assert (
-        dict((w[0].upper(), w[1].strip()) for w in instructions)["ENTRYPOINT"] == '["python3", "-P", "-s", "-m", "box"]'
+        dict((w[0].upper(), w[1].strip()) for w in instructions)["ENTRYPOINT"]
+        == '["python3", "-P", "-s", "-m", "box"]'
     )
 
 

@@ -28,7 +28,12 @@ def fake() -> Iterator[FakeOpenAI]:
 
 
 def spawn_chat(fake: FakeOpenAI, home: Path, *args: str) -> pexpect.spawn:
-    env = {**os.environ, "IMPYARD_HOME": str(home), "OPENAI_API_KEY": fake.api_key, "OPENAI_BASE_URL": fake.base_url}
+    env = {
+        **os.environ,
+        "IMPYARD_HOME": str(home),
+        "OPENAI_API_KEY": fake.api_key,
+        "OPENAI_BASE_URL": fake.base_url,
+    }
     return pexpect.spawn(IMPYARD, ["chat", *args], env=env, encoding="utf-8", timeout=60)
 
 
@@ -44,7 +49,9 @@ def converse(child: pexpect.spawn) -> None:
 
 
 @pytest.mark.parametrize("backend", ["process", "docker"])
-def test_chat_end_to_end(backend: str, fake: FakeOpenAI, impyard_home: Path, request: pytest.FixtureRequest) -> None:
+def test_chat_end_to_end(
+    backend: str, fake: FakeOpenAI, impyard_home: Path, request: pytest.FixtureRequest
+) -> None:
     if backend == "docker":
         request.getfixturevalue("box_image")
     child = spawn_chat(fake, impyard_home, "--backend", backend)
@@ -57,13 +64,17 @@ def test_chat_end_to_end(backend: str, fake: FakeOpenAI, impyard_home: Path, req
     assert child.exitstatus == 0
     (request_seen,) = fake.requests_for("/chat/completions")
     assert request_seen.body["messages"][-1]["content"].endswith("hello pip")
-    assert request_seen.headers["authorization"] == f"Bearer {fake.api_key}"  # the host's key, sent by the host
+    assert (
+        request_seen.headers["authorization"] == f"Bearer {fake.api_key}"
+    )  # the host's key, sent by the host
     if backend == "docker":
         assert DockerBackend(home_id=paths.home_id(impyard_home)).labelled() == []
 
 
 @pytest.mark.parametrize("backend", ["process", "docker"])
-def test_ctrl_c_gives_the_running_turn_its_deadline(backend: str, impyard_home: Path, request: pytest.FixtureRequest) -> None:
+def test_ctrl_c_gives_the_running_turn_its_deadline(
+    backend: str, impyard_home: Path, request: pytest.FixtureRequest
+) -> None:
     """Ctrl-C goes to the terminal's whole process group; the box is not in it (issue 11, "also close")."""
     if backend == "docker":
         request.getfixturevalue("box_image")
@@ -97,7 +108,9 @@ def test_sigterm_shuts_down_and_leaves_no_box(fake: FakeOpenAI, impyard_home: Pa
     assert backend.labelled() == []
 
 
-def test_a_second_chat_on_the_same_home_is_refused_with_the_holders_pid(fake: FakeOpenAI, impyard_home: Path) -> None:
+def test_a_second_chat_on_the_same_home_is_refused_with_the_holders_pid(
+    fake: FakeOpenAI, impyard_home: Path
+) -> None:
     child = spawn_chat(fake, impyard_home, "--backend", "process")
     child.expect("you> ")
     try:

@@ -18,8 +18,8 @@ from impyard.ledger import Ledger
 from impyard.policy import load_policy
 
 
-def run(*args: str) -> Result:
-    return CliRunner(env={"COLUMNS": "200"}).invoke(cli, list(args), catch_exceptions=False)
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner(env={"COLUMNS": "200", **(env or {})}).invoke(cli, list(args), catch_exceptions=False)
 
 
 def open_gate(content: str = "hello there", clock: SystemClock | FixedClock | None = None) -> str:
@@ -40,31 +40,52 @@ def open_gate(content: str = "hello there", clock: SystemClock | FixedClock | No
 def test_policy_check_validates_and_lists_the_rules() -> None:
     result = run("policy", "check")
     assert result.exit_code == 0, result.output
-    assert "policy ok" in result.output and "model-text" in result.output and "send-own-channel" in result.output
+    assert (
+        "policy ok" in result.output and "model-text" in result.output and "send-own-channel" in result.output
+    )
 
 
 def test_policy_check_explains_the_verdict_for_a_sample_request(tmp_path: Path) -> None:
-    result = run("policy", "check", "--imp", "pip", "--method", "model.request", "--path", "/chat/completions",
-                 "--purpose", "reply", "--model", "gpt-4.1-mini", "--json")  # fmt: skip
+    args = ("policy", "check", "--imp", "pip", "--method", "model.request", "--path", "/chat/completions",
+            "--purpose", "reply", "--model", "gpt-4.1-mini", "--json")  # fmt: skip
+    result = run(*args, env={"OPENAI_API_KEY": "sk-impyard-cli-test"})
     assert result.exit_code == 0
     report = json.loads(result.output)
-    assert report["sample"] == {"allowed": True, "rule": "model-text", "reason": "allowed"}
+    assert report["sample"] == {"allowed": True, "rule": "model-text", "reason": "allowed", "verdict": "allowed",
+                                "estimate_micros": report["sample"]["estimate_micros"]}  # fmt: skip
+    assert report["sample"]["estimate_micros"] > 0
+    no_key = json.loads(run(*args).output)[
+        "sample"
+    ]  # what the live gateway answers a host without a model key
+    assert (no_key["allowed"], no_key["verdict"], no_key["code"]) == (False, "unreachable", -32013)
+    assert "OPENAI_API_KEY" in no_key["reason"]
     denied = json.loads(run("policy", "check", "--method", "model.request", "--path", "/chat/completions",
                             "--purpose", "reply", "--model", "gpt-5", "--json").output)  # fmt: skip
-    assert denied["sample"]["allowed"] is False and "not allowed for purpose 'reply'" in denied["sample"]["reason"]
+    assert (
+        denied["sample"]["allowed"] is False
+        and "not allowed for purpose 'reply'" in denied["sample"]["reason"]
+    )
     fetch = run("policy", "check", "--method", "http.fetch", "--host", "example.com")
     assert "denied by rule default-deny" in fetch.output
-    send = json.loads(run("policy", "check", "--method", "discord.send", "--channel", "other", "--json").output)
+    send = json.loads(
+        run("policy", "check", "--method", "discord.send", "--channel", "other", "--json").output
+    )
     assert send["sample"]["rule"] == "default-deny"
     own = json.loads(run("policy", "check", "--method", "discord.send", "--session-trusted", "--json").output)
     assert own["sample"]["trust"]["mode"] == "auto"
 
 
 def test_policy_check_of_a_directory_with_a_typo_names_file_line_and_key(tmp_path: Path) -> None:
-    (tmp_path / "ops.toml").write_text('[[rules]]\nname = "x"\nmethod = "http.fetch"\naction = "allow"\nhost = ["a.com"]\n')
+    (tmp_path / "ops.toml").write_text(
+        '[[rules]]\nname = "x"\nmethod = "http.fetch"\naction = "allow"\nhost = ["a.com"]\n'
+    )
     result = run("policy", "check", str(tmp_path))
     assert result.exit_code == 1
-    assert "ops.toml:5" in result.output and "rules['x'].host" in result.output and "did you mean 'hosts'" in result.output
+    assert (
+        "ops.toml:5" in result.output
+        and "rules['x'].host" in result.output
+        and "did you mean 'hosts'" in result.output
+    )
     assert "Traceback" not in result.output
     as_json = json.loads(run("policy", "check", str(tmp_path), "--json").output)
     assert as_json["ok"] is False and as_json["problems"][0]["line"] == 5
@@ -98,7 +119,11 @@ def test_approvals_ls_show_approve(impyard_home: Path) -> None:
     approved = run("approvals", "approve", gate_id, "--note", "fine")
     assert approved.exit_code == 0 and "approved" in approved.output
     gate = json.loads(run("approvals", "show", gate_id, "--json").output)
-    assert gate["state"] == "approved" and gate["decided_by"].startswith("operator:") and gate["decision_note"] == "fine"
+    assert (
+        gate["state"] == "approved"
+        and gate["decided_by"].startswith("operator:")
+        and gate["decision_note"] == "fine"
+    )
     again = run("approvals", "approve", gate_id)
     assert again.exit_code == 1 and "already approved" in again.output
     assert run("approvals", "ls").output.strip() == "no pending gates"
@@ -132,7 +157,16 @@ def test_audit_tail_shows_the_latest_rows(impyard_home: Path) -> None:
     audit = AuditLog(db, SystemClock(), [])
     for index in range(5):
         imp = "pip" if index % 2 == 0 else "bob"
-        audit.write(AuditRecord(imp=imp, method="model.request", verdict="allowed", rule="model-text", cost_micros=1500, detail=f"n{index}"))
+        audit.write(
+            AuditRecord(
+                imp=imp,
+                method="model.request",
+                verdict="allowed",
+                rule="model-text",
+                cost_micros=1500,
+                detail=f"n{index}",
+            )
+        )
     db.close()
     rows = [json.loads(line) for line in run("audit", "tail", "-n", "2", "--json").output.splitlines()]
     assert [row["detail"] for row in rows] == ["n3", "n4"]
@@ -160,7 +194,9 @@ def test_budget_set_overrides_the_policy_and_show_reports_it(impyard_home: Path)
     assert rows["all"]["daily_spent_usd"] == 0.25
     assert "pip" in run("budget", "show").output
     run("budget", "set", "all", "--monthly", "7")
-    assert {r["scope"]: r for r in json.loads(run("budget", "show", "--json").output)}["all"]["monthly_limit_usd"] == 7
+    assert {r["scope"]: r for r in json.loads(run("budget", "show", "--json").output)}["all"][
+        "monthly_limit_usd"
+    ] == 7
     cleared = run("budget", "set", "pip", "--clear")
     assert "(policy)" in cleared.output
 

@@ -57,10 +57,25 @@ def one_line_error(result: Result, *needles: str) -> None:
 
 
 def test_task_add_ls_show_cancel(pip: str) -> None:
-    added = run("task", "add", "pip", "Summarise the week", "--channel", "123456789012345678", "--ceiling", "15m", "--json")
+    added = run(
+        "task",
+        "add",
+        "pip",
+        "Summarise the week",
+        "--channel",
+        "123456789012345678",
+        "--ceiling",
+        "15m",
+        "--json",
+    )
     assert added.exit_code == 0, added.output
     task = json.loads(added.output)
-    assert (task["state"], task["channel_id"], task["ceiling_s"], task["origin"]) == ("queued", "123456789012345678", 900, "manual")
+    assert (task["state"], task["channel_id"], task["ceiling_s"], task["origin"]) == (
+        "queued",
+        "123456789012345678",
+        900,
+        "manual",
+    )
     listing = run("task", "ls")
     assert task["id"] in listing.output and "queued" in listing.output and "due now" in listing.output
     shown = run("task", "show", task["id"])
@@ -125,7 +140,12 @@ def test_schedule_add_ls_pause_resume_rm(pip: str) -> None:
                 "--channel", "123456789012345678", "--json")  # fmt: skip
     assert added.exit_code == 0, added.output
     schedule = json.loads(added.output)
-    assert (schedule["cron"], schedule["tz"], schedule["missed"], schedule["paused"]) == ("0 9 * * 1-5", "Europe/Oslo", "once", False)
+    assert (schedule["cron"], schedule["tz"], schedule["missed"], schedule["paused"]) == (
+        "0 9 * * 1-5",
+        "Europe/Oslo",
+        "once",
+        False,
+    )
     listing = run("schedule", "ls")
     assert schedule["id"] in listing.output and "cron 0 9 * * 1-5 (Europe/Oslo)" in listing.output
     assert "Europe/Oslo (0" in listing.output  # next run in its own zone, with UTC beside it
@@ -146,7 +166,10 @@ def test_schedule_add_ls_pause_resume_rm(pip: str) -> None:
     [
         (["pip", "--cron", "0 9 * *", "x"], ["cron expression '0 9 * *' does not parse", "5 fields"]),
         (["pip", "--cron", "99 9 * * *", "x"], ["does not parse"]),
-        (["pip", "--cron", "0 9 * * *", "--tz", "Mars/Olympus", "x"], ["unknown timezone 'Mars/Olympus'", "Europe/Oslo"]),
+        (
+            ["pip", "--cron", "0 9 * * *", "--tz", "Mars/Olympus", "x"],
+            ["unknown timezone 'Mars/Olympus'", "Europe/Oslo"],
+        ),
         (["pip", "--every", "24h", "--tz", "UTC", "x"], ["--tz applies to --cron schedules only"]),
         (["pip", "x"], ["exactly one of --every"]),
         (["pip", "--every", "5s", "x"], ["out of range"]),
@@ -155,7 +178,9 @@ def test_schedule_add_ls_pause_resume_rm(pip: str) -> None:
         (["ghost", "--every", "1h", "x"], ["no imp named 'ghost'"]),
     ],
 )
-def test_schedule_add_refuses_bad_input_and_writes_nothing(pip: str, args: list[str], needles: list[str]) -> None:
+def test_schedule_add_refuses_bad_input_and_writes_nothing(
+    pip: str, args: list[str], needles: list[str]
+) -> None:
     one_line_error(run("schedule", "add", *args), *needles)
     assert rows("schedules") == 0 and rows("tasks") == 0
 
@@ -179,7 +204,9 @@ def test_supervise_once_runs_what_is_due_and_prints_posts_to_the_terminal(pip: s
     assert "[task:pip]" in result.output and "Week 19: two releases, no incidents." in result.output
     shown = run("task", "show", task_id)
     assert f"task {task_id}: done" in shown.output and "(attested by the host)" in shown.output
-    assert "model.request reply -> allowed" in shown.output and "discord.send other -> allowed" in shown.output
+    assert (
+        "model.request reply -> allowed" in shown.output and "discord.send other -> allowed" in shown.output
+    )
     data = json.loads(run("task", "show", task_id, "--json").output)
     assert [r["method"] for r in data["audit"]] == ["model.request", "discord.send"]
     assert all(r["run_id"] == data["run_id"] for r in data["audit"]) and data["runs"][0]["result"] == "done"
@@ -190,7 +217,9 @@ def test_supervise_needs_a_model_key(pip: str) -> None:
     one_line_error(run("supervise", "--once"), "no model key is configured", "OPENAI_API_KEY")
 
 
-def test_a_second_supervise_refuses_with_the_holders_pid(pip: str, fake: FakeOpenAI, impyard_home: Path) -> None:
+def test_a_second_supervise_refuses_with_the_holders_pid(
+    pip: str, fake: FakeOpenAI, impyard_home: Path
+) -> None:
     first = subprocess.Popen(
         [sys.executable, "-c", "from impyard.cli import main; main()", "supervise"],
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -204,7 +233,9 @@ def test_a_second_supervise_refuses_with_the_holders_pid(pip: str, fake: FakeOpe
             time.sleep(0.05)
         second = run("supervise", "--once")
         one_line_error(second, f"another impyard supervise (pid {first.pid}) is already running")
-        assert run("task", "add", "pip", "still works while it runs").exit_code == 0  # the CLI is not locked out
+        assert (
+            run("task", "add", "pip", "still works while it runs").exit_code == 0
+        )  # the CLI is not locked out
     finally:
         first.send_signal(signal.SIGTERM)  # a clean stop: running tasks finish or are requeued
         try:

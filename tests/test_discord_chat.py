@@ -41,10 +41,17 @@ def replies(yard: Yard, channel: int = GENERAL) -> list[str]:
 
 def user_messages(model: FakeOpenAI) -> list[Any]:
     """The user-role contents of every reply call the model got."""
-    return [m["content"] for r in model.requests_for("/chat/completions") for m in r.body["messages"] if m["role"] == "user"]
+    return [
+        m["content"]
+        for r in model.requests_for("/chat/completions")
+        for m in r.body["messages"]
+        if m["role"] == "user"
+    ]
 
 
-async def test_all_mode_with_one_human_gets_a_reply(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_all_mode_with_one_human_gets_a_reply(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model) as yard:
         seen = yard.spy()
         asked = yard.fake.post_message(GENERAL, ALICE, "hi pip")
@@ -53,23 +60,31 @@ async def test_all_mode_with_one_human_gets_a_reply(monkeypatch: pytest.MonkeyPa
         history = yard.rt.history.recent(str(GENERAL), imp="pip")
         channel = yard.rt.channels.info(str(GENERAL))
     assert reply.content == "hello there"
-    assert reply.author_id == yard.fake.bot_user.id and reply.reference_id == asked.id  # a reply, as pip's own bot
+    assert (
+        reply.author_id == yard.fake.bot_user.id and reply.reference_id == asked.id
+    )  # a reply, as pip's own bot
     assert (seen[0].framing.mode, seen[0].framing.reason) == ("respond", "one_to_one")
     assert [(e.content, e.from_imp) for e in history] == [("hi pip", False), ("hello there", True)]
     assert channel is not None and (channel.surface, channel.kind, channel.name, channel.guild_id) == (
         "discord", "guild", "general", str(GUILD),
     )  # fmt: skip
-    assert yard.fake.typing_calls(GENERAL) and all(t.bot_user_id == yard.fake.bot_user.id for t in yard.fake.typing_calls())
+    assert yard.fake.typing_calls(GENERAL) and all(
+        t.bot_user_id == yard.fake.bot_user.id for t in yard.fake.typing_calls()
+    )
     # The model saw who spoke; the token never left the host for the box or the model.
     assert user_messages(model)[-1].endswith("alice: hi pip")
     assert all(yard.fake.token not in r.raw.decode(errors="replace") for r in model.requests)
 
 
-async def test_mention_mode_ambient_is_stored_and_starts_no_box(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_mention_mode_ambient_is_stored_and_starts_no_box(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model, trusted=(QUIET,)) as yard:
         yard.rt.channels.set_mode(str(QUIET), "mention")
         ambient = yard.fake.post_message(QUIET, ALICE, "just chatting")
-        everyone = yard.fake.post_message(QUIET, BOB, "@everyone standup in 5")  # mentioned_in() would say yes
+        everyone = yard.fake.post_message(
+            QUIET, BOB, "@everyone standup in 5"
+        )  # mentioned_in() would say yes
         await yard.stored(QUIET, everyone.id)
         await yard.stored(QUIET, ambient.id)
         assert yard.rt.sessions.boxes_started == 0 and not yard.fake.messages(QUIET)
@@ -126,7 +141,9 @@ async def test_a_thread_is_a_channel_of_its_own(monkeypatch: pytest.MonkeyPatch,
     assert info is not None and (info.name, info.mode, info.trusted) == ("a thread", "all", True)
 
 
-async def test_a_reply_chain_carries_the_replied_to_message(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_a_reply_chain_carries_the_replied_to_message(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model) as yard:
         seen = yard.spy()
         yard.rt.channels.set_mode(str(GENERAL), "mention")
@@ -142,7 +159,9 @@ async def test_a_reply_chain_carries_the_replied_to_message(monkeypatch: pytest.
         # A reply to pip's own message addresses pip, even in mention mode.
         (answer,) = await yard.posted(GENERAL)
         yard.rt.channels.set_mode(str(GENERAL), "mention")
-        follow = yard.fake.post_message(GENERAL, CAROL, "why?", referenced_message=answer.id, extra={"mentions": []})
+        follow = yard.fake.post_message(
+            GENERAL, CAROL, "why?", referenced_message=answer.id, extra={"mentions": []}
+        )
         await yard.answered(follow.id)
     message = seen[0].message
     assert message.reply_to is not None and message.reply_to.id == str(first.id)
@@ -204,11 +223,16 @@ async def test_images_come_as_data_and_other_files_as_what_they_are(
     assert got["huge.png"].size == 5 * 1024 * 1024 and got["notes.txt"].content_type == "text/plain"
     assert not any(path.endswith(("huge.png", "notes.txt")) for path in fetched)  # bounded before fetching
     content = user_messages(model)[-1]
-    assert [part["type"] for part in content] == ["text", "image_url"]  # only the real image reached the model
+    assert [part["type"] for part in content] == [
+        "text",
+        "image_url",
+    ]  # only the real image reached the model
     assert "[attachment: notes.txt, text/plain, 10 bytes]" in content[0]["text"]
 
 
-async def test_replies_are_chunked_at_2000_characters(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_replies_are_chunked_at_2000_characters(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     exact = "x" * 2000
     paragraphs = "\n\n".join(f"Paragraph {n}. " + "word " * 150 for n in range(7))  # ~5 300 characters
     model.script(envelope(answer=exact), times=1)
@@ -220,13 +244,19 @@ async def test_replies_are_chunked_at_2000_characters(monkeypatch: pytest.Monkey
         second = yard.fake.post_message(GENERAL, ALICE, "now a long one")
         await yard.answered(second.id)
     chunks = yard.fake.messages(GENERAL)[1:]
-    assert len(chunks) == 4 and all(len(c.content) <= 2000 for c in chunks)  # two ~760-character paragraphs each
+    assert len(chunks) == 4 and all(
+        len(c.content) <= 2000 for c in chunks
+    )  # two ~760-character paragraphs each
     assert all(c.content.startswith("Paragraph ") for c in chunks)  # cut on paragraph boundaries
     assert " ".join(c.content for c in chunks).split() == paragraphs.split()  # nothing lost, nothing doubled
-    assert chunks[0].reference_id == second.id and chunks[1].reference_id is None  # only the first chunk replies
+    assert (
+        chunks[0].reference_id == second.id and chunks[1].reference_id is None
+    )  # only the first chunk replies
 
 
-async def test_a_429_mid_chunking_posts_every_chunk_once(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_a_429_mid_chunking_posts_every_chunk_once(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     long = "\n\n".join(f"Part {n}. " + "word " * 300 for n in range(3))  # three chunks
     async with serving(monkeypatch, model, answer=long) as yard:
         route = f"/channels/{GENERAL}/messages"
@@ -242,20 +272,30 @@ async def test_a_429_mid_chunking_posts_every_chunk_once(monkeypatch: pytest.Mon
     assert yard.rt.history.outcome("pip", str(GENERAL), str(asked.id)) == "sent"
 
 
-async def test_a_failed_chunk_is_retried_with_the_same_nonce(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_a_failed_chunk_is_retried_with_the_same_nonce(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model) as yard:
         yard.host.surface.backoff_s = 0.05
-        yard.fake.fail_next("POST", f"/channels/{GENERAL}/messages", 503)  # discord.py gives up on a 503 at once
+        yard.fake.fail_next(
+            "POST", f"/channels/{GENERAL}/messages", 503
+        )  # discord.py gives up on a 503 at once
         asked = yard.fake.post_message(GENERAL, ALICE, "hello?")
         await yard.answered(asked.id)
     first, second = yard.fake.calls("POST", f"/channels/{GENERAL}/messages")
     assert (first.status, second.status) == (503, 200)
     # Had the first attempt landed after all, Discord would answer the repeat with that message (enforce_nonce).
-    assert first.body["nonce"] == second.body["nonce"] and first.body["enforce_nonce"] and second.body["enforce_nonce"]
+    assert (
+        first.body["nonce"] == second.body["nonce"]
+        and first.body["enforce_nonce"]
+        and second.body["enforce_nonce"]
+    )
     assert replies(yard) == ["hello there"]
 
 
-async def test_a_gateway_disconnect_mid_turn_still_posts_once(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_a_gateway_disconnect_mid_turn_still_posts_once(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     model.script(slow(envelope(answer="the slow answer"), 1.0), times=1)
     model.script(envelope(answer="and the next"))
     async with serving(monkeypatch, model, answer=None) as yard:
@@ -273,7 +313,9 @@ async def test_a_gateway_disconnect_mid_turn_still_posts_once(monkeypatch: pytes
     assert [r.accepted for r in yard.fake.resumes] == [True] and len(yard.fake.identifies) == 1
 
 
-async def test_reaction_clear_reaches_the_live_box(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_reaction_clear_reaches_the_live_box(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model) as yard:
         asked = yard.fake.post_message(GENERAL, ALICE, "react to this")
         (reply,) = await yard.posted(GENERAL)
@@ -282,10 +324,15 @@ async def test_reaction_clear_reaches_the_live_box(monkeypatch: pytest.MonkeyPat
         await until(lambda: any(m.id == reply.id for m in client.cached_messages))
         where = {"channel_id": str(GENERAL), "message_id": str(reply.id), "guild_id": str(GUILD)}
         added = client.wait_for("raw_reaction_add", timeout=10)
-        yard.fake.dispatch("MESSAGE_REACTION_ADD", {**where, "user_id": str(ALICE.id), "emoji": {"id": None, "name": "👍"}, "type": 0})
+        yard.fake.dispatch(
+            "MESSAGE_REACTION_ADD",
+            {**where, "user_id": str(ALICE.id), "emoji": {"id": None, "name": "👍"}, "type": 0},
+        )
         await added
         yard.fake.dispatch("MESSAGE_REACTION_REMOVE_ALL", where)
-        yard.fake.dispatch("MESSAGE_REACTION_REMOVE_ALL", {**where, "message_id": "12345"})  # not cached: no emoji known
+        yard.fake.dispatch(
+            "MESSAGE_REACTION_REMOVE_ALL", {**where, "message_id": "12345"}
+        )  # not cached: no emoji known
         await anyio.sleep(0.5)
         again = yard.fake.post_message(GENERAL, ALICE, "what happened?")
         await yard.answered(again.id)
@@ -304,12 +351,16 @@ async def test_without_the_message_content_intent_mention_mode_still_works(
     caplog.set_level("WARNING", "impyard.discord")
     async with serving(monkeypatch, model, fake_kwargs={"privileged_intents": 0}) as yard:
         assert not yard.host.clients["pip"].intents.message_content
-        ambient = yard.fake.post_message(GENERAL, ALICE, "ambient talk")  # reaches the bot empty: nothing to store
+        ambient = yard.fake.post_message(
+            GENERAL, ALICE, "ambient talk"
+        )  # reaches the bot empty: nothing to store
         mention = yard.fake.post_message(GENERAL, DAVE, f"{yard.fake.bot_user.mention} hello")
         await yard.answered(mention.id)
         stored = yard.rt.history.get(str(GENERAL), str(ambient.id))
     assert replies(yard) == ["hello there"] and stored is None
     (identify,) = yard.fake.identifies
     assert identify.accepted and not identify.intents & (1 << 15)
-    warning = next(r.getMessage() for r in caplog.records if "Message Content intent is off" in r.getMessage())
+    warning = next(
+        r.getMessage() for r in caplog.records if "Message Content intent is off" in r.getMessage()
+    )
     assert "`mention` mode works" in warning and "Privileged Gateway Intents" in warning

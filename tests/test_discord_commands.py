@@ -42,13 +42,17 @@ def edited_card(yard: Yard, click: FakeInteraction) -> bool:
 
 async def answer_to(yard: Yard, interaction: FakeInteraction) -> Any:
     """The deferral, then the (ephemeral) answer; checks Discord's 3 seconds."""
-    responses = await yard.fake.wait_for(lambda: len(r := yard.fake.interaction_responses(interaction)) >= 2 and r)
+    responses = await yard.fake.wait_for(
+        lambda: len(r := yard.fake.interaction_responses(interaction)) >= 2 and r
+    )
     first, answer = responses[0], responses[-1]
     assert first.kind == "callback" and first.deferred and first.status in (200, 204) and first.after_s < 3
     return answer
 
 
-async def run(yard: Yard, name: str, user: FakeUser, options: dict[str, Any] | None = None, channel: int = GENERAL) -> Any:
+async def run(
+    yard: Yard, name: str, user: FakeUser, options: dict[str, Any] | None = None, channel: int = GENERAL
+) -> Any:
     return await answer_to(yard, yard.fake.invoke_command(name, options, user=user, channel_id=channel))
 
 
@@ -80,14 +84,23 @@ async def test_channel_mode_by_anyone_else_is_refused_and_changes_nothing(
         forged = await run(yard, "channel trust", CAROL, channel=OWNERS)
         info, owners = yard.rt.channels.info(str(GENERAL)), yard.rt.channels.info(str(OWNERS))
         registered = yard.fake.command("channel")
-    assert answer.ephemeral and "Only the server owner, members with Administrator or Manage Server" in answer.content
-    assert "nothing was changed" in answer.content and forged.ephemeral and "nothing was changed" in forged.content
+    assert (
+        answer.ephemeral
+        and "Only the server owner, members with Administrator or Manage Server" in answer.content
+    )
+    assert (
+        "nothing was changed" in answer.content
+        and forged.ephemeral
+        and "nothing was changed" in forged.content
+    )
     assert info is not None and info.mode == "all" and info.trusted  # as the test set it up
     assert owners is None or not owners.trusted
     assert str(registered["default_member_permissions"]) == str(int(Perm.MANAGE_GUILD))
 
 
-async def test_a_mode_outside_the_choices_is_refused(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_a_mode_outside_the_choices_is_refused(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model) as yard:
         await synced(yard)
         choices = [c["value"] for c in yard.fake.command("channel")["options"][0]["options"][0]["choices"]]
@@ -106,9 +119,17 @@ async def test_channel_trust_untrust_and_show(monkeypatch: pytest.MonkeyPatch, m
         after_trust = yard.rt.channels.info(str(GENERAL))
         untrusted = await run(yard, "channel untrust", OLIVE)
         after_untrust = yard.rt.channels.info(str(GENERAL))
-    assert "mode **all**" in shown.content and "trusted: **no**" in shown.content and "wait for an owner" in shown.content
+    assert (
+        "mode **all**" in shown.content
+        and "trusted: **no**" in shown.content
+        and "wait for an owner" in shown.content
+    )
     assert "trusted: **yes**" in trusted.content and after_trust is not None and after_trust.trusted
-    assert after_trust.surface == "discord" and after_trust.name == "general" and after_trust.guild_id == str(GUILD)
+    assert (
+        after_trust.surface == "discord"
+        and after_trust.name == "general"
+        and after_trust.guild_id == str(GUILD)
+    )
     assert "trusted: **no**" in untrusted.content and after_untrust is not None and not after_untrust.trusted
 
 
@@ -126,11 +147,16 @@ async def test_an_untrusted_reply_waits_for_approval_and_is_posted_exactly_once(
 ) -> None:
     async with serving(monkeypatch, model, trusted=()) as yard:
         asked, card, gate_id = await untrusted_reply(yard)
-        assert yard.fake.messages(GENERAL) == [] and yard.rt.history.outcome("pip", str(GENERAL), str(asked.id)) == "pending"
+        assert (
+            yard.fake.messages(GENERAL) == []
+            and yard.rt.history.outcome("pip", str(GENERAL), str(asked.id)) == "pending"
+        )
         listed = CliRunner().invoke(cli, ["approvals", "ls", "--json"])
         buttons = [b["custom_id"] for row in card.components for b in row["components"]]
         # CAROL is neither an owner of pip nor an admin: refused, nothing changes.
-        refused = await answer_to(yard, yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:approve", user=CAROL))
+        refused = await answer_to(
+            yard, yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:approve", user=CAROL)
+        )
         assert yard.rt.gateway.gates.get(gate_id).state == "pending" and yard.fake.messages(GENERAL) == []
         # OLIVE owns pip: approved, posted once, the card says so.
         approved = yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:approve", user=OLIVE)
@@ -140,27 +166,45 @@ async def test_an_untrusted_reply_waits_for_approval_and_is_posted_exactly_once(
         gate = yard.rt.gateway.gates.get(gate_id)
     assert [g["id"] for g in json.loads(listed.output)] == [gate_id]  # the desk on the CLI shows it too
     assert buttons == [f"impyard:gate:{gate_id}:approve", f"impyard:gate:{gate_id}:deny"]
-    assert card.author_id == yard.fake.bot_user.id and "hello there" in card.content and f"<#{GENERAL}>" in card.content
+    assert (
+        card.author_id == yard.fake.bot_user.id
+        and "hello there" in card.content
+        and f"<#{GENERAL}>" in card.content
+    )
     assert refused.ephemeral and "may not decide" in refused.content and "an owner of pip" in refused.content
     first = yard.fake.interaction_responses(approved)[0]
     assert first.type == CallbackType.DEFERRED_UPDATE_MESSAGE and first.after_s < 3
-    assert [m.content for m in yard.fake.messages(GENERAL)] == ["hello there"] and reply.reference_id == asked.id
-    assert gate.state == "executed" and gate.decided_by == f"user:discord:{OLIVE.id}" and gate.message_ids == [str(reply.id)]
+    assert [m.content for m in yard.fake.messages(GENERAL)] == [
+        "hello there"
+    ] and reply.reference_id == asked.id
+    assert (
+        gate.state == "executed"
+        and gate.decided_by == f"user:discord:{OLIVE.id}"
+        and gate.message_ids == [str(reply.id)]
+    )
     edited = yard.fake.message(card.id)
-    assert edited.content.startswith(f"**✅ Approved and posted by <@{OLIVE.id}>**") and edited.components == []
+    assert (
+        edited.content.startswith(f"**✅ Approved and posted by <@{OLIVE.id}>**") and edited.components == []
+    )
 
 
-async def test_a_guild_admin_may_deny_from_the_card(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_a_guild_admin_may_deny_from_the_card(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model, trusted=()) as yard:
         _, card, gate_id = await untrusted_reply(yard)
         denied = yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:deny", user=BOB)
         await yard.fake.wait_for(lambda: edited_card(yard, denied))
         gate = yard.rt.gateway.gates.get(gate_id)
     assert gate.state == "denied" and gate.decided_by == f"user:discord:{BOB.id}"
-    assert yard.fake.messages(GENERAL) == [] and yard.fake.message(card.id).content.startswith("**❌ Denied by")
+    assert yard.fake.messages(GENERAL) == [] and yard.fake.message(card.id).content.startswith(
+        "**❌ Denied by"
+    )
 
 
-async def test_approvals_list_and_approve_as_slash_commands(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_approvals_list_and_approve_as_slash_commands(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     async with serving(monkeypatch, model, trusted=()) as yard:
         await synced(yard)
         _, card, gate_id = await untrusted_reply(yard)

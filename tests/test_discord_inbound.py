@@ -38,7 +38,9 @@ async def connected() -> AsyncIterator[tuple[FakeDiscord, discord.Client]]:
             yield fake, client
 
 
-async def arrive(fake: FakeDiscord, client: discord.Client, channel: int, *args: Any, **kwargs: Any) -> discord.Message:
+async def arrive(
+    fake: FakeDiscord, client: discord.Client, channel: int, *args: Any, **kwargs: Any
+) -> discord.Message:
     waiting = client.wait_for("message", check=lambda m: m.channel.id == channel, timeout=5)
     fake.post_message(channel, *args, **kwargs)
     return await waiting
@@ -54,7 +56,12 @@ async def test_mentions_come_from_the_message_itself(connected: tuple[FakeDiscor
     facts = {}
     for name, message in (("user", user), ("role", role), ("other_role", other_role), ("everyone", everyone)):
         inbound = await to_inbound(message, bot_user_id=bot.id, bot_role_ids={PIP_ROLE.id})
-        facts[name] = (inbound.mentions_imp, inbound.mentions_imp_role, inbound.mentions_everyone, inbound.message.mentions_imp)
+        facts[name] = (
+            inbound.mentions_imp,
+            inbound.mentions_imp_role,
+            inbound.mentions_everyone,
+            inbound.message.mentions_imp,
+        )
     assert facts == {
         "user": (True, False, False, True),
         "role": (False, True, False, True),
@@ -66,14 +73,32 @@ async def test_mentions_come_from_the_message_itself(connected: tuple[FakeDiscor
 
 async def test_channel_kinds_names_and_the_author(connected: tuple[FakeDiscord, discord.Client]) -> None:
     fake, client = connected
-    in_guild = await to_inbound(await arrive(fake, client, GENERAL, ALICE, "hi"), bot_user_id=fake.bot_user.id)
-    in_thread = await to_inbound(await arrive(fake, client, THREAD, ALICE, "hi"), bot_user_id=fake.bot_user.id)
+    in_guild = await to_inbound(
+        await arrive(fake, client, GENERAL, ALICE, "hi"), bot_user_id=fake.bot_user.id
+    )
+    in_thread = await to_inbound(
+        await arrive(fake, client, THREAD, ALICE, "hi"), bot_user_id=fake.bot_user.id
+    )
     in_dm = await to_inbound(await arrive(fake, client, DM, ALICE, "hi"), bot_user_id=fake.bot_user.id)
-    assert (in_guild.channel_id, in_guild.channel_kind, in_guild.channel_name, in_guild.guild_id) == ("1001", "guild", "general", "1000")
-    assert (in_thread.channel_id, in_thread.channel_kind, in_thread.channel_name) == ("1003", "guild", "a thread")
+    assert (in_guild.channel_id, in_guild.channel_kind, in_guild.channel_name, in_guild.guild_id) == (
+        "1001",
+        "guild",
+        "general",
+        "1000",
+    )
+    assert (in_thread.channel_id, in_thread.channel_kind, in_thread.channel_name) == (
+        "1003",
+        "guild",
+        "a thread",
+    )
     assert (in_dm.channel_id, in_dm.channel_kind, in_dm.guild_id) == ("1100", "dm", None)
     author = in_guild.message.author
-    assert (author.id, author.name, author.bot, in_guild.surface) == (str(ALICE.id), "Alice A.", False, "discord")
+    assert (author.id, author.name, author.bot, in_guild.surface) == (
+        str(ALICE.id),
+        "Alice A.",
+        False,
+        "discord",
+    )
 
 
 async def test_what_never_enters_the_pipeline(connected: tuple[FakeDiscord, discord.Client]) -> None:
@@ -84,10 +109,18 @@ async def test_what_never_enters_the_pipeline(connected: tuple[FakeDiscord, disc
     joined = await arrive(fake, client, GENERAL, ALICE, "", extra={"type": 7})  # "alice joined the server"
     own = await arrive(fake, client, GENERAL, fake.bot_user, "my own post")
     bot_id = fake.bot_user.id
-    assert [skip_reason(m, bot_id) for m in (human, other_imp, webhook, joined, own)] == [None, "bot", "bot", "system", "own"]
+    assert [skip_reason(m, bot_id) for m in (human, other_imp, webhook, joined, own)] == [
+        None,
+        "bot",
+        "bot",
+        "system",
+        "own",
+    ]
 
 
-async def test_the_surface_chunks_puts_files_last_and_pings_nobody(connected: tuple[FakeDiscord, discord.Client]) -> None:
+async def test_the_surface_chunks_puts_files_last_and_pings_nobody(
+    connected: tuple[FakeDiscord, discord.Client],
+) -> None:
     fake, client = connected
     question = fake.post_message(GENERAL, ALICE, "a question")
     surface = DiscordSurface({"pip": client})
@@ -99,7 +132,9 @@ async def test_the_surface_chunks_puts_files_last_and_pings_nobody(connected: tu
     assert [len(m.files) for m in posted] == [0, 10, 2]  # the last chunk carries the files; the rest follow
     assert [m.reference_id for m in posted] == [question.id, None, None]
     assert posted[0].payload["mention_everyone"] is False
-    assert fake.calls("POST", f"/channels/{GENERAL}/messages")[0].body["allowed_mentions"]["parse"] == ["users"]
+    assert fake.calls("POST", f"/channels/{GENERAL}/messages")[0].body["allowed_mentions"]["parse"] == [
+        "users"
+    ]
 
 
 async def test_the_typing_indicator_starts_and_stops(connected: tuple[FakeDiscord, discord.Client]) -> None:

@@ -31,13 +31,23 @@ OWNERS = ["discord:42"]
         (7, 7, discord.Permissions.none(), "the server owner"),
         (9, 7, discord.Permissions(administrator=True), "a server administrator"),
         (9, 7, discord.Permissions(manage_guild=True), "a member with Manage Server"),
-        (9, 7, discord.Permissions(manage_channels=True, manage_messages=True), None),  # other rights are not enough
+        (
+            9,
+            7,
+            discord.Permissions(manage_channels=True, manage_messages=True),
+            None,
+        ),  # other rights are not enough
         (9, 7, discord.Permissions.none(), None),
         (9, None, None, None),  # a stranger in a DM
     ],
 )
-def test_who_may_administer(user_id: int, guild_owner_id: int | None, permissions: discord.Permissions | None, expected: str | None) -> None:
-    assert admin_reason(user_id=user_id, owners=OWNERS, guild_owner_id=guild_owner_id, permissions=permissions) == expected
+def test_who_may_administer(
+    user_id: int, guild_owner_id: int | None, permissions: discord.Permissions | None, expected: str | None
+) -> None:
+    assert (
+        admin_reason(user_id=user_id, owners=OWNERS, guild_owner_id=guild_owner_id, permissions=permissions)
+        == expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -55,7 +65,12 @@ def test_bad_settings_are_refused(environ: dict[str, str], problem: str) -> None
 
 def test_settings_default_to_discord_itself() -> None:
     assert DiscordSettings.from_env({}) == DiscordSettings(api_base=None, guild_ready_timeout_s=2.0)
-    custom = DiscordSettings.from_env({"IMPYARD_DISCORD_API_BASE": "http://127.0.0.1:9/api/v10/", "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.1"})
+    custom = DiscordSettings.from_env(
+        {
+            "IMPYARD_DISCORD_API_BASE": "http://127.0.0.1:9/api/v10/",
+            "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.1",
+        }
+    )
     assert custom == DiscordSettings(api_base="http://127.0.0.1:9/api/v10", guild_ready_timeout_s=0.1)
 
 
@@ -69,17 +84,28 @@ def test_intents_are_the_few_the_imp_needs() -> None:
 
 @pytest.mark.parametrize(
     ("channel_id", "on_discord"),
-    [("1001", True), ("123456789012345678", True), ("task:pip", False), ("terminal:ann", False), ("", False), ("1" * 21, False)],
+    [
+        ("1001", True),
+        ("123456789012345678", True),
+        ("task:pip", False),
+        ("terminal:ann", False),
+        ("", False),
+        ("1" * 21, False),
+    ],
 )
 def test_which_channels_are_discord_channels(channel_id: str, on_discord: bool) -> None:
     assert is_discord_channel(channel_id) is on_discord
 
 
 @pytest.mark.anyio
-async def test_task_log_posts_go_to_the_log_and_unknown_imps_are_refused(caplog: pytest.LogCaptureFixture) -> None:
+async def test_task_log_posts_go_to_the_log_and_unknown_imps_are_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, "impyard.posts")
     surface = DiscordSurface({})
-    ids = await surface.send("task:pip", "done: 3 items", None, [OutgoingFile("a.txt", b"x")], "reply", imp="pip")
+    ids = await surface.send(
+        "task:pip", "done: 3 items", None, [OutgoingFile("a.txt", b"x")], "reply", imp="pip"
+    )
     assert ids == ["log-1"]
     assert caplog.records[-1].getMessage() == "[task:pip] pip (reply): done: 3 items [files: a.txt]"
     with pytest.raises(SurfaceError, match="imp pix has no Discord bot connected"):
@@ -90,7 +116,7 @@ def gate(state: str = "pending", **fields: object) -> Gate:
     now = datetime(2026, 5, 11, 9, 0, tzinfo=UTC)
     base: dict[str, object] = dict(
         id="g-0123456789ab", imp="pip", run_id="r1", session_channel="1001", origin_guild="1000",
-        act="discord.send", target="1001", payload={"content": "hello @everyone\nsecond line", "files": []},
+        act="discord.send", target="1001", payload={"channel_id": "1001", "content": "hello @everyone\nsecond line", "files": []},
         payload_sha256="x", reason="the session's channel is not trusted", state=state, created_at=now,
         deadline=now + timedelta(hours=24),
     )  # fmt: skip
@@ -106,10 +132,14 @@ def test_a_card_shows_what_where_why_and_then_the_outcome() -> None:
     decided = card_text(gate("executed", decided_by="user:discord:42"))
     assert decided.startswith("**✅ Approved and posted by <@42>**")
     assert card_text(gate("denied", decided_by="operator:root")).startswith("**❌ Denied by operator:root**")
-    assert card_text(gate("failed", error="Discord refused")).startswith("**⚠️ Approved, but posting failed: Discord refused**")
-    long = card_text(gate(payload={"content": "x" * 5000}))
+    assert card_text(gate("failed", error="Discord refused")).startswith(
+        "**⚠️ Approved, but posting failed: Discord refused**"
+    )
+    long = card_text(gate(payload={"channel_id": "1001", "content": "x" * 5000}))
     assert len(long) <= 2000 and "…" in long
-    assert CUSTOM_ID.fullmatch("impyard:gate:g-0123456789ab:approve") and not CUSTOM_ID.fullmatch("impyard:gate:g-1:approve;drop")
+    assert CUSTOM_ID.fullmatch("impyard:gate:g-0123456789ab:approve") and not CUSTOM_ID.fullmatch(
+        "impyard:gate:g-1:approve;drop"
+    )
 
 
 def test_tokens_never_reach_a_log_line() -> None:
@@ -124,8 +154,6 @@ def test_tokens_never_reach_a_log_line() -> None:
 async def test_events_for_a_channel_without_a_live_box_are_dropped(tmp_path: Path) -> None:
     from box.protocol.models import MailboxEventParams
 
-    async with SessionManager(
-        backend_for=lambda imp: None, host=None, events=None, init_for=None, state_dir_for=lambda imp: tmp_path,  # type: ignore[arg-type]
-    ) as sessions:
+    async with SessionManager(plan=None, host=None, events=None) as sessions:  # type: ignore[arg-type]
         event = MailboxEventParams(kind="reaction_clear", channel_id="1001", message_id="5")
         assert await sessions.notify(SessionKey("pip", "1001"), "mailbox.event", event) is False

@@ -81,11 +81,18 @@ def test_serve_on_the_cli_says_what_is_wrong_in_one_line(model: FakeOpenAI) -> N
         unknown = CliRunner().invoke(cli, ["serve", "nobody"], env=env)
         no_key = CliRunner().invoke(cli, ["serve", "pip"], env={**env, "OPENAI_API_KEY": ""})
         no_token = CliRunner().invoke(cli, ["serve"], env={"IMPYARD_DISCORD_API_BASE": fake.api_base})
-    assert rejected.exit_code == 1 and rejected.output.count("\n") == 1 and "rejected the token" in rejected.output
+    assert (
+        rejected.exit_code == 1
+        and rejected.output.count("\n") == 1
+        and "rejected the token" in rejected.output
+    )
     assert "wrong-token-123456" not in rejected.output
     assert unknown.exit_code == 1 and "nobody" in unknown.output and "Traceback" not in unknown.output
     assert no_key.exit_code == 1 and "OPENAI_API_KEY" in no_key.output
-    assert no_token.exit_code == 1 and "no imp has a Discord token (pip: env IMPYARD_DISCORD_TOKEN_PIP)" in no_token.output
+    assert (
+        no_token.exit_code == 1
+        and "no imp has a Discord token (pip: env IMPYARD_DISCORD_TOKEN_PIP)" in no_token.output
+    )
     assert not fake.identifies
 
 
@@ -118,8 +125,12 @@ def test_discord_invite_prints_the_link_with_scopes_and_permissions(model: FakeO
         result = CliRunner().invoke(cli, ["discord", "invite"], env=env)
     assert result.exit_code == 0, result.output
     pip_line, pix_line = sorted(result.output.splitlines())
-    assert pip_line.startswith(f"pip: https://discord.com/oauth2/authorize?client_id={fake.application_id}")  # asked Discord
-    assert pix_line.startswith("pix: https://discord.com/oauth2/authorize?client_id=3001")  # from imp.toml, no login
+    assert pip_line.startswith(
+        f"pip: https://discord.com/oauth2/authorize?client_id={fake.application_id}"
+    )  # asked Discord
+    assert pix_line.startswith(
+        "pix: https://discord.com/oauth2/authorize?client_id=3001"
+    )  # from imp.toml, no login
     assert "scope=bot+applications.commands" in pip_line
     permissions = int(pip_line.split("permissions=")[1].split("&")[0])
     assert permissions == (1 << 10) | (1 << 11) | (1 << 38) | (1 << 16) | (1 << 15) | (1 << 31)
@@ -129,7 +140,9 @@ def test_discord_invite_prints_the_link_with_scopes_and_permissions(model: FakeO
 
 
 @pytest.mark.anyio
-async def test_serve_runs_until_stopped_and_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI) -> None:
+async def test_serve_runs_until_stopped_and_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
     from impyard.backends.process import ProcessBackend
 
     model.script(envelope(answer="hello there"))
@@ -145,7 +158,9 @@ async def test_serve_runs_until_stopped_and_leaves_nothing_behind(monkeypatch: p
                 with pytest.raises(AlreadyRunning):  # one host per IMPYARD_HOME
                     async with open_discord_host(["pip"], settings=settings_for(fake)):
                         pass
-                trusted = CliRunner().invoke(cli, ["channel", "trust", str(GENERAL)])  # the CLI, while serve runs
+                trusted = CliRunner().invoke(
+                    cli, ["channel", "trust", str(GENERAL)]
+                )  # the CLI, while serve runs
                 assert trusted.exit_code == 0
                 asked = fake.post_message(GENERAL, ALICE, "hi")
                 await fake.wait_for(lambda: fake.messages(GENERAL), timeout=20)
@@ -165,7 +180,9 @@ def test_sigterm_stops_serve_cleanly(model: FakeOpenAI, impyard_home: Path) -> N
             "IMPYARD_DISCORD_TOKEN_PIP": fake.token, "IMPYARD_DISCORD_API_BASE": fake.api_base,
             "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05",
         }  # fmt: skip
-        child = pexpect.spawn(IMPYARD, ["serve", "pip", "--backend", "process"], env=env, encoding="utf-8", timeout=30)
+        child = pexpect.spawn(
+            IMPYARD, ["serve", "pip", "--backend", "process"], env=env, encoding="utf-8", timeout=30
+        )
         try:
             child.expect("serving pip on Discord")
             fake.post_message(GENERAL, ALICE, "hello")
@@ -179,7 +196,9 @@ def test_sigterm_stops_serve_cleanly(model: FakeOpenAI, impyard_home: Path) -> N
         assert child.exitstatus == 0, child.before
         assert fake.wait_for_sync(lambda: fake.sessions_connected == 0)
     assert [m.content for m in fake.messages(GENERAL)] == ["hello from the process"]
-    assert box_pids and not [pid for pid in box_pids if Path(f"/proc/{pid}").exists()]  # the warm box went too
+    assert box_pids and not [
+        pid for pid in box_pids if Path(f"/proc/{pid}").exists()
+    ]  # the warm box went too
     assert fake.token not in (child.before or "")
 
 
@@ -242,15 +261,22 @@ def test_the_walkthrough_in_the_readme(model: FakeOpenAI, impyard_home: Path) ->
     with make_fake() as fake:
         env = {"IMPYARD_DISCORD_API_BASE": fake.api_base}
         # 2. An imp, its owner, and its token in a file (chmod 600); the owners' channel in imp.toml.
-        step = runner.invoke(cli, ["imp", "add", "pip", "--persona", "You are Pip.", "--owner", f"discord:{OLIVE.id}"])
+        step = runner.invoke(
+            cli, ["imp", "add", "pip", "--persona", "You are Pip.", "--owner", f"discord:{OLIVE.id}"]
+        )
         assert step.exit_code == 0, step.output
         directory = impyard_home / "imps" / "pip"
         token_file = directory / "discord.token"
         token_file.write_text(fake.token + "\n")
         token_file.chmod(0o600)
         toml = (directory / "imp.toml").read_text()
-        toml = toml.replace('# token_file = "discord.token"  # an example; unset by default', 'token_file = "discord.token"')
-        toml = toml.replace('# owner_channel = "123456789012345678"  # an example; unset by default', f'owner_channel = "{OWNERS}"')
+        toml = toml.replace(
+            '# token_file = "discord.token"  # an example; unset by default', 'token_file = "discord.token"'
+        )
+        toml = toml.replace(
+            '# owner_channel = "123456789012345678"  # an example; unset by default',
+            f'owner_channel = "{OWNERS}"',
+        )
         (directory / "imp.toml").write_text(toml)
         shown = runner.invoke(cli, ["imp", "show", "pip"])
         assert shown.exit_code == 0 and "discord.token" in shown.output and fake.token not in shown.output
@@ -286,7 +312,9 @@ def test_the_walkthrough_in_the_readme(model: FakeOpenAI, impyard_home: Path) ->
             anyio.run(main)
         fake.wait_for_sync(lambda: fake.sessions_connected == 0)
     assert [m.content for m in fake.messages(GENERAL)] == ["Hi, I'm Pip!"]
-    assert [m.content for m in fake.messages(QUIET)] == ["Hi, I'm Pip!"]  # the mention only; the chatter woke nobody
+    assert [m.content for m in fake.messages(QUIET)] == [
+        "Hi, I'm Pip!"
+    ]  # the mention only; the chatter woke nobody
     assert len(model.requests_for("/chat/completions")) == 2
 
 
@@ -305,7 +333,9 @@ async def test_two_imps_each_post_as_their_own_bot_and_never_answer_each_other(
         monkeypatch.setenv("IMPYARD_DISCORD_TOKEN_PIX", PIX.token)
         with fake.patch_discord():
             backend = ProcessBackend(warn=False)
-            async with open_discord_host(settings=settings_for(fake), backends={"pip": backend, "pix": backend}) as host:
+            async with open_discord_host(
+                settings=settings_for(fake), backends={"pip": backend, "pix": backend}
+            ) as host:
                 rt = host.runtime
                 for channel in (GENERAL, QUIET):
                     rt.channels.set_trusted(str(channel), True)
@@ -346,4 +376,7 @@ async def test_a_bot_losing_its_gateway_for_good_stops_serve_with_the_reason(
         assert fake.sessions_connected == 0
     (error,) = stopped.value.exceptions  # serve itself raised the one error, unwrapped
     assert isinstance(error, DiscordSetupError)
-    assert str(error) == "imp pip: the Discord gateway connection failed: Shard ID None WebSocket closed with 4004"
+    assert (
+        str(error)
+        == "imp pip: the Discord gateway connection failed: Shard ID None WebSocket closed with 4004"
+    )

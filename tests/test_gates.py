@@ -41,12 +41,16 @@ class Setup:
     spec: BoxSpec
 
     async def gated_send(self, content: str = "hello", target: str = "guild-chat") -> str:
-        result = await self.gateway.serve(self.spec, "discord.send", DiscordSendParams(channel_id=target, content=content))
+        result = await self.gateway.serve(
+            self.spec, "discord.send", DiscordSendParams(channel_id=target, content=content)
+        )
         assert isinstance(result, DiscordSendResult) and result.status == "pending" and result.gate_id
         return result.gate_id
 
     def transitions(self, gate_id: str) -> list[str]:
-        rows = self.db.query("SELECT verdict FROM audit WHERE method = 'gate' AND gate_id = ? ORDER BY id", (gate_id,))
+        rows = self.db.query(
+            "SELECT verdict FROM audit WHERE method = 'gate' AND gate_id = ? ORDER BY id", (gate_id,)
+        )
         return [row[0] for row in rows]
 
 
@@ -59,7 +63,9 @@ def make_setup(tmp_path: Path, policy: Policy | None = None) -> Setup:
         upstream=UpstreamConfig(api_key=None), owners={"pip": ["owner-1"]}, secrets=[],
     )  # fmt: skip
     DbChannelTrust(db, clock).upsert(ChannelInfo("guild-chat", kind="guild", trusted=False, guild_id="g1"))
-    return Setup(gateway, db, clock, surface, BoxSpec("pip", "guild-chat", tmp_path / "state", run_id="run-9"))
+    return Setup(
+        gateway, db, clock, surface, BoxSpec("pip", "guild-chat", tmp_path / "state", run_id="run-9")
+    )
 
 
 @pytest.fixture
@@ -78,7 +84,12 @@ async def test_a_gate_is_durable_and_frozen(s: Setup, tmp_path: Path) -> None:
     gate = GateStore(reopened, s.clock, AuditLog(reopened, s.clock, [])).get(gate_id)
     assert gate.state == "pending" and gate.payload["content"] == "the exact words"
     assert gate.deadline - gate.created_at == timedelta(hours=24)
-    assert (gate.imp, gate.run_id, gate.session_channel, gate.origin_guild) == ("pip", "run-9", "guild-chat", "g1")
+    assert (gate.imp, gate.run_id, gate.session_channel, gate.origin_guild) == (
+        "pip",
+        "run-9",
+        "guild-chat",
+        "g1",
+    )
     reopened.close()
 
 
@@ -105,7 +116,11 @@ async def test_only_approvers_with_authority_can_decide(s: Setup, approver: Appr
     with pytest.raises(GateError) as caught:
         await s.gateway.decide(gate_id, approver, approve=True)
     assert caught.value.kind == "not_authorised" and "may not decide" in str(caught.value)
-    assert s.gateway.gates.get(gate_id).state == "pending" and s.surface.sent == [] and s.transitions(gate_id) == []
+    assert (
+        s.gateway.gates.get(gate_id).state == "pending"
+        and s.surface.sent == []
+        and s.transitions(gate_id) == []
+    )
 
 
 async def test_in_a_dm_only_owners_and_the_operator_may_decide(s: Setup) -> None:
@@ -204,7 +219,12 @@ async def test_the_sweep_expires_gates_past_their_deadline(s: Setup) -> None:
 
 
 async def test_the_deadline_comes_from_the_policy(tmp_path: Path) -> None:
-    policy = build_policy([("ops.toml", "[gates]\ndeadline_hours = 1\n"), (str(default_policy_path()), default_policy_path().read_text())])
+    policy = build_policy(
+        [
+            ("ops.toml", "[gates]\ndeadline_hours = 1\n"),
+            (str(default_policy_path()), default_policy_path().read_text()),
+        ]
+    )
     s = make_setup(tmp_path, policy)
     gate = s.gateway.gates.get(await s.gated_send())
     assert gate.deadline - gate.created_at == timedelta(hours=1)
@@ -231,7 +251,9 @@ async def test_a_failed_execution_is_recorded_not_retried(s: Setup) -> None:
 
 async def test_a_tampered_payload_is_not_executed(s: Setup) -> None:
     gate_id = await s.gated_send("original")
-    s.db.execute("UPDATE gates SET payload = replace(payload, 'original', 'tampered') WHERE id = ?", (gate_id,))
+    s.db.execute(
+        "UPDATE gates SET payload = replace(payload, 'original', 'tampered') WHERE id = ?", (gate_id,)
+    )
     s.gateway.gates.decide(gate_id, OPERATOR, approve=True)
     with pytest.raises(GateError) as caught:
         await s.gateway.execute(gate_id)
@@ -252,13 +274,19 @@ async def test_earned_trust_promotes_after_n_clean_approvals_and_a_denial_resets
         await s.gateway.decide(await s.gated_send(), OWNER, approve=True)
     third = await s.gated_send()  # still gated: only 2 clean approvals since the denial
     await s.gateway.decide(third, OWNER, approve=True)
-    auto = await s.gateway.serve(s.spec, "discord.send", DiscordSendParams(channel_id="guild-chat", content="alone"))
+    auto = await s.gateway.serve(
+        s.spec, "discord.send", DiscordSendParams(channel_id="guild-chat", content="alone")
+    )
     assert isinstance(auto, DiscordSendResult) and auto.status == "delivered"
-    assert "earned (3 clean approvals)" in s.db.query("SELECT detail FROM audit ORDER BY id DESC LIMIT 1")[0][0]
+    assert (
+        "earned (3 clean approvals)" in s.db.query("SELECT detail FROM audit ORDER BY id DESC LIMIT 1")[0][0]
+    )
     # earned per imp + act + target: the same imp in another untrusted channel starts from zero
     DbChannelTrust(s.db, s.clock).upsert(ChannelInfo("guild-other", kind="guild", guild_id="g1"))
     other = BoxSpec("pip", "guild-other", s.spec.state_dir)
-    pending = await s.gateway.serve(other, "discord.send", DiscordSendParams(channel_id="guild-other", content="x"))
+    pending = await s.gateway.serve(
+        other, "discord.send", DiscordSendParams(channel_id="guild-other", content="x")
+    )
     assert isinstance(pending, DiscordSendResult) and pending.status == "pending"
     assert len(s.surface.sent) == 6  # five approved gates and one earned auto-send
     s.db.close()
@@ -267,7 +295,9 @@ async def test_earned_trust_promotes_after_n_clean_approvals_and_a_denial_resets
 # --- the approver policy for posts into another channel (issue 11 #5) --------------------------------
 
 NOW = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
-CROSS_SEND = '[[rules]]\nname = "cross"\nmethod = "discord.send"\naction = "allow"\nchannels = ["news-b", "unseen"]\n'
+CROSS_SEND = (
+    '[[rules]]\nname = "cross"\nmethod = "discord.send"\naction = "allow"\nchannels = ["news-b", "unseen"]\n'
+)
 
 
 def a_gate(*, target: str, origin_guild: str | None = "g1", target_guild: str | None = None) -> Gate:
@@ -288,8 +318,20 @@ def a_gate(*, target: str, origin_guild: str | None = "g1", target_guild: str | 
         pytest.param(GUILD_ADMIN, "news-a", "g1", True, id="other channel of the same guild: its admin"),
         pytest.param(GUILD_ADMIN, "unseen", None, False, id="unknown guild: admin of the requesting guild"),
         pytest.param(OTHER_GUILD_ADMIN, "unseen", None, False, id="unknown guild: any admin"),
-        pytest.param(Approver("user", "admin-7", is_guild_admin=True, guild_id=None), "unseen", None, False, id="unknown guild: admin in a DM"),
-        pytest.param(Approver("user", "member", is_guild_admin=False, guild_id="g2"), "news-b", "g2", False, id="member of the target's guild"),
+        pytest.param(
+            Approver("user", "admin-7", is_guild_admin=True, guild_id=None),
+            "unseen",
+            None,
+            False,
+            id="unknown guild: admin in a DM",
+        ),
+        pytest.param(
+            Approver("user", "member", is_guild_admin=False, guild_id="g2"),
+            "news-b",
+            "g2",
+            False,
+            id="member of the target's guild",
+        ),
         pytest.param(OWNER, "news-b", "g2", True, id="owner: any guild"),
         pytest.param(OWNER, "unseen", None, True, id="owner: unknown guild"),
         pytest.param(OPERATOR, "unseen", None, True, id="operator: unknown guild"),
@@ -313,9 +355,13 @@ def test_the_deciding_guild_of_an_own_channel_gate_is_the_session_guild_even_if_
 
 
 def cross_setup(tmp_path: Path, extra: str = "") -> Setup:
-    policy = build_policy([("ops.toml", CROSS_SEND + extra), (str(default_policy_path()), default_policy_path().read_text())])
+    policy = build_policy(
+        [("ops.toml", CROSS_SEND + extra), (str(default_policy_path()), default_policy_path().read_text())]
+    )
     s = make_setup(tmp_path, policy)
-    DbChannelTrust(s.db, s.clock).upsert(ChannelInfo("news-b", kind="guild", guild_id="g2"))  # a channel of guild g2
+    DbChannelTrust(s.db, s.clock).upsert(
+        ChannelInfo("news-b", kind="guild", guild_id="g2")
+    )  # a channel of guild g2
     return s
 
 
@@ -337,12 +383,20 @@ async def test_a_post_into_another_guild_is_decided_by_that_guild_not_the_reques
     else:
         with pytest.raises(GateError) as caught:
             await s.gateway.decide(gate_id, approver, approve=True)
-        assert caught.value.kind == "not_authorised" and "guild the message would be posted in" in str(caught.value)
-        assert s.gateway.gates.get(gate_id).state == "pending" and s.surface.sent == [] and s.transitions(gate_id) == []
+        assert caught.value.kind == "not_authorised" and "guild the message would be posted in" in str(
+            caught.value
+        )
+        assert (
+            s.gateway.gates.get(gate_id).state == "pending"
+            and s.surface.sent == []
+            and s.transitions(gate_id) == []
+        )
     s.db.close()
 
 
-async def test_a_post_into_a_channel_whose_guild_is_unknown_is_for_owners_and_the_operator(tmp_path: Path) -> None:
+async def test_a_post_into_a_channel_whose_guild_is_unknown_is_for_owners_and_the_operator(
+    tmp_path: Path,
+) -> None:
     s = cross_setup(tmp_path)
     gate_id = await s.gated_send("somewhere", target="unseen")  # the host never saw this channel
     assert s.gateway.gates.get(gate_id).target_guild is None
@@ -368,12 +422,16 @@ async def test_earned_trust_counts_only_approvals_from_approvers_of_the_target(t
     for _ in range(2):  # the target guild's admin approves: that is earned
         await s.gateway.decide(await s.gated_send(target="news-b"), OTHER_GUILD_ADMIN, approve=True)
     assert s.gateway.earned.count("pip", "discord.send", "news-b") == 2
-    alone = await s.gateway.serve(s.spec, "discord.send", DiscordSendParams(channel_id="news-b", content="alone"))
+    alone = await s.gateway.serve(
+        s.spec, "discord.send", DiscordSendParams(channel_id="news-b", content="alone")
+    )
     assert isinstance(alone, DiscordSendResult) and alone.status == "delivered"
     s.db.close()
 
 
-def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_across_channels(tmp_path: Path) -> None:
+def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_across_channels(
+    tmp_path: Path,
+) -> None:
     old = Database(tmp_path / "old.db", MIGRATIONS[:3])
     old.migrate()
     row = "('{id}', 'pip', 'r', 'chat', 'g1', 'discord.send', '{target}', '{{}}', 'x', '', 'executed', 't', 't', '{by}')"
@@ -382,7 +440,11 @@ def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_
         "reason, state, created_at, deadline, decided_by) VALUES "
         + ", ".join(
             row.format(id=i, target=t, by=b)
-            for i, t, b in [("g-own", "chat", "user:discord:7"), ("g-far", "far", "user:discord:7"), ("g-cli", "cli", "operator:root")]
+            for i, t, b in [
+                ("g-own", "chat", "user:discord:7"),
+                ("g-far", "far", "user:discord:7"),
+                ("g-cli", "cli", "operator:root"),
+            ]
         )
     )
     old.execute(
@@ -392,10 +454,17 @@ def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_
     old.close()
     db = open_database(tmp_path / "old.db")
     guilds = {r["id"]: r["target_guild"] for r in db.query("SELECT id, target_guild FROM gates")}
-    earned = {r["target"]: r["clean_approvals"] for r in db.query("SELECT target, clean_approvals FROM earned_trust")}
+    earned = {
+        r["target"]: r["clean_approvals"]
+        for r in db.query("SELECT target, clean_approvals FROM earned_trust")
+    }
     db.close()
     assert guilds == {"g-own": "g1", "g-far": None, "g-cli": None}
-    assert earned == {"chat": 4, "far": 0, "cli": 4}  # a chat user's approval across channels may have been the wrong guild's
+    assert earned == {
+        "chat": 4,
+        "far": 0,
+        "cli": 4,
+    }  # a chat user's approval across channels may have been the wrong guild's
 
 
 async def test_a_learned_target_guild_only_fills_a_gap(tmp_path: Path) -> None:
@@ -404,7 +473,11 @@ async def test_a_learned_target_guild_only_fills_a_gap(tmp_path: Path) -> None:
     known = await s.gated_send(target="news-b")
     own = await s.gated_send(target="guild-chat")
     assert s.gateway.gates.learn_target_guild(unknown, "g2").target_guild == "g2"
-    assert s.gateway.gates.learn_target_guild(known, "g9").target_guild == "g2"  # never changes a recorded guild
-    assert s.gateway.gates.learn_target_guild(own, "g9").target_guild == "g1"  # nor the session's own channel's
+    assert (
+        s.gateway.gates.learn_target_guild(known, "g9").target_guild == "g2"
+    )  # never changes a recorded guild
+    assert (
+        s.gateway.gates.learn_target_guild(own, "g9").target_guild == "g1"
+    )  # nor the session's own channel's
     assert (await s.gateway.decide(unknown, OTHER_GUILD_ADMIN, approve=True)).state == "executed"
     s.db.close()

@@ -79,7 +79,9 @@ class Harness:
             self.results.append(result)
         return result
 
-    async def refused(self, method: str, params: BaseModel, code: int, spec: BoxSpec | None = None) -> RpcError:
+    async def refused(
+        self, method: str, params: BaseModel, code: int, spec: BoxSpec | None = None
+    ) -> RpcError:
         with pytest.raises(RpcError) as caught:
             await self.call(method, params, spec)
         assert caught.value.code == code, caught.value.message
@@ -91,8 +93,12 @@ class Harness:
     def spent(self) -> int:
         return self.gateway.ledger.settled_total()
 
-    def channel(self, channel_id: str, kind: str = "guild", trusted: bool = False, guild_id: str | None = None) -> None:
-        DbChannelTrust(self.db, self.clock).upsert(ChannelInfo(channel_id, kind=kind, trusted=trusted, guild_id=guild_id))
+    def channel(
+        self, channel_id: str, kind: str = "guild", trusted: bool = False, guild_id: str | None = None
+    ) -> None:
+        DbChannelTrust(self.db, self.clock).upsert(
+            ChannelInfo(channel_id, kind=kind, trusted=trusted, guild_id=guild_id)
+        )
 
 
 @pytest.fixture
@@ -101,7 +107,9 @@ def fake() -> Iterator[FakeOpenAI]:
         yield server
 
 
-def make_harness(tmp_path: Path, fake: FakeOpenAI, policy: Policy | None = None, *, api_key: str | None = KEY) -> Harness:
+def make_harness(
+    tmp_path: Path, fake: FakeOpenAI, policy: Policy | None = None, *, api_key: str | None = KEY
+) -> Harness:
     db = open_database(tmp_path / "impyard.db")
     clock = FixedClock(datetime(2026, 5, 10, 12, 0, tzinfo=UTC))
     surface = RecordingSurface()
@@ -120,7 +128,9 @@ def make_harness(tmp_path: Path, fake: FakeOpenAI, policy: Policy | None = None,
         on_stage=on_stage,
         secrets=[KEY],
     )
-    harness = Harness(gateway, db, clock, surface, fake, BoxSpec("pip", "c1", tmp_path / "state", run_id="run-1"))
+    harness = Harness(
+        gateway, db, clock, surface, fake, BoxSpec("pip", "c1", tmp_path / "state", run_id="run-1")
+    )
     harness.stages = harness_stages
     harness.channel("c1", kind="dm")  # the session's own channel: a DM, trusted
     return harness
@@ -143,9 +153,18 @@ def no_secret_anywhere(h: Harness) -> None:
 
 
 async def test_a_chat_call_goes_upstream_with_the_real_key_and_is_charged_from_usage(h: Harness) -> None:
-    h.fake.script(envelope(answer="hello"), purpose="reply", usage={"prompt_tokens": 1000, "completion_tokens": 200, "cached_tokens": 100})
-    body = {**CHAT_BODY, "messages": [{"role": "user", "content": "hello " * 200}]}  # 1,000 tokens need the bytes
-    result = await h.call("model.request", ModelRequestParams(path="/chat/completions", body=body, purpose="reply"))
+    h.fake.script(
+        envelope(answer="hello"),
+        purpose="reply",
+        usage={"prompt_tokens": 1000, "completion_tokens": 200, "cached_tokens": 100},
+    )
+    body = {
+        **CHAT_BODY,
+        "messages": [{"role": "user", "content": "hello " * 200}],
+    }  # 1,000 tokens need the bytes
+    result = await h.call(
+        "model.request", ModelRequestParams(path="/chat/completions", body=body, purpose="reply")
+    )
     assert isinstance(result, ModelRequestResult) and result.status == 200
     assert json.loads(result.body["choices"][0]["message"]["content"])["answer"] == "hello"
     [request] = h.fake.requests
@@ -158,7 +177,12 @@ async def test_a_chat_call_goes_upstream_with_the_real_key_and_is_charged_from_u
     assert (row["method"], row["verdict"], row["rule"], row["purpose"], row["cost_micros"]) == (
         "model.request", "allowed", "model-text", "reply", round(expected),
     )  # fmt: skip
-    assert row["imp"] == "pip" and row["run_id"] == "run-1" and row["channel_id"] == "c1" and row["latency_ms"] > 0
+    assert (
+        row["imp"] == "pip"
+        and row["run_id"] == "run-1"
+        and row["channel_id"] == "c1"
+        and row["latency_ms"] > 0
+    )
     no_secret_anywhere(h)
 
 
@@ -185,27 +209,41 @@ async def test_every_path_is_charged_by_its_own_usage(
 @pytest.mark.parametrize("status", [400, 429, 500, 503])
 async def test_upstream_http_errors_are_results_with_their_status(h: Harness, status: int) -> None:
     h.fake.script(error(status, "nope", retry_after=7), purpose="reply")
-    result = await h.call("model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"))
+    result = await h.call(
+        "model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply")
+    )
     assert isinstance(result, ModelRequestResult)
     assert result.status == status and result.body["error"]["message"] == "nope"
     assert result.headers.get("retry-after") == "7"
     assert h.spent() == 0  # an error with no usage generated nothing
 
 
-async def test_an_upstream_that_cannot_be_reached_is_minus_32013_and_costs_nothing(tmp_path: Path, fake: FakeOpenAI) -> None:
+async def test_an_upstream_that_cannot_be_reached_is_minus_32013_and_costs_nothing(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
     h = make_harness(tmp_path, fake)
     fake.stop()  # nothing listens on that port any more
-    error_ = await h.refused("model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"), ErrorCode.UPSTREAM_UNREACHABLE)
+    error_ = await h.refused(
+        "model.request",
+        ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"),
+        ErrorCode.UPSTREAM_UNREACHABLE,
+    )
     assert "cannot connect" in error_.message
     assert h.spent() == 0
     assert h.audit()[-1]["verdict"] == "unreachable"
     await h.gateway.aclose()
 
 
-async def test_a_slow_upstream_times_out_and_the_estimate_is_charged(tmp_path: Path, fake: FakeOpenAI) -> None:
+async def test_a_slow_upstream_times_out_and_the_estimate_is_charged(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
     h = make_harness(tmp_path, fake, policy_with("[upstream]\ntimeout_s = 0.3\n"))
     fake.script(slow(envelope(), 5.0), purpose="reply")
-    error_ = await h.refused("model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"), ErrorCode.UPSTREAM_UNREACHABLE)
+    error_ = await h.refused(
+        "model.request",
+        ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"),
+        ErrorCode.UPSTREAM_UNREACHABLE,
+    )
     assert "did not answer within 0.3 s" in error_.message
     assert h.spent() > 0  # it may have run upstream: charged at the estimate, not assumed free
     await h.gateway.aclose()
@@ -213,7 +251,11 @@ async def test_a_slow_upstream_times_out_and_the_estimate_is_charged(tmp_path: P
 
 async def test_no_model_key_is_a_clear_error_and_no_upstream_call(tmp_path: Path, fake: FakeOpenAI) -> None:
     h = make_harness(tmp_path, fake, api_key=None)
-    error_ = await h.refused("model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"), ErrorCode.UPSTREAM_UNREACHABLE)
+    error_ = await h.refused(
+        "model.request",
+        ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"),
+        ErrorCode.UPSTREAM_UNREACHABLE,
+    )
     assert "OPENAI_API_KEY" in error_.message and "OPENAI_BASE_URL" in error_.message
     assert fake.requests == [] and h.db.query("SELECT count(*) FROM ledger")[0][0] == 0
 
@@ -221,11 +263,15 @@ async def test_no_model_key_is_a_clear_error_and_no_upstream_call(tmp_path: Path
 async def test_the_hard_stop_makes_no_upstream_request(h: Harness) -> None:
     h.gateway.ledger.set_limits("pip", daily_usd=0.001, monthly_usd=None)  # 1000 micro-USD
     h.fake.script(envelope(), purpose="reply", usage={"prompt_tokens": 10, "completion_tokens": 10})
-    params = ModelRequestParams(path="/chat/completions", body={**CHAT_BODY, "max_completion_tokens": 100}, purpose="reply")
+    params = ModelRequestParams(
+        path="/chat/completions", body={**CHAT_BODY, "max_completion_tokens": 100}, purpose="reply"
+    )
     for _ in range(5):  # each reserves ~ 100 * 1.6 + a little; all fit
         await h.call("model.request", params)
     assert len(h.fake.requests) == 5
-    h.gateway.ledger.set_limits("pip", daily_usd=h.spent() / 1_000_000, monthly_usd=None)  # now nothing is left
+    h.gateway.ledger.set_limits(
+        "pip", daily_usd=h.spent() / 1_000_000, monthly_usd=None
+    )  # now nothing is left
     error_ = await h.refused("model.request", params, ErrorCode.BUDGET_EXHAUSTED)
     assert error_.data == {"ledger": "imp:pip/day", "retry_after": 12 * 3600}
     assert len(h.fake.requests) == 5  # the fake's record proves it: no call was made
@@ -263,7 +309,9 @@ async def test_model_requests_refused_by_policy_never_reach_the_upstream(
         'purposes = { image = ["img-noprice"] }\n[prices."img-noprice"]\ninput = 1.0\noutput = 1.0\n'
     )
     h = make_harness(tmp_path, fake, policy)
-    error_ = await h.refused("model.request", ModelRequestParams(path=path, body=body, purpose=purpose), ErrorCode.DENIED)  # type: ignore[arg-type]
+    error_ = await h.refused(
+        "model.request", ModelRequestParams(path=path, body=body, purpose=purpose), ErrorCode.DENIED
+    )  # type: ignore[arg-type]
     assert error_.data["rule"] == rule and reason in error_.data["reason"], error_.data
     assert error_.message.startswith(f"denied by policy rule {rule}: ")
     assert fake.requests == []
@@ -279,8 +327,12 @@ def test_a_body_with_a_lone_surrogate_is_escaped_not_sent_as_broken_utf8() -> No
 
 
 async def test_the_secret_never_reaches_the_box_even_if_the_upstream_echoes_it(h: Harness) -> None:
-    h.fake.script(FakeResponse(401, {"error": {"message": f"Incorrect API key provided: {KEY}"}}), purpose="reply")
-    result = await h.call("model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply"))
+    h.fake.script(
+        FakeResponse(401, {"error": {"message": f"Incorrect API key provided: {KEY}"}}), purpose="reply"
+    )
+    result = await h.call(
+        "model.request", ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply")
+    )
     assert isinstance(result, ModelRequestResult) and result.status == 401
     assert "[redacted]" in result.body["error"]["message"]
     no_secret_anywhere(h)
@@ -301,13 +353,27 @@ class Sneaky(BaseModel):
 @pytest.mark.parametrize(
     ("params", "loc"),
     [
-        pytest.param(Sneaky(path="/chat/completions", body=CHAT_BODY, purpose="reply", imp="someone-else"), "imp", id="unknown-field"),
-        pytest.param(Sneaky(path="/chat/completions", body="not an object", purpose="reply"), "body", id="wrong-type"),
-        pytest.param(Sneaky(path="/v2/anything", body=CHAT_BODY, purpose="reply"), "path", id="path-not-in-protocol"),
-        pytest.param(Sneaky(path="/chat/completions", body=CHAT_BODY, purpose="Reply; DROP"), "purpose", id="bad-purpose"),
+        pytest.param(
+            Sneaky(path="/chat/completions", body=CHAT_BODY, purpose="reply", imp="someone-else"),
+            "imp",
+            id="unknown-field",
+        ),
+        pytest.param(
+            Sneaky(path="/chat/completions", body="not an object", purpose="reply"), "body", id="wrong-type"
+        ),
+        pytest.param(
+            Sneaky(path="/v2/anything", body=CHAT_BODY, purpose="reply"), "path", id="path-not-in-protocol"
+        ),
+        pytest.param(
+            Sneaky(path="/chat/completions", body=CHAT_BODY, purpose="Reply; DROP"),
+            "purpose",
+            id="bad-purpose",
+        ),
     ],
 )
-async def test_the_peer_refuses_bad_params_before_the_gateway_runs(h: Harness, params: BaseModel, loc: str) -> None:
+async def test_the_peer_refuses_bad_params_before_the_gateway_runs(
+    h: Harness, params: BaseModel, loc: str
+) -> None:
     host_out, box_in = byte_pipe()
     box_out, host_in = byte_pipe()
 
@@ -339,7 +405,11 @@ async def test_the_peer_refuses_bad_params_before_the_gateway_runs(h: Harness, p
 
 async def test_a_reply_in_the_sessions_own_trusted_channel_is_delivered(h: Harness) -> None:
     result = await h.call("discord.send", DiscordSendParams(channel_id="c1", content="hello", reply_to="m1"))
-    assert isinstance(result, DiscordSendResult) and result.status == "delivered" and result.message_ids == ["rec-1"]
+    assert (
+        isinstance(result, DiscordSendResult)
+        and result.status == "delivered"
+        and result.message_ids == ["rec-1"]
+    )
     [sent] = h.surface.sent
     assert (sent.channel_id, sent.content, sent.reply_to, sent.kind) == ("c1", "hello", "m1", "reply")
     row = h.audit()[-1]
@@ -362,17 +432,26 @@ async def test_a_send_to_another_trusted_channel_from_an_untrusted_session_is_ga
     h.channel("guild-chat", kind="guild", trusted=False, guild_id="g1")  # the session: untrusted
     h.channel("announce", kind="guild", trusted=True, guild_id="g1")  # the target: trusted
     spec = BoxSpec("pip", "guild-chat", h.spec.state_dir, run_id="run-2")
-    result = await h.call("discord.send", DiscordSendParams(channel_id="announce", content="hi all", kind="other"), spec)
+    result = await h.call(
+        "discord.send", DiscordSendParams(channel_id="announce", content="hi all", kind="other"), spec
+    )
     assert isinstance(result, DiscordSendResult) and result.status == "pending" and result.gate_id
     assert h.surface.sent == []
     gate = h.gateway.gates.get(result.gate_id)
-    assert (gate.state, gate.target, gate.origin_guild, gate.payload["content"]) == ("pending", "announce", "g1", "hi all")
+    assert (gate.state, gate.target, gate.origin_guild, gate.payload["content"]) == (
+        "pending",
+        "announce",
+        "g1",
+        "hi all",
+    )
     row = h.audit()[-1]
     assert row["verdict"] == "gated" and row["gate_id"] == result.gate_id
 
 
 async def test_a_trusted_session_sending_elsewhere_is_gated_too(h: Harness) -> None:
-    h.gateway.policy = policy_with('[[rules]]\nname = "x"\nmethod = "discord.send"\naction = "allow"\nchannels = ["dm-2"]\n')
+    h.gateway.policy = policy_with(
+        '[[rules]]\nname = "x"\nmethod = "discord.send"\naction = "allow"\nchannels = ["dm-2"]\n'
+    )
     h.channel("dm-2", kind="dm")
     result = await h.call("discord.send", DiscordSendParams(channel_id="dm-2", content="psst"))
     assert isinstance(result, DiscordSendResult) and result.status == "pending" and h.surface.sent == []
@@ -394,17 +473,23 @@ async def test_an_unknown_channel_is_untrusted(h: Harness) -> None:
 async def test_a_staff_channel_rule_with_trust_auto_delivers(h: Harness) -> None:
     h.gateway.policy = policy_with('[channels]\nstaff = ["staff-1"]\n')
     h.channel("staff-1", kind="guild", trusted=False)
-    result = await h.call("discord.send", DiscordSendParams(channel_id="staff-1", content="note", kind="staff"))
+    result = await h.call(
+        "discord.send", DiscordSendParams(channel_id="staff-1", content="note", kind="staff")
+    )
     assert isinstance(result, DiscordSendResult) and result.status == "delivered"
     assert h.audit()[-1]["rule"] == "send-staff"
 
 
 async def test_an_imps_own_staff_channel_counts_as_staff(h: Harness) -> None:
     h.gateway.staff_channels = {"pip": ("pip-staff",)}
-    result = await h.call("discord.send", DiscordSendParams(channel_id="pip-staff", content="note", kind="staff"))
+    result = await h.call(
+        "discord.send", DiscordSendParams(channel_id="pip-staff", content="note", kind="staff")
+    )
     assert isinstance(result, DiscordSendResult) and result.status == "delivered"
     other = BoxSpec("bob", "c1", h.spec.state_dir)
-    await h.refused("discord.send", DiscordSendParams(channel_id="pip-staff", content="note"), ErrorCode.DENIED, other)
+    await h.refused(
+        "discord.send", DiscordSendParams(channel_id="pip-staff", content="note"), ErrorCode.DENIED, other
+    )
 
 
 @pytest.mark.parametrize(
@@ -418,7 +503,9 @@ async def test_an_imps_own_staff_channel_counts_as_staff(h: Harness) -> None:
                      "malformed-request", "not valid base64", id="bad-base64"),
     ],
 )  # fmt: skip
-async def test_refused_sends_send_nothing_and_open_no_gate(h: Harness, params: DiscordSendParams, rule: str, reason: str) -> None:
+async def test_refused_sends_send_nothing_and_open_no_gate(
+    h: Harness, params: DiscordSendParams, rule: str, reason: str
+) -> None:
     error_ = await h.refused("discord.send", params, ErrorCode.DENIED)
     assert error_.data["rule"] == rule and reason in error_.data["reason"]
     assert h.surface.sent == [] and h.gateway.gates.list() == []
@@ -442,7 +529,9 @@ async def test_sends_are_rate_limited_per_channel(h: Harness) -> None:
 
 async def test_a_surface_failure_is_minus_32013(h: Harness) -> None:
     h.surface.fail_with = "discord is down"
-    error_ = await h.refused("discord.send", DiscordSendParams(channel_id="c1", content="hi"), ErrorCode.UPSTREAM_UNREACHABLE)
+    error_ = await h.refused(
+        "discord.send", DiscordSendParams(channel_id="c1", content="hi"), ErrorCode.UPSTREAM_UNREACHABLE
+    )
     assert "discord is down" in error_.message
 
 
@@ -517,7 +606,9 @@ async def test_fetch_refuses_urls_with_credentials_and_other_schemes(h: Harness)
 # --- notifications ---------------------------------------------------------------------------------
 
 
-async def test_turn_stage_reaches_the_callback_and_log_the_logger(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+async def test_turn_stage_reaches_the_callback_and_log_the_logger(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     assert await h.call("turn.stage", TurnStageParams(message_id="m1", stage="render")) is None
     assert h.stages == ["pip:render"]
     with caplog.at_level(logging.INFO, logger="impyard.box.pip"):
@@ -567,7 +658,10 @@ async def test_end_to_end_a_real_box_replies_through_the_gateway(
     assert request.body["response_format"]["json_schema"]["name"] == "envelope"
     assert h.spent() == round(300 * 0.40 + 40 * 1.60)
     rows = h.audit()
-    assert [(r["method"], r["verdict"]) for r in rows] == [("model.request", "allowed"), ("discord.send", "allowed")]
+    assert [(r["method"], r["verdict"]) for r in rows] == [
+        ("model.request", "allowed"),
+        ("discord.send", "allowed"),
+    ]
     assert all(r["run_id"] == "e2e-run" for r in rows)
     assert KEY not in json.dumps(rows) and not any(KEY in text for text in watching.handed_to_box)
     assert KEY not in box_environment(spec.state_dir).values() and os.environ["OPENAI_API_KEY"] == KEY
@@ -576,15 +670,27 @@ async def test_end_to_end_a_real_box_replies_through_the_gateway(
     h.db.close()
 
 
-async def test_end_to_end_a_refusal_reaches_the_box_as_a_legible_failure(tmp_path: Path, fake: FakeOpenAI) -> None:
+async def test_end_to_end_a_refusal_reaches_the_box_as_a_legible_failure(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
     from impyard.backends.process import ProcessBackend
 
-    h = make_harness(tmp_path, fake, policy_with('[[rules]]\nname = "no-replies"\nmethod = "model.request"\naction = "deny"\nreason = "pip is on a break"\n'))
+    h = make_harness(
+        tmp_path,
+        fake,
+        policy_with(
+            '[[rules]]\nname = "no-replies"\nmethod = "model.request"\naction = "deny"\nreason = "pip is on a break"\n'
+        ),
+    )
     spec = BoxSpec("pip", "c1", tmp_path / "state")
     async with ProcessBackend(warn=False).open(spec, h.gateway) as box:
         await box.init(init_params(imp="pip", channel_id="c1", kind="dm"), timeout=30)
         result = await box.deliver(deliver_params("hi", "m1"), timeout=30)
-    assert result.outcome == "failed" and "no-replies" in (result.error or "") and "pip is on a break" in (result.error or "")
+    assert (
+        result.outcome == "failed"
+        and "no-replies" in (result.error or "")
+        and "pip is on a break" in (result.error or "")
+    )
     assert fake.requests == [] and h.surface.sent == []
     await h.gateway.aclose()
     h.db.close()

@@ -14,7 +14,12 @@ from impyard.history import History
 
 
 def msg(n: int, clock: FixedClock, content: str = "hi") -> Message:
-    return Message(id=f"m{n}", author=Author(id="ann", name="ann"), content=content, created_at=clock.now() + timedelta(seconds=n))
+    return Message(
+        id=f"m{n}",
+        author=Author(id="ann", name="ann"),
+        content=content,
+        created_at=clock.now() + timedelta(seconds=n),
+    )
 
 
 @pytest.fixture
@@ -44,8 +49,18 @@ def test_recording_is_idempotent_and_outcomes_are_written_once(tmp_path: Path, c
 
 def test_triage_answers_fresh_wakes_and_marks_stale_ones_missed(tmp_path: Path, clock: FixedClock) -> None:
     history = History(open_database(tmp_path / "db"), clock)
-    old = Message(id="old", author=Author(id="ann", name="ann"), content="?", created_at=clock.now() - timedelta(minutes=6))
-    new = Message(id="new", author=Author(id="ann", name="ann"), content="?", created_at=clock.now() - timedelta(minutes=4))
+    old = Message(
+        id="old",
+        author=Author(id="ann", name="ann"),
+        content="?",
+        created_at=clock.now() - timedelta(minutes=6),
+    )
+    new = Message(
+        id="new",
+        author=Author(id="ann", name="ann"),
+        content="?",
+        created_at=clock.now() - timedelta(minutes=4),
+    )
     for message in (old, new):
         history.record("a", message)
         history.record_wake("pip", "a", message.id)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from impyard.backends.process import ProcessBackend
 from impyard.cli import cli
-from impyard.gates import Approver
+from impyard.gates import Approver, Gate, GateStore
 from impyard.imps import ImpStore
 from impyard.supervisor import SupervisorSettings, open_supervisor
 from impyard.surfaces import SURFACE_DISCORD, SURFACE_LOG, SURFACE_TERMINAL, RecordingSurface, surface_of
@@ -36,6 +36,15 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
         monkeypatch.setenv("OPENAI_API_KEY", server.api_key)
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         yield server
+
+
+def held_post(gates: GateStore, channel_id: str, content: str) -> Gate:
+    """A task's post into ``channel_id``, held by a gate (as the gateway opens it for an untrusted channel)."""
+    return gates.open(
+        imp="pip", run_id="r1", session_channel="task:pip", origin_guild=None, act="discord.send", target=channel_id,
+        payload={"channel_id": channel_id, "content": content, "kind": "other"}, reason="held",
+        deadline=timedelta(hours=1),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -62,11 +71,7 @@ async def test_a_standalone_supervisor_leaves_a_discord_gate_approved_on_the_cli
     surface = RecordingSurface()
     async with open_supervisor(surface=surface, settings=FAST, lock=False) as supervisor:
         gates = supervisor.gateway.gates
-        gate = gates.open(
-            imp="pip", run_id="r1", session_channel="task:pip", origin_guild=None, act="discord.send",
-            target=DISCORD_CHANNEL, payload={"channel_id": DISCORD_CHANNEL, "content": "for the guild", "kind": "other"},
-            reason="untrusted", deadline=timedelta(hours=1),
-        )  # fmt: skip
+        gate = held_post(gates, DISCORD_CHANNEL, "for the guild")
         approved = CliRunner().invoke(cli, ["approvals", "approve", gate.id])
         assert approved.exit_code == 0, approved.output
         await supervisor.run(once=True)  # a tick: the gate pump runs
@@ -74,20 +79,28 @@ async def test_a_standalone_supervisor_leaves_a_discord_gate_approved_on_the_cli
         assert surface.sent == [] and gates.get(gate.id).state == "approved"  # left for `impyard serve`
 
 
-async def test_a_task_posting_to_discord_is_not_delivered_by_a_supervisor_without_discord(fake: FakeOpenAI) -> None:
+async def test_a_task_posting_to_discord_is_not_delivered_by_a_supervisor_without_discord(
+    fake: FakeOpenAI,
+) -> None:
     fake.script(envelope(answer="Daily summary: all quiet."), purpose="reply")
     ImpStore().add("pip", "You are Pip.")
     surface = RecordingSurface()
     backend = ProcessBackend(warn=False)
-    async with open_supervisor(surface=surface, settings=FAST, lock=False, backend_for=lambda imp: backend) as supervisor:
-        supervisor.gateway.channels.upsert(ChannelInfo(DISCORD_CHANNEL, kind="guild", name="daily", trusted=True))
+    async with open_supervisor(
+        surface=surface, settings=FAST, lock=False, backend_for=lambda imp: backend
+    ) as supervisor:
+        supervisor.gateway.channels.upsert(
+            ChannelInfo(DISCORD_CHANNEL, kind="guild", name="daily", trusted=True)
+        )
         task = supervisor.tasks.add(TaskRequest("pip", "Post the daily summary", channel_id=DISCORD_CHANNEL))
         await supervisor.run(once=True)
         done = supervisor.tasks.get(task.id)
         rows = [r for r in supervisor.gateway.audit.tail(20) if r.method == "discord.send"]
     assert surface.sent == []
     assert done.state == "failed" and "0 posts delivered" in (done.outcome or "")
-    assert [r.verdict for r in rows] == ["unreachable"] and "impyard serve --supervise" in (rows[0].reason or "")
+    assert [r.verdict for r in rows] == ["unreachable"] and "impyard serve --supervise" in (
+        rows[0].reason or ""
+    )
 
 
 async def test_a_standalone_supervisor_still_posts_to_its_task_log(fake: FakeOpenAI) -> None:
@@ -95,7 +108,9 @@ async def test_a_standalone_supervisor_still_posts_to_its_task_log(fake: FakeOpe
     ImpStore().add("pip", "You are Pip.")
     surface = RecordingSurface()
     backend = ProcessBackend(warn=False)
-    async with open_supervisor(surface=surface, settings=FAST, lock=False, backend_for=lambda imp: backend) as supervisor:
+    async with open_supervisor(
+        surface=surface, settings=FAST, lock=False, backend_for=lambda imp: backend
+    ) as supervisor:
         task = supervisor.tasks.add(TaskRequest("pip", "Note it in the log"))
         await supervisor.run(once=True)
         done = supervisor.tasks.get(task.id)
@@ -111,11 +126,7 @@ async def test_an_operator_gate_decision_goes_through_the_same_pump_on_the_host_
     surface = RecordingSurface()
     async with open_supervisor(surface=surface, settings=FAST, lock=False) as supervisor:
         gates = supervisor.gateway.gates
-        gate = gates.open(
-            imp="pip", run_id="r1", session_channel="task:pip", origin_guild=None, act="discord.send",
-            target="task:pip", payload={"channel_id": "task:pip", "content": "for the log", "kind": "other"},
-            reason="held", deadline=timedelta(hours=1),
-        )  # fmt: skip
+        gate = held_post(gates, "task:pip", "for the log")
         gates.decide(gate.id, Approver(kind="operator", id="root"), approve=True, owners=())
         pump = supervisor.pump
         assert pump is not None

@@ -89,17 +89,27 @@ async def test_an_admin_of_the_requesting_guild_cannot_approve_a_post_into_anoth
         await seen_in_b(yard)
         card, gate_id = await gate_into(yard, model, B_NEWS)
         gate = yard.rt.gateway.gates.get(gate_id)
-        clicked = await answer_to(yard, yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:approve", user=BOB))
+        clicked = await answer_to(
+            yard, yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:approve", user=BOB)
+        )
         listed_a = await run(yard, "approvals list", BOB)
         approved_a = await run(yard, "approvals approve", BOB, {"gate": gate_id})
         after_a = yard.rt.gateway.gates.get(gate_id).state
         posted_after_a = list(yard.fake.messages(B_NEWS))
         listed_b = await run(yard, "approvals list", BEA, channel=B_NEWS)
-        approved_b = await run(yard, "approvals approve", BEA, {"gate": gate_id, "note": "fine here"}, channel=B_NEWS)
+        approved_b = await run(
+            yard, "approvals approve", BEA, {"gate": gate_id, "note": "fine here"}, channel=B_NEWS
+        )
         decided = yard.rt.gateway.gates.get(gate_id)
     assert (gate.origin_guild, gate.target_guild) == (str(GUILD), str(GUILD_B))
-    assert clicked.ephemeral and "may not decide" in clicked.content and "would be posted in" in clicked.content
-    assert listed_a.ephemeral and gate_id not in listed_a.content and "No approvals of pip are waiting for you" in listed_a.content
+    assert (
+        clicked.ephemeral and "may not decide" in clicked.content and "would be posted in" in clicked.content
+    )
+    assert (
+        listed_a.ephemeral
+        and gate_id not in listed_a.content
+        and "No approvals of pip are waiting for you" in listed_a.content
+    )
     assert approved_a.ephemeral and "may not decide" in approved_a.content
     assert after_a == "pending" and posted_after_a == []
     assert f"`{gate_id}`" in listed_b.content
@@ -133,10 +143,14 @@ async def test_owners_decide_a_post_into_a_channel_whose_guild_nobody_knows(
         gate = yard.rt.gateway.gates.get(gate_id)
         listed_by_b_admin = await run(yard, "approvals list", BEA, channel=B_NEWS)
         refused = await run(yard, "approvals deny", BEA, {"gate": gate_id}, channel=B_NEWS)
-        refused_a = await answer_to(yard, yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:deny", user=BOB))
+        refused_a = await answer_to(
+            yard, yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:deny", user=BOB)
+        )
         listed_by_owner = await run(yard, "approvals list", OLIVE)
         clicked = yard.fake.click_button(card.id, f"impyard:gate:{gate_id}:deny", user=OLIVE)
-        await yard.fake.wait_for(lambda: any(r.kind == "edit_original" for r in yard.fake.interaction_responses(clicked)))
+        await yard.fake.wait_for(
+            lambda: any(r.kind == "edit_original" for r in yard.fake.interaction_responses(clicked))
+        )
         decided = yard.rt.gateway.gates.get(gate_id)
     assert gate.target_guild is None
     assert "Who may decide: an owner of pip or the host operator" in card.content

@@ -13,17 +13,19 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import anyio
 import pytest
 
 from box.protocol import MAX_FRAME_DEPTH, FrameInvalid, decode_frame
-from box.protocol.models import LogParams
+from box.protocol.models import BoxInitParams, LogParams
 from impyard.backends import BoxBackend, BoxDied, BoxSpec
 from impyard.backends.conduct import Admission, NoiseLimits, NoiseMeter, printable
 from impyard.backends.process import ProcessBackend, box_command, box_environment
-from impyard.sessions import DIED_NOTICE, SessionKey, SessionManager
+from impyard.sessions import DIED_NOTICE, SessionKey, SessionManager, SessionSettings
 from tests.scripted import ScriptedHost, deliver_params, init_params
 from tests.test_sessions import Recorder, delivery
 
@@ -40,15 +42,28 @@ def spec(tmp_path: Path, imp: str = "evil") -> BoxSpec:
     return BoxSpec(imp=imp, channel_id="c1", state_dir=tmp_path / imp / "state")
 
 
+@dataclass
+class Plan:
+    """Each imp with its own backend (a hostile one among honest ones); state under ``root``."""
+
+    backends: dict[str, BoxBackend]
+    root: Path
+
+    def backend_for(self, imp: str) -> BoxBackend:
+        return self.backends[imp]
+
+    async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
+        return init_params(key.imp, key.channel_id)
+
+    def state_dir_for(self, imp: str) -> Path:
+        return self.root / imp / "state"
+
+    def settings_for(self, imp: str) -> SessionSettings:
+        return SessionSettings()
+
+
 def sessions_of(tmp_path: Path, backends: dict[str, BoxBackend], recorder: Recorder) -> SessionManager:
-    """A session manager whose imps each have their own backend (a hostile one among honest ones)."""
-    return SessionManager(
-        backend_for=lambda imp: backends[imp],
-        host=ScriptedHost(),
-        events=recorder,
-        init_for=lambda key, now: init_params(key.imp, key.channel_id),
-        state_dir_for=lambda imp: tmp_path / imp / "state",
-    )
+    return SessionManager(plan=Plan(backends, tmp_path), host=ScriptedHost(), events=recorder)
 
 
 def nested(depth: int) -> bytes:
@@ -102,7 +117,12 @@ async def test_the_box_program_survives_a_deeply_nested_line(tmp_path: Path) -> 
     process = await anyio.open_process(box_command(), env=box_environment(tmp_path), cwd="/")
     async with process:
         assert process.stdin is not None and process.stdout is not None
-        init = {"jsonrpc": "2.0", "id": 1, "method": "box.init", "params": init_params().model_dump(mode="json")}
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "box.init",
+            "params": init_params().model_dump(mode="json"),
+        }
         await process.stdin.send(nested(100_000) + b"\n" + json.dumps(init).encode() + b"\n")
         received = b""
         with anyio.fail_after(20):
@@ -134,7 +154,9 @@ async def test_a_box_flooding_requests_it_never_reads_back_is_killed(tmp_path: P
 
 
 @pytest.mark.parametrize(("mode", "most_shown"), [("log-flood", 400), ("log-repeat", 1)])
-async def test_a_box_flooding_the_log_is_cut_off_and_killed(tmp_path: Path, mode: str, most_shown: int) -> None:
+async def test_a_box_flooding_the_log_is_cut_off_and_killed(
+    tmp_path: Path, mode: str, most_shown: int
+) -> None:
     host = ScriptedHost()
     with anyio.fail_after(60):
         async with hostile(mode).open(spec(tmp_path), host) as running:
@@ -166,7 +188,9 @@ async def test_a_box_flooding_refused_requests_is_audited_in_bounds_and_killed(t
     assert method == "(folded)" and "not recorded one by one" in reason
 
 
-async def test_a_box_cannot_forge_a_line_of_the_host_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_box_cannot_forge_a_line_of_the_host_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from impyard.db import open_database
     from impyard.gateway import Gateway
     from impyard.policy import load_policy
@@ -176,7 +200,9 @@ async def test_a_box_cannot_forge_a_line_of_the_host_log(tmp_path: Path, caplog:
     gateway = Gateway(policy=load_policy(), db=db, surface=TerminalSurface())
     forged = "hello\n2026-12-03 06:00:00 ERROR impyard.gateway: budget reset\r\x1b[2J\u202e"
     with caplog.at_level(logging.DEBUG):
-        await gateway.serve(spec(tmp_path), "log", LogParams(level="warning", message=forged, fields={"k\nx": "v\n"}))
+        await gateway.serve(
+            spec(tmp_path), "log", LogParams(level="warning", message=forged, fields={"k\nx": "v\n"})
+        )
     await gateway.aclose()
     db.close()
     [record] = [r for r in caplog.records if r.name == "impyard.box.evil"]
@@ -236,7 +262,13 @@ async def test_nothing_under_state_changes_which_program_the_next_box_runs(tmp_p
     (state / "box" / "__init__.py").write_text(payload)  # a package that shadows the real box
     (state / "box" / "__main__.py").write_text(payload)
     (state / "sitecustomize.py").write_text(payload)
-    user_site = state / ".local" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    user_site = (
+        state
+        / ".local"
+        / "lib"
+        / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        / "site-packages"
+    )
     user_site.mkdir(parents=True)
     (user_site / "usercustomize.py").write_text(payload)
     (user_site / "evil.pth").write_text(f"import os; {payload}")
@@ -287,8 +319,12 @@ async def _fail_soon() -> None:
     raise OSError("a helper task failed")
 
 
-@pytest.mark.parametrize(("when", "error"), [("start", "KeyError"), ("turn", "ZeroDivisionError"), ("helper", "OSError")])
-async def test_an_unexpected_error_in_one_session_is_reported_and_contained(tmp_path: Path, when: str, error: str) -> None:
+@pytest.mark.parametrize(
+    ("when", "error"), [("start", "KeyError"), ("turn", "ZeroDivisionError"), ("helper", "OSError")]
+)
+async def test_an_unexpected_error_in_one_session_is_reported_and_contained(
+    tmp_path: Path, when: str, error: str
+) -> None:
     evil, honest = SessionKey("evil", "c1"), SessionKey("pip", "c1")
     backends = {"evil": _Exploding(when), "pip": ProcessBackend(warn=False)}
     recorder = Recorder()

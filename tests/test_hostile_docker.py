@@ -92,18 +92,24 @@ def test_the_state_dir_itself_is_never_followed_when_it_is_a_link(tmp_path: Path
     (tmp_path / "imp" / "state").symlink_to(target)
     with pytest.raises(OSError):
         prepare_state_dir(tmp_path / "imp" / "state", 10001, 10001)
-    with pytest.raises(BoxStartError, match="cannot be prepared"):  # the backend refuses the start in one line
+    with pytest.raises(
+        BoxStartError, match="cannot be prepared"
+    ):  # the backend refuses the start in one line
         DockerBackend(image="unused").prepare_state_dir(tmp_path / "imp" / "state", BOX_USER)
     assert target.stat().st_uid == 0
 
 
-def test_the_one_time_repair_gives_root_written_files_to_the_box_user_then_stops(tmp_path: Path, root_only: None) -> None:
+def test_the_one_time_repair_gives_root_written_files_to_the_box_user_then_stops(
+    tmp_path: Path, root_only: None
+) -> None:
     state = tmp_path / "imp" / "state"
     (state / "sub").mkdir(parents=True)
     (state / "sub" / "history.json").write_text("{}")
     (state / "link").symlink_to("/etc/passwd")
     prepare_state_dir(state, 10001, 10001)  # the top was root's: repaired once
-    assert {p.lstat().st_uid for p in [state, state / "sub", state / "sub" / "history.json", state / "link"]} == {10001}
+    assert {
+        p.lstat().st_uid for p in [state, state / "sub", state / "sub" / "history.json", state / "link"]
+    } == {10001}
     assert Path("/etc/passwd").stat().st_uid == 0  # the link itself changed owner, never its target
     (state / "late.json").write_text("{}")  # written as root after the repair, with no mark set
     prepare_state_dir(state, 10001, 10001)
@@ -127,11 +133,15 @@ async def test_a_box_filling_its_state_dir_past_the_quota_is_killed_and_not_rest
     assert backend.labelled() == []
 
 
-async def test_one_file_can_never_outgrow_the_quota(tmp_path: Path, box_image: str, test_home_id: str) -> None:
+async def test_one_file_can_never_outgrow_the_quota(
+    tmp_path: Path, box_image: str, test_home_id: str
+) -> None:
     quota = StateQuota(max_bytes=4 * 1024**2, max_entries=1000)
     backend = DockerBackend(box_image, home_id=test_home_id, limits=DockerLimits(state_quota=quota))
     state = tmp_path / "imp" / "state"
-    async with backend.open(BoxSpec("pip", "c1", state), ScriptedHost(), command=["python3", "-c", FILLER, "one-big-file"]):
+    async with backend.open(
+        BoxSpec("pip", "c1", state), ScriptedHost(), command=["python3", "-c", FILLER, "one-big-file"]
+    ):
         with anyio.fail_after(30):
             while not (state / "refused").exists():
                 await anyio.sleep(0.05)

@@ -32,7 +32,9 @@ from impyard.testing.web import local_site
 
 pytestmark = pytest.mark.anyio
 
-SLOW_MARKUP = b"<x " * 10_000  # about 15 s of html.parser on this machine; hours at the 2 MB the policy allows
+SLOW_MARKUP = (
+    b"<x " * 10_000
+)  # about 15 s of html.parser on this machine; hours at the 2 MB the policy allows
 PAGES = {
     "/slow": SLOW_MARKUP,
     "/broken": b"<![" * 1_000,  # html.parser raises AssertionError on it
@@ -94,7 +96,9 @@ class Host:
     spec: BoxSpec
 
     async def fetch(self, path: str, site: Site) -> HttpFetchResult:
-        result = await self.gateway.serve(self.spec, "http.fetch", HttpFetchParams(url=f"http://{site.address}{path}"))
+        result = await self.gateway.serve(
+            self.spec, "http.fetch", HttpFetchParams(url=f"http://{site.address}{path}")
+        )
         assert isinstance(result, HttpFetchResult)
         return result
 
@@ -106,7 +110,9 @@ class Host:
 @pytest.fixture
 async def host(tmp_path: Path) -> AsyncIterator[Host]:
     db = open_database(tmp_path / "impyard.db")
-    policy = build_policy([("ops.toml", FETCH_RULE), (str(default_policy_path()), default_policy_path().read_text())])
+    policy = build_policy(
+        [("ops.toml", FETCH_RULE), (str(default_policy_path()), default_policy_path().read_text())]
+    )
     gateway = Gateway(
         policy=policy, db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 6, 1, tzinfo=UTC)),
         upstream=UpstreamConfig(api_key=None), secrets=[],
@@ -116,7 +122,9 @@ async def host(tmp_path: Path) -> AsyncIterator[Host]:
     db.close()
 
 
-async def test_slow_markup_is_parsed_off_the_loop_and_refused_at_its_time_bound(host: Host, site: Site) -> None:
+async def test_slow_markup_is_parsed_off_the_loop_and_refused_at_its_time_bound(
+    host: Host, site: Site
+) -> None:
     host.gateway.fetcher.extract_timeout_s = 1.0
     outcome: HttpFetchResult | RpcError
     async with anyio.create_task_group() as tg:

@@ -60,26 +60,46 @@ def leaked(text: str) -> list[str]:
 
 @pytest.mark.parametrize("configured", ["environment", "explicit"])
 async def test_an_unreachable_proxy_is_reported_without_its_credentials(
-    tmp_path: Path, dead_port: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, configured: str
+    tmp_path: Path,
+    dead_port: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    configured: str,
 ) -> None:
     url = base_url(f"127.0.0.1:{dead_port}")
     monkeypatch.setenv("OPENAI_BASE_URL", url)
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     db = open_database(tmp_path / "impyard.db")
-    extra = {} if configured == "environment" else {"upstream": UpstreamConfig(base_url=url, api_key=KEY), "secrets": [KEY]}
-    gateway = Gateway(policy=load_policy(), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)), **extra)
+    extra = (
+        {}
+        if configured == "environment"
+        else {"upstream": UpstreamConfig(base_url=url, api_key=KEY), "secrets": [KEY]}
+    )
+    gateway = Gateway(
+        policy=load_policy(),
+        db=db,
+        surface=RecordingSurface(),
+        clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
+        **extra,
+    )
     spec = BoxSpec("pip", "c1", tmp_path / "state", run_id="r1")
     with caplog.at_level(logging.DEBUG), pytest.raises(RpcError) as caught:
-        await gateway.serve(spec, "model.request", ModelRequestParams(path="/chat/completions", body=CHAT, purpose="reply"))
+        await gateway.serve(
+            spec, "model.request", ModelRequestParams(path="/chat/completions", body=CHAT, purpose="reply")
+        )
     error = caught.value
     assert error.code == ErrorCode.UPSTREAM_UNREACHABLE
-    assert f"http://[redacted]@127.0.0.1:{dead_port}/v1?key=[redacted]" in error.message  # still says where it tried
+    assert (
+        f"http://[redacted]@127.0.0.1:{dead_port}/v1?key=[redacted]" in error.message
+    )  # still says where it tried
     assert leaked(json.dumps(error.to_wire())) == []
     rows = [dict(row) for row in db.query("SELECT * FROM audit")]
     assert rows and leaked(json.dumps(rows, default=str)) == []
     assert leaked("\n".join(record.getMessage() for record in caplog.records)) == []
     # the audit's second line of defence knows them too, however the gateway was configured
-    gateway.audit.write(AuditRecord(imp="pip", method="model.request", reason=f"echoed {url} and {USER}/{PASSWORD}"))
+    gateway.audit.write(
+        AuditRecord(imp="pip", method="model.request", reason=f"echoed {url} and {USER}/{PASSWORD}")
+    )
     assert leaked(db.query("SELECT reason FROM audit ORDER BY id DESC LIMIT 1")[0]["reason"]) == []
     await gateway.aclose()
     db.close()
@@ -97,13 +117,17 @@ async def test_the_box_and_its_journal_never_see_them(tmp_path: Path, dead_port:
         result = await box.deliver(deliver_params("hi", "m1"), timeout=30)
     assert result.outcome == "failed" and "unreachable" in (result.error or "")
     assert leaked(result.model_dump_json()) == []
-    written = "\n".join(path.read_text(errors="replace") for path in spec.state_dir.rglob("*") if path.is_file())
+    written = "\n".join(
+        path.read_text(errors="replace") for path in spec.state_dir.rglob("*") if path.is_file()
+    )
     assert "journal" in " ".join(p.name for p in spec.state_dir.rglob("*")) and leaked(written) == []
     await gateway.aclose()
     db.close()
 
 
-async def test_a_reachable_proxy_gets_them_as_basic_auth_never_in_the_logged_url(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_reachable_proxy_gets_them_as_basic_auth_never_in_the_logged_url(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with FakeOpenAI(api_key=KEY) as fake:
         host = fake.base_url.split("://", 1)[1].split("/", 1)[0]
         config = UpstreamConfig(base_url=base_url(host), api_key=KEY)
@@ -113,10 +137,18 @@ async def test_a_reachable_proxy_gets_them_as_basic_auth_never_in_the_logged_url
         await broker.aclose()
         [request] = fake.requests
     assert response.status in (200, 401)  # the fake wants the key; what matters is what was sent
-    assert request.headers["authorization"] == "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    assert (request.path, request.query) == ("/v1/chat/completions", f"key={QUERY_KEY}")  # the query still reaches the proxy
+    assert (
+        request.headers["authorization"]
+        == "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    )
+    assert (request.path, request.query) == (
+        "/v1/chat/completions",
+        f"key={QUERY_KEY}",
+    )  # the query still reaches the proxy
     assert any("HTTP Request" in r.getMessage() for r in caplog.records)
-    assert [r.getMessage() for r in caplog.records if USER in r.getMessage() or PASSWORD in r.getMessage()] == []
+    assert [
+        r.getMessage() for r in caplog.records if USER in r.getMessage() or PASSWORD in r.getMessage()
+    ] == []
     assert leaked(repr(config)) == []
 
 
@@ -125,18 +157,30 @@ async def test_the_brokers_own_errors_never_carry_them(dead_port: int) -> None:
     with pytest.raises(UpstreamUnreachable) as caught:
         await broker.call("/chat/completions", encode_body(CHAT), "reply")
     await broker.aclose()
-    assert str(caught.value) == f"cannot connect to the model API at http://[redacted]@127.0.0.1:{dead_port}/v1?key=[redacted]: ConnectError"
+    assert (
+        str(caught.value)
+        == f"cannot connect to the model API at http://[redacted]@127.0.0.1:{dead_port}/v1?key=[redacted]: ConnectError"
+    )
 
 
-async def test_an_upstream_that_echoes_them_has_them_redacted_before_the_box_sees_its_answer(tmp_path: Path) -> None:
+async def test_an_upstream_that_echoes_them_has_them_redacted_before_the_box_sees_its_answer(
+    tmp_path: Path,
+) -> None:
     with FakeOpenAI(api_key=KEY) as fake:
-        fake.script(FakeResponse(403, {"error": {"message": f"key {QUERY_KEY} is not valid for this proxy"}}), purpose="reply")
+        fake.script(
+            FakeResponse(403, {"error": {"message": f"key {QUERY_KEY} is not valid for this proxy"}}),
+            purpose="reply",
+        )
         db = open_database(tmp_path / "impyard.db")
         gateway = Gateway(
             policy=load_policy(), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
             upstream=UpstreamConfig(base_url=f"{fake.base_url}?key={QUERY_KEY}", api_key=KEY), secrets=[KEY],
         )  # fmt: skip
-        result = await gateway.serve(BoxSpec("pip", "c1", tmp_path), "model.request", ModelRequestParams(path="/chat/completions", body=CHAT, purpose="reply"))
+        result = await gateway.serve(
+            BoxSpec("pip", "c1", tmp_path),
+            "model.request",
+            ModelRequestParams(path="/chat/completions", body=CHAT, purpose="reply"),
+        )
         await gateway.aclose()
         db.close()
     assert isinstance(result, ModelRequestResult) and result.status == 403
@@ -144,7 +188,9 @@ async def test_an_upstream_that_echoes_them_has_them_redacted_before_the_box_see
 
 
 @pytest.mark.parametrize("as_json", [True, False])
-def test_doctor_shows_the_base_url_without_its_credentials(monkeypatch: pytest.MonkeyPatch, dead_port: int, as_json: bool) -> None:
+def test_doctor_shows_the_base_url_without_its_credentials(
+    monkeypatch: pytest.MonkeyPatch, dead_port: int, as_json: bool
+) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", base_url(f"127.0.0.1:{dead_port}"))
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     result = CliRunner(env={"COLUMNS": "400"}).invoke(cli, ["doctor", "--json"] if as_json else ["doctor"])
@@ -163,7 +209,9 @@ def test_doctor_shows_the_base_url_without_its_credentials(monkeypatch: pytest.M
         ("https://token-only-abcdef@proxy/v1#frag", "https://[redacted]@proxy/v1", ["token-only-abcdef"]),
     ],
 )  # fmt: skip
-def test_url_credentials_are_known_secrets_and_shown_redacted(url: str, shown: str, secrets: list[str]) -> None:
+def test_url_credentials_are_known_secrets_and_shown_redacted(
+    url: str, shown: str, secrets: list[str]
+) -> None:
     assert redact_url(url) == shown
     assert sorted(url_secrets(url)) == sorted(secrets)
     assert sorted(known_secrets({"OPENAI_BASE_URL": url})) == sorted(secrets)

@@ -49,7 +49,11 @@ def gateway_for(tmp_path: Path, fake: FakeOpenAI, policy: Policy) -> Gateway:
 
 def _vision(url: str) -> dict[str, Any]:
     content = [{"type": "text", "text": MEMORIES}, {"type": "image_url", "image_url": {"url": url}}]
-    return {"model": "gpt-4.1", "messages": [{"role": "user", "content": content}], "max_completion_tokens": 50}
+    return {
+        "model": "gpt-4.1",
+        "messages": [{"role": "user", "content": content}],
+        "max_completion_tokens": 50,
+    }
 
 
 @pytest.mark.parametrize(
@@ -89,20 +93,40 @@ async def test_a_body_that_reaches_beyond_the_prompt_is_refused_by_the_rule_befo
     gateway.db.close()
 
 
-async def test_an_operator_can_name_image_hosts_and_each_image_is_reserved_at_its_worst_case(tmp_path: Path, fake: FakeOpenAI) -> None:
+async def test_an_operator_can_name_image_hosts_and_each_image_is_reserved_at_its_worst_case(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
     default = default_policy_path()
     ops = (
         '[[rules]]\nname = "vision-cdn"\nmethod = "model.request"\naction = "allow"\npaths = ["/chat/completions"]\n'
         'purposes = { reply = ["gpt-4.1"] }\nmax_tokens = 50\nimage_hosts = ["cdn.example.org"]\n'
     )
-    gateway = gateway_for(tmp_path, fake, build_policy([("ops.toml", ops), (str(default), default.read_text())]))
-    fake.script(envelope(answer="a cat"), purpose="reply", usage={"prompt_tokens": 900, "completion_tokens": 5})
-    result = await gateway.serve(SPEC, "model.request", ModelRequestParams(path="/chat/completions", body=_vision("https://cdn.example.org/cat.png"), purpose="reply"))
+    gateway = gateway_for(
+        tmp_path, fake, build_policy([("ops.toml", ops), (str(default), default.read_text())])
+    )
+    fake.script(
+        envelope(answer="a cat"), purpose="reply", usage={"prompt_tokens": 900, "completion_tokens": 5}
+    )
+    result = await gateway.serve(
+        SPEC,
+        "model.request",
+        ModelRequestParams(
+            path="/chat/completions", body=_vision("https://cdn.example.org/cat.png"), purpose="reply"
+        ),
+    )
     assert isinstance(result, ModelRequestResult) and result.status == 200
     [row] = gateway.db.query("SELECT reserved_micros FROM ledger")
-    assert row["reserved_micros"] >= 1600 * 2  # gpt-4.1's image_input_tokens in the default price table, at $2/M
+    assert (
+        row["reserved_micros"] >= 1600 * 2
+    )  # gpt-4.1's image_input_tokens in the default price table, at $2/M
     with pytest.raises(RpcError) as caught:  # any other host is still refused, by the same rule
-        await gateway.serve(SPEC, "model.request", ModelRequestParams(path="/chat/completions", body=_vision("https://evil.example/x.png"), purpose="reply"))
+        await gateway.serve(
+            SPEC,
+            "model.request",
+            ModelRequestParams(
+                path="/chat/completions", body=_vision("https://evil.example/x.png"), purpose="reply"
+            ),
+        )
     assert caught.value.code == ErrorCode.DENIED and caught.value.data["rule"] == "vision-cdn"
     assert len(fake.requests) == 1
     await gateway.aclose()

@@ -121,7 +121,9 @@ def model(**overrides: object) -> RequestFacts:
 
 
 def send(**overrides: object) -> RequestFacts:
-    values: dict[str, object] = dict(imp="pip", method="discord.send", session_channel="c1", target_channel="c1", content_chars=10)
+    values: dict[str, object] = dict(
+        imp="pip", method="discord.send", session_channel="c1", target_channel="c1", content_chars=10
+    )
     values.update(overrides)
     return RequestFacts(**values)  # type: ignore[arg-type]
 
@@ -134,43 +136,165 @@ def fetch(host: str) -> RequestFacts:
     ("facts", "allowed", "rule", "reason"),
     [
         pytest.param(model(), True, "chat", "allowed", id="chat-allowed"),
-        pytest.param(model(path="/responses", purpose="summary"), True, "chat", "allowed", id="responses-summary"),
-        pytest.param(model(model="gpt-b", purpose="summary"), False, "chat", "not allowed for purpose 'summary'", id="model-not-for-purpose"),
-        pytest.param(model(purpose="gossip"), False, DEFAULT_DENY, "for purpose 'gossip'", id="unknown-purpose"),
-        pytest.param(model(path="/images/edits", purpose="image"), False, DEFAULT_DENY, "/images/edits", id="path-not-allowed"),
-        pytest.param(model(body_bytes=1001), False, "chat", "1001 bytes, over the limit of 1000", id="body-too-big"),
-        pytest.param(model(output_tokens=501), False, "chat", "output cap 501 tokens is over the limit of 500", id="too-many-tokens"),
+        pytest.param(
+            model(path="/responses", purpose="summary"), True, "chat", "allowed", id="responses-summary"
+        ),
+        pytest.param(
+            model(model="gpt-b", purpose="summary"),
+            False,
+            "chat",
+            "not allowed for purpose 'summary'",
+            id="model-not-for-purpose",
+        ),
+        pytest.param(
+            model(purpose="gossip"), False, DEFAULT_DENY, "for purpose 'gossip'", id="unknown-purpose"
+        ),
+        pytest.param(
+            model(path="/images/edits", purpose="image"),
+            False,
+            DEFAULT_DENY,
+            "/images/edits",
+            id="path-not-allowed",
+        ),
+        pytest.param(
+            model(body_bytes=1001), False, "chat", "1001 bytes, over the limit of 1000", id="body-too-big"
+        ),
+        pytest.param(
+            model(output_tokens=501),
+            False,
+            "chat",
+            "output cap 501 tokens is over the limit of 500",
+            id="too-many-tokens",
+        ),
         pytest.param(model(output_tokens=None), True, "chat", "allowed", id="no-cap-is-judged-by-budget"),
         pytest.param(model(model=None), False, "chat", "names no model", id="no-model"),
-        pytest.param(model(path="/embeddings", purpose="anything", model="emb-x"), True, "embed-anything", "allowed", id="wildcards"),
-        pytest.param(model(path="/images/generations", purpose="image", model="img-1", images=3), False, "images", "3 images", id="too-many-images"),
+        pytest.param(
+            model(path="/embeddings", purpose="anything", model="emb-x"),
+            True,
+            "embed-anything",
+            "allowed",
+            id="wildcards",
+        ),
+        pytest.param(
+            model(path="/images/generations", purpose="image", model="img-1", images=3),
+            False,
+            "images",
+            "3 images",
+            id="too-many-images",
+        ),
         pytest.param(model(imp="grumpy"), False, "quiet-imp", "grumpy is suspended", id="scoped-deny-first"),
-        pytest.param(model(malformed="max_tokens must be a positive integer"), False, MALFORMED, "positive integer", id="malformed"),
+        pytest.param(
+            model(malformed="max_tokens must be a positive integer"),
+            False,
+            MALFORMED,
+            "positive integer",
+            id="malformed",
+        ),
         # issue 11 #4: what the provider would do beyond the prompt is refused by the matched rule, by name
-        pytest.param(model(body_problem="tools[0]: tool type 'mcp' is not allowed (function tools only)"), False, "chat",
-                     "tool type 'mcp'", id="body-outside-the-allow-list"),
-        pytest.param(model(image_hosts=("img.example.org",)), False, "chat", "only inline data:image/", id="image-url-without-image-hosts"),
-        pytest.param(model(imp="richie", path="/responses", image_hosts=("img.example.org",)), True, "rich", "allowed", id="image-host-named"),
-        pytest.param(model(imp="richie", path="/responses", image_hosts=("example.org",)), False, "rich", "'example.org'", id="image-host-apex-not-named"),
-        pytest.param(model(imp="richie", path="/responses", image_hosts=("img.example.org", "evil.example")), False, "rich",
-                     "'evil.example'", id="every-image-host-must-be-named"),
-        pytest.param(model(path="/responses", stored_context=("previous_response_id",)), False, "chat",
-                     "previous_response_id pulls stored context", id="stored-context-without-a-worst-case"),
-        pytest.param(model(imp="richie", path="/responses", stored_context=("conversation",)), True, "rich", "allowed",
-                     id="stored-context-with-a-worst-case"),
+        pytest.param(
+            model(body_problem="tools[0]: tool type 'mcp' is not allowed (function tools only)"),
+            False,
+            "chat",
+            "tool type 'mcp'",
+            id="body-outside-the-allow-list",
+        ),
+        pytest.param(
+            model(image_hosts=("img.example.org",)),
+            False,
+            "chat",
+            "only inline data:image/",
+            id="image-url-without-image-hosts",
+        ),
+        pytest.param(
+            model(imp="richie", path="/responses", image_hosts=("img.example.org",)),
+            True,
+            "rich",
+            "allowed",
+            id="image-host-named",
+        ),
+        pytest.param(
+            model(imp="richie", path="/responses", image_hosts=("example.org",)),
+            False,
+            "rich",
+            "'example.org'",
+            id="image-host-apex-not-named",
+        ),
+        pytest.param(
+            model(imp="richie", path="/responses", image_hosts=("img.example.org", "evil.example")),
+            False,
+            "rich",
+            "'evil.example'",
+            id="every-image-host-must-be-named",
+        ),
+        pytest.param(
+            model(path="/responses", stored_context=("previous_response_id",)),
+            False,
+            "chat",
+            "previous_response_id pulls stored context",
+            id="stored-context-without-a-worst-case",
+        ),
+        pytest.param(
+            model(imp="richie", path="/responses", stored_context=("conversation",)),
+            True,
+            "rich",
+            "allowed",
+            id="stored-context-with-a-worst-case",
+        ),
         pytest.param(send(), True, "send-own", "allowed", id="own-channel"),
         pytest.param(send(target_channel="staff-1"), True, "send-staff", "allowed", id="staff-channel"),
-        pytest.param(send(target_channel="announce-9"), True, "send-staff", "allowed", id="explicit-channel-id"),
-        pytest.param(send(target_channel="c2"), False, DEFAULT_DENY, "neither this session's channel nor a staff", id="other-channel"),
-        pytest.param(send(content_chars=101), False, "send-own", "101 characters, over the limit of 100", id="content-too-long"),
+        pytest.param(
+            send(target_channel="announce-9"), True, "send-staff", "allowed", id="explicit-channel-id"
+        ),
+        pytest.param(
+            send(target_channel="c2"),
+            False,
+            DEFAULT_DENY,
+            "neither this session's channel nor a staff",
+            id="other-channel",
+        ),
+        pytest.param(
+            send(content_chars=101),
+            False,
+            "send-own",
+            "101 characters, over the limit of 100",
+            id="content-too-long",
+        ),
         pytest.param(send(files=2), False, "send-own", "2 files attached", id="too-many-files"),
-        pytest.param(send(files=1, largest_file_bytes=11), False, "send-own", "11 bytes is over the limit of 10", id="file-too-big"),
+        pytest.param(
+            send(files=1, largest_file_bytes=11),
+            False,
+            "send-own",
+            "11 bytes is over the limit of 10",
+            id="file-too-big",
+        ),
         pytest.param(fetch("en.wikipedia.org"), True, "fetch-wiki", "allowed", id="fetch-listed-host"),
-        pytest.param(fetch("upload.wikimedia.org"), True, "fetch-wiki", "allowed", id="fetch-wildcard-subdomain"),
-        pytest.param(fetch("wikimedia.org"), False, DEFAULT_DENY, "not on the allow-list", id="wildcard-is-not-the-apex"),
-        pytest.param(fetch("evil.example"), False, DEFAULT_DENY, "not on the allow-list", id="fetch-unlisted-host"),
-        pytest.param(fetch("en.wikipedia.org.evil.example"), False, DEFAULT_DENY, "not on the allow-list", id="suffix-trick"),
-        pytest.param(RequestFacts(imp="pip", method="teleport"), False, DEFAULT_DENY, "no rule allows teleport", id="unknown-method"),
+        pytest.param(
+            fetch("upload.wikimedia.org"), True, "fetch-wiki", "allowed", id="fetch-wildcard-subdomain"
+        ),
+        pytest.param(
+            fetch("wikimedia.org"),
+            False,
+            DEFAULT_DENY,
+            "not on the allow-list",
+            id="wildcard-is-not-the-apex",
+        ),
+        pytest.param(
+            fetch("evil.example"), False, DEFAULT_DENY, "not on the allow-list", id="fetch-unlisted-host"
+        ),
+        pytest.param(
+            fetch("en.wikipedia.org.evil.example"),
+            False,
+            DEFAULT_DENY,
+            "not on the allow-list",
+            id="suffix-trick",
+        ),
+        pytest.param(
+            RequestFacts(imp="pip", method="teleport"),
+            False,
+            DEFAULT_DENY,
+            "no rule allows teleport",
+            id="unknown-method",
+        ),
     ],
 )
 def test_judge(facts: RequestFacts, allowed: bool, rule: str, reason: str) -> None:
@@ -220,7 +344,9 @@ def test_host_selection(pattern: str, host: str | None, selected: bool) -> None:
         ({"model": "img", "n": "3"}, "/images/generations", "n must be a positive integer", None, None),
     ],
 )
-def test_model_request_facts(body: dict, path: str, malformed: str | None, output_tokens: int | None, images: int | None) -> None:
+def test_model_request_facts(
+    body: dict, path: str, malformed: str | None, output_tokens: int | None, images: int | None
+) -> None:
     facts = model_request_facts("pip", "c1", ModelRequestParams(path=path, body=body, purpose="reply"), 123)  # type: ignore[arg-type]
     assert facts.body_bytes == 123 and facts.purpose == "reply" and facts.path == path
     if malformed:
@@ -308,7 +434,9 @@ def _resp(*items: object, **extra: object) -> dict:
                      None, id="edit-mask-url-is-a-host-for-the-rule"),
     ],
 )  # fmt: skip
-def test_the_body_allow_list_refuses_what_the_provider_would_do_beyond_the_prompt(path: str, body: dict, problem: str | None) -> None:
+def test_the_body_allow_list_refuses_what_the_provider_would_do_beyond_the_prompt(
+    path: str, body: dict, problem: str | None
+) -> None:
     found = inspect_body(path, body)
     if problem is None:
         assert found.problem is None, found
@@ -333,12 +461,19 @@ def test_the_body_allow_list_refuses_what_the_provider_would_do_beyond_the_promp
         pytest.param("/embeddings", {"model": "e", "input": [[1, 2, 3]], "dimensions": 8}, BodyFacts(), id="embeddings-token-arrays"),
     ],
 )  # fmt: skip
-def test_body_facts_count_images_and_note_hosts_and_stored_context(path: str, body: dict, facts: BodyFacts) -> None:
+def test_body_facts_count_images_and_note_hosts_and_stored_context(
+    path: str, body: dict, facts: BodyFacts
+) -> None:
     assert inspect_body(path, body) == facts
 
 
 def _tool() -> Tool:
-    return Tool("search", "Search memory.", {"type": "object", "properties": {"query": {"type": "string"}}}, lambda _: "")
+    return Tool(
+        "search",
+        "Search memory.",
+        {"type": "object", "properties": {"query": {"type": "string"}}},
+        lambda _: "",
+    )
 
 
 @pytest.mark.parametrize("temperature", [None, 0.3])
@@ -372,13 +507,21 @@ def test_every_body_the_box_builds_passes_the_allow_list(temperature: float | No
     for path, body in bodies:
         found = inspect_body(path, body)
         assert found.problem is None and found.image_hosts == () and found.stored_context == (), (path, found)
-    assert inspect_body(CHAT, bodies[0][1]).input_images == 1 and inspect_body("/images/edits", bodies[4][1]).input_images == 1
+    assert (
+        inspect_body(CHAT, bodies[0][1]).input_images == 1
+        and inspect_body("/images/edits", bodies[4][1]).input_images == 1
+    )
 
 
 def test_send_facts_measure_decoded_files_and_refuse_bad_base64() -> None:
     good = SendFile(filename="a.txt", data_b64=base64.b64encode(b"x" * 30).decode())
     facts = discord_send_facts("pip", "c1", DiscordSendParams(channel_id="c9", content="héllo", files=[good]))
-    assert (facts.target_channel, facts.content_chars, facts.files, facts.largest_file_bytes) == ("c9", 5, 1, 30)
+    assert (facts.target_channel, facts.content_chars, facts.files, facts.largest_file_bytes) == (
+        "c9",
+        5,
+        1,
+        30,
+    )
     bad = SendFile(filename="b.txt", data_b64="not base64!!")
     facts = discord_send_facts("pip", "c1", DiscordSendParams(channel_id="c1", content="x", files=[bad]))
     assert facts.malformed and "b.txt" in facts.malformed
@@ -399,7 +542,9 @@ def test_send_facts_measure_decoded_files_and_refuse_bad_base64() -> None:
 def test_fetch_facts(url: str, host: str | None, malformed: str | None) -> None:
     facts = http_fetch_facts("pip", "c1", HttpFetchParams(url=url))
     assert facts.host == host
-    assert (malformed is None and facts.malformed is None) or (malformed and facts.malformed and malformed in facts.malformed)
+    assert (malformed is None and facts.malformed is None) or (
+        malformed and facts.malformed and malformed in facts.malformed
+    )
 
 
 # --- the trust ladder --------------------------------------------------------------------------
@@ -425,7 +570,11 @@ EARNING = TrustSettings(own_channel="earned", untrusted="earned", other_channel=
 )
 def test_trust_ladder(target_is_own, own_trusted, rule_trust, settings, clean, mode, ladder) -> None:  # type: ignore[no-untyped-def]
     decision = decide_trust(
-        target_is_own=target_is_own, own_trusted=own_trusted, rule_trust=rule_trust, settings=settings, clean_approvals=clean
+        target_is_own=target_is_own,
+        own_trusted=own_trusted,
+        rule_trust=rule_trust,
+        settings=settings,
+        clean_approvals=clean,
     )
     assert (decision.mode, decision.ladder) == (mode, ladder), decision.why
 
@@ -465,7 +614,9 @@ def gate(origin_guild: str | None) -> Gate:
         pytest.param(Approver("user", "stranger"), None, False, id="anyone-in-a-dm-is-not-enough"),
         pytest.param(Approver("user", "stranger"), "guild-1", False, id="member-not-admin"),
         pytest.param(Approver("user", "admin", True, "guild-1"), "guild-1", True, id="admin-of-origin-guild"),
-        pytest.param(Approver("user", "admin", True, "guild-2"), "guild-1", False, id="admin-of-another-guild"),
+        pytest.param(
+            Approver("user", "admin", True, "guild-2"), "guild-1", False, id="admin-of-another-guild"
+        ),
         pytest.param(Approver("user", "admin", True, "guild-1"), None, False, id="guild-admin-on-a-dm-gate"),
     ],
 )
@@ -506,7 +657,11 @@ def test_egress_addresses(address: str, allow_loopback: bool, refused: str | Non
 @pytest.mark.parametrize(
     ("content_type", "raw", "text"),
     [
-        ("text/html; charset=utf-8", b"<html><head><title>T</title><script>evil()</script></head><body><p>Hi &amp; bye</p><style>p{}</style><div>two</div></body></html>", "Hi & bye\ntwo"),
+        (
+            "text/html; charset=utf-8",
+            b"<html><head><title>T</title><script>evil()</script></head><body><p>Hi &amp; bye</p><style>p{}</style><div>two</div></body></html>",
+            "Hi & bye\ntwo",
+        ),
         ("text/plain; charset=latin-1", "café".encode("latin-1"), "café"),
         ("application/json", b'{"a": 1}', '{"a": 1}'),
         ("image/png", b"\x89PNG\r\n", ""),
@@ -519,5 +674,5 @@ def test_text_extraction(content_type: str, raw: bytes, text: str) -> None:
 
 
 def test_html_extraction_drops_markup_that_could_smuggle_instructions() -> None:
-    html = '<body><p>visible</p><!-- hidden comment --><template>t</template><svg><text>s</text></svg><noscript>n</noscript></body>'
+    html = "<body><p>visible</p><!-- hidden comment --><template>t</template><svg><text>s</text></svg><noscript>n</noscript></body>"
     assert html_to_text(html) == "visible"

@@ -65,7 +65,13 @@ def test_the_database_is_wal_and_migrations_run_once(tmp_path: Path) -> None:
     assert db.version == len(MIGRATIONS)
     assert db.migrate() == len(MIGRATIONS)  # idempotent
     db.close()
-    extra = Database(path, [*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "notes", "CREATE TABLE notes (id INTEGER PRIMARY KEY);")])
+    extra = Database(
+        path,
+        [
+            *MIGRATIONS,
+            Migration(len(MIGRATIONS) + 1, "notes", "CREATE TABLE notes (id INTEGER PRIMARY KEY);"),
+        ],
+    )
     assert extra.migrate() == len(MIGRATIONS) + 1
     assert extra.query("SELECT count(*) FROM notes")[0][0] == 0
     extra.close()
@@ -74,7 +80,9 @@ def test_the_database_is_wal_and_migrations_run_once(tmp_path: Path) -> None:
 def test_a_failing_migration_leaves_nothing_behind(tmp_path: Path) -> None:
     path = tmp_path / "x.db"
     open_database(path).close()
-    broken = Database(path, [*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "bad", "CREATE TABLE t (a);\nNOT SQL;")])
+    broken = Database(
+        path, [*MIGRATIONS, Migration(len(MIGRATIONS) + 1, "bad", "CREATE TABLE t (a);\nNOT SQL;")]
+    )
     with pytest.raises(Exception, match="syntax"):
         broken.migrate()
     assert broken.version == len(MIGRATIONS)
@@ -100,7 +108,9 @@ def test_settling_never_charges_more_than_was_reserved(ledger: Ledger) -> None:
     row = {r.scope: r for r in ledger.summary()}["pip"]
     assert row.daily_spent == 400_000 <= row.daily_limit  # type: ignore[operator]
     assert ledger.settle(reservation, 1) == 0  # settled already: a no-op
-    assert ledger.settle(ledger.reserve("pip", 50_000), 20_000) == 20_000  # below the reservation: the measured cost
+    assert (
+        ledger.settle(ledger.reserve("pip", 50_000), 20_000) == 20_000
+    )  # below the reservation: the measured cost
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0, 1e300])
@@ -227,7 +237,9 @@ def test_100_concurrent_threads_never_overspend(tmp_path: Path, clock: FixedCloc
     db.close()
 
 
-async def test_100_concurrent_tasks_and_two_databases_never_overspend(tmp_path: Path, clock: FixedClock) -> None:
+async def test_100_concurrent_tasks_and_two_databases_never_overspend(
+    tmp_path: Path, clock: FixedClock
+) -> None:
     """Two Database objects on one file stand for two host processes; tasks reserve through worker threads."""
     path = tmp_path / "race.db"
     ledgers = [Ledger(open_database(path), POLICY, clock), Ledger(open_database(path), POLICY, clock)]
@@ -264,25 +276,52 @@ IMAGE = Price(input=5.0, output=40.0, image=0.25)
     [
         pytest.param(
             "/chat/completions",
-            {"usage": {"prompt_tokens": 1000, "completion_tokens": 500, "prompt_tokens_details": {"cached_tokens": 400}}},
-            TEXT, 600 * 2 + 400 * 0.5 + 500 * 8, id="chat-with-cache",
+            {
+                "usage": {
+                    "prompt_tokens": 1000,
+                    "completion_tokens": 500,
+                    "prompt_tokens_details": {"cached_tokens": 400},
+                }
+            },
+            TEXT,
+            600 * 2 + 400 * 0.5 + 500 * 8,
+            id="chat-with-cache",
         ),
         pytest.param(
             "/responses",
-            {"usage": {"input_tokens": 1_000_000, "output_tokens": 1_000_000, "input_tokens_details": {"cached_tokens": 0}}},
-            TEXT, 10_000_000, id="responses-a-million-each-is-10-usd",
+            {
+                "usage": {
+                    "input_tokens": 1_000_000,
+                    "output_tokens": 1_000_000,
+                    "input_tokens_details": {"cached_tokens": 0},
+                }
+            },
+            TEXT,
+            10_000_000,
+            id="responses-a-million-each-is-10-usd",
         ),
-        pytest.param("/embeddings", {"usage": {"prompt_tokens": 5000, "total_tokens": 5000}}, EMBED, 100, id="embeddings"),
+        pytest.param(
+            "/embeddings",
+            {"usage": {"prompt_tokens": 5000, "total_tokens": 5000}},
+            EMBED,
+            100,
+            id="embeddings",
+        ),
         pytest.param("/images/generations", {"data": [{}, {}]}, IMAGE, 500_000, id="images-per-image"),
         pytest.param(
-            "/images/generations", {"data": [{}], "usage": {"input_tokens": 100, "output_tokens": 1000}}, IMAGE,
-            100 * 5 + 1000 * 40, id="images-by-token-usage",
+            "/images/generations",
+            {"data": [{}], "usage": {"input_tokens": 100, "output_tokens": 1000}},
+            IMAGE,
+            100 * 5 + 1000 * 40,
+            id="images-by-token-usage",
         ),
         pytest.param("/chat/completions", {"choices": []}, TEXT, None, id="no-usage-reported"),
         pytest.param("/chat/completions", "not json", TEXT, None, id="not-an-object"),
     ],
 )
-def test_measured_cost_from_usage_matches_the_price_table(path: str, response: object, price: Price, micros: float | None) -> None:
+def test_measured_cost_from_usage_matches_the_price_table(
+    path: str, response: object, price: Price, micros: float | None
+) -> None:
     assert measured_micros(path, response, price) == (None if micros is None else round(micros))
 
 
@@ -323,7 +362,9 @@ EDITS = Price(input=5.0, output=40.0, image=0.25, image_input_tokens=100)
                      (30 + W) * 2 + 10 * 8, id="default-tier"),
     ],
 )  # fmt: skip
-def test_the_estimate_is_the_worst_case(path: str, body: dict, body_bytes: int, price: Price, extra: dict, micros: float) -> None:
+def test_the_estimate_is_the_worst_case(
+    path: str, body: dict, body_bytes: int, price: Price, extra: dict, micros: float
+) -> None:
     estimate = estimate_micros(path, body, body_bytes, price, default_output_tokens=4096, **extra)
     assert estimate == math.ceil(micros - 1e-9)
 
@@ -350,11 +391,19 @@ def test_a_text_call_without_an_output_cap_is_sent_one(path: str, body: dict, fo
         ("/chat/completions", {}, Price(image=1.0), {}, "input price"),
         ("/chat/completions", {}, Price(input=1.0), {}, "output price"),
         ("/chat/completions", {}, TEXT, {"input_images": 1}, "add image_input_tokens"),
-        ("/chat/completions", {"service_tier": "priority"}, TEXT, {}, "service_tiers = { priority = MULTIPLIER }"),
+        (
+            "/chat/completions",
+            {"service_tier": "priority"},
+            TEXT,
+            {},
+            "service_tiers = { priority = MULTIPLIER }",
+        ),
         ("/responses", {"service_tier": "scale"}, TIERED, {}, "'scale' is not priced"),
     ],
 )
-def test_an_incomplete_price_refuses_rather_than_assumes_zero(path: str, body: dict, price: Price, extra: dict, missing: str) -> None:
+def test_an_incomplete_price_refuses_rather_than_assumes_zero(
+    path: str, body: dict, price: Price, extra: dict, missing: str
+) -> None:
     with pytest.raises(PriceMissing, match=re.escape(missing)):
         estimate_micros(path, {"model": "m", **body}, 10, price, default_output_tokens=10, **extra)
 

@@ -96,7 +96,9 @@ async def test_concurrent_requests_are_matched_by_id() -> None:
     async with connected(Recorder(), box_side) as (host, _box):
 
         async def one(message_id: str) -> None:
-            results[message_id] = await host.request("mailbox.deliver", deliver_params(message_id=message_id), timeout=5)
+            results[message_id] = await host.request(
+                "mailbox.deliver", deliver_params(message_id=message_id), timeout=5
+            )
 
         async with anyio.create_task_group() as tg:
             for message_id in ("m1", "m2", "m3", "m4"):
@@ -175,7 +177,9 @@ async def raw_peer(serves: str, max_line_bytes: int = 1024) -> AsyncIterator[Raw
     to_peer, peer_in = byte_pipe()
     peer_out, from_peer = byte_pipe()
     violations: list[str] = []
-    serves_table, calls_table = (BOX_METHODS, HOST_METHODS) if serves == "box" else (HOST_METHODS, BOX_METHODS)
+    serves_table, calls_table = (
+        (BOX_METHODS, HOST_METHODS) if serves == "box" else (HOST_METHODS, BOX_METHODS)
+    )
     peer = Peer(
         peer_in,
         peer_out,
@@ -266,7 +270,9 @@ async def test_host_side_refuses_unknown_fields_from_a_box() -> None:
 async def test_response_to_an_unknown_id_is_a_violation_not_a_crash() -> None:
     async with raw_peer("host") as harness:
         await harness.send_raw(b'{"jsonrpc": "2.0", "id": 12345, "result": {}}\n')
-        await harness.send_raw(_request("model.request", {"path": "/embeddings", "body": {}, "purpose": "embedding"}))
+        await harness.send_raw(
+            _request("model.request", {"path": "/embeddings", "body": {}, "purpose": "embedding"})
+        )
         assert (await harness.next_line())["result"]["status"] == 200
         assert harness.violations == ["response to unknown id 12345"]
 
@@ -304,7 +310,9 @@ async def test_a_result_that_does_not_match_the_schema_fails_the_request() -> No
             tg.start_soon(ask)
             request = await harness.next_line()
             await harness.send_raw(
-                json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {"protocol": 1, "box": "x", "evil": 1}}).encode()
+                json.dumps(
+                    {"jsonrpc": "2.0", "id": request["id"], "result": {"protocol": 1, "box": "x", "evil": 1}}
+                ).encode()
                 + b"\n"
             )
         assert errors and harness.violations == ["invalid result"]

@@ -63,7 +63,11 @@ def test_the_default_policy_can_be_pointed_elsewhere_and_its_absence_stops_loadi
 
 def test_operator_rules_come_first_and_a_same_named_rule_replaces_the_default(tmp_path: Path) -> None:
     ops = tmp_path / "ops"
-    write(ops, "10-fetch.toml", 'rules = [{ name = "fetch-wiki", method = "http.fetch", action = "allow", hosts = ["en.wikipedia.org"] }]\n')
+    write(
+        ops,
+        "10-fetch.toml",
+        'rules = [{ name = "fetch-wiki", method = "http.fetch", action = "allow", hosts = ["en.wikipedia.org"] }]\n',
+    )
     write(
         ops,
         "20-send.toml",
@@ -107,7 +111,11 @@ def test_the_same_rule_name_in_two_operator_files_is_an_error(tmp_path: Path) ->
 def test_a_broken_operator_file_refuses_the_whole_policy(tmp_path: Path) -> None:
     ops = tmp_path / "ops"
     write(ops, "good.toml", ALLOW_REPLY)
-    write(ops, "bad.toml", '[[rules]]\nname = "x"\nmethod = "model.request"\naction = "allow"\npurposes = {reply=["m"]}\nmax_tokns = 5\n')
+    write(
+        ops,
+        "bad.toml",
+        '[[rules]]\nname = "x"\nmethod = "model.request"\naction = "allow"\npurposes = {reply=["m"]}\nmax_tokns = 5\n',
+    )
     with pytest.raises(PolicyError) as caught:
         load_policy(ops)
     assert caught.value.file.endswith("bad.toml") and caught.value.line == 6
@@ -151,23 +159,83 @@ reply = "gpt-4.1"
     [
         pytest.param(TYPO, 10, "rules['send'].acton", "did you mean 'action'", id="typo-in-rule-key"),
         pytest.param(SUBTABLE, 7, "rules['text'].purposes.reply", "valid list", id="wrong-type-in-subtable"),
-        pytest.param('[budgets.all]\ndaily_usd = "ten"\n', 2, "budgets.all.daily_usd", "valid number", id="wrong-type"),
-        pytest.param('[budgets.all]\ndaily_usd = -1\n', 2, "budgets.all.daily_usd", "greater than or equal to 0", id="negative"),
-        pytest.param('[prices."gpt-4.1"]\ninptu = 2.0\n', 2, 'prices."gpt-4.1".inptu', "did you mean 'input'", id="price-typo"),
-        pytest.param('[prices."gpt-x"]\n', 1, "prices.gpt-x", "at least one of input, output, image", id="empty-price"),
-        pytest.param('[trust."discord.send"]\nother_channel = "auto"\n', 2, 'trust."discord.send".other_channel', "'gate' or 'earned'", id="other-channel-auto"),
-        pytest.param('[[rules]]\nname = "r"\nmethod = "model.request"\naction = "alow"\npurposes = {a=["m"]}\n', 4, "rules['r'].action", "'allow' or 'deny'", id="bad-action"),
-        pytest.param('[[rules]]\nname = "r"\nmethod = "model.request"\naction = "allow"\n', 1, "rules['r']", "must list purposes", id="allow-without-purposes"),
-        pytest.param('[[rules]]\nname = "r"\nmethod = "discord.send"\naction = "allow"\nchannels = ["own"]\nhosts = ["a.com"]\n', 1, "rules['r']", "hosts only apply to http.fetch", id="key-of-another-method"),
-        pytest.param('[[rules]]\nname = "r"\nmethod = "*"\naction = "allow"\n', 1, "rules['r']", "deny rules only", id="allow-everything"),
-        pytest.param('[[rules]]\nname = "r"\nmethod = "http.fetch"\naction = "allow"\nhosts = ["Bad Host"]\n', 5, "rules['r'].hosts[#1]", "'Bad Host' is not a host name", id="bad-host"),
+        pytest.param(
+            '[budgets.all]\ndaily_usd = "ten"\n', 2, "budgets.all.daily_usd", "valid number", id="wrong-type"
+        ),
+        pytest.param(
+            "[budgets.all]\ndaily_usd = -1\n",
+            2,
+            "budgets.all.daily_usd",
+            "greater than or equal to 0",
+            id="negative",
+        ),
+        pytest.param(
+            '[prices."gpt-4.1"]\ninptu = 2.0\n',
+            2,
+            'prices."gpt-4.1".inptu',
+            "did you mean 'input'",
+            id="price-typo",
+        ),
+        pytest.param(
+            '[prices."gpt-x"]\n', 1, "prices.gpt-x", "at least one of input, output, image", id="empty-price"
+        ),
+        pytest.param(
+            '[trust."discord.send"]\nother_channel = "auto"\n',
+            2,
+            'trust."discord.send".other_channel',
+            "'gate' or 'earned'",
+            id="other-channel-auto",
+        ),
+        pytest.param(
+            '[[rules]]\nname = "r"\nmethod = "model.request"\naction = "alow"\npurposes = {a=["m"]}\n',
+            4,
+            "rules['r'].action",
+            "'allow' or 'deny'",
+            id="bad-action",
+        ),
+        pytest.param(
+            '[[rules]]\nname = "r"\nmethod = "model.request"\naction = "allow"\n',
+            1,
+            "rules['r']",
+            "must list purposes",
+            id="allow-without-purposes",
+        ),
+        pytest.param(
+            '[[rules]]\nname = "r"\nmethod = "discord.send"\naction = "allow"\nchannels = ["own"]\nhosts = ["a.com"]\n',
+            1,
+            "rules['r']",
+            "hosts only apply to http.fetch",
+            id="key-of-another-method",
+        ),
+        pytest.param(
+            '[[rules]]\nname = "r"\nmethod = "*"\naction = "allow"\n',
+            1,
+            "rules['r']",
+            "deny rules only",
+            id="allow-everything",
+        ),
+        pytest.param(
+            '[[rules]]\nname = "r"\nmethod = "http.fetch"\naction = "allow"\nhosts = ["Bad Host"]\n',
+            5,
+            "rules['r'].hosts[#1]",
+            "'Bad Host' is not a host name",
+            id="bad-host",
+        ),
         pytest.param(ALLOW_REPLY + ALLOW_REPLY, None, "", "two rules are named 'reply'", id="duplicate-name"),
         pytest.param("[[rules]\nname = 1\n", 1, "", "not valid TOML", id="toml-syntax"),
-        pytest.param('gates = { deadline_hours = 0 }\n', 1, "gates.deadline_hours", "greater than 0", id="zero-deadline"),
-        pytest.param('[unknown]\nx = 1\n', 1, "unknown", "unknown key 'unknown'", id="unknown-table"),
+        pytest.param(
+            "gates = { deadline_hours = 0 }\n",
+            1,
+            "gates.deadline_hours",
+            "greater than 0",
+            id="zero-deadline",
+        ),
+        pytest.param("[unknown]\nx = 1\n", 1, "unknown", "unknown key 'unknown'", id="unknown-table"),
     ],
 )
-def test_a_broken_policy_names_file_line_key_and_reason(text: str, line: int | None, key: str, reason: str) -> None:
+def test_a_broken_policy_names_file_line_key_and_reason(
+    text: str, line: int | None, key: str, reason: str
+) -> None:
     with pytest.raises(PolicyError) as caught:
         policy_from_text(text, "ops/local.toml")
     error = caught.value
@@ -212,12 +280,22 @@ def test_a_rule_that_allows_loopback_fetches_is_flagged() -> None:
 RULE = '[[rules]]\nname = "r"\nmethod = "model.request"\naction = "allow"\npurposes = {{ reply = ["m"] }}\nmax_tokens = {v}\n'
 NUMBERS = [
     pytest.param("[budgets.all]\ndaily_usd = {v}\n", 2, "budgets.all.daily_usd", "float", id="budget"),
-    pytest.param("[budgets.imps.pip]\nmonthly_usd = {v}\n", 2, "budgets.imps.pip.monthly_usd", "float", id="imp-budget"),
+    pytest.param(
+        "[budgets.imps.pip]\nmonthly_usd = {v}\n", 2, "budgets.imps.pip.monthly_usd", "float", id="imp-budget"
+    ),
     pytest.param('[prices."gpt-x"]\ninput = {v}\n', 2, "prices.gpt-x.input", "float", id="price"),
     pytest.param("[gates]\ndeadline_hours = {v}\n", 2, "gates.deadline_hours", "float", id="deadline"),
     pytest.param(RULE, 6, "rules['r'].max_tokens", "int", id="rule-limit"),
-    pytest.param("[upstream]\ndefault_output_tokens = {v}\n", 2, "upstream.default_output_tokens", "int", id="upstream"),
-    pytest.param('[trust."discord.send"]\nearned_after = {v}\n', 2, 'trust."discord.send".earned_after', "int", id="trust"),
+    pytest.param(
+        "[upstream]\ndefault_output_tokens = {v}\n", 2, "upstream.default_output_tokens", "int", id="upstream"
+    ),
+    pytest.param(
+        '[trust."discord.send"]\nearned_after = {v}\n',
+        2,
+        'trust."discord.send".earned_after',
+        "int",
+        id="trust",
+    ),
 ]
 BAD = {  # TOML literal -> what the error says, for a float key and for an int key
     "inf": ("finite number", "finite number"),
@@ -230,7 +308,9 @@ BAD = {  # TOML literal -> what the error says, for a float key and for an int k
 
 @pytest.mark.parametrize("value", list(BAD))
 @pytest.mark.parametrize(("template", "line", "key", "kind"), NUMBERS)
-def test_every_number_in_a_policy_is_finite_and_in_range(template: str, line: int, key: str, kind: str, value: str) -> None:
+def test_every_number_in_a_policy_is_finite_and_in_range(
+    template: str, line: int, key: str, kind: str, value: str
+) -> None:
     with pytest.raises(PolicyError) as caught:
         policy_from_text(template.format(v=value), "ops/limits.toml")
     problem = caught.value.problems[0]
@@ -254,13 +334,17 @@ def _numbers(annotation: Any, constraints: list[Any]) -> Iterator[tuple[Any, lis
         yield annotation, constraints
 
 
-def _numeric_fields(model: type[BaseModel], seen: set[type] | None = None) -> Iterator[tuple[str, type, set[str]]]:
+def _numeric_fields(
+    model: type[BaseModel], seen: set[type] | None = None
+) -> Iterator[tuple[str, type, set[str]]]:
     seen = seen if seen is not None else set()
     seen.add(model)
     for name, info in model.model_fields.items():
         for found, constraints in _numbers(info.annotation, list(info.metadata)):
             if found in (int, float):
-                kinds = {type(c).__name__ for c in constraints if getattr(c, "allow_inf_nan", None) is not True}
+                kinds = {
+                    type(c).__name__ for c in constraints if getattr(c, "allow_inf_nan", None) is not True
+                }
                 yield f"{model.__name__}.{name}", found, kinds
             elif found not in seen:
                 yield from _numeric_fields(found, seen)
@@ -270,7 +354,13 @@ def test_no_number_field_of_the_policy_is_left_unbounded() -> None:
     """A new int or float key without bounds (or a float that admits inf and nan) fails here, not at run time."""
     fields = list(_numeric_fields(PolicyFile))
     names = {name for name, _, _ in fields}
-    assert {"Price.input", "Price.service_tiers", "BudgetLimit.daily_usd", "Rule.max_tokens", "UpstreamSettings.timeout_s"} <= names
+    assert {
+        "Price.input",
+        "Price.service_tiers",
+        "BudgetLimit.daily_usd",
+        "Rule.max_tokens",
+        "UpstreamSettings.timeout_s",
+    } <= names
     for name, kind, constraints in fields:
         assert constraints & {"Le", "Lt"}, f"{name} has no upper bound"
         assert constraints & {"Ge", "Gt"}, f"{name} has no lower bound"
@@ -278,21 +368,34 @@ def test_no_number_field_of_the_policy_is_left_unbounded() -> None:
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
-def test_policy_check_and_budget_show_name_the_file_and_key_of_a_bad_number(tmp_path: Path, value: str) -> None:
+def test_policy_check_and_budget_show_name_the_file_and_key_of_a_bad_number(
+    tmp_path: Path, value: str
+) -> None:
     ops = tmp_path / "ops"
     write(ops, "money.toml", f"[budgets.per_imp]\ndaily_usd = {value}\n")
     runner = CliRunner(env={"COLUMNS": "200"})
     check = runner.invoke(cli, ["policy", "check", str(ops)])
     assert check.exit_code == 1 and "Traceback" not in check.output, check.output
     assert "money.toml:2: budgets.per_imp.daily_usd: " in check.output
-    show = runner.invoke(cli, ["budget", "show", "--policies", str(ops)])  # it crashed with OverflowError on inf
-    assert show.exit_code == 1 and isinstance(show.exception, SystemExit), show.exception  # a CliError, not a crash
-    assert "money.toml:2: budgets.per_imp.daily_usd: " in show.output and len(show.output.strip().splitlines()) == 1
+    show = runner.invoke(
+        cli, ["budget", "show", "--policies", str(ops)]
+    )  # it crashed with OverflowError on inf
+    assert show.exit_code == 1 and isinstance(show.exception, SystemExit), (
+        show.exception
+    )  # a CliError, not a crash
+    assert (
+        "money.toml:2: budgets.per_imp.daily_usd: " in show.output
+        and len(show.output.strip().splitlines()) == 1
+    )
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
 def test_budget_set_refuses_a_non_finite_amount_with_one_line(value: str) -> None:
     result = CliRunner().invoke(cli, ["budget", "set", "pip", "--daily", value])
-    assert isinstance(result.exception, SystemExit), result.exception  # click's range check, or the ledger's for nan
+    assert isinstance(result.exception, SystemExit), (
+        result.exception
+    )  # click's range check, or the ledger's for nan
     assert result.exit_code == (1 if value == "nan" else 2), result.output
-    assert "budget limit is a number of USD" in result.output if value == "nan" else "--daily" in result.output
+    assert (
+        "budget limit is a number of USD" in result.output if value == "nan" else "--daily" in result.output
+    )

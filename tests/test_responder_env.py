@@ -43,9 +43,19 @@ def spec(tmp_path: Path) -> BoxSpec:
     return BoxSpec(imp="pip", channel_id="c1", state_dir=tmp_path / "state")
 
 
-async def run_turns(tmp_path: Path, host: ScriptedHost, *deliveries: Any, kind: str = "dm", channel_name: str = "", **settings: Any) -> list[Any]:
+async def run_turns(
+    tmp_path: Path,
+    host: ScriptedHost,
+    *deliveries: Any,
+    kind: str = "dm",
+    channel_name: str = "",
+    **settings: Any,
+) -> list[Any]:
     async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
-        await running.init(init_params(kind=kind, channel_name=channel_name, **{"retry_backoff_s": 0, **settings}), timeout=30)
+        await running.init(
+            init_params(kind=kind, channel_name=channel_name, **{"retry_backoff_s": 0, **settings}),
+            timeout=30,
+        )
         return [await running.deliver(params, timeout=30) for params in deliveries]
 
 
@@ -56,7 +66,9 @@ def stored(tmp_path: Path) -> list[dict[str, Any]]:
 
 def files_under(root: Path) -> list[str]:
     """Files the box wrote (the host's own mark beside the state dir is not one of them)."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != FOREIGN_WRITER_MARK)
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != FOREIGN_WRITER_MARK
+    )
 
 
 class Sleeps:
@@ -77,12 +89,20 @@ async def test_env_01_the_answer_reaches_the_user(tmp_path: Path) -> None:
 
 async def test_env_02_a_suppressed_answer_stays_silent(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("I could say something", answer_needed=False))])
-    [result] = await run_turns(tmp_path, host, deliver_params("nice weather", mode="judge", reason="group"), kind="guild")
+    [result] = await run_turns(
+        tmp_path, host, deliver_params("nice weather", mode="judge", reason="group"), kind="guild"
+    )
     assert result.outcome == "silent" and host.sent == []
 
 
 async def test_env_03_a_staff_note_forces_delivery_and_goes_to_the_staff_channel(tmp_path: Path) -> None:
-    host = ScriptedHost(answers=[chat_result(envelope("Someone will help you.", answer_needed=False, staff="ann asks for a refund"))])
+    host = ScriptedHost(
+        answers=[
+            chat_result(
+                envelope("Someone will help you.", answer_needed=False, staff="ann asks for a refund")
+            )
+        ]
+    )
     [result] = await run_turns(
         tmp_path, host, deliver_params("I want a refund", mode="judge", reason="group"),
         kind="guild", channel_name="shop", staff_channel="staff-1",
@@ -116,7 +136,11 @@ async def test_env_05_short_path_archives_without_a_model_call(tmp_path: Path) -
     )  # fmt: skip
     assert [r.outcome for r in results] == ["silent"] * 4
     assert host.model_calls == 0 and host.sent == [] and host.stages == []  # outside the machine
-    assert [r["content"] for r in stored(tmp_path)] == ["release 1", "release 2", "release 3"]  # appended, trimmed, persisted
+    assert [r["content"] for r in stored(tmp_path)] == [
+        "release 1",
+        "release 2",
+        "release 3",
+    ]  # appended, trimmed, persisted
 
 
 async def test_env_07_history_is_trimmed_before_and_after_the_call(tmp_path: Path) -> None:
@@ -131,7 +155,9 @@ async def test_env_07_history_is_trimmed_before_and_after_the_call(tmp_path: Pat
     host = ScriptedHost(answers=[chat_result(envelope(f"reply {n}")) for n in range(3)])
     turns = [deliver_params(f"q{n}", f"m{n}", now=NOW + timedelta(minutes=n)) for n in range(3)]
     await run_turns(tmp_path, host, *turns, history_limit=3, history_per_channel=3)
-    for request in host.model_requests:  # before: at most the limit, besides the system message and the question
+    for (
+        request
+    ) in host.model_requests:  # before: at most the limit, besides the system message and the question
         assert len(request.body["messages"]) <= 3 + 2
     first = host.model_requests[0].body["messages"]
     assert [m["content"] for m in first[1:-1]] == ["ann: old 3", "ann: old 4", "ann: old 5"]
@@ -140,20 +166,30 @@ async def test_env_07_history_is_trimmed_before_and_after_the_call(tmp_path: Pat
 
 
 async def test_env_08_markdown_links_are_unwrapped(tmp_path: Path) -> None:
-    host = ScriptedHost(answers=[chat_result(envelope("Read [the guide](https://x.example/g), @[Ann](https://discord.com/users/1)."))])
+    host = ScriptedHost(
+        answers=[
+            chat_result(
+                envelope("Read [the guide](https://x.example/g), @[Ann](https://discord.com/users/1).")
+            )
+        ]
+    )
     await run_turns(tmp_path, host, deliver_params("help"))
     assert host.sent[0].content == "Read https://x.example/g, Ann."  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("channel", [None, "none", "", "c1"])
-async def test_env_09_a_missing_channel_falls_back_to_the_message_channel(tmp_path: Path, channel: str | None) -> None:
+async def test_env_09_a_missing_channel_falls_back_to_the_message_channel(
+    tmp_path: Path, channel: str | None
+) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("hi", channel=channel))])
     await run_turns(tmp_path, host, deliver_params("hello"))
     assert (host.sent[0].channel_id, host.sent[0].kind, host.sent[0].reply_to) == ("c1", "reply", "m1")  # type: ignore[attr-defined]
 
 
 async def test_env_09_another_channel_is_an_act_of_its_own(tmp_path: Path) -> None:
-    host = ScriptedHost(answers=[chat_result(envelope("announcing!", channel="news-9"))], send_status="pending")
+    host = ScriptedHost(
+        answers=[chat_result(envelope("announcing!", channel="news-9"))], send_status="pending"
+    )
     [result] = await run_turns(tmp_path, host, deliver_params("tell everyone"))
     [sent] = host.sent
     assert (sent.channel_id, sent.kind, sent.reply_to) == ("news-9", "other", None)  # type: ignore[attr-defined]
@@ -196,7 +232,9 @@ async def test_env_10_dynamic_context_reaches_the_system_prompt(tmp_path: Path) 
     assert prefix == "You are Pip. It is  ." and "{" not in system  # legacy placeholders stripped
     assert suffix.startswith("Date: 2026-12-02 (Wednesday)\nTime: 10:00 UTC\n")
     assert "### News\nThe owl show is on Friday." in suffix and "### Memory\nAnn likes owls." in suffix
-    assert [turn.delivered for turn in memory.committed] == ["hoot"]  # PostSend hands memory the delivered turn
+    assert [turn.delivered for turn in memory.committed] == [
+        "hoot"
+    ]  # PostSend hands memory the delivered turn
 
 
 async def test_env_10_no_news_and_no_memory_no_sections(tmp_path: Path) -> None:
@@ -233,11 +271,15 @@ async def test_env_12_three_failed_attempts_raise_spaced_by_exponential_backoff(
 
 async def test_env_13_reaction_clear_is_recorded(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("oh no, my reactions"))])
-    event = MailboxEventParams(kind="reaction_clear", channel_id="c1", message_id="m0", reactions=["👍", "🎉"], at=NOW)
+    event = MailboxEventParams(
+        kind="reaction_clear", channel_id="c1", message_id="m0", reactions=["👍", "🎉"], at=NOW
+    )
     async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
         await running.init(init_params(), timeout=30)
         await running.peer.notify("mailbox.event", event)
-        await running.peer.notify("mailbox.event", event.model_copy(update={"kind": "future_thing"}))  # ignored
+        await running.peer.notify(
+            "mailbox.event", event.model_copy(update={"kind": "future_thing"})
+        )  # ignored
         await running.deliver(deliver_params("what happened?", now=NOW + timedelta(minutes=1)), timeout=30)
     [record] = [r for r in stored(tmp_path) if r["role"] == "event"]
     assert record["channel_id"] == "c1" and "m0" in record["content"] and "👍, 🎉" in record["content"]
@@ -249,7 +291,9 @@ async def test_env_13_the_event_reaches_the_memory_engine(tmp_path: Path) -> Non
     memory = OwlMemory()
     async with in_process_box(ScriptedHost(), tmp_path / "state", memory=memory) as box:
         await box.init(init_params())
-        await box.notify("mailbox.event", MailboxEventParams(kind="reaction_clear", channel_id="c1", message_id="m0"))
+        await box.notify(
+            "mailbox.event", MailboxEventParams(kind="reaction_clear", channel_id="c1", message_id="m0")
+        )
         await box.deliver(deliver_params("sync point"))  # handled after the notification, in order
     assert memory.events == [("c1", "the reactions on message m0 were cleared (all reactions)")]
 
@@ -257,17 +301,29 @@ async def test_env_13_the_event_reaches_the_memory_engine(tmp_path: Path) -> Non
 async def test_env_16_model_calls_are_never_served_from_a_cache(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("first")), chat_result(envelope("second"))])
     same = deliver_params("the same question", "m1")
-    results = await run_turns(tmp_path, host, same, same.model_copy(update={"message": same.message.model_copy(update={"id": "m2"})}))
+    results = await run_turns(
+        tmp_path,
+        host,
+        same,
+        same.model_copy(update={"message": same.message.model_copy(update={"id": "m2"})}),
+    )
     assert [r.outcome for r in results] == ["sent", "sent"]
     assert host.model_calls == 2 and [s.content for s in host.sent] == ["first", "second"]  # type: ignore[attr-defined]
-    assert files_under(tmp_path) == ["state/history.json", "state/history.lock", "state/journal.jsonl"]  # no response cache anywhere
+    assert files_under(tmp_path) == [
+        "state/history.json",
+        "state/history.lock",
+        "state/journal.jsonl",
+    ]  # no response cache anywhere
 
 
 async def test_env_17_sync_tools_run_in_a_worker_thread(tmp_path: Path) -> None:
     memory = OwlMemory()
     memory.block_s = 0.3
     host = ScriptedHost(
-        answers=[tool_calls_result(("search", {"query": "owls"}, "call_1")), chat_result(envelope("You told me about owls."))]
+        answers=[
+            tool_calls_result(("search", {"query": "owls"}, "call_1")),
+            chat_result(envelope("You told me about owls.")),
+        ]
     )
     ticks: list[float] = []
 
@@ -292,19 +348,30 @@ async def test_env_17_sync_tools_run_in_a_worker_thread(tmp_path: Path) -> None:
 
 
 async def test_env_18_malformed_or_refused_output_is_a_failed_attempt(tmp_path: Path) -> None:
-    refusal = ModelRequestResult(status=200, body={"choices": [{"message": {"role": "assistant", "content": None, "refusal": "I can't."}}]})
+    refusal = ModelRequestResult(
+        status=200,
+        body={"choices": [{"message": {"role": "assistant", "content": None, "refusal": "I can't."}}]},
+    )
     wrong_shape = chat_result({"answer": "hi"})  # valid JSON, not the envelope: no relaxed fallback
-    host = ScriptedHost(answers=[chat_result("{not json"), refusal, wrong_shape, chat_result(envelope("finally"))])
+    host = ScriptedHost(
+        answers=[chat_result("{not json"), refusal, wrong_shape, chat_result(envelope("finally"))]
+    )
     sleeps = Sleeps()
     async with in_process_box(host, tmp_path / "state", sleep=sleeps) as box:
         await box.init(init_params())
         failed = await box.deliver(deliver_params("one", "m1"))
         ok = await box.deliver(deliver_params("two", "m2"))
-    assert failed.outcome == "failed" and "not a valid envelope" in (failed.error or "") and "refused" in (failed.error or "")
+    assert (
+        failed.outcome == "failed"
+        and "not a valid envelope" in (failed.error or "")
+        and "refused" in (failed.error or "")
+    )
     assert ok.outcome == "sent" and host.sent[0].content == "finally"  # type: ignore[attr-defined]
     assert host.model_calls == 4 and {r.purpose for r in host.model_requests} == {"reply"}  # no repair model
     first_three = [r.body for r in host.model_requests[:3]]
-    assert first_three[0] == first_three[1] == first_three[2]  # the same strict call again, not a fix() prompt
+    assert (
+        first_three[0] == first_three[1] == first_three[2]
+    )  # the same strict call again, not a fix() prompt
     assert sleeps.calls == [1.0, 2.0]
 
 
@@ -317,7 +384,9 @@ async def test_a_gateway_rate_limit_is_a_failed_attempt_but_a_budget_stop_is_fin
         assert (await box.deliver(deliver_params("hi"))).outcome == "sent"
     assert sleeps.calls == [4.0]  # waited as long as the host asked
 
-    budget = RpcError(ErrorCode.BUDGET_EXHAUSTED, "budget exhausted", {"ledger": "imp:pip/day", "retry_after": 60})
+    budget = RpcError(
+        ErrorCode.BUDGET_EXHAUSTED, "budget exhausted", {"ledger": "imp:pip/day", "retry_after": 60}
+    )
     host = ScriptedHost(answers=[budget])
     async with in_process_box(host, tmp_path / "state2", sleep=Sleeps()) as box:
         await box.init(init_params())

@@ -56,7 +56,9 @@ def env(**fields: object) -> Envelope:
         (["a", "b", "b"], 1, "b-1"),  # a holds 1 (not > 1); b holds 2 > 1
     ],
 )
-def test_env_11_shrink_by_one_prefers_busy_channels(channels: list[str], per_channel: int, removed: str) -> None:
+def test_env_11_shrink_by_one_prefers_busy_channels(
+    channels: list[str], per_channel: int, removed: str
+) -> None:
     records = [rec(channel, n) for n, channel in enumerate(channels)]
     shrunk = shrink_by_one(records, per_channel)
     assert len(shrunk) == len(records) - 1
@@ -133,7 +135,9 @@ def test_env_09_reply_target(channel: str | None, expected: tuple[str, bool]) ->
 def test_files_that_do_not_fit_one_line_are_dropped_from_the_end() -> None:
     from box.protocol.models import SendFile
 
-    payload = Payload("c1", "hi", "reply", files=[SendFile(filename=f"{i}.jpeg", data_b64="A" * 400) for i in range(3)])
+    payload = Payload(
+        "c1", "hi", "reply", files=[SendFile(filename=f"{i}.jpeg", data_b64="A" * 400) for i in range(3)]
+    )
     assert fit_files(payload, 800) == ["1.jpeg", "2.jpeg"]  # one file: ~580 bytes; two: ~1015
     assert [f.filename for f in payload.files] == ["0.jpeg"]
 
@@ -178,7 +182,12 @@ def test_respond_framing_is_a_forced_response() -> None:
     ],
 )
 def test_env_05_short_path_rule_table(rules: list, channel_name: str, author: str, expected: bool) -> None:
-    assert short_path_matches(rules, channel_name=channel_name, channel_id="c1", author_name=author, author_id="u1") is expected
+    assert (
+        short_path_matches(
+            rules, channel_name=channel_name, channel_id="c1", author_name=author, author_id="u1"
+        )
+        is expected
+    )
 
 
 # ------------------------------------------------------------------ ENV-12 / ENV-15 / ENV-22: attempts and models
@@ -194,7 +203,9 @@ def test_model_choice_order() -> None:
     assert chooser.choose(images=True) == "r"  # ENV-15 first
     chooser.succeeded()
     assert chooser.choose() == "m"
-    assert ModelChooser(ResponderSettings(model="m")).choose(images=True, tool_results=True) == "m"  # unset: fall through
+    assert (
+        ModelChooser(ResponderSettings(model="m")).choose(images=True, tool_results=True) == "m"
+    )  # unset: fall through
 
 
 def test_env_12_backoff_doubles_and_respects_the_hosts_wait() -> None:
@@ -232,10 +243,34 @@ async def test_env_12_attempts_raise_runtime_error_and_stop_on_a_denial() -> Non
 
 
 def test_env_23_items_are_reduced_to_their_input_fields() -> None:
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz", "status": "completed"}
-    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "search", "arguments": "{}", "status": "completed"}
-    assert reduce_item(reasoning) == {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"}
-    assert reduce_item(call) == {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "search", "arguments": "{}"}
+    reasoning = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": "xyz",
+        "status": "completed",
+    }
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "search",
+        "arguments": "{}",
+        "status": "completed",
+    }
+    assert reduce_item(reasoning) == {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": "xyz",
+    }
+    assert reduce_item(call) == {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "search",
+        "arguments": "{}",
+    }
 
 
 def test_tool_results_are_sanitised_and_bounded() -> None:
@@ -257,9 +292,24 @@ def test_env_20_persona_prefix_strips_legacy_placeholders() -> None:
 
 
 def test_env_10_context_suffix_holds_date_time_news_memory_and_framing() -> None:
-    framing = Framing(mode="judge", reason="mention", participants=[Participant(id="u1", name="ann"), Participant(id="u2", name="bob")])
-    suffix = context_suffix(datetime(2026, 12, 2, 11, 5, tzinfo=UTC), SESSION, framing, news="Fair on Friday.", memory="Ann likes owls.")
-    assert suffix.splitlines()[:4] == ["## Context", "Date: 2026-12-02 (Wednesday)", "Time: 11:05 UTC", "Channel: #general"]
+    framing = Framing(
+        mode="judge",
+        reason="mention",
+        participants=[Participant(id="u1", name="ann"), Participant(id="u2", name="bob")],
+    )
+    suffix = context_suffix(
+        datetime(2026, 12, 2, 11, 5, tzinfo=UTC),
+        SESSION,
+        framing,
+        news="Fair on Friday.",
+        memory="Ann likes owls.",
+    )
+    assert suffix.splitlines()[:4] == [
+        "## Context",
+        "Date: 2026-12-02 (Wednesday)",
+        "Time: 11:05 UTC",
+        "Channel: #general",
+    ]
     assert "### News\nFair on Friday." in suffix and "### Memory\nAnn likes owls." in suffix
     assert "People here: ann, bob" in suffix and "addressed directly" in suffix
     bare = context_suffix(NOW, SESSION, Framing(mode="respond", reason="dm"), news=None, memory=None)
@@ -275,7 +325,14 @@ def test_the_prompt_package_is_deterministic_and_carries_images_and_the_reply_ch
     )  # fmt: skip
     history = [PromptEntry("m7", "user", "bob", "hello", NOW), PromptEntry("r7", "assistant", "pip", "hi bob", NOW),
                PromptEntry("e1", "event", "", "the reactions on message m7 were cleared (👍)", NOW)]  # fmt: skip
-    args = (ImpSpec(name="pip", persona="You are Pip."), SESSION, message, Framing(mode="respond", reason="mention"), NOW, history)
+    args = (
+        ImpSpec(name="pip", persona="You are Pip."),
+        SESSION,
+        message,
+        Framing(mode="respond", reason="mention"),
+        NOW,
+        history,
+    )
     package = build_package(*args, news=None, memory=None)
     assert package == build_package(*args, news=None, memory=None)
     assert package.image_urls == ["data:image/png;base64,AAAA"] and package.has_images
@@ -285,6 +342,12 @@ def test_the_prompt_package_is_deterministic_and_carries_images_and_the_reply_ch
         {"role": "user", "content": "[the reactions on message m7 were cleared (👍)]"},
     ]  # fmt: skip
     text, picture = package.messages[-1]["content"]
-    assert text["text"] == '(in reply to bob: "look at my cat")\nann: what is this?\n[attachment: notes.pdf, application/pdf, 1234 bytes]'
+    assert (
+        text["text"]
+        == '(in reply to bob: "look at my cat")\nann: what is this?\n[attachment: notes.pdf, application/pdf, 1234 bytes]'
+    )
     assert picture == {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    assert user_content(message.model_copy(update={"attachments": []})) == '(in reply to bob: "look at my cat")\nann: what is this?'
+    assert (
+        user_content(message.model_copy(update={"attachments": []}))
+        == '(in reply to bob: "look at my cat")\nann: what is this?'
+    )

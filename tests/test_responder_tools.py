@@ -49,21 +49,29 @@ async def test_model_mistakes_come_back_as_legible_results() -> None:
     assert "no tool named 'nope'" in await registry.execute(ToolCall("c1", "nope", "{}"))
     assert "not valid JSON" in await registry.execute(ToolCall("c1", "search", "{oops"))
     assert "JSON object" in await registry.execute(ToolCall("c1", "search", "[1]"))
-    assert registry.selected(["search", "web_fetch", "search"]) == [registry.selected(["search"])[0]]  # unknown skipped
+    assert registry.selected(["search", "web_fetch", "search"]) == [
+        registry.selected(["search"])[0]
+    ]  # unknown skipped
 
 
 async def test_the_chat_tool_loop_is_bounded_then_forced_to_answer(tmp_path: Path) -> None:
     host = ScriptedHost(
         answers=[
             tool_calls_result(("search", {"query": "a"}, "c1")),
-            tool_calls_result(("search", {"query": "b"}, "c2"), ("search", {"query": "c"}, "c3")),  # parallel calls
+            tool_calls_result(
+                ("search", {"query": "b"}, "c2"), ("search", {"query": "c"}, "c3")
+            ),  # parallel calls
             chat_result(envelope("done looking")),
         ]
     )
     result = await run_turn(tmp_path, host, tools=["search"], tool_rounds=2)
     assert result.outcome == "sent"
     bodies = [r.body for r in host.model_requests]
-    assert ["tools" in body for body in bodies] == [True, True, False]  # two tool rounds, then a tool-less answer
+    assert ["tools" in body for body in bodies] == [
+        True,
+        True,
+        False,
+    ]  # two tool rounds, then a tool-less answer
     last = bodies[-1]["messages"]
     assert [m["tool_call_id"] for m in last if m["role"] == "tool"] == ["c1", "c2", "c3"]
 
@@ -77,7 +85,10 @@ async def test_tool_rounds_zero_attaches_no_tools(tmp_path: Path) -> None:
 async def test_a_refused_fetch_is_a_result_the_model_reads(tmp_path: Path) -> None:
     denied = RpcError(ErrorCode.DENIED, "denied by policy rule default-deny: not on the allow-list")
     host = ScriptedHost(
-        answers=[tool_calls_result(("web_fetch", {"url": "https://x.example"}, "c1")), chat_result(envelope("can't look"))],
+        answers=[
+            tool_calls_result(("web_fetch", {"url": "https://x.example"}, "c1")),
+            chat_result(envelope("can't look")),
+        ],
         fetches=[denied],
     )
     result = await run_turn(tmp_path, host, tools=["web_fetch"])
@@ -91,7 +102,16 @@ async def test_a_tool_that_breaks_fails_the_turn_cleanly(tmp_path: Path) -> None
     def explode(arguments: dict[str, Any]) -> str:
         raise ValueError("the index is corrupt")
 
-    broken = ToolRegistry([Tool("lookup", "breaks", {"type": "object", "properties": {}, "required": [], "additionalProperties": False}, explode)])
+    broken = ToolRegistry(
+        [
+            Tool(
+                "lookup",
+                "breaks",
+                {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+                explode,
+            )
+        ]
+    )
     host = ScriptedHost(answers=[tool_calls_result(("lookup", {}, "c1")), chat_result(envelope("never"))])
     async with in_process_box(host, tmp_path / "state", tools=broken) as box:
         await box.init(init_params(tools=["lookup"]))
@@ -106,11 +126,15 @@ async def test_the_memory_search_seam_feeds_the_tool(tmp_path: Path) -> None:
         def search(self, query: str, limit: int) -> list[str]:
             return [f"{query} #{n}" for n in range(limit)]
 
-    host = ScriptedHost(answers=[tool_calls_result(("search", {"query": "owls"}, "c1")), chat_result(envelope("found"))])
+    host = ScriptedHost(
+        answers=[tool_calls_result(("search", {"query": "owls"}, "c1")), chat_result(envelope("found"))]
+    )
     async with in_process_box(host, tmp_path / "state", memory=Remembers()) as box:
         await box.init(init_params(tools=["search"]))
         await box.deliver(deliver_params("remember?"))
-    assert host.model_requests[1].body["messages"][-1]["content"] == "\n".join(f"- owls #{n}" for n in range(5))
+    assert host.model_requests[1].body["messages"][-1]["content"] == "\n".join(
+        f"- owls #{n}" for n in range(5)
+    )
 
 
 # ------------------------------------------------------------------ envelope acts: edges
@@ -121,9 +145,13 @@ def _images(*payloads: str) -> ModelRequestResult:
 
 
 async def test_pictures_too_large_for_one_line_are_dropped_not_fatal(tmp_path: Path) -> None:
-    half = "A" * 515_000  # the image result fits one 1 MiB line; with 20,000 characters of text the send does not
+    half = (
+        "A" * 515_000
+    )  # the image result fits one 1 MiB line; with 20,000 characters of text the send does not
     text = "o" * 20_000
-    host = ScriptedHost(answers=[chat_result(envelope(text, picture="owls", picture_count=2)), _images(half, half)])
+    host = ScriptedHost(
+        answers=[chat_result(envelope(text, picture="owls", picture_count=2)), _images(half, half)]
+    )
     result = await run_turn(tmp_path, host)
     assert result.outcome == "sent"
     [sent] = host.sent
@@ -133,7 +161,9 @@ async def test_pictures_too_large_for_one_line_are_dropped_not_fatal(tmp_path: P
 
 async def test_an_image_result_too_large_for_the_pipe_leaves_the_text(tmp_path: Path) -> None:
     big = "A" * 600_000  # two of these: the host cannot hand the result over one line
-    host = ScriptedHost(answers=[chat_result(envelope("two pictures", picture="owls", picture_count=2)), _images(big, big)])
+    host = ScriptedHost(
+        answers=[chat_result(envelope("two pictures", picture="owls", picture_count=2)), _images(big, big)]
+    )
     result = await run_turn(tmp_path, host)
     assert result.outcome == "sent"
     [sent] = host.sent
@@ -141,7 +171,12 @@ async def test_an_image_result_too_large_for_the_pipe_leaves_the_text(tmp_path: 
 
 
 async def test_picture_count_is_clamped_and_edit_without_an_image_makes_a_new_picture(tmp_path: Path) -> None:
-    host = ScriptedHost(answers=[chat_result(envelope("here", picture="an owl", picture_count=9, picture_edit=True)), _images("QUJD")])
+    host = ScriptedHost(
+        answers=[
+            chat_result(envelope("here", picture="an owl", picture_count=9, picture_edit=True)),
+            _images("QUJD"),
+        ]
+    )
     await run_turn(tmp_path, host)
     image = host.model_requests[1]
     assert (image.path, image.body["n"]) == ("/images/generations", 4)
@@ -153,9 +188,13 @@ async def test_a_picture_without_text_is_still_a_reply(tmp_path: Path) -> None:
     assert result.outcome == "sent" and host.sent[0].content == "" and len(host.sent[0].files) == 1  # type: ignore[attr-defined]
 
 
-async def test_edit_with_an_image_uses_the_message_text_when_the_envelope_names_no_prompt(tmp_path: Path) -> None:
+async def test_edit_with_an_image_uses_the_message_text_when_the_envelope_names_no_prompt(
+    tmp_path: Path,
+) -> None:
     photo = Attachment(filename="a.png", content_type="image/png", size=3, data_b64="QUJD")
-    host = ScriptedHost(answers=[chat_result(envelope("hatted", picture=None, picture_edit=True)), _images("QUJD")])
+    host = ScriptedHost(
+        answers=[chat_result(envelope("hatted", picture=None, picture_edit=True)), _images("QUJD")]
+    )
     result = await run_turn(tmp_path, host, deliver_params("put a hat on it", attachments=[photo]))
     # picture_edit with an image but no picture prompt: answer text exists, so the edit runs on the message's words
     assert result.outcome == "sent"

@@ -48,7 +48,16 @@ def cron(expression: str, tz: str = "UTC") -> Trigger:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("90s", 90), ("10m", 600), ("1h30m", 5400), ("24h", 86_400), ("2d", 172_800), ("45", 45), ("1.5h", 5400), (" 2H ", 7200)],
+    [
+        ("90s", 90),
+        ("10m", 600),
+        ("1h30m", 5400),
+        ("24h", 86_400),
+        ("2d", 172_800),
+        ("45", 45),
+        ("1.5h", 5400),
+        (" 2H ", 7200),
+    ],
 )
 def test_durations_parse(text: str, seconds: float) -> None:
     assert parse_duration(text).total_seconds() == seconds
@@ -60,7 +69,9 @@ def test_bad_durations_say_how_to_write_one(text: str) -> None:
         parse_duration(text)
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(86_400, "1d"), (5400, "1h30m"), (45, "45s"), (0, "0s"), (90_061, "1d1h1m1s")])
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(86_400, "1d"), (5400, "1h30m"), (45, "45s"), (0, "0s"), (90_061, "1d1h1m1s")]
+)
 def test_durations_format_back(seconds: int, text: str) -> None:
     assert format_duration(seconds) == text
     assert parse_duration(text).total_seconds() == seconds
@@ -81,12 +92,17 @@ def test_a_cron_expression_that_does_not_parse_is_refused(expression: str) -> No
         parse_cron(expression)
 
 
-@pytest.mark.parametrize(("expression", "normal"), [("0  9 * * 1-5", "0 9 * * 1-5"), ("@DAILY", "@daily"), ("*/15 * * * *", "*/15 * * * *")])
+@pytest.mark.parametrize(
+    ("expression", "normal"),
+    [("0  9 * * 1-5", "0 9 * * 1-5"), ("@DAILY", "@daily"), ("*/15 * * * *", "*/15 * * * *")],
+)
 def test_good_cron_expressions_are_normalised(expression: str, normal: str) -> None:
     assert parse_cron(expression) == normal
 
 
-@pytest.mark.parametrize("name", ["Mars/Olympus_Mons", "", "../../etc/passwd", "/etc/localtime", "Europe/" + "x" * 80])
+@pytest.mark.parametrize(
+    "name", ["Mars/Olympus_Mons", "", "../../etc/passwd", "/etc/localtime", "Europe/" + "x" * 80]
+)
 def test_an_unknown_timezone_is_refused(name: str) -> None:
     with pytest.raises(ScheduleError, match="unknown timezone"):
         parse_timezone(name)
@@ -140,10 +156,15 @@ def test_first_run(trigger: Trigger, now_flag: bool, expected: datetime) -> None
 
 def test_recent_fires_is_bounded_however_long_the_downtime() -> None:
     times, complete = recent_fires(every("1m"), T0, T0 + timedelta(days=365), 5)
-    assert not complete and times == [T0 + timedelta(days=365) - timedelta(minutes=k) for k in (4, 3, 2, 1, 0)]
+    assert not complete and times == [
+        T0 + timedelta(days=365) - timedelta(minutes=k) for k in (4, 3, 2, 1, 0)
+    ]
     times, complete = recent_fires(cron("* * * * *"), T0, T0 + timedelta(days=365), 3)
     assert not complete and times[-1] == T0 + timedelta(days=365) and len(times) == 3
-    assert recent_fires(cron("0 9 * * *"), T0, T0 + timedelta(days=2), 10) == ([utc(2026, 3, 2, 9), utc(2026, 3, 3, 9)], True)
+    assert recent_fires(cron("0 9 * * *"), T0, T0 + timedelta(days=2), 10) == (
+        [utc(2026, 3, 2, 9), utc(2026, 3, 3, 9)],
+        True,
+    )
 
 
 # --- the missed-run policies -------------------------------------------------------------------------
@@ -235,13 +256,21 @@ def test_bad_schedules_are_refused_and_nothing_is_written(
     assert counts(db) == (0, 0)
 
 
-def test_a_schedule_fires_on_time_and_exactly_once_per_fire(store: ScheduleStore, clock: FixedClock, db: Database) -> None:
+def test_a_schedule_fires_on_time_and_exactly_once_per_fire(
+    store: ScheduleStore, clock: FixedClock, db: Database
+) -> None:
     schedule = store.add(ScheduleRequest("pip", "daily summary", cron="0 9 * * *", channel_id="123"))
     assert schedule.next_run == utc(2026, 3, 2, 9)
     assert store.fire_due() == []  # 08:00: not yet
     clock.set(utc(2026, 3, 2, 9, 0, 0) + timedelta(milliseconds=300))
     [task] = store.fire_due()
-    assert (task.imp, task.prompt, task.channel_id, task.origin, task.schedule_id) == ("pip", "daily summary", "123", "schedule", schedule.id)
+    assert (task.imp, task.prompt, task.channel_id, task.origin, task.schedule_id) == (
+        "pip",
+        "daily summary",
+        "123",
+        "schedule",
+        schedule.id,
+    )
     assert task.scheduled_for == utc(2026, 3, 2, 9) and task.state == "queued"
     assert store.fire_due() == []  # the same fire is never queued twice
     assert store.get(schedule.id).next_run == utc(2026, 3, 3, 9) and store.get(schedule.id).fired == 1
@@ -258,7 +287,9 @@ def test_no_immediate_first_fire_unless_asked(store: ScheduleStore, clock: Fixed
 
 
 @pytest.mark.parametrize(("policy", "queued"), [("skip", 0), ("once", 1), ("all", 3)])
-def test_after_downtime_the_store_applies_the_policy(store: ScheduleStore, clock: FixedClock, db: Database, policy: str, queued: int) -> None:
+def test_after_downtime_the_store_applies_the_policy(
+    store: ScheduleStore, clock: FixedClock, db: Database, policy: str, queued: int
+) -> None:
     store.add(ScheduleRequest("pip", "x", cron="0 9 * * *", missed=policy))
     clock.set(utc(2026, 3, 4, 12, 0))  # Mar 2, 3, 4 at 09:00 were missed
     assert len(store.fire_due()) == queued
@@ -284,7 +315,9 @@ def test_remove_and_unknown_ids(store: ScheduleStore, db: Database) -> None:
             action("s-nope")
 
 
-def test_a_schedule_that_cannot_keep_up_stops_growing_the_queue(store: ScheduleStore, clock: FixedClock) -> None:
+def test_a_schedule_that_cannot_keep_up_stops_growing_the_queue(
+    store: ScheduleStore, clock: FixedClock
+) -> None:
     store.add(ScheduleRequest("pip", "x", every="1m", missed="all"))
     clock.advance(minutes=30)
     assert len(store.fire_due()) == MAX_QUEUED_PER_SCHEDULE  # nothing runs them here; the backlog is capped

@@ -11,7 +11,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from box.protocol.models import Author, DeliverResult, Framing, Message
+from box.protocol.models import Author, BoxInitParams, DeliverResult, Framing, Message
+from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
 from impyard.sessions import (
     BUSY_NOTICE,
@@ -86,24 +87,43 @@ class ManualSleeper:
 
 
 def delivery(n: int, content: str = "hi", key: SessionKey = KEY) -> Delivery:
-    message = Message(id=f"m{n}", author=Author(id="u1", name="ann"), content=content, created_at=NOW + timedelta(seconds=n))
+    message = Message(
+        id=f"m{n}", author=Author(id="u1", name="ann"), content=content, created_at=NOW + timedelta(seconds=n)
+    )
     return Delivery(key=key, message=message, framing=Framing(mode="respond", reason="one_to_one"))
+
+
+@dataclass
+class Plan:
+    """The session plan of these tests: one backend for every imp, guild channels, state under tmp_path."""
+
+    backend: BoxBackend
+    root: Path
+    settings: SessionSettings | None = None
+
+    def backend_for(self, imp: str) -> BoxBackend:
+        return self.backend
+
+    async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
+        return init_params(key.imp, key.channel_id, "guild")
+
+    def state_dir_for(self, imp: str) -> Path:
+        return self.root / imp / "state"
+
+    def settings_for(self, imp: str) -> SessionSettings:
+        return self.settings or SessionSettings()
 
 
 @asynccontextmanager
 async def manager(
-    tmp_path: Path, host: ScriptedHost, recorder: Recorder, settings: SessionSettings | None = None, **kwargs: object
+    tmp_path: Path,
+    host: ScriptedHost,
+    recorder: Recorder,
+    settings: SessionSettings | None = None,
+    **kwargs: object,
 ) -> AsyncIterator[SessionManager]:
-    backend = ProcessBackend(warn=False)
-    async with SessionManager(
-        backend_for=lambda imp: backend,
-        host=host,
-        events=recorder,
-        init_for=lambda key, now: init_params(key.imp, key.channel_id, "guild"),
-        state_dir_for=lambda imp: tmp_path / imp / "state",
-        settings_for=lambda imp: settings or SessionSettings(),
-        **kwargs,  # type: ignore[arg-type]
-    ) as sessions:
+    plan = Plan(ProcessBackend(warn=False), tmp_path, settings)
+    async with SessionManager(plan=plan, host=host, events=recorder, **kwargs) as sessions:  # type: ignore[arg-type]
         yield sessions
 
 
@@ -153,7 +173,9 @@ async def test_the_idle_window_closes_the_box_only_between_turns(tmp_path: Path)
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])
-async def test_a_message_arriving_as_the_idle_window_ends_is_delivered_once(tmp_path: Path, checkpoint: bool) -> None:
+async def test_a_message_arriving_as_the_idle_window_ends_is_delivered_once(
+    tmp_path: Path, checkpoint: bool
+) -> None:
     host, recorder, clock = ScriptedHost(), Recorder(), ManualSleeper()
     async with manager(tmp_path, host, recorder, sleep=clock.sleep) as sessions:
         sessions.deliver(delivery(1))

@@ -80,7 +80,9 @@ class Yard:
 
 
 @asynccontextmanager
-async def yard(fake: FakeOpenAI, backend: BoxBackend, settings: SupervisorSettings = FAST) -> AsyncIterator[Yard]:
+async def yard(
+    fake: FakeOpenAI, backend: BoxBackend, settings: SupervisorSettings = FAST
+) -> AsyncIterator[Yard]:
     imps = ImpStore()
     imps.add("pip", box={"backend": "process"})
     db = open_database()
@@ -125,25 +127,48 @@ async def wait_until(condition: Any, timeout: float = 20.0, what: str = "conditi
 # --- end to end ----------------------------------------------------------------------------------------
 
 
-async def test_a_scheduled_task_runs_in_a_real_box_and_posts_through_the_gateway(fake: FakeOpenAI, backend: Any) -> None:
-    fake.script(envelope(answer="Daily summary: all quiet."), purpose="reply", usage={"prompt_tokens": 200, "completion_tokens": 20})
+async def test_a_scheduled_task_runs_in_a_real_box_and_posts_through_the_gateway(
+    fake: FakeOpenAI, backend: Any
+) -> None:
+    fake.script(
+        envelope(answer="Daily summary: all quiet."),
+        purpose="reply",
+        usage={"prompt_tokens": 200, "completion_tokens": 20},
+    )
     async with yard(fake, backend) as y:
-        schedule = y.supervisor.schedules.add(ScheduleRequest("pip", "Post the daily summary", cron="0 9 * * *", channel_id=TRUSTED))
+        schedule = y.supervisor.schedules.add(
+            ScheduleRequest("pip", "Post the daily summary", cron="0 9 * * *", channel_id=TRUSTED)
+        )
         await y.supervisor.run(once=True)
         assert y.supervisor.tasks.list() == [] and y.surface.sent == []  # 08:59:59: not yet
         y.clock.advance(seconds=1.2)
         await y.supervisor.run(once=True)
         [task] = y.supervisor.tasks.list()
-        assert (task.state, task.origin, task.schedule_id, task.attempts) == ("done", "schedule", schedule.id, 1)
+        assert (task.state, task.origin, task.schedule_id, task.attempts) == (
+            "done",
+            "schedule",
+            schedule.id,
+            1,
+        )
         assert task.scheduled_for == datetime(2026, 5, 11, 9, 0, tzinfo=UTC)
         [sent] = y.surface.sent
         assert (sent.channel_id, sent.content) == (TRUSTED, "Daily summary: all quiet.")
         # The host attests what happened from its own records; the box's answer is only a report.
-        assert task.outcome is not None and task.outcome.startswith("done (") and "1 post delivered" in task.outcome
+        assert (
+            task.outcome is not None
+            and task.outcome.startswith("done (")
+            and "1 post delivered" in task.outcome
+        )
         assert task.box_outcome == "done"
         rows = [r for r in y.gateway.audit.tail(50) if r.run_id == task.run_id]
-        assert [(r.method, r.verdict) for r in rows] == [("model.request", "allowed"), ("discord.send", "allowed")]
-        assert [r.method for r in y.supervisor.tasks.audit_trail(task.id)] == ["model.request", "discord.send"]
+        assert [(r.method, r.verdict) for r in rows] == [
+            ("model.request", "allowed"),
+            ("discord.send", "allowed"),
+        ]
+        assert [r.method for r in y.supervisor.tasks.audit_trail(task.id)] == [
+            "model.request",
+            "discord.send",
+        ]
         [request] = fake.requests
         assert request.headers["authorization"] == f"Bearer {KEY}"
         assert "Post the daily summary" in "\n".join(str(m["content"]) for m in request.body["messages"])
@@ -188,13 +213,17 @@ class CountingBackend:
             self.alive -= 1
 
 
-async def test_a_budget_exhausted_imps_task_is_deferred_and_runs_after_the_window_rolls_over(fake: FakeOpenAI) -> None:
+async def test_a_budget_exhausted_imps_task_is_deferred_and_runs_after_the_window_rolls_over(
+    fake: FakeOpenAI,
+) -> None:
     fake.script(envelope(answer="Good morning."), purpose="reply")
     counting = CountingBackend(ProcessBackend(warn=False))
     async with yard(fake, counting) as y:
         y.clock.set(datetime(2026, 5, 11, 21, 30, tzinfo=UTC))
         ledger = Ledger(y.db, y.gateway.policy, y.clock)
-        ledger.settle(ledger.reserve("pip", 2_000_000), 2_000_000)  # pip's whole day ($2, the default per imp)
+        ledger.settle(
+            ledger.reserve("pip", 2_000_000), 2_000_000
+        )  # pip's whole day ($2, the default per imp)
         task = y.add(channel_id=TRUSTED)
         await y.supervisor.run(once=True)
         deferred = y.task(task.id)
@@ -215,7 +244,9 @@ async def test_a_task_refused_for_budget_inside_its_box_is_deferred_not_failed(f
     async with yard(fake, ProcessBackend(warn=False)) as y:
         y.clock.set(datetime(2026, 5, 11, 21, 30, tzinfo=UTC))
         ledger = Ledger(y.db, y.gateway.policy, y.clock)
-        ledger.settle(ledger.reserve("pip", 1_999_950), 1_999_950)  # 50 micro-USD left: less than one call's estimate
+        ledger.settle(
+            ledger.reserve("pip", 1_999_950), 1_999_950
+        )  # 50 micro-USD left: less than one call's estimate
         task = y.add(channel_id=TRUSTED)
         await y.supervisor.run(once=True)
         deferred = y.task(task.id)
@@ -241,13 +272,22 @@ async def test_a_gate_approval_triggers_a_continuation_exactly_once(fake: FakeOp
         [gate] = y.supervisor.tasks.gates_of(task.id)
         assert gate.state == "pending" and gate.run_id == waiting.run_id
         # The operator approves on the CLI (another process): the supervisor executes it and follows up.
-        GateStore(y.db, y.clock, y.gateway.audit).decide(gate.id, Approver("operator", "ann"), approve=True, note="ship it")
+        GateStore(y.db, y.clock, y.gateway.audit).decide(
+            gate.id, Approver("operator", "ann"), approve=True, note="ship it"
+        )
         await y.supervisor.run(once=True)
-        assert [s.content for s in y.surface.sent] == ["Weekly digest: three releases."]  # sent once, on approval
+        assert [s.content for s in y.surface.sent] == [
+            "Weekly digest: three releases."
+        ]  # sent once, on approval
         follow_ups = [t for t in y.supervisor.tasks.list() if t.origin == "continuation"]
         assert len(follow_ups) == 1
         [follow] = follow_ups
-        assert (follow.parent_task, follow.parent_gate, follow.channel_id, follow.state) == (task.id, gate.id, UNTRUSTED, "done")
+        assert (follow.parent_task, follow.parent_gate, follow.channel_id, follow.state) == (
+            task.id,
+            gate.id,
+            UNTRUSTED,
+            "done",
+        )
         assert y.task(task.id).state == "done"  # its gated act was approved and sent
         told = "\n".join(str(m["content"]) for m in fake.requests[-1].body["messages"])
         assert f"gate {gate.id}) was approved by operator:ann" in told and "ship it" in told
@@ -265,10 +305,14 @@ async def test_a_denied_gate_wakes_the_task_with_the_denial(fake: FakeOpenAI) ->
         task = y.add("Post something", channel_id=UNTRUSTED, wake_on_resolve=True)
         await y.supervisor.run(once=True)
         [gate] = y.supervisor.tasks.gates_of(task.id)
-        GateStore(y.db, y.clock, y.gateway.audit).decide(gate.id, Approver("operator", "ann"), approve=False, note="too spicy")
+        GateStore(y.db, y.clock, y.gateway.audit).decide(
+            gate.id, Approver("operator", "ann"), approve=False, note="too spicy"
+        )
         await y.supervisor.run(once=True)
         assert y.surface.sent == [] and y.task(task.id).state == "failed"
-        assert "was denied by operator:ann" in "\n".join(str(m["content"]) for m in fake.requests[-1].body["messages"])
+        assert "was denied by operator:ann" in "\n".join(
+            str(m["content"]) for m in fake.requests[-1].body["messages"]
+        )
 
 
 # --- bad input and failures ---------------------------------------------------------------------------
@@ -285,7 +329,9 @@ async def test_a_task_box_that_hangs_is_killed_at_its_ceiling(fake: FakeOpenAI) 
         assert not alive(run.box_pid)  # the box is gone, not merely abandoned
 
 
-async def test_a_box_dying_mid_task_fails_the_task_with_one_line(fake: FakeOpenAI, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_box_dying_mid_task_fails_the_task_with_one_line(
+    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
     """Issue 11: a box killed mid-task ends its task cleanly, with the death in one line, no ExceptionGroup."""
     fake.script(slow(envelope(answer="never posted"), 30.0))
     async with yard(fake, ProcessBackend(warn=False)) as y:
@@ -293,7 +339,9 @@ async def test_a_box_dying_mid_task_fails_the_task_with_one_line(fake: FakeOpenA
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: y.supervisor.run(stop=stop))
-            await anyio.to_thread.run_sync(lambda: fake.wait_for_requests(1, timeout_s=20))  # task.run in flight
+            await anyio.to_thread.run_sync(
+                lambda: fake.wait_for_requests(1, timeout_s=20)
+            )  # task.run in flight
             os.kill(y.supervisor.tasks.runs(task.id)[0].box_pid or 0, signal.SIGKILL)
 
             async def failed() -> bool:
@@ -303,7 +351,11 @@ async def test_a_box_dying_mid_task_fails_the_task_with_one_line(fake: FakeOpenA
             stop.set()
     outcome = y.task(task.id).outcome or ""
     assert outcome.startswith("the box failed: task.run got no answer") and "exit code -9" in outcome
-    assert "ExceptionGroup" not in outcome and "ExceptionGroup" not in caplog.text and "Traceback" not in caplog.text
+    assert (
+        "ExceptionGroup" not in outcome
+        and "ExceptionGroup" not in caplog.text
+        and "Traceback" not in caplog.text
+    )
 
 
 async def test_the_operator_can_cancel_a_running_task(fake: FakeOpenAI) -> None:
@@ -317,7 +369,9 @@ async def test_the_operator_can_cancel_a_running_task(fake: FakeOpenAI) -> None:
                 return y.task(task.id).state == "running" and bool(y.supervisor.running)
 
             await wait_until(running)
-            y.supervisor.tasks.request_cancel(task.id)  # what `impyard task cancel` does, from another process
+            y.supervisor.tasks.request_cancel(
+                task.id
+            )  # what `impyard task cancel` does, from another process
 
             async def cancelled() -> bool:
                 return y.task(task.id).state == "cancelled"
@@ -361,7 +415,11 @@ async def test_a_task_whose_imp_was_removed_fails_visibly(fake: FakeOpenAI) -> N
         y.imps.remove("pip")
         await y.supervisor.run(once=True)
         failed = y.task(task.id)
-        assert failed.state == "failed" and "no imp named 'pip'" in (failed.outcome or "") and failed.attempts == 0
+        assert (
+            failed.state == "failed"
+            and "no imp named 'pip'" in (failed.outcome or "")
+            and failed.attempts == 0
+        )
 
 
 async def test_the_briefing_gives_the_box_its_own_imps_past_outcomes(fake: FakeOpenAI) -> None:
@@ -377,9 +435,17 @@ async def test_the_briefing_gives_the_box_its_own_imps_past_outcomes(fake: FakeO
         y.clock.advance(days=1)
         y.add("Post Tuesday's summary", channel_id=TRUSTED, briefing=True)
         await y.supervisor.run(once=True)
-        assert [s.content for s in y.surface.sent] == ["Bob's secret result.", "Monday: shipped 1.2.", "Tuesday: quiet."]
+        assert [s.content for s in y.surface.sent] == [
+            "Bob's secret result.",
+            "Monday: shipped 1.2.",
+            "Tuesday: quiet.",
+        ]
         text = "\n".join(str(m["content"]) for m in fake.requests[-1].body["messages"])
-        assert "Your recent tasks" in text and "Monday: shipped 1.2." in text and "Post Tuesday's summary" in text
+        assert (
+            "Your recent tasks" in text
+            and "Monday: shipped 1.2." in text
+            and "Post Tuesday's summary" in text
+        )
         assert text.index("Your recent tasks") < text.index("Post Tuesday's summary")
         assert "Bob" not in text  # another imp's journal never reaches this box
 
@@ -446,7 +512,9 @@ async def test_a_task_that_acted_before_the_crash_is_not_run_twice(fake: FakeOpe
     async with yard(fake, ProcessBackend(warn=False)) as y:
         task = y.add(channel_id=TRUSTED)
         y.supervisor.tasks.claim(task.id, "run-lost", "process")
-        y.gateway.audit.write(AuditRecord(imp="pip", method="discord.send", verdict="allowed", run_id="run-lost"))
+        y.gateway.audit.write(
+            AuditRecord(imp="pip", method="discord.send", verdict="allowed", run_id="run-lost")
+        )
         [reclaimed] = await y.supervisor.reclaim()
         assert reclaimed.state == "needs_review" and "not rerun" in (reclaimed.outcome or "")
 
@@ -460,7 +528,9 @@ async def test_orphan_reclaim_removes_a_labelled_container(
         run_id = "orphan" + os.urandom(6).hex()
         y.supervisor.tasks.claim(task.id, run_id, "docker")
         spec = BoxSpec("pip", TRUSTED, y.imps.state_dir("pip"), run_id=run_id)
-        backend.prepare_state_dir(spec.state_dir, "10001:10001" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}")
+        backend.prepare_state_dir(
+            spec.state_dir, "10001:10001" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+        )
         argv = run_argv(spec, box_image, limits=backend.limits, home_id=test_home_id, role="task",
                         user="10001:10001" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}",
                         command=["python3", "-c", "import time; time.sleep(300)"])  # fmt: skip
@@ -470,4 +540,3 @@ async def test_orphan_reclaim_removes_a_labelled_container(
         [reclaimed] = await y.supervisor.reclaim()
         assert reclaimed.state == "queued" and reclaimed.attempts == 1
         assert backend.labelled(run=run_id) == []
-

@@ -85,14 +85,22 @@ def test_bad_tasks_are_refused_and_nothing_is_written(
     assert db.query("SELECT COUNT(*) FROM channels")[0][0] == 0
 
 
-@pytest.mark.parametrize(("ceiling", "seconds"), [(None, 600), ("10s", 10), ("6h", 21_600), ("1h30m", 5400), (45, 45)])
+@pytest.mark.parametrize(
+    ("ceiling", "seconds"), [(None, 600), ("10s", 10), ("6h", 21_600), ("1h30m", 5400), (45, 45)]
+)
 def test_ceilings_within_bounds(store: TaskStore, ceiling: str | int | None, seconds: float) -> None:
     assert store.add(TaskRequest("pip", "x", ceiling=ceiling)).ceiling_s == seconds
 
 
 def test_kinds_are_an_open_set_and_only_prompt_needs_a_prompt(store: TaskStore) -> None:
     task = store.add(TaskRequest("pip", None, kind="reflect", person="user-7", origin="event"))
-    assert (task.kind, task.prompt, task.person, task.origin, task.state) == ("reflect", None, "user-7", "event", "queued")
+    assert (task.kind, task.prompt, task.person, task.origin, task.state) == (
+        "reflect",
+        None,
+        "user-7",
+        "event",
+        "queued",
+    )
 
 
 # --- the attestation rule (pure) -------------------------------------------------------------------
@@ -105,20 +113,50 @@ GATED = RunFacts(model_calls=1, gates=(("g-1", "pending"),))
     ("end", "facts", "state", "says"),
     [
         (RunEnd("done", "posted"), SPENT, "done", "1 model call ($0.0004), 1 post delivered"),
-        (RunEnd("failed", "model returned HTTP 500"), RunFacts(model_calls=1), "failed", "the box reported failure: model returned HTTP 500"),
+        (
+            RunEnd("failed", "model returned HTTP 500"),
+            RunFacts(model_calls=1),
+            "failed",
+            "the box reported failure: model returned HTTP 500",
+        ),
         # The box's claim is a report: the host decides from what happened.
-        (RunEnd("done", "all good", ceiling_s=600, ceiling_hit=True), SPENT, "failed", "killed at its ceiling of 10m"),
+        (
+            RunEnd("done", "all good", ceiling_s=600, ceiling_hit=True),
+            SPENT,
+            "failed",
+            "killed at its ceiling of 10m",
+        ),
         (RunEnd(None, died="exit code 3"), RunFacts(), "failed", "the box failed: exit code 3"),
         (RunEnd("done", "all posted"), GATED, "needs_review", "waiting for approval: g-1"),
         (RunEnd("pending", ""), GATED, "needs_review", "waiting for approval: g-1"),
-        (RunEnd("pending", "sent"), RunFacts(model_calls=1), "needs_review", "said pending, but it opened no gate"),
+        (
+            RunEnd("pending", "sent"),
+            RunFacts(model_calls=1),
+            "needs_review",
+            "said pending, but it opened no gate",
+        ),
         (RunEnd("done", ""), RunFacts(gates=(("g-1", "executed"),)), "done", "approved and sent: g-1"),
-        (RunEnd("pending", ""), RunFacts(gates=(("g-1", "denied"),)), "failed", "gated act not sent: g-1 denied"),
+        (
+            RunEnd("pending", ""),
+            RunFacts(gates=(("g-1", "denied"),)),
+            "failed",
+            "gated act not sent: g-1 denied",
+        ),
         (RunEnd("done", "x", cancelled=True), SPENT, "cancelled", "cancelled by the operator"),
         # Over budget and nothing left the box: deferred to the next window, not failed.
-        (RunEnd("failed", "budget exhausted"), RunFacts(refused=1, budget_refused=True), "queued", "deferred"),
+        (
+            RunEnd("failed", "budget exhausted"),
+            RunFacts(refused=1, budget_refused=True),
+            "queued",
+            "deferred",
+        ),
         # Over budget after it already posted: never rerun (it would post twice).
-        (RunEnd("failed", "budget exhausted"), RunFacts(sent=1, refused=1, budget_refused=True), "failed", "reported failure"),
+        (
+            RunEnd("failed", "budget exhausted"),
+            RunFacts(sent=1, refused=1, budget_refused=True),
+            "failed",
+            "reported failure",
+        ),
     ],
 )
 def test_the_host_attests_the_state(end: RunEnd, facts: RunFacts, state: str, says: str) -> None:
@@ -135,7 +173,10 @@ def test_the_host_attests_the_state(end: RunEnd, facts: RunFacts, state: str, sa
         ((("g-1", "pending"), ("g-2", "executed")), Attestation("needs_review", "waiting for approval: g-1")),
         ((("g-1", "executing"),), Attestation("needs_review", "waiting for approval: g-1")),
         ((("g-1", "executed"), ("g-2", "expired")), Attestation("failed", "gated act not sent: g-2 expired")),
-        ((("g-1", "executed"), ("g-2", "executed")), Attestation("done", "gated acts approved and sent: g-1, g-2")),
+        (
+            (("g-1", "executed"), ("g-2", "executed")),
+            Attestation("done", "gated acts approved and sent: g-1, g-2"),
+        ),
     ],
 )
 def test_gates_verdict(gates: tuple[tuple[str, str], ...], expected: Attestation | None) -> None:
@@ -148,11 +189,16 @@ def test_gates_verdict(gates: tuple[tuple[str, str], ...], expected: Attestation
      (1, True, False, "needs_review"), (1, False, True, "cancelled"), (3, True, True, "cancelled")],
 )  # fmt: skip
 def test_reclaim_decision(attempts: int, acted: bool, cancel: bool, action: str) -> None:
-    assert reclaim_decision(attempts=attempts, max_attempts=3, acted=acted, cancel_requested=cancel)[0] == action
+    assert (
+        reclaim_decision(attempts=attempts, max_attempts=3, acted=acted, cancel_requested=cancel)[0] == action
+    )
 
 
 def row(
-    scope: str, daily: tuple[int | None, int] = (None, 0), monthly: tuple[int | None, int] = (None, 0), reserved: int = 0
+    scope: str,
+    daily: tuple[int | None, int] = (None, 0),
+    monthly: tuple[int | None, int] = (None, 0),
+    reserved: int = 0,
 ) -> BudgetRow:
     return BudgetRow(scope, daily[0], daily[1], monthly[0], monthly[1], reserved, "policy")
 
@@ -164,8 +210,14 @@ def row(
         ([row(ALL_IMPS, (5, 1)), row("pip", (2, 2))], (12 * 3600, "imp pip: daily budget")),
         ([row(ALL_IMPS, (5, 5)), row("pip", (2, 0))], (12 * 3600, "all imps: daily budget")),
         ([row("bob", (2, 9))], None),  # another imp's spending is not pip's
-        ([row("pip", (2, 2), (20, 20))], (21 * 86_400 - 12 * 3600, "imp pip: monthly budget")),  # the longer wait
-        ([row("pip", (2, 2), reserved=1)], None),  # in flight, not yet spent: let it try (the hard stop still holds)
+        (
+            [row("pip", (2, 2), (20, 20))],
+            (21 * 86_400 - 12 * 3600, "imp pip: monthly budget"),
+        ),  # the longer wait
+        (
+            [row("pip", (2, 2), reserved=1)],
+            None,
+        ),  # in flight, not yet spent: let it try (the hard stop still holds)
     ],
 )
 def test_budget_wait(rows: list[BudgetRow], expected: tuple[int, str] | None) -> None:
@@ -175,13 +227,21 @@ def test_budget_wait(rows: list[BudgetRow], expected: tuple[int, str] | None) ->
 # --- transitions ---------------------------------------------------------------------------------------
 
 
-def test_a_task_moves_queued_running_done_and_logs_each_move(store: TaskStore, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_task_moves_queued_running_done_and_logs_each_move(
+    store: TaskStore, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="impyard.tasks"):
         task = store.add(TaskRequest("pip", "hello", channel_id="123"))
         claimed = store.claim(task.id, "run-1", "process")
         assert claimed is not None and claimed.state == "running" and claimed.attempts == 1
         assert store.claim(task.id, "run-2", "process") is None  # claimed once
-        done = store.finish(task.id, "run-1", Attestation("done", "done (1 model call)"), RunEnd("done", "hi there"), returncode=0)
+        done = store.finish(
+            task.id,
+            "run-1",
+            Attestation("done", "done (1 model call)"),
+            RunEnd("done", "hi there"),
+            returncode=0,
+        )
     assert done is not None and done.state == "done" and done.outcome == "done (1 model call)"
     assert (done.box_outcome, done.box_summary) == ("done", "hi there")
     [run] = store.runs(task.id)
@@ -206,7 +266,9 @@ def test_cancel(store: TaskStore) -> None:
     store.claim(running.id, "run-1", "process")
     asked = store.request_cancel(running.id)
     assert asked.state == "running" and asked.cancel_requested
-    assert store.cancel_requested([running.id]) == [running.id]  # the supervisor's question about its own tasks
+    assert store.cancel_requested([running.id]) == [
+        running.id
+    ]  # the supervisor's question about its own tasks
     with pytest.raises(TaskError, match="already cancelled"):
         store.request_cancel(queued.id)
     with pytest.raises(TaskError, match="no task 't-nope'"):
@@ -233,19 +295,23 @@ def open_gate(db: Database, clock: FixedClock, run_id: str) -> Gate:
     )  # fmt: skip
 
 
-def test_a_decided_gate_queues_exactly_one_follow_up(store: TaskStore, db: Database, clock: FixedClock) -> None:
+def test_a_decided_gate_queues_exactly_one_follow_up(
+    store: TaskStore, db: Database, clock: FixedClock
+) -> None:
     task = store.add(TaskRequest("pip", "Post the summary", channel_id="123", wake_on_resolve=True))
     store.claim(task.id, "run-1", "process")
     gate = open_gate(db, clock, "run-1")
     store.finish(task.id, "run-1", attest(RunEnd("pending"), store.run_facts("run-1")), RunEnd("pending"))
     assert store.get(task.id).state == "needs_review"
     assert store.decided_gates_to_follow() == []  # still pending
-    GateStore(db, clock, AuditLog(db, clock, [])).decide(gate.id, Approver("operator", "ann"), approve=False, note="not today")
+    GateStore(db, clock, AuditLog(db, clock, [])).decide(
+        gate.id, Approver("operator", "ann"), approve=False, note="not today"
+    )
     [(parent, decided)] = store.decided_gates_to_follow()
     follow = store.add_continuation(parent, decided)
     assert follow is not None and follow.origin == "continuation" and follow.parent_gate == gate.id
     assert not follow.wake_on_resolve  # one follow-up per decision, never a chain
-    assert "was denied by operator:ann" in (follow.prompt or "") and 'not today' in (follow.prompt or "")
+    assert "was denied by operator:ann" in (follow.prompt or "") and "not today" in (follow.prompt or "")
     assert "> Post the summary" in (follow.prompt or "") and "> Today's summary" in (follow.prompt or "")
     assert store.add_continuation(parent, decided) is None  # exactly once, even if asked again
     assert store.decided_gates_to_follow() == []
@@ -253,7 +319,9 @@ def test_a_decided_gate_queues_exactly_one_follow_up(store: TaskStore, db: Datab
     assert settled.id == task.id and settled.state == "failed" and "denied" in (settled.outcome or "")
 
 
-def test_a_task_without_wake_on_resolve_gets_no_follow_up(store: TaskStore, db: Database, clock: FixedClock) -> None:
+def test_a_task_without_wake_on_resolve_gets_no_follow_up(
+    store: TaskStore, db: Database, clock: FixedClock
+) -> None:
     task = store.add(TaskRequest("pip", "x", channel_id="123"))
     store.claim(task.id, "run-1", "process")
     gate = open_gate(db, clock, "run-1")
@@ -269,7 +337,7 @@ def test_a_task_without_wake_on_resolve_gets_no_follow_up(store: TaskStore, db: 
 def test_continuation_prompt_says_what_became_of_the_gate(state: str, expected: str) -> None:
     gate = Gate(
         id="g-1", imp="pip", run_id="r", session_channel="123", origin_guild=None, act="discord.send", target="123",
-        payload={"content": "hello"}, payload_sha256="", reason="", state=state, created_at=NOW, deadline=NOW,  # type: ignore[arg-type]
+        payload={"channel_id": "123", "content": "hello"}, payload_sha256="", reason="", state=state, created_at=NOW, deadline=NOW,  # type: ignore[arg-type]
         decided_by="operator:ann" if state != "expired" else None, message_ids=["m1"], error="boom",
     )  # fmt: skip
     text = continuation_prompt("t-1", "y" * 10_000, gate)
@@ -277,7 +345,11 @@ def test_continuation_prompt_says_what_became_of_the_gate(state: str, expected: 
 
 
 def test_the_journal_holds_only_the_imps_own_finished_tasks(store: TaskStore, clock: FixedClock) -> None:
-    for imp, prompt, summary in (("pip", "a", "posted the Monday summary"), ("bob", "b", "bob's secret"), ("pip", "c", "posted Tuesday")):
+    for imp, prompt, summary in (
+        ("pip", "a", "posted the Monday summary"),
+        ("bob", "b", "bob's secret"),
+        ("pip", "c", "posted Tuesday"),
+    ):
         task = store.add(TaskRequest(imp, prompt))
         store.claim(task.id, f"run-{prompt}", "process")
         clock.advance(minutes=1)
@@ -291,7 +363,9 @@ def test_the_journal_holds_only_the_imps_own_finished_tasks(store: TaskStore, cl
 
 
 def test_the_briefing_is_bounded_and_composed_before_the_task() -> None:
-    entries = [JournalEntry(f"t-{i}", "prompt", "schedule", "done", "done", "z" * 500, NOW) for i in range(50)]
+    entries = [
+        JournalEntry(f"t-{i}", "prompt", "schedule", "done", "done", "z" * 500, NOW) for i in range(50)
+    ]
     briefing = render_briefing(entries, max_chars=1_000)
     assert briefing is not None and len(briefing) <= 1_000
     assert render_briefing([]) is None
@@ -305,7 +379,15 @@ def test_run_facts_come_from_the_audit_not_the_box(store: TaskStore, db: Databas
     for method, verdict, cost in (("model.request", "allowed", 300), ("discord.send", "allowed", 0),
                                   ("model.request", "budget_exhausted", 0), ("http.fetch", "denied", 0)):  # fmt: skip
         audit.write(AuditRecord(imp="pip", method=method, verdict=verdict, run_id="run-9", cost_micros=cost))
-    audit.write(AuditRecord(imp="pip", method="model.request", verdict="allowed", run_id="other-run", cost_micros=999))
+    audit.write(
+        AuditRecord(imp="pip", method="model.request", verdict="allowed", run_id="other-run", cost_micros=999)
+    )
     facts = store.run_facts("run-9")
-    assert (facts.model_calls, facts.cost_micros, facts.sent, facts.refused, facts.budget_refused) == (1, 300, 1, 2, True)
+    assert (facts.model_calls, facts.cost_micros, facts.sent, facts.refused, facts.budget_refused) == (
+        1,
+        300,
+        1,
+        2,
+        True,
+    )
     assert facts.acted

@@ -58,7 +58,13 @@ async def test_respond_success(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("hello ann"))])
     [result] = await run_turns(tmp_path, host, deliver_params("hi pip"))
     assert (result.outcome, result.message_ids) == ("sent", ["out-1"])
-    assert host.stages == ["context", "tools", "render", "send", "post"]  # respond framing skips DecisionMaking
+    assert host.stages == [
+        "context",
+        "tools",
+        "render",
+        "send",
+        "post",
+    ]  # respond framing skips DecisionMaking
     assert records(tmp_path) == [("m1", "user", "hi pip"), ("out-1", "assistant", "hello ann")]
     assert history(tmp_path)["counters"] == {"c1": {"sent": 1}}
 
@@ -96,9 +102,15 @@ async def test_tool_continuation(tmp_path: Path) -> None:
     fetch = [params for method, params in host.calls if method == "http.fetch"]
     assert [f.url for f in fetch] == ["https://example.org/hours"]  # type: ignore[attr-defined]
     first, second = (request.body for request in host.model_requests)
-    assert first["model"] == "gpt-4.1-mini" and second["model"] == "gpt-4.1"  # the factual model reads the results
+    assert (
+        first["model"] == "gpt-4.1-mini" and second["model"] == "gpt-4.1"
+    )  # the factual model reads the results
     assert second["messages"][-2]["tool_calls"][0]["id"] == "call_1"
-    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "HTTP 200 text/html\nOpen 9-17"}
+    assert second["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": "HTTP 200 text/html\nOpen 9-17",
+    }
     assert host.stages == ["context", "tools", "render", "send", "post"]
 
 
@@ -139,7 +151,9 @@ async def test_send_failure_fails_the_turn_and_commits_nothing(tmp_path: Path) -
 
 
 async def test_generic_failure_is_terminal_and_posts_nothing(tmp_path: Path) -> None:
-    denied = RpcError(ErrorCode.DENIED, "denied by policy rule no-replies: pip is on a break", {"rule": "no-replies"})
+    denied = RpcError(
+        ErrorCode.DENIED, "denied by policy rule no-replies: pip is on a break", {"rule": "no-replies"}
+    )
     host = ScriptedHost(answers=[denied])
     [result] = await run_turns(tmp_path, host, deliver_params("hi"))
     assert result.outcome == "failed" and "pip is on a break" in (result.error or "")
@@ -164,7 +178,9 @@ async def test_a_prompt_task_runs_through_the_machine(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("nothing to report", answer_needed=False))])
     async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
         await running.init(init_params(kind="task"), timeout=30)
-        result = await running.run_task(TaskRunParams(task=TaskSpec(id="t1", kind="prompt", prompt="Check in"), now=NOW))
+        result = await running.run_task(
+            TaskRunParams(task=TaskSpec(id="t1", kind="prompt", prompt="Check in"), now=NOW)
+        )
     assert (result.outcome, result.summary) == ("done", "nothing to report")
     assert host.sent == [] and host.stages == ["context", "tools", "decision", "post"]
     assert "scheduled task" in host.model_requests[0].body["messages"][0]["content"]
@@ -200,7 +216,11 @@ def context(mode: str, reason: str, **fields: Any) -> TurnContext:
         ({"answer": "hi", "answer_needed": False}, "group", Stage.POST),
         ({"answer": "hi", "answer_needed": True}, "group", Stage.RENDER),
         ({"answer": "hi", "answer_needed": False, "staff": "look"}, "group", Stage.RENDER),
-        ({"answer": None, "answer_needed": False, "hack": True}, "group", Stage.RENDER),  # the alert is rendered
+        (
+            {"answer": None, "answer_needed": False, "hack": True},
+            "group",
+            Stage.RENDER,
+        ),  # the alert is rendered
     ],
 )
 async def test_decision_making_in_isolation(fields: dict, reason: str, next_stage: Stage) -> None:
@@ -213,4 +233,9 @@ async def test_rendering_in_isolation_unwraps_and_targets() -> None:
     ctx.answers = True
     assert await machine().response_rendering(ctx) is Stage.SEND
     assert ctx.reply is not None
-    assert (ctx.reply.channel_id, ctx.reply.content, ctx.reply.kind, ctx.reply.reply_to) == ("c1", "see https://x.example", "reply", "m1")
+    assert (ctx.reply.channel_id, ctx.reply.content, ctx.reply.kind, ctx.reply.reply_to) == (
+        "c1",
+        "see https://x.example",
+        "reply",
+        "m1",
+    )

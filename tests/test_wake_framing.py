@@ -54,17 +54,34 @@ def humans(*names: str, minutes_ago: int = 1) -> list[RecentAuthor]:
         ("guild", True, humans("ann", "bob"), "judge", "mention", 2),
         ("guild", False, humans("a", "b", "c", "d", "e"), "judge", "group", 5),
         # The imp itself and bots are not participants.
-        ("guild", False, humans("ann", "imp") + [RecentAuthor("bot", "bot", True, NOW)], "respond", "one_to_one", 1),
+        (
+            "guild",
+            False,
+            humans("ann", "imp") + [RecentAuthor("bot", "bot", True, NOW)],
+            "respond",
+            "one_to_one",
+            1,
+        ),
         # Authors older than the window do not count.
         ("guild", False, humans("old", minutes_ago=31) + humans("ann"), "respond", "one_to_one", 1),
     ],
 )
-def test_framing(kind: str, addressed: bool, recent: list[RecentAuthor], mode: str, reason: str, count: int) -> None:
+def test_framing(
+    kind: str, addressed: bool, recent: list[RecentAuthor], mode: str, reason: str, count: int
+) -> None:
     framing = decide_framing(channel_kind=kind, addressed=addressed, recent=recent, imp_id="imp", now=NOW)
     assert (framing.mode, framing.reason, len(framing.participants)) == (mode, reason, count)
 
 
 def test_framing_counts_only_the_last_messages_of_the_window() -> None:
     recent = humans("bob") + humans("ann") * 50
-    assert decide_framing(channel_kind="guild", addressed=False, recent=recent, imp_id="imp", now=NOW).mode == "respond"
-    assert decide_framing(channel_kind="guild", addressed=False, recent=recent, imp_id="imp", now=NOW, max_messages=51).mode == "judge"
+    assert (
+        decide_framing(channel_kind="guild", addressed=False, recent=recent, imp_id="imp", now=NOW).mode
+        == "respond"
+    )
+    assert (
+        decide_framing(
+            channel_kind="guild", addressed=False, recent=recent, imp_id="imp", now=NOW, max_messages=51
+        ).mode
+        == "judge"
+    )

@@ -75,7 +75,9 @@ class ResponderSettings(FromHost):
     history_per_channel: int = Field(default=3, ge=0, le=500)  # ENV-11
     short_path: list[tuple[str, str]] = Field(default_factory=list)  # ENV-05: (channel_regex, user_regex)
     tools: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list)  # "web_fetch", "search"
-    news: Annotated[str, Field(max_length=65_536)] | None = None  # ENV-10: the news file's text, read host-side
+    news: Annotated[str, Field(max_length=65_536)] | None = (
+        None  # ENV-10: the news file's text, read host-side
+    )
     staff_channel: Id | None = None  # ENV-03: where staff notes and hack alerts go
     retry_backoff_s: float = Field(default=1.0, ge=0, le=60)  # ENV-12: first backoff; doubles per attempt
     image_model: ModelName = "gpt-image-1"
@@ -199,7 +201,9 @@ class TaskRunResult(FromBox):
     outcome: Literal["done", "failed", "pending"]
     summary: str = Field(default="", max_length=20_000)
     # Structured observations (the lockdown probe uses it); an addition to §3.
-    report: dict[Annotated[str, Field(max_length=64)], ReportValue] = Field(default_factory=dict, max_length=64)
+    report: dict[Annotated[str, Field(max_length=64)], ReportValue] = Field(
+        default_factory=dict, max_length=64
+    )
 
 
 class MailboxEventParams(FromHost):
@@ -277,7 +281,9 @@ class TurnStageParams(FromBox):
 class LogParams(FromBox):
     level: Literal["debug", "info", "warning", "error"]
     message: Annotated[str, Field(max_length=MAX_LOG_MESSAGE_CHARS)]
-    fields: dict[Annotated[str, Field(max_length=64)], ReportValue] = Field(default_factory=dict, max_length=32)
+    fields: dict[Annotated[str, Field(max_length=64)], ReportValue] = Field(
+        default_factory=dict, max_length=32
+    )
 
 
 # ---------------------------------------------------------------- method tables

@@ -163,7 +163,9 @@ class Peer:
     async def _on_line(self, line: bytes | LineTooLong) -> None:
         if isinstance(line, LineTooLong):
             self._violation(f"line of {line.size} bytes exceeds the {self._max_line_bytes}-byte limit")
-            await self._reply_error(None, ErrorCode.INVALID_REQUEST, "line too long; dropped", {"bytes": line.size})
+            await self._reply_error(
+                None, ErrorCode.INVALID_REQUEST, "line too long; dropped", {"bytes": line.size}
+            )
             return
         try:
             frame = decode_frame(line)
@@ -173,7 +175,9 @@ class Peer:
             return
         if not isinstance(frame, dict) or frame.get("jsonrpc") != "2.0":
             self._violation("not a JSON-RPC 2.0 object")
-            await self._reply_error(None, ErrorCode.INVALID_REQUEST, "invalid request: not a JSON-RPC 2.0 object")
+            await self._reply_error(
+                None, ErrorCode.INVALID_REQUEST, "invalid request: not a JSON-RPC 2.0 object"
+            )
             return
         frame_id = frame.get("id")
         if frame_id is not None and (isinstance(frame_id, bool) or not isinstance(frame_id, int | str)):
@@ -186,7 +190,9 @@ class Peer:
             self._on_response(frame, frame_id)
         else:
             self._violation("neither a call nor a response")
-            await self._reply_error(frame_id, ErrorCode.INVALID_REQUEST, "invalid request: no method, result or error")
+            await self._reply_error(
+                frame_id, ErrorCode.INVALID_REQUEST, "invalid request: no method, result or error"
+            )
 
     async def _on_call(self, frame: dict[str, Any], frame_id: int | str | None) -> None:
         method = frame["method"]
@@ -195,7 +201,9 @@ class Peer:
         if spec is None or spec.is_notification == is_request:
             self._log.debug("unknown method %r refused", method if isinstance(method, str) else type(method))
             if is_request:
-                await self._reply_error(frame_id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {str(method)[:80]}")
+                await self._reply_error(
+                    frame_id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {str(method)[:80]}"
+                )
             await self._refused(str(method)[:80], ErrorCode.METHOD_NOT_FOUND, "unknown method")
             return
         raw_params = frame.get("params", {})
@@ -204,20 +212,30 @@ class Peer:
                 raise TypeError("params must be an object")
             params = spec.params.model_validate(raw_params)
         except (TypeError, ValidationError) as exc:
-            data = validation_summary(exc) if isinstance(exc, ValidationError) else [{"loc": "", "msg": str(exc)}]
+            data = (
+                validation_summary(exc)
+                if isinstance(exc, ValidationError)
+                else [{"loc": "", "msg": str(exc)}]
+            )
             self._log.debug("invalid params for %s: %s", method, data)
             if is_request:
-                await self._reply_error(frame_id, ErrorCode.INVALID_PARAMS, f"invalid params for {method}", data)
-            await self._refused(method, ErrorCode.INVALID_PARAMS, "; ".join(f"{d['loc']}: {d['msg']}" for d in data))
+                await self._reply_error(
+                    frame_id, ErrorCode.INVALID_PARAMS, f"invalid params for {method}", data
+                )
+            await self._refused(
+                method, ErrorCode.INVALID_PARAMS, "; ".join(f"{d['loc']}: {d['msg']}" for d in data)
+            )
             return
-        if not is_request:
+        if frame_id is None:  # a notification (same test as is_request, spelled so it narrows the id)
             await self._notify_handler(method, params)
             return
         assert self._tg is not None
         if self._max_in_flight is not None and self._in_flight >= self._max_in_flight:
             # A side that floods requests without reading answers would hold the host's memory (issue 11 #6).
             self._violation(f"more than {self._max_in_flight} requests in flight")
-            await self._reply_error(frame_id, ErrorCode.BUSY, f"too many requests in flight (at most {self._max_in_flight})")
+            await self._reply_error(
+                frame_id, ErrorCode.BUSY, f"too many requests in flight (at most {self._max_in_flight})"
+            )
             return
         self._in_flight += 1  # counted before it starts, so an EOF right after still waits for it
         self._tg.start_soon(self._serve, frame_id, spec, params, name=f"serve {method}#{frame_id}")
@@ -274,7 +292,9 @@ class Peer:
                 waiter.settle(error=ProtocolViolation("malformed error object"))
                 self._violation("malformed error object")
                 return
-            waiter.settle(error=RpcError(error["code"], str(error.get("message", ""))[:1000], error.get("data")))
+            waiter.settle(
+                error=RpcError(error["code"], str(error.get("message", ""))[:1000], error.get("data"))
+            )
             return
         try:
             waiter.settle(result=waiter.result_model.model_validate(frame["result"]))
@@ -289,9 +309,13 @@ class Peer:
         async with self._write_lock:
             await self._send_stream.send(line)
 
-    async def _reply_error(self, frame_id: int | str | None, code: int, message: str, data: Any = None) -> None:
+    async def _reply_error(
+        self, frame_id: int | str | None, code: int, message: str, data: Any = None
+    ) -> None:
         try:
-            await self._send({"jsonrpc": "2.0", "id": frame_id, "error": RpcError(code, message, data).to_wire()})
+            await self._send(
+                {"jsonrpc": "2.0", "id": frame_id, "error": RpcError(code, message, data).to_wire()}
+            )
         except _STREAM_ENDED:
             pass
 
@@ -308,7 +332,12 @@ class Peer:
         try:
             try:
                 await self._send(
-                    {"jsonrpc": "2.0", "id": frame_id, "method": method, "params": params.model_dump(mode="json")}
+                    {
+                        "jsonrpc": "2.0",
+                        "id": frame_id,
+                        "method": method,
+                        "params": params.model_dump(mode="json"),
+                    }
                 )
             except _STREAM_ENDED as exc:
                 raise PeerClosed("the other side closed the stream") from exc

@@ -60,7 +60,9 @@ STATE_CHECK_S = 2.0  # how often a running box's state dir is measured against i
 # holds up to a 1 MiB line of host memory (issue 11 #6).
 MAX_REQUESTS_IN_FLIGHT = 8
 # Refusals that count against a box's conduct: its requests were invalid or denied.
-_REFUSAL_CODES = frozenset({ErrorCode.INVALID_PARAMS, ErrorCode.METHOD_NOT_FOUND, ErrorCode.INVALID_REQUEST, ErrorCode.DENIED})
+_REFUSAL_CODES = frozenset(
+    {ErrorCode.INVALID_PARAMS, ErrorCode.METHOD_NOT_FOUND, ErrorCode.INVALID_REQUEST, ErrorCode.DENIED}
+)
 
 
 class BoxError(ImpyardError):
@@ -101,7 +103,9 @@ class RefuseAllHost:
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         if HOST_METHODS[method].is_notification:
             return None
-        raise RpcError(ErrorCode.DENIED, "denied: this box may not act", {"rule": "refuse-all", "reason": "probe"})
+        raise RpcError(
+            ErrorCode.DENIED, "denied: this box may not act", {"rule": "refuse-all", "reason": "probe"}
+        )
 
 
 class RunningBox:
@@ -179,7 +183,9 @@ class RunningBox:
             try:
                 await record(self.spec, method, code, reason)
             except Exception:  # noqa: BLE001 - recording a refusal never fails the box's pipe
-                log.exception("recording a refused request of box %s/%s failed", self.spec.imp, self.spec.channel_id)
+                log.exception(
+                    "recording a refused request of box %s/%s failed", self.spec.imp, self.spec.channel_id
+                )
 
     def _note_held_back(self, summary: str | None, what: str) -> None:
         if summary:
@@ -191,13 +197,17 @@ class RunningBox:
         folded = self._refusals.flush()
         if folded:
             self._note_held_back(folded, "refusal")
-            await self._record_refusal("(folded)", ErrorCode.INVALID_REQUEST, f"refusals not recorded one by one: {folded}")
+            await self._record_refusal(
+                "(folded)", ErrorCode.INVALID_REQUEST, f"refusals not recorded one by one: {folded}"
+            )
 
     def _on_violation(self, reason: str) -> None:
         # A box that breaks framing is misbehaving: it is killed, never the supervisor.
         if self.violation is None:
             self.violation = reason
-            log.error("box %s/%s broke the protocol (%s); killing it", self.spec.imp, self.spec.channel_id, reason)
+            log.error(
+                "box %s/%s broke the protocol (%s); killing it", self.spec.imp, self.spec.channel_id, reason
+            )
         self._kill_requested.set()
 
     # ------------------------------------------------------------ calls into the box
@@ -280,7 +290,11 @@ class RunningBox:
         try:
             async for chunk in self.process.stderr:
                 for line in decoder.feed(chunk):
-                    text = "(over-long log line dropped)" if isinstance(line, LineTooLong) else line.decode(errors="replace")
+                    text = (
+                        "(over-long log line dropped)"
+                        if isinstance(line, LineTooLong)
+                        else line.decode(errors="replace")
+                    )
                     text = printable(text, STDERR_LINE_BYTES)
                     self.stderr_tail.append(text)
                     box_log.debug("%s", text)
@@ -295,7 +309,9 @@ class RunningBox:
     async def _watch_state(self, quota: StateQuota) -> None:
         """Measure the state dir while the box lives; past its quota the box is killed (issue 11 #11)."""
         while not self.exited.is_set():
-            usage = await anyio.to_thread.run_sync(measure_state_dir, self.spec.state_dir, quota, abandon_on_cancel=True)
+            usage = await anyio.to_thread.run_sync(
+                measure_state_dir, self.spec.state_dir, quota, abandon_on_cancel=True
+            )
             over = usage.over(quota)
             if over:
                 self._on_violation(f"its state dir holds {over}")
@@ -340,7 +356,8 @@ def kill_process(process: Process) -> None:
 class BoxBackend(Protocol):
     """Starts boxes. ``open`` yields a running box and reaps it when the block ends, on every path."""
 
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: a class attribute or a property (a wrapper's) both satisfy it
 
     def open(self, spec: BoxSpec, host: BoxHost) -> AbstractAsyncContextManager[RunningBox]: ...
 

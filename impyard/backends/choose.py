@@ -14,7 +14,9 @@ log = logging.getLogger("impyard.box")
 BackendName = Literal["auto", "docker", "process"]
 
 
-def choose_backend(name: BackendName = "auto", *, limits: DockerLimits | None = None, role: str = "session") -> BoxBackend:
+def choose_backend(
+    name: BackendName = "auto", *, limits: DockerLimits | None = None, role: str = "session"
+) -> BoxBackend:
     """``docker`` fails closed if Docker cannot run a confined box; ``auto`` falls back to process, loudly."""
     if name == "process":
         return ProcessBackend()

@@ -77,7 +77,9 @@ class NoiseMeter:
         """What was not shown since the last shown line, in words; None when nothing was held back."""
         parts = []
         if self._repeats:
-            parts.append(f"the previous one repeated {self._repeats} more time{'s' if self._repeats != 1 else ''}")
+            parts.append(
+                f"the previous one repeated {self._repeats} more time{'s' if self._repeats != 1 else ''}"
+            )
         if self._dropped:
             parts.append(
                 f"{self._dropped} {self.what} dropped (over {self.limits.burst} at once, then {self.limits.per_s:g}/s)"
@@ -116,7 +118,9 @@ def printable(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
     for char in text:
         if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
             code = ord(char)
-            piece = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            piece = (
+                f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            )
         else:
             piece = char
         size += len(piece)

@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import docker
 import docker.errors
+from docker.models.containers import Container
 
 from impyard import paths
 from impyard.backends.base import BoxHost, BoxSpec, BoxStartError, RunningBox, kill_process, supervise_process
@@ -66,7 +67,9 @@ def box_user() -> str:
 
 
 def container_name(spec: BoxSpec) -> str:
-    return f"impyard-{paths.safe_name(spec.imp, 24)}-{paths.safe_name(spec.channel_id, 24)}-{spec.run_id[:12]}"
+    return (
+        f"impyard-{paths.safe_name(spec.imp, 24)}-{paths.safe_name(spec.channel_id, 24)}-{spec.run_id[:12]}"
+    )
 
 
 def run_argv(
@@ -185,7 +188,7 @@ class DockerBackend:
             if exc.status_code != 409:  # 409: removal already in progress (--rm)
                 raise
 
-    def labelled(self, **labels: str) -> list[docker.models.containers.Container]:
+    def labelled(self, **labels: str) -> list[Container]:
         filters = [f"{LABEL_BOX}=1", f"{LABEL_HOME}={self.home_id}"]
         filters += [f"org.impyard.{key}={value}" for key, value in labels.items()]
         return self.client().containers.list(all=True, filters={"label": filters})
@@ -195,7 +198,7 @@ class DockerBackend:
         removed = 0
         for container in self.labelled(role=self.role):
             log.warning("removing orphaned box %s", container.name)
-            self.kill_by_name(container.name)
+            self.kill_by_name(container.name or container.short_id)  # a listed container has a name
             removed += 1
         return removed
 
@@ -209,20 +212,30 @@ class DockerBackend:
             prepare_state_dir(state_dir, uid, gid)
             over = measure_state_dir(state_dir, self.limits.state_quota).over(self.limits.state_quota)
         except OSError as exc:  # e.g. a link in the state dir's place: never followed, never started
-            raise BoxStartError(f"the state dir {state_dir} cannot be prepared ({exc.strerror or exc}): check it by hand") from exc
+            raise BoxStartError(
+                f"the state dir {state_dir} cannot be prepared ({exc.strerror or exc}): check it by hand"
+            ) from exc
         if over:
             raise BoxStartError(
                 f"the state dir {state_dir} holds {over}: free space in it, or raise [box] state_quota in imp.toml"
             )
 
     @asynccontextmanager
-    async def open(self, spec: BoxSpec, host: BoxHost, *, command: list[str] | None = None) -> AsyncIterator[RunningBox]:
+    async def open(
+        self, spec: BoxSpec, host: BoxHost, *, command: list[str] | None = None
+    ) -> AsyncIterator[RunningBox]:
         await anyio.to_thread.run_sync(self.preflight)
         user = box_user()
         await anyio.to_thread.run_sync(self.prepare_state_dir, spec.state_dir, user)
         name = container_name(spec)
         argv = run_argv(
-            spec, self.image, limits=self.limits, home_id=self.home_id, user=user, command=command, role=self.role
+            spec,
+            self.image,
+            limits=self.limits,
+            home_id=self.home_id,
+            user=user,
+            command=command,
+            role=self.role,
         )
         # Its own session: the terminal's Ctrl-C never reaches the docker client, which would pass it to the box.
         process = await anyio.open_process(argv, start_new_session=True)
@@ -232,7 +245,9 @@ class DockerBackend:
             await anyio.to_thread.run_sync(self.kill_by_name, name)
             kill_process(process)
 
-        async with supervise_process(spec, process, host, terminate, state_quota=self.limits.state_quota) as running:
+        async with supervise_process(
+            spec, process, host, terminate, state_quota=self.limits.state_quota
+        ) as running:
             yield running
 
 

@@ -34,9 +34,7 @@ BOX_SOURCE_ROOT = str(Path(box.__file__).resolve().parent.parent)
 # ``python -I`` ignores the working directory, PYTHONPATH, PYTHON* variables and the user's site-packages
 # (under HOME, which is the state dir): nothing a box writes under /state can change which program the
 # next box runs. The box package is put on the path explicitly, ahead of everything else.
-_BOOTSTRAP = (
-    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('box', run_name='__main__', alter_sys=True)"
-)
+_BOOTSTRAP = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('box', run_name='__main__', alter_sys=True)"
 BOX_WORKDIR = "/"  # a fixed working directory the box cannot write (never the state dir)
 
 
@@ -69,7 +67,9 @@ class ProcessBackend:
             self._warned = True
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         if os.getuid() == 0:
-            mark_foreign_writer(spec.state_dir)  # root-owned files may follow: the next Docker box repairs once
+            mark_foreign_writer(
+                spec.state_dir
+            )  # root-owned files may follow: the next Docker box repairs once
         # Its own session: a Ctrl-C meant for the host never reaches the box (the host's shutdown
         # gives running turns their deadline, then closes the box).
         process = await anyio.open_process(

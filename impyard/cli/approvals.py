@@ -34,24 +34,30 @@ def _operator() -> Approver:
 
 
 def _describe(gate: Gate) -> str:
-    content = str(gate.payload.get("content", ""))
-    files = gate.payload.get("files") or []
+    content = gate.send.content
+    files = gate.send.files
     lines = [
         f"gate {gate.id}: {gate.state}",
         f"  imp       {gate.imp} (session channel {gate.session_channel}, run {gate.run_id})",
-        f"  act       {gate.act} to channel {gate.target} (kind {gate.payload.get('kind')})",
+        f"  act       {gate.act} to channel {gate.target} (kind {gate.send.kind})",
         f"  why gated {gate.reason}",
         f"  deciders  the operator, owners of {gate.imp}"
-        + (f", admins of guild {guild}" if (guild := deciding_guild(gate)) else " (no guild admin: a DM, or a guild this host does not know)"),
+        + (
+            f", admins of guild {guild}"
+            if (guild := deciding_guild(gate))
+            else " (no guild admin: a DM, or a guild this host does not know)"
+        ),
         f"  created   {gate.created_at:%Y-%m-%d %H:%M:%S} UTC, deadline {gate.deadline:%Y-%m-%d %H:%M:%S} UTC",
     ]
     if gate.decided_by:
-        lines.append(f"  decided   by {gate.decided_by}" + (f": {gate.decision_note}" if gate.decision_note else ""))
+        lines.append(
+            f"  decided   by {gate.decided_by}" + (f": {gate.decision_note}" if gate.decision_note else "")
+        )
     if gate.state == "executed":
         lines.append(f"  sent      message ids {', '.join(gate.message_ids)}")
     if gate.error:
         lines.append(f"  error     {gate.error}")
-    lines.append(f"  files     {', '.join(str(f.get('filename')) for f in files) or 'none'}")
+    lines.append(f"  files     {', '.join(f.filename for f in files) or 'none'}")
     lines.append("  content   " + content.replace("\n", "\n            "))
     return "\n".join(lines)
 
@@ -83,7 +89,7 @@ def ls_command(show_all: bool, as_json: bool) -> None:
         return
     table = Table(Column("gate", no_wrap=True), "state", "imp", "act", "target", "deadline (UTC)", "content")
     for gate in gates:
-        content = str(gate.payload.get("content", "")).replace("\n", " ")
+        content = gate.send.content.replace("\n", " ")
         table.add_row(
             gate.id, gate.state, gate.imp, gate.act, gate.target, f"{gate.deadline:%Y-%m-%d %H:%M}",
             content[:60] + ("…" if len(content) > 60 else ""),

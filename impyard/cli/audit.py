@@ -21,7 +21,9 @@ def audit_group() -> None:
 
 @audit_group.command("tail")
 @click.option("--imp", default=None, help="Only this imp's rows.")
-@click.option("-n", "count", type=click.IntRange(1, 10_000), default=20, show_default=True, help="How many rows.")
+@click.option(
+    "-n", "count", type=click.IntRange(1, 10_000), default=20, show_default=True, help="How many rows."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def tail_command(imp: str | None, count: int, as_json: bool) -> None:
     """Show the latest audit rows, oldest first.

@@ -29,7 +29,9 @@ def box_group() -> None:
 
 
 @box_group.command("build")
-@click.option("--base", default=None, help="Base image (default: python:3.11-slim, else a local Debian base).")
+@click.option(
+    "--base", default=None, help="Base image (default: python:3.11-slim, else a local Debian base)."
+)
 @click.option("--force", is_flag=True, help="Rebuild even if the image for this box version exists.")
 def build_command(base: str | None, force: bool) -> None:
     """Build the box image without a container registry.
@@ -65,7 +67,9 @@ async def probe(backend: BoxBackend, state_dir: Path) -> dict[str, ReportValue]:
             BoxInitParams(
                 protocol=1,
                 imp=ImpSpec(name="box-check"),
-                session=SessionInfo(id=f"check-{uuid.uuid4().hex[:8]}", channel_id="check", channel_kind="task"),
+                session=SessionInfo(
+                    id=f"check-{uuid.uuid4().hex[:8]}", channel_id="check", channel_kind="task"
+                ),
                 now=now,
             ),
             timeout=PROBE_TIMEOUT_S,
@@ -102,7 +106,10 @@ def check_command(backend: str, as_json: bool) -> None:
         except BoxError as exc:
             raise CliError(f"the box did not start: {exc}") from exc
     checks = evaluate(
-        report, memory=limits.memory, pids_limit=limits.pids_limit, state_quota_bytes=limits.state_quota.max_bytes
+        report,
+        memory=limits.memory,
+        pids_limit=limits.pids_limit,
+        state_quota_bytes=limits.state_quota.max_bytes,
     )
     failed = [check for check in checks if not check.ok]
     if as_json:
@@ -118,7 +125,9 @@ def check_command(backend: str, as_json: bool) -> None:
         for column in ("property", "observed", "expected", ""):
             table.add_column(column)
         for check in checks:
-            table.add_row(check.name, check.observed, check.expected, "[green]ok[/]" if check.ok else "[red]MISSING[/]")
+            table.add_row(
+                check.name, check.observed, check.expected, "[green]ok[/]" if check.ok else "[red]MISSING[/]"
+            )
         Console().print(table)
     if failed:
         raise CliError(

@@ -61,7 +61,9 @@ def show_command(policies: Path | None, as_json: bool) -> None:
                         "scope": "all" if row.scope == ALL_IMPS else row.scope,
                         "daily_limit_usd": None if row.daily_limit is None else row.daily_limit / 1_000_000,
                         "daily_spent_usd": row.daily_spent / 1_000_000,
-                        "monthly_limit_usd": None if row.monthly_limit is None else row.monthly_limit / 1_000_000,
+                        "monthly_limit_usd": None
+                        if row.monthly_limit is None
+                        else row.monthly_limit / 1_000_000,
                         "monthly_spent_usd": row.monthly_spent / 1_000_000,
                         "reserved_usd": row.reserved / 1_000_000,
                         "source": row.source,
@@ -72,7 +74,9 @@ def show_command(policies: Path | None, as_json: bool) -> None:
             )
         )
         return
-    table = Table("imp", "today $", "daily limit $", "this month $", "monthly limit $", "in flight $", "limits from")
+    table = Table(
+        "imp", "today $", "daily limit $", "this month $", "monthly limit $", "in flight $", "limits from"
+    )
     for row in rows:
         table.add_row(
             "all imps" if row.scope == ALL_IMPS else row.scope, _usd(row.daily_spent), _usd(row.daily_limit),
@@ -93,7 +97,9 @@ def show_command(policies: Path | None, as_json: bool) -> None:
 @click.option("--monthly", type=click.FloatRange(min=0, max=MAX_USD), default=None, help="USD per UTC month.")
 @click.option("--clear", is_flag=True, help="Drop the override; the policy's limits apply again.")
 @_POLICY_OPTION
-def set_command(imp: str, daily: float | None, monthly: float | None, clear: bool, policies: Path | None) -> None:
+def set_command(
+    imp: str, daily: float | None, monthly: float | None, clear: bool, policies: Path | None
+) -> None:
     """Override the policy's budget for IMP ("all" for all imps together); kept in the database.
 
     \b
@@ -121,4 +127,6 @@ def set_command(imp: str, daily: float | None, monthly: float | None, clear: boo
     finally:
         ledger.db.close()
     who = "all imps" if scope == ALL_IMPS else imp
-    click.echo(f"budget for {who}: daily {_usd(limits.daily)} USD, monthly {_usd(limits.monthly)} USD ({limits.source})")
+    click.echo(
+        f"budget for {who}: daily {_usd(limits.daily)} USD, monthly {_usd(limits.monthly)} USD ({limits.source})"
+    )

@@ -77,7 +77,9 @@ def show_command(channel_id: str, as_json: bool) -> None:
     """
     info = _store().info(channel_id)
     if info is None:
-        raise CliError(f"no channel {channel_id!r} yet: it appears once a message arrives, or set its mode or trust")
+        raise CliError(
+            f"no channel {channel_id!r} yet: it appears once a message arrives, or set its mode or trust"
+        )
     _echo(info, as_json)
 
 

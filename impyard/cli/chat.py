@@ -32,7 +32,10 @@ def pick_imp(store: ImpStore, name: str | None) -> str:
     if names:
         raise CliError(f"several imps exist ({', '.join(names)}): say which, e.g. impyard chat {names[0]}")
     store.add(DEFAULT_IMP)
-    click.echo(f"Created a first imp, {DEFAULT_IMP!r}; give it a persona in {store.path(DEFAULT_IMP) / 'persona.md'}", err=True)
+    click.echo(
+        f"Created a first imp, {DEFAULT_IMP!r}; give it a persona in {store.path(DEFAULT_IMP) / 'persona.md'}",
+        err=True,
+    )
     return DEFAULT_IMP
 
 
@@ -63,7 +66,13 @@ def chat_command(imp: str | None, backend: str | None) -> None:
         name = pick_imp(ImpStore(), imp)
         with InstanceLock(home(), "chat"):
             anyio.run(lambda: run_chat(name, backend=backend))
-    except (ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError) as exc:  # other ImpyardErrors: the root
+    except (
+        ImpError,
+        PolicyError,
+        DatabaseError,
+        AlreadyRunning,
+        BoxError,
+    ) as exc:  # other ImpyardErrors: the root
         raise CliError(str(exc)) from exc
     except KeyboardInterrupt:
         pass

@@ -68,7 +68,9 @@ def discord_group() -> None:
 
 @discord_group.command("sync")
 @click.argument("imp", required=False)
-@click.option("--guild", "guild", metavar="ID", help="Sync to one server (instant) instead of globally (up to an hour).")
+@click.option(
+    "--guild", "guild", metavar="ID", help="Sync to one server (instant) instead of globally (up to an hour)."
+)
 def sync_command(imp: str | None, guild: str | None) -> None:
     """Register the slash commands (/channel, /approvals) of one imp's bot, or of every bot with a token.
 
@@ -81,7 +83,9 @@ def sync_command(imp: str | None, guild: str | None) -> None:
     from impyard.discord.client import DiscordSetupError
 
     if guild is not None and not (guild.isdigit() and len(guild) <= 20):
-        raise CliError(f"--guild takes a server id (digits; Developer Mode → right-click the server → Copy Server ID), not {guild!r}")
+        raise CliError(
+            f"--guild takes a server id (digits; Developer Mode → right-click the server → Copy Server ID), not {guild!r}"
+        )
     try:
         configs = _imps(ImpStore(), imp)
         results = anyio.run(sync_commands, configs, int(guild) if guild else None)

@@ -32,7 +32,9 @@ def _docker_findings() -> list[Finding]:
         version = backend.client().version().get("Version", "?")
     except BoxStartError as exc:
         return [
-            Finding("Docker engine", False, str(exc).split(":")[0], "apt-get install docker.io; start dockerd"),
+            Finding(
+                "Docker engine", False, str(exc).split(":")[0], "apt-get install docker.io; start dockerd"
+            ),
             Finding("Box image", False, "unknown (no engine)", "impyard box build (after Docker runs)"),
         ]
     engine = Finding("Docker engine", True, f"reachable, version {version}")
@@ -47,10 +49,19 @@ def _docker_findings() -> list[Finding]:
 def _model_findings() -> list[Finding]:
     key = os.environ.get("OPENAI_API_KEY")
     configured = os.environ.get("OPENAI_BASE_URL")
-    base = redact_url(configured) if configured else "https://api.openai.com/v1 (default)"  # issue 11 #9: no proxy credentials
+    base = (
+        redact_url(configured) if configured else "https://api.openai.com/v1 (default)"
+    )  # issue 11 #9: no proxy credentials
     if key:
         return [Finding("Model key", True, f"OPENAI_API_KEY set ({len(key)} characters); base {base}")]
-    return [Finding("Model key", False, "OPENAI_API_KEY not set", "export OPENAI_API_KEY=sk-… (and OPENAI_BASE_URL for a compatible server)")]
+    return [
+        Finding(
+            "Model key",
+            False,
+            "OPENAI_API_KEY not set",
+            "export OPENAI_API_KEY=sk-… (and OPENAI_BASE_URL for a compatible server)",
+        )
+    ]
 
 
 def _discord_findings() -> list[Finding]:
@@ -60,7 +71,11 @@ def _discord_findings() -> list[Finding]:
     except ImpError as exc:
         return [Finding("Discord token(s)", False, str(exc), "fix the imp directory named in the error")]
     if not imps:
-        return [Finding("Discord token(s)", False, "no imps yet", "impyard imp add NAME (impyard chat creates one)")]
+        return [
+            Finding(
+                "Discord token(s)", False, "no imps yet", "impyard imp add NAME (impyard chat creates one)"
+            )
+        ]
     findings = []
     for name, config in imps:
         if isinstance(config, ImpError):
@@ -68,7 +83,9 @@ def _discord_findings() -> list[Finding]:
             continue
         status = ImpStore().token_status(config)
         detail = f"{status.source}: " + ("set" if status.is_set else "not set")
-        fix = status.problem or ("" if status.is_set else f"only needed for Discord: export {config.token_env}=…")
+        fix = status.problem or (
+            "" if status.is_set else f"only needed for Discord: export {config.token_env}=…"
+        )
         findings.append(Finding(f"Discord token ({name})", status.is_set and not status.problem, detail, fix))
     return findings
 
@@ -81,7 +98,9 @@ def _state_findings() -> list[Finding]:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        return [Finding("State dir", False, f"{home}: {exc.strerror}", "set IMPYARD_HOME to a writable directory")]
+        return [
+            Finding("State dir", False, f"{home}: {exc.strerror}", "set IMPYARD_HOME to a writable directory")
+        ]
     return [Finding("State dir", True, str(home))]
 
 
@@ -103,5 +122,10 @@ def doctor_command(as_json: bool) -> None:
         table.add_column(column)
     for finding in findings:
         # details are text, not markup: "[redacted]" must print as itself
-        table.add_row("[green]ok[/]" if finding.ok else "[red]!![/]", escape(finding.item), escape(finding.detail), escape(finding.fix))
+        table.add_row(
+            "[green]ok[/]" if finding.ok else "[red]!![/]",
+            escape(finding.item),
+            escape(finding.detail),
+            escape(finding.fix),
+        )
     Console().print(table)

@@ -58,18 +58,39 @@ def schedule_group() -> None:
 @schedule_group.command("add")
 @click.argument("imp")
 @click.argument("prompt", required=False)
-@click.option("--every", default=None, help="Fire every interval, e.g. 24h, 90m (1m to 366d), counted from now.")
-@click.option("--cron", default=None, help='Fire on a cron expression, e.g. "0 9 * * 1-5" (5 fields, or @daily).')
+@click.option(
+    "--every", default=None, help="Fire every interval, e.g. 24h, 90m (1m to 366d), counted from now."
+)
+@click.option(
+    "--cron", default=None, help='Fire on a cron expression, e.g. "0 9 * * 1-5" (5 fields, or @daily).'
+)
 @click.option("--tz", default=None, help="Timezone of --cron (IANA name, e.g. Europe/Oslo; default UTC).")
 @click.option(
     "--missed", type=click.Choice(MISSED_POLICIES), default="once", show_default=True,
     help="After downtime: skip missed runs, run once for them, or run all of them.",
 )  # fmt: skip
-@click.option("--now", "run_now", is_flag=True, help="Also fire right away (otherwise the first run is the next fire time).")
-@click.option("--channel", "channel_id", default=None, help="Where its tasks post (default: the imp's task log, task:IMP).")
+@click.option(
+    "--now",
+    "run_now",
+    is_flag=True,
+    help="Also fire right away (otherwise the first run is the next fire time).",
+)
+@click.option(
+    "--channel",
+    "channel_id",
+    default=None,
+    help="Where its tasks post (default: the imp's task log, task:IMP).",
+)
 @click.option("--ceiling", default=None, help="Longest each task's box may run, 10s to 6h (default 10m).")
-@click.option("--kind", default="prompt", show_default=True, help="Task kind (an open set; the box decides what it means).")
-@click.option("--wake-on-resolve", is_flag=True, help="When a gated post of a run is decided, queue a follow-up task.")
+@click.option(
+    "--kind",
+    default="prompt",
+    show_default=True,
+    help="Task kind (an open set; the box decides what it means).",
+)
+@click.option(
+    "--wake-on-resolve", is_flag=True, help="When a gated post of a run is decided, queue a follow-up task."
+)
 @click.option("--briefing", is_flag=True, help="Give each run the imp's journal of its recent task outcomes.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def add_command(
@@ -109,7 +130,7 @@ def ls_command(imp: str | None, as_json: bool) -> None:
         click.echo(json.dumps([schedule.to_json() for schedule in schedules], indent=2))
         return
     if not schedules:
-        click.echo("no schedules yet: impyard schedule add IMP --every 24h \"…\"")
+        click.echo('no schedules yet: impyard schedule add IMP --every 24h "…"')
         return
     table = Table(
         Column("schedule", no_wrap=True), "imp", "when", Column("next run", no_wrap=True), "missed", "state",

@@ -37,7 +37,9 @@ def configure_logs(as_json: bool) -> None:
 
 @click.command("serve")
 @click.argument("imps", nargs=-1)
-@click.option("--supervise", is_flag=True, help="Also run queued and scheduled tasks (what `impyard supervise` does).")
+@click.option(
+    "--supervise", is_flag=True, help="Also run queued and scheduled tasks (what `impyard supervise` does)."
+)
 @click.option(
     "--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
     help="Override the imps' [box] backend (process has no lockdown).",

@@ -26,7 +26,9 @@ TRANSITION_LOGGERS = ("impyard.supervisor", "impyard.tasks", "impyard.schedules"
 
 async def supervise(concurrency: int, once: bool, backend: str | None) -> None:
     """The loop, stopped cleanly by SIGINT or SIGTERM (a second signal stops at once)."""
-    async with open_supervisor(backend=backend, settings=SupervisorSettings(concurrency=concurrency)) as supervisor:
+    async with open_supervisor(
+        backend=backend, settings=SupervisorSettings(concurrency=concurrency)
+    ) as supervisor:
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
 
@@ -52,7 +54,9 @@ async def supervise(concurrency: int, once: bool, backend: str | None) -> None:
     "--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=DEFAULT_CONCURRENCY, show_default=True,
     help="Most task boxes running at once.",
 )  # fmt: skip
-@click.option("--once", is_flag=True, help="Run what is due (and what it queues), then exit: for cron and tests.")
+@click.option(
+    "--once", is_flag=True, help="Run what is due (and what it queues), then exit: for cron and tests."
+)
 @click.option(
     "--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
     help="Override the imps' [box] backend (process has no lockdown).",

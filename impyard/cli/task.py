@@ -70,10 +70,24 @@ def task_group() -> None:
 @task_group.command("add")
 @click.argument("imp")
 @click.argument("prompt", required=False)
-@click.option("--channel", "channel_id", default=None, help="Where the task posts (default: the imp's task log, task:IMP).")
+@click.option(
+    "--channel",
+    "channel_id",
+    default=None,
+    help="Where the task posts (default: the imp's task log, task:IMP).",
+)
 @click.option("--ceiling", default=None, help="Longest the box may run, 10s to 6h (default 10m).")
-@click.option("--kind", default="prompt", show_default=True, help="Task kind (an open set; the box decides what it means).")
-@click.option("--wake-on-resolve", is_flag=True, help="When a gated post of this task is decided, queue a follow-up task.")
+@click.option(
+    "--kind",
+    default="prompt",
+    show_default=True,
+    help="Task kind (an open set; the box decides what it means).",
+)
+@click.option(
+    "--wake-on-resolve",
+    is_flag=True,
+    help="When a gated post of this task is decided, queue a follow-up task.",
+)
 @click.option("--briefing", is_flag=True, help="Give the box the imp's journal of its recent task outcomes.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def add_command(
@@ -97,13 +111,28 @@ def add_command(
     if as_json:
         click.echo(json.dumps(task.to_json(SystemClock().now()), indent=2))
         return
-    click.echo(f"queued {task.id} for {task.imp} (channel {task.channel_id}, ceiling {format_duration(task.ceiling_s)})")
+    click.echo(
+        f"queued {task.id} for {task.imp} (channel {task.channel_id}, ceiling {format_duration(task.ceiling_s)})"
+    )
 
 
 @task_group.command("ls")
 @click.option("--imp", default=None, help="Only this imp's tasks.")
-@click.option("--state", "states", multiple=True, type=click.Choice(TASK_STATES), help="Only tasks in this state (repeatable).")
-@click.option("-n", "limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="How many (newest first).")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(TASK_STATES),
+    help="Only tasks in this state (repeatable).",
+)
+@click.option(
+    "-n",
+    "limit",
+    type=click.IntRange(1, 10_000),
+    default=50,
+    show_default=True,
+    help="How many (newest first).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ls_command(imp: str | None, states: tuple[str, ...], limit: int, as_json: bool) -> None:
     """List tasks, newest first; running ones show how long they have run.
@@ -120,7 +149,7 @@ def ls_command(imp: str | None, states: tuple[str, ...], limit: int, as_json: bo
         click.echo(json.dumps([task.to_json(now) for task in tasks], indent=2))
         return
     if not tasks:
-        click.echo("no tasks" + (" in that selection" if imp or states else " yet: impyard task add IMP \"…\""))
+        click.echo("no tasks" + (" in that selection" if imp or states else ' yet: impyard task add IMP "…"'))
         return
     table = Table(
         Column("task", no_wrap=True), "imp", "kind", "origin", "state", "tries", Column("when", no_wrap=True),
@@ -137,9 +166,11 @@ def ls_command(imp: str | None, states: tuple[str, ...], limit: int, as_json: bo
 
 def describe(store: TaskStore, task: Task, now: datetime) -> str:
     lines = [f"task {task.id}: {task.state}" + (" (cancel requested)" if task.cancel_requested else "")]
-    origin = task.origin
+    origin: str = task.origin
     if task.schedule_id:
-        origin += f" {task.schedule_id}" + (f", for {task.scheduled_for:%Y-%m-%d %H:%M} UTC" if task.scheduled_for else "")
+        origin += f" {task.schedule_id}" + (
+            f", for {task.scheduled_for:%Y-%m-%d %H:%M} UTC" if task.scheduled_for else ""
+        )
     if task.parent_task:
         origin += f" of {task.parent_task} (gate {task.parent_gate})"
     lines += [
@@ -153,7 +184,9 @@ def describe(store: TaskStore, task: Task, now: datetime) -> str:
     if task.outcome:
         lines.append(f"  outcome    {task.outcome}   (attested by the host)")
     if task.box_outcome:
-        lines.append(f"  box said   {task.box_outcome}: {_one_line(task.box_summary, 300) or '-'}   (its own report)")
+        lines.append(
+            f"  box said   {task.box_outcome}: {_one_line(task.box_summary, 300) or '-'}   (its own report)"
+        )
     if task.prompt:
         lines.append("  prompt     " + task.prompt.strip().replace("\n", "\n             "))
     runs = store.runs(task.id)
@@ -163,7 +196,8 @@ def describe(store: TaskStore, task: Task, now: datetime) -> str:
             finished = f", finished {run.finished_at:%H:%M:%S}" if run.finished_at else ""
             lines.append(
                 f"  {run.attempt}. run {run.run_id}  {run.backend}  started {run.started_at:%Y-%m-%d %H:%M:%S}"
-                f"{finished}  {run.result or 'running'}" + (f" (exit {run.returncode})" if run.returncode is not None else "")
+                f"{finished}  {run.result or 'running'}"
+                + (f" (exit {run.returncode})" if run.returncode is not None else "")
             )
     gates = store.gates_of(task.id)
     if gates:

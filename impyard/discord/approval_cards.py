@@ -52,18 +52,24 @@ STATE_BADGE = {
 
 def card_text(gate: Gate) -> str:
     """The card's content: who wants to post what, where, why it waits, and (once decided) the outcome."""
-    content = str(gate.payload.get("content", ""))
+    content = gate.send.content
     preview = content[:CARD_PREVIEW_CHARS] + ("…" if len(content) > CARD_PREVIEW_CHARS else "")
     quoted = "\n".join(f"> {line}" for line in (preview.splitlines() or [""]))
-    files = gate.payload.get("files") or []
+    files = gate.send.files
     lines = [
         f"**Approval needed** — gate `{gate.id}`",
         f"**{gate.imp}** wants to post in <#{gate.target}>"
-        + (f" (its conversation is in <#{gate.session_channel}>)" if gate.session_channel != gate.target else ""),
+        + (
+            f" (its conversation is in <#{gate.session_channel}>)"
+            if gate.session_channel != gate.target
+            else ""
+        ),
         f"Why it waits: {gate.reason}",
         *(
-            [f"Who may decide: an owner of {gate.imp} or the host operator (no server admin may: <#{gate.target}> "
-             "is a DM or in a server this host does not know)"]
+            [
+                f"Who may decide: an owner of {gate.imp} or the host operator (no server admin may: <#{gate.target}> "
+                "is a DM or in a server this host does not know)"
+            ]
             if deciding_guild(gate) is None
             else []
         ),
@@ -75,7 +81,9 @@ def card_text(gate: Gate) -> str:
         outcome = STATE_BADGE.get(gate.state, gate.state)
         if gate.decided_by:
             who = gate.decided_by.removeprefix("user:")
-            outcome += f" by <@{who.removeprefix('discord:')}>" if who.startswith("discord:") else f" by {who}"
+            outcome += (
+                f" by <@{who.removeprefix('discord:')}>" if who.startswith("discord:") else f" by {who}"
+            )
         if gate.state == "failed" and gate.error:
             outcome += f": {gate.error[:200]}"
         lines.insert(0, f"**{outcome}**")
@@ -156,14 +164,19 @@ class ApprovalCards:
         (issue 11 #5); until it is known, and for a channel the bot cannot see, only owners and the operator may.
         """
         client = self.clients.get(gate.imp)
-        if self.gateway is None or client is None or deciding_guild(gate) is not None or not is_discord_channel(gate.target):
+        if (
+            self.gateway is None
+            or client is None
+            or deciding_guild(gate) is not None
+            or not is_discord_channel(gate.target)
+        ):
             return gate
         channel = client.get_channel(int(gate.target))
         guild_id = channel_facts(channel)[2] if channel is not None else None
         if guild_id is None:
             return gate
         log.info("gate %s: <#%s> is in guild %s; its admins may decide", gate.id, gate.target, guild_id)
-        return await self.gateway.gates.aio.learn_target_guild(gate.id, guild_id)  # type: ignore[no-any-return]
+        return await self.gateway.gates.aio.learn_target_guild(gate.id, guild_id)
 
     async def post(self, gate: Gate) -> Card | None:
         config = self.configs.get(gate.imp)
@@ -179,7 +192,9 @@ class ApprovalCards:
         view.add_item(GateButton(gate.id, "approve"))
         view.add_item(GateButton(gate.id, "deny"))
         channel = client.get_channel(int(channel_id)) or client.get_partial_messageable(int(channel_id))
-        message = await channel.send(card_text(gate), view=view, allowed_mentions=discord.AllowedMentions.none())  # type: ignore[union-attr]
+        message = await channel.send(  # type: ignore[union-attr]
+            card_text(gate), view=view, allowed_mentions=discord.AllowedMentions.none()
+        )
         card = Card(gate.imp, int(channel_id), message.id)
         self.cards[gate.id] = card
         log.info("approval card for gate %s posted in %s (message %s)", gate.id, channel_id, message.id)
@@ -216,8 +231,10 @@ class ApprovalCards:
         if card is None or client is None:
             return
         try:
-            await client.get_partial_messageable(card.channel_id).get_partial_message(card.message_id).edit(
-                content=card_text(gate), view=None, allowed_mentions=discord.AllowedMentions.none()
+            await (
+                client.get_partial_messageable(card.channel_id)
+                .get_partial_message(card.message_id)
+                .edit(content=card_text(gate), view=None, allowed_mentions=discord.AllowedMentions.none())
             )
         except discord.HTTPException as exc:
             log.warning("could not update the card of gate %s: %s", gate.id, exc)

@@ -54,7 +54,9 @@ class DiscordSetupError(ImpyardError):
 class DiscordSettings:
     """Operator settings of the Discord surface (environment)."""
 
-    api_base: str | None = None  # IMPYARD_DISCORD_API_BASE, e.g. http://127.0.0.1:8080/api/v10 (default: Discord)
+    api_base: str | None = (
+        None  # IMPYARD_DISCORD_API_BASE, e.g. http://127.0.0.1:8080/api/v10 (default: Discord)
+    )
     guild_ready_timeout_s: float = DEFAULT_GUILD_READY_TIMEOUT_S
 
     @classmethod
@@ -62,7 +64,9 @@ class DiscordSettings:
         env = os.environ if environ is None else environ
         base = env.get(API_BASE_ENV, "").strip().rstrip("/") or None
         if base is not None and not base.startswith(("http://", "https://")):
-            raise DiscordSetupError(f"{API_BASE_ENV} must be an http(s) URL such as https://discord.com/api/v10 (got {base!r})")
+            raise DiscordSetupError(
+                f"{API_BASE_ENV} must be an http(s) URL such as https://discord.com/api/v10 (got {base!r})"
+            )
         raw = env.get(GUILD_READY_TIMEOUT_ENV, "").strip()
         timeout = DEFAULT_GUILD_READY_TIMEOUT_S
         if raw:
@@ -71,7 +75,9 @@ class DiscordSettings:
             except ValueError:
                 timeout = -1.0
             if not 0 <= timeout <= 60:
-                raise DiscordSetupError(f"{GUILD_READY_TIMEOUT_ENV} must be seconds from 0 to 60 (got {raw!r})")
+                raise DiscordSetupError(
+                    f"{GUILD_READY_TIMEOUT_ENV} must be seconds from 0 to 60 (got {raw!r})"
+                )
         return cls(api_base=base, guild_ready_timeout_s=timeout)
 
     def apply(self) -> None:
@@ -99,13 +105,18 @@ class ImpClient(discord.Client):
     """The bot of one imp: its command tree, its approval buttons, its inbound queue."""
 
     def __init__(self, config: ImpConfig, settings: DiscordSettings, **options: Any) -> None:
-        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False  # imps have no voice: no warning about it
+        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = (
+            False  # imps have no voice: no warning about it
+        )
+        if config.discord.application_id:  # else discord.py learns it at login
+            options["application_id"] = int(config.discord.application_id)
         super().__init__(
             intents=wanted_intents(),
             guild_ready_timeout=settings.guild_ready_timeout_s,
             max_ratelimit_timeout=MAX_RATELIMIT_WAIT_S,
-            application_id=int(config.discord.application_id) if config.discord.application_id else None,
-            allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=True),
+            allowed_mentions=discord.AllowedMentions(
+                everyone=False, roles=False, users=True, replied_user=True
+            ),
             **options,
         )
         self.imp = config.name
@@ -139,7 +150,9 @@ class ImpClient(discord.Client):
         flags = self.application_flags
         if not (flags.gateway_message_content or flags.gateway_message_content_limited):
             # Asking for it anyway would get the connection closed (4014): connect without it, say what it costs.
-            self._connection._intents.message_content = False  # discord.py has no public setter after __init__
+            self._connection._intents.message_content = (
+                False  # discord.py has no public setter after __init__
+            )
             log.warning(
                 "imp %s: the Message Content intent is off for its bot application: %s. Turn it on at %s → your app → "
                 "Bot → Privileged Gateway Intents → Message Content Intent, then restart impyard serve",
@@ -158,7 +171,9 @@ class ImpClient(discord.Client):
         try:
             _shards, url, _limits = await self.http.get_bot_gateway()
         except discord.GatewayNotFound as exc:
-            raise DiscordSetupError(f"{API_BASE_ENV}={self.settings.api_base} does not answer GET /gateway/bot: {exc}") from None
+            raise DiscordSetupError(
+                f"{API_BASE_ENV}={self.settings.api_base} does not answer GET /gateway/bot: {exc}"
+            ) from None
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(url)
 
     async def setup_hook(self) -> None:
@@ -182,7 +197,9 @@ class ImpClient(discord.Client):
 
     async def on_reaction_clear(self, message: discord.Message, reactions: list[discord.Reaction]) -> None:
         if self.bridge is not None:  # ENV-13: a cached message, so the emoji that were there are known
-            self.bridge.reactions_cleared(self, message.channel.id, message.id, [str(r.emoji) for r in reactions])
+            self.bridge.reactions_cleared(
+                self, message.channel.id, message.id, [str(r.emoji) for r in reactions]
+            )
 
     async def on_raw_reaction_clear(self, payload: discord.RawReactionClearEvent) -> None:
         if self.bridge is None or any(m.id == payload.message_id for m in self.cached_messages):
@@ -197,7 +214,9 @@ class Bridge(Protocol):
 
     def message(self, client: ImpClient, message: discord.Message) -> None: ...
 
-    def reactions_cleared(self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]) -> None: ...
+    def reactions_cleared(
+        self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]
+    ) -> None: ...
 
 
 def token_of(store: Any, config: ImpConfig) -> tuple[str | None, str]:

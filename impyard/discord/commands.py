@@ -63,7 +63,11 @@ class CommandHost:
 
 
 def admin_reason(
-    *, user_id: int, owners: Collection[str], guild_owner_id: int | None, permissions: discord.Permissions | None
+    *,
+    user_id: int,
+    owners: Collection[str],
+    guild_owner_id: int | None,
+    permissions: discord.Permissions | None,
 ) -> str | None:
     """Why this user may administer the imp where the command runs, or None. ``permissions``: in that guild."""
     if f"discord:{user_id}" in owners:
@@ -107,7 +111,7 @@ def channel_text(info: ChannelInfo) -> str:
 
 
 def gate_line(gate: Gate) -> str:
-    content = " ".join(str(gate.payload.get("content", "")).split())
+    content = " ".join(gate.send.content.split())
     preview = content[:80] + ("…" if len(content) > 80 else "")
     return f"`{gate.id}` → <#{gate.target}>: “{preview}” (deadline <t:{int(gate.deadline.timestamp())}:R>)"
 
@@ -116,8 +120,14 @@ def gate_line(gate: Gate) -> str:
 
 
 class ImpCommandTree(app_commands.CommandTree["ImpClient"]):
-    async def on_error(self, interaction: discord.Interaction[ImpClient], error: app_commands.AppCommandError) -> None:
-        log.error("slash command /%s failed: %s", interaction.command.qualified_name if interaction.command else "?", error)
+    async def on_error(
+        self, interaction: discord.Interaction[ImpClient], error: app_commands.AppCommandError
+    ) -> None:
+        log.error(
+            "slash command /%s failed: %s",
+            interaction.command.qualified_name if interaction.command else "?",
+            error,
+        )
         text = "That did not work: something went wrong on the impyard host (it is logged there)."
         try:
             if interaction.response.is_done():
@@ -160,7 +170,7 @@ async def _this_channel(interaction: discord.Interaction[ImpClient]) -> ChannelI
     channel = interaction.channel
     name = (getattr(channel, "name", "") or "")[:256]
     kind = "dm" if interaction.guild_id is None else "guild"
-    return await host.channels.aio.seen(  # type: ignore[no-any-return]
+    return await host.channels.aio.seen(
         str(interaction.channel_id), surface="discord", kind=kind, name=name,
         guild_id=str(interaction.guild_id) if interaction.guild_id else None,
     )  # fmt: skip
@@ -171,7 +181,9 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
     channel = app_commands.Group(
         name="channel",
         description="This channel's settings for the imp: response mode and trust",
-        default_permissions=discord.Permissions(manage_guild=True),  # a hint to Discord; checked in code anyway
+        default_permissions=discord.Permissions(
+            manage_guild=True
+        ),  # a hint to Discord; checked in code anyway
         guild_only=True,
     )
 
@@ -197,7 +209,9 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
     async def channel_trust(interaction: discord.Interaction[ImpClient]) -> None:
         await _set_trust(interaction, True)
 
-    @channel.command(name="untrust", description="Stop trusting this channel: the imp's replies here wait for approval")
+    @channel.command(
+        name="untrust", description="Stop trusting this channel: the imp's replies here wait for approval"
+    )
     async def channel_untrust(interaction: discord.Interaction[ImpClient]) -> None:
         await _set_trust(interaction, False)
 
@@ -232,12 +246,18 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
         await _answer(interaction, f"Waiting for approval ({len(mine)}):\n" + "\n".join(lines))
 
     @approvals.command(name="approve", description="Approve a pending reply: it is posted once")
-    @app_commands.describe(gate="The gate id, e.g. g-1a2b3c4d5e6f (from /approvals list)", note="Why (kept in the audit)")
-    async def approvals_approve(interaction: discord.Interaction[ImpClient], gate: str, note: str = "") -> None:
+    @app_commands.describe(
+        gate="The gate id, e.g. g-1a2b3c4d5e6f (from /approvals list)", note="Why (kept in the audit)"
+    )
+    async def approvals_approve(
+        interaction: discord.Interaction[ImpClient], gate: str, note: str = ""
+    ) -> None:
         await _decide(interaction, gate, True, note)
 
     @approvals.command(name="deny", description="Deny a pending reply: it is never posted")
-    @app_commands.describe(gate="The gate id, e.g. g-1a2b3c4d5e6f (from /approvals list)", note="Why (kept in the audit)")
+    @app_commands.describe(
+        gate="The gate id, e.g. g-1a2b3c4d5e6f (from /approvals list)", note="Why (kept in the audit)"
+    )
     async def approvals_deny(interaction: discord.Interaction[ImpClient], gate: str, note: str = "") -> None:
         await _decide(interaction, gate, False, note)
 
@@ -267,15 +287,22 @@ def approver_of(interaction: discord.Interaction[Any]) -> Approver:
     )
 
 
-async def decide_gate(interaction: discord.Interaction[ImpClient], gate_id: str, approve: bool, note: str = "") -> tuple[Gate | None, str]:
+async def decide_gate(
+    interaction: discord.Interaction[ImpClient], gate_id: str, approve: bool, note: str = ""
+) -> tuple[Gate | None, str]:
     """Decide through the gateway (approver policy, exactly-once execution); the gate and what to tell the user."""
     client, host = _context(interaction)
     gate_id = gate_id.strip()[:64]
     try:
         gate = await host.gates.aio.get(gate_id)
         if gate.imp != client.imp:
-            return None, f"Gate `{gate_id}` belongs to {gate.imp}, not {client.imp}: use {gate.imp}'s /approvals."
-        decided = await host.gateway.decide(gate_id, approver_of(interaction), approve=approve, note=note[:500])
+            return (
+                None,
+                f"Gate `{gate_id}` belongs to {gate.imp}, not {client.imp}: use {gate.imp}'s /approvals.",
+            )
+        decided = await host.gateway.decide(
+            gate_id, approver_of(interaction), approve=approve, note=note[:500]
+        )
     except GateError as exc:
         return None, f"Nothing was changed: {exc}"
     log.info("gate %s %s by discord:%s", decided.id, decided.state, interaction.user.id)
@@ -297,7 +324,9 @@ def outcome_text(gate: Gate) -> str:
     return f"The gate is {gate.state}."
 
 
-async def _decide(interaction: discord.Interaction[ImpClient], gate_id: str, approve: bool, note: str) -> None:
+async def _decide(
+    interaction: discord.Interaction[ImpClient], gate_id: str, approve: bool, note: str
+) -> None:
     await interaction.response.defer(ephemeral=True, thinking=True)
     if await _admin_or_refuse(interaction, "decide approvals") is None:
         return

@@ -117,12 +117,18 @@ async def fetch_attachments(items: list[discord.Attachment]) -> list[Attachment]
     budget = MAX_IMAGES_TOTAL_BYTES
     for item in items[:MAX_ATTACHMENTS]:
         content_type = (item.content_type or "application/octet-stream").split(";")[0].strip().lower()
-        meta = Attachment(filename=item.filename[:256], content_type=content_type[:100], size=max(item.size, 0))
+        meta = Attachment(
+            filename=item.filename[:256], content_type=content_type[:100], size=max(item.size, 0)
+        )
         if content_type not in IMAGE_TYPES:
             out.append(meta)  # not an image: the box learns it exists, never its bytes
             continue
         if item.size > min(MAX_IMAGE_BYTES, budget):
-            log.info("attachment %s (%d bytes) is over the image limit; passed without its data", item.filename, item.size)
+            log.info(
+                "attachment %s (%d bytes) is over the image limit; passed without its data",
+                item.filename,
+                item.size,
+            )
             out.append(meta)
             continue
         try:
@@ -133,7 +139,10 @@ async def fetch_attachments(items: list[discord.Attachment]) -> list[Attachment]
             out.append(meta)
             continue
         if len(data) > min(MAX_IMAGE_BYTES, budget) or not _looks_like(content_type, data):
-            log.info("attachment %s is not the image it claims to be (or too big); passed without its data", item.filename)
+            log.info(
+                "attachment %s is not the image it claims to be (or too big); passed without its data",
+                item.filename,
+            )
             out.append(meta.model_copy(update={"size": len(data)}))
             continue
         budget -= len(data)
@@ -142,7 +151,11 @@ async def fetch_attachments(items: list[discord.Attachment]) -> list[Attachment]
 
 
 async def to_inbound(
-    message: discord.Message, *, bot_user_id: int, bot_role_ids: Collection[int] = (), imp_user_ids: Collection[int] = ()
+    message: discord.Message,
+    *,
+    bot_user_id: int,
+    bot_role_ids: Collection[int] = (),
+    imp_user_ids: Collection[int] = (),
 ) -> Inbound:
     """The pipeline's view of a message that passed :func:`skip_reason` (content stays content)."""
     kind, name, guild_id = channel_facts(message.channel)

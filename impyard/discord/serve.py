@@ -69,7 +69,9 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
         return [store.get(name) for name in dict.fromkeys(names)]
     configs = store.list()
     if not configs:
-        raise DiscordSetupError("there are no imps yet: `impyard imp add pip`, give it a bot token (the README, section Discord)")
+        raise DiscordSetupError(
+            "there are no imps yet: `impyard imp add pip`, give it a bot token (the README, section Discord)"
+        )
     chosen = []
     for config in configs:
         status = store.token_status(config)
@@ -79,11 +81,15 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
             log.info("imp %s has no Discord token (%s); not serving it", config.name, status.source)
     if not chosen:
         sources = ", ".join(f"{c.name}: {store.token_status(c).source}" for c in configs)
-        raise DiscordSetupError(f"no imp has a Discord token ({sources}): set one (the README, section Discord), then run impyard serve")
+        raise DiscordSetupError(
+            f"no imp has a Discord token ({sources}): set one (the README, section Discord), then run impyard serve"
+        )
     return chosen
 
 
-async def login_all(store: ImpStore, configs: Sequence[ImpConfig], settings: DiscordSettings) -> dict[str, ImpClient]:
+async def login_all(
+    store: ImpStore, configs: Sequence[ImpConfig], settings: DiscordSettings
+) -> dict[str, ImpClient]:
     """Log every imp's bot in (REST only); on any failure, close the ones already in and raise."""
     clients: dict[str, ImpClient] = {}
     try:
@@ -164,14 +170,19 @@ class DiscordHost:
     # ------------------------------------------------------------ the Bridge (called by the clients)
 
     def ready(self, client: ImpClient) -> None:
-        guilds = ", ".join(f"{g.name} ({g.id})" for g in client.guilds) or "none yet: invite the bot (the README, section Discord)"
+        guilds = (
+            ", ".join(f"{g.name} ({g.id})" for g in client.guilds)
+            or "none yet: invite the bot (the README, section Discord)"
+        )
         log.info("imp %s is on Discord as %s; servers: %s", client.imp, client.user, guilds)
         self._ready[client.imp].set()
 
     def message(self, client: ImpClient, message: discord.Message) -> None:
         self._queue(client, message)
 
-    def reactions_cleared(self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]) -> None:
+    def reactions_cleared(
+        self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]
+    ) -> None:
         self._queue(client, ReactionsCleared(channel_id, message_id, emoji))
 
     def _queue(self, client: ImpClient, item: HostEvent) -> None:
@@ -181,7 +192,11 @@ class DiscordHost:
         try:
             queue.send_nowait(item)
         except anyio.WouldBlock:
-            log.warning("imp %s: %d events waiting; dropped one (Discord keeps the message)", client.imp, INBOUND_QUEUE)
+            log.warning(
+                "imp %s: %d events waiting; dropped one (Discord keeps the message)",
+                client.imp,
+                INBOUND_QUEUE,
+            )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass  # shutting down
 
@@ -227,7 +242,13 @@ class DiscordHost:
         delivered = await self.runtime.sessions.notify(
             SessionKey(client.imp, str(event.channel_id)), "mailbox.event", params
         )
-        log.info("reaction clear imp=%s channel=%s message=%s delivered=%s", client.imp, event.channel_id, event.message_id, delivered)
+        log.info(
+            "reaction clear imp=%s channel=%s message=%s delivered=%s",
+            client.imp,
+            event.channel_id,
+            event.message_id,
+            delivered,
+        )
 
     async def keep_connected(self, client: ImpClient) -> None:
         """The bot's gateway connection (discord.py reconnects and resumes by itself); a fatal end stops the host."""
@@ -319,7 +340,9 @@ async def _open_discord_host(
                 await next(iter(clients.values())).point_gateway()
                 surface = DiscordSurface(clients)
                 cards = ApprovalCards(clients, {c.name: c for c in configs})
-                user_ids = {imp: str(client.user.id) for imp, client in clients.items() if client.user is not None}
+                user_ids = {
+                    imp: str(client.user.id) for imp, client in clients.items() if client.user is not None
+                }
                 async with open_runtime(
                     list(clients), surface, backend=backend, clock=clock, backends=dict(backends) if backends else None,
                     surfaces=(SURFACE_DISCORD, SURFACE_LOG), on_gate=cards.gate_opened, imp_user_ids=user_ids,
@@ -327,7 +350,9 @@ async def _open_discord_host(
                     cards.bind(runtime.gateway)
                     runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
                     host = DiscordHost(runtime, clients, surface, cards)
-                    command_host = CommandHost(runtime.channels, runtime.gateway, {c.name: c for c in configs}, cards)
+                    command_host = CommandHost(
+                        runtime.channels, runtime.gateway, {c.name: c for c in configs}, cards
+                    )
                     async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
                         tg.start_soon(cards.run, name="approval cards")
                         for imp, client in clients.items():
@@ -341,8 +366,12 @@ async def _open_discord_host(
                         supervisor_stop = anyio.Event()
                         supervisor_done = anyio.Event()
                         if supervise:
-                            supervisor = await stack.enter_async_context(  # one host: the same gateway and gate pump
-                                open_supervisor(host=runtime.host, backend=backend, settings=supervisor_settings)
+                            supervisor = (
+                                await stack.enter_async_context(  # one host: the same gateway and gate pump
+                                    open_supervisor(
+                                        host=runtime.host, backend=backend, settings=supervisor_settings
+                                    )
+                                )
                             )
 
                             async def run_supervisor() -> None:
@@ -354,7 +383,11 @@ async def _open_discord_host(
                             tg.start_soon(run_supervisor, name="supervisor")
                         else:
                             supervisor_done.set()
-                        log.info("serving %s on Discord%s", ", ".join(clients), " with the task supervisor" if supervise else "")
+                        log.info(
+                            "serving %s on Discord%s",
+                            ", ".join(clients),
+                            " with the task supervisor" if supervise else "",
+                        )
                         try:
                             yield host
                         finally:

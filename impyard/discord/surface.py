@@ -38,7 +38,9 @@ RETRY_BACKOFF_S = 1.0
 # turn ceiling bounds the whole turn.
 # Whatever the box wrote, a post pings no @everyone/@here and no role; users it names, and the replied-to author, yes.
 POST_MENTIONS = discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=True)
-NOT_POSTED_CODES = frozenset({10003, 50001, 50013, 50035})  # unknown channel, no access, no permission, bad form
+NOT_POSTED_CODES = frozenset(
+    {10003, 50001, 50013, 50035}
+)  # unknown channel, no access, no permission, bad form
 
 
 def is_discord_channel(channel_id: str) -> bool:
@@ -69,17 +71,33 @@ class DiscordSurface:
             return next(iter(self.clients.values()))
         raise SurfaceError(f"imp {imp or '(unnamed)'} has no Discord bot connected on this host")
 
+    def _messageable(self, imp: str, channel_id: str) -> discord.abc.Messageable:
+        """The channel as the imp's client knows it, else a partial one by id (sends resolve it server-side)."""
+        client = self.client_for(imp)
+        channel = client.get_channel(int(channel_id)) or client.get_partial_messageable(int(channel_id))
+        if not isinstance(channel, discord.abc.Messageable):  # a category or a forum takes no messages
+            raise SurfaceError(f"channel {channel_id} is a {type(channel).__name__}: no message can go there")
+        return channel
+
     # ------------------------------------------------------------ posting
 
     async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str, *, imp: str = ""
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[OutgoingFile],
+        kind: str,
+        *,
+        imp: str = "",
     ) -> list[str]:
         if not is_discord_channel(channel_id):
             return self._to_log(channel_id, content, files, kind, imp)
-        client = self.client_for(imp)
-        channel = client.get_channel(int(channel_id)) or client.get_partial_messageable(int(channel_id))
+        channel = self._messageable(imp, channel_id)
         chunks = chunk_message(content) or [""]
-        batches = [list(files[i : i + MAX_FILES_PER_MESSAGE]) for i in range(0, len(files), MAX_FILES_PER_MESSAGE)]
+        batches = [
+            list(files[i : i + MAX_FILES_PER_MESSAGE]) for i in range(0, len(files), MAX_FILES_PER_MESSAGE)
+        ]
         if not content.strip() and not files:
             raise SurfaceError("nothing to post: the message is empty")
         # Files ride on the last chunk; more than ten spill into messages of their own after it.
@@ -89,14 +107,23 @@ class DiscordSurface:
             plan += [("", batch) for batch in batches[1:]]
         reference = None
         if reply_to and reply_to.isdigit():
-            reference = discord.MessageReference(message_id=int(reply_to), channel_id=int(channel_id), fail_if_not_exists=False)
+            reference = discord.MessageReference(
+                message_id=int(reply_to), channel_id=int(channel_id), fail_if_not_exists=False
+            )
         turn = secrets.token_hex(6)
         ids: list[str] = []
         for index, (text, batch) in enumerate(plan):
             nonce = f"{turn}{index:03d}"  # ≤ 25 characters, the same on every attempt of this chunk
             message = await self._post_chunk(channel, text, batch, reference if index == 0 else None, nonce)
             ids.append(str(message.id))
-        log.info("posted imp=%s channel=%s kind=%s chunks=%d files=%d", imp, channel_id, kind, len(plan), len(files))
+        log.info(
+            "posted imp=%s channel=%s kind=%s chunks=%d files=%d",
+            imp,
+            channel_id,
+            kind,
+            len(plan),
+            len(files),
+        )
         return ids
 
     async def _post_chunk(
@@ -112,7 +139,8 @@ class DiscordSurface:
             try:
                 return await channel.send(
                     text or None,
-                    files=[discord.File(io.BytesIO(item.data), item.filename) for item in files] or None,
+                    # discord.py's overloads omit the None its implementation takes for files and reference.
+                    files=[discord.File(io.BytesIO(item.data), item.filename) for item in files] or None,  # type: ignore[arg-type]
                     reference=reference,  # type: ignore[arg-type]
                     allowed_mentions=POST_MENTIONS,
                     nonce=nonce,  # discord.py sends enforce_nonce with it: a repeat returns the first message
@@ -121,7 +149,9 @@ class DiscordSurface:
                 problem, wait = f"rate limited for {exc.retry_after:.1f} s", exc.retry_after
             except discord.HTTPException as exc:
                 if (exc.status < 500 and exc.status != 429) or exc.code in NOT_POSTED_CODES:
-                    raise SurfaceError(f"Discord refused the message ({exc.status} {exc.code}): {exc.text[:200]}") from None
+                    raise SurfaceError(
+                        f"Discord refused the message ({exc.status} {exc.code}): {exc.text[:200]}"
+                    ) from None
                 problem = f"Discord answered {exc.status}"
             except TimeoutError:
                 problem = "no answer in time"
@@ -129,13 +159,28 @@ class DiscordSurface:
                 problem = f"connection failed: {exc}"
             if attempt == self.attempts:
                 raise SurfaceError(f"could not post to Discord after {attempt} attempts: {problem}")
-            log.warning("posting a chunk failed (%s); attempt %d of %d in %.1f s", problem, attempt + 1, self.attempts, wait)
+            log.warning(
+                "posting a chunk failed (%s); attempt %d of %d in %.1f s",
+                problem,
+                attempt + 1,
+                self.attempts,
+                wait,
+            )
             await anyio.sleep(wait)
         raise AssertionError("unreachable")
 
-    def _to_log(self, channel_id: str, content: str, files: Sequence[OutgoingFile], kind: str, imp: str) -> list[str]:
+    def _to_log(
+        self, channel_id: str, content: str, files: Sequence[OutgoingFile], kind: str, imp: str
+    ) -> list[str]:
         names = ", ".join(item.filename for item in files)
-        post_log.info("[%s] %s (%s): %s%s", channel_id, imp or "impyard", kind, content, f" [files: {names}]" if names else "")
+        post_log.info(
+            "[%s] %s (%s): %s%s",
+            channel_id,
+            imp or "impyard",
+            kind,
+            content,
+            f" [files: {names}]" if names else "",
+        )
         return [f"log-{next(self._log_ids)}"]
 
     # ------------------------------------------------------------ typing
@@ -150,9 +195,7 @@ class DiscordSurface:
             return
         if key in self._typing or not is_discord_channel(channel_id):
             return
-        client = self.client_for(imp)
-        channel = client.get_channel(int(channel_id)) or client.get_partial_messageable(int(channel_id))
-        indicator = channel.typing()  # type: ignore[union-attr]
+        indicator = self._messageable(imp, channel_id).typing()
         await indicator.__aenter__()
         self._typing[key] = indicator
 

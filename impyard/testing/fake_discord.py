@@ -2092,7 +2092,8 @@ class FakeDiscord:
             return _unknown("interaction", 10062)
         body = ctx.body if isinstance(ctx.body, dict) else {}
         kind = body.get("type")
-        data = body.get("data") if isinstance(body.get("data"), dict) else {}
+        raw_data = body.get("data")
+        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
         files = tuple(p for p in ctx.parts if p.filename is not None)
 
         def answer(reply: _Reply, message_id: int | None = None) -> _Reply:

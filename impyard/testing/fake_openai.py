@@ -931,7 +931,8 @@ class FakeOpenAI:
         body = request.body if isinstance(request.body, dict) else {}
         count = int(body.get("n") or 1)
         image_b64 = base64.b64encode(answer).decode("ascii") if isinstance(answer, bytes) else TINY_PNG_B64
-        prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
+        raw_prompt = body.get("prompt")
+        prompt = raw_prompt if isinstance(raw_prompt, str) else ""
         images_in = sum(len(v) if isinstance(v, list) else 1 for v in body.values() if _is_file(v))
         text_in = _tokens(len(prompt))
         n = _usage_numbers(text_in + 65 * images_in, 16 * count, usage)
@@ -1067,8 +1068,8 @@ def _parse_multipart(raw: bytes, content_type: str) -> dict[str, Any]:
             raise ValueError("part without headers")
         part_headers = {}
         for line in head.decode("utf-8", "replace").split("\r\n"):
-            name, _, value = line.partition(":")
-            part_headers[name.strip().lower()] = value.strip()
+            header, _, header_value = line.partition(":")
+            part_headers[header.strip().lower()] = header_value.strip()
         disposition = _header_params(part_headers.get("content-disposition", ""))
         name = disposition.get_param("name", header="content-type")
         filename = disposition.get_param("filename", header="content-type")

@@ -34,7 +34,12 @@ def main(mode: str) -> None:
         elif mode == "extra-field":
             reply(frame["id"], {"outcome": "sent", "message_ids": [], "error": None, "sneaky": True})
         elif mode == "bad-request":
-            bad = {"jsonrpc": "2.0", "id": "b1", "method": "model.request", "params": {"path": "/v9", "body": {}, "purpose": "reply"}}
+            bad = {
+                "jsonrpc": "2.0",
+                "id": "b1",
+                "method": "model.request",
+                "params": {"path": "/v9", "body": {}, "purpose": "reply"},
+            }
             sys.stdout.write(json.dumps(bad) + "\n")
             sys.stdout.flush()
             json.loads(sys.stdin.readline())  # the host's error answer

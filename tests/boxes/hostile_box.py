@@ -34,7 +34,13 @@ def attack(mode: str) -> None:
         nested: object = "x"
         for _ in range(200):
             nested = [nested]
-        write({"jsonrpc": "2.0", "method": "log", "params": {"level": "info", "message": "m", "fields": {"a": nested}}})
+        write(
+            {
+                "jsonrpc": "2.0",
+                "method": "log",
+                "params": {"level": "info", "message": "m", "fields": {"a": nested}},
+            }
+        )
     elif mode == "request-flood":  # requests that are never read back (issue 11 #6)
         for n in range(200):
             sys.stdout.write(json.dumps(model_request(n, padding=100_000)) + "\n")
