@@ -118,6 +118,11 @@ def _field(default: Any, doc: str, *, expect: str, example: Any = None, **constr
     return Field(default=default, description=doc, json_schema_extra=extra, **constraints)
 
 
+def _box_default(settings: type[BaseModel], key: str) -> Any:
+    """The box's default for ``key``: box/protocol/models.py is the one source of every responder/memory default."""
+    return settings.model_fields[key].get_default(call_default_factory=True)
+
+
 def _section(cls: type[BaseModel], doc: str, example: str) -> Any:
     return Field(
         default_factory=cls,
@@ -165,37 +170,51 @@ Seconds = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class ModelConfig(_Strict):
-    """``[model]``: how the responder calls the model (SPEC-001)."""
+    """``[model]``: how the responder calls the model (SPEC-001).
+
+    Every key the box also knows takes its default from ``ResponderSettings``, so the two cannot drift.
+    """
 
     model: str = _field(
-        "gpt-4.1-mini", "The default reply model.", expect="a model name in quotes", min_length=1
+        _box_default(ResponderSettings, "model"),
+        "The default reply model.",
+        expect="a model name in quotes, at most 128 characters",
+        min_length=1,
+        max_length=128,
     )
     vision_model: str | None = _field(
-        None,
+        _box_default(ResponderSettings, "vision_model"),
         "Used when the message carries images (default: model).",
-        expect="a model name in quotes",
+        expect="a model name in quotes, at most 128 characters",
         example="gpt-4.1",
         min_length=1,
+        max_length=128,
     )
     factual_model: str | None = _field(
-        None,
+        _box_default(ResponderSettings, "factual_model"),
         "Used for factual look-ups (default: model).",
-        expect="a model name in quotes",
+        expect="a model name in quotes, at most 128 characters",
         example="gpt-4.1",
         min_length=1,
+        max_length=128,
     )
     retry_model: str | None = _field(
-        None,
+        _box_default(ResponderSettings, "retry_model"),
         "Used after a rate limit until a call succeeds again (ENV-15; default: none).",
-        expect="a model name in quotes",
+        expect="a model name in quotes, at most 128 characters",
         example="gpt-4.1-nano",
         min_length=1,
+        max_length=128,
     )
     max_tokens: int = _field(
-        1024, "Most tokens one reply may use.", expect="a whole number from 1 to 128000", ge=1, le=128_000
+        _box_default(ResponderSettings, "max_tokens"),
+        "Most tokens one reply may use.",
+        expect="a whole number from 1 to 128000",
+        ge=1,
+        le=128_000,
     )
     temperature: float | None = _field(
-        None,
+        _box_default(ResponderSettings, "temperature"),
         "Sampling temperature (default: the model's own).",
         expect="a number from 0 to 2",
         example=0.7,
@@ -204,44 +223,50 @@ class ModelConfig(_Strict):
         allow_inf_nan=False,
     )
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] = _field(
-        "none",
+        _box_default(ResponderSettings, "reasoning_effort"),
         "Reasoning effort sent when tools are attached (ENV-21).",
         expect='one of "none", "minimal", "low", "medium", "high", "xhigh"',
     )
     use_responses_api: bool = _field(
-        False, "Call /responses instead of /chat/completions (ENV-22).", expect="true or false"
+        _box_default(ResponderSettings, "use_responses_api"),
+        "Call /responses instead of /chat/completions (ENV-22).",
+        expect="true or false",
     )
     responses_tool_rounds: int = _field(
-        4,
+        _box_default(ResponderSettings, "responses_tool_rounds"),
         "Tool rounds on the Responses API before a forced tool-less answer (ENV-23).",
         expect="a whole number from 1 to 16",
         ge=1,
         le=16,
     )
     tool_rounds: int = _field(
-        3, "Tool rounds on chat/completions.", expect="a whole number from 0 to 16", ge=0, le=16
+        _box_default(ResponderSettings, "tool_rounds"),
+        "Tool rounds on chat/completions.",
+        expect="a whole number from 0 to 16",
+        ge=0,
+        le=16,
     )
     tools: list[Literal["web_fetch", "search"]] = _field(
-        [],
+        _box_default(ResponderSettings, "tools"),
         "Function tools the responder may call: web_fetch (only hosts a policy http.fetch rule allows), search (memory).",
         expect='a list like ["web_fetch"]',
     )
     history_limit: int = _field(
-        20,
+        _box_default(ResponderSettings, "history_limit"),
         "Most history messages sent to the model (ENV-07).",
         expect="a whole number from 0 to 500",
         ge=0,
         le=500,
     )
     history_per_channel: int = _field(
-        3,
+        _box_default(ResponderSettings, "history_per_channel"),
         "History messages kept per channel when shrinking (ENV-11).",
         expect="a whole number from 0 to 500",
         ge=0,
         le=500,
     )
     short_path: list[RegexPair] = _field(
-        [],
+        _box_default(ResponderSettings, "short_path"),
         "[channel_regex, user_regex] pairs archived without a model call (ENV-05; Python re syntax).",
         expect='a list of [channel_regex, user_regex] pairs, e.g. [["^announcements$", ".*"]]',
         example=[["^announcements$", ".*"]],
@@ -276,7 +301,11 @@ class ModelConfig(_Strict):
 class MemoryConfig(_Strict):
     """``[memory]``: the memory engine inside the box."""
 
-    enabled: bool = _field(False, "Run the memory engine (EmoStack) inside the box.", expect="true or false")
+    enabled: bool = _field(
+        _box_default(MemorySettings, "enabled"),
+        "Run the memory engine (EmoStack) inside the box.",
+        expect="true or false",
+    )
 
 
 class DiscordConfig(_Strict):

@@ -241,6 +241,11 @@ BROKEN = [
         id="backend",
     ),
     pytest.param(
+        'name = "pip"\n[model]\nvision_model = "' + "x" * 200 + '"\n',
+        3, "model.vision_model", "at most 128 characters",
+        id="model-name-too-long",
+    ),
+    pytest.param(
         'name = "pip"\n[box]\nstate_quota = "5t"\n',
         3, "box.state_quota", 'must be a size from "1m" to "1024g"',
         id="state-quota",

@@ -58,13 +58,14 @@ class ResponderSettings(FromHost):
     The host fills these from the imp's ``[model]`` table by field name (``ImpConfig.imp_spec``),
     plus ``news`` (the news file's text) and ``staff_channel`` (``[discord] staff_channel``).
     Open-ended values (effort, tool names) are plain strings so a newer host never breaks box.init.
+    These defaults are the only ones: ``[model]`` in imp.toml takes each shared key's default from here.
     """
 
     model: str = "gpt-4.1-mini"
     max_tokens: int = Field(default=1024, ge=1, le=128_000)
     temperature: float | None = None
     history_limit: int = Field(default=20, ge=0, le=500)
-    # Added with the responder (issue 6); all optional, defaults equal the host's imp.toml defaults.
+    # Added with the responder (issue 6); all optional.
     vision_model: ModelName | None = None  # the message carries images (default: model)
     factual_model: ModelName | None = None  # the call answers from tool results (default: model)
     retry_model: ModelName | None = None  # after an HTTP 429, until a call succeeds again (ENV-15)
@@ -86,6 +87,8 @@ class ResponderSettings(FromHost):
 
 
 class MemorySettings(FromHost):
+    """The memory engine's switch; ``[memory]`` in imp.toml takes its defaults from here."""
+
     enabled: bool = False
 
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import getpass
-import json
 
 import click
-from rich.console import Console
-from rich.table import Column, Table
 
 from impyard.audit import AuditLog
 from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.db import Database, DatabaseError, open_database
 from impyard.gates import Approver, Gate, GateError, GateStore, deciding_guild
@@ -62,6 +60,14 @@ def _describe(gate: Gate) -> str:
     return "\n".join(lines)
 
 
+def _gate_row(gate: Gate) -> tuple[str, ...]:
+    content = gate.send.content.replace("\n", " ")
+    return (
+        gate.id, gate.state, gate.imp, gate.act, gate.target, f"{gate.deadline:%Y-%m-%d %H:%M}",
+        content[:60] + ("…" if len(content) > 60 else ""),
+    )  # fmt: skip
+
+
 @click.group("approvals")
 def approvals_group() -> None:
     """Gated acts waiting for a human decision (design.md §5)."""
@@ -69,8 +75,8 @@ def approvals_group() -> None:
 
 @approvals_group.command("ls")
 @click.option("--all", "show_all", is_flag=True, help="Every gate, not only the pending ones.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def ls_command(show_all: bool, as_json: bool) -> None:
+@output_options
+def ls_command(show_all: bool, out: Output) -> None:
     """List pending gates (past-deadline ones are expired first).
 
     \b
@@ -81,26 +87,18 @@ def ls_command(show_all: bool, as_json: bool) -> None:
     store.expire_due()
     gates = store.list(None if show_all else ("pending",))
     db.close()
-    if as_json:
-        click.echo(json.dumps([gate.to_json() for gate in gates], indent=2))
-        return
-    if not gates:
-        click.echo("no gates" if show_all else "no pending gates")
-        return
-    table = Table(Column("gate", no_wrap=True), "state", "imp", "act", "target", "deadline (UTC)", "content")
-    for gate in gates:
-        content = gate.send.content.replace("\n", " ")
-        table.add_row(
-            gate.id, gate.state, gate.imp, gate.act, gate.target, f"{gate.deadline:%Y-%m-%d %H:%M}",
-            content[:60] + ("…" if len(content) > 60 else ""),
-        )  # fmt: skip
-    Console().print(table)
+    out.listing(
+        [gate.to_json() for gate in gates],
+        columns=(Col("gate", no_wrap=True), "state", "imp", "act", "target", "deadline (UTC)", "content"),
+        rows=(_gate_row(gate) for gate in gates),
+        empty="no gates" if show_all else "no pending gates",
+    )
 
 
 @approvals_group.command("show")
 @click.argument("gate_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def show_command(gate_id: str, as_json: bool) -> None:
+@output_options
+def show_command(gate_id: str, out: Output) -> None:
     """Show one gate with its frozen payload.
 
     \b
@@ -115,10 +113,10 @@ def show_command(gate_id: str, as_json: bool) -> None:
         raise CliError(str(exc)) from exc
     finally:
         db.close()
-    click.echo(json.dumps(gate.to_json(), indent=2) if as_json else _describe(gate))
+    out.show(gate.to_json(), _describe(gate))
 
 
-def _decide(gate_id: str, approve: bool, note: str, as_json: bool) -> None:
+def _decide(gate_id: str, approve: bool, note: str, out: Output) -> None:
     db, store = _store()
     try:
         gate = store.decide(gate_id, _operator(), approve=approve, note=note)
@@ -126,37 +124,36 @@ def _decide(gate_id: str, approve: bool, note: str, as_json: bool) -> None:
         raise CliError(str(exc)) from exc
     finally:
         db.close()
-    if as_json:
-        click.echo(json.dumps(gate.to_json(), indent=2))
-    elif approve:
-        click.echo(f"approved {gate.id}; the running impyard host sends it exactly once")
+    if approve:
+        text = f"approved {gate.id}; the running impyard host sends it exactly once"
     else:
-        click.echo(f"denied {gate.id}; it will not be sent")
+        text = f"denied {gate.id}; it will not be sent"
+    out.show(gate.to_json(), text)
 
 
 @approvals_group.command("approve")
 @click.argument("gate_id")
 @click.option("--note", default="", help="Why (kept with the decision and in the audit).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def approve_command(gate_id: str, note: str, as_json: bool) -> None:
+@output_options
+def approve_command(gate_id: str, note: str, out: Output) -> None:
     """Approve a pending gate as the host operator.
 
     \b
     Example:
       impyard approvals approve g-1a2b3c4d5e6f --note "fine to post"
     """
-    _decide(gate_id, True, note, as_json)
+    _decide(gate_id, True, note, out)
 
 
 @approvals_group.command("deny")
 @click.argument("gate_id")
 @click.option("--note", default="", help="Why (kept with the decision and in the audit).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def deny_command(gate_id: str, note: str, as_json: bool) -> None:
+@output_options
+def deny_command(gate_id: str, note: str, out: Output) -> None:
     """Deny a pending gate as the host operator (it also resets the imp's earned trust there).
 
     \b
     Example:
       impyard approvals deny g-1a2b3c4d5e6f --note "not in that channel"
     """
-    _decide(gate_id, False, note, as_json)
+    _decide(gate_id, False, note, out)

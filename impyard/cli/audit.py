@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-import json
-
 import click
-from rich.console import Console
-from rich.table import Column, Table
 
-from impyard.audit import AuditLog
+from impyard.audit import AuditLog, AuditRecord
 from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
+
+AUDIT_COLUMNS = (
+    Col("time (UTC)", no_wrap=True), "imp", "method", "purpose", "verdict", Col("rule", no_wrap=True),
+    "cost $", "gate", "ms", "detail",
+)  # fmt: skip
+
+
+def _audit_row(r: AuditRecord) -> tuple[str, ...]:
+    return (
+        f"{r.at:%m-%d %H:%M:%S}" if r.at else "", r.imp, r.method, r.purpose, r.verdict, r.rule,
+        f"{r.cost_micros / 1_000_000:.6f}" if r.cost_micros else "", r.gate_id or "",
+        f"{r.latency_ms:.1f}" if r.latency_ms is not None else "", (r.reason or r.detail)[:80],
+    )  # fmt: skip
 
 
 @click.group("audit")
@@ -24,9 +34,9 @@ def audit_group() -> None:
 @click.option(
     "-n", "count", type=click.IntRange(1, 10_000), default=20, show_default=True, help="How many rows."
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def tail_command(imp: str | None, count: int, as_json: bool) -> None:
-    """Show the latest audit rows, oldest first.
+@output_options
+def tail_command(imp: str | None, count: int, out: Output) -> None:
+    """Show the latest audit rows, oldest first; with --json, one JSON object per line.
 
     \b
     Examples:
@@ -39,21 +49,10 @@ def tail_command(imp: str | None, count: int, as_json: bool) -> None:
         raise CliError(str(exc)) from exc
     records = AuditLog(db, SystemClock()).tail(count, imp=imp)
     db.close()
-    if as_json:
-        for record in records:
-            click.echo(json.dumps(record.to_json()))
-        return
-    if not records:
-        click.echo("no audit rows yet")
-        return
-    table = Table(
-        Column("time (UTC)", no_wrap=True), "imp", "method", "purpose", "verdict", Column("rule", no_wrap=True),
-        "cost $", "gate", "ms", "detail",
-    )  # fmt: skip
-    for r in records:
-        table.add_row(
-            f"{r.at:%m-%d %H:%M:%S}" if r.at else "", r.imp, r.method, r.purpose, r.verdict, r.rule,
-            f"{r.cost_micros / 1_000_000:.6f}" if r.cost_micros else "", r.gate_id or "",
-            f"{r.latency_ms:.1f}" if r.latency_ms is not None else "", (r.reason or r.detail)[:80],
-        )  # fmt: skip
-    Console().print(table)
+    out.listing(
+        [record.to_json() for record in records],
+        columns=AUDIT_COLUMNS,
+        rows=(_audit_row(record) for record in records),
+        empty="no audit rows yet",
+        one_per_line=True,
+    )

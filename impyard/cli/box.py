@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import uuid
 from datetime import UTC, datetime
@@ -11,14 +10,14 @@ from pathlib import Path
 import anyio
 import click
 from rich.console import Console
-from rich.table import Table
 
 from box.protocol.models import BoxInitParams, ImpSpec, ReportValue, SessionInfo, TaskRunParams, TaskSpec
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RefuseAllHost
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.cli.errors import CliError
-from impyard.lockdown import evaluate
+from impyard.cli.output import Output, output_options
+from impyard.lockdown import LockdownCheck, evaluate
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -88,8 +87,8 @@ async def probe(backend: BoxBackend, state_dir: Path) -> dict[str, ReportValue]:
     show_default=True,
     help="Where to start the box (process has no lockdown and fails the check).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the observations and checks as JSON.")
-def check_command(backend: str, as_json: bool) -> None:
+@output_options
+def check_command(backend: str, out: Output) -> None:
     """Start a real box and verify its lockdown from inside.
 
     \b
@@ -112,25 +111,27 @@ def check_command(backend: str, as_json: bool) -> None:
         state_quota_bytes=limits.state_quota.max_bytes,
     )
     failed = [check for check in checks if not check.ok]
-    if as_json:
-        payload = {
-            "backend": chosen.name,
-            "observed": report,
-            "checks": [check.__dict__ for check in checks],
-            "confined": not failed,
-        }
-        click.echo(json.dumps(payload, indent=2))
+    if out.as_json:
+        out.json(
+            {
+                "backend": chosen.name,
+                "observed": report,
+                "checks": [check.__dict__ for check in checks],
+                "confined": not failed,
+            }
+        )
     else:
-        table = Table(title=f"Box lockdown ({chosen.name} backend)")
-        for column in ("property", "observed", "expected", ""):
-            table.add_column(column)
-        for check in checks:
-            table.add_row(
-                check.name, check.observed, check.expected, "[green]ok[/]" if check.ok else "[red]MISSING[/]"
-            )
-        Console().print(table)
+        out.table(
+            ("property", "observed", "expected", ""),
+            (_check_row(check) for check in checks),
+            title=f"Box lockdown ({chosen.name} backend)",
+        )
     if failed:
         raise CliError(
             f"{len(failed)} lockdown properties missing ({', '.join(c.name for c in failed)}): "
             "use the Docker backend on an engine that can apply every limit"
         )
+
+
+def _check_row(check: LockdownCheck) -> tuple[str, ...]:
+    return check.name, check.observed, check.expected, "[green]ok[/]" if check.ok else "[red]MISSING[/]"

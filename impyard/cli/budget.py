@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from impyard.cli.errors import CliError
+from impyard.cli.output import Output, output_options
 from impyard.cli.policy import load_policy_or_fail
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
-from impyard.ledger import ALL_IMPS, BudgetLimitError, Ledger
+from impyard.ledger import ALL_IMPS, BudgetLimitError, BudgetRow, Ledger
 from impyard.policy_models import MAX_USD, NAME_PATTERN
 
 _POLICY_OPTION = click.option(
@@ -35,6 +33,25 @@ def _usd(micros: int | None) -> str:
     return "no limit" if micros is None else f"{micros / 1_000_000:.4f}"
 
 
+def _budget_json(row: BudgetRow) -> dict[str, object]:
+    return {
+        "scope": "all" if row.scope == ALL_IMPS else row.scope,
+        "daily_limit_usd": None if row.daily_limit is None else row.daily_limit / 1_000_000,
+        "daily_spent_usd": row.daily_spent / 1_000_000,
+        "monthly_limit_usd": None if row.monthly_limit is None else row.monthly_limit / 1_000_000,
+        "monthly_spent_usd": row.monthly_spent / 1_000_000,
+        "reserved_usd": row.reserved / 1_000_000,
+        "source": row.source,
+    }
+
+
+def _budget_row(row: BudgetRow) -> tuple[str, ...]:
+    return (
+        "all imps" if row.scope == ALL_IMPS else row.scope, _usd(row.daily_spent), _usd(row.daily_limit),
+        _usd(row.monthly_spent), _usd(row.monthly_limit), _usd(row.reserved), row.source,
+    )  # fmt: skip
+
+
 @click.group("budget")
 def budget_group() -> None:
     """Model spending limits per imp and for all imps (USD per UTC day and month)."""
@@ -42,8 +59,8 @@ def budget_group() -> None:
 
 @budget_group.command("show")
 @_POLICY_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def show_command(policies: Path | None, as_json: bool) -> None:
+@output_options
+def show_command(policies: Path | None, out: Output) -> None:
     """Show limits and spending today and this month ("*" is all imps together).
 
     \b
@@ -53,36 +70,21 @@ def show_command(policies: Path | None, as_json: bool) -> None:
     ledger = _ledger(policies)
     rows = ledger.summary()
     ledger.db.close()
-    if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "scope": "all" if row.scope == ALL_IMPS else row.scope,
-                        "daily_limit_usd": None if row.daily_limit is None else row.daily_limit / 1_000_000,
-                        "daily_spent_usd": row.daily_spent / 1_000_000,
-                        "monthly_limit_usd": None
-                        if row.monthly_limit is None
-                        else row.monthly_limit / 1_000_000,
-                        "monthly_spent_usd": row.monthly_spent / 1_000_000,
-                        "reserved_usd": row.reserved / 1_000_000,
-                        "source": row.source,
-                    }
-                    for row in rows
-                ],
-                indent=2,
-            )
-        )
-        return
-    table = Table(
-        "imp", "today $", "daily limit $", "this month $", "monthly limit $", "in flight $", "limits from"
+    out.listing(
+        [_budget_json(row) for row in rows],
+        columns=(
+            "imp",
+            "today $",
+            "daily limit $",
+            "this month $",
+            "monthly limit $",
+            "in flight $",
+            "limits from",
+        ),
+        rows=(_budget_row(row) for row in rows),
     )
-    for row in rows:
-        table.add_row(
-            "all imps" if row.scope == ALL_IMPS else row.scope, _usd(row.daily_spent), _usd(row.daily_limit),
-            _usd(row.monthly_spent), _usd(row.monthly_limit), _usd(row.reserved), row.source,
-        )  # fmt: skip
-    Console().print(table)
+    if out.as_json:
+        return
     default = ledger.policy.budgets.per_imp
     click.echo(
         f"any other imp: daily {_usd(None if default.daily_usd is None else round(default.daily_usd * 1e6))}, "

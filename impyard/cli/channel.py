@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from impyard.channels import ChannelError, ChannelStore
 from impyard.cli.errors import CliError
+from impyard.cli.output import Output, output_options
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
 from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
@@ -29,11 +27,8 @@ def _trusted(info: ChannelInfo) -> str:
     return "yes" if info.trusted else "no"
 
 
-def _echo(info: ChannelInfo, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(asdict(info), indent=2))
-        return
-    click.echo(
+def _line(info: ChannelInfo) -> str:
+    return (
         f"{info.channel_id}  surface={info.surface} kind={info.kind} name={info.name or '-'} "
         f"mode={info.mode} trusted={_trusted(info)}"
     )
@@ -45,8 +40,8 @@ def channel_group() -> None:
 
 
 @channel_group.command("ls")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def ls_command(as_json: bool) -> None:
+@output_options
+def ls_command(out: Output) -> None:
     """List the channels impyard has seen or been told about.
 
     \b
@@ -54,21 +49,18 @@ def ls_command(as_json: bool) -> None:
       impyard channel ls
     """
     channels = _store().all()
-    if as_json:
-        click.echo(json.dumps([asdict(info) for info in channels], indent=2))
-        return
-    table = Table(title="Channels")
-    for column in ("id", "surface", "kind", "name", "mode", "trusted"):
-        table.add_column(column)
-    for info in channels:
-        table.add_row(info.channel_id, info.surface, info.kind, info.name, info.mode, _trusted(info))
-    Console().print(table)
+    out.listing(
+        [asdict(info) for info in channels],
+        columns=("id", "surface", "kind", "name", "mode", "trusted"),
+        rows=((i.channel_id, i.surface, i.kind, i.name, i.mode, _trusted(i)) for i in channels),
+        title="Channels",
+    )
 
 
 @channel_group.command("show")
 @click.argument("channel_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def show_command(channel_id: str, as_json: bool) -> None:
+@output_options
+def show_command(channel_id: str, out: Output) -> None:
     """Show one channel's mode and trust.
 
     \b
@@ -80,7 +72,7 @@ def show_command(channel_id: str, as_json: bool) -> None:
         raise CliError(
             f"no channel {channel_id!r} yet: it appears once a message arrives, or set its mode or trust"
         )
-    _echo(info, as_json)
+    out.show(asdict(info), _line(info))
 
 
 @channel_group.command("mode")
@@ -97,7 +89,7 @@ def mode_command(channel_id: str, mode: str) -> None:
       impyard channel mode 123456789012345678 mention
     """
     try:
-        _echo(_store().set_mode(channel_id, mode), False)
+        click.echo(_line(_store().set_mode(channel_id, mode)))
     except ChannelError as exc:
         raise CliError(str(exc)) from exc
 
@@ -112,7 +104,7 @@ def trust_command(channel_id: str) -> None:
       impyard channel trust 123456789012345678
     """
     try:
-        _echo(_store().set_trusted(channel_id, True), False)
+        click.echo(_line(_store().set_trusted(channel_id, True)))
     except ChannelError as exc:
         raise CliError(str(exc)) from exc
 
@@ -127,6 +119,6 @@ def untrust_command(channel_id: str) -> None:
       impyard channel untrust 123456789012345678
     """
     try:
-        _echo(_store().set_trusted(channel_id, False), False)
+        click.echo(_line(_store().set_trusted(channel_id, False)))
     except ChannelError as exc:
         raise CliError(str(exc)) from exc

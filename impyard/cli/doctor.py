@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from impyard import paths
 from impyard.audit import redact_url
 from impyard.backends import BoxStartError
 from impyard.backends.docker import DockerBackend
+from impyard.cli.output import Output, output_options
 from impyard.imps import ImpError, ImpStore
 
 
@@ -105,8 +103,8 @@ def _state_findings() -> list[Finding]:
 
 
 @click.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-def doctor_command(as_json: bool) -> None:
+@output_options
+def doctor_command(out: Output) -> None:
     """Check the Docker engine, the box image, the model key, Discord tokens and the state dir.
 
     \b
@@ -114,18 +112,19 @@ def doctor_command(as_json: bool) -> None:
       impyard doctor
     """
     findings = _docker_findings() + _model_findings() + _discord_findings() + _state_findings()
-    if as_json:
-        click.echo(json.dumps([asdict(finding) for finding in findings], indent=2))
-        return
-    table = Table(title="impyard doctor")
-    for column in ("", "item", "detail", "fix"):
-        table.add_column(column)
-    for finding in findings:
-        # details are text, not markup: "[redacted]" must print as itself
-        table.add_row(
-            "[green]ok[/]" if finding.ok else "[red]!![/]",
-            escape(finding.item),
-            escape(finding.detail),
-            escape(finding.fix),
-        )
-    Console().print(table)
+    out.listing(
+        [asdict(finding) for finding in findings],
+        columns=("", "item", "detail", "fix"),
+        rows=(_finding_row(finding) for finding in findings),
+        title="impyard doctor",
+    )
+
+
+def _finding_row(finding: Finding) -> tuple[str, ...]:
+    # details are text, not markup: "[redacted]" must print as itself
+    return (
+        "[green]ok[/]" if finding.ok else "[red]!![/]",
+        escape(finding.item),
+        escape(finding.detail),
+        escape(finding.fix),
+    )

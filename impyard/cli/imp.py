@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from impyard.cli.errors import CliError
+from impyard.cli.output import Output, output_options, table_of
 from impyard.imp_config import MAX_PERSONA_CHARS, ImpConfig, ImpError, toml_value
 from impyard.imps import ImpStore, PersonaStatus, TokenStatus
 
@@ -104,8 +104,8 @@ def _read_persona_file(path: Path) -> str:
 
 
 @imp_group.command("ls")
-@click.option("--json", "as_json", is_flag=True, help="Print the imps as a JSON list.")
-def ls_command(as_json: bool) -> None:
+@output_options
+def ls_command(out: Output) -> None:
     """List the imps, with their model, backend, owners and whether their Discord token is set.
 
     \b
@@ -132,39 +132,38 @@ def ls_command(as_json: bool) -> None:
                 "discord_token": {"source": token.source, "set": token.is_set},
             }
         )
+    out.listing(
+        rows,
+        columns=("name", "model", "backend", "sessions", "owners", "Discord token"),
+        rows=(_imp_row(row) for row in rows),
+        empty="No imps yet. Create one with: impyard imp add NAME",
+        title=f"Imps in {escape(str(store.root))}",
+    )
     broken = [row for row in rows if "error" in row]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-    elif not rows:
-        click.echo("No imps yet. Create one with: impyard imp add NAME")
-    else:
-        table = Table(title=f"Imps in {escape(str(store.root))}")
-        for column in ("name", "model", "backend", "sessions", "owners", "Discord token"):
-            table.add_column(column)
-        for row in rows:
-            if "error" in row:
-                table.add_row(escape(row["name"]), "[red]broken imp.toml[/]", "", "", "", "")
-                continue
-            token = row["discord_token"]
-            table.add_row(
-                escape(row["name"]),
-                escape(row["model"]),
-                row["backend"],
-                row["sessions"],
-                str(len(row["owners"])),
-                f"{escape(token['source'])} ({'[green]set[/]' if token['set'] else '[yellow]not set[/]'})",
-            )
-        Console().print(table)
     if broken:
         first = broken[0]
         more = f" (and {len(broken) - 1} more broken)" if len(broken) > 1 else ""
         raise CliError(f"imp '{first['name']}' cannot be loaded{more}: {first['error']}")
 
 
+def _imp_row(row: dict[str, Any]) -> tuple[str, ...]:
+    if "error" in row:
+        return escape(row["name"]), "[red]broken imp.toml[/]", "", "", "", ""
+    token = row["discord_token"]
+    return (
+        escape(row["name"]),
+        escape(row["model"]),
+        row["backend"],
+        row["sessions"],
+        str(len(row["owners"])),
+        f"{escape(token['source'])} ({'[green]set[/]' if token['set'] else '[yellow]not set[/]'})",
+    )
+
+
 @imp_group.command("show")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print the config, persona and token status as JSON.")
-def show_command(name: str, as_json: bool) -> None:
+@output_options
+def show_command(name: str, out: Output) -> None:
     """Show an imp's settings (defaults included), its persona's first lines and its token source.
 
     \b
@@ -182,7 +181,7 @@ def show_command(name: str, as_json: bool) -> None:
     token = store.token_status(config)
     warnings = _warnings(config, persona, token)
     preview = persona.text.splitlines()[:PERSONA_PREVIEW_LINES]
-    if as_json:
+    if out.as_json:
         payload = {
             "name": config.name,
             "path": str(store.path(config.name)),
@@ -196,7 +195,7 @@ def show_command(name: str, as_json: bool) -> None:
             "discord_token": {"source": token.source, "set": token.is_set, "problem": token.problem},
             "warnings": warnings,
         }
-        click.echo(json.dumps(payload, indent=2))
+        out.json(payload)
         return
     console = Console()
     console.print(f"[bold]{escape(config.name)}[/]  {escape(str(store.path(config.name)))}", highlight=False)
@@ -215,9 +214,6 @@ def show_command(name: str, as_json: bool) -> None:
 
 
 def _settings_table(config: ImpConfig) -> Table:
-    table = Table(show_header=True)
-    table.add_column("setting")
-    table.add_column("value")
     rows: list[tuple[str, Any, bool]] = [
         (key, getattr(config, key), key in config.model_fields_set)
         for key in ("name", "persona_file", "owners")
@@ -226,12 +222,13 @@ def _settings_table(config: ImpConfig) -> Table:
         section = getattr(config, section_name)
         for key in type(section).model_fields:
             rows.append((f"{section_name}.{key}", getattr(section, key), key in section.model_fields_set))
+    shown_rows = []
     for key, value, explicit in rows:
         if key == "discord.token_env" and value is None:
             value = config.token_env
         shown = "[dim]unset[/]" if value is None else escape(toml_value(value))
-        table.add_row(key, shown if explicit else f"{shown} [dim](default)[/]")
-    return table
+        shown_rows.append((key, shown if explicit else f"{shown} [dim](default)[/]"))
+    return table_of(("setting", "value"), shown_rows)
 
 
 def _warnings(config: ImpConfig, persona: PersonaStatus, token: TokenStatus) -> list[str]:

@@ -15,12 +15,12 @@ import anyio
 import click
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
-from rich.table import Table
 
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelPath, ModelRequestParams
 from impyard.backends.base import BoxSpec
 from impyard.broker import encode_body
 from impyard.cli.errors import CliError
+from impyard.cli.output import Output, output_options, table_of
 from impyard.clock import SystemClock
 from impyard.db import DB_FILENAME, Database, default_path, open_database
 from impyard.gateway import Decision, Gateway
@@ -78,7 +78,7 @@ def policy_group() -> None:
 @click.option("--content-chars", type=int, default=1, help="discord.send: the content length.")
 @click.option("--host", help="http.fetch: the host of the URL (fetches https://HOST/).")
 @click.option("--url", help="http.fetch: the whole URL.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@output_options
 def check_command(
     directory: Path | None,
     imp: str,
@@ -95,7 +95,7 @@ def check_command(
     content_chars: int,
     host: str | None,
     url: str | None,
-    as_json: bool,
+    out: Output,
 ) -> None:
     """Validate the policy (the shipped default overlaid by DIRECTORY, default the operator's
     policy directory) and, given --method, explain what the gateway would answer a sample request.
@@ -119,11 +119,11 @@ def check_command(
     try:
         policy = load_policy(directory, require_dir=directory is not None)
     except PolicyError as exc:
-        if as_json:
+        if out.as_json:
             problems = [
                 {"file": p.file, "line": p.line, "key": p.key, "reason": p.reason} for p in exc.problems
             ]
-            click.echo(json.dumps({"ok": False, "problems": problems}, indent=2))
+            out.json({"ok": False, "problems": problems})
             raise SystemExit(1) from exc
         raise CliError(
             "the policy is broken:\n" + "\n".join(f"  {problem}" for problem in exc.problems)
@@ -154,8 +154,8 @@ def check_command(
         decision = anyio.run(dry_run, policy, spec, method, params, session_trusted)
         report["sample"] = sample_report(decision)
 
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
+    if out.as_json:
+        out.json(report)
         return
     console = Console()
     operator = [s for s in policy.sources[:-1]]
@@ -166,9 +166,8 @@ def check_command(
         + ")",
         highlight=False,
     )
-    table = Table("#", "rule", "action", "method", "scope", "file")
-    for index, rule in enumerate(policy.rules, start=1):
-        table.add_row(
+    rows = (
+        (
             str(index),
             rule.name,
             rule.action,
@@ -176,7 +175,9 @@ def check_command(
             rule.scope,
             Path(policy.rule_sources[rule.name]).name,
         )
-    console.print(table)
+        for index, rule in enumerate(policy.rules, start=1)
+    )
+    console.print(table_of(("#", "rule", "action", "method", "scope", "file"), rows))
     for warning in policy.warnings:
         console.print(f"[yellow]warning[/yellow]: {warning}", highlight=False)
     if decision is not None:

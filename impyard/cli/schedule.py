@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
-from rich.console import Console
-from rich.table import Column, Table
 
 from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
@@ -42,12 +40,26 @@ def schedule_store() -> Iterator[ScheduleStore]:
         db.close()
 
 
-def _echo(schedule: Schedule, as_json: bool, verb: str) -> None:
-    if as_json:
-        click.echo(json.dumps(schedule.to_json(), indent=2))
-        return
+def _echo(schedule: Schedule, out: Output, verb: str) -> None:
     state = "paused" if schedule.paused else f"next run {describe_next(schedule)}"
-    click.echo(f"{verb} {schedule.id} for {schedule.imp}: {schedule.trigger.describe()}, {state}")
+    out.show(
+        schedule.to_json(), f"{verb} {schedule.id} for {schedule.imp}: {schedule.trigger.describe()}, {state}"
+    )
+
+
+SCHEDULE_COLUMNS = (
+    Col("schedule", no_wrap=True), "imp", "when", Col("next run", no_wrap=True), "missed", "state",
+    "channel", "ceiling", "runs", "prompt",
+)  # fmt: skip
+
+
+def _schedule_row(s: Schedule) -> tuple[str, ...]:
+    prompt = " ".join((s.prompt or f"({s.kind})").split())
+    return (
+        s.id, s.imp, s.trigger.describe(), "-" if s.paused else describe_next(s), s.missed,
+        "paused" if s.paused else "active", s.channel_id, format_duration(s.ceiling_s), str(s.fired),
+        prompt[:50] + ("…" if len(prompt) > 50 else ""),
+    )  # fmt: skip
 
 
 @click.group("schedule")
@@ -92,10 +104,10 @@ def schedule_group() -> None:
     "--wake-on-resolve", is_flag=True, help="When a gated post of a run is decided, queue a follow-up task."
 )
 @click.option("--briefing", is_flag=True, help="Give each run the imp's journal of its recent task outcomes.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@output_options
 def add_command(
     imp: str, prompt: str | None, every: str | None, cron: str | None, tz: str | None, missed: str, run_now: bool,
-    channel_id: str | None, ceiling: str | None, kind: str, wake_on_resolve: bool, briefing: bool, as_json: bool,
+    channel_id: str | None, ceiling: str | None, kind: str, wake_on_resolve: bool, briefing: bool, out: Output,
 ) -> None:  # fmt: skip
     """Add a schedule for IMP.
 
@@ -111,13 +123,13 @@ def add_command(
                 channel_id=channel_id, ceiling=ceiling, kind=kind, wake_on_resolve=wake_on_resolve, briefing=briefing,
             )
         )  # fmt: skip
-    _echo(schedule, as_json, "added")
+    _echo(schedule, out, "added")
 
 
 @schedule_group.command("ls")
 @click.option("--imp", default=None, help="Only this imp's schedules.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def ls_command(imp: str | None, as_json: bool) -> None:
+@output_options
+def ls_command(imp: str | None, out: Output) -> None:
     """List schedules with their next run.
 
     \b
@@ -126,30 +138,19 @@ def ls_command(imp: str | None, as_json: bool) -> None:
     """
     with schedule_store() as store:
         schedules = store.list(imp)
-    if as_json:
-        click.echo(json.dumps([schedule.to_json() for schedule in schedules], indent=2))
-        return
-    if not schedules:
-        click.echo('no schedules yet: impyard schedule add IMP --every 24h "…"')
-        return
-    table = Table(
-        Column("schedule", no_wrap=True), "imp", "when", Column("next run", no_wrap=True), "missed", "state",
-        "channel", "ceiling", "runs", "prompt",
-    )  # fmt: skip
-    for s in schedules:
-        prompt = " ".join((s.prompt or f"({s.kind})").split())
-        table.add_row(
-            s.id, s.imp, s.trigger.describe(), "-" if s.paused else describe_next(s), s.missed,
-            "paused" if s.paused else "active", s.channel_id, format_duration(s.ceiling_s), str(s.fired),
-            prompt[:50] + ("…" if len(prompt) > 50 else ""),
-        )  # fmt: skip
-    Console(width=max(Console().width, 160)).print(table)
+    out.listing(
+        [schedule.to_json() for schedule in schedules],
+        columns=SCHEDULE_COLUMNS,
+        rows=(_schedule_row(schedule) for schedule in schedules),
+        empty='no schedules yet: impyard schedule add IMP --every 24h "…"',
+        min_width=160,
+    )
 
 
 @schedule_group.command("rm")
 @click.argument("schedule_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def rm_command(schedule_id: str, as_json: bool) -> None:
+@output_options
+def rm_command(schedule_id: str, out: Output) -> None:
     """Remove a schedule (tasks it already queued stay; cancel them with `impyard task cancel`).
 
     \b
@@ -158,16 +159,13 @@ def rm_command(schedule_id: str, as_json: bool) -> None:
     """
     with schedule_store() as store:
         schedule = store.remove(schedule_id)
-    if as_json:
-        click.echo(json.dumps(schedule.to_json(), indent=2))
-    else:
-        click.echo(f"removed {schedule.id}")
+    out.show(schedule.to_json(), f"removed {schedule.id}")
 
 
 @schedule_group.command("pause")
 @click.argument("schedule_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def pause_command(schedule_id: str, as_json: bool) -> None:
+@output_options
+def pause_command(schedule_id: str, out: Output) -> None:
     """Pause a schedule: it fires no more until resumed.
 
     \b
@@ -176,13 +174,13 @@ def pause_command(schedule_id: str, as_json: bool) -> None:
     """
     with schedule_store() as store:
         schedule = store.pause(schedule_id)
-    _echo(schedule, as_json, "paused")
+    _echo(schedule, out, "paused")
 
 
 @schedule_group.command("resume")
 @click.argument("schedule_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def resume_command(schedule_id: str, as_json: bool) -> None:
+@output_options
+def resume_command(schedule_id: str, out: Output) -> None:
     """Resume a paused schedule from now on (fires that fell in the pause are not made up for).
 
     \b
@@ -191,4 +189,4 @@ def resume_command(schedule_id: str, as_json: bool) -> None:
     """
     with schedule_store() as store:
         schedule = store.resume(schedule_id)
-    _echo(schedule, as_json, "resumed")
+    _echo(schedule, out, "resumed")

@@ -7,6 +7,7 @@ import signal
 
 import anyio
 import click
+from anyio.abc import TaskStatus
 
 from impyard.backends import BoxError
 from impyard.broker import UpstreamConfig
@@ -25,28 +26,33 @@ TRANSITION_LOGGERS = ("impyard.supervisor", "impyard.tasks", "impyard.schedules"
 
 
 async def supervise(concurrency: int, once: bool, backend: str | None) -> None:
-    """The loop, stopped cleanly by SIGINT or SIGTERM (a second signal stops at once)."""
-    async with open_supervisor(
-        backend=backend, settings=SupervisorSettings(concurrency=concurrency)
-    ) as supervisor:
-        stop = anyio.Event()
-        async with anyio.create_task_group() as tg:
+    """The loop, stopped cleanly by SIGINT or SIGTERM (a second signal stops at once).
 
-            async def watch_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for signum in signals:
-                        if stop.is_set():
-                            tg.cancel_scope.cancel()
-                            return
-                        logging.getLogger("impyard.supervisor").warning(
-                            "%s: finishing running tasks (again to stop now; they are requeued)",
-                            signal.Signals(signum).name,
-                        )
-                        stop.set()
+    The signals are watched before anything starts: a signal that arrives while the lock is taken or the
+    host opens stops the loop cleanly as soon as it runs, never the process half-way.
+    """
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
 
-            tg.start_soon(watch_signals)
+        async def watch_signals(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for signum in signals:
+                    if stop.is_set():
+                        tg.cancel_scope.cancel()
+                        return
+                    logging.getLogger("impyard.supervisor").warning(
+                        "%s: finishing running tasks (again to stop now; they are requeued)",
+                        signal.Signals(signum).name,
+                    )
+                    stop.set()
+
+        await tg.start(watch_signals)
+        async with open_supervisor(
+            backend=backend, settings=SupervisorSettings(concurrency=concurrency)
+        ) as supervisor:
             await supervisor.run(once=once, stop=stop)
-            tg.cancel_scope.cancel()
+        tg.cancel_scope.cancel()
 
 
 @click.command("supervise")

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
 import click
-from rich.console import Console
-from rich.table import Column, Table
 
 from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
@@ -62,6 +60,20 @@ def _one_line(text: str | None, limit: int = 70) -> str:
     return flat[:limit] + ("…" if len(flat) > limit else "")
 
 
+TASK_COLUMNS = (
+    Col("task", no_wrap=True), "imp", "kind", "origin", "state", "tries", Col("when", no_wrap=True),
+    "channel", "outcome",
+)  # fmt: skip
+
+
+def _task_row(task: Task, now: datetime) -> tuple[str, ...]:
+    state = task.state + (" (cancelling)" if task.cancel_requested and task.state == "running" else "")
+    return (
+        task.id, task.imp, task.kind, task.origin, state, str(task.attempts), when_text(task, now),
+        task.channel_id, _one_line(task.outcome),
+    )  # fmt: skip
+
+
 @click.group("task")
 def task_group() -> None:
     """One-shot tasks: run by `impyard supervise` in a box, governed like chat."""
@@ -89,10 +101,10 @@ def task_group() -> None:
     help="When a gated post of this task is decided, queue a follow-up task.",
 )
 @click.option("--briefing", is_flag=True, help="Give the box the imp's journal of its recent task outcomes.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@output_options
 def add_command(
     imp: str, prompt: str | None, channel_id: str | None, ceiling: str | None, kind: str, wake_on_resolve: bool,
-    briefing: bool, as_json: bool,
+    briefing: bool, out: Output,
 ) -> None:  # fmt: skip
     """Queue a task for IMP; a running `impyard supervise` starts it within a second.
 
@@ -108,11 +120,9 @@ def add_command(
                 wake_on_resolve=wake_on_resolve, briefing=briefing,
             )
         )  # fmt: skip
-    if as_json:
-        click.echo(json.dumps(task.to_json(SystemClock().now()), indent=2))
-        return
-    click.echo(
-        f"queued {task.id} for {task.imp} (channel {task.channel_id}, ceiling {format_duration(task.ceiling_s)})"
+    out.show(
+        task.to_json(SystemClock().now()),
+        f"queued {task.id} for {task.imp} (channel {task.channel_id}, ceiling {format_duration(task.ceiling_s)})",
     )
 
 
@@ -133,8 +143,8 @@ def add_command(
     show_default=True,
     help="How many (newest first).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def ls_command(imp: str | None, states: tuple[str, ...], limit: int, as_json: bool) -> None:
+@output_options
+def ls_command(imp: str | None, states: tuple[str, ...], limit: int, out: Output) -> None:
     """List tasks, newest first; running ones show how long they have run.
 
     \b
@@ -145,23 +155,13 @@ def ls_command(imp: str | None, states: tuple[str, ...], limit: int, as_json: bo
     with task_store() as store:
         tasks = store.list(imp=imp, states=states or None, limit=limit)
     now = SystemClock().now()
-    if as_json:
-        click.echo(json.dumps([task.to_json(now) for task in tasks], indent=2))
-        return
-    if not tasks:
-        click.echo("no tasks" + (" in that selection" if imp or states else ' yet: impyard task add IMP "…"'))
-        return
-    table = Table(
-        Column("task", no_wrap=True), "imp", "kind", "origin", "state", "tries", Column("when", no_wrap=True),
-        "channel", "outcome",
-    )  # fmt: skip
-    for task in tasks:
-        state = task.state + (" (cancelling)" if task.cancel_requested and task.state == "running" else "")
-        table.add_row(
-            task.id, task.imp, task.kind, task.origin, state, str(task.attempts), when_text(task, now),
-            task.channel_id, _one_line(task.outcome),
-        )  # fmt: skip
-    Console(width=max(Console().width, 160)).print(table)
+    out.listing(
+        [task.to_json(now) for task in tasks],
+        columns=TASK_COLUMNS,
+        rows=(_task_row(task, now) for task in tasks),
+        empty="no tasks" + (" in that selection" if imp or states else ' yet: impyard task add IMP "…"'),
+        min_width=160,
+    )
 
 
 def describe(store: TaskStore, task: Task, now: datetime) -> str:
@@ -217,8 +217,8 @@ def describe(store: TaskStore, task: Task, now: datetime) -> str:
 
 @task_group.command("show")
 @click.argument("task_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def show_command(task_id: str, as_json: bool) -> None:
+@output_options
+def show_command(task_id: str, out: Output) -> None:
     """Show one task with its runs, gates and audit trail.
 
     \b
@@ -228,20 +228,20 @@ def show_command(task_id: str, as_json: bool) -> None:
     now = SystemClock().now()
     with task_store() as store:
         task = store.get(task_id)
-        if as_json:
+        if out.as_json:
             data = task.to_json(now)
             data["runs"] = [run.to_json() for run in store.runs(task.id)]
             data["gates"] = [gate.to_json() for gate in store.gates_of(task.id)]
             data["audit"] = [record.to_json() for record in store.audit_trail(task.id)]
-            click.echo(json.dumps(data, indent=2))
+            out.json(data)
             return
         click.echo(describe(store, task, now))
 
 
 @task_group.command("cancel")
 @click.argument("task_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def cancel_command(task_id: str, as_json: bool) -> None:
+@output_options
+def cancel_command(task_id: str, out: Output) -> None:
     """Cancel a queued task, or stop a running one (its supervisor kills the box).
 
     \b
@@ -250,9 +250,8 @@ def cancel_command(task_id: str, as_json: bool) -> None:
     """
     with task_store() as store:
         task = store.request_cancel(task_id)
-    if as_json:
-        click.echo(json.dumps(task.to_json(SystemClock().now()), indent=2))
-    elif task.state == "cancelled":
-        click.echo(f"cancelled {task.id}; it will not run")
+    if task.state == "cancelled":
+        text = f"cancelled {task.id}; it will not run"
     else:
-        click.echo(f"cancel requested for {task.id}; the running supervisor kills its box within a second")
+        text = f"cancel requested for {task.id}; the running supervisor kills its box within a second"
+    out.show(task.to_json(SystemClock().now()), text)
