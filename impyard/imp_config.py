@@ -23,6 +23,7 @@ from pydantic.fields import FieldInfo
 
 from box.protocol.models import ImpSpec, MemorySettings, ResponderSettings
 from impyard.errors import ImpyardError
+from impyard.toml_errors import line_of, syntax_error_line
 
 if TYPE_CHECKING:
     from impyard.backends.docker import DockerLimits
@@ -555,13 +556,12 @@ def parse_config(text: str, file: str, *, expected_name: str | None = None) -> I
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        line = re.search(r"at line (\d+)", str(exc))
         reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
         raise ImpConfigError(
             [
                 ConfigProblem(
                     file,
-                    int(line.group(1)) if line else None,
+                    syntax_error_line(exc),
                     "",
                     f'not valid TOML: {reason}; fix the syntax (text values need "quotes")',
                 )
@@ -669,45 +669,9 @@ def _similar(a: str, b: str) -> bool:
     return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio() >= 0.75
 
 
-_STRINGS_AND_COMMENT = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'|#.*$")
-_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(?:#.*)?$")
-_KEY_LINE = re.compile(
-    r"^\s*((?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'))*)\s*="
-)
-
-
-def _split_dotted(text: str) -> tuple[str, ...]:
-    return tuple(part.strip().strip("\"'") for part in re.findall(r"\"[^\"]*\"|'[^']*'|[^.]+", text))
-
-
 def _locate(text: str | None, loc: tuple[Any, ...]) -> int | None:
-    """Best effort: the 1-based line of the key on ``loc``, else of its table's header."""
-    if text is None:
-        return None
-    want = tuple(str(part) for part in loc if not isinstance(part, int))
-    table: tuple[str, ...] = ()
-    best: tuple[int, int] | None = None  # (depth matched, line)
-    open_brackets = 0  # inside a multi-line array, lines are values, not headers or keys
-    for number, line in enumerate(text.splitlines(), start=1):
-        inside_array = open_brackets > 0
-        bare = _STRINGS_AND_COMMENT.sub("", line)
-        open_brackets = max(0, open_brackets + bare.count("[") - bare.count("]"))
-        if inside_array:
-            continue
-        header = _HEADER.match(line)
-        if header:
-            open_brackets = 0
-            table = _split_dotted(header.group(1))
-            found = table
-        else:
-            key = _KEY_LINE.match(line)
-            if not key:
-                continue
-            found = table + _split_dotted(key.group(1))
-        depth = len(found)
-        if found == want[:depth] and (best is None or depth > best[0]):
-            best = (depth, number)
-    return best[1] if best else None
+    """The line of the key on ``loc`` (else of its table's header); ``None`` without the text."""
+    return None if text is None else line_of(text, loc)
 
 
 # ------------------------------------------------------------------ writing imp.toml (by hand: it keeps the comments)

@@ -49,6 +49,7 @@ from impyard.policy_models import (
     TrustSettings,
     UpstreamSettings,
 )
+from impyard.toml_errors import line_of, syntax_error_line
 
 DEFAULT_POLICY_ENV = "IMPYARD_DEFAULT_POLICY"
 POLICY_DIR_ENV = "IMPYARD_POLICY_DIR"
@@ -215,7 +216,7 @@ def build_policy(layers: list[tuple[str, str]]) -> Policy:
             if rule.name in rule_sources:
                 if rule_sources[rule.name] != name and _is_default_layer(name, layers):
                     continue  # an operator rule of the same name replaces the default one
-                line = _locate(dict(layers)[name], ("rules", policy_file.rules.index(rule), "name"))
+                line = line_of(dict(layers)[name], ("rules", policy_file.rules.index(rule), "name"))
                 problems.append(
                     Problem(
                         name,
@@ -280,11 +281,8 @@ def parse_policy_file(text: str, name: str) -> PolicyFile:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        match = _TOML_LINE.search(str(exc))
-        reason = _TOML_LINE.sub("", str(exc)).strip().rstrip("()").strip()
-        raise PolicyError(
-            [Problem(name, int(match.group(1)) if match else None, "", f"not valid TOML: {reason}")]
-        ) from exc
+        reason = _TOML_LINE.sub("", str(exc)).replace("()", "").strip()  # "(at end of document)" stays whole
+        raise PolicyError([Problem(name, syntax_error_line(exc), "", f"not valid TOML: {reason}")]) from exc
     try:
         return PolicyFile.model_validate(raw)
     except ValidationError as exc:
@@ -349,7 +347,7 @@ def _problem(name: str, text: str, raw: dict[str, Any], error: Any) -> Problem:
             else ""
         )
         reason = f"{msg}{shown}"
-    return Problem(name, _locate(text, loc), key, reason)
+    return Problem(name, line_of(text, loc), key, reason)
 
 
 def _key_text(loc: tuple[Any, ...], raw: dict[str, Any]) -> str:
@@ -409,44 +407,3 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
             return None
         model = inner
     return model
-
-
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
-_KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""")
-_KEY_LINE = re.compile(
-    r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*="""
-)
-
-
-def _split_key(text: str) -> list[str]:
-    return [part[1:-1] if part[0] in "\"'" else part for part in _KEY_PART.findall(text)]
-
-
-def _locate(text: str, loc: tuple[Any, ...]) -> int | None:
-    """Best effort: the line of the deepest header or key on the path ``loc`` (1-based)."""
-    table: list[Any] = []
-    array_counts: dict[tuple[Any, ...], int] = {}
-    best_line, best_depth = None, -1
-    for number, line in enumerate(text.splitlines(), start=1):
-        header = _HEADER.match(line)
-        if header:
-            path: list[Any] = _split_key(header.group(2))
-            for cut in range(len(path) - (header.group(1) == "[["), 0, -1):
-                if tuple(path[:cut]) in array_counts:  # [rules.purposes] belongs to the last [[rules]]
-                    path = [*path[:cut], array_counts[tuple(path[:cut])], *path[cut:]]
-                    break
-            if header.group(1) == "[[":
-                index = array_counts.get(tuple(path), -1) + 1
-                array_counts[tuple(path)] = index
-                path = [*path, index]
-            table = path
-            candidate = table
-        else:
-            key = _KEY_LINE.match(line)
-            if not key:
-                continue
-            candidate = table + _split_key(key.group(1))
-        depth = len(candidate)
-        if depth <= len(loc) and list(loc[:depth]) == candidate and depth > best_depth:
-            best_line, best_depth = number, depth
-    return best_line

@@ -224,6 +224,13 @@ reply = "gpt-4.1"
         pytest.param(ALLOW_REPLY + ALLOW_REPLY, None, "", "two rules are named 'reply'", id="duplicate-name"),
         pytest.param("[[rules]\nname = 1\n", 1, "", "not valid TOML", id="toml-syntax"),
         pytest.param(
+            "[budgets.all]\ndaily_usd = ",
+            None,
+            "",
+            "not valid TOML: Invalid value (at end of document)",
+            id="toml-syntax-at-the-end",
+        ),
+        pytest.param(
             "gates = { deadline_hours = 0 }\n",
             1,
             "gates.deadline_hours",
