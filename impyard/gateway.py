@@ -547,13 +547,6 @@ class Gateway:
             {"reason": reason},
         )
 
-    async def _send(self, params: DiscordSendParams, imp: str) -> list[str]:
-        """Post an approved gate's payload, if this host reaches its channel."""
-        unreachable = await self._unreachable(params.channel_id)
-        if unreachable is not None:
-            raise unreachable
-        return await self._deliver(params, imp)
-
     async def _deliver(
         self, params: DiscordSendParams, imp: str, record: AuditRecord | None = None
     ) -> list[str]:
@@ -600,22 +593,31 @@ class Gateway:
 
     async def execute(self, gate_id: str) -> Gate:
         """Run an approved gate's frozen payload once; a gate someone else claimed is left to them."""
-        claimed = await self.db.run(self.gates.claim, gate_id)
+        return await self._execute(await self.db.run(self.gates.get, gate_id))
+
+    async def _execute(self, gate: Gate) -> Gate:
+        # A gate whose channel this host's surface does not reach is left approved, unclaimed, for a host
+        # that reaches it (issue 12: never "delivered" through the wrong surface).
+        if not await self.reaches(gate.target):
+            return gate
+        claimed = await self.db.run(self.gates.claim, gate.id)
         if claimed is None:
-            return await self.db.run(self.gates.get, gate_id)
-        params = DiscordSendParams.model_validate(claimed.payload)
+            return await self.db.run(self.gates.get, gate.id)
         try:
-            ids = await self._send(params, claimed.imp)
+            ids = await self._deliver(claimed.send, claimed.imp)
         except RpcError as exc:
             error = redact(exc.message, self.secrets)
-            return await self.db.run(lambda: self.gates.finish(gate_id, error=error))
-        return await self.db.run(lambda: self.gates.finish(gate_id, message_ids=ids))
+            return await self.db.run(lambda: self.gates.finish(gate.id, error=error))
+        return await self.db.run(lambda: self.gates.finish(gate.id, message_ids=ids))
 
     async def execute_approved(self) -> list[Gate]:
-        """Execute gates approved elsewhere (the CLI) whose channel this host's surface reaches; leave the rest
-        approved for a host that reaches them (issue 12: never "delivered" through the wrong surface)."""
-        waiting = await self.db.run(self.gates.approved_waiting)
-        return [await self.execute(gate.id) for gate in waiting if await self.reaches(gate.target)]
+        """Execute gates approved elsewhere (the CLI) that this host reaches; returns those it moved."""
+        moved = []
+        for gate in await self.db.run(self.gates.approved_waiting):
+            after = await self._execute(gate)
+            if after is not gate:
+                moved.append(after)
+        return moved
 
     async def expire_due(self) -> list[Gate]:
         return await self.db.run(self.gates.expire_due)

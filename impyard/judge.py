@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -382,13 +382,7 @@ def _chat_messages(messages: Any, images: _Images) -> None:
             continue
         for number, part in enumerate(_list(content, f"{where}.content")):
             spot = f"{where}.content[{number}]"
-            kind = _kind(part.get("type"), CHAT_PART_KEYS) if isinstance(part, dict) else None
-            if kind is None:
-                named = part.get("type") if isinstance(part, dict) else None
-                raise _Outside(
-                    f"{spot}: content part type {_shown(named)} is not allowed (text and image_url only)"
-                )
-            _object(part, CHAT_PART_KEYS[kind], spot)
+            kind = _part(part, CHAT_PART_KEYS, spot, "text and image_url only")
             if kind == "image_url":
                 images.url(
                     _object(part.get("image_url"), CHAT_IMAGE_KEYS, f"{spot}.image_url").get("url"),
@@ -396,18 +390,22 @@ def _chat_messages(messages: Any, images: _Images) -> None:
                 )
 
 
+def _part(part: Any, allowed: Mapping[str, frozenset[str]], spot: str, only: str) -> str:
+    """The type of a content part whose type and keys are on the allow-list; else ``_Outside`` naming it."""
+    kind = _kind(part.get("type"), allowed) if isinstance(part, dict) else None
+    if kind is None:
+        named = part.get("type") if isinstance(part, dict) else None
+        raise _Outside(f"{spot}: content part type {_shown(named)} is not allowed ({only})")
+    _object(part, allowed[kind], spot)
+    return kind
+
+
 def _responses_parts(content: Any, where: str, images: _Images) -> None:
     if content is None or isinstance(content, str):
         return
     for number, part in enumerate(_list(content, where)):
         spot = f"{where}[{number}]"
-        kind = _kind(part.get("type"), RESPONSES_PART_KEYS) if isinstance(part, dict) else None
-        if kind is None:
-            named = part.get("type") if isinstance(part, dict) else None
-            raise _Outside(
-                f"{spot}: content part type {_shown(named)} is not allowed (input_text and input_image only)"
-            )
-        _object(part, RESPONSES_PART_KEYS[kind], spot)
+        kind = _part(part, RESPONSES_PART_KEYS, spot, "input_text and input_image only")
         if kind == "input_image":
             images.url(part.get("image_url"), f"{spot}.image_url")
 

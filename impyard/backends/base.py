@@ -44,7 +44,7 @@ from box.protocol.models import (
     TaskRunResult,
 )
 from impyard.backends.conduct import LOG_LIMITS, REFUSAL_LIMITS, Admission, NoiseMeter, printable
-from impyard.backends.statedir import StateQuota, measure_state_dir
+from impyard.backends.statedir import StateQuota, StateUsage, measure_state_dir
 from impyard.errors import ImpyardError
 
 log = logging.getLogger("impyard.box")
@@ -309,9 +309,7 @@ class RunningBox:
     async def _watch_state(self, quota: StateQuota) -> None:
         """Measure the state dir while the box lives; past its quota the box is killed (issue 11 #11)."""
         while not self.exited.is_set():
-            usage = await anyio.to_thread.run_sync(
-                measure_state_dir, self.spec.state_dir, quota, abandon_on_cancel=True
-            )
+            usage = await _measured(self.spec.state_dir, quota)
             over = usage.over(quota)
             if over:
                 self._on_violation(f"its state dir holds {over}")
@@ -323,6 +321,22 @@ class RunningBox:
         if not self.exited.is_set():
             await self.kill()
         self.peer.stop()
+
+
+# The imp's boxes share one state dir: a measurement younger than one check period serves them all, so
+# fifty warm sessions of one imp walk its dir once per period, not fifty times.
+_last_measured: dict[tuple[Path, StateQuota], tuple[float, StateUsage]] = {}
+
+
+async def _measured(state_dir: Path, quota: StateQuota) -> StateUsage:
+    key = (state_dir, quota)
+    cached = _last_measured.get(key)
+    fresh = cached is not None and anyio.current_time() - cached[0] < STATE_CHECK_S
+    if cached is not None and fresh and cached[1].over(quota) is None:  # a verdict to kill is never reused
+        return cached[1]
+    usage = await anyio.to_thread.run_sync(measure_state_dir, state_dir, quota, abandon_on_cancel=True)
+    _last_measured[key] = (anyio.current_time(), usage)
+    return usage
 
 
 @asynccontextmanager
