@@ -1,7 +1,8 @@
 """The prompt package of one turn (seed 003 ContextBuilding; SPEC-001 ENV-10, ENV-20).
 
 The system message is the persona — the operator's template with the legacy ``{date}``,
-``{time}``, ``{news}`` and ``{memory}`` placeholders removed — followed by a ``## Context``
+``{time}``, ``{news}`` and ``{memory}`` placeholders removed, then the memory engine's static
+rules when memory is on (issue 23: mechanisms 7, 8, 13, 56) — followed by a ``## Context``
 suffix holding the date, time, channel, news (when the host sent the news file's text) and
 the memory block (when the memory engine gave one), then the framing note. The persona
 prefix is byte-identical from call to call, so the upstream's prompt cache can hit (ENV-20).
@@ -167,11 +168,15 @@ def build_package(
     *,
     news: str | None,
     memory: str | None,
+    rules: str | None = None,
 ) -> PromptPackage:
     messages = [entry_message(entry) for entry in history]
     messages.append({"role": "user", "content": user_content(message)})
+    prefix = persona_prefix(imp)
+    if rules and rules.strip():  # static for the imp, so the prefix stays byte-stable (ENV-20)
+        prefix = f"{prefix}\n\n{rules.strip()}"
     return PromptPackage(
-        prefix=persona_prefix(imp),
+        prefix=prefix,
         suffix=context_suffix(now, session, framing, news=news, memory=memory),
         messages=messages,
         image_urls=[data_url(item) for item in message.attachments if is_image(item)],

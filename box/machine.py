@@ -13,6 +13,12 @@ straight to PostSend.
 PostSend commits history, counters and memory only after delivery is confirmed; a
 ``pending`` delivery (waiting for approval) commits what the person said, never a claim
 that the reply was seen. A turn that fails commits nothing.
+
+Memory (issue 23) joins at three points: ContextBuilding asks it for the turn (its rules go
+into the system text, its block into ``## Context``); ToolExecution hands it every draft and
+calls again while it asks for another hop, the block recomposed each time (mechanisms 36,
+46-53); PostSend hands it the delivered turn. With ``NoMemory`` the turn is the same as
+without an engine.
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ from typing import Any
 import anyio
 
 from box import decision
-from box.context import PromptPackage, build_package, message_body
+from box.context import PromptPackage, build_package, context_suffix, message_body
 from box.envelope import Envelope
 from box.history import HistoryStore, Record, combine
 from box.images import ImageFailed, image_request, make_images, wants_picture
-from box.memory import CommittedTurn, MemoryEngine
+from box.memory import NO_TURN, CommittedTurn, MemoryEngine, MemoryTurn, TurnFacts
 from box.model import ModelClient
 from box.protocol import Peer, PeerClosed, RpcError
+from box.protocol.memory import PresenceEntry
 from box.protocol.models import (
     BoxInitParams,
     DiscordSendResult,
@@ -77,6 +84,9 @@ class TurnInput:
     recent: list[HistoryEntry]
     now: datetime
     task: bool = False  # a prompt task posts as an act of its own (kind "other"), not as a reply
+    presence: list[PresenceEntry] = field(
+        default_factory=list
+    )  # the imp's other conversations (mechanism 10)
 
 
 @dataclass
@@ -85,6 +95,7 @@ class TurnContext:
 
     turn: TurnInput
     package: PromptPackage | None = None
+    memory: MemoryTurn = NO_TURN  # this turn's memory (issue 23)
     envelope: Envelope | None = None
     answers: bool = False  # the reply goes out (decided in ToolExecution or DecisionMaking)
     reply: Payload | None = None
@@ -148,18 +159,35 @@ class TurnMachine:
         entries = combine(
             turn.recent, own, self.session.channel_id, turn.message.id, self.settings.history_limit
         )
-        memory = await anyio.to_thread.run_sync(
-            self.deps.memory.recall, self.session.channel_id, turn.message.content
-        )
+        facts = TurnFacts(turn.message, turn.framing, turn.now, list(turn.presence), turn.task)
+        ctx.memory = await self.deps.memory.begin(facts)
         ctx.package = build_package(
             self.deps.init.imp, self.session, turn.message, turn.framing, turn.now, entries,
-            news=self.settings.news, memory=memory,
+            news=self.settings.news, memory=ctx.memory.block(), rules=ctx.memory.rules,
         )  # fmt: skip
         return Stage.TOOLS
 
     async def tool_execution(self, ctx: TurnContext) -> Stage:
         assert ctx.package is not None
-        ctx.envelope = await self.deps.caller.answer(ctx.package)
+        ctx.envelope = await self.deps.caller.answer(
+            ctx.package
+        )  # mechanism 53: a first failure fails the turn
+        while await ctx.memory.next_hop(ctx.envelope):  # mechanisms 25-27, 49: search, probe, call again
+            ctx.package.suffix = context_suffix(
+                ctx.turn.now,
+                self.session,
+                ctx.turn.framing,
+                news=self.settings.news,
+                memory=ctx.memory.block(),
+            )  # mechanism 36: recomposed before every reply call
+            try:
+                ctx.envelope = await self.deps.caller.answer(ctx.package)
+            except Exception as exc:  # mechanism 53: a later hop that fails leaves the last good reply
+                ctx.notes.append(f"a later reply call failed; the previous draft stands: {exc}")
+                await self.host_log(
+                    "warning", f"a later reply call failed; the previous draft stands: {exc}"[:1000]
+                )
+                break
         if ctx.turn.framing.mode == "judge":
             return Stage.DECISION  # decided only after the tools have settled
         ctx.answers = decision.respond_answers(ctx.envelope)
@@ -248,12 +276,14 @@ class TurnMachine:
             outcome=ctx.outcome,
             delivered=ctx.reply.content if delivered and ctx.reply is not None else None,
             envelope=ctx.envelope,
+            author_id=message.author.id,
+            now=ctx.turn.now,
         )
         try:
             await anyio.to_thread.run_sync(
                 partial(self.deps.history.commit, records, count=(self.session.channel_id, ctx.outcome))
             )  # ENV-07: trimmed again after appending
-            await anyio.to_thread.run_sync(self.deps.memory.commit, committed)
+            await ctx.memory.commit(committed)  # mechanisms 57-66, after delivery is confirmed
         except Exception as exc:  # the reply is out: a bookkeeping failure must not turn it into "failed"
             ctx.notes.append(f"post-send bookkeeping failed: {exc}")
             log.exception("post-send bookkeeping for %s failed", message.id)

@@ -21,14 +21,16 @@ from pydantic import BaseModel
 
 import box
 from box import probe
-from box.memory import MemoryEngine
-from box.protocol import BOX_METHODS, HOST_METHODS, PROTOCOL_VERSION, ErrorCode, Peer, RpcError
+from box.memory import MemoryEngine, NoMemory
+from box.model import ModelClient
+from box.protocol import BOX_METHODS, HOST_METHODS, PROTOCOL_VERSION, ErrorCode, Peer, PeerClosed, RpcError
 from box.protocol.models import (
     BoxInitParams,
     BoxInitResult,
     DeliverParams,
     DeliverResult,
     Empty,
+    LogParams,
     MailboxEventParams,
     TaskRunParams,
     TaskRunResult,
@@ -94,11 +96,30 @@ class BoxProgram:
             raise RpcError(ErrorCode.INVALID_REQUEST, "already initialised")
         self.init = params
         assert self.peer is not None
+        memory = self._memory or self._memory_engine(self.peer, params)
         self.responder = Responder(
-            self.peer, params, self.state_dir, sleep=self._sleep, memory=self._memory, tools=self._tools
+            self.peer, params, self.state_dir, sleep=self._sleep, memory=memory, tools=self._tools
         )
         log.info("box %s for imp %s, channel %s", box.__version__, params.imp.name, params.session.channel_id)
         return BoxInitResult(protocol=PROTOCOL_VERSION, box=box.__version__)
+
+    def _memory_engine(self, peer: Peer, params: BoxInitParams) -> MemoryEngine:
+        """Issue 23: the engine when the imp has memory on and the host sent the session's scopes."""
+        if not params.imp.memory.enabled or params.memory is None:
+            return NoMemory()
+        from box.memory.engine import ChatMemory  # only a box with memory loads the engine and its prompts
+        from box.memory.store_client import StoreClient
+
+        async def host_log(level: str, message: str) -> None:
+            try:
+                await peer.notify("log", LogParams(level=level, message=message[:4000]))  # type: ignore[arg-type]
+            except PeerClosed:
+                pass
+
+        return ChatMemory(
+            init=params, store=StoreClient(peer), client=ModelClient(peer), state_dir=self.state_dir,
+            sleep=self._sleep, host_log=host_log,
+        )  # fmt: skip
 
     async def _one_at_a_time(self, work: Callable[[P], Awaitable[R]], params: P) -> R:
         # The host serialises turns; a second one while busy is refused, not queued.

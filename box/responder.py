@@ -93,7 +93,11 @@ class Responder:
             await self._archive(message)  # ENV-05: no model call
             return TurnReport(DeliverResult(outcome="silent"), {"short_path": True})
         ctx = await self.machine.run(
-            TurnContext(TurnInput(message, params.framing, list(params.recent), params.now))
+            TurnContext(
+                TurnInput(
+                    message, params.framing, list(params.recent), params.now, presence=list(params.presence)
+                )
+            )
         )
         return TurnReport(self._result(ctx), self._journal(ctx))
 
@@ -164,5 +168,5 @@ class Responder:
             params.channel_id, f"reaction_clear:{params.message_id}:{at.isoformat()}", "event", "", text, at
         )
         await anyio.to_thread.run_sync(partial(self.history.commit, [record]))
-        await anyio.to_thread.run_sync(self.memory.record_event, params.channel_id, text)
+        await self.memory.record_event(params.channel_id, text)
         return True

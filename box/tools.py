@@ -151,13 +151,16 @@ def web_fetch_tool(peer: Peer) -> Tool:
 
 
 def search_tool(memory: MemoryEngine) -> Tool:
-    """``search``: the memory engine's recall by query (nothing is found until the engine is active)."""
+    """``search``: a deliberate search of the memory (issue 23, mechanisms 23-24); nothing without an engine.
 
-    def run(arguments: dict[str, Any]) -> str:  # synchronous on purpose: the engine may score vectors
+    Async: the engine waits on the host's store and the gateway, it never scores vectors itself.
+    """
+
+    async def run(arguments: dict[str, Any]) -> str:
         query = str(arguments.get("query", "")).strip()
         if not query:
             return "error: give a query"
-        found = memory.search(query, SEARCH_LIMIT)
+        found = await memory.search(query[:2_000], SEARCH_LIMIT)
         return "\n".join(f"- {item}" for item in found) if found else "nothing found in memory"
 
     return Tool(

@@ -64,10 +64,13 @@ def _box_dir() -> Path:
 
 
 def _box_sources(box_dir: Path) -> list[Path]:
-    """The files whose content defines the image: the package's .py, the Dockerfile, the requirements."""
-    files = [p for p in box_dir.rglob("*.py") if "__pycache__" not in p.parts]
-    files += [box_dir / name for name in ("Dockerfile", "requirements.txt") if (box_dir / name).is_file()]
-    return sorted(files)
+    """The files whose content defines the image: every file copied into it (modules, prompt templates, the
+    Dockerfile, the requirements) — all but bytecode, which the build compiles afresh."""
+    return sorted(
+        p
+        for p in box_dir.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")
+    )
 
 
 def content_hash(box_dir: Path | None = None) -> str:

@@ -1,16 +1,41 @@
 """The channel store: per channel its surface, kind, name, trust and response mode (design.md §6).
 
-The same store serves ``impyard channel …`` on the CLI and ``/channel …`` in
-Discord. A mode or trust can be set for a channel impyard has not seen yet; it
-is recorded and applies when the first message arrives.
+One store for the ``channels`` table. The same store serves ``impyard channel …`` on the CLI, ``/channel …``
+in Discord, the conversation (first sight, mode) and the gateway, which asks it only what
+``impyard.trust.ChannelTrust`` names (is this channel trusted?). A mode or trust can be set for a channel
+impyard has not seen yet; it is recorded and applies when the first message arrives.
 """
 
 from __future__ import annotations
 
-from impyard.clock import iso
+import sqlite3
+from dataclasses import dataclass
+
+from impyard.clock import Clock, iso
+from impyard.db import Database, Store
 from impyard.errors import ImpyardError
-from impyard.trust import ChannelInfo, DbChannelTrust
 from impyard.wake import CHANNEL_MODES, ChannelMode
+
+ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs (design.md §6) and the operator's own terminal
+_COLUMNS = "channel_id, surface, kind, name, guild_id, trusted, mode"
+
+
+@dataclass(frozen=True)
+class ChannelInfo:
+    channel_id: str
+    surface: str = "discord"
+    kind: str = "guild"  # dm | guild | terminal | task
+    name: str = ""
+    guild_id: str | None = None
+    trusted: bool = False
+    mode: str = "all"  # all | mention: the wake rule's per-channel setting (design.md §6)
+
+
+def channel_is_trusted(info: ChannelInfo | None) -> bool:
+    """Unknown channels are untrusted; DMs and the terminal always are trusted."""
+    if info is None:
+        return False
+    return info.trusted or info.kind in ALWAYS_TRUSTED_KINDS
 
 
 class ChannelError(ImpyardError, ValueError):
@@ -31,8 +56,64 @@ def parse_mode(value: str) -> ChannelMode:
     return mode
 
 
-class ChannelStore(DbChannelTrust):
-    """Channel trust (what the gateway asks) plus what the conversation needs: mode, first sight, listing."""
+def _row_to_info(row: sqlite3.Row) -> ChannelInfo:
+    return ChannelInfo(
+        row["channel_id"], row["surface"], row["kind"], row["name"], row["guild_id"], bool(row["trusted"]),
+        row["mode"],
+    )  # fmt: skip
+
+
+class ChannelStore(Store):
+    """The ``channels`` table: what the gateway asks (``info``, ``is_trusted``), and what the conversation and the
+    operator need (first sight, mode, trust, listing)."""
+
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
+        self.clock = clock
+
+    # ------------------------------------------------------------ reading
+
+    def info(self, channel_id: str) -> ChannelInfo | None:
+        rows = self.db.query(f"SELECT {_COLUMNS} FROM channels WHERE channel_id = ?", (channel_id,))
+        return _row_to_info(rows[0]) if rows else None
+
+    def is_trusted(self, channel_id: str) -> bool:
+        return channel_is_trusted(self.info(channel_id))
+
+    def kind(self, channel_id: str) -> str | None:
+        info = self.info(channel_id)
+        return info.kind if info else None
+
+    def mode(self, channel_id: str) -> ChannelMode:
+        info = self.info(channel_id)
+        return info.mode if info else "all"  # type: ignore[return-value]
+
+    def all(self) -> list[ChannelInfo]:
+        return [
+            _row_to_info(row)
+            for row in self.db.query(f"SELECT {_COLUMNS} FROM channels ORDER BY surface, channel_id")
+        ]
+
+    # ------------------------------------------------------------ writing
+
+    def upsert(self, info: ChannelInfo) -> None:
+        """Every field of a channel at once (tests and imports; the surfaces use ``seen``)."""
+        self.db.execute(
+            """INSERT INTO channels (channel_id, surface, kind, name, guild_id, trusted, updated_at)
+               VALUES (?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT (channel_id) DO UPDATE SET surface = excluded.surface, kind = excluded.kind,
+                 name = excluded.name, guild_id = excluded.guild_id, trusted = excluded.trusted,
+                 updated_at = excluded.updated_at""",
+            (
+                info.channel_id,
+                info.surface,
+                info.kind,
+                info.name,
+                info.guild_id,
+                int(info.trusted),
+                iso(self.clock.now()),
+            ),
+        )
 
     def seen(
         self, channel_id: str, *, surface: str, kind: str, name: str = "", guild_id: str | None = None
@@ -46,9 +127,7 @@ class ChannelStore(DbChannelTrust):
                  guild_id = COALESCE(excluded.guild_id, channels.guild_id), updated_at = excluded.updated_at""",
             (channel_id, surface, kind, name, guild_id, iso(self.clock.now())),
         )
-        info = self.info(channel_id)
-        assert info is not None
-        return info
+        return self._info(channel_id)
 
     def set_mode(self, channel_id: str, mode: str) -> ChannelInfo:
         checked = parse_mode(mode)
@@ -58,26 +137,6 @@ class ChannelStore(DbChannelTrust):
     def set_trusted(self, channel_id: str, trusted: bool) -> ChannelInfo:
         self._set(channel_id, "trusted", int(trusted))
         return self._info(channel_id)
-
-    def mode(self, channel_id: str) -> ChannelMode:
-        info = self.info(channel_id)
-        return info.mode if info else "all"  # type: ignore[return-value]
-
-    def all(self) -> list[ChannelInfo]:
-        return [
-            ChannelInfo(
-                r["channel_id"],
-                r["surface"],
-                r["kind"],
-                r["name"],
-                r["guild_id"],
-                bool(r["trusted"]),
-                r["mode"],
-            )
-            for r in self.db.query(
-                "SELECT channel_id, surface, kind, name, guild_id, trusted, mode FROM channels ORDER BY surface, channel_id"
-            )
-        ]
 
     def _set(self, channel_id: str, column: str, value: object) -> None:
         assert column in ("mode", "trusted")  # never a caller-chosen column name

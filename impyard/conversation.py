@@ -1,101 +1,86 @@
 """The conversation pipeline every surface plugs into (design.md §6, seed 004).
 
-inbound message → bound and clean it → persist to history (woken or not) →
-wake rule → framing → session manager. Also the session manager's events:
-outcomes go to the history, notices and the typing indicator to the surface.
-Messages are content, never commands: framing travels as structured fields.
+inbound message → drop bots → bound and clean it → persist to history (woken or not) → wake rule →
+framing → the channel's session. This is the one place bots are filtered: every surface's messages come
+through ``route``. The conversation host is also the session manager's plan (what an imp's boxes are made
+of) and its events: outcomes go to the history, notices to the surface, and each session gets its own
+typing indicator (``impyard.typing_indicator``) as its observer. Messages are content, never commands:
+framing travels as structured fields.
 """
 
 from __future__ import annotations
 
 import logging
-import unicodedata
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 import anyio
 
-from box.protocol.models import (
-    Attachment,
-    Author,
-    BoxInitParams,
-    DeliverResult,
-    Message,
-    SessionInfo,
-    TurnStageParams,
-)
-from impyard.backends import BoxBackend, BoxSpec
+from box.protocol.memory import PresenceEntry
+from box.protocol.models import BoxInitParams, DeliverResult, Message, SessionInfo
+from impyard.backends import BoxBackend
 from impyard.channels import ChannelStore
 from impyard.clock import Clock
 from impyard.framing import RecentAuthor, decide_framing
 from impyard.history import History
 from impyard.imps import ImpConfig, ImpStore
-from impyard.sessions import Delivery, SessionKey, SessionManager, SessionSettings
+
+# What surfaces import from here (a message as it is handed in lives in ``impyard.inbound``).
+from impyard.inbound import (
+    MAX_ATTACHMENT_BYTES,
+    MAX_ATTACHMENT_DATA_B64,
+    MAX_ATTACHMENTS,
+    MAX_INBOUND_CHARS,
+    Inbound,
+    bound_attachments,
+    clean_content,
+)
+from impyard.memory.scopes import presence
+from impyard.memory.scopes import resolve as resolve_scopes
+from impyard.sessions import Delivery, SessionKey, SessionManager, SessionSettings, TurnHandle
 from impyard.surfaces import Surface
+from impyard.typing_indicator import TypingIndicator
 from impyard.wake import WakeFacts, decide_wake
 
+__all__ = [
+    "MAX_ATTACHMENTS",
+    "MAX_ATTACHMENT_BYTES",
+    "MAX_ATTACHMENT_DATA_B64",
+    "MAX_INBOUND_CHARS",
+    "RECENTLY_FINISHED",
+    "Conversations",
+    "Inbound",
+    "RouteOutcome",
+    "Routed",
+    "bound_attachments",
+    "clean_content",
+]
+
 log = logging.getLogger("impyard.conversation")
-RECENTLY_FINISHED = 1_000  # finished turns remembered for a waiter that asks after the fact
-
-MAX_INBOUND_CHARS = 8_000  # beyond Discord's own 4000 (Nitro); anything longer is cut, visibly
-MAX_ATTACHMENTS = 10
-MAX_ATTACHMENT_BYTES = 8 * 1024 * 1024  # larger attachments reach the box as metadata only
-MAX_ATTACHMENT_DATA_B64 = 700_000  # all attachment data of one message: a delivery must fit the 1 MiB line
-TYPING_FROM_STAGE = frozenset({"render", "send"})  # nothing shows for a turn that ends silent
-
-
-@dataclass(frozen=True)
-class Inbound:
-    """A message as a surface hands it in, with the facts the wake rule needs."""
-
-    surface: str
-    channel_id: str
-    channel_kind: Literal["dm", "guild", "terminal"]
-    message: Message
-    channel_name: str = ""
-    guild_id: str | None = None
-    author_is_imp: bool = False
-    mentions_imp: bool = False
-    mentions_imp_role: bool = False
-    replies_to_imp: bool = False
-    mentions_everyone: bool = False
-
+RECENTLY_FINISHED = 1_000  # finished message ids remembered for a ``wait_finished`` that asks after the fact
 
 RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refused"]
 
 
-class Typing(Protocol):
-    async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None: ...  # as that imp's bot
+@dataclass(frozen=True)
+class Routed:
+    """What became of one inbound message; ``turn`` (when a session took it) awaits its turn's outcome."""
 
+    outcome: RouteOutcome
+    turn: TurnHandle | None = None
 
-def clean_content(text: str) -> str:
-    """Printable text only (no NULs or control bytes), bounded, with the cut made visible."""
-    kept = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch)[0] != "C")
-    if len(kept) > MAX_INBOUND_CHARS:
-        cut = len(kept) - MAX_INBOUND_CHARS
-        kept = kept[:MAX_INBOUND_CHARS] + f"\n[… {cut} more characters not shown]"
-    return kept.strip()
-
-
-def bound_attachments(items: Sequence[Attachment]) -> list[Attachment]:
-    bounded = []
-    budget = MAX_ATTACHMENT_DATA_B64
-    for item in list(items)[:MAX_ATTACHMENTS]:
-        data = item.data_b64 or ""
-        if item.size > MAX_ATTACHMENT_BYTES or len(data) > budget:
-            item = item.model_copy(update={"data_b64": None})  # the box learns it exists, not its bytes
-        else:
-            budget -= len(data)
-        bounded.append(item)
-    return bounded
+    async def finished(self) -> DeliverResult | None:
+        """The outcome of the turn that answered it; None at once for a message no turn will answer."""
+        return await self.turn.finished() if self.turn is not None else None
 
 
 class Conversations:
-    """Routes inbound messages of every imp; implements the session manager's events."""
+    """Routes inbound messages of every imp; the session manager's plan and events."""
 
     def __init__(
         self,
@@ -119,41 +104,37 @@ class Conversations:
         self.clock = clock
         self.imp_user_ids = dict(imp_user_ids or {})
         self.sessions: SessionManager | None = None
-        self._typing: set[SessionKey] = set()
-        self._waiters: dict[
-            str, anyio.Event
-        ] = {}  # message id -> set when its turn ends (only while awaited)
-        self._recently_finished: deque[str] = deque(maxlen=RECENTLY_FINISHED)  # for a waiter that comes late
+        # ``wait_finished`` only: a waiter's event while it waits, and a bounded memory of finished ids.
+        self._waiters: dict[str, anyio.Event] = {}
+        self._recently_finished: deque[str] = deque(maxlen=RECENTLY_FINISHED)
 
     def imp_user_id(self, imp: str) -> str:
         return self.imp_user_ids.get(imp, f"imp:{imp}")
 
     # ------------------------------------------------------------ inbound
 
-    async def receive(self, imp: str, inbound: Inbound) -> RouteOutcome:
+    async def route(self, imp: str, inbound: Inbound) -> Routed:
+        """Take one inbound message: its outcome, and when a session took it, the handle of its turn."""
+        if inbound.from_a_bot:
+            return Routed("ignored")  # bots (other imps included) and the imp itself never wake an imp
         message = inbound.message
-        if message.author.bot or inbound.author_is_imp:
-            return "ignored"  # bots (other imps included) and the imp itself never wake an imp
         content = clean_content(message.content)
         attachments = bound_attachments(message.attachments)
         if not content and not attachments:
-            return "ignored"
+            return Routed("ignored")
         message = message.model_copy(update={"content": content, "attachments": attachments})
-        channel = await self.history.db.run(
-            self.channels.seen,
+        channel = await self.channels.aio.seen(
             inbound.channel_id,
             surface=inbound.surface,
             kind=inbound.channel_kind,
             name=inbound.channel_name,
             guild_id=inbound.guild_id,
         )
-        await self.history.db.run(
-            self.history.record, inbound.channel_id, message
-        )  # before routing, woken or not
+        await self.history.aio.record(inbound.channel_id, message)  # before routing, woken or not
         decision = decide_wake(
             WakeFacts(
                 is_dm=inbound.channel_kind in ("dm", "terminal"),
-                mode=channel.mode,  # type: ignore[arg-type]
+                mode=channel.mode,
                 mentions_imp=inbound.mentions_imp,
                 mentions_imp_role=inbound.mentions_imp_role,
                 replies_to_imp=inbound.replies_to_imp,
@@ -161,17 +142,21 @@ class Conversations:
             )
         )
         if not decision.wake:
-            return "ambient"
-        await self.history.db.run(self.history.record_wake, imp, inbound.channel_id, message.id)
-        return await self._route(
+            return Routed("ambient")
+        await self.history.aio.record_wake(imp, inbound.channel_id, message.id)
+        return await self._to_session(
             imp, inbound.channel_id, inbound.channel_kind, message, addressed=decision.addressed
         )
 
-    async def _route(
+    async def receive(self, imp: str, inbound: Inbound) -> RouteOutcome:
+        """``route`` for a surface that does not wait for the turn (Discord): only the outcome."""
+        return (await self.route(imp, inbound)).outcome
+
+    async def _to_session(
         self, imp: str, channel_id: str, kind: str, message: Message, *, addressed: bool
-    ) -> RouteOutcome:
+    ) -> Routed:
         assert self.sessions is not None, "attach a SessionManager first"
-        recent = await self.history.db.run(self.history.recent, channel_id, imp=imp)
+        recent = await self.history.aio.recent(channel_id, imp=imp)
         framing = decide_framing(
             channel_kind=kind,
             addressed=addressed,
@@ -186,23 +171,23 @@ class Conversations:
         # Framing looks at the whole window; the box gets only what its prompt can use (ENV-07).
         limit = self.configs[imp].model.history_limit if imp in self.configs else len(recent)
         recent = recent[-limit:] if limit else []
-        outcome = self.sessions.deliver(Delivery(key, message, framing, recent))
-        if outcome == "busy":
-            await self.history.db.run(
-                self.history.finish, imp, channel_id, [message.id], "busy", "the channel's queue was full"
+        handle = self.sessions.deliver(Delivery(key, message, framing, recent))
+        if handle.outcome == "busy":
+            await self.history.aio.finish(
+                imp, channel_id, [message.id], "busy", "the channel's queue was full"
             )
-        return outcome
+        return Routed(handle.outcome, handle if handle.accepted else None)
 
     async def recover(self) -> int:
         """After a restart: answer woken messages that are still fresh; the stale ones were marked missed."""
         resumed = 0
-        for wake in await self.history.db.run(self.history.triage):
+        for wake in await self.history.aio.triage():
             if wake.imp not in self.configs:
                 continue
-            info = self.channels.info(wake.channel_id)
+            info = await self.channels.aio.info(wake.channel_id)
             kind = info.kind if info else "guild"
             log.info("answering %s in %s after a restart", wake.message.id, wake.channel_id)
-            await self._route(
+            await self._to_session(
                 wake.imp, wake.channel_id, kind, wake.message, addressed=kind in ("dm", "terminal")
             )
             resumed += 1
@@ -219,6 +204,9 @@ class Conversations:
         info = await self.channels.aio.info(key.channel_id)
         imp = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
         kind = info.kind if info and info.kind in ("dm", "guild", "terminal", "task") else "guild"
+        scopes = (
+            await resolve_scopes(self.channels.db, key.imp, key.channel_id) if imp.memory.enabled else None
+        )
         return BoxInitParams(
             protocol=1,
             imp=imp,
@@ -227,6 +215,20 @@ class Conversations:
                 channel_name=info.name if info else "",
             ),
             now=now,
+            memory=scopes.session_memory() if scopes is not None else None,  # the gateway applies the same
+        )  # fmt: skip
+
+    async def presence_for(self, key: SessionKey, message: Message, now: datetime) -> list[PresenceEntry]:
+        """Mechanism 10, for a memory imp: other live conversations in scopes this session reads (design.md §7)."""
+        config = self.configs.get(key.imp)
+        if config is None or not config.memory.enabled:
+            return []
+        db = self.channels.db
+        scopes = await resolve_scopes(db, key.imp, key.channel_id)
+        if scopes is None:
+            return []
+        return await db.run(
+            partial(presence, db, key.imp, channel_id=key.channel_id, person_id=message.author.id, scopes=scopes, now=now)
         )  # fmt: skip
 
     def state_dir_for(self, imp: str) -> Path:
@@ -247,9 +249,7 @@ class Conversations:
 
     async def turn_finished(self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult) -> None:
         ids = [delivery.message.id for delivery in batch]
-        await self.history.db.run(
-            self.history.finish, key.imp, key.channel_id, ids, result.outcome, result.error
-        )
+        await self.history.aio.finish(key.imp, key.channel_id, ids, result.outcome, result.error)
         for message_id in ids:
             self._recently_finished.append(
                 message_id
@@ -259,7 +259,9 @@ class Conversations:
                 waiter.set()
 
     async def wait_finished(self, message_id: str) -> None:
-        """Until the turn that answers this message has ended (the terminal waits before its next prompt)."""
+        """Until the turn that answers this message has ended, for a caller that knows only its id (the Discord
+        test yard, the benchmark) and may ask before the message arrived or after its turn ended. A caller that
+        routed the message itself awaits ``Routed.finished`` instead (the terminal)."""
         if message_id in self._recently_finished:
             return
         waiter = self._waiters.setdefault(message_id, anyio.Event())
@@ -275,73 +277,6 @@ class Conversations:
         except Exception as exc:  # noqa: BLE001 - a notice that cannot be posted is logged, not fatal
             log.warning("could not post a notice to %s: %s", key.channel_id, exc)
 
-    async def on_stage(self, spec: BoxSpec, params: TurnStageParams) -> None:
-        """The gateway forwards the box's ``turn.stage``; typing shows from ``render`` on."""
-        key = SessionKey(spec.imp, spec.channel_id)
-        if params.stage in TYPING_FROM_STAGE and key not in self._typing:
-            self._typing.add(key)
-            await self._set_typing(key, True)
-
-    async def turn_ended(self, key: SessionKey) -> None:
-        if key in self._typing:
-            self._typing.discard(key)
-            await self._set_typing(key, False)
-
-    async def _set_typing(self, key: SessionKey, active: bool) -> None:
-        try:
-            await set_typing(self.surface, key.channel_id, active, key.imp)
-        except Exception as exc:  # noqa: BLE001
-            log.debug("typing indicator failed in %s: %s", key.channel_id, exc)
-
-
-class HistorySurface:
-    """Wraps a surface so an imp's own posts join the channel history (the box sees its side of the talk).
-
-    Every send names its imp (``imp=``), so one wrapper serves a host with several imps;
-    ``default_imp`` covers a caller that does not say (a host with one imp).
-    """
-
-    def __init__(
-        self,
-        inner: Surface,
-        history: History,
-        imp_user_id: Callable[[str], str],
-        clock: Clock,
-        *,
-        default_imp: str = "",
-    ) -> None:
-        self.inner = inner
-        self.history = history
-        self.imp_user_id = imp_user_id
-        self.clock = clock
-        self.default_imp = default_imp
-
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[object],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
-        imp = imp or self.default_imp
-        ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp)  # type: ignore[arg-type]
-        if kind in ("reply", "other") and ids and imp:
-            message = Message(
-                id=ids[0], author=Author(id=self.imp_user_id(imp), name=imp, bot=True), content=content,
-                created_at=self.clock.now(),
-            )  # fmt: skip
-            await self.history.db.run(lambda: self.history.record(channel_id, message, from_imp=imp))
-        return ids
-
-    async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:
-        await set_typing(self.inner, channel_id, active, imp or self.default_imp)
-
-
-async def set_typing(surface: object, channel_id: str, active: bool, imp: str) -> None:
-    """Call the surface's optional ``typing`` (the ``Typing`` protocol) as ``imp``."""
-    typing = getattr(surface, "typing", None)
-    if typing is not None:
-        await typing(channel_id, active, imp=imp)
+    def observer_for(self, key: SessionKey) -> TypingIndicator:
+        """Each session's own typing indicator, driven by its box's ``turn.stage`` (typing shows from ``render``)."""
+        return TypingIndicator(self.surface, key.channel_id, key.imp)

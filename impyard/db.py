@@ -269,6 +269,80 @@ MIGRATIONS: list[Migration] = [
         );
         """,
     ),
+    Migration(
+        5,
+        "memory: records, episodes, conversations, generations (issue 23)",
+        """
+        -- The imps' memories (design.md §7): records and episodes apart (mechanism 116), each in a privacy scope.
+        -- Portable SQL (design.md §13): uuid4-hex ids, ISO-8601 UTC text times, REAL/INTEGER/BLOB columns.
+        CREATE TABLE memory_records (
+            id             TEXT PRIMARY KEY,
+            imp            TEXT NOT NULL,
+            scope          TEXT NOT NULL,                -- dm:<person> | guild:<guild> | terminal | ...
+            kind           TEXT NOT NULL,                -- lived | construct
+            construct_kind TEXT,                         -- thought | belief | decision | goal | dream
+            origin         TEXT NOT NULL,                -- lived | given (mechanism 115)
+            author         TEXT NOT NULL,
+            author_id      TEXT,
+            feeling        TEXT NOT NULL,
+            conclusion     TEXT NOT NULL,
+            mention_text   TEXT NOT NULL,                -- the record text lowercased, for name matches
+            valence        REAL NOT NULL,                -- never updated (mechanism 117)
+            intensity      REAL NOT NULL,                -- stored; felt strength is computed at read time
+            happened_at    TEXT NOT NULL,
+            last_felt      TEXT NOT NULL,
+            dims           INTEGER NOT NULL DEFAULT 0,   -- 0: no vector (the embedding failed)
+            vector         BLOB,                         -- float16 little-endian, L2-normalised
+            gen            INTEGER NOT NULL,             -- the scope's generation of its last write
+            created_at     TEXT NOT NULL
+        );
+        CREATE INDEX memory_records_felt ON memory_records (imp, scope, last_felt, gen);
+        CREATE INDEX memory_records_constructs ON memory_records (imp, scope, construct_kind, last_felt, gen);
+        CREATE INDEX memory_records_gen ON memory_records (imp, scope, dims, gen);
+        CREATE INDEX memory_records_author ON memory_records (imp, author_id);
+
+        CREATE TABLE memory_episodes (
+            id          TEXT PRIMARY KEY,
+            record_id   TEXT NOT NULL REFERENCES memory_records (id) ON DELETE CASCADE,
+            imp         TEXT NOT NULL,
+            scope       TEXT NOT NULL,                   -- always its record's scope
+            channel_id  TEXT NOT NULL DEFAULT '',
+            message_id  TEXT,                            -- deleting that message forgets this episode
+            author      TEXT NOT NULL,
+            author_id   TEXT,
+            as_happened TEXT NOT NULL,
+            told        TEXT,
+            happened_at TEXT NOT NULL,
+            dims        INTEGER NOT NULL DEFAULT 0,
+            vector      BLOB,
+            gen         INTEGER NOT NULL
+        );
+        CREATE INDEX memory_episodes_record ON memory_episodes (record_id, happened_at);
+        CREATE INDEX memory_episodes_gen ON memory_episodes (imp, scope, dims, gen);
+        CREATE INDEX memory_episodes_message ON memory_episodes (channel_id, message_id);
+        CREATE INDEX memory_episodes_author ON memory_episodes (imp, author_id);
+
+        -- One person's conversation with an imp in one channel: focus, living record, summary (JSON).
+        CREATE TABLE memory_conversations (
+            imp        TEXT NOT NULL,
+            scope      TEXT NOT NULL,
+            channel_id TEXT NOT NULL,
+            person     TEXT NOT NULL,
+            state      TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (imp, channel_id, person)
+        );
+
+        -- Bumped by every write (version) and delete (deletes too): every host's vector cache follows.
+        CREATE TABLE memory_generations (
+            imp     TEXT NOT NULL,
+            scope   TEXT NOT NULL,
+            version INTEGER NOT NULL DEFAULT 0,
+            deletes INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (imp, scope)
+        );
+        """,
+    ),
 ]
 
 

@@ -20,7 +20,6 @@ decided by owners and the operator only.
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import json
 import secrets
@@ -191,7 +190,8 @@ class GateStore(Store):
             raise GateError("not_found", f"no gate {gate_id!r}; `impyard approvals ls` lists them")
         return _row_to_gate(rows[0])
 
-    def list(self, states: Collection[str] | None = None, limit: int = 100) -> list[Gate]:
+    def latest(self, states: Collection[str] | None = None, limit: int = 100) -> list[Gate]:
+        """The newest gates first (only those in ``states``, when given), at most ``limit``."""
         sql = "SELECT * FROM gates"
         args: list[object] = []
         if states:
@@ -275,7 +275,7 @@ class GateStore(Store):
         )
         return self.get(gate_id)
 
-    def expire_due(self) -> builtins.list[Gate]:
+    def expire_due(self) -> list[Gate]:
         """Move every pending gate past its deadline to ``expired``."""
         now = iso(self.clock.now())
         expired = []
@@ -346,9 +346,7 @@ class GateStore(Store):
             )
         return self.get(gate_id)
 
-    def finish(
-        self, gate_id: str, *, message_ids: builtins.list[str] | None = None, error: str | None = None
-    ) -> Gate:
+    def finish(self, gate_id: str, *, message_ids: list[str] | None = None, error: str | None = None) -> Gate:
         now = iso(self.clock.now())
         with self.db.transaction() as conn:
             gate = _row_to_gate(conn.execute("SELECT * FROM gates WHERE id = ?", (gate_id,)).fetchone())
@@ -361,6 +359,6 @@ class GateStore(Store):
                 self._transition(conn, gate, "executing", "failed", note=error, executed_at=now, error=error)
         return self.get(gate_id)
 
-    def approved_waiting(self) -> builtins.list[Gate]:
+    def approved_waiting(self) -> list[Gate]:
         """Approved gates nobody has executed yet (e.g. approved on the CLI while the supervisor runs)."""
-        return self.list(states=("approved",))
+        return self.latest(states=("approved",))

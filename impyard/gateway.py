@@ -49,6 +49,7 @@ from impyard.audit import AuditLog, AuditRecord, known_secrets, redact
 from impyard.backends.base import BoxSpec
 from impyard.backends.conduct import printable
 from impyard.broker import NO_KEY_MESSAGE, ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
+from impyard.channels import ChannelStore
 from impyard.clock import Clock, SystemClock
 from impyard.db import Database
 from impyard.fetch import FetchFailed, FetchRefused, HttpFetcher
@@ -62,11 +63,13 @@ from impyard.judge import (
     model_request_facts,
 )
 from impyard.ledger import BudgetExhausted, Ledger, Reservation
+from impyard.memory.scopes import resolve as resolve_scopes
+from impyard.memory.service import MemoryService
 from impyard.policy import Policy
 from impyard.policy_models import Price, Rule
 from impyard.prices import PriceMissing, bound_output, estimate_micros, measured_micros, tier_multiplier
 from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
-from impyard.trust import ChannelTrust, DbChannelTrust, EarnedTrust, TrustDecision, decide_trust
+from impyard.trust import ChannelTrust, EarnedTrust, TrustDecision, decide_trust
 
 log = logging.getLogger("impyard.gateway")
 
@@ -151,6 +154,44 @@ class _Plan:
     reservation: Reservation | None = None  # model.request, committed: the budget held for the call
 
 
+@dataclass(frozen=True)
+class GatewayStores:
+    """What the gateway reads and writes (issue 12: the gateway is handed its stores). The host builds them once
+    and shares them with its adapters, so a gate, a ledger row or a channel is asked of the same store
+    everywhere and nobody reaches through the gateway's database."""
+
+    db: Database
+    channels: ChannelTrust
+    audit: AuditLog
+    ledger: Ledger
+    earned: EarnedTrust
+    gates: GateStore
+
+    @classmethod
+    def over(
+        cls,
+        db: Database,
+        *,
+        policy: Policy,
+        clock: Clock,
+        secrets: Collection[str],
+        channels: ChannelTrust | None = None,
+    ) -> GatewayStores:
+        """Every store of the gateway over one database; ``secrets`` are redacted from every audit row."""
+        audit = AuditLog(db, clock, list(secrets))
+        earned = EarnedTrust(db, clock)
+        return cls(
+            db=db, channels=channels or ChannelStore(db, clock), audit=audit, ledger=Ledger(db, policy, clock),
+            earned=earned, gates=GateStore(db, clock, audit, earned),
+        )  # fmt: skip
+
+
+def host_secrets(upstream: UpstreamConfig, secrets: Collection[str] | None = None) -> list[str]:
+    """What must never be shown: the credentials this host holds (or ``secrets``), the model key and the base
+    URL's userinfo and query (issue 11 #9), whoever configured them."""
+    return sorted({*(secrets if secrets is not None else known_secrets()), *upstream.secrets})
+
+
 class Gateway:
     """Implements ``BoxHost.serve`` for every box of this host."""
 
@@ -158,8 +199,9 @@ class Gateway:
         self,
         *,
         policy: Policy,
-        db: Database,
         surface: Surface,
+        stores: GatewayStores | None = None,
+        db: Database | None = None,
         clock: Clock | None = None,
         upstream: UpstreamConfig | None = None,
         broker: ModelBroker | None = None,
@@ -172,30 +214,42 @@ class Gateway:
         secrets: Collection[str] | None = None,
         surfaces: Collection[str] | None = None,
         settle_abandoned: bool = True,
+        memory: MemoryService | None = None,
     ) -> None:
-        """``surfaces``: where this host's surface posts (``impyard.surfaces.surface_of`` names); None = everywhere.
-        ``settle_abandoned=False`` writes nothing at start: a gateway that only answers ``dry_run``."""
+        """``stores``: what the gateway reads and writes, built by the host (``impyard.host``); a gateway given
+        only ``db`` (and ``channels``) builds its own over it (tests, ``policy check``).
+        ``surfaces``: where this host's surface posts (``impyard.surfaces.surface_of`` names); None = everywhere.
+        ``on_stage``: hears every box's ``turn.stage`` (a window for tests; a session's typing indicator is its
+        own observer, handed the stage by the session manager before it gets here). ``settle_abandoned=False``
+        writes nothing at start: a gateway that only answers ``dry_run``. ``memory``: serves the boxes'
+        ``memory.*`` requests (issue 23); None: a box asking for memory is refused."""
+        if stores is None and db is None:
+            raise TypeError("Gateway needs its stores (or a database to build them over)")
         self._policy = policy
-        self.db = db
         self.surface = surface
         self.clock = clock or SystemClock()
         self.broker = broker or ModelBroker(upstream or UpstreamConfig.from_env(), policy.upstream)
         self.fetcher = fetcher or HttpFetcher(policy.http)
-        self.channels = channels or DbChannelTrust(db, self.clock)
+        self.secrets = host_secrets(self.broker.config, secrets)
+        if stores is None:
+            assert db is not None
+            stores = GatewayStores.over(
+                db, policy=policy, clock=self.clock, secrets=self.secrets, channels=channels
+            )
+        self.stores = stores
+        self.db = stores.db
+        self.channels = stores.channels
+        self.audit = stores.audit
+        self.ledger = stores.ledger
+        self.earned = stores.earned
+        self.gates = stores.gates
         self.owners = {imp: frozenset(ids) for imp, ids in (owners or {}).items()}
         self.staff_channels = {imp: tuple(ids) for imp, ids in (staff_channels or {}).items()}
         self.on_stage = on_stage
         self.on_gate = on_gate
         self.surfaces = frozenset(surfaces) if surfaces is not None else None
-        # The model key and the base URL's userinfo and query (issue 11 #9), whoever configured them.
-        self.secrets = sorted(
-            {*(secrets if secrets is not None else known_secrets()), *self.broker.config.secrets}
-        )
-        self.audit = AuditLog(db, self.clock, self.secrets)
-        self.ledger = Ledger(db, policy, self.clock)
-        self.earned = EarnedTrust(db, self.clock)
-        self.gates = GateStore(db, self.clock, self.audit, self.earned)
         self.rates = RateMeter(self.clock)
+        self.memory = memory
         if settle_abandoned:
             self.ledger.settle_abandoned()  # a previous host that died mid-call still pays for it
 
@@ -224,12 +278,40 @@ class Gateway:
         )  # fmt: skip
         await self.db.run(self.audit.write, record)
 
+    async def closed(self, spec: BoxSpec) -> None:
+        """A box ended: its memory scopes are forgotten and its last turn's memory requests audited."""
+        if self.memory is not None:
+            await self._write_memory_row(self.memory.close(spec))
+
+    async def _write_memory_row(self, row: AuditRecord | None) -> None:
+        if row is not None:
+            with anyio.CancelScope(shield=True):
+                await self.db.run(self.audit.write, row)
+
+    async def _memory(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel:
+        """``memory.*`` (issue 23): the session's scopes are decided here, by the host, the first time the
+        box asks (the same decision ``box.init`` told it), and applied by the service to every request.
+        Audited in aggregate, one row per turn (the service's tallies), not one per request."""
+        if self.memory is None:
+            raise RpcError(
+                ErrorCode.DENIED,
+                "denied: this host keeps no memory",
+                {"rule": "memory-off", "reason": "no store"},
+            )
+        if not self.memory.is_open(spec):
+            self.memory.open(spec, await resolve_scopes(self.db, spec.imp, spec.channel_id))
+        return await self.memory.serve(spec, method, params)
+
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         if method == "turn.stage":
             assert isinstance(params, TurnStageParams)
+            if self.memory is not None:
+                await self._write_memory_row(self.memory.stage(spec, params.stage))
             if self.on_stage is not None:
                 await self.on_stage(spec, params)
             return None
+        if method.startswith("memory."):
+            return await self._memory(spec, method, params)
         if method == "log":
             assert isinstance(params, LogParams)
             # Box text is made printable: it can never start a forged line of the host's log (issue 11 #8).

@@ -111,6 +111,17 @@ class History(Store):
                 [(outcome, error, now, imp, channel_id, message_id) for message_id in message_ids],
             )
 
+    def forget(self, channel_id: str, message_id: str) -> int:
+        """Remove one message, deleted on its surface (issue 23): its text leaves the host's history.
+
+        Returns how many rows went (0 or 1). Its wake row (ids and outcome, no text) stays: recovery skips a
+        woken message whose text is gone, as it does for one trimmed away.
+        """
+        with self.db.transaction() as conn:
+            return conn.execute(
+                "DELETE FROM history WHERE channel_id = ? AND message_id = ?", (channel_id, message_id)
+            ).rowcount
+
     # ------------------------------------------------------------ reading
 
     def recent(
@@ -156,6 +167,32 @@ class History(Store):
             .execute("SELECT COUNT(*) FROM history WHERE channel_id = ?", (channel_id,))
             .fetchone()[0]
         )
+
+    def author_names(self, author_id: str, limit: int = 20) -> list[str]:
+        """The names a person (by id) has written under, most recent first (``impyard memory forget``)."""
+        rows = (
+            self.db.connection()
+            .execute(
+                "SELECT author_name, MAX(seq) AS last FROM history WHERE author_id = ?"
+                " GROUP BY author_name ORDER BY last DESC LIMIT ?",
+                (author_id, limit),
+            )
+            .fetchall()
+        )
+        return [str(row[0]) for row in rows]
+
+    def author_ids(self, author_name: str, limit: int = 20) -> list[str]:
+        """The ids of the people who wrote under exactly this name, most recent first."""
+        rows = (
+            self.db.connection()
+            .execute(
+                "SELECT author_id, MAX(seq) AS last FROM history WHERE author_name = ?"
+                " GROUP BY author_id ORDER BY last DESC LIMIT ?",
+                (author_name, limit),
+            )
+            .fetchall()
+        )
+        return [str(row[0]) for row in rows]
 
     # ------------------------------------------------------------ recovery
 

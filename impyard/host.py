@@ -10,9 +10,10 @@ What differs is only the surface a host posts through and the surfaces it reache
 * a standalone ``supervise`` reaches ``log`` only: a post into a Discord channel is refused there
   with a one-line reason, and a Discord gate approved on the CLI waits for a host that has Discord.
 
-The surface is wrapped so that an imp's own posts join the channel history. Opening checks the
-settings and the policy before anything starts; closing closes the gateway and the database on
-every path.
+The host builds the stores (channels, history, and the gateway's: audit, ledger, earned trust, gates)
+and hands them to the gateway, so adapters ask the same stores the gateway writes. The surface is
+wrapped so that an imp's own posts join the channel history. Opening checks the settings and the
+policy before anything starts; closing closes the gateway and the database on every path.
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from impyard.audit import AuditLog
+from impyard.broker import UpstreamConfig
 from impyard.channels import ChannelStore
 from impyard.clock import Clock, SystemClock
-from impyard.conversation import HistorySurface
 from impyard.db import Database, open_database
 from impyard.gate_pump import GatePump
-from impyard.gateway import GateCallback, Gateway
+from impyard.gates import GateStore
+from impyard.gateway import GateCallback, Gateway, GatewayStores, host_secrets
 from impyard.history import History, retention_from_env
+from impyard.history_surface import HistorySurface
 from impyard.imps import ImpConfig, ImpStore
+from impyard.ledger import Ledger
+from impyard.memory.service import cache_bytes_from_env, memory_service
 from impyard.policy import Policy, load_policy
 from impyard.surfaces import Surface
 
@@ -47,6 +53,9 @@ class Host:
     configs: dict[str, ImpConfig]  # every imp of this home whose imp.toml loads
     channels: ChannelStore
     history: History
+    gates: GateStore
+    ledger: Ledger
+    audit: AuditLog
     gateway: Gateway
     pump: GatePump
     surfaces: frozenset[str]
@@ -70,6 +79,7 @@ async def open_host(
     """The host of this IMPYARD_HOME. ``configs``: the imps to know (default: every imp whose imp.toml loads)."""
     clock = clock or SystemClock()
     retention = retention_from_env()  # a bad setting stops here, before anything opens
+    cache_bytes = cache_bytes_from_env()
     policy = load_policy()  # a broken policy stops here, before anything starts
     imps = ImpStore()
     known = (
@@ -77,10 +87,14 @@ async def open_host(
         if configs is not None
         else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
     )
+    upstream = UpstreamConfig.from_env()
     db = open_database()
     try:
         history = History(db, clock, retention=retention)
         channels = ChannelStore(db, clock)
+        stores = GatewayStores.over(
+            db, policy=policy, clock=clock, secrets=host_secrets(upstream), channels=channels
+        )
         user_ids = dict(imp_user_ids or {})
         host_surface = HistorySurface(
             surface, history, lambda imp: user_ids.get(imp, f"imp:{imp}"), clock,
@@ -88,10 +102,10 @@ async def open_host(
         )  # fmt: skip
         gateway = Gateway(
             policy=policy,
-            db=db,
+            stores=stores,
+            upstream=upstream,
             surface=host_surface,
             clock=clock,
-            channels=channels,
             owners={name: config.owners for name, config in known.items()},
             staff_channels={
                 name: [config.discord.staff_channel]
@@ -100,11 +114,13 @@ async def open_host(
             },
             on_gate=on_gate,
             surfaces=reaches,
+            memory=memory_service(db, clock.now, cache_bytes=cache_bytes),
         )
         try:
             yield Host(
                 db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
-                gateway=gateway, pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
+                gates=stores.gates, ledger=stores.ledger, audit=stores.audit, gateway=gateway,
+                pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
             )  # fmt: skip
         finally:
             await gateway.aclose()

@@ -13,15 +13,17 @@ import difflib
 import json
 import re
 import tomllib
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
-from box.protocol.models import ImpSpec, MemorySettings, ResponderSettings
+from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
 from impyard.toml_errors import line_of, syntax_error_line
 
@@ -299,14 +301,146 @@ class ModelConfig(_Strict):
         return _check_relative_path(value)
 
 
+def _box_bounds(settings: type[BaseModel], key: str) -> dict[str, Any]:
+    """The box's ``ge``/``le`` for ``key``: imp.toml refuses what the box would refuse, with the same bounds."""
+    bounds: dict[str, Any] = {}
+    for item in settings.model_fields[key].metadata:
+        for name in ("ge", "le", "min_length", "max_length"):
+            if getattr(item, name, None) is not None:
+                bounds[name] = getattr(item, name)
+    return bounds
+
+
+MEMORY_PURPOSES: tuple[str, ...] = typing.get_args(MemoryPurpose)
+# Written into imp.toml by the commands that create an imp for an operator (`impyard imp add`,
+# `impyard chat`'s first imp): new imps remember (issue 23). The box's own default, and so a config
+# without the key, stays off: imps built by code (tests, tools) never make memory calls they did not ask for.
+NEW_IMP_MEMORY: dict[str, Any] = {"enabled": True}
+
+
+def new_imp_settings(settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``ImpStore.add`` settings for an imp an operator creates: memory on unless ``settings`` say otherwise."""
+    out = dict(settings or {})
+    out["memory"] = {**NEW_IMP_MEMORY, **dict(out.get("memory") or {})}
+    return out
+
+
+def _bounded(key: str, doc: str, expect: str, **extra: Any) -> Any:
+    """A ``[memory]`` field whose default and bounds are the box's (``MemorySettings``)."""
+    bounds = _box_bounds(MemorySettings, key)
+    return _field(
+        _box_default(MemorySettings, key),
+        doc,
+        expect=expect.format(**bounds),
+        allow_inf_nan=False,
+        **bounds,
+        **extra,
+    )
+
+
 class MemoryConfig(_Strict):
-    """``[memory]``: the memory engine inside the box."""
+    """``[memory]``: the memory engine inside the box (issue 23); every key mirrors ``MemorySettings``.
+
+    Defaults and bounds are the box's own, so the two cannot drift.
+    """
 
     enabled: bool = _field(
         _box_default(MemorySettings, "enabled"),
-        "Run the memory engine (EmoStack) inside the box.",
+        "The imp remembers what happens to it (new imps are created with true; false, or no key, turns it off).",
         expect="true or false",
     )
+    embedder: Literal["gateway", "hashing"] = _field(
+        _box_default(MemorySettings, "embedder"),
+        "gateway: embeddings from embedding_model through the gateway (metered, audited); "
+        "hashing: a local 64-dimension word-hashing embedder for tests and offline use (no calls, weak recall).",
+        expect='one of "gateway", "hashing"',
+    )
+    embedding_model: str = _field(
+        _box_default(MemorySettings, "embedding_model"),
+        "The embedding model (purpose embedding, path /embeddings; the policy must allow it).",
+        expect="a model name in quotes, at most 128 characters",
+        **_box_bounds(MemorySettings, "embedding_model"),
+    )
+    dimensions: int = _bounded(
+        "dimensions",
+        "Vector length asked of the embedding model: small keeps 100,000 memories in the box's memory limit "
+        "(changing it leaves older memories unsearchable until re-embedded; the hashing embedder always gives 64).",
+        "a whole number from {ge} to {le}",
+    )
+    models: dict[MemoryPurpose, ModelName] = _field(
+        _box_default(MemorySettings, "models"),
+        'A model per memory call (mechanism 55), e.g. { appraisal = "gpt-4.1-nano" }; purposes: '
+        + ", ".join(p for p in MEMORY_PURPOSES if p != "embedding")
+        + ". A purpose not listed uses [model] model; the policy must allow each.",
+        expect='a table of purpose = "model name" (1 to 128 characters), e.g. { appraisal = "gpt-4.1-nano" }',
+        example={"appraisal": "gpt-4.1-nano", "summary": "gpt-4.1-nano"},
+    )
+    valence_bias: float = _bounded(
+        "valence_bias",
+        "Temperament (mechanism 60): added to how good or bad each moment feels; below 0 gloomier, above 0 sunnier.",
+        "a number from {ge:g} to {le:g}",
+    )
+    intensity_amplification: float = _bounded(
+        "intensity_amplification",
+        "Temperament (mechanism 60): how strongly moments are felt; 1 as appraised, below 1 calmer, above 1 stronger.",
+        "a number from {ge:g} to {le:g}",
+    )
+    avoidance_weight: float = _bounded(
+        "avoidance_weight",
+        "Temperament (mechanism 96): how much more a bad experience weighs than a good one of the same strength.",
+        "a number from {ge:g} to {le:g}",
+    )
+    introspection: bool = _field(
+        _box_default(MemorySettings, "introspection"),
+        "The imp may look inward before answering (mechanism 52).",
+        expect="true or false",
+    )
+    timezone: str = _field(
+        _box_default(MemorySettings, "timezone"),
+        'The imp\'s local time zone (IANA name, e.g. "Europe/Oslo"): ages and times of day in its memories.',
+        expect='an IANA time zone name in quotes, e.g. "Europe/Oslo" or "UTC"',
+        **_box_bounds(MemorySettings, "timezone"),
+    )
+    call_log_bytes: int = _bounded(
+        "call_log_bytes",
+        "Most bytes of the box's memory-call log under state/ (mechanism 119; rotated; 0: no log).",
+        "a whole number of bytes from {ge} to {le}",
+    )
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _known_purposes(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # the type check says what a table is
+        for key in value:
+            if key == "embedding":
+                raise ValueError(
+                    "the embedding model is embedding_model, not models.embedding: move it there"
+                )
+            if key not in MEMORY_PURPOSES:
+                known = [p for p in MEMORY_PURPOSES if p != "embedding"]
+                close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ValueError(
+                    f"{json.dumps(str(key))[:MAX_GOT_CHARS]} is not a memory purpose; {hint}"
+                    f"the purposes are {', '.join(known)}"
+                )
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone_exists(cls, value: str) -> str:
+        text = value.strip()
+        try:
+            if not text or text.startswith(("/", ".")) or ".." in text:
+                raise ValueError(text)
+            ZoneInfo(text)
+        except (ZoneInfoNotFoundError, ValueError, OSError):
+            raise ValueError(
+                f"{json.dumps(value)[:MAX_GOT_CHARS]} is not a time zone: use an IANA name such as "
+                '"Europe/Oslo", "America/New_York" or "UTC"'
+            ) from None
+        return text
 
 
 class DiscordConfig(_Strict):
@@ -539,7 +673,9 @@ class ImpConfig(_Strict):
             name=self.name,
             persona=persona,
             responder=ResponderSettings(**responder),
-            memory=MemorySettings(enabled=self.memory.enabled),
+            memory=MemorySettings(
+                **{k: v for k, v in self.memory.model_dump().items() if k in MemorySettings.model_fields}
+            ),
         )
 
 
@@ -696,8 +832,12 @@ def _toml_string(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
+
+
 def toml_value(value: Any) -> str:
-    """One TOML value: strings, booleans, numbers and (nested) lists of them."""
+    """One TOML value: strings, booleans, numbers, (nested) lists and inline tables of them."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -708,6 +848,9 @@ def toml_value(value: Any) -> str:
         return _toml_string(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):  # an inline table ([memory] models)
+        items = ", ".join(f"{_toml_key(str(key))} = {toml_value(item)}" for key, item in value.items())
+        return "{ " + items + " }" if items else "{}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 

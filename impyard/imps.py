@@ -15,7 +15,6 @@ settings, never owners, tokens or host paths (design.md §1).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 import os
@@ -114,7 +113,7 @@ class ImpStore:
                 found.append((name, exc))
         return found
 
-    def list(self) -> list[ImpConfig]:
+    def all_configs(self) -> list[ImpConfig]:
         """Every imp's config, sorted by name; fails closed on the first broken one."""
         configs = []
         for _name, item in self.scan():
@@ -217,7 +216,7 @@ class ImpStore:
             raise
         return config
 
-    def remove(self, name: str, *, purge: bool = False) -> builtins.list[Path]:
+    def remove(self, name: str, *, purge: bool = False) -> list[Path]:
         """Remove the imp's imp.toml and its persona file (when inside its directory).
 
         The state dir (the imp's memory) is kept unless ``purge=True``, which removes the whole

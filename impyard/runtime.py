@@ -1,7 +1,9 @@
 """A running conversation host for some imps: the host (``impyard.host``), the conversation and the sessions.
 
 ``impyard chat`` and ``impyard serve`` open one of these; closing it closes every box on every path
-(design.md §6: graceful shutdown, no box left).
+(design.md §6: graceful shutdown, no box left). The conversation host is the session manager's plan and
+its events; each session's box talks to the gateway, except for its own ``turn.stage``, which the
+session manager hands to that session's observer (the typing indicator).
 """
 
 from __future__ import annotations
@@ -86,7 +88,6 @@ async def open_runtime(
             imps=host.imps, configs=configs, history=host.history, channels=host.channels, surface=surface,
             clock=host.clock, imp_user_ids=imp_user_ids, backends=chosen,
         )  # fmt: skip
-        host.gateway.on_stage = conversations.on_stage
         async with SessionManager(
             plan=conversations, host=host.gateway, events=conversations, now=host.clock.now
         ) as sessions:

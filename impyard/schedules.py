@@ -20,7 +20,6 @@ is enqueued exactly once.
 
 from __future__ import annotations
 
-import builtins
 import logging
 import secrets
 import sqlite3
@@ -414,7 +413,8 @@ class ScheduleStore(Store):
             raise ScheduleError(f"no schedule {schedule_id!r}; `impyard schedule ls` lists them")
         return _row_to_schedule(rows[0])
 
-    def list(self, imp: str | None = None) -> list[Schedule]:
+    def all_for(self, imp: str | None = None) -> list[Schedule]:
+        """Every schedule (of ``imp``, when given), the next to run first."""
         sql, args = "SELECT * FROM schedules", []
         if imp is not None:
             sql += " WHERE imp = ?"
@@ -454,7 +454,7 @@ class ScheduleStore(Store):
 
     # ------------------------------------------------------------ firing
 
-    def fire_due(self) -> builtins.list[Task]:
+    def fire_due(self) -> list[Task]:
         """Queue a task for each due fire of every active schedule; one transaction per schedule."""
         now = self.clock.now()
         due = self.db.query(
@@ -465,7 +465,7 @@ class ScheduleStore(Store):
             queued.extend(self._fire(row["id"], now))
         return queued
 
-    def _fire(self, schedule_id: str, now: datetime) -> builtins.list[Task]:
+    def _fire(self, schedule_id: str, now: datetime) -> list[Task]:
         task_ids: list[str] = []
         with self.db.transaction() as conn:
             row = conn.execute(

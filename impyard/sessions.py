@@ -7,12 +7,17 @@ only *between* turns; a turn ceiling and a session ceiling bound the rest. A
 message never falls between a closing session and the next one: a session
 leaves the map in the same synchronous step that decides it is idle, so the
 next ``deliver`` starts a fresh one.
+
+The boundary (issue 12) is straight: the manager asks one plan object what an imp's sessions are made of
+(``SessionPlan``), reports outcomes and notices to one ``SessionEvents``, and gives each session an observer
+of its own (``TurnObserver``) that hears the session's box say ``turn.stage`` — the pipe is the identity, so
+a stage reaches the session whose box sent it and nothing else. ``deliver`` answers with a ``TurnHandle``
+that the caller may await for that message's outcome; nobody else keeps it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,10 +26,20 @@ from typing import Literal, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pydantic import BaseModel
 
 from box.protocol import RpcError
-from box.protocol.models import BoxInitParams, DeliverParams, DeliverResult, Framing, HistoryEntry, Message
+from box.protocol.memory import PresenceEntry
+from box.protocol.models import (
+    BoxInitParams,
+    DeliverParams,
+    DeliverResult,
+    Framing,
+    HistoryEntry,
+    Message,
+    TurnStageParams,
+)
 from impyard.backends import BoxBackend, BoxDied, BoxError, BoxHost, BoxSpec, BoxTimeout, RunningBox
 
 log = logging.getLogger("impyard.sessions")
@@ -34,6 +49,7 @@ SHUTDOWN_GRACE_S = 10.0
 DIED_NOTICE = "(I ran into a problem and had to restart. Please say that again.)"
 BUSY_NOTICE = "(I'm too busy to keep up with this channel right now — some messages will go unanswered.)"
 CEILING_NOTICE = "(That took too long, so I stopped. Please try again.)"
+STAGE_METHOD = "turn.stage"  # the box's notification of where its turn is (design.md §3)
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,7 @@ class SessionSettings:
     idle_s: float = 60.0
     turn_ceiling_s: float = 120.0
     session_ceiling_s: float = 1800.0
-    queue_limit: int = 50
+    queue_limit: int = 50  # the mailbox's buffer: messages waiting behind the one being taken
     failure_notice: str | None = "Sorry — I couldn't answer that just now."
 
 
@@ -62,8 +78,57 @@ class Delivery:
     recent: Sequence[HistoryEntry] = ()
 
 
+DeliverOutcome = Literal["queued", "started", "busy", "refused"]
+
+
+class TurnHandle:
+    """What ``deliver`` answers for one message: whether its session took it, and the outcome of the turn
+    that answers it, to await (the terminal waits on it before its next prompt).
+
+    Only the caller and the message's place in its mailbox hold it, so a handle nobody awaits is gone with
+    the turn (issue 12: under ``serve`` nothing is kept per message)."""
+
+    def __init__(self, outcome: DeliverOutcome) -> None:
+        self.outcome: DeliverOutcome = outcome
+        self._done = anyio.Event()
+        self._result: DeliverResult | None = None
+        if not self.accepted:
+            self._done.set()  # busy or refused: no turn will answer it
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome in ("started", "queued")
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def finished(self) -> DeliverResult | None:
+        """The outcome of the turn that answered this message once it is recorded; None when no turn will
+        answer it (it was not taken, or the host stopped first: its wake is answered after a restart)."""
+        await self._done.wait()
+        return self._result
+
+    def _resolve(self, result: DeliverResult | None) -> None:
+        if not self._done.is_set():
+            self._result = result
+            self._done.set()
+
+
+class TurnObserver(Protocol):
+    """Hears one session's turns as they go: its box's ``turn.stage`` notifications, and every turn's end.
+
+    The typing indicator is one. Cosmetic: what an observer raises is logged, never fails a turn."""
+
+    async def stage(self, params: TurnStageParams) -> None: ...
+
+    async def turn_ended(self) -> None:
+        """Every exit path of a turn: the typing indicator stops here."""
+        ...
+
+
 class SessionEvents(Protocol):
-    """What the session manager reports; the conversation store and the surface implement it."""
+    """What the session manager reports; the conversation host implements it."""
 
     async def turn_finished(
         self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult
@@ -71,8 +136,8 @@ class SessionEvents(Protocol):
 
     async def notice(self, key: SessionKey, text: str) -> None: ...
 
-    async def turn_ended(self, key: SessionKey) -> None:
-        """Every exit path of a turn: the typing indicator stops here."""
+    def observer_for(self, key: SessionKey) -> TurnObserver:
+        """A new session's own observer; it lives as long as the session."""
         ...
 
 
@@ -87,6 +152,42 @@ class SessionPlan(Protocol):
     def state_dir_for(self, imp: str) -> Path: ...
 
     def settings_for(self, imp: str) -> SessionSettings: ...
+
+    async def presence_for(self, key: SessionKey, message: Message, now: datetime) -> list[PresenceEntry]:
+        """Mechanism 10: the imp's other live conversations this session may know of (none when memory is off)."""
+        ...
+
+
+class SessionBoxHost:
+    """The host one session's box talks to: the gateway, which judges, executes and audits every request and
+    logs the box's ``log`` lines, with the box's ``turn.stage`` handed to the session's own observer first.
+    (The gateway still hears the stage: its per-turn bookkeeping counts turns per box, not per session.)"""
+
+    def __init__(self, gateway: BoxHost, observer: TurnObserver, key: SessionKey) -> None:
+        self.gateway = gateway
+        self.observer = observer
+        self.key = key
+
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
+        if method == STAGE_METHOD:
+            assert isinstance(params, TurnStageParams)  # validated by the protocol before it reaches a host
+            try:
+                await self.observer.stage(params)
+            except Exception as exc:  # noqa: BLE001 - the indicator is cosmetic; the turn goes on
+                log.debug("session %s: observing stage %s failed: %s", self.key, params.stage, exc)
+        return await self.gateway.serve(spec, method, params)
+
+    async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+        """A request the protocol refused before any host saw it: the gateway audits it."""
+        refused = getattr(self.gateway, "refused", None)
+        if refused is not None:
+            await refused(spec, method, code, reason)
+
+    async def closed(self, spec: BoxSpec) -> None:
+        """The box ended: the gateway forgets what it kept for it (memory scopes, the last turn's tallies)."""
+        closed = getattr(self.gateway, "closed", None)
+        if closed is not None:
+            await closed(spec)
 
 
 def describe_error(exc: BaseException) -> str:
@@ -120,33 +221,88 @@ def merge_batch(batch: Sequence[Delivery], now: datetime) -> DeliverParams:
 
 
 @dataclass(eq=False)
+class Queued:
+    """A delivery in a session's mailbox, with the handle that hears its outcome."""
+
+    delivery: Delivery
+    handle: TurnHandle
+
+
+@dataclass(eq=False)
 class ChannelSession:
+    """One channel's session: its mailbox (an anyio memory object stream, ``queue_limit`` as its buffer), its
+    observer, and the box that serves it now.
+
+    The worker waits on the stream; the idle timer never cancels that wait (a cancelled receive can lose an
+    item that was handed to it): it closes the sending side instead, which ends the wait cleanly."""
+
     key: SessionKey
     settings: SessionSettings
-    queue: deque[Delivery] = field(default_factory=deque)
-    has_work: anyio.Event = field(default_factory=anyio.Event)
+    observer: TurnObserver
     closing: bool = False
     box: RunningBox | None = None
     boxes_started: int = 0
     busy_notified: bool = False
+    accepted: int = 0  # messages the mailbox ever took: the idle timer's "did anything come?"
     done: anyio.Event = field(default_factory=anyio.Event)
-    in_turn: list[Delivery] = field(default_factory=list)  # taken, outcome not yet recorded
+    in_turn: list[Queued] = field(default_factory=list)  # taken, outcome not yet recorded
+    _sending: MemoryObjectSendStream[Queued] = field(init=False, repr=False)
+    _mailbox: MemoryObjectReceiveStream[Queued] = field(init=False, repr=False)
 
-    def push(self, delivery: Delivery) -> None:
-        self.queue.append(delivery)
-        self.has_work.set()
+    def __post_init__(self) -> None:
+        self._sending, self._mailbox = anyio.create_memory_object_stream[Queued](
+            max(1, self.settings.queue_limit)
+        )
 
-    def take(self) -> list[Delivery]:
-        batch = [self.queue.popleft()] if self.settings.mode == "cold" else list(self.queue)
-        if self.settings.mode != "cold":
-            self.queue.clear()
-        if not self.queue:
-            self.has_work = anyio.Event()
+    def offer(self, item: Queued) -> bool:
+        """Into the mailbox; False when its buffer is full (or it no longer takes messages)."""
+        try:
+            self._sending.send_nowait(item)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        self.accepted += 1
+        return True
+
+    @property
+    def waiting(self) -> int:
+        """Messages in the mailbox, not yet taken."""
+        return self._mailbox.statistics().current_buffer_used
+
+    def take(self, first: Queued | None = None) -> list[Queued]:
+        """The next turn's batch (after ``first``, when the wait already took it): in cold mode one message,
+        warm everything that waits."""
+        batch = [] if first is None else [first]
+        while not (batch and self.settings.mode == "cold"):
+            try:
+                batch.append(self._mailbox.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        if not self.waiting:
             self.busy_notified = False
         return batch
 
+    async def next_message(self) -> Queued | None:
+        """Wait for a message; None once the mailbox stopped taking messages and holds none."""
+        try:
+            return await self._mailbox.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
 
-DeliverOutcome = Literal["queued", "started", "busy", "refused"]
+    def stop_taking(self) -> None:
+        """Close the sending side: a wait for the next message ends once the buffer is empty."""
+        self._sending.close()
+
+    def close(self) -> list[Queued]:
+        """Close the mailbox; returns what was still in it."""
+        self._sending.close()
+        left = []
+        while True:
+            try:
+                left.append(self._mailbox.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._mailbox.close()
+        return left
 
 
 class SessionManager:
@@ -162,7 +318,8 @@ class SessionManager:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         monotonic: Callable[[], float] = anyio.current_time,
     ) -> None:
-        """``plan``: what each imp's sessions are made of; ``host``: serves the boxes; ``events``: hears the outcomes."""
+        """``plan``: what each imp's sessions are made of; ``host``: serves the boxes' requests (the gateway);
+        ``events``: hears the outcomes and gives each session its observer."""
         self.plan = plan
         self.host = host
         self.events = events
@@ -189,25 +346,31 @@ class SessionManager:
 
     # ------------------------------------------------------------ the mailbox
 
-    def deliver(self, delivery: Delivery) -> DeliverOutcome:
-        """Hand a woken message to its session. Synchronous on purpose: no await, no race."""
+    def deliver(self, delivery: Delivery) -> TurnHandle:
+        """Hand a woken message to its session. Synchronous on purpose: no await, no race.
+
+        The handle says whether it was taken (``started``, ``queued``) or not (``busy``: the mailbox is full;
+        ``refused``: the manager is shutting down), and can be awaited for the outcome of its turn."""
         if not self._accepting or self._tg is None:
-            return "refused"
+            return TurnHandle("refused")
         session = self.sessions.get(delivery.key)
-        if session is not None and len(session.queue) >= session.settings.queue_limit:
+        if session is not None:
+            handle = TurnHandle("queued")
+            if session.offer(Queued(delivery, handle)):
+                return handle
             if not session.busy_notified:
                 session.busy_notified = True
                 self._tg.start_soon(self._notice, delivery.key, BUSY_NOTICE)
-            return "busy"
-        if session is not None:
-            session.push(delivery)
-            return "queued"
-        session = ChannelSession(delivery.key, self.plan.settings_for(delivery.key.imp))
-        session.push(delivery)
+            return TurnHandle("busy")
+        session = ChannelSession(
+            delivery.key, self.plan.settings_for(delivery.key.imp), self.events.observer_for(delivery.key)
+        )
+        handle = TurnHandle("started")
+        session.offer(Queued(delivery, handle))  # an empty mailbox always takes its first message
         self.sessions[delivery.key] = session
         self._live.add(session)
         self._tg.start_soon(self._run_session, session, name=f"session {delivery.key}")
-        return "started"
+        return handle
 
     async def notify(self, key: SessionKey, method: str, params: BaseModel) -> bool:
         """A notification for the live box of ``key`` (ENV-13 ``mailbox.event``); False when none is live.
@@ -226,8 +389,9 @@ class SessionManager:
         return True
 
     def _retire(self, session: ChannelSession) -> None:
-        """Leave the map; from here on, new messages start a new session."""
+        """Leave the map and stop taking messages; from here on, new messages start a new session."""
         session.closing = True
+        session.stop_taking()
         if self.sessions.get(session.key) is session:
             del self.sessions[session.key]
 
@@ -235,7 +399,7 @@ class SessionManager:
 
     async def _run_session(self, session: ChannelSession) -> None:
         try:
-            while session.queue and not session.closing:
+            while session.waiting and not session.closing:
                 try:
                     await self._box_lifetime(session)
                 except Exception as exc:  # noqa: BLE001 - one session's failure never reaches the manager (issue 11 #1)
@@ -249,9 +413,8 @@ class SessionManager:
                         )
                         log.debug("session %s: the unexpected error", session.key, exc_info=exc)
                     self._retire(session)
-                    batch = [*session.in_turn, *session.queue]  # a turn cut short is failed too, never lost
+                    batch = [*session.in_turn, *session.close()]  # a turn cut short is failed too, never lost
                     session.in_turn = []
-                    session.queue.clear()
                     if batch:
                         await self._finish(
                             session, batch, DeliverResult(outcome="failed", error=describe_error(exc))
@@ -262,12 +425,17 @@ class SessionManager:
         finally:
             self._retire(session)
             self._live.discard(session)
+            for item in [*session.in_turn, *session.close()]:
+                item.handle._resolve(
+                    None
+                )  # the host stopped first: recorded nowhere, answered after a restart
             session.done.set()
 
     async def _box_lifetime(self, session: ChannelSession) -> None:
         key = session.key
         spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.plan.state_dir_for(key.imp))
-        async with self.plan.backend_for(key.imp).open(spec, self.host) as box:
+        host = SessionBoxHost(self.host, session.observer, key)
+        async with self.plan.backend_for(key.imp).open(spec, host) as box:
             session.box = box
             session.boxes_started += 1
             self.boxes_started += 1
@@ -281,12 +449,15 @@ class SessionManager:
     async def _serve_turns(self, session: ChannelSession, box: RunningBox, started: float) -> None:
         settings = session.settings
         while not session.closing:
-            if not session.queue:
-                await self._wait_for_work(session, settings.idle_s)
-                if not session.queue:
-                    self._retire(session)  # idle: the same step that decides it leaves the map
-                    return
-            batch = session.in_turn = session.take()
+            batch = session.take()
+            if not batch:
+                first = await self._wait_for_work(session, settings.idle_s)
+                if first is None or session.closing:
+                    if first is not None:
+                        first.handle._resolve(None)  # shutting down: answered after a restart
+                    return  # idle: the timer retired the session in the same step that decided it
+                batch = session.take(first)
+            session.in_turn = batch
             healthy = await self._turn(session, box, batch)
             if not healthy or settings.mode == "cold":
                 return  # a fresh box for whatever comes next
@@ -294,21 +465,29 @@ class SessionManager:
                 log.info("session %s reached its ceiling; closing after this turn", session.key)
                 return
 
-    async def _wait_for_work(self, session: ChannelSession, idle_s: float) -> None:
+    async def _wait_for_work(self, session: ChannelSession, idle_s: float) -> Queued | None:
+        """The next message, or None when the idle window passed without one (or the manager shuts down)."""
+        before = session.accepted
         async with anyio.create_task_group() as tg:
 
             async def idle_timer() -> None:
                 await self.sleep(idle_s)
-                tg.cancel_scope.cancel()
+                if session.accepted == before:  # nothing came, not even a message handed over just now
+                    self._retire(session)  # leaves the map and ends the wait below, in this one step
 
             tg.start_soon(idle_timer)
-            await session.has_work.wait()
+            first = await session.next_message()
             tg.cancel_scope.cancel()
+        return first
 
-    async def _turn(self, session: ChannelSession, box: RunningBox, batch: list[Delivery]) -> bool:
+    async def _turn(self, session: ChannelSession, box: RunningBox, batch: list[Queued]) -> bool:
         """Run one turn; returns False when the box can no longer be trusted to serve the next."""
         key = session.key
-        params = merge_batch(batch, self.now())
+        params = merge_batch([item.delivery for item in batch], self.now())
+        try:
+            params.presence = (await self.plan.presence_for(key, params.message, params.now))[:50]
+        except Exception as exc:  # noqa: BLE001 - who else is talking is a nicety; the turn goes on without it
+            log.warning("session %s: presence not known this turn: %s", key, describe_error(exc))
         healthy = True
         notice: str | None = None
         try:
@@ -338,7 +517,7 @@ class SessionManager:
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    await self.events.turn_ended(key)
+                    await session.observer.turn_ended()
                 except Exception:  # noqa: BLE001 - the typing indicator is cosmetic; the outcome is not
                     log.exception("ending the turn's indicators in %s failed", key)
         if notice is None and result.outcome == "failed" and params.framing.mode == "respond":
@@ -355,13 +534,15 @@ class SessionManager:
         except Exception:  # noqa: BLE001 - a notice that cannot be shown never ends the session's cleanup
             log.exception("posting a notice in %s failed", key)
 
-    async def _finish(
-        self, session: ChannelSession, batch: Sequence[Delivery], result: DeliverResult
-    ) -> None:
+    async def _finish(self, session: ChannelSession, batch: Sequence[Queued], result: DeliverResult) -> None:
+        """Record the outcome, then tell whoever awaits the handles (so they find it recorded)."""
         try:
-            await self.events.turn_finished(session.key, batch, result)
+            await self.events.turn_finished(session.key, [item.delivery for item in batch], result)
         except Exception:
             log.exception("recording the outcome of a turn in %s failed", session.key)
+        finally:
+            for item in batch:
+                item.handle._resolve(result)
 
     # ------------------------------------------------------------ shutdown
 
@@ -370,7 +551,7 @@ class SessionManager:
         self._accepting = False
         for session in list(self._live):
             session.closing = True
-            session.has_work.set()
+            session.stop_taking()  # a session waiting for work ends its wait
         self.sessions.clear()
         with anyio.move_on_after(grace_s):
             for session in list(self._live):

@@ -20,7 +20,7 @@ import anyio
 from box.protocol.models import Author, Message
 from impyard.backends.process import NO_LOCKDOWN_WARNING
 from impyard.clock import Clock, SystemClock
-from impyard.conversation import Inbound
+from impyard.inbound import Inbound
 from impyard.runtime import Runtime, open_runtime
 from impyard.surfaces import OutgoingFile
 from impyard.wake import CHANNEL_MODES
@@ -101,11 +101,10 @@ async def _chat_loop(
         if text.startswith("/mode"):
             parts = text.split()
             if len(parts) == 1:
-                out.write(
-                    f"(impyard) this channel's mode is {runtime.channels.mode(channel_id)}; the terminal always wakes {imp}\n"
-                )
+                mode = await runtime.channels.aio.mode(channel_id)
+                out.write(f"(impyard) this channel's mode is {mode}; the terminal always wakes {imp}\n")
             elif parts[1] in CHANNEL_MODES:
-                runtime.channels.set_mode(channel_id, parts[1])
+                await runtime.channels.aio.set_mode(channel_id, parts[1])
                 out.write(f"(impyard) mode set to {parts[1]}\n")
             else:
                 out.write("(impyard) use /mode all or /mode mention\n")
@@ -117,7 +116,7 @@ async def _chat_loop(
             id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=f"terminal:{user}", name=user), content=line,
             created_at=clock.now(),
         )  # fmt: skip
-        outcome = await runtime.conversations.receive(
+        routed = await runtime.conversations.route(
             imp,
             Inbound(
                 surface="terminal",
@@ -127,11 +126,10 @@ async def _chat_loop(
                 channel_name="terminal",
             ),
         )
-        if outcome in ("started", "queued"):
-            with anyio.move_on_after(turn_ceiling + 15):  # the session's own ceiling ends it first
-                await runtime.conversations.wait_finished(message.id)
-        elif outcome == "busy":
+        if routed.outcome == "busy":
             out.write(f"(impyard) {imp} is too busy; that message will go unanswered\n")
+        with anyio.move_on_after(turn_ceiling + 15):  # the session's own ceiling ends it first
+            await routed.finished()  # the next prompt waits for this turn (at once when none will answer)
 
 
 async def run_chat(

@@ -1,9 +1,12 @@
-"""Trust for acts (design.md §5, §6, §12): channel trust, the auto/gate/earned ladder, earned counts.
+"""Trust for acts (design.md §5, §12): the auto/gate/earned ladder, and the earned counts it reads.
 
 The ladder is a pure function. Its one hard line: a send whose target is not
 the session's own channel never goes out on the strength of the *target's*
 trust; the target's trust is not even an input. Only a policy rule that says
 ``trust = "auto"`` (or earned trust for that very target) lets it go alone.
+
+A channel's own trust is a setting of the channel (``impyard.channels``); the gateway is handed the channel
+store and asks it only what ``ChannelTrust`` names.
 """
 
 from __future__ import annotations
@@ -12,88 +15,32 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from impyard.channels import ALWAYS_TRUSTED_KINDS, ChannelInfo, ChannelStore, channel_is_trusted
 from impyard.clock import Clock, iso
 from impyard.db import Database, Store
 from impyard.policy_models import TrustMode, TrustSettings
 
-ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs (design.md §6) and the operator's own terminal
-
-
-@dataclass(frozen=True)
-class ChannelInfo:
-    channel_id: str
-    surface: str = "discord"
-    kind: str = "guild"  # dm | guild | terminal | task
-    name: str = ""
-    guild_id: str | None = None
-    trusted: bool = False
-    mode: str = "all"  # all | mention: the wake rule's per-channel setting (design.md §6)
-
-
-def channel_is_trusted(info: ChannelInfo | None) -> bool:
-    """Unknown channels are untrusted; DMs and the terminal always are trusted."""
-    if info is None:
-        return False
-    return info.trusted or info.kind in ALWAYS_TRUSTED_KINDS
+__all__ = [
+    "ALWAYS_TRUSTED_KINDS",
+    "ChannelInfo",
+    "ChannelTrust",
+    "DbChannelTrust",
+    "EarnedTrust",
+    "TrustDecision",
+    "channel_is_trusted",
+    "decide_trust",
+]
 
 
 class ChannelTrust(Protocol):
-    """What the gateway asks about channels. The channels issue owns the real thing."""
+    """What the gateway asks about channels (``impyard.channels.ChannelStore`` answers it)."""
 
     def info(self, channel_id: str) -> ChannelInfo | None: ...
 
     def is_trusted(self, channel_id: str) -> bool: ...
 
 
-class DbChannelTrust(Store):
-    """Channel trust from the ``channels`` table."""
-
-    def __init__(self, db: Database, clock: Clock) -> None:
-        self.db = db
-        self.clock = clock
-
-    def info(self, channel_id: str) -> ChannelInfo | None:
-        rows = self.db.query(
-            "SELECT channel_id, surface, kind, name, guild_id, trusted, mode FROM channels WHERE channel_id = ?",
-            (channel_id,),
-        )
-        if not rows:
-            return None
-        row = rows[0]
-        return ChannelInfo(
-            row["channel_id"],
-            row["surface"],
-            row["kind"],
-            row["name"],
-            row["guild_id"],
-            bool(row["trusted"]),
-            row["mode"],
-        )
-
-    def is_trusted(self, channel_id: str) -> bool:
-        return channel_is_trusted(self.info(channel_id))
-
-    def kind(self, channel_id: str) -> str | None:
-        info = self.info(channel_id)
-        return info.kind if info else None
-
-    def upsert(self, info: ChannelInfo) -> None:
-        self.db.execute(
-            """INSERT INTO channels (channel_id, surface, kind, name, guild_id, trusted, updated_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?)
-               ON CONFLICT (channel_id) DO UPDATE SET surface = excluded.surface, kind = excluded.kind,
-                 name = excluded.name, guild_id = excluded.guild_id, trusted = excluded.trusted,
-                 updated_at = excluded.updated_at""",
-            (
-                info.channel_id,
-                info.surface,
-                info.kind,
-                info.name,
-                info.guild_id,
-                int(info.trusted),
-                iso(self.clock.now()),
-            ),
-        )
+DbChannelTrust = ChannelStore  # the name earlier callers use for the channel store
 
 
 # ------------------------------------------------------------------ the ladder

@@ -50,6 +50,7 @@ def test_real_box_sources_give_a_well_formed_stable_tag() -> None:
             lambda d: (d / "Dockerfile").write_text("ARG BASE\nFROM ${BASE}\nUSER 1\n"), id="dockerfile"
         ),
         pytest.param(lambda d: (d / "requirements.txt").write_text("anyio>=4.5\n"), id="requirements"),
+        pytest.param(lambda d: (d / "protocol" / "reply.txt").write_text("[reply]\nHello\n"), id="template"),
     ],
 )
 def test_a_changed_box_means_a_new_tag(box_dir: Path, edit) -> None:
@@ -67,7 +68,7 @@ def test_a_changed_box_means_a_new_tag(box_dir: Path, edit) -> None:
             lambda d: ((d / "__pycache__").mkdir(), (d / "__pycache__" / "x.pyc").write_bytes(b"\0")),
             id="bytecode",
         ),
-        pytest.param(lambda d: (d / "notes.txt").write_text("scratch"), id="unrelated-file"),
+        pytest.param(lambda d: (d / "protocol" / "models.pyc").write_bytes(b"\0"), id="stray-bytecode"),
     ],
 )
 def test_files_that_do_not_reach_the_image_keep_the_tag(box_dir: Path, edit) -> None:

@@ -62,7 +62,8 @@ def test_chat_end_to_end(
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
-    (request_seen,) = fake.requests_for("/chat/completions")
+    replies = [r for r in fake.requests_for("/chat/completions") if r.purpose == "reply"]
+    request_seen = replies[0]  # the memory's own calls (embedding, appraisal, …) go beside it
     assert request_seen.body["messages"][-1]["content"].endswith("hello pip")
     assert (
         request_seen.headers["authorization"] == f"Bearer {fake.api_key}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gc
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +24,7 @@ from impyard.clock import FixedClock
 from impyard.conversation import MAX_INBOUND_CHARS, Inbound
 from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.sessions import Delivery
+from impyard.sessions import Delivery, TurnHandle
 from impyard.surfaces import RecordingSurface
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 
@@ -84,7 +86,7 @@ def spy(rt: Runtime) -> list[Delivery]:
     seen: list[Delivery] = []
     original = rt.sessions.deliver
 
-    def deliver(delivery: Delivery) -> str:
+    def deliver(delivery: Delivery) -> TurnHandle:
         seen.append(delivery)
         return original(delivery)
 
@@ -177,7 +179,7 @@ async def test_an_untrusted_channel_reply_waits_for_approval(
     await rt.conversations.receive("pip", inbound(message(1, clock=clock)))
     await answered(rt, "m1")
     assert surface.sent == [] and rt.history.outcome("pip", CHANNEL, "m1") == "pending"
-    (gate,) = rt.gateway.gates.list()
+    (gate,) = rt.gateway.gates.latest()
     assert gate.state == "pending"
 
 
@@ -191,7 +193,7 @@ async def test_a_gate_approved_on_the_cli_is_sent_once_by_the_running_host(
     on_this_surface = dataclasses.replace(inbound(message(1, clock=clock)), surface="terminal")
     await rt.conversations.receive("pip", on_this_surface)
     await answered(rt, "m1")
-    (gate,) = rt.gateway.gates.list()
+    (gate,) = rt.gateway.gates.latest()
     # The operator approves from another process: the decision is recorded, not executed there.
     await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
     assert surface.sent == []
@@ -210,7 +212,7 @@ async def test_the_pump_leaves_gates_of_another_surface_alone(
     rt.channels.set_trusted(CHANNEL, False)
     await rt.conversations.receive("pip", inbound(message(1, clock=clock)))  # a Discord channel
     await answered(rt, "m1")
-    (gate,) = rt.gateway.gates.list()
+    (gate,) = rt.gateway.gates.latest()
     await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
     rt.gateway.surfaces = frozenset(
         {"terminal"}
@@ -354,13 +356,36 @@ async def test_the_box_gets_only_the_history_its_prompt_can_use(
 async def test_finished_turns_nobody_waits_for_are_not_kept(
     runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
 ) -> None:
-    """Issue 12: under `serve` nobody awaits turns; their bookkeeping stays bounded (it grew by one per message)."""
+    """Issue 12: under `serve` nobody awaits turns; once a turn is recorded the host keeps nothing of its
+    messages but their ids, in a bounded memory (it used to keep one event per woken message)."""
     from impyard.conversation import RECENTLY_FINISHED
 
     rt, _ = runtime
+    handles = []
     for n in range(1, 4):
-        await rt.conversations.receive("pip", inbound(message(n, clock=clock), kind="dm"))
+        routed = await rt.conversations.route("pip", inbound(message(n, clock=clock), kind="dm"))
+        assert routed.turn is not None
+        handles.append(weakref.ref(routed.turn))
+        del routed  # as `serve` does: the outcome is logged, the handle dropped
+    for n in range(1, 4):
         await answered(rt, f"m{n}")
-    assert rt.conversations._waiters == {}  # noqa: SLF001 - the leak was in this private table
+    gc.collect()
+    assert [handle() for handle in handles] == [None, None, None]  # nothing in the host holds them
+    assert rt.conversations._waiters == {}  # noqa: SLF001 - a waiter's event lives only while it waits
     await rt.conversations.wait_finished("m1")  # a late waiter still learns the turn has ended
     assert rt.conversations._recently_finished.maxlen == RECENTLY_FINISHED  # noqa: SLF001 - bounded, not a leak
+
+
+async def test_the_terminal_awaits_its_messages_turn_through_the_handle(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
+) -> None:
+    rt, surface = runtime
+    routed = await rt.conversations.route("pip", inbound(message(1, clock=clock), kind="dm"))
+    assert routed.outcome == "started"
+    with anyio.fail_after(20):
+        result = await routed.finished()
+    assert result is not None and result.outcome == "sent"
+    assert rt.history.outcome("pip", CHANNEL, "m1") == "sent"  # recorded before the handle hears it
+    assert [sent.content for sent in surface.sent] == ["hello there"]
+    ignored = await rt.conversations.route("pip", inbound(message(2, "   ", clock=clock), kind="dm"))
+    assert (ignored.outcome, ignored.turn, await ignored.finished()) == ("ignored", None, None)

@@ -37,7 +37,20 @@ EXPECTED: dict[tuple[str, str], Any] = {
     ("model", "history_limit"): 20,
     ("model", "history_per_channel"): 3,
     ("model", "short_path"): [],
-    ("memory", "enabled"): False,
+    (
+        "memory",
+        "enabled",
+    ): False,  # the box's default; `impyard imp add` and `impyard chat` write true (issue 23)
+    ("memory", "embedder"): "gateway",
+    ("memory", "embedding_model"): "text-embedding-3-small",
+    ("memory", "dimensions"): 256,
+    ("memory", "models"): {},
+    ("memory", "valence_bias"): 0.0,
+    ("memory", "intensity_amplification"): 1.0,
+    ("memory", "avoidance_weight"): 2.0,
+    ("memory", "introspection"): True,
+    ("memory", "timezone"): "UTC",
+    ("memory", "call_log_bytes"): 2_000_000,
 }
 
 # imp.toml's table -> (the host's config model, the box's settings model, ImpSpec's field for it)

@@ -138,7 +138,7 @@ async def untrusted_reply(yard: Yard) -> tuple[Any, Any, str]:
     asked = yard.fake.post_message(GENERAL, ALICE, "hello pip")
     await yard.answered(asked.id)
     (card,) = await yard.posted(OWNERS)
-    (gate,) = yard.rt.gateway.gates.list()
+    (gate,) = yard.rt.gateway.gates.latest()
     return asked, card, gate.id
 
 

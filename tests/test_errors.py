@@ -53,7 +53,7 @@ STILL_VALUE_ERRORS = [
     TaskError,
 ]  # fmt: skip
 # Exceptions of impyard/ that are internal signalling, never shown to a user: the only ones outside the root.
-INTERNAL = {"impyard.judge._Outside", "impyard.broker.ResponseTooLarge"}
+INTERNAL = {"impyard.judge._Outside", "impyard.broker.ResponseTooLarge", "impyard.memory.vectors.VectorError"}
 
 
 def run(*args: str) -> Result:

@@ -281,7 +281,7 @@ async def test_the_hard_stop_makes_no_upstream_request(h: Harness) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "purpose", "rule", "reason"),
     [
-        pytest.param("/chat/completions", {**CHAT_BODY, "model": "gpt-4.1"}, "appraisal", "model-text",
+        pytest.param("/chat/completions", {**CHAT_BODY, "model": "text-embedding-3-small"}, "appraisal", "model-text",
                      "not allowed for purpose 'appraisal'", id="model-not-allowed-for-purpose"),
         pytest.param("/images/edits", {"model": "gpt-image-1", "prompt": "x"}, "reply", "default-deny",
                      "no rule allows model.request to /images/edits", id="path-outside-the-allow-list"),
@@ -508,7 +508,7 @@ async def test_refused_sends_send_nothing_and_open_no_gate(
 ) -> None:
     error_ = await h.refused("discord.send", params, ErrorCode.DENIED)
     assert error_.data["rule"] == rule and reason in error_.data["reason"]
-    assert h.surface.sent == [] and h.gateway.gates.list() == []
+    assert h.surface.sent == [] and h.gateway.gates.latest() == []
 
 
 async def test_sends_are_rate_limited_per_channel(h: Harness) -> None:

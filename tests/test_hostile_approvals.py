@@ -67,7 +67,7 @@ async def gate_into(yard: Yard, model: FakeOpenAI, target: int) -> tuple[Any, st
     model.script(envelope(answer="news for the other server", answer_needed=True, channel=str(target)))
     asked = yard.fake.post_message(GENERAL, CAROL, "pip, tell the other server")
     await yard.answered(asked.id)
-    (gate,) = [g for g in yard.rt.gateway.gates.list(("pending",)) if g.target == str(target)]
+    (gate,) = [g for g in yard.rt.gateway.gates.latest(("pending",)) if g.target == str(target)]
     card = await yard.fake.wait_for(
         lambda: next((m for m in yard.fake.messages(OWNERS) if gate.id in m.content), None)
     )

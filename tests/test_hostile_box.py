@@ -21,7 +21,8 @@ import anyio
 import pytest
 
 from box.protocol import MAX_FRAME_DEPTH, FrameInvalid, decode_frame
-from box.protocol.models import BoxInitParams, LogParams
+from box.protocol.memory import PresenceEntry
+from box.protocol.models import BoxInitParams, LogParams, Message
 from impyard.backends import BoxBackend, BoxDied, BoxSpec
 from impyard.backends.conduct import Admission, NoiseLimits, NoiseMeter, printable
 from impyard.backends.process import ProcessBackend, box_command, box_environment
@@ -51,6 +52,9 @@ class Plan:
 
     def backend_for(self, imp: str) -> BoxBackend:
         return self.backends[imp]
+
+    async def presence_for(self, key: SessionKey, message: Message, now: datetime) -> list[PresenceEntry]:
+        return []
 
     async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
         return init_params(key.imp, key.channel_id)

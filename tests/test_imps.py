@@ -51,7 +51,7 @@ def test_add_ls_show_rm_round_trip(impyard_home: Path) -> None:
         "name": "pip",
         "owners": ["discord:123456789012345678"],
         "model": {"model": "gpt-4.1"},
-        "memory": {},
+        "memory": {"enabled": True},  # a new imp remembers (issue 23)
         "discord": {},
         "box": {"backend": "process"},
         "sessions": {},
@@ -295,7 +295,7 @@ def test_broken_config_names_file_line_key_and_fix(
     listed = run("imp", "ls")
     assert listed.exit_code == 1 and "broken imp.toml" in listed.output
     with pytest.raises(ImpConfigError):  # fail closed: never a partial list
-        store.list()
+        store.all_configs()
     assert SECRET not in str(error) and SECRET not in shown.output and SECRET not in listed.output
     assert snapshot(impyard_home) == before  # reading never rewrites
 

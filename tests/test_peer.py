@@ -173,7 +173,7 @@ class RawHarness:
 
 
 @asynccontextmanager
-async def raw_peer(serves: str, max_line_bytes: int = 1024) -> AsyncIterator[RawHarness]:
+async def raw_peer(serves: str, max_line_bytes: int = 4096) -> AsyncIterator[RawHarness]:
     to_peer, peer_in = byte_pipe()
     peer_out, from_peer = byte_pipe()
     violations: list[str] = []
@@ -242,8 +242,8 @@ async def test_bad_input_gets_an_error_and_the_peer_stays_alive(raw: bytes, code
 
 
 async def test_over_long_line_is_refused_and_dropped() -> None:
-    async with raw_peer("box", max_line_bytes=1024) as harness:  # box.init alone is ~750 bytes
-        await harness.send_raw(_request("box.init", {**INIT, "pad": "x" * 2000}))
+    async with raw_peer("box", max_line_bytes=2048) as harness:  # box.init alone is ~1,000 bytes
+        await harness.send_raw(_request("box.init", {**INIT, "pad": "x" * 4000}))
         error = await harness.next_line()
         assert error["id"] is None and error["error"]["code"] == ErrorCode.INVALID_REQUEST
         assert "too long" in error["error"]["message"]

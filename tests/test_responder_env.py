@@ -19,9 +19,10 @@ from typing import Any
 import anyio
 import pytest
 
-from box.memory import CommittedTurn
+from box.memory import CommittedTurn, MemoryTurn, NoTurn, TurnFacts
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Author, HistoryEntry, MailboxEventParams, ModelRequestResult
+from box.tools import Tool, ToolRegistry
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
@@ -196,27 +197,32 @@ async def test_env_09_another_channel_is_an_act_of_its_own(tmp_path: Path) -> No
     assert result.outcome == "pending"  # the host's gateway judges (here: gates) a send elsewhere
 
 
+class OwlTurn(NoTurn):
+    def __init__(self, memory: OwlMemory) -> None:
+        self.memory = memory
+
+    def block(self) -> str | None:
+        return "Ann likes owls."
+
+    async def commit(self, turn: CommittedTurn) -> None:
+        self.memory.committed.append(turn)
+
+
 class OwlMemory:
-    """A memory engine double: remembers one thing, records what PostSend and events hand it, and where it ran."""
+    """A memory engine double (the async seam of issue 23): remembers one thing, records what PostSend and
+    events hand it."""
 
     def __init__(self) -> None:
         self.committed: list[CommittedTurn] = []
         self.events: list[tuple[str, str]] = []
-        self.threads: list[int] = []
-        self.block_s = 0.0
 
-    def recall(self, channel_id: str, text: str) -> str | None:
-        return "Ann likes owls."
+    async def begin(self, facts: TurnFacts) -> MemoryTurn:
+        return OwlTurn(self)
 
-    def search(self, query: str, limit: int) -> list[str]:
-        self.threads.append(threading.get_ident())
-        time.sleep(self.block_s)  # a slow, blocking lookup (numpy, a big index)
+    async def search(self, query: str, limit: int) -> list[str]:
         return [f"ann told you about {query}"]
 
-    def commit(self, turn: CommittedTurn) -> None:
-        self.committed.append(turn)
-
-    def record_event(self, channel_id: str, text: str) -> None:
+    async def record_event(self, channel_id: str, text: str) -> None:
         self.events.append((channel_id, text))
 
 
@@ -317,11 +323,23 @@ async def test_env_16_model_calls_are_never_served_from_a_cache(tmp_path: Path) 
 
 
 async def test_env_17_sync_tools_run_in_a_worker_thread(tmp_path: Path) -> None:
-    memory = OwlMemory()
-    memory.block_s = 0.3
+    threads: list[int] = []
+
+    def lookup(arguments: dict[str, Any]) -> str:  # a slow, blocking lookup (numpy, a big index)
+        threads.append(threading.get_ident())
+        time.sleep(0.3)
+        return f"ann told you about {arguments['query']}"
+
+    schema = {
+        "type": "object",
+        "properties": {"query": {"type": "string"}},
+        "required": ["query"],
+        "additionalProperties": False,
+    }
+    registry = ToolRegistry([Tool("lookup", "Look something up.", schema, lookup)])
     host = ScriptedHost(
         answers=[
-            tool_calls_result(("search", {"query": "owls"}, "call_1")),
+            tool_calls_result(("lookup", {"query": "owls"}, "call_1")),
             chat_result(envelope("You told me about owls.")),
         ]
     )
@@ -332,19 +350,19 @@ async def test_env_17_sync_tools_run_in_a_worker_thread(tmp_path: Path) -> None:
             ticks.append(time.monotonic())
             await anyio.sleep(0.02)
 
-    async with in_process_box(host, tmp_path / "state", memory=memory) as box:
-        await box.init(init_params(tools=["search"]))
+    async with in_process_box(host, tmp_path / "state", tools=registry) as box:
+        await box.init(init_params(tools=["lookup"]))
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)
             started = time.monotonic()
             result = await box.deliver(deliver_params("what did I tell you?"))
             tg.cancel_scope.cancel()
     assert result.outcome == "sent"
-    assert memory.threads and memory.threads[0] != threading.get_ident()  # not the event loop's thread
+    assert threads and threads[0] != threading.get_ident()  # not the event loop's thread
     during = [t for t in ticks if started < t < started + 0.3]
     assert len(during) >= 5  # the loop kept running while the lookup blocked
     tool_message = host.model_requests[1].body["messages"][-1]
-    assert tool_message == {"role": "tool", "tool_call_id": "call_1", "content": "- ann told you about owls"}
+    assert tool_message == {"role": "tool", "tool_call_id": "call_1", "content": "ann told you about owls"}
 
 
 async def test_env_18_malformed_or_refused_output_is_a_failed_attempt(tmp_path: Path) -> None:

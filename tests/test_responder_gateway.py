@@ -361,7 +361,7 @@ async def test_env_09_another_channel_is_judged_by_the_gateway_as_its_own_act(ri
     rig.fake.script(envelope(answer="Big news!", channel="news-1"), purpose="reply")
     [result] = await rig.turns(deliver_params("announce it"))
     assert result.outcome == "pending" and rig.surface.sent == []  # gated: never auto-sent elsewhere
-    [gate] = rig.gateway.gates.list()
+    [gate] = rig.gateway.gates.latest()
     assert gate.target == "news-1" and gate.payload["kind"] == "other" and gate.payload["reply_to"] is None
     records = json.loads((rig.state_dir / "history.json").read_text())["records"]
     assert [(r["id"], r["role"]) for r in records] == [("m1", "user")]  # pending: no claim the reply was seen

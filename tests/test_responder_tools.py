@@ -123,7 +123,7 @@ async def test_a_tool_that_breaks_fails_the_turn_cleanly(tmp_path: Path) -> None
 
 async def test_the_memory_search_seam_feeds_the_tool(tmp_path: Path) -> None:
     class Remembers(NoMemory):
-        def search(self, query: str, limit: int) -> list[str]:
+        async def search(self, query: str, limit: int) -> list[str]:
             return [f"{query} #{n}" for n in range(limit)]
 
     host = ScriptedHost(

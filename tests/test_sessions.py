@@ -11,7 +11,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from box.protocol.models import Author, BoxInitParams, DeliverResult, Framing, Message
+from box.protocol.memory import PresenceEntry
+from box.protocol.models import Author, BoxInitParams, DeliverResult, Framing, Message, TurnStageParams
 from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
 from impyard.sessions import (
@@ -33,9 +34,13 @@ KEY = SessionKey("pip", "c1")
 
 @dataclass
 class Recorder:
+    """The session manager's events: outcomes, notices, and each session's observer (stages, turn ends)."""
+
     outcomes: list[tuple[list[str], DeliverResult]] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     turns_ended: int = 0
+    stages: dict[SessionKey, list[tuple[str, str]]] = field(default_factory=dict)  # (message id, stage)
+    observers: list[SessionKey] = field(default_factory=list)  # one per session, in the order they began
     changed: anyio.Event = field(default_factory=anyio.Event)
 
     async def turn_finished(self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult) -> None:
@@ -46,8 +51,9 @@ class Recorder:
         self.notices.append(text)
         self._bump()
 
-    async def turn_ended(self, key: SessionKey) -> None:
-        self.turns_ended += 1
+    def observer_for(self, key: SessionKey) -> Observer:
+        self.observers.append(key)
+        return Observer(self, key)
 
     def _bump(self) -> None:
         self.changed.set()
@@ -60,6 +66,20 @@ class Recorder:
         with anyio.fail_after(timeout):
             while not predicate():
                 await self.changed.wait()
+
+
+@dataclass
+class Observer:
+    """One session's observer: what its box said of its turns, and when each ended."""
+
+    recorder: Recorder
+    key: SessionKey
+
+    async def stage(self, params: TurnStageParams) -> None:
+        self.recorder.stages.setdefault(self.key, []).append((params.message_id, params.stage))
+
+    async def turn_ended(self) -> None:
+        self.recorder.turns_ended += 1
 
 
 class ManualSleeper:
@@ -104,6 +124,9 @@ class Plan:
     def backend_for(self, imp: str) -> BoxBackend:
         return self.backend
 
+    async def presence_for(self, key: SessionKey, message: Message, now: datetime) -> list[PresenceEntry]:
+        return []
+
     async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
         return init_params(key.imp, key.channel_id, "guild")
 
@@ -130,11 +153,11 @@ async def manager(
 async def test_a_burst_of_20_messages_uses_exactly_one_box(tmp_path: Path) -> None:
     host, recorder = ScriptedHost(hold=anyio.Event()), Recorder()
     async with manager(tmp_path, host, recorder) as sessions:
-        assert sessions.deliver(delivery(0)) == "started"
+        assert sessions.deliver(delivery(0)).outcome == "started"
         with anyio.fail_after(20):
             while host.model_calls == 0:  # the first turn is in flight ...
                 await anyio.sleep(0.01)
-        outcomes = [sessions.deliver(delivery(n)) for n in range(1, 20)]  # ... while 19 more arrive
+        outcomes = [sessions.deliver(delivery(n)).outcome for n in range(1, 20)]  # ... while 19 more arrive
         assert outcomes == ["queued"] * 19
         host.hold.set()  # type: ignore[union-attr]
         await recorder.until(lambda: len(recorder.answered()) == 20)
@@ -186,7 +209,7 @@ async def test_a_message_arriving_as_the_idle_window_ends_is_delivered_once(
             await anyio.lowlevel.checkpoint()  # let the closing session run first
         sessions.deliver(delivery(2))
         await recorder.until(lambda: len(recorder.answered()) == 2)
-        await anyio.sleep(0.2)
+    # Leaving the manager waits for every session to end: a second delivery of m2 would be recorded by now.
     assert recorder.answered() == ["m1", "m2"]
 
 
@@ -238,7 +261,7 @@ async def test_the_session_ceiling_closes_after_the_current_turn(tmp_path: Path)
 async def test_a_flood_is_bounded_and_announced_never_silently_dropped(tmp_path: Path) -> None:
     host, recorder = ScriptedHost(hold=anyio.Event()), Recorder()
     async with manager(tmp_path, host, recorder, SessionSettings(queue_limit=50)) as sessions:
-        outcomes = [sessions.deliver(delivery(n)) for n in range(200)]
+        outcomes = [sessions.deliver(delivery(n)).outcome for n in range(200)]
         assert outcomes.count("started") == 1
         assert outcomes.count("queued") == 49
         assert outcomes.count("busy") == 150  # the caller records these as missed
@@ -277,8 +300,46 @@ async def test_shutdown_kills_every_box(tmp_path: Path) -> None:
                 await anyio.sleep(0.01)
         boxes = [session.box for session in sessions.sessions.values()]
         await sessions.shutdown(grace_s=0.2)  # the turns never finish: killed after the grace
-        assert sessions.deliver(delivery(3)) == "refused"
+        assert sessions.deliver(delivery(3)).outcome == "refused"
     assert all(box is not None and box.exited.is_set() for box in boxes)
+
+
+async def test_deliver_hands_back_a_handle_that_hears_its_own_turn(tmp_path: Path) -> None:
+    host, recorder = ScriptedHost(hold=anyio.Event()), Recorder()
+    async with manager(tmp_path, host, recorder, SessionSettings(queue_limit=1)) as sessions:
+        first = sessions.deliver(delivery(1))
+        with anyio.fail_after(20):
+            while host.model_calls == 0:  # the first turn is in flight
+                await anyio.sleep(0.01)
+        second = sessions.deliver(delivery(2))  # waits in the mailbox (its buffer: one)
+        busy = sessions.deliver(delivery(3))  # the buffer is full
+        assert (first.outcome, second.outcome, busy.outcome) == ("started", "queued", "busy")
+        assert await busy.finished() is None  # at once: no turn will answer it
+        assert not first.done and not second.done
+        host.hold.set()  # type: ignore[union-attr]
+        with anyio.fail_after(20):
+            answered = await first.finished()
+            assert recorder.answered() == ["m1"]  # recorded before the handle hears it
+            assert answered is recorder.outcomes[0][1] and answered.outcome == "sent"
+            later = await second.finished()
+        assert later is recorder.outcomes[1][1] and recorder.answered() == ["m1", "m2"]
+
+
+async def test_each_boxs_stages_reach_its_own_sessions_observer(tmp_path: Path) -> None:
+    host, recorder = ScriptedHost(), Recorder()
+    a, b = SessionKey("pip", "a"), SessionKey("pip", "b")
+    async with manager(tmp_path, host, recorder) as sessions:
+        sessions.deliver(delivery(1, key=a))
+        sessions.deliver(delivery(2, key=b))
+        await recorder.until(lambda: len(recorder.answered()) == 2)
+    assert sorted(recorder.observers, key=str) == [a, b]  # one observer per session
+    assert recorder.stages[a] and {message_id for message_id, _ in recorder.stages[a]} == {"m1"}
+    assert recorder.stages[b] and {message_id for message_id, _ in recorder.stages[b]} == {"m2"}
+    assert "render" in {stage for _, stage in recorder.stages[a]}
+    assert host.model_calls == 2 and len(host.stages) == sum(
+        map(len, recorder.stages.values())
+    )  # and the gateway
+    assert recorder.turns_ended == 2
 
 
 def test_merge_batch_keeps_the_newest_message_and_remembers_being_addressed() -> None:

@@ -140,10 +140,10 @@ async def test_a_scheduled_task_runs_in_a_real_box_and_posts_through_the_gateway
             ScheduleRequest("pip", "Post the daily summary", cron="0 9 * * *", channel_id=TRUSTED)
         )
         await y.supervisor.run(once=True)
-        assert y.supervisor.tasks.list() == [] and y.surface.sent == []  # 08:59:59: not yet
+        assert y.supervisor.tasks.latest() == [] and y.surface.sent == []  # 08:59:59: not yet
         y.clock.advance(seconds=1.2)
         await y.supervisor.run(once=True)
-        [task] = y.supervisor.tasks.list()
+        [task] = y.supervisor.tasks.latest()
         assert (task.state, task.origin, task.schedule_id, task.attempts) == (
             "done",
             "schedule",
@@ -279,7 +279,7 @@ async def test_a_gate_approval_triggers_a_continuation_exactly_once(fake: FakeOp
         assert [s.content for s in y.surface.sent] == [
             "Weekly digest: three releases."
         ]  # sent once, on approval
-        follow_ups = [t for t in y.supervisor.tasks.list() if t.origin == "continuation"]
+        follow_ups = [t for t in y.supervisor.tasks.latest() if t.origin == "continuation"]
         assert len(follow_ups) == 1
         [follow] = follow_ups
         assert (follow.parent_task, follow.parent_gate, follow.channel_id, follow.state) == (
@@ -294,7 +294,7 @@ async def test_a_gate_approval_triggers_a_continuation_exactly_once(fake: FakeOp
         for _ in range(2):  # more ticks, and a fresh supervisor: still exactly one follow-up
             await y.supervisor.run(once=True)
         await y.fresh_supervisor(ProcessBackend(warn=False)).run(once=True)
-        assert len([t for t in y.supervisor.tasks.list() if t.origin == "continuation"]) == 1
+        assert len([t for t in y.supervisor.tasks.latest() if t.origin == "continuation"]) == 1
         assert len(fake.requests) == 2
 
 

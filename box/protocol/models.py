@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from box.protocol import memory as mem
+from box.protocol.base import Empty, EmptyFromHost, FromBox, FromHost, Id, Name
+from box.protocol.memory import PresenceEntry, SessionMemory
 
 PROTOCOL_VERSION = 1
 
@@ -21,30 +25,6 @@ MAX_SEND_CONTENT_CHARS = 20_000
 MAX_SEND_FILES = 10
 MAX_URL_CHARS = 2_048
 MAX_LOG_MESSAGE_CHARS = 4_000
-
-Id = Annotated[str, Field(min_length=1, max_length=128)]
-Name = Annotated[str, Field(max_length=256)]
-
-
-class FromHost(BaseModel):
-    """Sent by the host, parsed by the box: unknown fields are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-class FromBox(BaseModel):
-    """Sent by the box, parsed by the host: unknown fields are refused."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class Empty(FromBox):
-    """An empty params or result object (``{}``)."""
-
-
-class EmptyFromHost(FromHost):
-    pass
-
 
 # ---------------------------------------------------------------- host -> box
 
@@ -86,10 +66,23 @@ class ResponderSettings(FromHost):
     image_quality: Annotated[str, Field(max_length=16)] = "low"  # small images fit one protocol line
 
 
+MemoryPurpose = Literal["reply", "appraisal", "filter", "summary", "embedding", "introspection", "selection", "learning", "classification", "sleep"]  # fmt: skip
+
+
 class MemorySettings(FromHost):
-    """The memory engine's switch; ``[memory]`` in imp.toml takes its defaults from here."""
+    """The memory engine's settings (issue 23); ``[memory]`` in imp.toml takes its defaults from here."""
 
     enabled: bool = False
+    embedder: Literal["gateway", "hashing"] = "gateway"  # hashing: the offline 64-dim test embedder
+    embedding_model: ModelName = "text-embedding-3-small"
+    dimensions: int = Field(default=256, ge=8, le=4096)  # asked of the embedding model; small on purpose
+    models: dict[MemoryPurpose, ModelName] = Field(default_factory=dict)  # mechanism 55; unrouted: [model]
+    valence_bias: float = Field(default=0.0, ge=-3.0, le=3.0)  # mechanism 60
+    intensity_amplification: float = Field(default=1.0, ge=0.0, le=10.0)  # mechanism 60
+    avoidance_weight: float = Field(default=2.0, ge=1.0, le=10.0)  # mechanism 96
+    introspection: bool = True  # mechanism 52
+    timezone: Annotated[str, Field(max_length=64)] = "UTC"  # ages in words are local to this zone (9)
+    call_log_bytes: int = Field(default=2_000_000, ge=0, le=100_000_000)  # mechanism 119, under /state
 
 
 class ImpSpec(FromHost):
@@ -114,6 +107,7 @@ class BoxInitParams(FromHost):
     imp: ImpSpec
     session: SessionInfo
     now: datetime
+    memory: SessionMemory | None = None  # the session's memory scopes (issue 23); None: memory is off
 
 
 class BoxInitResult(FromBox):
@@ -174,6 +168,7 @@ class DeliverParams(FromHost):
     framing: Framing
     recent: list[HistoryEntry] = Field(default_factory=list)
     now: datetime
+    presence: list[PresenceEntry] = Field(default_factory=list, max_length=50)  # mechanism 10
 
 
 Outcome = Literal["sent", "silent", "pending", "failed"]
@@ -323,6 +318,15 @@ HOST_METHODS: dict[str, MethodSpec] = _table(
     MethodSpec("model.request", ModelRequestParams, ModelRequestResult),
     MethodSpec("discord.send", DiscordSendParams, DiscordSendResult),
     MethodSpec("http.fetch", HttpFetchParams, HttpFetchResult),
+    MethodSpec("memory.search", mem.SearchParams, mem.RecordsResult),
+    MethodSpec("memory.recent", mem.RecentParams, mem.RecordsResult),
+    MethodSpec("memory.about", mem.AboutParams, mem.RecordsResult),
+    MethodSpec("memory.constructs", mem.ConstructsParams, mem.RecordsResult),
+    MethodSpec("memory.episodes", mem.EpisodesParams, mem.EpisodesResult),
+    MethodSpec("memory.encode", mem.EncodeParams, mem.EncodeResult),
+    MethodSpec("memory.restore", mem.RestoreParams, mem.RestoreResult),
+    MethodSpec("memory.conversation.get", mem.ConversationGetParams, mem.ConversationState),
+    MethodSpec("memory.conversation.put", mem.ConversationPutParams, EmptyFromHost),
     MethodSpec("turn.stage", TurnStageParams, None),
     MethodSpec("log", LogParams, None),
 )

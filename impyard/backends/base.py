@@ -192,7 +192,8 @@ class RunningBox:
             self._box_log.warning("box %s/%s: %s %s", self.spec.imp, self.spec.channel_id, what, summary)
 
     async def flush_conduct(self) -> None:
-        """At the box's end: say what was held back, and audit the refusals that were folded."""
+        """At the box's end: say what was held back, audit the refusals that were folded, and tell the host
+        the box is gone (it forgets the box's per-run state: memory scopes, tallies)."""
         self._note_held_back(self._logs.flush(), "log")
         folded = self._refusals.flush()
         if folded:
@@ -200,6 +201,12 @@ class RunningBox:
             await self._record_refusal(
                 "(folded)", ErrorCode.INVALID_REQUEST, f"refusals not recorded one by one: {folded}"
             )
+        closed = getattr(self._host, "closed", None)
+        if closed is not None:
+            try:
+                await closed(self.spec)
+            except Exception:  # noqa: BLE001 - the host's bookkeeping never fails the box's end
+                log.exception("closing box %s/%s on the host failed", self.spec.imp, self.spec.channel_id)
 
     def _on_violation(self, reason: str) -> None:
         # A box that breaks framing is misbehaving: it is killed, never the supervisor.

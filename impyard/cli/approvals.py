@@ -85,7 +85,7 @@ def ls_command(show_all: bool, out: Output) -> None:
     """
     db, store = _store()
     store.expire_due()
-    gates = store.list(None if show_all else ("pending",))
+    gates = store.latest(None if show_all else ("pending",))
     db.close()
     out.listing(
         [gate.to_json() for gate in gates],

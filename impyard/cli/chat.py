@@ -9,6 +9,7 @@ from impyard.backends import BoxError
 from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.db import DatabaseError
+from impyard.imp_config import new_imp_settings
 from impyard.imps import ImpError, ImpStore
 from impyard.instance import AlreadyRunning, InstanceLock
 from impyard.paths import home
@@ -31,7 +32,7 @@ def pick_imp(store: ImpStore, name: str | None) -> str:
         return names[0]
     if names:
         raise CliError(f"several imps exist ({', '.join(names)}): say which, e.g. impyard chat {names[0]}")
-    store.add(DEFAULT_IMP)
+    store.add(DEFAULT_IMP, **new_imp_settings())  # a first imp remembers (issue 23)
     click.echo(
         f"Created a first imp, {DEFAULT_IMP!r}; give it a persona in {store.path(DEFAULT_IMP) / 'persona.md'}",
         err=True,

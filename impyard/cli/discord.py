@@ -72,7 +72,7 @@ def discord_group() -> None:
     "--guild", "guild", metavar="ID", help="Sync to one server (instant) instead of globally (up to an hour)."
 )
 def sync_command(imp: str | None, guild: str | None) -> None:
-    """Register the slash commands (/channel, /approvals) of one imp's bot, or of every bot with a token.
+    """Register the slash commands (/channel, /approvals, /forget-me) of one imp's bot, or of every bot with a token.
 
     \b
     Run it once after creating the bot and after upgrading impyard; `impyard serve`
@@ -112,7 +112,7 @@ def invite_command(imp: str | None) -> None:
 
     store = ImpStore()
     try:
-        configs = [store.get(imp)] if imp else store.list()
+        configs = [store.get(imp)] if imp else store.all_configs()
     except ImpError as exc:
         raise CliError(str(exc).splitlines()[0]) from exc
     if not configs:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of
-from impyard.imp_config import MAX_PERSONA_CHARS, ImpConfig, ImpError, toml_value
+from impyard.imp_config import MAX_PERSONA_CHARS, ImpConfig, ImpError, new_imp_settings, toml_value
 from impyard.imps import ImpStore, PersonaStatus, TokenStatus
 
 PERSONA_PREVIEW_LINES = 5
@@ -55,7 +55,8 @@ def add_command(
 
     \b
     Every other setting is in imp.toml, each with its default written in as a
-    comment; edit it, then check it with `impyard imp show NAME`. The Discord
+    comment; edit it, then check it with `impyard imp show NAME`. A new imp
+    remembers ([memory] enabled = true; write false to turn it off). The Discord
     token is never stored: it is read from IMPYARD_DISCORD_TOKEN_<NAME>.
     Example:
       impyard imp add pip --persona "You are Pip, a cheerful helper." --model gpt-4.1
@@ -73,7 +74,7 @@ def add_command(
         settings["box"] = {"backend": backend}
     store = ImpStore()
     try:
-        config = store.add(name, persona_text, **settings)
+        config = store.add(name, persona_text, **new_imp_settings(settings))  # memory on (issue 23)
     except ImpError as exc:
         raise CliError(str(exc)) from exc
     directory = store.path(config.name)

@@ -137,7 +137,7 @@ def ls_command(imp: str | None, out: Output) -> None:
       impyard schedule ls
     """
     with schedule_store() as store:
-        schedules = store.list(imp)
+        schedules = store.all_for(imp)
     out.listing(
         [schedule.to_json() for schedule in schedules],
         columns=SCHEDULE_COLUMNS,

@@ -153,7 +153,7 @@ def ls_command(imp: str | None, states: tuple[str, ...], limit: int, out: Output
       impyard task ls --imp pip --state running --state queued
     """
     with task_store() as store:
-        tasks = store.list(imp=imp, states=states or None, limit=limit)
+        tasks = store.latest(imp=imp, states=states or None, limit=limit)
     now = SystemClock().now()
     out.listing(
         [task.to_json(now) for task in tasks],

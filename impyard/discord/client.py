@@ -24,6 +24,7 @@ import discord
 import yarl
 from discord import app_commands
 
+from impyard.discord.inbound import forget_deleted
 from impyard.errors import ImpyardError
 from impyard.imps import ImpConfig
 
@@ -178,8 +179,9 @@ class ImpClient(discord.Client):
 
     async def setup_hook(self) -> None:
         from impyard.discord.approval_cards import GateButton
+        from impyard.discord.commands import ForgetMeButton
 
-        self.add_dynamic_items(GateButton)  # cards posted before a restart still work
+        self.add_dynamic_items(GateButton, ForgetMeButton)  # buttons posted before a restart still work
 
     @property
     def message_content(self) -> bool:
@@ -205,6 +207,15 @@ class ImpClient(discord.Client):
         if self.bridge is None or any(m.id == payload.message_id for m in self.cached_messages):
             return  # a cached message is reported by on_reaction_clear, with its emoji
         self.bridge.reactions_cleared(self, payload.channel_id, payload.message_id, [])
+
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        """A message deleted on Discord leaves the host's history and the imp's memory (issue 23)."""
+        if self.host is not None:
+            await forget_deleted(self.host, payload.channel_id, [payload.message_id])
+
+    async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
+        if self.host is not None:
+            await forget_deleted(self.host, payload.channel_id, sorted(payload.message_ids))
 
 
 class Bridge(Protocol):

@@ -1,4 +1,5 @@
-"""Slash commands (design.md §1, §6, §12): ``/channel mode|trust|untrust|show`` and ``/approvals list|approve|deny``.
+"""Slash commands (design.md §1, §6, §12): ``/channel mode|trust|untrust|show``, ``/approvals list|approve|deny``
+and ``/forget-me`` (issue 23).
 
 Administration happens only on authenticated surfaces: every command is checked here, in code, for
 who runs it — the server owner, a member with Administrator or Manage Server, or one of the imp's
@@ -7,13 +8,16 @@ configured owners (``discord:<id>`` in imp.toml) — whatever ``default_permissi
 user decide: an owner of the imp, or an admin of the guild the reply would be posted in.
 Every interaction is deferred (ephemeral) before anything else, well inside Discord's 3 seconds;
 answers and refusals are ephemeral and say why. ``/channel`` acts on the channel it is run in (a
-thread is a channel of its own) through the same store as ``impyard channel``. Syncing the command
-tree is explicit: ``impyard discord sync``.
+thread is a channel of its own) through the same store as ``impyard channel``. ``/forget-me`` is anyone's,
+for themselves only: it asks first (a button only the person who ran it may press), then forgets everything
+by or about them in every scope of this imp's memory, as ``impyard memory forget`` does. Syncing the
+command tree is explicit: ``impyard discord sync``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +27,9 @@ from discord import app_commands
 
 from impyard.channels import ChannelModeError, ChannelStore, parse_mode
 from impyard.gates import Approver, Gate, GateError, GateStore, may_decide
+from impyard.history import History
 from impyard.imps import ImpConfig
+from impyard.memory.store import MemoryStore
 from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
 
 if TYPE_CHECKING:
@@ -52,11 +58,23 @@ class CommandHost:
     gateway: Gateway
     configs: Mapping[str, ImpConfig]
     cards: ApprovalCards | None = None
+    memory: MemoryStore | None = None  # the host's memory store (default: one on the gateway's database)
+    history: History | None = None  # the host's history (default: one on the gateway's database)
 
     @property
     def gates(self) -> GateStore:
         """The gate store the gateway was handed (awaited through ``aio``, never through its database)."""
         return self.gateway.gates
+
+    def memory_store(self) -> MemoryStore:
+        if self.memory is None:
+            self.memory = MemoryStore(self.gateway.db, self.gateway.clock.now)
+        return self.memory
+
+    def history_store(self) -> History:
+        if self.history is None:
+            self.history = History(self.gateway.db, self.gateway.clock)
+        return self.history
 
 
 # ------------------------------------------------------------------ who may (a pure rule)
@@ -232,7 +250,7 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
             return
         client, host = _context(interaction)
         await host.gateway.expire_due()
-        pending = await host.gates.aio.list(("pending",))
+        pending = await host.gates.aio.latest(("pending",))
         approver, owners = approver_of(interaction), host.gateway.owners.get(client.imp, frozenset())
         # Only the gates this user may decide here: the approver policy itself, never a looser filter (issue 11 #5).
         mine = [g for g in pending if g.imp == client.imp and may_decide(approver, g, owners)[0]]
@@ -260,6 +278,22 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
     )
     async def approvals_deny(interaction: discord.Interaction[ImpClient], gate: str, note: str = "") -> None:
         await _decide(interaction, gate, False, note)
+
+    @tree.command(
+        name="forget-me", description="Make the imp forget everything you said and everything about you"
+    )
+    async def forget_me(interaction: discord.Interaction[ImpClient]) -> None:
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        client, _ = _context(interaction)
+        view = discord.ui.View(timeout=None)
+        view.add_item(ForgetMeButton(interaction.user.id, "confirm"))
+        view.add_item(ForgetMeButton(interaction.user.id, "cancel"))
+        await interaction.followup.send(
+            forget_me_question(client.imp),
+            ephemeral=True,
+            view=view,
+            allowed_mentions=discord.AllowedMentions.none(),
+        )
 
     tree.add_command(channel)
     tree.add_command(approvals)
@@ -332,3 +366,90 @@ async def _decide(
         return
     _, text = await decide_gate(interaction, gate_id, approve, note)
     await _answer(interaction, text)
+
+
+# ------------------------------------------------------------------ /forget-me (issue 23)
+
+FORGET_ME_ID = re.compile(r"impyard:forget-me:(?P<user>[0-9]{1,20}):(?P<action>confirm|cancel)")
+
+
+def forget_me_question(imp: str) -> str:
+    return (
+        f"**Forget you?** {imp} will forget everything you said to it and everything it remembers about you, "
+        "in every channel and DM, for good. This cannot be undone."
+    )
+
+
+def forgotten_text(imp: str, counts: Mapping[str, int]) -> str:
+    records, episodes, talks = (
+        counts.get("records", 0),
+        counts.get("episodes", 0),
+        counts.get("conversations", 0),
+    )
+    if not records and not episodes and not talks:
+        return f"Done: {imp} remembered nothing by or about you, so there was nothing to forget."
+    return (
+        f"Done: {imp} forgot you — {records} memor{'y' if records == 1 else 'ies'}, "
+        f"{episodes} moment{'' if episodes == 1 else 's'} and {talks} conversation{'' if talks == 1 else 's'}."
+    )
+
+
+def names_of(user: discord.abc.User) -> list[str]:
+    """The names a Discord user goes by (server nickname, display name, username), as memories name them."""
+    names = [getattr(user, "nick", None), user.display_name, user.global_name, user.name]
+    return list(dict.fromkeys(name.strip() for name in names if name and name.strip()))
+
+
+async def forget_person(host: CommandHost, imp: str, person_id: str, names: list[str]) -> dict[str, int]:
+    """Everything by ``person_id`` or about any of ``names`` (every scope of ``imp``), with the counts."""
+    store = host.memory_store()
+    known = await host.history_store().aio.author_names(person_id)
+    counts = {"records": 0, "episodes": 0, "conversations": 0}
+    every_name: list[str | None] = list(dict.fromkeys([*names, *known]))
+    for name in every_name or [None]:
+        for key, value in (await store.aio.forget_person(imp, person_id, name)).items():
+            counts[key] = counts.get(key, 0) + value
+    return counts
+
+
+class ForgetMeButton(discord.ui.DynamicItem[discord.ui.Button[Any]], template=FORGET_ME_ID):
+    """Forget me / Cancel under the /forget-me question; the custom id names whose question it is."""
+
+    def __init__(self, user_id: int, action: str) -> None:
+        confirm = action == "confirm"
+        super().__init__(
+            discord.ui.Button(
+                label="Forget me" if confirm else "Cancel",
+                style=discord.ButtonStyle.danger if confirm else discord.ButtonStyle.secondary,
+                custom_id=f"impyard:forget-me:{user_id}:{action}",
+            )
+        )
+        self.user_id = user_id
+        self.action = action
+
+    @classmethod
+    async def from_custom_id(
+        cls, interaction: discord.Interaction[Any], item: discord.ui.Item[Any], match: re.Match[str], /
+    ) -> ForgetMeButton:
+        return cls(int(match["user"]), match["action"])
+
+    async def callback(self, interaction: discord.Interaction[ImpClient]) -> None:  # type: ignore[override]
+        await interaction.response.defer()  # acknowledged within Discord's 3 s; the question is edited after
+        if interaction.user.id != self.user_id:  # only ever one's own: the id is in the button, checked here
+            log.info("refused a /forget-me click by %s on %s's question", interaction.user.id, self.user_id)
+            await interaction.followup.send(
+                "This button forgets the person who asked, not you: run /forget-me yourself. Nothing was forgotten.",
+                ephemeral=True,
+            )
+            return
+        if self.action == "cancel":
+            await interaction.edit_original_response(content="Cancelled: nothing was forgotten.", view=None)
+            return
+        client, host = _context(interaction)
+        counts = await forget_person(host, client.imp, str(interaction.user.id), names_of(interaction.user))
+        log.info("/forget-me: %s forgot discord:%s: %s", client.imp, interaction.user.id, counts)
+        await interaction.edit_original_response(
+            content=forgotten_text(client.imp, counts),
+            view=None,
+            allowed_mentions=discord.AllowedMentions.none(),
+        )

@@ -6,20 +6,28 @@ messages) → :func:`to_inbound`: the wake facts read from the message itself �
 own managed role, a reply to one of its messages — the replied-to message as ``reply_to``, and image
 attachments fetched here, on the host, bounded in type and size, and passed to the box as data. A
 thread is a channel of its own (its own id, mode and trust).
+
+A deleted message (``on_raw_message_delete``; Discord does not say who deleted it, so whoever did — its
+author or a moderator — it goes) leaves the host's history and the memory of every imp: its episodes,
+and a record left without an episode with them (:func:`forget_deleted`).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 import discord
 
 from box.protocol.models import Attachment, Author, Message, ReplyRef
 from impyard.conversation import Inbound, clean_content
+
+if TYPE_CHECKING:
+    from impyard.discord.commands import CommandHost
 
 log = logging.getLogger("impyard.discord.inbound")
 
@@ -199,3 +207,22 @@ def bot_role_ids(message: discord.Message) -> set[int]:
     guild = message.guild
     role = guild.self_role if guild is not None else None
     return {role.id} if role is not None else set()
+
+
+async def forget_deleted(host: CommandHost, channel_id: int, message_ids: Sequence[int]) -> dict[str, int]:
+    """Messages deleted on Discord: out of the host's history, and their episodes out of every imp's memory
+    (a record left without an episode goes too). Returns the counts; a failure is logged, never raised into
+    discord.py's event loop."""
+    counts = {"history": 0, "records": 0, "episodes": 0}
+    try:
+        for message_id in message_ids:
+            counts["history"] += await host.history_store().aio.forget(str(channel_id), str(message_id))
+            forgotten = await host.memory_store().aio.forget_message(str(channel_id), str(message_id))
+            counts["records"] += forgotten.get("records", 0)
+            counts["episodes"] += forgotten.get("episodes", 0)
+    except Exception:  # noqa: BLE001 - an event handler: log, and keep the bot running
+        log.exception("could not forget deleted messages %s in channel %s", list(message_ids), channel_id)
+        return counts
+    if any(counts.values()):
+        log.info("deleted in channel %s: %s message(s) forgotten: %s", channel_id, len(message_ids), counts)
+    return counts

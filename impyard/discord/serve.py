@@ -67,7 +67,7 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
     """The named imps; else every imp whose token is set (the others are skipped, with a note)."""
     if names:
         return [store.get(name) for name in dict.fromkeys(names)]
-    configs = store.list()
+    configs = store.all_configs()
     if not configs:
         raise DiscordSetupError(
             "there are no imps yet: `impyard imp add pip`, give it a bot token (the README, section Discord)"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import logging
 import secrets
@@ -102,9 +101,10 @@ class TaskStore(Store):
             raise TaskError(f"no task {task_id!r}; `impyard task ls` lists them")
         return row_to_task(rows[0])
 
-    def list(
+    def latest(
         self, *, imp: str | None = None, states: Collection[str] | None = None, limit: int = 100
     ) -> list[Task]:
+        """The newest tasks first (of ``imp``, in ``states``, when given), at most ``limit``."""
         where: list[str] = []
         args: list[object] = []
         if imp is not None:
@@ -118,7 +118,7 @@ class TaskStore(Store):
         args.append(limit)
         return [row_to_task(row) for row in self.db.query(sql, args)]
 
-    def ready(self, limit: int) -> builtins.list[Task]:
+    def ready(self, limit: int) -> list[Task]:
         """Queued tasks whose time has come, oldest first."""
         rows = self.db.query(
             """SELECT * FROM tasks WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= ?
@@ -130,13 +130,13 @@ class TaskStore(Store):
     def has_ready(self) -> bool:
         return bool(self.ready(1))
 
-    def running(self) -> builtins.list[Task]:
+    def running(self) -> list[Task]:
         return [
             row_to_task(row)
             for row in self.db.query("SELECT * FROM tasks WHERE state = 'running' ORDER BY started_at")
         ]
 
-    def cancel_requested(self, task_ids: Collection[str]) -> builtins.list[str]:
+    def cancel_requested(self, task_ids: Collection[str]) -> list[str]:
         if not task_ids:
             return []
         rows = self.db.query(
@@ -145,7 +145,7 @@ class TaskStore(Store):
         )
         return [row["id"] for row in rows]
 
-    def runs(self, task_id: str) -> builtins.list[TaskRun]:
+    def runs(self, task_id: str) -> list[TaskRun]:
         rows = self.db.query("SELECT * FROM task_runs WHERE task_id = ? ORDER BY attempt", (task_id,))
         return [row_to_run(row) for row in rows]
 
@@ -153,7 +153,7 @@ class TaskStore(Store):
         rows = self.db.query("SELECT * FROM task_runs WHERE run_id = ?", (run_id,))
         return row_to_run(rows[0]) if rows else None
 
-    def audit_trail(self, task_id: str) -> builtins.list[AuditRecord]:
+    def audit_trail(self, task_id: str) -> list[AuditRecord]:
         """Every audit row of every run of the task (requests and gate transitions), oldest first."""
         rows = self.db.query(
             """SELECT a.* FROM audit a JOIN task_runs r ON a.run_id = r.run_id
@@ -162,7 +162,7 @@ class TaskStore(Store):
         )
         return [AuditLog._record(row) for row in rows]
 
-    def gates_of(self, task_id: str) -> builtins.list[Gate]:
+    def gates_of(self, task_id: str) -> list[Gate]:
         rows = self.db.query(
             "SELECT g.id FROM gates g JOIN task_runs r ON g.run_id = r.run_id WHERE r.task_id = ? ORDER BY g.created_at",
             (task_id,),
@@ -190,7 +190,7 @@ class TaskStore(Store):
 
     def journal(
         self, imp: str, *, limit: int = JOURNAL_ENTRIES, exclude: str | None = None
-    ) -> builtins.list[JournalEntry]:
+    ) -> list[JournalEntry]:
         """The imp's own finished tasks, newest first (never another imp's)."""
         rows = self.db.query(
             """SELECT id, kind, origin, state, outcome, box_summary, finished_at FROM tasks
@@ -373,7 +373,7 @@ class TaskStore(Store):
 
     # ------------------------------------------------------------ gates: follow-ups and review
 
-    def decided_gates_to_follow(self) -> builtins.list[tuple[Task, Gate]]:
+    def decided_gates_to_follow(self) -> list[tuple[Task, Gate]]:
         """Decided gates of wake-on-resolve tasks that have no follow-up yet."""
         rows = self.db.query(
             f"""SELECT g.id AS gate_id, t.id AS task_id FROM gates g
@@ -402,7 +402,7 @@ class TaskStore(Store):
         log.info("task %s follows up task %s: gate %s %s", task_id, task.id, gate.id, gate.state)
         return self.get(task_id)
 
-    def settle_reviews(self) -> builtins.list[Task]:
+    def settle_reviews(self) -> list[Task]:
         """needs_review tasks whose gates are all decided become done (all sent) or failed."""
         rows = self.db.query(
             f"""SELECT t.id FROM tasks t WHERE t.state = 'needs_review'

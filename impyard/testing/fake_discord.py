@@ -1376,6 +1376,18 @@ class FakeDiscord:
         self._notify()
         return interaction
 
+    def delete_message(self, message_id: int) -> MessageRecord:
+        """A user deletes a message (their own, or as a moderator): marked deleted, dispatched as
+        MESSAGE_DELETE (id, channel_id, guild_id) to the bots that see the channel, as Discord does.
+        Discord's event does not say who deleted it, and neither does this."""
+        with self._lock:
+            record = self._messages.get(message_id)
+            if record is None or record.deleted:
+                raise LookupError(f"no message {message_id}")
+            self._mark_deleted(record)
+        self._notify()
+        return record
+
     def dispatch(self, event: str, data: Mapping[str, Any], *, bot_user_id: int | None = None) -> None:
         """Send a raw DISPATCH to every session (or one bot's) — for events this fake does not model."""
         with self._lock:

@@ -1,8 +1,8 @@
-"""``impyard supervise``: scheduled and proactive work as governed one-shot boxes (issue 8; design.md §1, §5).
+"""The supervisor's loop (``impyard supervise``; ``impyard serve --supervise``): reclaim, then tick.
 
 Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
 
-1. the gateway executes gates approved elsewhere (the CLI) and expires overdue ones;
+1. the host's gate pump runs (a standalone supervisor's own; under ``serve`` the host runs it);
 2. a decided gate of a wake-on-resolve task queues its follow-up, exactly once;
    needs-review tasks whose gates are all decided become done or failed;
 3. due schedules queue their tasks;
@@ -14,23 +14,17 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
 
 A task box runs ``task.run`` inside its ceiling; the host attests the result
 (``impyard.tasks.attest``). At start, tasks a dead supervisor left ``running``
-are reclaimed: their boxes removed (Docker by the run label, process boxes by
-pid), then requeued or ended by ``reclaim_decision``. Task kinds are opaque
-here: the box decides what a kind means.
+are reclaimed: their boxes removed (``impyard.supervisor.orphans``), then
+requeued or ended by ``reclaim_decision``. Task kinds are opaque here: the box
+decides what a kind means.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 
 import anyio
 from anyio.abc import TaskGroup
@@ -38,21 +32,19 @@ from anyio.abc import TaskGroup
 from box.protocol import RpcError
 from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskSpec
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
-from impyard.backends.choose import choose_backend
-from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.process import ProcessBackend
 from impyard.clock import Clock, iso
 from impyard.db import Database
 from impyard.gate_pump import GatePump
 from impyard.gateway import Gateway
-from impyard.host import Host, open_host
 from impyard.imps import ImpConfig, ImpError, ImpStore
-from impyard.instance import SUPERVISE_LOCK_FILENAME, InstanceLock
-from impyard.ledger import ALL_IMPS, BudgetRow, seconds_to_next_day, seconds_to_next_month
-from impyard.paths import home
+from impyard.ledger import seconds_to_next_day
 from impyard.schedules import ScheduleStore
 from impyard.sessions import describe_error
-from impyard.surfaces import SURFACE_LOG, Surface, TerminalSurface
+from impyard.supervisor.backends import BackendFor
+from impyard.supervisor.budget import budget_wait
+from impyard.supervisor.orphans import remove_orphan_box
+from impyard.supervisor.settings import READY_BATCH, SupervisorSettings
 from impyard.tasks import (
     RunEnd,
     Task,
@@ -64,89 +56,6 @@ from impyard.tasks import (
 )
 
 log = logging.getLogger("impyard.supervisor")
-
-DEFAULT_CONCURRENCY = 3
-MAX_CONCURRENCY = 64
-TICK_S = 0.5  # dispatch latency: a due task starts within one tick when a slot is free
-INIT_TIMEOUT_S = 60.0
-SHUTDOWN_GRACE_S = 10.0
-MAX_ATTEMPTS = 3  # a task interrupted this often by a dying supervisor is failed, not retried
-READY_BATCH = 100
-TERMINAL_SURFACE_NOTICE = (
-    "no chat surface is connected: task log posts are printed on this terminal, and posts into Discord "
-    "channels are refused here (run tasks that post to Discord under `impyard serve --supervise`)"
-)
-
-
-@dataclass(frozen=True)
-class SupervisorSettings:
-    concurrency: int = DEFAULT_CONCURRENCY
-    tick_s: float = TICK_S
-    max_attempts: int = MAX_ATTEMPTS
-    max_ceiling_s: float | None = None  # caps every task's own ceiling (an operator limit; tests use it)
-    init_timeout_s: float = INIT_TIMEOUT_S
-    shutdown_grace_s: float = SHUTDOWN_GRACE_S
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
-            raise ValueError(f"concurrency must be from 1 to {MAX_CONCURRENCY} (got {self.concurrency})")
-        if not 0 < self.tick_s <= 1.0:
-            raise ValueError("tick_s must be more than 0 and at most 1 s (the dispatch latency bound)")
-
-
-BackendFor = Callable[[str], BoxBackend]
-
-
-class BackendChooser:
-    """Each imp's backend from its ``[box]`` settings (or an override); boxes labelled as task boxes."""
-
-    def __init__(self, imps: ImpStore, override: str | None = None) -> None:
-        self.imps = imps
-        self.override = override
-        self._chosen: dict[tuple[str, DockerLimits], BoxBackend] = {}
-
-    def __call__(self, imp: str) -> BoxBackend:
-        config = self.imps.get(imp)
-        key = (self.override or config.box.backend, config.box.docker_limits())
-        if key not in self._chosen:
-            self._chosen[key] = choose_backend(key[0], limits=key[1], role="task")  # type: ignore[arg-type]
-        return self._chosen[key]
-
-
-# ------------------------------------------------------------------ rules (pure)
-
-
-def budget_wait(rows: Sequence[BudgetRow], imp: str, now: datetime) -> tuple[int, str] | None:
-    """Seconds until ``imp`` may spend again (the longest exhausted window), and which window; None if it may now.
-
-    Only settled spending counts here: reservations in flight may settle lower. A task that starts and
-    then meets the hard stop inside its box is deferred after its run instead (``attest``).
-    """
-    waits: list[tuple[int, str]] = []
-    for row in rows:
-        if row.scope not in (imp, ALL_IMPS):
-            continue
-        name = "all imps" if row.scope == ALL_IMPS else f"imp {imp}"
-        if row.monthly_limit is not None and row.monthly_spent - row.reserved >= row.monthly_limit:
-            waits.append((seconds_to_next_month(now), f"{name}: monthly budget"))
-        if row.daily_limit is not None and row.daily_spent - row.reserved >= row.daily_limit:
-            waits.append((seconds_to_next_day(now), f"{name}: daily budget"))
-    return max(waits) if waits else None
-
-
-def looks_like_box_process(pid: int, state_dir: Path) -> bool:
-    """A process backend box of this imp: its environment names the imp's state dir (Linux /proc)."""
-    proc = Path(f"/proc/{pid}")
-    try:
-        environ = (proc / "environ").read_bytes().split(b"\0")
-        cmdline = (proc / "cmdline").read_bytes()
-    except OSError:
-        return False
-    named = {f"IMPYARD_STATE_DIR={path}".encode() for path in (state_dir, state_dir.resolve())}
-    return not named.isdisjoint(environ) and b"box" in cmdline
-
-
-# ------------------------------------------------------------------ the loop
 
 
 @dataclass(eq=False)
@@ -194,7 +103,8 @@ class Supervisor:
             if task.id in self.running:
                 continue  # ours (reclaim is only called before the loop starts; this is a guard)
             run = await self.db.run(self.tasks.run, task.run_id) if task.run_id else None
-            await self._remove_orphan_box(task, run.box_pid if run else None)
+            box_pid = run.box_pid if run else None
+            await remove_orphan_box(task, box_pid, self.imps.state_dir(task.imp), self.backend_for)
             facts = await self.db.run(self.tasks.run_facts, task.run_id) if task.run_id else None
             action, reason = reclaim_decision(
                 attempts=task.attempts,
@@ -208,32 +118,6 @@ class Supervisor:
         if reclaimed:
             log.warning("reclaimed %d task(s) left running by a supervisor that stopped", len(reclaimed))
         return reclaimed
-
-    async def _remove_orphan_box(self, task: Task, box_pid: int | None) -> None:
-        state_dir = self.imps.state_dir(task.imp)
-        if box_pid is not None and looks_like_box_process(box_pid, state_dir):
-            try:
-                os.kill(box_pid, signal.SIGKILL)
-                log.warning("killed orphaned box process %d of task %s", box_pid, task.id)
-            except ProcessLookupError:
-                pass
-        if not task.run_id:
-            return
-        try:
-            backend = await anyio.to_thread.run_sync(self.backend_for, task.imp)
-        except (ImpError, BoxError) as exc:
-            log.info("task %s: no backend to look for its box in (%s)", task.id, exc)
-            return
-        if isinstance(backend, DockerBackend):
-            try:
-                containers = await anyio.to_thread.run_sync(lambda: backend.labelled(run=task.run_id or ""))
-                for container in containers:
-                    if container.name is None:
-                        continue
-                    await anyio.to_thread.run_sync(backend.kill_by_name, container.name)
-                    log.warning("removed orphaned box %s of task %s", container.name, task.id)
-            except Exception as exc:  # noqa: BLE001 - reclaim goes on; the box is reported
-                log.error("could not remove the box of task %s (run %s): %s", task.id, task.run_id, exc)
 
     # ------------------------------------------------------------ one tick
 
@@ -447,44 +331,3 @@ class Supervisor:
     async def _wake_on_stop(self, stop: anyio.Event) -> None:
         await stop.wait()
         self._wake.set()
-
-
-# ------------------------------------------------------------------ assembling it from IMPYARD_HOME
-
-
-@asynccontextmanager
-async def open_supervisor(
-    *,
-    surface: Surface | None = None,
-    clock: Clock | None = None,
-    backend: str | None = None,
-    backend_for: BackendFor | None = None,
-    settings: SupervisorSettings | None = None,
-    lock: bool = True,
-    host: Host | None = None,
-) -> AsyncIterator[Supervisor]:
-    """The supervisor of this IMPYARD_HOME: its lock first (a second one refuses with the holder's pid), then
-    its host. Standalone, it opens a host of its own that reaches only the task log (``surface``, else the
-    terminal) and pumps its gates; given the ``host`` of ``impyard serve``, it shares that host's gateway and
-    leaves the gates to that host's pump."""
-    instance = InstanceLock(home(), "supervise", SUPERVISE_LOCK_FILENAME)
-    if lock:
-        instance.__enter__()
-    try:
-        async with AsyncExitStack() as stack:
-            own_pump = host is None
-            if host is None:
-                if surface is None:
-                    log.warning(TERMINAL_SURFACE_NOTICE)
-                    surface = TerminalSurface(sys.stdout)
-                host = await stack.enter_async_context(
-                    open_host(surface, reaches=(SURFACE_LOG,), clock=clock)
-                )
-            yield Supervisor(
-                db=host.db, gateway=host.gateway, imps=host.imps,
-                backend_for=backend_for or BackendChooser(host.imps, backend), clock=clock or host.clock,
-                settings=settings, pump=host.pump if own_pump else None,
-            )  # fmt: skip
-    finally:
-        if lock:
-            instance.__exit__(None, None, None)

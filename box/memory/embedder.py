@@ -1,0 +1,95 @@
+"""Text to vectors for recall (mechanisms 14, 30, 62, 63).
+
+Two embedders share one small interface. ``GatewayEmbedder`` asks the imp's embedding model
+through the gateway; ``HashingEmbedder`` is the offline bag-of-words one the tests use (and an
+imp may choose, ``[memory] embedder = "hashing"``): deterministic, no model, 64 dimensions.
+
+Neither raises for a model failure: ``None`` means "no vector this time" and the engine stores the
+record without one (it is then found by recency and by person, not by meaning). Text with no
+words has no vector either: a zero vector cannot be normalised and would match nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from box.memory.calls import MemoryModel
+
+EMBED_MAX_CHARS = 8_000  # a long message is embedded by its beginning; its meaning is there
+EMBED_MAX_BYTES = 12_000  # and at most this much UTF-8, so CJK text stays under a model's token limit
+HASHING_DIMS = 64  # memory-engine.md: the test embedder's 64 buckets
+
+_TOKEN = re.compile(r"\w+")
+
+
+class Embedder(Protocol):
+    """Mechanism 30: ``name`` and ``dims`` say which vectors can be compared with this one's."""
+
+    name: str
+    dims: int | None  # None: whatever the model gives (vectors of another length are never compared)
+
+    async def embed(self, text: str) -> list[float] | None:
+        """The vector of ``text``, or None: no vector this time (never raises for a model failure)."""
+        ...
+
+
+def clip_for_embedding(text: str) -> str:
+    """The part of ``text`` that is embedded: ≤ 8,000 characters and ≤ 12,000 UTF-8 bytes, whole characters."""
+    clipped = text[:EMBED_MAX_CHARS]
+    data = clipped.encode("utf-8")
+    if len(data) > EMBED_MAX_BYTES:
+        clipped = data[:EMBED_MAX_BYTES].decode("utf-8", errors="ignore")
+    return clipped
+
+
+@dataclass
+class HashingEmbedder:
+    """The deterministic 64-dim bag of words (memory-engine.md "Embedder and recall scoring").
+
+    Each lowercase ``\\w+`` token adds 1 to bucket md5(token) mod 64; the counts are L2-normalised.
+    md5, not ``hash()``: the same text gives the same vector in every process (hash() is salted).
+    """
+
+    name: str = "hashing-64"
+    dims: int | None = HASHING_DIMS
+
+    async def embed(self, text: str) -> list[float] | None:
+        return hashing_vector(clip_for_embedding(text))
+
+
+def hashing_vector(text: str, dims: int = HASHING_DIMS) -> list[float] | None:
+    """The hashing embedder's vector (pure, synchronous); None for a text without words."""
+    counts = [0.0] * dims
+    for token in _TOKEN.findall(text.lower()):
+        bucket = int.from_bytes(hashlib.md5(token.encode("utf-8")).digest(), "big") % dims
+        counts[bucket] += 1.0
+    norm = math.sqrt(sum(c * c for c in counts))
+    if norm == 0:
+        return None
+    return [c / norm for c in counts]
+
+
+class GatewayEmbedder:
+    """The imp's embedding model via the gateway (``POST /embeddings``, purpose "embedding").
+
+    The text is clipped before it goes out, blank text is not sent (the API refuses empty input),
+    and the answer must be exactly ``dimensions`` finite numbers (checked in ``MemoryModel``).
+    The name carries model and size, so vectors of another model or size are told apart (30).
+    """
+
+    def __init__(self, model: MemoryModel, model_name: str, dimensions: int) -> None:
+        self.model = model
+        self.model_name = model_name
+        self.name = f"{model_name}@{dimensions}"
+        self.dims: int | None = dimensions
+        self._dimensions = dimensions
+
+    async def embed(self, text: str) -> list[float] | None:
+        clipped = clip_for_embedding(text)
+        if not clipped.strip():
+            return None
+        return await self.model.embedding(self.model_name, clipped, self._dimensions)

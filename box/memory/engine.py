@@ -1,0 +1,492 @@
+"""The memory engine in the turn (issue 23): ``ChatMemory`` behind the ``MemoryEngine`` seam.
+
+ContextBuilding (``begin``): load this person's conversation, count the turn, then — concurrently — the
+summary cadence (44) beside the words' embedding, the recent records, the search and the filter (14-24,
+32); compose the State (32-37) and the ``### Memory`` block (1-13, 37-43).
+
+ToolExecution (``next_hop`` after each draft): the probes (25-27) and one action hop (49) search and
+recompose the State (36) for another reply call; at most 4 reply calls. ``introspect`` lets the draft
+stand (52; reflection mid-turn is issue II).
+
+PostSend (``commit``, after delivery is confirmed): the appraisal (57-59) bent by the temperament (60),
+the event and its vectors (61-63), joining or opening a record (64-66), the focus (31, 41) and the
+conversation saved.
+
+A store that does not answer never fails a reply: at the start the turn goes on without memory, in a hop
+the draft stands, at the end the moment is not kept — each with a log line to the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from box.envelope import Envelope
+from box.memory import NO_TURN, CommittedTurn, MemoryTurn, TurnFacts
+from box.memory import contexts as ctx
+from box.memory.association_filter import ModelFilter
+from box.memory.calls import TEMPERATURE_APPRAISAL, CallLog, MemoryModel, ModelCaller
+from box.memory.contexts import ReplyView, Scene, SearchNote
+from box.memory.conversation import Conversation
+from box.memory.embedder import GatewayEmbedder, HashingEmbedder
+from box.memory.focus import moment_entry
+from box.memory.laws import DEFAULTS, Params, Temperament
+from box.memory.moment import SCHEMA as APPRAISAL_SCHEMA
+from box.memory.moment import Felt, encoding, event_text, joins, read_appraisal, reply_moment
+from box.memory.prompts import Prompts
+from box.memory.recall import Embedder, Recall, Recalled
+from box.memory.state import State, compose
+from box.memory.store_client import StoreClient, StoreUnavailable
+from box.memory.summary import Summariser
+from box.protocol.memory import EpisodeView, RecordView
+from box.protocol.models import BoxInitParams, MemorySettings
+
+log = logging.getLogger("box.memory")
+
+HostLog = Callable[[str, str], Awaitable[None]]  # (level, message)
+
+MAX_REPLY_CALLS = 4  # mechanism 49
+MOMENT_PROBE_WORDS = 70  # memory-engine.md: moment-probe words cut to 70
+STATE_EPISODES = 5  # episodesPerFeeling: the State's entries are reloaded with 5 (subtle point 5)
+TURN_BUDGET_S = 100.0  # the memory's calls give up before the host's default 120 s turn ceiling (121)
+UNKNOWN_PROBE = "{person} — who is this person, what do we have in common"  # mechanism 25
+
+
+async def concurrently(*works: Callable[[], Awaitable[None]]) -> None:
+    """Run ``works`` side by side; a store that does not answer in one of them is raised once all are done."""
+    failures: list[StoreUnavailable] = []
+
+    async def guarded(work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except StoreUnavailable as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for work in works:
+            tg.start_soon(guarded, work)
+    if failures:
+        raise failures[0]
+
+
+def temperament_of(settings: MemorySettings) -> Temperament:
+    return Temperament(settings.valence_bias, settings.intensity_amplification, settings.avoidance_weight)
+
+
+class ChatMemory:
+    """The engine of one box session. One turn at a time (the box serialises turns)."""
+
+    def __init__(
+        self,
+        *,
+        init: BoxInitParams,
+        store: StoreClient,
+        client: ModelCaller,
+        state_dir: Path | None = None,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        host_log: HostLog | None = None,
+        embedder: Embedder | None = None,
+        prompts: Prompts | None = None,
+        params: Params = DEFAULTS,
+    ) -> None:
+        self.init = init
+        self.settings = settings = init.imp.memory
+        self.store = store
+        self.now: datetime = init.now  # mechanism 122: the host's clock, moved by every delivery
+        self._started = time.monotonic()
+        self.model = MemoryModel(
+            client, settings, init.imp.responder.model,
+            call_log=CallLog.in_state_dir(state_dir, settings) if state_dir is not None else None,
+            sleep=sleep, clock=lambda: self.now, deadline=self.deadline,
+        )  # fmt: skip
+        self.embedder: Embedder = embedder or (
+            HashingEmbedder()
+            if settings.embedder == "hashing"
+            else GatewayEmbedder(self.model, settings.embedding_model, settings.dimensions)
+        )
+        self.prompts = prompts or Prompts.load()
+        self.params = params
+        self.temperament = temperament_of(settings)
+        self._host_log = host_log
+        self.filter = ModelFilter(
+            self.model, self.prompts, init.imp.name, settings.timezone, lambda: self.now
+        )
+        self.recall = Recall(store, self.embedder, self.filter, params)
+        self.summariser = Summariser(
+            self.model, self.prompts, init.imp.name, settings.timezone, lambda: self.now, params
+        )
+        self.current: ChatTurn | None = None
+
+    def deadline(self) -> float | None:
+        """Seconds left of this turn's memory budget (the busy backoff never waits past it, 121)."""
+        return TURN_BUDGET_S - (time.monotonic() - self._started)
+
+    async def log(self, level: str, message: str) -> None:
+        log.log(logging.getLevelName(level.upper()), message)
+        if self._host_log is not None:
+            await self._host_log(level, message[:1000])
+
+    # ------------------------------------------------------------ the seam
+
+    async def begin(self, facts: TurnFacts) -> MemoryTurn:
+        self.current = None
+        if facts.task:
+            return NO_TURN  # a scheduled prompt is nobody's words: nothing to recall or keep
+        self.now = facts.now
+        self._started = time.monotonic()
+        turn = ChatTurn(self, facts)
+        try:
+            await turn.prepare()
+        except StoreUnavailable as exc:
+            await self.log("warning", f"memory store unavailable; this turn answers without memory: {exc}")
+            return NO_TURN
+        self.current = turn
+        return turn
+
+    async def search(self, query: str, limit: int) -> list[str]:
+        """The ``search`` tool: a deliberate search (23, 24) in the current turn."""
+        turn = self.current
+        if turn is None:
+            return []
+        try:
+            found = await turn.deliberate(query)
+        except StoreUnavailable as exc:
+            await self.log("warning", f"memory store unavailable during a search: {exc}")
+            return []
+        return [ctx.memory_line(self.prompts, turn.reply_model, r, turn.scene) for r in found[:limit]]
+
+    async def record_event(self, channel_id: str, text: str) -> None:
+        return None  # channel events are history, not moments of a conversation
+
+
+class ChatTurn:
+    """One turn's memory: built in ContextBuilding, hopped in ToolExecution, kept in PostSend."""
+
+    def __init__(self, engine: ChatMemory, facts: TurnFacts) -> None:
+        self.engine = engine
+        self.facts = facts
+        init = engine.init
+        author = facts.message.author
+        self.person = (author.name or author.id)[:64]
+        self.person_id = author.id
+        self.words = facts.message.content
+        self.reply_model = engine.model.model_for("reply")  # mechanism 54
+        images = sum(
+            1 for a in facts.message.attachments if a.content_type.startswith("image/") and a.data_b64
+        )
+        self.scene = Scene(
+            imp=init.imp.name, person=self.person, person_id=self.person_id, now=facts.now,
+            timezone=engine.settings.timezone, channel_kind=init.session.channel_kind,
+            channel_name=init.session.channel_name, images=images,
+        )  # fmt: skip
+        self.rules: str | None = ctx.reply_rules(engine.prompts, self.reply_model)
+        self.conversation: Conversation | None = None
+        self.recent: list[RecordView] = []
+        self.recalled = Recalled()
+        self.associations: list[RecordView] = []  # lived records recalled this turn, in order (31, 32)
+        self.constructs: list[RecordView] = []  # constructs that came to mind (35; the slot is issue II)
+        self.searches: list[SearchNote] = []
+        self.state = State()
+        self.total = 0
+        self.drafts = 0
+        self.hops = 0
+        self.unknown_probe = 0
+        self.stranger_known = False  # probe 25's null carried from an earlier turn of this conversation
+        self.moment_probe = 0
+        self.kind_probed = False
+        self.refeels: list[str] = []  # mechanism 38: parsed, no effect
+        self._episodes: dict[str, list[EpisodeView]] = {}
+
+    # ------------------------------------------------------------ ContextBuilding
+
+    async def prepare(self) -> None:
+        store = self.engine.store
+        self.conversation = conversation = await Conversation.load(
+            store, self.person, self.person_id, self.facts.now, self.engine.params.presence_stale_seconds
+        )
+        conversation.saved.turns += 1  # subtle point 15: counted before the reply
+        if conversation.saved.started_at is None:
+            conversation.saved.started_at = self.facts.now
+        await concurrently(self._summarise, self._recall)  # mechanism 44 beside recall: off the critical path
+        await self._carry_stranger()
+        await self.recompose()
+
+    async def _carry_stranger(self) -> None:
+        """Mechanism 25, once per conversation: when the probe found nobody on an earlier turn and there is
+        still no record with or about the person outside the focus, its spoken null is in the senses before
+        the first reply call, so later turns do not pay a regeneration to learn the same thing again."""
+        assert self.conversation is not None
+        if not self.conversation.saved.stranger:
+            return
+        if await self.engine.recall.knows(self.person, self.focus_ids()):
+            self.conversation.saved.stranger = False  # someone told the imp about them since: probe anew
+            return
+        self.stranger_known = True
+        self.searches.append(SearchNote(UNKNOWN_PROBE.format(person=self.person), 0))
+
+    async def _summarise(self) -> None:
+        assert self.conversation is not None
+        try:
+            await self.engine.summariser.refresh(self.conversation)
+        except Exception as exc:  # the summary is a nicety: its failure keeps the old text (44)
+            log.warning("summary not refreshed: %r", exc)
+
+    async def _recall(self) -> None:
+        """Embedding ∥ recent records, then search and filter (14-24): the reply's first two model calls."""
+        vector: list[float] | None = None
+        recent = None
+
+        async def embed() -> None:
+            nonlocal vector
+            vector = await self.engine.embedder.embed(self.words)
+
+        async def load_recent() -> None:
+            nonlocal recent
+            recent = await self.engine.store.recent(
+                k=self.engine.params.recent_count, episodes=STATE_EPISODES
+            )
+
+        await concurrently(embed, load_recent)
+        assert recent is not None
+        self.recent, self.total = list(recent.records), recent.total
+        if vector is None:
+            await self.engine.log("warning", "the words could not be embedded; nothing is recalled this turn")
+        self.recalled = await self.engine.recall.involuntary(
+            self.words, self.person, self.focus_ids(), vector
+        )
+        self._came_to_mind(self.recalled.records)
+
+    def focus_ids(self) -> set[str]:
+        return self.conversation.focus.ids() if self.conversation is not None else set()
+
+    def _came_to_mind(self, records: Sequence[RecordView]) -> None:
+        known = {r.id for r in self.associations} | {c.id for c in self.constructs}
+        for record in records:
+            if record.id in known:
+                continue
+            known.add(record.id)
+            (self.associations if record.kind == "lived" else self.constructs).append(record)  # 35
+
+    async def recompose(self) -> None:
+        """Mechanism 36: the State rebuilt from the recent records and every association so far."""
+        self.state = compose(self.recent, self.associations, self.engine.params)
+        await self._reload_episodes()
+
+    async def _reload_episodes(self) -> None:
+        """Subtle point 5: only the State's entries are reloaded, with 5 episodes each."""
+        recent_ids = {r.id for r in self.recent}
+        wanted = [r.id for r in self.state.entries if r.id not in recent_ids and r.id not in self._episodes]
+        if wanted:
+            loaded = await self.engine.store.episodes(wanted, per_record=STATE_EPISODES)
+            for rid in wanted:
+                self._episodes[rid] = [ep for ep in loaded if ep.record_id == rid]
+        self.state.entries = [
+            r.model_copy(update={"episodes": self._episodes[r.id]}) if self._episodes.get(r.id) else r
+            for r in self.state.entries
+        ]
+
+    def view(self) -> ReplyView:
+        assert self.conversation is not None
+        return ReplyView(
+            scene=self.scene, state=self.state, focus=self.conversation.focus,
+            summary=self.conversation.saved.summary, evoked_now=self.state.left_out, constructs=self.constructs,
+            searches=self.searches, recalled=len(self.associations) + len(self.constructs), total=self.total,
+            presence=self.facts.presence,
+        )  # fmt: skip
+
+    def block(self) -> str | None:
+        return ctx.reply_block(self.engine.prompts, self.reply_model, self.view())
+
+    # ------------------------------------------------------------ ToolExecution: the reply loop
+
+    async def next_hop(self, draft: Envelope) -> bool:
+        self.drafts += 1
+        self._read_refeels(draft)
+        if self.drafts >= MAX_REPLY_CALLS:  # mechanism 49
+            return False
+        try:
+            return await self._decide(draft)
+        except StoreUnavailable as exc:
+            await self.engine.log("warning", f"memory store unavailable mid-turn; the draft stands: {exc}")
+            return False
+
+    async def _decide(self, draft: Envelope) -> bool:
+        """Mechanism 49 with subtle point 3: probes first, then the one self-chosen action hop."""
+        action = draft.action.type
+        if action == "none" and not self.unknown_probe and not self.stranger_known:  # a world act (48)
+            if not await self.engine.recall.knows(self.person, self.focus_ids()):
+                self.unknown_probe = 1  # mechanism 25
+                if self.conversation is not None:
+                    self.conversation.saved.stranger = True
+                await self._probe_unknown()
+                return await self._hopped()
+        if action != "search":
+            kind = self.recalled.asks_for_own
+            if kind is not None and not self.kind_probed:  # mechanism 27: uses a hop, no extra allowance
+                self.kind_probed = True
+                self._came_to_mind(await self.engine.recall.own_of_kind(kind))
+                return await self._hopped()
+            if self.recalled.asks_for_memory and not self.moment_probe:  # mechanism 26
+                self.moment_probe = 1
+                await self.deliberate(self.words[:MOMENT_PROBE_WORDS], moment=True)
+                return await self._hopped()
+        if self.hops >= self.engine.params.turn_action_hops + self.unknown_probe + self.moment_probe:
+            return False  # the last allowed hop: the draft's words are what is said
+        if action == "search" and draft.action.text and draft.action.text.strip():
+            await self.deliberate(draft.action.text.strip())
+            return await self._hopped()
+        # "introspect": with introspection off the draft stands (52); reflection mid-turn is issue II,
+        # so until then the draft stands with it on as well.
+        return False
+
+    async def _hopped(self) -> bool:
+        self.hops += 1
+        await self.recompose()  # mechanism 36
+        return True
+
+    async def _probe_unknown(self) -> None:
+        """Mechanism 25: the search "X — who is this person…", restricted to X (24).
+
+        ``knows`` has just found no record with or about X outside the focus, and the restricted search
+        can only return such records: its answer is the spoken null without an embedding call.
+        """
+        self.searches.append(SearchNote(UNKNOWN_PROBE.format(person=self.person), 0))
+
+    async def deliberate(self, query: str, *, moment: bool = False) -> list[RecordView]:
+        """A search the imp makes (the action, a probe, the tool): a search of this turn (5) whose finds
+        come to mind (36). For the moment probe, lived and construct finds are counted apart (6, 26)."""
+        found = await self.engine.recall.deliberate(query, self.person, self.focus_ids())
+        self._came_to_mind(found.records)
+        own_only = moment and not found.lived and bool(found.constructs)  # mechanism 6
+        self.searches.append(SearchNote(query, len(found.records), own_only=own_only))
+        return found.records
+
+    def _read_refeels(self, draft: Envelope) -> None:
+        """Mechanism 38: refeels=[i] maps to that State feeling's record (parsed, no effect)."""
+        if draft.moment is None:
+            return
+        by_index = {str(f.index): f.record.id for f in self.state.feelings()}
+        self.refeels = [by_index[i.strip("[] ")] for i in draft.moment.refeels if i.strip("[] ") in by_index]
+
+    # ------------------------------------------------------------ PostSend: the moment
+
+    async def commit(self, turn: CommittedTurn) -> None:
+        if self.engine.current is self:
+            self.engine.current = None
+        try:
+            await self._keep(turn)
+        except StoreUnavailable as exc:
+            await self.engine.log("warning", f"memory store unavailable; this moment was not kept: {exc}")
+
+    async def _keep(self, turn: CommittedTurn) -> None:
+        engine, conversation = self.engine, self.conversation
+        assert conversation is not None
+        delivered = turn.delivered if turn.outcome == "sent" else None  # pending never claims it was seen
+        as_happened = event_text(self.person, turn.said, engine.init.imp.name, delivered)  # 47, 62
+        told = turn.envelope.told if delivered is not None else None  # 61
+        appraised: Felt | None = None
+        episode_vector: list[float] | None = None
+
+        async def appraise() -> None:
+            nonlocal appraised
+            appraised = await self._appraise(as_happened)
+
+        async def embed_event() -> None:
+            nonlocal episode_vector
+            episode_vector = await engine.embedder.embed(as_happened)  # mechanism 62
+
+        await concurrently(appraise, embed_event)
+        felt = appraised or reply_moment(turn.envelope)  # mechanism 59
+        for record in self.associations:
+            conversation.focus.evoke(record)  # mechanism 31
+        if felt is None:
+            await engine.log(
+                "warning", "no feeling could be formed for this moment; it stays in the focus only"
+            )
+            conversation.focus.add(
+                moment_entry(
+                    record_id=None,
+                    author=self.person,
+                    author_id=self.person_id,
+                    feeling="",
+                    conclusion="",
+                    valence=0.0,
+                    intensity=0.0,
+                    at=self.facts.now,
+                    text=as_happened,
+                    message_id=turn.message_id,
+                )  # fmt: skip
+            )
+        else:
+            felt = felt.bent(engine.temperament)  # mechanism 60
+            record_id = await self._encode(felt, turn, as_happened, told, episode_vector)
+            conversation.focus.add(
+                moment_entry(
+                    record_id=record_id,
+                    author=self.person,
+                    author_id=self.person_id,
+                    feeling=felt.feeling,
+                    conclusion=felt.conclusion,
+                    valence=felt.valence,
+                    intensity=felt.intensity,
+                    at=self.facts.now,
+                    text=as_happened,
+                    message_id=turn.message_id,
+                )  # fmt: skip
+            )  # mechanism 41: under its own feeling
+        conversation.saved.last_input_at = self.facts.now
+        await conversation.save(engine.store)
+
+    async def _appraise(self, as_happened: str) -> Felt | None:
+        """Mechanisms 57-58: no state, thoughts or rules; the focus as events; what was recalled into the State."""
+        engine = self.engine
+        assert self.conversation is not None
+        routed = engine.model.model_for("appraisal")
+        system = ctx.appraisal_system(engine.prompts, routed, engine.init.imp.name)
+        user = ctx.appraisal_user(
+            engine.prompts, routed, self.scene, self.conversation.focus, self.state.recalled(), as_happened
+        )
+        answer = await engine.model.chat_json(
+            "appraisal", system, user, temperature=TEMPERATURE_APPRAISAL, schema=APPRAISAL_SCHEMA
+        )
+        return read_appraisal(answer)
+
+    async def _encode(
+        self,
+        felt: Felt,
+        turn: CommittedTurn,
+        as_happened: str,
+        told: str | None,
+        episode_vector: list[float] | None,
+    ) -> str:
+        """Mechanisms 63-66: join the living record or open a new one; returns the record id."""
+        engine, saved = self.engine, self.conversation.saved if self.conversation else None
+        assert saved is not None
+        living, living_valence = saved.living, saved.living_valence
+        common: dict[str, Any] = {
+            "person": self.person, "person_id": self.person_id, "message_id": turn.message_id,
+            "as_happened": as_happened, "told": told, "episode_vector": episode_vector,
+            "associations": self.associations,
+        }  # fmt: skip
+        if joins(felt, living, living_valence):
+            try:
+                result = await engine.store.encode(
+                    encoding(felt, living=living, living_valence=living_valence, record_vector=None, **common)
+                )
+                return result.record_id
+            except StoreUnavailable as exc:  # the living record may have been forgotten meanwhile
+                await engine.log("info", f"could not join the living record, opening a new one: {exc}")
+        record_vector = (
+            await engine.embedder.embed(felt.conclusion) if felt.conclusion.strip() else None
+        )  # 63
+        result = await engine.store.encode(
+            encoding(felt, living=None, living_valence=None, record_vector=record_vector, **common)
+        )
+        saved.living, saved.living_valence = result.record_id, felt.valence  # mechanism 64
+        return result.record_id

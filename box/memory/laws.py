@@ -1,0 +1,419 @@
+"""The memory engine's laws: pure functions of plain values (seed 002; memory-engine.md).
+
+Both sides import this module, the way they import the protocol models: the host ranks records by
+cosine × felt strength with these laws, the box composes recall and state with them, so the two
+compute a felt strength the same way (design.md §7). Nothing here reads a clock, a file or a model:
+``now`` is always an argument (mechanism 122, the movable clock).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from typing import TypeVar
+
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class Params:
+    """The engine's parameters with memory-engine.md's defaults (the "parameters" table)."""
+
+    recent_count: int = 5  # mechanism 32
+    recall_candidates: int = 10  # mechanism 17
+    filter_keep: int = 4  # mechanism 20
+    name_bonus: float = 0.5  # mechanism 15
+    strength_passes_filter: float = 0.5  # mechanism 19
+    fade_floor: float = 0.3  # mechanism 67
+    fade_tau_days: float = 3.0  # mechanism 67
+    fade_negative_slowdown: float = 1.5  # mechanism 68
+    state_mass_budget: float = 5.0  # mechanism 32
+    episodes_per_feeling: int = 5
+    focus_cap: int = 100  # mechanism 43
+    summary_every_turns: int = 3  # mechanism 44
+    summary_thread_cap: int = 40  # mechanism 45
+    strength_closing: float = 0.6  # mechanism 70
+    anchor_minimum: float = 0.4  # mechanism 108
+    forgetting_curve: tuple[tuple[float, float], ...] = (
+        (1.0, 0.2),
+        (7.0, 0.4),
+        (10.0, 0.5),
+        (30.0, 0.6),
+        (180.0, 0.8),
+    )  # mechanism 112
+    introspection_entries: int = 8  # mechanism 72
+    reflection_max_steps: int = 3  # mechanism 78
+    turn_action_hops: int = 1  # mechanism 49
+    slot_size: int = 3  # mechanism 84
+    slot_days: float = 7.0  # mechanism 87
+    dispositions_max: int = 3  # mechanism 99
+    dispositions_base: int = 100  # mechanism 94
+    arrival_associations: int = 6  # mechanism 28
+    quiet_thoughts: int = 1  # mechanism 103
+    construct_duplicate: float = 0.90  # mechanisms 75, 82
+    construct_reinforcement: float = 0.1  # mechanism 82
+    silence_seconds: float = 600.0  # mechanism 105
+    sleep_after_seconds: float = 7200.0  # mechanism 106
+    consolidate_after_sleep_seconds: float = 600.0  # mechanism 107
+    presence_stale_seconds: float = 1800.0  # mechanism 10
+    introspection: bool = True  # mechanism 52
+
+
+DEFAULTS = Params()
+
+
+@dataclass(frozen=True)
+class Temperament:
+    """Mechanism 60: the being's bend on every feeling it forms. Neutral by default."""
+
+    valence_bias: float = 0.0
+    intensity_amplification: float = 1.0
+    avoidance_weight: float = field(default=2.0)
+
+    def __post_init__(self) -> None:
+        # memory-engine.md: avoidanceWeight is clamped to at least 1.
+        object.__setattr__(self, "avoidance_weight", max(1.0, self.avoidance_weight))
+
+
+NEUTRAL = Temperament()
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))
+
+
+# ------------------------------------------------------------------ G. strength over time
+
+
+def fade_factor(valence: float, elapsed_s: float, params: Params = DEFAULTS) -> float:
+    """Mechanisms 67-68: 0.3 + 0.7·e^(−t/τ), τ = 3 d (×1.5 for negative valence). Never below the floor."""
+    tau_days = params.fade_tau_days * (params.fade_negative_slowdown if valence < 0 else 1.0)
+    t_days = max(0.0, elapsed_s) / DAY_S
+    return params.fade_floor + (1.0 - params.fade_floor) * math.exp(-t_days / tau_days)
+
+
+def felt_strength(
+    intensity: float, valence: float, last_felt: datetime, now: datetime, params: Params = DEFAULTS
+) -> float:
+    """Mechanism 67: the strength felt now; fading happens at read time, the stored intensity is untouched."""
+    return intensity * fade_factor(valence, (now - last_felt).total_seconds(), params)
+
+
+def restored(current: float, toward: float, params: Params = DEFAULTS) -> float:
+    """Mechanism 70: close ``strength_closing`` of the gap toward what is felt now, never past it.
+
+    A memory stronger than now stays where it is. restored(0.2 → 0.7) = 0.5; restored(0.8 → 0.3) = 0.8.
+    """
+    if toward <= current:
+        return current
+    return current + params.strength_closing * (toward - current)
+
+
+def refelt(
+    intensity: float,
+    valence: float,
+    last_felt: datetime,
+    now: datetime,
+    toward: float,
+    params: Params = DEFAULTS,
+) -> float:
+    """Mechanism 69: re-feeling first writes the faded strength, then restores from that value.
+
+    The caller stores the result as the new intensity and sets last_felt = now (always, even when the
+    strength does not rise); valence and happened_at never change (mechanisms 70, 117).
+    """
+    return restored(felt_strength(intensity, valence, last_felt, now, params), toward, params)
+
+
+def forgetting_threshold(age_days: float, params: Params = DEFAULTS) -> float:
+    """Mechanism 112: 0 under 1 day; linear in ln(days) between the curve's knots; the last knot's value after it."""
+    curve = params.forgetting_curve
+    if age_days < curve[0][0]:
+        return 0.0
+    if age_days >= curve[-1][0]:
+        return curve[-1][1]
+    for (d0, v0), (d1, v1) in zip(curve, curve[1:], strict=False):
+        if d0 <= age_days <= d1:
+            share = (math.log(age_days) - math.log(d0)) / (math.log(d1) - math.log(d0))
+            return v0 + share * (v1 - v0)
+    return curve[-1][1]  # unreachable for a sorted curve
+
+
+# ------------------------------------------------------------------ F. temperament
+
+
+def bend(valence: float, intensity: float, temperament: Temperament = NEUTRAL) -> tuple[float, float]:
+    """Mechanism 60 (subtle point 23): valence tanh(atanh(v) + bias), intensity i^(1/amp).
+
+    With bias 0 the valence is only clamped to ±1; otherwise it is clamped to ±0.999 before atanh.
+    An amplification ≤ 0 gives intensity 0.
+    """
+    if temperament.valence_bias == 0:
+        v = _clamp(valence, -1.0, 1.0)
+    else:
+        v = math.tanh(math.atanh(_clamp(valence, -0.999, 0.999)) + temperament.valence_bias)
+    i = _clamp(intensity, 0.0, 1.0)
+    amp = temperament.intensity_amplification
+    i = 0.0 if amp <= 0 else i ** (1.0 / amp)
+    return v, i
+
+
+def same_sign(a: float, b: float) -> bool:
+    """Subtle point 8: zero counts as positive."""
+    return (a >= 0) == (b >= 0)
+
+
+# ------------------------------------------------------------------ vectors
+
+
+def cosine(a: list[float] | tuple[float, ...], b: list[float] | tuple[float, ...]) -> float | None:
+    """Cosine similarity, or None when the lengths differ (mechanism 30: another model is never compared)."""
+    if len(a) != len(b) or not a:
+        return None
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(y * y for y in b))
+    if na == 0 or nb == 0:
+        return 0.0
+    return dot / (na * nb)
+
+
+# ------------------------------------------------------------------ B. names (mechanism 15)
+
+_WORD = re.compile(r"\w+")
+_SENTENCE_BREAK = re.compile(r"[.!?]\s|\n")  # mechanism 15: ". ", "! ", "? " (and, for chat, a new line)
+NAME_MIN_LETTERS = 3  # mechanism 15: shorter capitalised words ("I", "OK") are not names
+
+
+def capitalised_names(text: str) -> list[str]:
+    """Mechanism 15: capitalised words of ≥ 3 letters that do not start a sentence, as written, in order.
+
+    A word starts a sentence when nothing but punctuation and spaces comes before it, or when the gap
+    since the previous word holds ``.``, ``!`` or ``?`` followed by whitespace — or, our addition for
+    chat, where a new line often starts without punctuation, a line break. Non-ASCII capitals count
+    ("Émile", "Łukasz"). Each name appears once (first spelling wins, compared case-insensitively).
+    """
+    names: list[str] = []
+    seen: set[str] = set()
+    previous_end: int | None = None
+    for match in _WORD.finditer(text):
+        word, gap = match.group(), text[previous_end or 0 : match.start()]
+        starts_sentence = previous_end is None or _SENTENCE_BREAK.search(gap) is not None
+        previous_end = match.end()
+        if starts_sentence or len(word) < NAME_MIN_LETTERS or not word[0].isupper():
+            continue
+        if word.casefold() not in seen:
+            seen.add(word.casefold())
+            names.append(word)
+    return names
+
+
+def names_in(text: str, person: str | None) -> list[str]:
+    """Mechanism 15 (Scoring step 2): the person's name lowercased, then the capitalised names in ``text``.
+
+    These are the names a record may mention to earn the name bonus; ``mentions`` compares
+    case-insensitively, so the case kept here is only for display.
+    """
+    names: list[str] = []
+    if person and person.strip():
+        names.append(person.strip().lower())
+    known = {n.casefold() for n in names}
+    names.extend(n for n in capitalised_names(text) if n.casefold() not in known)
+    return names
+
+
+def query_names(query: str, person: str | None) -> list[str]:
+    """Subtle point 4 (mechanism 24): the names a deliberate search restricts to.
+
+    Every capitalised mid-sentence word of the query (a dog's name counts), plus the person's name
+    as written — but the person only when their name appears in the query as a whole word.
+    """
+    names = capitalised_names(query)
+    if person and person.strip() and mentions(query, [person.strip()]):
+        if person.strip().casefold() not in {n.casefold() for n in names}:
+            names.append(person.strip())
+    return names
+
+
+@lru_cache(maxsize=256)
+def _mention_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
+    parts = [re.escape(n) for n in names if n.strip()]
+    if not parts:
+        return None
+    # Look-arounds instead of \b so that names that begin or end with a symbol ("C++", "[bot]") still
+    # match as whole words; re.escape makes regex characters in a name literal.
+    return re.compile(
+        r"(?<!\w)(?:" + "|".join(sorted(parts, key=len, reverse=True)) + r")(?!\w)", re.IGNORECASE
+    )
+
+
+def mentions(text: str, names: list[str] | tuple[str, ...]) -> bool:
+    """Mechanism 15: does ``text`` name any of ``names`` as a whole word, case-insensitively?
+
+    Names are literal text: regex or SQL characters in a name match only themselves. Empty names
+    are ignored (they would match everything).
+    """
+    pattern = _mention_pattern(tuple(n.strip() for n in names))
+    return bool(pattern and pattern.search(text))
+
+
+# ------------------------------------------------------------------ B. rumination (mechanism 18)
+
+RUMINATION_JACCARD = 0.6  # mechanism 18 (hard-coded in memory-engine.md)
+RUMINATION_COSINE = 0.92  # mechanism 18
+
+# Mechanism 18: word overlap ignores stop words. English function words only: the engine's prompts
+# ask for English field names but values in the conversation's language, where this list is simply
+# shorter than it could be (the overlap is then a little higher, never wrong in kind).
+STOP_WORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each few for from further had
+    has have having he her here hers herself him himself his how i if in into is it its itself just
+    me more most my myself no nor not now of off on once only or other our ours ourselves out over
+    own same she should so some such than that the their theirs them themselves then there these
+    they this those through to too under until up very was we were what when where which while who
+    whom why will with would you your yours yourself yourselves""".split()
+)
+
+
+def word_set(text: str) -> frozenset[str]:
+    """Mechanism 18: the case-folded ``\\w+`` words of ``text`` minus stop words."""
+    return frozenset(w for w in _WORD.findall(text.casefold()) if w not in STOP_WORDS)
+
+
+def jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> float:
+    """|a ∩ b| / |a ∪ b|; two empty sets share nothing (0.0), so empty texts never collapse by overlap."""
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+def normalised(text: str) -> str:
+    """Mechanism 18: case-folded words joined by single spaces — punctuation and spacing do not count."""
+    return " ".join(_WORD.findall(text.casefold()))
+
+
+def same_feeling(
+    feeling_a: str,
+    conclusion_a: str,
+    vec_a: Sequence[float] | None,
+    feeling_b: str,
+    conclusion_b: str,
+    vec_b: Sequence[float] | None,
+) -> bool:
+    """Mechanism 18: are two records one recurring feeling?
+
+    Yes when the word overlap of feeling + conclusion is ≥ 0.6, or the normalised conclusions are
+    identical (and not empty), or the vectors (same length) have cosine ≥ 0.92.
+    """
+    overlap = jaccard(word_set(f"{feeling_a} {conclusion_a}"), word_set(f"{feeling_b} {conclusion_b}"))
+    if overlap >= RUMINATION_JACCARD:
+        return True
+    na, nb = normalised(conclusion_a), normalised(conclusion_b)
+    if na and na == nb:
+        return True
+    return _vectors_close(vec_a, vec_b)
+
+
+def _vectors_close(a: Sequence[float] | None, b: Sequence[float] | None) -> bool:
+    if not a or not b:
+        return False
+    similarity = cosine(list(a), list(b))  # None for another model's vector (mechanism 30)
+    return similarity is not None and similarity >= RUMINATION_COSINE
+
+
+T = TypeVar("T")
+Id = TypeVar("Id", bound=Hashable)
+
+
+def rumination_clusters(
+    items: Sequence[T],
+    *,
+    feeling: Callable[[T], str],
+    conclusion: Callable[[T], str],
+    vector: Callable[[T], Sequence[float] | None],
+) -> list[list[T]]:
+    """Mechanisms 18 and 37: group items that are one recurring feeling.
+
+    "Same" is ``same_feeling`` and it is transitive here: A~B and B~C put A, B and C in one cluster
+    (a feeling that drifted step by step is still one rumination). The key functions read whatever
+    the caller's items are (search hits, state entries). Each cluster keeps the input order, and the
+    clusters are ordered by their first member.
+    """
+    n = len(items)
+    words = [word_set(f"{feeling(x)} {conclusion(x)}") for x in items]
+    norms = [normalised(conclusion(x)) for x in items]
+    vectors = [vector(x) for x in items]
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(n):
+        for j in range(i + 1, n):
+            if root(i) == root(j):
+                continue
+            same = (
+                jaccard(words[i], words[j]) >= RUMINATION_JACCARD
+                or (bool(norms[i]) and norms[i] == norms[j])
+                or _vectors_close(vectors[i], vectors[j])
+            )
+            if same:
+                parent[root(j)] = root(i)
+    clusters: dict[int, list[T]] = {}
+    for i, item in enumerate(items):
+        clusters.setdefault(root(i), []).append(item)
+    return list(clusters.values())
+
+
+def collapse(
+    items: Sequence[T],
+    *,
+    feeling: Callable[[T], str],
+    conclusion: Callable[[T], str],
+    vector: Callable[[T], Sequence[float] | None],
+    score: Callable[[T], float],
+) -> list[T]:
+    """Mechanism 18: one item per rumination cluster — the best-scoring one (the earlier on a tie).
+
+    The survivors keep their input order, so a list sorted by score stays sorted. For mechanism 37
+    (a state feeling shown once, the most intense) pass ``score=intensity`` and use
+    ``rumination_clusters`` for the "recurred N times" count.
+    """
+    clusters = rumination_clusters(items, feeling=feeling, conclusion=conclusion, vector=vector)
+    best = {id(max(cluster, key=score)) for cluster in clusters}  # max keeps the first of equals
+    return [x for x in items if id(x) in best]
+
+
+# ------------------------------------------------------------------ C. state (mechanism 32)
+
+_BUDGET_SLACK = 1e-9  # float sums: 5 × 1.0 must still fit a budget of 5.0
+
+
+def admit(
+    pool: Sequence[tuple[Id, float]], budget: float = DEFAULTS.state_mass_budget
+) -> tuple[list[Id], list[Id]]:
+    """Mechanism 32 (subtle point 1): which of ``(id, felt strength)`` enter the State.
+
+    The pool is taken strongest first (stable for equals). The first is always admitted; every other
+    entry is admitted when the admitted mass plus its felt strength stays ≤ ``budget``, and is
+    otherwise skipped — a greedy skip, not a stop, so a weaker entry further on may still fit.
+    Returns (admitted, skipped), both strongest first; the caller sends skipped associations to the
+    focus (mechanism 34) and merges duplicate ids before (mechanism 33).
+    """
+    admitted: list[Id] = []
+    skipped: list[Id] = []
+    mass = 0.0
+    for item_id, felt in sorted(pool, key=lambda entry: entry[1], reverse=True):
+        if not admitted or mass + felt <= budget + _BUDGET_SLACK:
+            admitted.append(item_id)
+            mass += felt
+        else:
+            skipped.append(item_id)
+    return admitted, skipped

@@ -1,0 +1,180 @@
+"""Recall: what comes to mind, composed in the box from the host's ranked search (mechanisms 14-31).
+
+The host scores (cosine × felt strength, name bonus, episodes, top k, the length check: 14-17, 30);
+this module does the rest (memory-engine.md "Involuntary recall", "Deliberate recall", "Plain recall";
+subtle points 2, 4, 5):
+
+* **involuntary** — embed the words, search, collapse rumination (18), let candidates felt at ≥ 0.5
+  pass (19), ask the association filter about the rest with room max(1, 4 − passed) (20, 21), then
+  drop what is already in the focus (22). No filter call when nothing is below the floor.
+* **deliberate** — a search the imp makes (23): search, collapse, drop the focus, keep only records of
+  a person the query names (24; none left: empty, no filter call), then the filter with room 4.
+* **plain** (29), **about_person** (28), **own_of_kind** (27), **knows** (25) — the primitives of the
+  probes and of arrival (issue II).
+
+A failed embedding makes recall empty for that turn (never a failed reply); a store that does not
+answer raises ``StoreUnavailable`` for the engine to handle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from box.memory.laws import DEFAULTS, Params, collapse, mentions, names_in, query_names
+from box.memory.store_client import StoreClient
+from box.protocol.memory import ConstructKind, RecordView
+
+RECALL_EPISODES = 3  # memory-engine.md: recall loads 3 episodes per candidate
+FILTER_FALLBACK_KEEP = 3  # mechanism 20: an unreadable filter answer keeps the first 3
+DELIBERATE_ROOM = 4  # memory-engine.md "Deliberate recall": the filter with room 4
+OWN_OF_KIND = 3  # mechanism 27
+
+
+class Embedder(Protocol):
+    async def embed(self, text: str) -> list[float] | None: ...
+
+
+@dataclass(frozen=True)
+class FilterVerdict:
+    """The association filter's answer (mechanisms 20, 21): indices into the candidates it was shown."""
+
+    keep: list[int]
+    asks_for_memory: bool = False
+    asks_for_own: ConstructKind | None = None
+
+
+class AssociationFilter(Protocol):
+    async def choose(self, words: str, candidates: Sequence[RecordView], room: int) -> FilterVerdict | None:
+        """The filter call (temperature 0.2); None when its answer cannot be read."""
+        ...
+
+
+@dataclass
+class Recalled:
+    """What one recall brought to mind, best first, and what the filter read in the words."""
+
+    records: list[RecordView] = field(default_factory=list)
+    asks_for_memory: bool = False  # mechanism 21
+    asks_for_own: ConstructKind | None = None  # mechanism 21
+    filter_called: bool = False  # subtle point 2: False when nothing was below the floor
+    embedded: bool = True  # False: the embedding failed, so nothing could be recalled
+
+    @property
+    def lived(self) -> list[RecordView]:
+        return [r for r in self.records if r.kind == "lived"]
+
+    @property
+    def constructs(self) -> list[RecordView]:
+        return [r for r in self.records if r.kind == "construct"]
+
+
+def collapse_rumination(candidates: Sequence[RecordView]) -> list[RecordView]:
+    """Mechanism 18: one candidate per recurring feeling, the best-scoring one."""
+    return collapse(
+        candidates,
+        feeling=lambda r: r.feeling,
+        conclusion=lambda r: r.conclusion,
+        vector=lambda r: r.vector,
+        score=lambda r: r.score if r.score is not None else r.felt,
+    )
+
+
+def restricted_to(candidates: Sequence[RecordView], names: Sequence[str]) -> list[RecordView]:
+    """Mechanism 24 (subtle point 4): records authored by one of ``names`` (exact) or mentioning one."""
+    exact = set(names)
+    return [r for r in candidates if r.author in exact or mentions(_record_text(r), list(names))]
+
+
+def _record_text(record: RecordView) -> str:
+    events = " ".join(f"{ep.as_happened} {ep.told or ''}" for ep in record.episodes)
+    return f"{record.conclusion} {events}"
+
+
+def _kept(candidates: Sequence[RecordView], verdict: FilterVerdict | None) -> list[RecordView]:
+    if verdict is None:
+        return list(candidates[:FILTER_FALLBACK_KEEP])  # mechanism 20: the fallback
+    chosen = dict.fromkeys(i for i in verdict.keep if 0 <= i < len(candidates))  # not cut to the room (2)
+    return [candidates[i] for i in chosen]
+
+
+class Recall:
+    def __init__(
+        self,
+        store: StoreClient,
+        embedder: Embedder,
+        association_filter: AssociationFilter,
+        params: Params = DEFAULTS,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.filter = association_filter
+        self.params = params
+
+    async def _search(self, vector: list[float], names: Sequence[str]) -> list[RecordView]:
+        result = await self.store.search(
+            vector, names, k=self.params.recall_candidates, episodes=RECALL_EPISODES, with_vectors=True
+        )  # mechanisms 14-17, 30: scored by the host
+        return collapse_rumination(result.records)  # mechanism 18
+
+    async def involuntary(
+        self, words: str, person: str | None, exclude: Collection[str], vector: list[float] | None
+    ) -> Recalled:
+        """What the words bring to mind unasked. ``vector`` is the words' embedding (None: it failed)."""
+        if vector is None:
+            return Recalled(embedded=False)
+        candidates = await self._search(vector, names_in(words, person))
+        floor = self.params.strength_passes_filter
+        passed = [c for c in candidates if c.felt >= floor]  # mechanism 19
+        rest = [c for c in candidates if c.felt < floor]
+        recalled = Recalled()
+        kept: list[RecordView] = []
+        if rest:  # subtle point 2: no call when nothing is below the floor
+            room = max(1, self.params.filter_keep - len(passed))  # mechanism 20
+            verdict = await self.filter.choose(words, rest, room)
+            recalled.filter_called = True
+            kept = _kept(rest, verdict)
+            if verdict is not None:
+                recalled.asks_for_memory = verdict.asks_for_memory
+                recalled.asks_for_own = verdict.asks_for_own
+        recalled.records = [r for r in passed + kept if r.id not in exclude]  # mechanism 22
+        return recalled
+
+    async def deliberate(self, query: str, person: str | None, exclude: Collection[str]) -> Recalled:
+        """Mechanisms 23-24: a search the imp asked for; only what the filter keeps is found."""
+        vector = await self.embedder.embed(query)
+        if vector is None:
+            return Recalled(embedded=False)
+        candidates = [c for c in await self._search(vector, names_in(query, person)) if c.id not in exclude]
+        names = query_names(query, person)
+        if names:
+            candidates = restricted_to(candidates, names)  # mechanism 24
+        if not candidates:
+            return Recalled()  # empty, and no filter call
+        verdict = await self.filter.choose(query, candidates, DELIBERATE_ROOM)
+        return Recalled(records=_kept(candidates, verdict), filter_called=True)
+
+    async def plain(self, query: str) -> list[RecordView]:
+        """Mechanism 29: the nearest records, unfiltered, focus not excluded."""
+        vector = await self.embedder.embed(query)
+        if vector is None:
+            return []
+        result = await self.store.search(
+            vector, [], k=self.params.recall_candidates, episodes=RECALL_EPISODES
+        )
+        return result.records
+
+    async def about_person(self, person: str) -> list[RecordView]:
+        """Mechanism 28: the strongest records (raw intensity) by or about the person; no similarity, no filter."""
+        result = await self.store.about(person, k=self.params.arrival_associations, episodes=RECALL_EPISODES)
+        return result.records
+
+    async def own_of_kind(self, kind: ConstructKind) -> list[RecordView]:
+        """Mechanism 27: the 3 most recently felt constructs of one kind."""
+        return (await self.store.constructs(kind, k=OWN_OF_KIND)).records
+
+    async def knows(self, person: str, exclude: Collection[str]) -> bool:
+        """Mechanism 25: is there any record with or about the person outside this conversation?"""
+        result = await self.store.about(person, k=1, exclude=list(exclude), episodes=0)
+        return bool(result.records)

@@ -1,0 +1,279 @@
+"""The ``memory.*`` requests: the box thinks, the host keeps (design.md §7; issue 23).
+
+The memory engine runs in the box, its store lives in the host's database. A box reaches the
+store only through these requests, and **no request names a scope**: the host decided the
+session's scopes before the box started (``box.init`` tells the box, for what it may say), and
+applies them itself to every request in one query layer. A box can therefore ask for nothing
+past its session's scopes, however it words the request.
+
+Everything here is bounded: vector length, texts, ``k``, records per request, episodes per
+record, the size of a conversation's saved state, and (on the host) requests per turn.
+A vector must be finite: NaN or infinity is refused like any malformed param.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from box.protocol.base import FromBox, FromHost, Id, Name
+
+MAX_VECTOR_DIMS = 4_096
+MAX_K = 50
+MAX_EPISODES_PER_RECORD = 10
+MAX_RECORD_IDS = 50
+MAX_NAMES = 16
+MAX_NAME_CHARS = 64
+MAX_FEELING_CHARS = 300
+MAX_CONCLUSION_CHARS = 2_000
+MAX_EPISODE_CHARS = 16_000  # an as-it-happened text; the box cuts a longer exchange before it asks
+MAX_TOLD_CHARS = 4_000
+MAX_RESTORES = 20
+MAX_CONVERSATION_STATE_BYTES = 262_144  # one conversation's focus, living record and summary
+MAX_MEMORY_REQUESTS_PER_TURN = 64  # the host refuses the 65th memory.* request of one turn
+
+RecordKind = Literal["lived", "construct"]
+BOTH_KINDS: tuple[RecordKind, ...] = ("lived", "construct")
+LIVED_ONLY: tuple[RecordKind, ...] = ("lived",)
+ConstructKind = Literal["thought", "belief", "decision", "goal", "dream"]
+Origin = Literal["lived", "given"]
+
+
+def _finite(vector: list[float]) -> list[float]:
+    if not all(math.isfinite(x) for x in vector):
+        raise ValueError("a vector must hold finite numbers only (no NaN or infinity)")
+    return vector
+
+
+Vector = Annotated[list[float], Field(min_length=1, max_length=MAX_VECTOR_DIMS), AfterValidator(_finite)]
+PersonName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+Intensity = Annotated[float, Field(ge=0.0, le=1.0)]
+Valence = Annotated[float, Field(ge=-1.0, le=1.0)]
+
+
+# ---------------------------------------------------------------- what the host sends back
+
+
+class EpisodeView(FromHost):
+    """One thing that happened (mechanism 116): it belongs to exactly one record."""
+
+    id: Id
+    record_id: Id
+    author: Name  # who spoke: a person's name, or "Self" for a given record
+    author_id: str | None = None
+    message_id: str | None = None
+    as_happened: str  # mechanism 62: "X said: … / <imp> replied: …"
+    told: str | None = None  # mechanism 61: retold in the third person past
+    channel_id: str = ""
+    happened_at: datetime
+
+
+class RecordView(FromHost):
+    """A record as the box sees it: stored intensity and the strength felt now, computed by the host's laws."""
+
+    id: Id
+    kind: RecordKind = "lived"
+    construct_kind: ConstructKind | None = None
+    origin: Origin = "lived"
+    author: Name
+    author_id: str | None = None
+    feeling: str
+    conclusion: str
+    valence: float
+    intensity: float  # stored (mechanism 112 compares this one)
+    felt: float  # felt now (mechanism 67)
+    happened_at: datetime
+    last_felt: datetime
+    score: float | None = None  # memory.search only: cosine × felt (+ name bonus), or the hit episode's
+    hit_episode: Id | None = None  # memory.search only: the episode that beat its record (mechanism 16)
+    episodes: list[EpisodeView] = Field(default_factory=list)  # newest first, the hit episode first
+    vector: list[float] | None = None  # only when asked (rumination collapse compares vectors)
+
+
+class RecordsResult(FromHost):
+    records: list[RecordView] = Field(default_factory=list)
+    total: int = 0  # records of every kind in the scopes this session reads (mechanism 3)
+
+
+class EpisodesResult(FromHost):
+    episodes: list[EpisodeView] = Field(default_factory=list)
+
+
+class EncodeResult(FromHost):
+    record_id: Id
+    episode_id: Id
+
+
+class RestoreResult(FromHost):
+    restored: int = 0  # how many of the named records exist in this session's scopes and were re-felt
+
+
+class ConversationState(FromHost):
+    """A conversation's saved state (focus, living record, summary, turns), or null when there is none yet."""
+
+    state: dict[str, Any] | None = None
+    updated_at: datetime | None = None
+
+
+# ---------------------------------------------------------------- what the box asks
+
+
+class _Reading(FromBox):
+    kinds: list[RecordKind] = Field(default_factory=lambda: list(BOTH_KINDS), min_length=1, max_length=2)
+    episodes: int = Field(default=3, ge=0, le=MAX_EPISODES_PER_RECORD)  # newest episodes loaded per record
+    with_vectors: bool = False
+
+
+class SearchParams(_Reading):
+    """``memory.search``: rank by cosine × felt strength, +name bonus for a record or episode naming one of
+    ``names`` as a whole word (case-insensitive); an episode that beats its record replaces the record's score
+    (mechanisms 14-17). Records and episodes whose vector has another length are never scored (30)."""
+
+    vector: Vector
+    names: list[PersonName] = Field(default_factory=list, max_length=MAX_NAMES)
+    k: int = Field(default=10, ge=1, le=MAX_K)
+
+
+class RecentParams(_Reading):
+    """``memory.recent``: the ``k`` most recently felt records (mechanisms 32, 92, 115)."""
+
+    kinds: list[RecordKind] = Field(default_factory=lambda: list(LIVED_ONLY), min_length=1, max_length=2)
+    k: int = Field(default=5, ge=1, le=MAX_K)
+
+
+class AboutParams(_Reading):
+    """``memory.about``: records authored by ``person`` (exact name) or mentioning them (whole word,
+    case-insensitive), by stored intensity, strongest first (mechanism 28, aboutPerson)."""
+
+    person: PersonName
+    k: int = Field(default=6, ge=1, le=MAX_K)
+    exclude: list[Id] = Field(default_factory=list, max_length=200)  # e.g. the focus (mechanism 25)
+
+
+class ConstructsParams(FromBox):
+    """``memory.constructs``: the ``k`` most recently felt constructs of one kind (mechanism 27, ownOfKind)."""
+
+    construct_kind: ConstructKind
+    k: int = Field(default=3, ge=1, le=MAX_K)
+    episodes: int = Field(default=0, ge=0, le=MAX_EPISODES_PER_RECORD)
+
+
+class EpisodesParams(FromBox):
+    """``memory.episodes``: each named record's newest ``per_record`` episodes, newest first."""
+
+    record_ids: list[Id] = Field(min_length=1, max_length=MAX_RECORD_IDS)
+    per_record: int = Field(default=3, ge=1, le=MAX_EPISODES_PER_RECORD)
+
+
+class NewRecord(FromBox):
+    """A record the moment opens (mechanism 64). Its vector is the embedding of its conclusion (63)."""
+
+    kind: RecordKind = "lived"
+    construct_kind: ConstructKind | None = None
+    author: PersonName
+    author_id: Id | None = None
+    feeling: Annotated[str, Field(max_length=MAX_FEELING_CHARS)]
+    conclusion: Annotated[str, Field(max_length=MAX_CONCLUSION_CHARS)]
+    valence: Valence
+    intensity: Intensity
+    vector: Vector | None = (
+        None  # None when the embedding failed: the record is kept, never recalled by meaning
+    )
+
+    @model_validator(mode="after")
+    def _construct_has_kind(self) -> NewRecord:
+        if (self.kind == "construct") != (self.construct_kind is not None):
+            raise ValueError("a construct names its kind, and only a construct does")
+        return self
+
+
+class NewEpisode(FromBox):
+    author: PersonName
+    author_id: Id | None = None
+    message_id: Id | None = None  # the message it answers: deleting that message forgets this episode
+    as_happened: Annotated[str, Field(min_length=1, max_length=MAX_EPISODE_CHARS)]
+    told: Annotated[str, Field(max_length=MAX_TOLD_CHARS)] | None = None
+    vector: Vector | None = None  # embedding of as_happened (mechanism 62)
+
+
+class Restore(FromBox):
+    """Re-feel a record toward ``toward`` (mechanisms 65, 66, 69, 70); the host applies the law at its now."""
+
+    record_id: Id
+    toward: Intensity
+
+
+class EncodeParams(FromBox):
+    """``memory.encode``: keep one moment. Exactly one of ``record`` (open a new record) and ``join`` (add the
+    episode to the conversation's living record); then the named records are re-felt, atomically."""
+
+    record: NewRecord | None = None
+    join: Id | None = None
+    episode: NewEpisode
+    restore: list[Restore] = Field(default_factory=list, max_length=MAX_RESTORES)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> EncodeParams:
+        if (self.record is None) == (self.join is None):
+            raise ValueError(
+                "memory.encode takes exactly one of record (a new one) and join (an existing id)"
+            )
+        return self
+
+
+class RestoreParams(FromBox):
+    """``memory.restore``: re-feel records without a new episode (mechanisms 75, 76 of issue II use it too)."""
+
+    items: list[Restore] = Field(min_length=1, max_length=MAX_RESTORES)
+
+
+class ConversationGetParams(FromBox):
+    """``memory.conversation.get``: the saved state of this channel's conversation with one person."""
+
+    person: Id
+
+
+class ConversationPutParams(FromBox):
+    """``memory.conversation.put``: save it (focus, living record, summary), at most 256 KiB of JSON."""
+
+    person: Id
+    state: dict[Annotated[str, Field(max_length=64)], Any]
+
+
+# ---------------------------------------------------------------- host -> box additions
+
+
+class SessionMemory(FromHost):
+    """What ``box.init`` tells a box about its session's memory: the scope it writes and the scopes it reads.
+
+    For the box's own use (what it may say it knows); the host applies the same scopes to every request.
+    """
+
+    writes: str
+    reads: list[str] = Field(default_factory=list)
+
+
+class PresenceEntry(FromHost):
+    """Mechanism 10: another live conversation of this imp, in a scope this session may read."""
+
+    person: Name
+    channel: Name = ""  # "#general", "a direct message" is never listed in a guild session
+    joined_at: datetime
+    last_input_at: datetime
+    turns: int = 0
+
+
+MEMORY_METHOD_NAMES = (
+    "memory.search",
+    "memory.recent",
+    "memory.about",
+    "memory.constructs",
+    "memory.episodes",
+    "memory.encode",
+    "memory.restore",
+    "memory.conversation.get",
+    "memory.conversation.put",
+)

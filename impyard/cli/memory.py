@@ -1,0 +1,428 @@
+"""``impyard memory``: the operator's verbs on an imp's memory, kept in the host's database (issue 23).
+
+``show`` and ``forget`` read and delete rows; ``search`` and ``remember`` need a vector of the text, made
+the way the imp's boxes make theirs so the two compare (mechanism 30): with ``[memory] embedder =
+"gateway"`` (the default) the text goes through this host's gateway like any box's call — judged by the
+policy (purpose ``embedding``), metered against the imp's budget and audited, on the session channel
+``operator:cli`` — and with ``"hashing"`` the local 64-dimension embedder makes it, with no call at all.
+Every refusal is one line that says what to do; a refused command changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import anyio
+import click
+from rich.markup import escape
+
+from box.memory.calls import CallRecord, MemoryModel
+from box.memory.embedder import GatewayEmbedder, clip_for_embedding, hashing_vector
+from box.protocol.memory import MAX_CONCLUSION_CHARS, MAX_K, MAX_NAME_CHARS, RecordView
+from box.protocol.models import ModelRequestParams, ModelRequestResult
+from impyard.backends.base import BoxSpec
+from impyard.broker import UpstreamConfig
+from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options
+from impyard.clock import SystemClock
+from impyard.db import Database, DatabaseError, open_database
+from impyard.durations import DurationError, format_duration, parse_duration
+from impyard.gateway import Gateway
+from impyard.history import History
+from impyard.imp_config import ImpConfig, ImpError
+from impyard.imps import ImpStore
+from impyard.memory.scopes import TERMINAL
+from impyard.memory.store import MemoryInvalid, MemoryStore
+from impyard.policy import PolicyError, load_policy
+from impyard.surfaces import OutgoingFile, SurfaceError
+
+OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's embedding calls are audited on
+EMBED_DEADLINE_S = 30.0  # a busy model API is retried (mechanism 121) for at most this long
+MAX_AGE = 100 * 365 * 24  # hours: --age up to a hundred years
+MAX_SHOWN = 1_000
+SCOPE_PATTERN = re.compile(r"terminal|(?:guild|dm):(?:channel:)?[A-Za-z0-9_.:-]{1,128}")
+SCOPE_RULE = "terminal, guild:<server id> or dm:<person id> (e.g. guild:123456789012345678)"
+NO_KEY = (
+    'no model key is configured, and {imp}\'s [memory] embedder is "gateway": export OPENAI_API_KEY=sk-... '
+    '(and OPENAI_BASE_URL for another server), or set [memory] embedder = "hashing" in its imp.toml'
+)
+
+MEMORY_COLUMNS = (
+    Col("record", no_wrap=True), "scope", Col("last felt", no_wrap=True), "author", "feels", "felt", "conclusion",
+)  # fmt: skip
+
+
+@click.group("memory")
+def memory_group() -> None:
+    """An imp's memory: show, search, give and forget what it remembers (kept in the host's database).
+
+    \b
+    Example:
+      impyard memory show pip --person carol
+      impyard memory search pip "the picnic"
+      impyard memory remember pip "I grew up by the sea." --valence 0.6 --intensity 0.7 --age 8760h
+      impyard memory forget pip --person carol
+    """
+
+
+# ------------------------------------------------------------------ input checks (one line each, before anything)
+
+
+def check_scope(scope: str | None) -> str | None:
+    if scope is None:
+        return None
+    if not SCOPE_PATTERN.fullmatch(scope):
+        raise CliError(f"--scope {scope[:60]!r} is not a memory scope: write {SCOPE_RULE}")
+    return scope
+
+
+def check_person(person: str) -> str:
+    text = person.strip()
+    if not text or len(text) > MAX_NAME_CHARS or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise CliError(
+            f"--person must be a name or a Discord id, 1 to {MAX_NAME_CHARS} printable characters "
+            f"(got {person[:40]!r})"
+        )
+    return text
+
+
+def check_unit(value: float, option: str, low: float, high: float) -> float:
+    if not math.isfinite(value) or not low <= value <= high:
+        raise CliError(f"{option} must be a number from {low:g} to {high:g} (got {value:g})")
+    return value
+
+
+def age_hours(text: str) -> float:
+    try:
+        hours = parse_duration(text, what="--age").total_seconds() / 3600
+    except DurationError as exc:
+        raise CliError(str(exc)) from None
+    if hours > MAX_AGE:
+        raise CliError(f"--age {text[:40]!r} is more than a hundred years: give at most {MAX_AGE}h")
+    return hours
+
+
+def check_event(event: str) -> str:
+    text = event.strip()
+    if not text or len(text) > MAX_CONCLUSION_CHARS:
+        raise CliError(f"the event must be 1 to {MAX_CONCLUSION_CHARS} characters of text (got {len(text)})")
+    return text
+
+
+def imp_config(name: str) -> ImpConfig:
+    try:
+        return ImpStore().get(name)
+    except ImpError as exc:
+        raise CliError(str(exc).splitlines()[0]) from exc
+
+
+@contextmanager
+def memory_store() -> Iterator[tuple[MemoryStore, Database]]:
+    """The home's memory store (the host database, migrated); a database problem is a one-line error."""
+    try:
+        db = open_database()
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from exc
+    try:
+        yield MemoryStore(db, SystemClock().now), db
+    except MemoryInvalid as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        db.close()
+
+
+# ------------------------------------------------------------------ the query's vector, made as the imp's boxes make it
+
+
+class _NoSurface:
+    """The operator's embedding call posts nothing; the gateway never reaches a surface for a model call."""
+
+    async def send(
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str,
+        *, imp: str = "",
+    ) -> list[str]:  # fmt: skip
+        raise SurfaceError("impyard memory posts nothing")
+
+
+@dataclass
+class _ThroughGateway:
+    """``ModelCaller`` for the host itself: a ``model.request`` served by a gateway, as a box's would be."""
+
+    gateway: Gateway
+    spec: BoxSpec
+
+    async def call(self, path: str, body: dict[str, Any], purpose: str) -> ModelRequestResult:
+        params = ModelRequestParams.model_validate({"path": path, "body": body, "purpose": purpose})
+        result = await self.gateway.serve(self.spec, "model.request", params)
+        assert isinstance(result, ModelRequestResult)
+        return result
+
+
+def embed(config: ImpConfig, db: Database, text: str) -> list[float]:
+    """The vector of ``text`` by the imp's configured embedder, or a CliError saying why there is none."""
+    if config.memory.embedder == "hashing":
+        vector = hashing_vector(clip_for_embedding(text))
+        if vector is None:
+            raise CliError("the text has no words to search or remember by; give some words")
+        return vector
+    if not UpstreamConfig.from_env().api_key:
+        raise CliError(NO_KEY.format(imp=config.name))
+    try:
+        policy = load_policy()
+    except PolicyError as exc:
+        raise CliError(f"the policy is broken: {exc.problems[0]}") from exc
+    return anyio.run(_embed_through_gateway, config, db, text, policy)
+
+
+async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, policy: Any) -> list[float]:
+    clock = SystemClock()
+    gateway = Gateway(
+        policy=policy, db=db, surface=_NoSurface(), clock=clock, owners={config.name: config.owners},
+        surfaces=(), settle_abandoned=False,  # a running host's calls in flight are not this command's to settle
+    )  # fmt: skip
+    spec = BoxSpec(
+        config.name,
+        OPERATOR_CHANNEL,
+        ImpStore().path(config.name) / "state",
+        run_id=f"cli-{uuid.uuid4().hex}",
+    )
+    problems: list[str] = []
+    started = anyio.current_time()
+
+    def left() -> float:
+        return EMBED_DEADLINE_S - (anyio.current_time() - started)
+
+    def note(record: CallRecord) -> None:
+        if record.error:
+            problems.append(record.error)
+
+    model = MemoryModel(
+        _ThroughGateway(gateway, spec),
+        config.imp_spec().memory,
+        config.model.model,
+        deadline=left,
+        recorders=(note,),
+    )
+    embedder = GatewayEmbedder(model, config.memory.embedding_model, config.memory.dimensions)
+    try:
+        vector = await embedder.embed(text)
+    finally:
+        await gateway.aclose()
+    if vector is None:
+        why = problems[-1] if problems else "the text has no words"
+        raise CliError(f"the text could not be embedded ({why}); nothing was changed")
+    return vector
+
+
+# ------------------------------------------------------------------ output
+
+
+def record_scopes(db: Database, ids: Sequence[str]) -> dict[str, str]:
+    """Each record's scope, for the listing (the store's views leave it out: a box knows its own scopes)."""
+    if not ids:
+        return {}
+    marks = ", ".join("?" for _ in ids)
+    rows = db.connection().execute(f"SELECT id, scope FROM memory_records WHERE id IN ({marks})", list(ids))
+    return {str(row[0]): str(row[1]) for row in rows}
+
+
+def record_json(view: RecordView, scope: str | None) -> dict[str, Any]:
+    value = view.model_dump(mode="json", exclude={"vector"})
+    return {"scope": scope, **value}
+
+
+def _ago(when: datetime, now: datetime) -> str:
+    delta = now - when
+    return f"{format_duration(delta)} ago" if delta.total_seconds() >= 1 else "now"
+
+
+def _feels(view: RecordView) -> str:
+    sign = "+" if view.valence > 0 else ""
+    return f"{sign}{view.valence:.2f}/{view.intensity:.2f}"
+
+
+def show_records(out: Output, db: Database, views: list[RecordView], *, empty: str, title: str) -> None:
+    scopes = record_scopes(db, [view.id for view in views])
+    now = SystemClock().now()
+    rows = []
+    for view in views:
+        feeling = f"{escape(view.feeling)} " if view.feeling else ""
+        text = " ".join(view.conclusion.split())
+        text = text[:120] + ("…" if len(text) > 120 else "")
+        rows.append(
+            (
+                view.id[:12], escape(scopes.get(view.id, "?")), _ago(view.last_felt, now),
+                escape(view.author) + (" [dim](given)[/]" if view.origin == "given" else ""),
+                f"{feeling}{_feels(view)}", f"{view.felt:.2f}" + (f" [dim]score {view.score:.2f}[/]" if view.score is not None else ""),
+                escape(text),
+            )
+        )  # fmt: skip
+    out.listing(
+        [record_json(view, scopes.get(view.id)) for view in views], columns=MEMORY_COLUMNS, rows=rows,
+        empty=empty, title=title, min_width=140,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ the verbs
+
+
+@memory_group.command("show")
+@click.argument("imp")
+@click.option("--person", help="Only records by or about this person (a name or a Discord id).")
+@click.option("--scope", help=f"Only this scope: {SCOPE_RULE}.")
+@click.option("-n", "limit", type=click.IntRange(1, MAX_SHOWN), default=50, show_default=True,
+              help="How many (most recently felt first).")  # fmt: skip
+@output_options
+def show_command(imp: str, person: str | None, scope: str | None, limit: int, out: Output) -> None:
+    """What IMP remembers, most recently felt first: feeling, valence/intensity, felt strength now.
+
+    \b
+    Examples:
+      impyard memory show pip
+      impyard memory show pip --person carol --scope guild:123456789012345678 --json
+    """
+    config = imp_config(imp)
+    who = check_person(person) if person is not None else None
+    where = check_scope(scope)
+    with memory_store() as (store, db):
+        views = store.show(config.name, person=who, scope=where, limit=limit)
+        selection = "".join([f" by or about {who!r}" if who else "", f" in {where}" if where else ""])
+        show_records(
+            out, db, views, empty=f"{config.name} remembers nothing{selection}.",
+            title=f"What {config.name} remembers{escape(selection)}",
+        )  # fmt: skip
+
+
+@memory_group.command("search")
+@click.argument("imp")
+@click.argument("text")
+@click.option(
+    "--scope", "scopes", multiple=True, help="Search only this scope (repeatable; default: every scope)."
+)
+@click.option("-k", "k", type=click.IntRange(1, MAX_K), default=10, show_default=True, help="How many.")
+@output_options
+def search_command(imp: str, text: str, scopes: tuple[str, ...], k: int, out: Output) -> None:
+    """Search IMP's memory by meaning: cosine × felt strength, as its recall ranks (no association filter).
+
+    \b
+    The text is embedded with the imp's [memory] embedder: through the gateway
+    (purpose embedding: judged, metered and audited like a box's call), or
+    locally with embedder = "hashing". Example:
+      impyard memory search pip "the picnic by the lake"
+    """
+    config = imp_config(imp)
+    if not text.strip():
+        raise CliError('give the text to search for, e.g. impyard memory search pip "the picnic"')
+    where = [check_scope(scope) or "" for scope in scopes]
+    with memory_store() as (store, db):
+        vector = embed(config, db, text)
+        views = store.search(config.name, vector, (), k, scopes=where or None)
+        show_records(
+            out, db, views, empty=f"Nothing in {config.name}'s memory comes to mind for that.",
+            title=f"{config.name} recalls",
+        )  # fmt: skip
+
+
+@memory_group.command("remember")
+@click.argument("imp")
+@click.argument("event")
+@click.option("--valence", type=float, required=True, help="How good (1) or bad (-1) it was: -1 to 1.")
+@click.option("--intensity", type=float, required=True, help="How strongly it was felt: 0 to 1.")
+@click.option(
+    "--age", default="0s", show_default=True, help="How long ago it happened, e.g. 720h, 30d, 1h30m."
+)
+@click.option("--scope", default=TERMINAL, show_default=True,
+              help=f"The scope it is kept in ({SCOPE_RULE}); only sessions that read it recall it.")  # fmt: skip
+@output_options
+def remember_command(
+    imp: str, event: str, valence: float, intensity: float, age: str, scope: str, out: Output
+) -> None:
+    """Give IMP a memory from its past (mechanism 115): author Self, origin given, fading from its date.
+
+    \b
+    It is recalled like a lived one, tagged "from your past", and never
+    forgotten in sleep (it still fades). Example:
+      impyard memory remember pip "A storm sank my first boat." --valence -0.7 --intensity 0.8 --age 720h
+    """
+    config = imp_config(imp)
+    text = check_event(event)
+    check_unit(valence, "--valence", -1.0, 1.0)
+    check_unit(intensity, "--intensity", 0.0, 1.0)
+    hours = age_hours(age)
+    where = check_scope(scope) or TERMINAL
+    with memory_store() as (store, db):
+        vector = embed(config, db, text)
+        record_id = store.remember(config.name, where, text, valence, intensity, hours, vector)
+    out.show(
+        {"record": record_id, "imp": config.name, "scope": where, "age_hours": hours, "dims": len(vector)},
+        f"{config.name} remembers it ({where}, {format_duration(hours * 3600) + ' ago' if hours else 'now'}): "
+        f"record {record_id}",
+    )
+
+
+@memory_group.command("forget")
+@click.argument("imp")
+@click.option("--person", required=True, help="A name or a Discord id.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_options
+def forget_command(imp: str, person: str, yes: bool, out: Output) -> None:
+    """Forget everything by or about a person, in every scope of IMP: records, episodes, conversations.
+
+    \b
+    The person is matched by Discord id and by every name the host's history
+    knows for them (a name is matched as a whole word, literally). Cannot be
+    undone. Example:
+      impyard memory forget pip --person carol
+    """
+    config = imp_config(imp)
+    who = check_person(person)
+    with memory_store() as (store, db):
+        identities = person_identities(store, History(db, SystemClock()), config.name, who)
+        names = sorted({name for _, name in identities if name})
+        ids = sorted({pid for pid, _ in identities if pid not in names})
+        described = ", ".join([*(repr(n) for n in names), *(f"id {i}" for i in ids)])
+        if not yes:
+            click.confirm(
+                f"Forget everything {config.name} remembers by or about {described}, in every scope? "
+                "This cannot be undone.", abort=True, err=True,
+            )  # fmt: skip
+        counts = {"records": 0, "episodes": 0, "conversations": 0}
+        for person_id, name in identities:
+            for key, value in store.forget_person(config.name, person_id, name).items():
+                counts[key] = counts.get(key, 0) + value
+    out.show(
+        {"imp": config.name, "person": who, "names": names, "ids": ids, **counts},
+        f"{config.name} forgot {described}: {counts['records']} records, {counts['episodes']} episodes, "
+        f"{counts['conversations']} conversations.",
+    )
+
+
+def person_identities(
+    store: MemoryStore, history: History, imp: str, person: str
+) -> list[tuple[str, str | None]]:
+    """(id, name) pairs to forget for ``person``, from the host's history and the imp's own records.
+
+    An id (Discord's digits, or one the history or a record knows as an author id, like ``terminal:alice``)
+    comes with every name it wrote under; a name with every id that wrote under it. A name nobody is known
+    by is still forgotten wherever it is the author or named; an unknown id, wherever it is the author.
+    """
+    records = store.show(imp, person=person, limit=MAX_SHOWN, episodes=0)
+    names_of_id = [*history.author_names(person), *(v.author for v in records if v.author_id == person)]
+    if person.isdigit() or names_of_id:
+        ids, names = [person], names_of_id
+    else:
+        ids = [
+            *history.author_ids(person),
+            *(v.author_id for v in records if v.author == person and v.author_id),
+        ]
+        names = [person]
+    ids = list(dict.fromkeys(ids)) or [person]  # no known id: the name stands in (no real id equals it)
+    every_name: list[str | None] = list(dict.fromkeys(names))
+    return [(pid, name) for pid in ids for name in (every_name or [None])]

@@ -1,0 +1,61 @@
+"""The host's surface wrapper: an imp's own posts join the channel history (the box sees its side of the talk).
+
+The host (``impyard.host``) wraps whatever surface it posts through in one of these, so every post the
+gateway executes — a reply, a post approved at a gate, a task's post — is recorded the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from box.protocol.models import Author, Message
+from impyard.clock import Clock
+from impyard.history import History
+from impyard.surfaces import Surface
+from impyard.typing_indicator import set_typing
+
+
+class HistorySurface:
+    """Wraps a surface so an imp's own posts join the channel history.
+
+    Every send names its imp (``imp=``), so one wrapper serves a host with several imps;
+    ``default_imp`` covers a caller that does not say (a host with one imp).
+    """
+
+    def __init__(
+        self,
+        inner: Surface,
+        history: History,
+        imp_user_id: Callable[[str], str],
+        clock: Clock,
+        *,
+        default_imp: str = "",
+    ) -> None:
+        self.inner = inner
+        self.history = history
+        self.imp_user_id = imp_user_id
+        self.clock = clock
+        self.default_imp = default_imp
+
+    async def send(
+        self,
+        channel_id: str,
+        content: str,
+        reply_to: str | None,
+        files: Sequence[object],
+        kind: str,
+        *,
+        imp: str = "",
+    ) -> list[str]:
+        imp = imp or self.default_imp
+        ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp)  # type: ignore[arg-type]
+        if kind in ("reply", "other") and ids and imp:
+            message = Message(
+                id=ids[0], author=Author(id=self.imp_user_id(imp), name=imp, bot=True), content=content,
+                created_at=self.clock.now(),
+            )  # fmt: skip
+            await self.history.aio.record(channel_id, message, from_imp=imp)
+        return ids
+
+    async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:
+        await set_typing(self.inner, channel_id, active, imp or self.default_imp)

@@ -1,0 +1,290 @@
+"""The ``memory.*`` requests of a box, served by the host (issue 23; design.md §7).
+
+``MemoryService`` answers the nine ``memory.*`` methods (models: ``box.protocol.memory``) for one box at a
+time, through the session's ``ScopedMemory``: the scopes are the host's decision (``scopes.resolve``),
+registered when the box starts (``open``) and applied to every query; no request names one.
+
+Bounds, besides the protocol models' own: at most ``max_requests_per_turn`` requests per turn (the next
+is refused DENIED; a turn starts at the box's ``turn.stage`` "context"), a conversation's state at most
+``MAX_CONVERSATION_STATE_BYTES`` (INVALID_PARAMS), a join naming a record outside the session refused
+(DENIED). Every refusal counts against the box's conduct like any other (a flood ends the box).
+The store unavailable answers INTERNAL_ERROR with a message saying so: the box answers without memory.
+
+Audit in aggregate: one row per box turn, ``memory.*`` with the counts by method ("search 3, encode 1")
+and the total latency, returned by ``stage`` / ``turn_ended`` / ``close`` for the gateway to write.
+
+Wiring (the gateway and the session host):
+
+    service = memory_service(db, clock.now)                       # once, beside the gateway
+    service.open(spec, await resolve(db, spec.imp, spec.channel_id))  # box start -> BoxInitParams.memory
+    if method.startswith("memory."): return await service.serve(spec, method, params)   # Gateway.serve
+    if (row := service.stage(spec, params.stage)): write row     # Gateway.serve, turn.stage
+    if (row := service.close(spec)): write row                   # the box ended
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from box.protocol import ErrorCode, RpcError
+from box.protocol import memory as mem
+from box.protocol.models import EmptyFromHost
+from impyard.audit import AuditRecord
+from impyard.backends.base import BoxSpec
+from impyard.backends.statedir import parse_size
+from impyard.db import Database, DatabaseError
+from impyard.errors import ImpyardError
+from impyard.memory.cache import DEFAULT_CACHE_BYTES, VectorCache
+from impyard.memory.scopes import SessionScopes
+from impyard.memory.store import MemoryDenied, MemoryInvalid, MemoryStore, ScopedMemory
+from impyard.memory.vectors import VectorError
+
+log = logging.getLogger("impyard.memory")
+
+AUDIT_METHOD = "memory.*"
+LIMIT_RULE = "memory-requests-per-turn"
+SCOPE_RULE = "memory-scopes"
+STORE_UNAVAILABLE = (
+    "the memory store is unavailable right now (database error); answer without memory this turn"
+)
+
+
+@dataclass
+class _Tally:
+    """One box's memory requests since its audit row was last drained, and its count this turn."""
+
+    imp: str
+    channel_id: str
+    scopes: SessionScopes | None = None
+    opened: bool = False  # the host decided its scopes (None included: memory off)
+    this_turn: int = 0
+    methods: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)  # denied | invalid | error
+    latency_ms: float = 0.0
+
+    def drain(self, run_id: str) -> AuditRecord | None:
+        if not self.methods:
+            return None
+        order = {name: i for i, name in enumerate(mem.MEMORY_METHOD_NAMES)}
+        reason = ", ".join(
+            f"{name.removeprefix('memory.')} {n}"
+            for name, n in sorted(self.methods.items(), key=lambda x: order.get(x[0], 99))
+        )
+        verdict = "error" if self.refused["error"] else "denied" if self.refused else "allowed"
+        detail = ", ".join(f"{kind} {n}" for kind, n in sorted(self.refused.items()))
+        record = AuditRecord(
+            imp=self.imp, method=AUDIT_METHOD, verdict=verdict, run_id=run_id, channel_id=self.channel_id,
+            reason=reason, latency_ms=round(self.latency_ms, 3), detail=f"refused: {detail}" if detail else "",
+        )  # fmt: skip
+        self.methods.clear()
+        self.refused.clear()
+        self.latency_ms = 0.0
+        return record
+
+
+class MemoryService:
+    """Serves ``memory.*`` for every box of this host; holds per box only its scopes and its tallies."""
+
+    def __init__(
+        self, store: MemoryStore, *, max_requests_per_turn: int = mem.MAX_MEMORY_REQUESTS_PER_TURN
+    ) -> None:
+        self.store = store
+        self.max_requests_per_turn = max_requests_per_turn
+        self._boxes: dict[str, _Tally] = {}
+
+    # ------------------------------------------------------------ the box's life
+
+    def open(self, spec: BoxSpec, scopes: SessionScopes | None) -> mem.SessionMemory | None:
+        """A box starts with these scopes (None: memory off). Returns ``BoxInitParams.memory``."""
+        tally = self._tally(spec)
+        tally.scopes, tally.opened = scopes, True
+        return scopes.session_memory() if scopes is not None else None
+
+    def is_open(self, spec: BoxSpec) -> bool:
+        """Whether the box's scopes were decided (``open``) since it started."""
+        tally = self._boxes.get(spec.run_id)
+        return tally is not None and tally.opened
+
+    def stage(self, spec: BoxSpec, stage: str) -> AuditRecord | None:
+        """The box's ``turn.stage``: "context" starts a turn, so the last turn's row is returned and the
+        per-turn count starts over. Other stages change nothing (a turn's memory work goes on after "post")."""
+        return self.turn_ended(spec) if stage == "context" else None
+
+    def turn_ended(self, spec: BoxSpec) -> AuditRecord | None:
+        """End the box's turn: the per-turn count starts over; returns the turn's audit row, if any."""
+        tally = self._boxes.get(spec.run_id)
+        if tally is None:
+            return None
+        tally.this_turn = 0
+        return tally.drain(spec.run_id)
+
+    def drain_audit(self, spec: BoxSpec) -> AuditRecord | None:
+        """The aggregate row of the requests since the last drain (None when there were none)."""
+        tally = self._boxes.get(spec.run_id)
+        return tally.drain(spec.run_id) if tally is not None else None
+
+    def close(self, spec: BoxSpec) -> AuditRecord | None:
+        """The box ended: forget it; returns its last audit row, if any."""
+        tally = self._boxes.pop(spec.run_id, None)
+        return tally.drain(spec.run_id) if tally is not None else None
+
+    def _tally(self, spec: BoxSpec) -> _Tally:
+        tally = self._boxes.get(spec.run_id)
+        if tally is None:
+            tally = self._boxes[spec.run_id] = _Tally(spec.imp, spec.channel_id)
+        return tally
+
+    # ------------------------------------------------------------ serving
+
+    async def serve(
+        self, spec: BoxSpec, method: str, params: BaseModel, *, scopes: SessionScopes | None = None
+    ) -> BaseModel:
+        """Answer one ``memory.*`` request of the box ``spec`` (its session's scopes, or ``scopes``)."""
+        tally = self._tally(spec)
+        tally.methods[method if method in mem.MEMORY_METHOD_NAMES else "memory.other"] += 1
+        tally.this_turn += 1
+        started = time.perf_counter()
+        try:
+            if tally.this_turn > self.max_requests_per_turn:
+                reason = f"at most {self.max_requests_per_turn} memory requests per turn"
+                raise RpcError(
+                    ErrorCode.DENIED,
+                    f"denied by rule {LIMIT_RULE}: {reason}",
+                    {"rule": LIMIT_RULE, "reason": reason},
+                )
+            session = scopes if scopes is not None else tally.scopes
+            if session is None:
+                reason = "memory is off for this session"
+                raise RpcError(
+                    ErrorCode.DENIED,
+                    f"denied by rule {SCOPE_RULE}: {reason}",
+                    {"rule": SCOPE_RULE, "reason": reason},
+                )
+            handler = _HANDLERS.get(method)
+            if handler is None:
+                raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method[:80]}")
+            scoped = self.store.scoped(spec.imp, session, spec.channel_id)
+            return await self.store.db.run(handler, scoped, params)
+        except RpcError as exc:
+            tally.refused[
+                "error"
+                if exc.code == ErrorCode.INTERNAL_ERROR
+                else "denied"
+                if exc.code == ErrorCode.DENIED
+                else "invalid"
+            ] += 1
+            raise
+        except MemoryDenied as exc:
+            tally.refused["denied"] += 1
+            raise RpcError(ErrorCode.DENIED, str(exc), {"rule": SCOPE_RULE, "reason": str(exc)}) from None
+        except (MemoryInvalid, VectorError) as exc:
+            tally.refused["invalid"] += 1
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params for {method}: {exc}") from None
+        except (sqlite3.Error, DatabaseError, OSError) as exc:
+            tally.refused["error"] += 1
+            log.warning(
+                "memory store unavailable for %s/%s on %s: %s", spec.imp, spec.channel_id, method, exc
+            )
+            raise RpcError(ErrorCode.INTERNAL_ERROR, STORE_UNAVAILABLE) from None
+        finally:
+            tally.latency_ms += (time.perf_counter() - started) * 1000
+
+
+# ------------------------------------------------------------------ the handlers (run on a worker thread)
+
+
+def _records(scoped: ScopedMemory, records: list[mem.RecordView]) -> mem.RecordsResult:
+    return mem.RecordsResult(records=records, total=scoped.count())
+
+
+def _search(scoped: ScopedMemory, p: mem.SearchParams) -> mem.RecordsResult:
+    return _records(scoped, scoped.search(p.vector, p.names, p.k, p.kinds, p.episodes, p.with_vectors))
+
+
+def _recent(scoped: ScopedMemory, p: mem.RecentParams) -> mem.RecordsResult:
+    return _records(scoped, scoped.recent(p.k, p.kinds, p.episodes, p.with_vectors))
+
+
+def _about(scoped: ScopedMemory, p: mem.AboutParams) -> mem.RecordsResult:
+    return _records(scoped, scoped.about(p.person, p.k, p.exclude, p.kinds, p.episodes, p.with_vectors))
+
+
+def _constructs(scoped: ScopedMemory, p: mem.ConstructsParams) -> mem.RecordsResult:
+    return _records(scoped, scoped.constructs(p.construct_kind, p.k, p.episodes))
+
+
+def _episodes(scoped: ScopedMemory, p: mem.EpisodesParams) -> mem.EpisodesResult:
+    return mem.EpisodesResult(episodes=scoped.episodes(p.record_ids, p.per_record))
+
+
+def _encode(scoped: ScopedMemory, p: mem.EncodeParams) -> mem.EncodeResult:
+    record_id, episode_id = scoped.encode(p)
+    return mem.EncodeResult(record_id=record_id, episode_id=episode_id)
+
+
+def _restore(scoped: ScopedMemory, p: mem.RestoreParams) -> mem.RestoreResult:
+    return mem.RestoreResult(restored=scoped.restore(p.items))
+
+
+def _conversation_get(scoped: ScopedMemory, p: mem.ConversationGetParams) -> mem.ConversationState:
+    state, updated_at = scoped.conversation_get(p.person)
+    return mem.ConversationState(state=state, updated_at=updated_at)
+
+
+def _conversation_put(scoped: ScopedMemory, p: mem.ConversationPutParams) -> EmptyFromHost:
+    scoped.conversation_put(p.person, p.state)
+    return EmptyFromHost()
+
+
+_HANDLERS: dict[str, Callable[[ScopedMemory, Any], BaseModel]] = {
+    "memory.search": _search,
+    "memory.recent": _recent,
+    "memory.about": _about,
+    "memory.constructs": _constructs,
+    "memory.episodes": _episodes,
+    "memory.encode": _encode,
+    "memory.restore": _restore,
+    "memory.conversation.get": _conversation_get,
+    "memory.conversation.put": _conversation_put,
+}
+
+
+class CacheSettingError(ImpyardError, ValueError):
+    """IMPYARD_MEMORY_CACHE is not a size."""
+
+
+def cache_bytes_from_env(environ: dict[str, str] | None = None) -> int:
+    """``IMPYARD_MEMORY_CACHE``: the most the host's vector cache holds (e.g. ``512m``, ``2g``; default 512m).
+    Past it, the least recently used (imp, scope) matrix is evicted and reloaded when next asked for."""
+    raw = (environ if environ is not None else dict(os.environ)).get("IMPYARD_MEMORY_CACHE", "").strip()
+    if not raw:
+        return DEFAULT_CACHE_BYTES
+    try:
+        value = parse_size(raw)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise CacheSettingError(f"IMPYARD_MEMORY_CACHE must be a size such as 512m or 2g (got {raw!r})")
+    return value
+
+
+def memory_service(
+    db: Database,
+    clock: Callable[[], datetime],
+    *,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    max_requests_per_turn: int = mem.MAX_MEMORY_REQUESTS_PER_TURN,
+) -> MemoryService:
+    """The service over the host database with a vector cache of ``cache_bytes`` (one per host process)."""
+    store = MemoryStore(db, clock, VectorCache(cache_bytes))
+    return MemoryService(store, max_requests_per_turn=max_requests_per_turn)

@@ -1,0 +1,805 @@
+"""The host's memory store (issue 23; design.md §7): records, episodes, conversations, in privacy scopes.
+
+Records and episodes are separate tables (mechanism 116): an episode belongs to exactly one record, and a
+record has no event of its own; its valence is written once and never updated (117). Fading happens at
+read time with ``box.memory.laws`` on the host's clock (67, 122); re-feeling writes the faded strength
+restored toward the new one, and ``last_felt = now`` always (69, 70).
+
+**Every read and write for a box goes through ``ScopedMemory``**: it is built for one session (imp,
+the scope it writes, the scopes it reads, its channel) and each of its queries is filtered by
+``imp = ? AND scope IN (reads)`` through ``_Reach``, the one place that clause is made; its writes
+always carry the writes scope. No request names a scope, so no box can ask past its session.
+The operator API on ``MemoryStore`` (``show``, ``search``, ``remember``, ``forget_person``,
+``forget_message``, ``count``) sees every scope, filtered by its optional arguments.
+
+The record text that names are matched against (mechanism 15, ``mention_text``): the conclusion for a
+lived record; for a construct its statement and conclusion, where the statement is the construct's kind
+word ("I believe: …") rendered around the conclusion field the box stored — the kind word names no one,
+so the text matched is the conclusion in both cases.
+
+The SQL runs on PostgreSQL too (design.md §13): uuid4-hex ids, ISO-8601 UTC text times, no SQLite-only
+functions; ``LIKE`` is only a prefilter (both sides lowercased in Python) before a whole-word check.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from box.memory import laws
+from box.protocol.memory import (
+    BOTH_KINDS,
+    MAX_CONCLUSION_CHARS,
+    MAX_CONVERSATION_STATE_BYTES,
+    ConstructKind,
+    EncodeParams,
+    EpisodeView,
+    RecordView,
+    Restore,
+)
+from impyard.clock import iso, parse_iso
+from impyard.db import Database, Store
+from impyard.errors import ImpyardError
+from impyard.memory.cache import (
+    DEFAULT_CACHE_BYTES,
+    EpisodeRows,
+    Generation,
+    Hit,
+    Loader,
+    RecordRows,
+    VectorCache,
+    mentions,
+)
+from impyard.memory.scopes import SessionScopes
+from impyard.memory.vectors import pack, unpack
+
+Clock = Callable[[], datetime]
+SELF = "Self"  # the author of a given record (mechanism 115)
+
+_RECORD_COLUMNS = (
+    "id, kind, construct_kind, origin, author, author_id, feeling, conclusion, valence, intensity,"
+    " happened_at, last_felt, dims, vector, scope, gen"
+)
+_EPISODE_COLUMNS = "id, record_id, author, author_id, message_id, as_happened, told, channel_id, happened_at"
+
+
+class MemoryStoreError(ImpyardError):
+    """Base of the store's refusals."""
+
+
+class MemoryDenied(MemoryStoreError):
+    """A request names a record outside the session's scopes (the box is answered DENIED)."""
+
+
+class MemoryInvalid(MemoryStoreError, ValueError):
+    """A request the store cannot take (too large, malformed); the box is answered INVALID_PARAMS."""
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def record_text(conclusion: str) -> str:
+    """The lowercased text a record's names are matched in (see the module doc)."""
+    return conclusion.lower()
+
+
+def like_pattern(name: str) -> str:
+    """A ``LIKE … ESCAPE '\\'`` pattern finding ``name`` anywhere, its % and _ taken literally."""
+    escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """Whose memories a query may touch: one imp, and its scopes (None: every scope — the operator only)."""
+
+    imp: str
+    scopes: tuple[str, ...] | None
+
+    def clause(self, alias: str = "") -> tuple[str, list[Any]]:
+        prefix = f"{alias}." if alias else ""
+        if self.scopes is None:
+            return f"{prefix}imp = ?", [self.imp]
+        if not self.scopes:
+            return "1 = 0", []
+        marks = ", ".join("?" for _ in self.scopes)
+        return f"{prefix}imp = ? AND {prefix}scope IN ({marks})", [self.imp, *self.scopes]
+
+
+# ------------------------------------------------------------------ the store
+
+
+class MemoryStore(Store, Loader):
+    """The memory tables of the host database, with the vector cache that ranks them."""
+
+    def __init__(self, db: Database, clock: Clock, cache: VectorCache | None = None) -> None:
+        self.db = db
+        self.clock = clock
+        self.cache = cache if cache is not None else VectorCache(DEFAULT_CACHE_BYTES)
+
+    def scoped(self, imp: str, scopes: SessionScopes, channel_id: str) -> ScopedMemory:
+        """The session's view: the only way a box's request reaches the store."""
+        return ScopedMemory(self, imp, scopes, channel_id)
+
+    # ------------------------------------------------------------ the cache's loader
+
+    def generation(self, imp: str, scope: str) -> Generation:
+        row = (
+            self.db.connection()
+            .execute(
+                "SELECT version, deletes FROM memory_generations WHERE imp = ? AND scope = ?", (imp, scope)
+            )
+            .fetchone()
+        )
+        return Generation(int(row[0]), int(row[1])) if row else Generation()
+
+    def rows(self, imp: str, scope: str, dims: int, since: int | None) -> tuple[RecordRows, EpisodeRows]:
+        conn = self.db.connection()
+        after = "" if since is None else " AND gen > ?"
+        args: list[Any] = [imp, scope, dims] + ([] if since is None else [since])
+        records = RecordRows()
+        for row in conn.execute(
+            "SELECT id, kind, valence, intensity, last_felt, mention_text, vector FROM memory_records"
+            " WHERE imp = ? AND scope = ? AND dims = ? AND vector IS NOT NULL" + after,
+            args,
+        ):
+            records.ids.append(row[0])
+            records.construct.append(row[1] == "construct")
+            records.valence.append(float(row[2]))
+            records.intensity.append(float(row[3]))
+            records.last_felt_s.append(parse_iso(row[4]).timestamp())
+            records.texts.append(row[5])
+            records.blobs.append(row[6])
+        episodes = EpisodeRows()
+        for row in conn.execute(
+            "SELECT id, record_id, as_happened, vector FROM memory_episodes"
+            " WHERE imp = ? AND scope = ? AND dims = ? AND vector IS NOT NULL" + after,
+            args,
+        ):
+            episodes.ids.append(row[0])
+            episodes.record_ids.append(row[1])
+            episodes.texts.append(str(row[2]).lower())
+            episodes.blobs.append(row[3])
+        return records, episodes
+
+    # ------------------------------------------------------------ shared by the scoped view and the operator
+
+    def _bump(self, conn: sqlite3.Connection, imp: str, scope: str, *, deleted: bool = False) -> int:
+        """The scope's next generation (inside the caller's write transaction)."""
+        conn.execute(
+            "INSERT INTO memory_generations (imp, scope, version, deletes) VALUES (?, ?, 0, 0)"
+            " ON CONFLICT (imp, scope) DO NOTHING",
+            (imp, scope),
+        )
+        conn.execute(
+            "UPDATE memory_generations SET version = version + 1, deletes = deletes + ?"
+            " WHERE imp = ? AND scope = ?",
+            (1 if deleted else 0, imp, scope),
+        )
+        row = conn.execute(
+            "SELECT version FROM memory_generations WHERE imp = ? AND scope = ?", (imp, scope)
+        ).fetchone()
+        return int(row[0])
+
+    def _scopes_of(self, imp: str) -> list[str]:
+        rows = (
+            self.db.connection()
+            .execute("SELECT scope FROM memory_generations WHERE imp = ? ORDER BY scope", (imp,))
+            .fetchall()
+        )
+        return [str(r[0]) for r in rows]
+
+    def _view(self, row: sqlite3.Row, now: datetime, with_vector: bool) -> RecordView:
+        last_felt = parse_iso(row["last_felt"])
+        valence, intensity = float(row["valence"]), float(row["intensity"])
+        vector = unpack(int(row["dims"]), row["vector"]).tolist() if with_vector and row["vector"] else None
+        return RecordView(
+            id=row["id"],
+            kind=row["kind"],
+            construct_kind=row["construct_kind"],
+            origin=row["origin"],
+            author=row["author"],
+            author_id=row["author_id"],
+            feeling=row["feeling"],
+            conclusion=row["conclusion"],
+            valence=valence,
+            intensity=intensity,
+            felt=laws.felt_strength(intensity, valence, last_felt, now),  # mechanism 67, at the host's now
+            happened_at=parse_iso(row["happened_at"]),
+            last_felt=last_felt,
+            vector=vector,
+        )
+
+    @staticmethod
+    def _episode(row: sqlite3.Row) -> EpisodeView:
+        return EpisodeView(
+            id=row["id"],
+            record_id=row["record_id"],
+            author=row["author"],
+            author_id=row["author_id"],
+            message_id=row["message_id"],
+            as_happened=row["as_happened"],
+            told=row["told"],
+            channel_id=row["channel_id"],
+            happened_at=parse_iso(row["happened_at"]),
+        )
+
+    def _records(
+        self,
+        reach: _Reach,
+        where: str = "",
+        args: Sequence[Any] = (),
+        order: str = "last_felt DESC, gen DESC",
+        limit: int | None = None,
+    ) -> Iterable[sqlite3.Row]:
+        """Record rows within ``reach`` (the one scope filter), with an extra condition and order."""
+        clause, reach_args = reach.clause()
+        sql = f"SELECT {_RECORD_COLUMNS} FROM memory_records WHERE {clause}"
+        if where:
+            sql += f" AND ({where})"
+        sql += f" ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return self.db.connection().execute(sql, [*reach_args, *args])
+
+    def _newest(self, reach: _Reach, where: str, args: Sequence[Any], k: int) -> list[sqlite3.Row]:
+        """The ``k`` most recently felt records within ``reach``: one indexed query per scope, merged."""
+        scopes = reach.scopes if reach.scopes is not None else tuple(self._scopes_of(reach.imp))
+        rows: list[sqlite3.Row] = []
+        for scope in scopes:
+            rows.extend(self._records(_Reach(reach.imp, (scope,)), where, args, limit=k))
+        rows.sort(key=lambda r: (r["last_felt"], r["gen"]), reverse=True)
+        return rows[:k]
+
+    def _records_by_id(self, reach: _Reach, ids: Sequence[str]) -> list[sqlite3.Row]:
+        """The rows of ``ids`` within ``reach`` (the ids are looked up first: a scope scan would be slow)."""
+        if not ids:
+            return []
+        clause, args = reach.clause("r")
+        marks = ", ".join("?" for _ in ids)
+        return (
+            self.db.connection()
+            .execute(
+                f"SELECT {_RECORD_COLUMNS} FROM (SELECT * FROM memory_records WHERE id IN ({marks})"
+                f" LIMIT {len(ids)}) AS r WHERE {clause}",
+                [*ids, *args],
+            )
+            .fetchall()
+        )
+
+    def _episodes_of(self, reach: _Reach, record_id: str, limit: int) -> list[EpisodeView]:
+        """The record's newest ``limit`` episodes, newest first (mechanism 116)."""
+        if limit <= 0:
+            return []
+        clause, args = reach.clause()
+        rows = (
+            self.db.connection()
+            .execute(
+                f"SELECT {_EPISODE_COLUMNS} FROM memory_episodes WHERE record_id = ? AND {clause}"
+                f" ORDER BY happened_at DESC, gen DESC, id LIMIT {int(limit)}",
+                [record_id, *args],
+            )
+            .fetchall()
+        )
+        return [self._episode(r) for r in rows]
+
+    def _episode_by_id(self, reach: _Reach, episode_id: str) -> EpisodeView | None:
+        clause, args = reach.clause()
+        row = (
+            self.db.connection()
+            .execute(
+                f"SELECT {_EPISODE_COLUMNS} FROM memory_episodes WHERE id = ? AND {clause}",
+                [episode_id, *args],
+            )
+            .fetchone()
+        )
+        return self._episode(row) if row else None
+
+    def _with_episodes(
+        self,
+        reach: _Reach,
+        views: list[RecordView],
+        per_record: int,
+        hits: dict[str, str | None] | None = None,
+    ) -> list[RecordView]:
+        """Load each record's newest episodes; a search's hit episode goes first (mechanisms 16, 116)."""
+        for view in views:
+            if per_record <= 0:
+                continue
+            episodes = self._episodes_of(reach, view.id, per_record)
+            hit_id = (hits or {}).get(view.id)
+            if hit_id is not None:
+                hit = next((e for e in episodes if e.id == hit_id), None) or self._episode_by_id(
+                    reach, hit_id
+                )
+                if hit is not None:
+                    episodes = [hit, *(e for e in episodes if e.id != hit_id)]
+            view.episodes = episodes
+        return views
+
+    def _search(
+        self,
+        reach: _Reach,
+        vector: Sequence[float],
+        names: Sequence[str],
+        k: int,
+        kinds: Sequence[str] = BOTH_KINDS,
+        episodes: int = 3,
+        with_vectors: bool = False,
+    ) -> list[RecordView]:
+        """Mechanisms 14-17, 30: the cache ranks, then the rows are read back through ``reach`` again."""
+        now = self.clock()
+        scopes = reach.scopes if reach.scopes is not None else tuple(self._scopes_of(reach.imp))
+        ranked: list[Hit] = self.cache.search(
+            self, reach.imp, scopes, vector, names, k, kinds, now.timestamp()
+        )
+        if not ranked:
+            return []
+        rows = {r["id"]: r for r in self._records_by_id(reach, [h.record_id for h in ranked])}
+        views: list[RecordView] = []
+        for hit in ranked:
+            row = rows.get(hit.record_id)
+            if row is None:  # deleted since the cache saw it, or (never) outside the reach
+                continue
+            view = self._view(row, now, with_vectors)
+            view.score = hit.score
+            view.hit_episode = hit.hit_episode
+            views.append(view)
+        return self._with_episodes(reach, views, episodes, {h.record_id: h.hit_episode for h in ranked})
+
+    def _about(
+        self,
+        reach: _Reach,
+        person: str,
+        k: int,
+        exclude: Iterable[str] = (),
+        kinds: Sequence[str] = BOTH_KINDS,
+    ) -> list[sqlite3.Row]:
+        """Records authored by ``person`` (exact name or id) or naming them, strongest stored intensity first."""
+        excluded = set(exclude)
+        kind_marks = ", ".join("?" for _ in kinds)
+        found: list[sqlite3.Row] = []
+        cursor = self._records(
+            reach,
+            f"kind IN ({kind_marks}) AND (author = ? OR author_id = ? OR mention_text LIKE ? ESCAPE '\\')",
+            [*kinds, person, person, like_pattern(person.strip().lower())],
+            order="intensity DESC, last_felt DESC, id",
+        )
+        for row in cursor:
+            if row["id"] in excluded:
+                continue
+            if row["author"] == person or row["author_id"] == person or mentions(row["conclusion"], person):
+                found.append(row)
+                if len(found) >= k:
+                    break
+        return found
+
+    def _refeel(
+        self,
+        conn: sqlite3.Connection,
+        reach: _Reach,
+        items: Sequence[Restore],
+        now: datetime,
+        gens: dict[str, int],
+    ) -> int:
+        """Mechanisms 65, 66, 69, 70: each named record in reach re-felt at ``now``; others ignored, not counted."""
+        clause, args = reach.clause()
+        restored = 0
+        for item in items:
+            row = conn.execute(
+                f"SELECT intensity, valence, last_felt, scope FROM memory_records WHERE id = ? AND {clause}",
+                [item.record_id, *args],
+            ).fetchone()
+            if row is None:
+                continue
+            scope = str(row["scope"])
+            if scope not in gens:
+                gens[scope] = self._bump(conn, reach.imp, scope)
+            intensity = laws.refelt(
+                float(row["intensity"]), float(row["valence"]), parse_iso(row["last_felt"]), now, item.toward
+            )
+            # valence and happened_at are never written here (mechanisms 70, 117); last_felt is now, always
+            conn.execute(
+                "UPDATE memory_records SET intensity = ?, last_felt = ?, gen = ? WHERE id = ?",
+                (intensity, iso(now), gens[scope], item.record_id),
+            )
+            restored += 1
+        return restored
+
+    def _insert_record(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        imp: str,
+        scope: str,
+        gen: int,
+        kind: str,
+        construct_kind: str | None,
+        origin: str,
+        author: str,
+        author_id: str | None,
+        feeling: str,
+        conclusion: str,
+        valence: float,
+        intensity: float,
+        happened_at: datetime,
+        last_felt: datetime,
+        vector: Sequence[float] | None,
+        now: datetime,
+    ) -> str:
+        record_id = new_id()
+        dims, blob = pack(vector) if vector is not None else (0, None)
+        conn.execute(
+            "INSERT INTO memory_records (id, imp, scope, kind, construct_kind, origin, author, author_id, feeling,"
+            " conclusion, mention_text, valence, intensity, happened_at, last_felt, dims, vector, gen, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record_id, imp, scope, kind, construct_kind, origin, author, author_id, feeling, conclusion,
+                record_text(conclusion), valence, intensity, iso(happened_at), iso(last_felt), dims, blob, gen,
+                iso(now),
+            ),
+        )  # fmt: skip
+        return record_id
+
+    def _insert_episode(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        record_id: str,
+        imp: str,
+        scope: str,
+        gen: int,
+        channel_id: str,
+        message_id: str | None,
+        author: str,
+        author_id: str | None,
+        as_happened: str,
+        told: str | None,
+        happened_at: datetime,
+        vector: Sequence[float] | None,
+    ) -> str:
+        episode_id = new_id()
+        dims, blob = pack(vector) if vector is not None else (0, None)
+        conn.execute(
+            "INSERT INTO memory_episodes (id, record_id, imp, scope, channel_id, message_id, author, author_id,"
+            " as_happened, told, happened_at, dims, vector, gen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                episode_id, record_id, imp, scope, channel_id, message_id, author, author_id, as_happened, told,
+                iso(happened_at), dims, blob, gen,
+            ),
+        )  # fmt: skip
+        return episode_id
+
+    def _delete(
+        self, conn: sqlite3.Connection, episode_ids: set[str], record_ids: set[str]
+    ) -> tuple[int, int, set[tuple[str, str]]]:
+        """Delete episodes, then records (with their episodes), then records left without an episode.
+
+        Returns (records, episodes, the (imp, scope) pairs touched); the caller bumps their generations.
+        """
+        touched: set[tuple[str, str]] = set()
+        orphans: set[str] = set()
+        episodes = 0
+        for episode_id in episode_ids:
+            row = conn.execute(
+                "SELECT record_id, imp, scope FROM memory_episodes WHERE id = ?", (episode_id,)
+            ).fetchone()
+            if row is None:
+                continue
+            conn.execute("DELETE FROM memory_episodes WHERE id = ?", (episode_id,))
+            episodes += 1
+            orphans.add(str(row[0]))
+            touched.add((str(row[1]), str(row[2])))
+        for record_id in orphans - record_ids:
+            left = conn.execute(
+                "SELECT COUNT(*) FROM memory_episodes WHERE record_id = ?", (record_id,)
+            ).fetchone()[0]
+            if not left:
+                record_ids = record_ids | {record_id}
+        records = 0
+        for record_id in record_ids:
+            row = conn.execute("SELECT imp, scope FROM memory_records WHERE id = ?", (record_id,)).fetchone()
+            if row is None:
+                continue
+            episodes += conn.execute("DELETE FROM memory_episodes WHERE record_id = ?", (record_id,)).rowcount
+            conn.execute("DELETE FROM memory_records WHERE id = ?", (record_id,))
+            records += 1
+            touched.add((str(row[0]), str(row[1])))
+        return records, episodes, touched
+
+    # ------------------------------------------------------------ operator API (every scope)
+
+    def show(
+        self,
+        imp: str,
+        person: str | None = None,
+        scope: str | None = None,
+        limit: int = 50,
+        episodes: int = 3,
+    ) -> list[RecordView]:
+        """``impyard memory show``: the most recently felt records, by or about ``person`` (a name or an id)."""
+        reach = _Reach(imp, (scope,) if scope is not None else None)
+        now = self.clock()
+        if person is None:
+            rows = self._newest(reach, "", (), limit)
+        else:
+            rows = self._about(reach, person, limit)
+            rows.sort(key=lambda r: (r["last_felt"], r["id"]), reverse=True)
+        return self._with_episodes(reach, [self._view(r, now, False) for r in rows], episodes)
+
+    def search(
+        self,
+        imp: str,
+        vector: Sequence[float],
+        names: Sequence[str] = (),
+        k: int = 10,
+        scopes: Sequence[str] | None = None,
+        episodes: int = 3,
+    ) -> list[RecordView]:
+        """``impyard memory search``: the plain search (top ``k``, no filter) over every scope, or ``scopes``."""
+        return self._search(_Reach(imp, tuple(scopes) if scopes is not None else None), vector, names, k,
+                            episodes=episodes)  # fmt: skip
+
+    def remember(
+        self,
+        imp: str,
+        scope: str,
+        event: str,
+        valence: float,
+        intensity: float,
+        age_hours: float = 0.0,
+        vector: Sequence[float] | None = None,
+        now: datetime | None = None,
+    ) -> str:
+        """Mechanism 115: a given record (author Self, origin given) with one episode, dated ``age_hours`` ago.
+
+        ``happened_at = last_felt = now − age``, so it fades from its past date. Returns the record id.
+        """
+        event = event.strip()
+        if not event or len(event) > MAX_CONCLUSION_CHARS:
+            raise MemoryInvalid(f"an event is 1 to {MAX_CONCLUSION_CHARS} characters of text")
+        if not -1.0 <= valence <= 1.0 or not 0.0 <= intensity <= 1.0:
+            raise MemoryInvalid("valence is between -1 and 1, intensity between 0 and 1")
+        if not age_hours >= 0.0:
+            raise MemoryInvalid("the age is zero or more hours")
+        now = now or self.clock()
+        happened = now - timedelta(hours=age_hours)
+        with self.db.transaction() as conn:
+            gen = self._bump(conn, imp, scope)
+            record_id = self._insert_record(
+                conn, imp=imp, scope=scope, gen=gen, kind="lived", construct_kind=None, origin="given",
+                author=SELF, author_id=None, feeling="", conclusion=event, valence=valence, intensity=intensity,
+                happened_at=happened, last_felt=happened, vector=vector, now=now,
+            )  # fmt: skip
+            self._insert_episode(
+                conn, record_id=record_id, imp=imp, scope=scope, gen=gen, channel_id="", message_id=None,
+                author=SELF, author_id=None, as_happened=event, told=event, happened_at=happened, vector=vector,
+            )  # fmt: skip
+        return record_id
+
+    def forget_person(self, imp: str, person_id: str, person_name: str | None = None) -> dict[str, int]:
+        """Everything by or about a person, in every scope of ``imp`` (``/forget-me``, ``memory forget``).
+
+        Records authored by them (id, or name) or naming them (whole word), every episode of those records,
+        their own episodes and episodes naming them in other records, records left without an episode,
+        and their conversations. Returns the counts: records, episodes, conversations.
+        """
+        name = (person_name or "").strip()
+        reach = _Reach(imp, None)
+        with self.db.transaction() as conn:
+            clause, args = reach.clause()
+            records: set[str] = set()
+            sql = f"SELECT id, author, author_id, conclusion FROM memory_records WHERE {clause} AND (author_id = ?"
+            params: list[Any] = [*args, person_id]
+            if name:
+                sql += " OR author = ? OR mention_text LIKE ? ESCAPE '\\'"
+                params += [name, like_pattern(name.lower())]
+            for row in conn.execute(sql + ")", params):
+                if row["author_id"] == person_id or (
+                    name and (row["author"] == name or mentions(row["conclusion"], name))
+                ):
+                    records.add(str(row["id"]))
+            episodes: set[str] = set()
+            for row in conn.execute(
+                f"SELECT id, author, author_id, as_happened FROM memory_episodes WHERE {clause}", args
+            ):  # every episode of the imp: the whole-word check is Python's, portable and exact
+                if row["author_id"] == person_id or (
+                    name and (row["author"] == name or mentions(row["as_happened"], name))
+                ):
+                    episodes.add(str(row["id"]))
+            n_records, n_episodes, touched = self._delete(conn, episodes, records)
+            n_conversations = conn.execute(
+                f"DELETE FROM memory_conversations WHERE {clause} AND person IN (?, ?)",
+                [*args, person_id, name or person_id],
+            ).rowcount
+            for imp_, scope in sorted(touched):
+                self._bump(conn, imp_, scope, deleted=True)
+        return {"records": n_records, "episodes": n_episodes, "conversations": n_conversations}
+
+    def forget_message(self, channel_id: str, message_id: str) -> dict[str, int]:
+        """A deleted message: its episodes, for every imp; a record left with no episode goes too."""
+        with self.db.transaction() as conn:
+            episodes = {
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT id FROM memory_episodes WHERE channel_id = ? AND message_id = ?",
+                    (channel_id, message_id),
+                )
+            }
+            n_records, n_episodes, touched = self._delete(conn, episodes, set())
+            for imp, scope in sorted(touched):
+                self._bump(conn, imp, scope, deleted=True)
+        return {"records": n_records, "episodes": n_episodes}
+
+    def count(self, imp: str, scopes: Sequence[str] | None = None) -> int:
+        """Records of every kind of ``imp`` in ``scopes`` (None: all)."""
+        clause, args = _Reach(imp, tuple(scopes) if scopes is not None else None).clause()
+        return int(
+            self.db.connection()
+            .execute(f"SELECT COUNT(*) FROM memory_records WHERE {clause}", args)
+            .fetchone()[0]
+        )
+
+
+# ------------------------------------------------------------------ the session's view
+
+
+class ScopedMemory:
+    """One session's memory: every query is filtered by its imp and read scopes, every write is in its
+    writes scope. Built per session (``MemoryStore.scoped``); the service holds nothing else."""
+
+    def __init__(self, store: MemoryStore, imp: str, scopes: SessionScopes, channel_id: str) -> None:
+        self.store = store
+        self.imp = imp
+        self.scopes = scopes
+        self.channel_id = channel_id
+        self._reach = _Reach(imp, scopes.reads)
+
+    def count(self) -> int:
+        """Mechanism 3: the records of every kind in the scopes this session reads."""
+        return self.store.count(self.imp, self.scopes.reads)
+
+    def search(
+        self,
+        vector: Sequence[float],
+        names: Sequence[str] = (),
+        k: int = 10,
+        kinds: Sequence[str] = BOTH_KINDS,
+        episodes: int = 3,
+        with_vectors: bool = False,
+    ) -> list[RecordView]:
+        return self.store._search(self._reach, vector, names, k, kinds, episodes, with_vectors)
+
+    def recent(
+        self, k: int = 5, kinds: Sequence[str] = ("lived",), episodes: int = 3, with_vectors: bool = False
+    ) -> list[RecordView]:
+        """Mechanisms 32, 92, 115: the ``k`` most recently felt records of ``kinds``."""
+        marks = ", ".join("?" for _ in kinds)
+        now = self.store.clock()
+        rows = self.store._newest(self._reach, f"kind IN ({marks})", list(kinds), k)
+        return self.store._with_episodes(
+            self._reach, [self.store._view(r, now, with_vectors) for r in rows], episodes
+        )
+
+    def about(
+        self,
+        person: str,
+        k: int = 6,
+        exclude: Iterable[str] = (),
+        kinds: Sequence[str] = BOTH_KINDS,
+        episodes: int = 3,
+        with_vectors: bool = False,
+    ) -> list[RecordView]:
+        """Mechanism 28 (aboutPerson): by or naming ``person``, strongest stored intensity first."""
+        now = self.store.clock()
+        rows = self.store._about(self._reach, person, k, exclude, kinds)
+        return self.store._with_episodes(
+            self._reach, [self.store._view(r, now, with_vectors) for r in rows], episodes
+        )
+
+    def constructs(self, construct_kind: ConstructKind, k: int = 3, episodes: int = 0) -> list[RecordView]:
+        """Mechanism 27 (ownOfKind): the ``k`` most recently felt constructs of one kind."""
+        now = self.store.clock()
+        rows = self.store._newest(
+            self._reach, "kind = 'construct' AND construct_kind = ?", [construct_kind], k
+        )
+        return self.store._with_episodes(
+            self._reach, [self.store._view(r, now, False) for r in rows], episodes
+        )
+
+    def episodes(self, record_ids: Sequence[str], per_record: int = 3) -> list[EpisodeView]:
+        """Each named record's newest episodes, newest first; a record outside the scopes gives nothing."""
+        found: list[EpisodeView] = []
+        for record_id in dict.fromkeys(record_ids):
+            found.extend(self.store._episodes_of(self._reach, record_id, per_record))
+        return found
+
+    def encode(self, params: EncodeParams) -> tuple[str, str]:
+        """Mechanisms 61-66: keep one moment, atomically: a new record or a join, its episode, the restores.
+
+        A join names a record this session reads *and* writes (its writes scope), else it is refused
+        (``MemoryDenied``) and nothing is written. Restores of records outside the read scopes are ignored.
+        """
+        now = self.store.clock()
+        store, writes = self.store, self.scopes.writes
+        with store.db.transaction() as conn:
+            gens = {writes: store._bump(conn, self.imp, writes)}
+            if params.record is not None:
+                new = params.record
+                record_id = store._insert_record(
+                    conn, imp=self.imp, scope=writes, gen=gens[writes], kind=new.kind,
+                    construct_kind=new.construct_kind, origin="lived", author=new.author, author_id=new.author_id,
+                    feeling=new.feeling, conclusion=new.conclusion, valence=new.valence, intensity=new.intensity,
+                    happened_at=now, last_felt=now, vector=new.vector, now=now,
+                )  # fmt: skip
+            else:
+                assert params.join is not None
+                clause, args = self._reach.clause()
+                row = conn.execute(
+                    f"SELECT scope FROM memory_records WHERE id = ? AND {clause}", [params.join, *args]
+                ).fetchone()
+                if row is None or row["scope"] != writes:
+                    raise MemoryDenied(
+                        f"memory.encode: no record {params.join[:40]!r} to join in this conversation's scope"
+                    )
+                record_id = params.join
+            episode = params.episode
+            episode_id = store._insert_episode(
+                conn, record_id=record_id, imp=self.imp, scope=writes, gen=gens[writes], channel_id=self.channel_id,
+                message_id=episode.message_id, author=episode.author, author_id=episode.author_id,
+                as_happened=episode.as_happened, told=episode.told, happened_at=now, vector=episode.vector,
+            )  # fmt: skip
+            store._refeel(conn, self._reach, params.restore, now, gens)
+        return record_id, episode_id
+
+    def restore(self, items: Sequence[Restore]) -> int:
+        """Re-feel records in this session's scopes; returns how many were (others are ignored)."""
+        now = self.store.clock()
+        with self.store.db.transaction() as conn:
+            return self.store._refeel(conn, self._reach, items, now, {})
+
+    def conversation_get(self, person: str) -> tuple[dict[str, Any] | None, datetime | None]:
+        clause, args = self._reach.clause()
+        row = (
+            self.store.db.connection()
+            .execute(
+                f"SELECT state, updated_at FROM memory_conversations WHERE {clause} AND channel_id = ? AND person = ?",
+                [*args, self.channel_id, person],
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None, None
+        return json.loads(row["state"]), parse_iso(row["updated_at"])
+
+    def conversation_put(self, person: str, state: dict[str, Any]) -> None:
+        """Save the conversation's state in the writes scope (at most 256 KiB of JSON)."""
+        text = conversation_json(state)
+        now = self.store.clock()
+        self.store.db.execute(
+            "INSERT INTO memory_conversations (imp, scope, channel_id, person, state, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (imp, channel_id, person) DO UPDATE SET"
+            " scope = excluded.scope, state = excluded.state, updated_at = excluded.updated_at",
+            (self.imp, self.scopes.writes, self.channel_id, person, text, iso(now)),
+        )
+
+
+def conversation_json(state: dict[str, Any]) -> str:
+    """The state as stored; refuses more than ``MAX_CONVERSATION_STATE_BYTES`` and non-finite numbers."""
+    try:
+        text = json.dumps(state, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise MemoryInvalid(f"a conversation's state must be plain JSON: {exc}") from None
+    size = len(text.encode())
+    if size > MAX_CONVERSATION_STATE_BYTES:
+        raise MemoryInvalid(
+            f"a conversation's state is at most {MAX_CONVERSATION_STATE_BYTES} bytes of JSON (got {size}); "
+            "cut the focus or the summary"
+        )
+    return text

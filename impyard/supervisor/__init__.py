@@ -1,0 +1,43 @@
+"""``impyard supervise``: scheduled and proactive work as governed one-shot boxes (issue 8; design.md §1, §5).
+
+Modules, one concept each: ``loop`` (the ``Supervisor``: reclaim, then tick — gates, follow-ups,
+schedules, cancels, dispatch — and one task's box run), ``settings`` (``SupervisorSettings``),
+``backends`` (which backend runs an imp's task boxes), ``budget`` (the pure rule that defers a task
+of an imp over budget), ``orphans`` (boxes a dead supervisor left: ``/proc`` and Docker labels), and
+``assembly`` (``open_supervisor``: the instance lock, then its own host or ``serve``'s).
+"""
+
+from impyard.supervisor.assembly import TERMINAL_SURFACE_NOTICE, open_supervisor
+from impyard.supervisor.backends import BackendChooser, BackendFor
+from impyard.supervisor.budget import budget_wait
+from impyard.supervisor.loop import Supervisor
+from impyard.supervisor.orphans import looks_like_box_process, remove_orphan_box
+from impyard.supervisor.settings import (
+    DEFAULT_CONCURRENCY,
+    INIT_TIMEOUT_S,
+    MAX_ATTEMPTS,
+    MAX_CONCURRENCY,
+    READY_BATCH,
+    SHUTDOWN_GRACE_S,
+    TICK_S,
+    SupervisorSettings,
+)
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "INIT_TIMEOUT_S",
+    "MAX_ATTEMPTS",
+    "MAX_CONCURRENCY",
+    "READY_BATCH",
+    "SHUTDOWN_GRACE_S",
+    "TERMINAL_SURFACE_NOTICE",
+    "TICK_S",
+    "BackendChooser",
+    "BackendFor",
+    "Supervisor",
+    "SupervisorSettings",
+    "budget_wait",
+    "looks_like_box_process",
+    "open_supervisor",
+    "remove_orphan_box",
+]

@@ -1,0 +1,62 @@
+"""``open_supervisor``: the supervisor of this IMPYARD_HOME, on its own host or on the host of ``impyard serve``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from impyard.clock import Clock
+from impyard.host import Host, open_host
+from impyard.instance import SUPERVISE_LOCK_FILENAME, InstanceLock
+from impyard.paths import home
+from impyard.supervisor.backends import BackendChooser, BackendFor
+from impyard.supervisor.loop import Supervisor
+from impyard.supervisor.settings import SupervisorSettings
+from impyard.surfaces import SURFACE_LOG, Surface, TerminalSurface
+
+log = logging.getLogger("impyard.supervisor")
+
+TERMINAL_SURFACE_NOTICE = (
+    "no chat surface is connected: task log posts are printed on this terminal, and posts into Discord "
+    "channels are refused here (run tasks that post to Discord under `impyard serve --supervise`)"
+)
+
+
+@asynccontextmanager
+async def open_supervisor(
+    *,
+    surface: Surface | None = None,
+    clock: Clock | None = None,
+    backend: str | None = None,
+    backend_for: BackendFor | None = None,
+    settings: SupervisorSettings | None = None,
+    lock: bool = True,
+    host: Host | None = None,
+) -> AsyncIterator[Supervisor]:
+    """The supervisor of this IMPYARD_HOME: its lock first (a second one refuses with the holder's pid), then
+    its host. Standalone, it opens a host of its own that reaches only the task log (``surface``, else the
+    terminal) and pumps its gates; given the ``host`` of ``impyard serve``, it shares that host's gateway and
+    leaves the gates to that host's pump."""
+    instance = InstanceLock(home(), "supervise", SUPERVISE_LOCK_FILENAME)
+    if lock:
+        instance.__enter__()
+    try:
+        async with AsyncExitStack() as stack:
+            own_pump = host is None
+            if host is None:
+                if surface is None:
+                    log.warning(TERMINAL_SURFACE_NOTICE)
+                    surface = TerminalSurface(sys.stdout)
+                host = await stack.enter_async_context(
+                    open_host(surface, reaches=(SURFACE_LOG,), clock=clock)
+                )
+            yield Supervisor(
+                db=host.db, gateway=host.gateway, imps=host.imps,
+                backend_for=backend_for or BackendChooser(host.imps, backend), clock=clock or host.clock,
+                settings=settings, pump=host.pump if own_pump else None,
+            )  # fmt: skip
+    finally:
+        if lock:
+            instance.__exit__(None, None, None)

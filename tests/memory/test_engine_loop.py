@@ -1,0 +1,196 @@
+"""E. The reply, its actions and the turn loop (mechanisms 46-55; subtle point 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from box.envelope import ENVELOPE_FIELDS
+from box.memory.prompts import Prompts
+from tests.memory.engine_kit import Kit, draft, envelope, facts, memory_block, verdict
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def kit(tmp_path: Path) -> Iterator[Kit]:
+    world = Kit(tmp_path)
+    yield world
+    world.close()
+
+
+async def known(kit: Kit) -> None:
+    """A record with Ann outside this conversation, too weak and old to come to mind: no probe 25."""
+    await kit.seed("Ann and I planted tulips.", intensity=0.1, ago=timedelta(days=60))
+
+
+def sent(kit: Kit) -> list[str]:
+    return [str(getattr(p, "content", "")) for p in kit.host.sent]
+
+
+async def test_m46_the_reply_call_carries_the_moment_told_and_action(kit: Kit) -> None:
+    await known(kit)
+    async with kit.box() as box:
+        await box.say("hello")
+    [call] = kit.model.of("reply")
+    schema = call.body["response_format"]["json_schema"]["schema"]
+    assert list(schema["properties"]) == list(ENVELOPE_FIELDS)
+    assert {"moment", "told", "action"} <= set(schema["required"])
+    assert set(schema["properties"]["moment"]["properties"]) == {
+        "feeling",
+        "conclusion",
+        "valence",
+        "intensity",
+        "refeels",
+    }
+    assert schema["properties"]["action"]["properties"]["type"]["enum"] == ["none", "search", "introspect"]
+
+
+async def test_m46_an_unreadable_reply_is_asked_at_most_three_times(kit: Kit) -> None:
+    await known(kit)
+    kit.model.script("reply", "{broken", "also broken", envelope("third time lucky"))
+    async with kit.box() as box:
+        result = await box.say("hello")
+    assert result.outcome == "sent" and sent(kit) == ["third time lucky"]
+    assert len(kit.model.of("reply")) == 3
+
+
+async def test_m47_silence_keeps_only_what_the_person_said(kit: Kit) -> None:
+    await known(kit)
+    kit.model.script("reply", envelope("I'd rather not", answer_needed=False))
+    async with kit.box() as box:
+        result = await box.say("psst", mode="judge")
+    assert result.outcome == "silent" and kit.host.sent == []
+    newest = max(await kit.records(), key=lambda r: r.happened_at)
+    [episode] = newest.episodes
+    assert episode.as_happened == "Ann said: psst" and episode.told is None  # nothing the imp did not do
+
+
+async def test_m48_only_a_world_act_meets_the_unknown_person_probe(kit: Kit) -> None:
+    engine = kit.engine()
+    turn = await engine.begin(facts("hello"))
+    assert await turn.next_hop(draft(action="search", action_text="tulips"))  # a memory act: searched
+    assert [n.query for n in turn.searches] == ["tulips"]  # type: ignore[attr-defined]
+    assert await turn.next_hop(draft(action="none"))  # a world act: the probe
+    assert [n.query for n in turn.searches][-1].startswith("Ann — who is this person")  # type: ignore[attr-defined]
+    assert not await turn.next_hop(draft(action="none"))
+
+
+async def test_m49_one_self_chosen_hop_then_the_draft_is_said(kit: Kit) -> None:
+    await known(kit)
+    kit.model.script(
+        "reply",
+        envelope("first", action="search", action_text="tulips"),
+        envelope("second", action="search", action_text="roses"),
+        envelope("never"),
+    )
+    async with kit.box() as box:
+        await box.say("hello")
+    assert len(kit.model.of("reply")) == 2 and sent(kit) == ["second"]  # the last allowed hop's words
+    assert '"roses"' not in memory_block(kit.model.of("reply")[-1])
+
+
+async def test_m49_probes_add_regenerations_but_never_more_than_four_reply_calls(kit: Kit) -> None:
+    await kit.seed("Bob sailed alone.", author="Bob", author_id="u2", intensity=0.2, ago=timedelta(days=5))
+    kit.model.script("filter", verdict(keep=[], asks_for_memory=True, asks_for_own="dream"))
+    kit.model.script(
+        "reply",
+        envelope("one"),  # world act, Ann unknown: probe 25
+        envelope("two"),  # asks_for_own: probe 27
+        envelope("three"),  # asks_for_memory: probe 26
+        envelope("four", action="search", action_text="sailing"),  # the 4th call: no more
+        envelope("five"),
+    )
+    async with kit.box() as box:
+        await box.say("what did you dream of, and do you remember sailing?")
+    replies = kit.model.of("reply")
+    assert len(replies) == 4 and sent(kit) == ["four"]
+    searches = memory_block(replies[-1]).split("Searches you made just now:")[1]
+    assert (
+        "who is this person" in searches
+        and "what did you dream of" in searches
+        and '"sailing"' not in searches
+    )
+
+
+async def test_m49_a_search_then_three_probes_is_cut_at_four_reply_calls(kit: Kit) -> None:
+    await kit.seed("Bob sailed alone.", author="Bob", author_id="u2", intensity=0.2, ago=timedelta(days=5))
+    kit.model.script("filter", verdict(keep=[], asks_for_memory=True, asks_for_own="dream"))
+    kit.model.script(
+        "reply",
+        envelope("one", action="search", action_text="sailing"),  # the action hop
+        envelope("two"),  # world act, Ann unknown: probe 25
+        envelope("three"),  # probe 27
+        envelope("four"),  # probe 26 would fire, but this is the 4th reply call
+        envelope("five"),
+    )
+    async with kit.box() as box:
+        await box.say("what did you dream of, and do you remember sailing?")
+    assert len(kit.model.of("reply")) == 4 and sent(kit) == ["four"]
+
+
+async def test_m49_the_kind_probe_uses_a_hop_without_extending_the_allowance(kit: Kit) -> None:
+    await known(kit)
+    await kit.seed("Bob sailed alone.", author="Bob", author_id="u2", intensity=0.2, ago=timedelta(days=5))
+    kit.model.script("filter", verdict(keep=[], asks_for_own="goal"))
+    engine = kit.engine()
+    turn = await engine.begin(facts("what do you want?"))
+    assert await turn.next_hop(draft(answer="one"))  # probe 27: hop 1
+    assert not await turn.next_hop(
+        draft(answer="two", action="search", action_text="wants")
+    )  # 1 >= 1 + 0 + 0
+
+
+async def test_m52_introspect_lets_the_draft_stand(kit: Kit) -> None:
+    await known(kit)
+    for introspection in (False, True):  # on: reflection mid-turn is issue II; the draft stands until then
+        kit.model.script("reply", envelope(f"draft {introspection}", action="introspect", action_text="why?"))
+        async with kit.box(introspection=introspection) as box:
+            await box.say(f"hello {introspection}")
+    assert len(kit.model.of("reply")) == 2 and sent(kit) == ["draft False", "draft True"]
+
+
+async def test_m53_a_failed_first_reply_fails_the_turn_and_keeps_nothing(kit: Kit) -> None:
+    kit.model.script("reply", "{bad", "{bad", "{bad")
+    async with kit.box() as box:
+        result = await box.say("hello")
+    assert result.outcome == "failed" and kit.host.sent == []
+    assert await kit.records() == [] and kit.model.of("appraisal") == []
+    assert not [m for m, _ in kit.host.memory_requests() if m in ("memory.encode", "memory.conversation.put")]
+
+
+async def test_m53_a_failed_later_hop_leaves_the_last_good_reply(kit: Kit) -> None:
+    await known(kit)
+    kit.model.script(
+        "reply", envelope("the good draft", action="search", action_text="tulips"), "{bad", "{bad", "{bad"
+    )
+    async with kit.box() as box:
+        result = await box.say("hello")
+    assert result.outcome == "sent" and sent(kit) == ["the good draft"]
+    assert any("previous draft stands" in line for line in kit.host.log_lines())
+    assert len(await kit.records()) == 2  # the moment was kept
+
+
+async def test_m54_a_model_block_replaces_the_plain_block_for_the_routed_model(kit: Kit) -> None:
+    loaded = Prompts.load()
+    variant = Prompts(
+        {**loaded.blocks, "filter.system@tiny-model": "Pick memories for {imp}; at most {room}. JSON."}
+    )
+    await kit.seed("Ann's owl Hoot is sick.", intensity=0.3, ago=timedelta(days=2))
+    for models in ({"filter": "tiny-model"}, {}):
+        engine = kit.engine(prompts=variant, models=models)
+        await engine.begin(facts("owl Hoot"))
+    routed, plain = kit.model.of("filter")
+    assert routed.body["model"] == "tiny-model" and routed.system == "Pick memories for pip; at most 4. JSON."
+    assert plain.body["model"] == "gpt-4.1-mini" and plain.system.startswith("You are the part of pip's mind")
+
+
+async def test_m55_each_purpose_is_routed_to_its_model_the_rest_to_the_default(kit: Kit) -> None:
+    await kit.seed("Ann's owl Hoot is sick.", intensity=0.3, ago=timedelta(days=2))
+    async with kit.box(models={"filter": "filter-model", "appraisal": "appraisal-model"}) as box:
+        await box.say("owl Hoot")
+    models = {c.purpose: c.body["model"] for c in kit.model.calls}
+    assert models == {"reply": "gpt-4.1-mini", "filter": "filter-model", "appraisal": "appraisal-model"}

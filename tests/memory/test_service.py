@@ -1,0 +1,321 @@
+"""The memory.* service: privacy against a hostile box, bounds, aggregate audit, bad input, two writers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import anyio
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from box.protocol import ErrorCode, RpcError
+from box.protocol import memory as mem
+from box.protocol.models import HOST_METHODS
+from impyard.backends.base import BoxSpec
+from impyard.clock import FixedClock
+from impyard.db import open_database
+from impyard.memory.cache import VectorCache
+from impyard.memory.scopes import SessionScopes
+from impyard.memory.service import MemoryService
+from impyard.memory.store import MemoryStore
+from tests.memory.conftest import DM, GUILD, IMP, axis, embed, moment
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "my secret is pineapple"
+
+
+async def call(service: MemoryService, spec: BoxSpec, method: str, params: dict[str, object]) -> BaseModel:
+    """Parse the params as the protocol peer would (strictly), then serve them."""
+    return await service.serve(spec, method, HOST_METHODS[method].params.model_validate(params))
+
+
+async def refused(service: MemoryService, spec: BoxSpec, method: str, params: dict[str, object]) -> RpcError:
+    with pytest.raises(RpcError) as caught:
+        await call(service, spec, method, params)
+    return caught.value
+
+
+# ------------------------------------------------------------------ privacy
+
+
+async def test_a_hostile_guild_box_never_gets_a_dm_record(
+    service: MemoryService, guild_box: BoxSpec, dm_box: BoxSpec, store: MemoryStore
+) -> None:
+    secret = await call(
+        service,
+        dm_box,
+        "memory.encode",
+        json.loads(moment(SECRET, author="Pat", author_id="p1").model_dump_json()),
+    )
+    assert isinstance(secret, mem.EncodeResult)
+    await call(service, dm_box, "memory.conversation.put", {"person": "p1", "state": {"summary": SECRET}})
+    own = await call(
+        service,
+        guild_box,
+        "memory.encode",
+        json.loads(moment("the guild picnic", author="Pat", author_id="p1").model_dump_json()),
+    )
+    assert isinstance(own, mem.EncodeResult)
+    ids = [secret.record_id, secret.episode_id, own.record_id, "dm:p1", "*", "%", "' OR 1=1 --"]
+    answers: list[BaseModel] = []
+    for names in (["pineapple", "Pat", "p1", "secret"], []):
+        answers.append(
+            await call(
+                service,
+                guild_box,
+                "memory.search",
+                {
+                    "vector": embed(SECRET),
+                    "names": names,
+                    "k": 50,
+                    "kinds": ["lived", "construct"],
+                    "episodes": 10,
+                    "with_vectors": True,
+                },
+            )
+        )
+    answers.append(
+        await call(
+            service, guild_box, "memory.recent", {"k": 50, "kinds": ["lived", "construct"], "episodes": 10}
+        )
+    )
+    for person in ("Pat", "p1", "pineapple", "secret", "%", "_"):
+        answers.append(
+            await call(
+                service,
+                guild_box,
+                "memory.about",
+                {"person": person, "k": 50, "exclude": ids, "episodes": 10},
+            )
+        )
+    for kind in ("thought", "belief", "decision", "goal", "dream"):
+        answers.append(
+            await call(
+                service, guild_box, "memory.constructs", {"construct_kind": kind, "k": 50, "episodes": 10}
+            )
+        )
+    answers.append(await call(service, guild_box, "memory.episodes", {"record_ids": ids, "per_record": 10}))
+    for person in ("p1", "Pat", "*"):
+        answers.append(await call(service, guild_box, "memory.conversation.get", {"person": person}))
+    restored = await call(
+        service, guild_box, "memory.restore", {"items": [{"record_id": i, "toward": 1.0} for i in ids]}
+    )
+    assert restored == mem.RestoreResult(restored=1)  # its own record only
+    join = await refused(
+        service,
+        guild_box,
+        "memory.encode",
+        {"join": secret.record_id, "episode": {"author": "Pat", "as_happened": "x"}},
+    )
+    assert join.code == ErrorCode.DENIED
+    for answer in answers:
+        text = answer.model_dump_json()
+        assert "pineapple" not in text and secret.record_id not in text and secret.episode_id not in text
+    assert isinstance(answers[0], mem.RecordsResult)
+    assert [r.id for r in answers[0].records] == [own.record_id] and answers[0].total == 1
+    assert (
+        store.db.query("SELECT intensity FROM memory_records WHERE id = ?", (secret.record_id,))[0][0] == 0.8
+    )
+    # The DM session sees its guild's records as well as its own.
+    seen = await call(service, dm_box, "memory.search", {"vector": embed("the guild picnic"), "k": 5})
+    assert isinstance(seen, mem.RecordsResult)
+    assert {r.id for r in seen.records} == {own.record_id, secret.record_id} and seen.total == 2
+
+
+async def test_a_request_never_names_a_scope() -> None:
+    with pytest.raises(ValidationError):
+        mem.RecentParams.model_validate({"k": 5, "scope": "dm:p1"})
+    with pytest.raises(ValidationError):
+        mem.SearchParams.model_validate({"vector": [1.0], "reads": ["dm:p1"]})
+    with pytest.raises(ValidationError):  # nor an imp: the host serves the box's own imp only
+        mem.EpisodesParams.model_validate({"record_ids": ["r1"], "imp": "bea"})
+
+
+# ------------------------------------------------------------------ bounds and audit
+
+
+async def test_requests_over_the_per_turn_count_are_denied_until_the_next_turn(store: MemoryStore) -> None:
+    service = MemoryService(store, max_requests_per_turn=3)
+    spec = BoxSpec(IMP, "g1", Path("/x"), run_id="r1")
+    service.open(spec, GUILD)
+    for _ in range(3):
+        await call(service, spec, "memory.recent", {})
+    error = await refused(service, spec, "memory.recent", {})
+    assert error.code == ErrorCode.DENIED and error.data["rule"] == "memory-requests-per-turn"
+    assert service.stage(spec, "render") is None  # not a new turn
+    await refused(service, spec, "memory.recent", {})
+    row = service.stage(spec, "context")  # the next turn: the count starts over
+    assert (
+        row is not None
+        and row.reason == "recent 5"
+        and row.verdict == "denied"
+        and row.detail == "refused: denied 2"
+    )
+    await call(service, spec, "memory.recent", {})
+
+
+async def test_the_audit_is_one_aggregate_row_per_turn(service: MemoryService, guild_box: BoxSpec) -> None:
+    for _ in range(3):
+        await call(service, guild_box, "memory.search", {"vector": axis(1)})
+    await call(service, guild_box, "memory.encode", json.loads(moment("x").model_dump_json()))
+    assert service.drain_audit(BoxSpec(IMP, "g1", Path("/x"), run_id="other")) is None
+    row = service.turn_ended(guild_box)
+    assert row is not None
+    assert (row.imp, row.method, row.run_id, row.channel_id, row.verdict) == (
+        IMP,
+        "memory.*",
+        "run-guild",
+        "g1",
+        "allowed",
+    )
+    assert row.reason == "search 3, encode 1"
+    assert row.latency_ms is not None and row.latency_ms > 0
+    assert service.turn_ended(guild_box) is None
+    await call(service, guild_box, "memory.recent", {})
+    closing = service.close(guild_box)
+    assert closing is not None and closing.reason == "recent 1"
+    error = await refused(service, guild_box, "memory.recent", {})  # a closed box has no scopes
+    assert error.code == ErrorCode.DENIED
+
+
+async def test_a_box_without_memory_is_denied(service: MemoryService) -> None:
+    spec = BoxSpec(IMP, "g1", Path("/x"), run_id="off")
+    assert service.open(spec, None) is None
+    error = await refused(service, spec, "memory.recent", {})
+    assert error.code == ErrorCode.DENIED and "memory is off" in error.message
+
+
+async def test_a_conversation_state_over_its_bound_is_invalid(
+    service: MemoryService, guild_box: BoxSpec
+) -> None:
+    error = await refused(
+        service, guild_box, "memory.conversation.put", {"person": "p1", "state": {"s": "x" * 262_137}}
+    )
+    assert error.code == ErrorCode.INVALID_PARAMS and "262144" in error.message
+    await call(service, guild_box, "memory.conversation.put", {"person": "p1", "state": {"s": "x" * 262_136}})
+    got = await call(service, guild_box, "memory.conversation.get", {"person": "p1"})
+    assert isinstance(got, mem.ConversationState) and got.state == {"s": "x" * 262_136}
+
+
+async def test_the_store_unavailable_is_an_internal_error_that_says_so(
+    service: MemoryService, guild_box: BoxSpec, store: MemoryStore
+) -> None:
+    store.db.execute("DROP TABLE memory_episodes")
+    store.db.execute("DROP TABLE memory_records")
+    error = await refused(service, guild_box, "memory.recent", {})
+    assert error.code == ErrorCode.INTERNAL_ERROR and "memory store is unavailable" in error.message
+    assert "memory_records" not in error.message
+    row = service.turn_ended(guild_box)
+    assert row is not None and row.verdict == "error"
+
+
+# ------------------------------------------------------------------ bad input
+
+
+async def test_nan_vectors_are_refused_by_the_model_and_by_the_store(
+    service: MemoryService, guild_box: BoxSpec
+) -> None:
+    with pytest.raises(ValidationError, match="finite"):
+        mem.SearchParams.model_validate({"vector": [1.0, math.nan]})
+    with pytest.raises(ValidationError, match="finite"):
+        mem.NewRecord.model_validate(
+            {
+                "author": "a",
+                "feeling": "",
+                "conclusion": "",
+                "valence": 0,
+                "intensity": 0,
+                "vector": [math.inf],
+            }
+        )
+    unchecked = mem.SearchParams.model_construct(
+        vector=[1.0, math.nan], names=[], k=10, kinds=["lived"], episodes=3, with_vectors=False
+    )
+    with pytest.raises(RpcError) as search:
+        await service.serve(guild_box, "memory.search", unchecked)
+    assert search.value.code == ErrorCode.INVALID_PARAMS
+    bad = moment("x")
+    assert bad.record is not None
+    bad.record.vector = [math.nan] * 64  # past the model, as if it had not checked
+    with pytest.raises(RpcError) as encode:
+        await service.serve(guild_box, "memory.encode", bad)
+    assert encode.value.code == ErrorCode.INVALID_PARAMS
+    assert await call(service, guild_box, "memory.recent", {}) == mem.RecordsResult(records=[], total=0)
+
+
+async def test_a_query_of_another_length_finds_nothing(service: MemoryService, guild_box: BoxSpec) -> None:
+    await call(service, guild_box, "memory.encode", json.loads(moment("x", vector=axis(0)).model_dump_json()))
+    found = await call(service, guild_box, "memory.search", {"vector": axis(0, dims=65)})
+    assert found == mem.RecordsResult(records=[], total=1)
+
+
+async def test_a_message_of_100000_characters_is_a_clean_validation_error() -> None:
+    with pytest.raises(ValidationError) as caught:
+        mem.EncodeParams.model_validate(
+            {"record": None, "join": "r1", "episode": {"author": "Bob", "as_happened": "x" * 100_000}}
+        )
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("episode", "as_happened") and error["type"] == "string_too_long"
+    assert error["ctx"] == {"max_length": 16_000}
+
+
+async def test_a_vector_of_too_many_dimensions_is_refused_by_the_model() -> None:
+    with pytest.raises(ValidationError):
+        mem.SearchParams.model_validate({"vector": [0.1] * 4_097})
+
+
+# ------------------------------------------------------------------ two writers at once
+
+
+async def test_two_hosts_writing_at_once_lose_nothing_and_both_caches_see_all(
+    tmp_path: Path, clock: FixedClock
+) -> None:
+    path = tmp_path / "shared.db"
+    dbs = [open_database(path), open_database(path)]
+    try:
+        services = [
+            MemoryService(MemoryStore(d, clock.now, VectorCache(1 << 26)), max_requests_per_turn=10_000)
+            for d in dbs
+        ]
+        specs = [BoxSpec(IMP, f"g{i}", Path("/x"), run_id=f"w{i}") for i in (1, 2)]
+        for service, spec in zip(services, specs, strict=True):
+            service.open(spec, GUILD)
+            await call(
+                service, spec, "memory.search", {"vector": axis(0)}
+            )  # each cache holds the entry already
+
+        async def write(service: MemoryService, spec: BoxSpec) -> None:
+            for i in range(200):
+                params = moment(
+                    f"{spec.channel_id} moment {i}",
+                    vector=axis(i % 64),
+                    intensity=0.5,
+                    episode_vector=axis(63),
+                )
+                await service.serve(spec, "memory.encode", params)
+
+        async with anyio.create_task_group() as tg:
+            for service, spec in zip(services, specs, strict=True):
+                tg.start_soon(write, service, spec)
+        assert dbs[0].query("SELECT COUNT(*) FROM memory_records")[0][0] == 400
+        assert dbs[0].query("SELECT COUNT(*) FROM memory_episodes")[0][0] == 400
+        for service, spec in zip(services, specs, strict=True):
+            found = await call(service, spec, "memory.search", {"vector": axis(0), "k": 50})
+            assert isinstance(found, mem.RecordsResult) and found.total == 400
+            on_axis = [r for r in found.records if r.score is not None and r.score > 0.1]
+            assert len(on_axis) == 8  # the moments on axis 0: i = 0, 64, 128, 192 from each writer
+            entry = service.store.cache.entry(service.store, (IMP, "guild:G1", 64))
+            assert len(entry) == 400 and entry.episodes == 400
+    finally:
+        for d in dbs:
+            d.close()
+
+
+async def test_dm_session_scopes_reach_box_init(service: MemoryService) -> None:
+    spec = BoxSpec(IMP, "d1", Path("/x"))
+    told = service.open(spec, SessionScopes("dm:p1", ("guild:G1",)))
+    assert told == mem.SessionMemory(writes="dm:p1", reads=["dm:p1", "guild:G1"])
+    assert DM.reads == ("dm:p1", "guild:G1")
