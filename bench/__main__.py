@@ -42,8 +42,8 @@ SCENARIOS: dict[str, tuple[Callable[[Context], Awaitable[dict[str, Any]]], RowsO
     "burst": (burst.run, burst.rows),
     "fanout": (fanout.run, fanout.rows),
     "gateway": (gateway.run, gateway.rows),
-    "memory_recall": (memory.recall, memory.rows),
-    "memory_turn": (memory.turn_overhead, memory.rows),
+    "memory_recall": (memory.recall, memory.recall_rows),
+    "memory_turn": (memory.turn_overhead, memory.turn_rows),
 }
 
 

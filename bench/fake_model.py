@@ -2,17 +2,36 @@
 
 Prints ``BASE_URL API_KEY`` and serves until its stdin closes. Its own process keeps
 its threads out of the supervisor's GIL and RSS, as a real remote model would be.
+
+Every call answers after LATENCY_S: the reply envelope by default, an embedding on ``/embeddings``, and
+for the memory engine's structured calls (issue 23) an answer that fits each one's schema, so a memory
+turn does all its work: the filter keeps two candidates, the appraisal forms a feeling, the summary a text.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from impyard.testing.fake_openai import FakeOpenAI
+
+# By the schema name of the call (box/memory: association_filter.SCHEMA, moment.SCHEMA, summary.SCHEMA).
+MEMORY_ANSWERS: dict[str, dict[str, Any]] = {
+    "filter": {"keep": [1, 2], "asks_for_memory": False, "asks_for_own": None},
+    "appraisal": {
+        "feeling": "glad",
+        "conclusion": "Ann asks after my day; she cares how I am.",
+        "valence": 0.4,
+        "intensity": 0.5,
+    },
+    "summary": {"summary": "Ann keeps asking how my day is going; we talk briefly and warmly."},
+}
 
 
 def main() -> None:
     with FakeOpenAI(latency_s=float(sys.argv[1])) as fake:
+        for schema_name, answer in MEMORY_ANSWERS.items():
+            fake.script(answer, schema_name=schema_name)
         print(fake.base_url, fake.api_key, flush=True)
         sys.stdin.read()
 

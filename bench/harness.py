@@ -66,7 +66,10 @@ class Plan:
     gateway_samples: int = 500
     judge_samples: int = 20_000
     ledger_reservations: int = 100
-    memory_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)
+    memory_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)  # records (one episode each) in the recall store
+    memory_searches: int = 200  # timed memory.search round trips per size
+    memory_turns: int = 40  # warm turns each, memory on and memory off
+    memory_turn_records: int = 1_000  # what the memory-on imp remembers of the person before the first turn
 
     @classmethod
     def quick(cls) -> Plan:
@@ -80,6 +83,10 @@ class Plan:
             gateway_samples=10,
             judge_samples=200,
             ledger_reservations=100,
+            memory_sizes=(200, 2_000),
+            memory_searches=20,
+            memory_turns=5,
+            memory_turn_records=100,
         )
 
 

@@ -343,6 +343,20 @@ MIGRATIONS: list[Migration] = [
         );
         """,
     ),
+    Migration(
+        6,
+        "memory: messages deleted on their surface, so a turn still running keeps nothing of one (issue 23)",
+        """
+        -- A deleted message's mark: memory.encode refuses an episode of it, whenever its turn ends.
+        CREATE TABLE memory_forgotten_messages (
+            channel_id   TEXT NOT NULL,
+            message_id   TEXT NOT NULL,
+            forgotten_at TEXT NOT NULL,                  -- marks older than a week are dropped
+            PRIMARY KEY (channel_id, message_id)
+        );
+        CREATE INDEX memory_forgotten_messages_at ON memory_forgotten_messages (forgotten_at);
+        """,
+    ),
 ]
 
 

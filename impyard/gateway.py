@@ -302,11 +302,25 @@ class Gateway:
             self.memory.open(spec, await resolve_scopes(self.db, spec.imp, spec.channel_id))
         return await self.memory.serve(spec, method, params)
 
+    async def _woken(self, spec: BoxSpec, message_id: str) -> bool:
+        """Whether the host woke ``spec.imp`` for ``message_id`` in the box's channel: only such a message starts
+        a turn of the memory's per-turn bound (a box announcing turns of its own would lift it, issue 23)."""
+        rows = await self.db.run(
+            self.db.query,
+            "SELECT 1 FROM wakes WHERE imp = ? AND channel_id = ? AND message_id = ?",
+            (spec.imp, spec.channel_id, message_id),
+        )
+        return bool(rows)
+
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         if method == "turn.stage":
             assert isinstance(params, TurnStageParams)
-            if self.memory is not None:
-                await self._write_memory_row(self.memory.stage(spec, params.stage))
+            if (
+                self.memory is not None
+                and params.stage == "context"
+                and await self._woken(spec, params.message_id)
+            ):
+                await self._write_memory_row(self.memory.stage(spec, params.stage, params.message_id))
             if self.on_stage is not None:
                 await self.on_stage(spec, params)
             return None

@@ -51,6 +51,26 @@ class PendingWake:
     woken_at: datetime
 
 
+@dataclass(frozen=True)
+class ShownMessage:
+    """A message of the host's history as the operator reads it (``impyard history show``), with what became
+    of it when it woke the imp asked about: ``outcome`` None when it did not wake it, or its turn never ended."""
+
+    channel_id: str
+    message_id: str
+    author_id: str
+    author_name: str
+    author_bot: bool
+    from_imp: str | None
+    content: str
+    created_at: datetime
+    reply_to_id: str | None
+    attachments: int
+    woke: bool
+    outcome: Outcome | None
+    error: str | None
+
+
 class History(Store):
     def __init__(self, db: Database, clock: Clock, *, retention: int = DEFAULT_RETENTION) -> None:
         if retention < 1:
@@ -193,6 +213,79 @@ class History(Store):
             .fetchall()
         )
         return [str(row[0]) for row in rows]
+
+    # ------------------------------------------------------------ the operator's view (impyard history)
+
+    def channels_of(self, imp: str) -> list[str]:
+        """The channels holding history of ``imp``: where a message woke it or it wrote, the latest first."""
+        rows = (
+            self.db.connection()
+            .execute(
+                "SELECT h.channel_id, MAX(h.seq) AS last FROM history h WHERE h.from_imp = ?"
+                " OR EXISTS (SELECT 1 FROM wakes w WHERE w.imp = ? AND w.channel_id = h.channel_id)"
+                " GROUP BY h.channel_id ORDER BY last DESC",
+                (imp, imp),
+            )
+            .fetchall()
+        )
+        return [str(row[0]) for row in rows]
+
+    def imps_in(self, channel_id: str) -> list[str]:
+        """The imps a message of this channel woke or that wrote in it, by name."""
+        rows = (
+            self.db.connection()
+            .execute(
+                "SELECT imp FROM wakes WHERE channel_id = ? UNION"
+                " SELECT from_imp FROM history WHERE channel_id = ? AND from_imp IS NOT NULL ORDER BY 1",
+                (channel_id, channel_id),
+            )
+            .fetchall()
+        )
+        return [str(row[0]) for row in rows]
+
+    def shown(self, imp: str, channel_ids: Sequence[str], limit: int) -> list[ShownMessage]:
+        """The latest ``limit`` messages of these channels, oldest first, each with its wake of ``imp``."""
+        if not channel_ids:
+            return []
+        marks = ",".join("?" * len(channel_ids))
+        rows = (
+            self.db.connection()
+            .execute(
+                "SELECT h.channel_id, h.message_id, h.author_id, h.author_name, h.author_bot, h.from_imp, h.content,"
+                " h.created_at, h.reply_to_id, h.attachments, w.woken_at, w.outcome, w.error FROM history h"
+                " LEFT JOIN wakes w ON w.imp = ? AND w.channel_id = h.channel_id AND w.message_id = h.message_id"
+                f" WHERE h.channel_id IN ({marks}) ORDER BY h.seq DESC LIMIT ?",
+                (imp, *channel_ids, limit),
+            )
+            .fetchall()
+        )
+        return [
+            ShownMessage(
+                channel_id=str(row[0]),
+                message_id=str(row[1]),
+                author_id=str(row[2]),
+                author_name=str(row[3]),
+                author_bot=bool(row[4]),
+                from_imp=row[5],
+                content=str(row[6]),
+                created_at=parse_iso(str(row[7])),
+                reply_to_id=row[8],
+                attachments=len(json.loads(row[9] or "[]")),
+                woke=row[10] is not None,
+                outcome=row[11],
+                error=row[12],
+            )  # fmt: skip
+            for row in reversed(rows)
+        ]
+
+    def clear(self, channel_id: str) -> int:
+        """Forget every message of one channel (``impyard history clear``); returns how many went.
+
+        The wake rows (ids and outcomes, no text) stay: a turn still running finishes against them, and
+        recovery skips a woken message whose text is gone, as it does for one trimmed away.
+        """
+        with self.db.transaction() as conn:
+            return conn.execute("DELETE FROM history WHERE channel_id = ?", (channel_id,)).rowcount
 
     # ------------------------------------------------------------ recovery
 

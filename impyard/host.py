@@ -10,8 +10,8 @@ What differs is only the surface a host posts through and the surfaces it reache
 * a standalone ``supervise`` reaches ``log`` only: a post into a Discord channel is refused there
   with a one-line reason, and a Discord gate approved on the CLI waits for a host that has Discord.
 
-The host builds the stores (channels, history, and the gateway's: audit, ledger, earned trust, gates)
-and hands them to the gateway, so adapters ask the same stores the gateway writes. The surface is
+The host builds the stores (channels, history, memory, and the gateway's: audit, ledger, earned trust,
+gates) and hands them to the gateway, so adapters ask the same stores the gateway writes. The surface is
 wrapped so that an imp's own posts join the channel history. Opening checks the settings and the
 policy before anything starts; closing closes the gateway and the database on every path.
 """
@@ -36,6 +36,7 @@ from impyard.history_surface import HistorySurface
 from impyard.imps import ImpConfig, ImpStore
 from impyard.ledger import Ledger
 from impyard.memory.service import cache_bytes_from_env, memory_service
+from impyard.memory.store import MemoryStore
 from impyard.policy import Policy, load_policy
 from impyard.surfaces import Surface
 
@@ -57,6 +58,7 @@ class Host:
     ledger: Ledger
     audit: AuditLog
     gateway: Gateway
+    memory: MemoryStore  # the store the gateway's memory service serves boxes from (/forget-me, deletes)
     pump: GatePump
     surfaces: frozenset[str]
     imp_user_ids: dict[str, str] = field(default_factory=dict)
@@ -95,6 +97,7 @@ async def open_host(
         stores = GatewayStores.over(
             db, policy=policy, clock=clock, secrets=host_secrets(upstream), channels=channels
         )
+        memory = memory_service(db, clock.now, cache_bytes=cache_bytes)
         user_ids = dict(imp_user_ids or {})
         host_surface = HistorySurface(
             surface, history, lambda imp: user_ids.get(imp, f"imp:{imp}"), clock,
@@ -114,13 +117,13 @@ async def open_host(
             },
             on_gate=on_gate,
             surfaces=reaches,
-            memory=memory_service(db, clock.now, cache_bytes=cache_bytes),
+            memory=memory,
         )
         try:
             yield Host(
                 db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
                 gates=stores.gates, ledger=stores.ledger, audit=stores.audit, gateway=gateway,
-                pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
+                memory=memory.store, pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
             )  # fmt: skip
         finally:
             await gateway.aclose()

@@ -125,35 +125,7 @@ class ImpStore:
     def get(self, name: str) -> ImpConfig:
         """Load and validate one imp; ``ImpNotFound`` lists the imps there are."""
         file = self.config_path(name)
-        try:
-            data = file.read_bytes()
-        except FileNotFoundError:
-            raise self._not_found(name) from None
-        except OSError as exc:
-            raise ImpConfigError(
-                [ConfigProblem(str(file), None, "", f"cannot be read ({exc.strerror})")]
-            ) from None
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ImpConfigError(
-                [
-                    ConfigProblem(
-                        str(file),
-                        None,
-                        "",
-                        f"is {len(data)} bytes; an imp.toml may be at most {MAX_CONFIG_BYTES}",
-                    )
-                ]
-            )
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ImpConfigError(
-                [
-                    ConfigProblem(
-                        str(file), None, "", f"is not UTF-8 text (byte {exc.start}); save it as UTF-8"
-                    )
-                ]
-            ) from None
+        text = self.config_text(name)
         config = parse_config(text, str(file), expected_name=name)
         self._check_paths(config, text)
         return config
@@ -214,6 +186,59 @@ class ImpStore:
                 with contextlib.suppress(OSError):
                     directory.rmdir()  # only if still empty: never take a concurrent add's files with us
             raise
+        return config
+
+    def config_text(self, name: str) -> str:
+        """The imp's imp.toml as it is on disk, size- and UTF-8-checked (``get``, ``imp set``, ``imp edit``);
+        ``ImpNotFound`` if there is none."""
+        file = self.config_path(name)
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError:
+            raise self._not_found(name) from None
+        except OSError as exc:
+            raise ImpConfigError(
+                [ConfigProblem(str(file), None, "", f"cannot be read ({exc.strerror})")]
+            ) from None
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ImpConfigError(
+                [ConfigProblem(str(file), None, "", f"is {len(data)} bytes; an imp.toml may be at most {MAX_CONFIG_BYTES}")]
+            )  # fmt: skip
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ImpConfigError(
+                [
+                    ConfigProblem(
+                        str(file), None, "", f"is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+                    )
+                ]
+            ) from None
+
+    def replace_config(self, name: str, text: str, *, was: str | None = None) -> ImpConfig:
+        """Write ``text`` as the imp's imp.toml, validated first exactly as ``get`` validates it; a refused
+        text leaves the file as it was. ``was``: the text the change was made from; if the file no longer
+        holds it (someone changed it meanwhile), nothing is written."""
+        file = self.config_path(name)
+        if not file.is_file():
+            raise self._not_found(name)
+        size = len(text.encode("utf-8"))
+        if size > MAX_CONFIG_BYTES:
+            raise ImpConfigError(
+                [
+                    ConfigProblem(
+                        str(file),
+                        None,
+                        "",
+                        f"would be {size} bytes; an imp.toml may be at most {MAX_CONFIG_BYTES}",
+                    )
+                ]
+            )
+        config = parse_config(text, str(file), expected_name=name)
+        self._check_paths(config, text)
+        if was is not None and self.config_text(name) != was:
+            raise ImpError(f"{file} changed while it was being edited; nothing was written: try again")
+        _write_atomic(file, text)
         return config
 
     def remove(self, name: str, *, purge: bool = False) -> list[Path]:

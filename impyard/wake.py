@@ -2,8 +2,9 @@
 
 Wake iff it is a DM, or the imp is mentioned (a user mention of the imp, a
 mention of its own managed role, or a reply to one of its messages — never
-``@everyone``/``@here``), or the channel's mode is ``all``. Never for bots
-(other imps included: no imp-to-imp loops) and never for the imp's own messages.
+``@everyone``/``@here``), or the channel's mode is ``all``. Bots (other imps
+included: no imp-to-imp loops) and the imp's own messages never get here:
+``Conversations.route`` drops them first, for every surface (``Inbound.from_a_bot``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ DEFAULT_MODE: ChannelMode = "all"
 class WakeFacts:
     is_dm: bool
     mode: ChannelMode
-    author_is_bot: bool = False
-    author_is_imp: bool = False
     mentions_imp: bool = (
         False  # the imp's user is in message.mentions (not mentioned_in(): that counts @everyone)
     )
@@ -33,15 +32,11 @@ class WakeFacts:
 @dataclass(frozen=True)
 class WakeDecision:
     wake: bool
-    reason: Literal["own", "bot", "dm", "mention", "mode_all", "ambient"]
+    reason: Literal["dm", "mention", "mode_all", "ambient"]
     addressed: bool  # the imp was addressed directly (DM or mention): judge framing reports it
 
 
 def decide_wake(facts: WakeFacts) -> WakeDecision:
-    if facts.author_is_imp:
-        return WakeDecision(False, "own", False)
-    if facts.author_is_bot:
-        return WakeDecision(False, "bot", False)
     if facts.is_dm:
         return WakeDecision(True, "dm", True)
     if facts.mentions_imp or facts.mentions_imp_role or facts.replies_to_imp:

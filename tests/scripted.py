@@ -200,13 +200,16 @@ class InProcessBox:
 
 
 @asynccontextmanager
-async def in_process_box(host: ScriptedHost, state_dir: Path, **seams: Any) -> AsyncIterator[InProcessBox]:
-    """``box.program.serve`` in this process, talking to ``host`` through a real protocol peer."""
+async def in_process_box(
+    host: ScriptedHost, state_dir: Path, *, channel_id: str = "c1", **seams: Any
+) -> AsyncIterator[InProcessBox]:
+    """``box.program.serve`` in this process (pip's box of ``channel_id``), talking to ``host`` through a real
+    protocol peer; ``seams`` go to the box program (``sleep``, ``memory``, ``tools``)."""
     from box.program import serve
 
     host_out, box_in = byte_pipe()
     box_out, host_in = byte_pipe()
-    spec = BoxSpec("pip", "c1", state_dir)
+    spec = BoxSpec("pip", channel_id, state_dir)
 
     async def handle(method: str, params: BaseModel) -> BaseModel | None:
         return await host.serve(spec, method, params)

@@ -14,6 +14,7 @@ from impyard.cli import cli
 from impyard.clock import FixedClock, SystemClock
 from impyard.db import open_database
 from impyard.gates import GateStore
+from impyard.imps import ImpStore
 from impyard.ledger import Ledger
 from impyard.policy import load_policy
 
@@ -182,6 +183,7 @@ def test_audit_tail_shows_the_latest_rows(impyard_home: Path) -> None:
 def test_budget_set_overrides_the_policy_and_show_reports_it(impyard_home: Path) -> None:
     shown = json.loads(run("budget", "show", "--json").output)
     assert shown[0]["scope"] == "all" and shown[0]["daily_limit_usd"] == load_policy().budgets.all.daily_usd
+    ImpStore().add("pip")  # budget set refuses an imp that does not exist (issue 17)
     result = run("budget", "set", "pip", "--daily", "1.5", "--monthly", "20")
     assert result.exit_code == 0 and "daily 1.5000" in result.output
     db = open_database()

@@ -141,14 +141,26 @@ async def test_mention_mode_ambient_messages_are_kept_but_start_no_box(
     await answered(rt, "m3")
 
 
-async def test_bots_and_other_imps_never_wake_and_are_not_stored(
-    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
+@pytest.mark.parametrize(
+    ("bot", "author_is_imp", "kind"),
+    [
+        (True, False, "guild"),  # a bot, another imp among them
+        (True, False, "dm"),  # even in a DM, where everything else wakes the imp
+        (False, True, "guild"),  # an imp of this host, whatever its user says it is
+        (True, True, "guild"),  # the imp's own post
+    ],
+)
+async def test_bots_and_imps_never_wake_and_are_not_stored(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock, bot: bool, author_is_imp: bool, kind: str
 ) -> None:
+    """The one place bots are filtered, for every surface (issue 12): the wake rule never sees them."""
     rt, _ = runtime
-    bot = Message(
-        id="b1", author=Author(id="other-imp", name="pix", bot=True), content="hi pip", created_at=clock.now()
+    posted = Message(
+        id="b1", author=Author(id="other-imp", name="pix", bot=bot), content="hi pip", created_at=clock.now()
     )
-    assert await rt.conversations.receive("pip", inbound(bot, mentions_imp=True)) == "ignored"
+    arrived = inbound(posted, kind, mentions_imp=True, author_is_imp=author_is_imp)
+    assert arrived.from_a_bot
+    assert await rt.conversations.receive("pip", arrived) == "ignored"
     assert rt.history.count(CHANNEL) == 0 and rt.sessions.boxes_started == 0
 
 

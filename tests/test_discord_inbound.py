@@ -15,7 +15,15 @@ from impyard.discord.client import wanted_intents
 from impyard.discord.inbound import skip_reason, to_inbound
 from impyard.discord.surface import DiscordSurface
 from impyard.surfaces import OutgoingFile
-from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeRole, FakeUser, member
+from impyard.testing.fake_discord import (
+    FakeAttachment,
+    FakeChannel,
+    FakeDiscord,
+    FakeGuild,
+    FakeRole,
+    FakeUser,
+    member,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -24,6 +32,7 @@ PIP_ROLE = FakeRole(1_300, "Pip", managed=True)
 OTHER_ROLE = FakeRole(1_301, "helpers")
 ALICE = FakeUser(2_001, "alice", global_name="Alice A.")
 PIX = FakeUser(3_001, "pix", bot=True)
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(16)  # enough of a PNG for the magic check
 
 
 @pytest.fixture
@@ -101,21 +110,38 @@ async def test_channel_kinds_names_and_the_author(connected: tuple[FakeDiscord, 
     )
 
 
-async def test_what_never_enters_the_pipeline(connected: tuple[FakeDiscord, discord.Client]) -> None:
+async def test_system_messages_are_skipped_and_bots_are_left_to_the_pipeline(
+    connected: tuple[FakeDiscord, discord.Client],
+) -> None:
+    """Only what is not conversation is skipped here; bots are dropped once, by ``Conversations.route``."""
     fake, client = connected
-    human = await arrive(fake, client, GENERAL, ALICE, "hi")
-    other_imp = await arrive(fake, client, GENERAL, PIX, "hi from another imp")
-    webhook = await arrive(fake, client, GENERAL, ALICE, "via a webhook", webhook_id=55)
+    image = [FakeAttachment("cat.png", PNG)]
+    human = await arrive(fake, client, GENERAL, ALICE, "hi", attachments=image)
+    other_imp = await arrive(fake, client, GENERAL, PIX, "hi from another imp", attachments=image)
+    webhook = await arrive(fake, client, GENERAL, ALICE, "via a webhook", webhook_id=55, attachments=image)
     joined = await arrive(fake, client, GENERAL, ALICE, "", extra={"type": 7})  # "alice joined the server"
-    own = await arrive(fake, client, GENERAL, fake.bot_user, "my own post")
+    own = await arrive(fake, client, GENERAL, fake.bot_user, "my own post", attachments=image)
     bot_id = fake.bot_user.id
-    assert [skip_reason(m, bot_id) for m in (human, other_imp, webhook, joined, own)] == [
+    assert [skip_reason(m) for m in (human, other_imp, webhook, joined, own)] == [
         None,
-        "bot",
-        "bot",
+        None,
+        None,
         "system",
-        "own",
+        None,
     ]
+    other_host_imp = FakeUser(2_002, "bob")  # an imp of this host whose user is not flagged a bot
+    as_imp = await arrive(fake, client, GENERAL, other_host_imp, "hi", attachments=image)
+    dropped = [
+        await to_inbound(m, bot_user_id=bot_id, imp_user_ids={other_host_imp.id})
+        for m in (other_imp, webhook, own, as_imp)
+    ]
+    fetches_for_dropped = len(fake.attachment_fetches)
+    kept = await to_inbound(human, bot_user_id=bot_id, imp_user_ids={other_host_imp.id})
+    assert [i.from_a_bot for i in dropped] == [True, True, True, True] and not kept.from_a_bot
+    assert fetches_for_dropped == 0 and len(fake.attachment_fetches) == 1  # nothing fetched for a dropped one
+    assert [i.message.attachments for i in dropped] == [[], [], [], []] and kept.message.attachments[
+        0
+    ].data_b64
 
 
 async def test_the_surface_chunks_puts_files_last_and_pings_nobody(

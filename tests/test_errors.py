@@ -29,6 +29,7 @@ from impyard.fetch import FetchFailed, FetchRefused, TextRefused
 from impyard.gates import GateError
 from impyard.history import RetentionError, retention_from_env
 from impyard.imp_config import ImpConfigError, ImpError, ImpExists, ImpNameError, ImpNotFound
+from impyard.imps import ImpStore
 from impyard.instance import AlreadyRunning
 from impyard.ledger import BudgetExhausted, BudgetLimitError, Ledger
 from impyard.policy import PolicyError
@@ -160,6 +161,7 @@ def test_a_user_error_alone_in_a_task_group_is_still_one_line(monkeypatch: pytes
 
 
 def test_a_bad_budget_limit_is_still_a_user_error() -> None:
+    ImpStore().add("pip")  # budget set refuses an imp that does not exist (issue 17)
     result = run("budget", "set", "pip", "--daily", "nan")
     assert result.exit_code == 1
     assert error_lines(result) == ["Error: a budget limit is a number of USD from 0 to 1e+06 (got nan)"]
@@ -245,6 +247,7 @@ def test_a_task_group_holding_a_bug_is_a_bug(monkeypatch: pytest.MonkeyPatch, al
 
 def test_a_value_error_from_a_bug_in_budget_set_is_not_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Ledger, "set_limits", fail_with(ValueError("math domain error")))
+    ImpStore().add("pip")
     assert_reported_bug(run("budget", "set", "pip", "--daily", "1"), "ValueError: math domain error")
 
 

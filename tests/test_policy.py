@@ -398,6 +398,9 @@ def test_policy_check_and_budget_show_name_the_file_and_key_of_a_bad_number(
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
 def test_budget_set_refuses_a_non_finite_amount_with_one_line(value: str) -> None:
+    from impyard.imps import ImpStore
+
+    ImpStore().add("pip")  # budget set refuses an imp that does not exist (issue 17)
     result = CliRunner().invoke(cli, ["budget", "set", "pip", "--daily", value])
     assert isinstance(result.exception, SystemExit), (
         result.exception

@@ -25,11 +25,8 @@ NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
         # @everyone / @here never count as a mention of the imp (design.md §12).
         (WakeFacts(is_dm=False, mode="mention", mentions_everyone=True), False, "ambient"),
         (WakeFacts(is_dm=False, mode="all", mentions_everyone=True), True, "mode_all"),
-        # Bots, other imps included, never wake an imp; nor do its own messages.
-        (WakeFacts(is_dm=False, mode="all", author_is_bot=True), False, "bot"),
-        (WakeFacts(is_dm=True, mode="all", author_is_bot=True), False, "bot"),
-        (WakeFacts(is_dm=False, mode="all", author_is_bot=True, mentions_imp=True), False, "bot"),
-        (WakeFacts(is_dm=False, mode="all", author_is_imp=True, author_is_bot=True), False, "own"),
+        # Bots and the imp's own messages never reach the wake rule: Conversations.route drops them
+        # (tests/test_conversation.py, test_bots_and_imps_never_wake_and_are_not_stored).
     ],
 )
 def test_wake_rule(facts: WakeFacts, wake: bool, reason: str) -> None:

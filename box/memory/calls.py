@@ -27,7 +27,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,32 +113,38 @@ def _loads_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _json_chars(text: str, start: int = 0) -> Iterator[tuple[int, str, bool]]:
+    """Each character of ``text`` from ``start`` with whether it is inside a JSON string (its closing quote
+    counts as inside, its opening quote not), escapes followed."""
+    inside = escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        yield i, ch, inside
+        if not inside:
+            inside = ch == '"'
+        elif escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            inside = False
+
+
 def _without_leading_plus(text: str) -> str:
     """Drop a "+" that starts a number where a JSON value starts (after ":", "[" or ","), outside strings.
 
     "+0.5" becomes "0.5" and "+.5" becomes "0.5"; a "+" inside a string ("call +44 …") stays.
     """
     out: list[str] = []
-    in_string = escaped = False
     last = ""  # the last non-space character outside strings
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-            out.append(ch)
-            continue
-        if ch == "+" and last in (":", "[", ",") and _starts_number(text, i + 1):
-            if text[i + 1] == ".":
-                out.append("0")  # "+.5" -> "0.5": JSON has no bare leading dot either
-            continue
-        if ch == '"':
-            in_string = True
-        if not ch.isspace():
-            last = ch
+    for i, ch, inside in _json_chars(text):
+        if not inside:
+            if ch == "+" and last in (":", "[", ",") and _starts_number(text, i + 1):
+                if text[i + 1] == ".":
+                    out.append("0")  # "+.5" -> "0.5": JSON has no bare leading dot either
+                continue
+            if not ch.isspace():
+                last = ch
         out.append(ch)
     return "".join(out)
 
@@ -152,19 +158,11 @@ def _first_object(text: str) -> str | None:
     start = text.find("{")
     if start < 0:
         return None
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch == "{":
+    depth = 0
+    for i, ch, inside in _json_chars(text, start):
+        if inside:
+            continue
+        if ch == "{":
             depth += 1
         elif ch == "}":
             depth -= 1

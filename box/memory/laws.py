@@ -239,16 +239,29 @@ def query_names(query: str, person: str | None) -> list[str]:
     return names
 
 
+def mention_names(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Mechanism 15: the names as ``mentions`` matches them: stripped, lowercased, no empty ones or repeats."""
+    return tuple(dict.fromkeys(name.strip().lower() for name in names if name.strip()))
+
+
 @lru_cache(maxsize=256)
 def _mention_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
-    parts = [re.escape(n) for n in names if n.strip()]
-    if not parts:
+    if not names:
         return None
-    # Look-arounds instead of \b so that names that begin or end with a symbol ("C++", "[bot]") still
-    # match as whole words; re.escape makes regex characters in a name literal.
-    return re.compile(
-        r"(?<!\w)(?:" + "|".join(sorted(parts, key=len, reverse=True)) + r")(?!\w)", re.IGNORECASE
+    # Each name literal first (re.escape: regex characters match only themselves), then the whole-word check
+    # behind it — no word character right before or after — rather than \b, so that names that begin or end
+    # with a symbol ("C++", "[bot]") still match; longest first. Case-insensitive by lowercasing both sides:
+    # re.IGNORECASE is many times slower over the host's joined texts (impyard.memory.cache).
+    alternatives = "|".join(
+        f"{re.escape(name)}(?<!\\w{re.escape(name)})" for name in sorted(names, key=len, reverse=True)
     )
+    return re.compile(f"(?:{alternatives})(?!\\w)")
+
+
+def mention_pattern(names: list[str] | tuple[str, ...]) -> re.Pattern[str] | None:
+    """Mechanism 15: one pattern that finds any of ``names`` as a whole word in *lowercased* text; None when
+    no name is left. The host's vector cache runs it over many lowercased texts at once."""
+    return _mention_pattern(mention_names(names))
 
 
 def mentions(text: str, names: list[str] | tuple[str, ...]) -> bool:
@@ -257,8 +270,8 @@ def mentions(text: str, names: list[str] | tuple[str, ...]) -> bool:
     Names are literal text: regex or SQL characters in a name match only themselves. Empty names
     are ignored (they would match everything).
     """
-    pattern = _mention_pattern(tuple(n.strip() for n in names))
-    return bool(pattern and pattern.search(text))
+    pattern = mention_pattern(names)
+    return pattern is not None and pattern.search(text.lower()) is not None
 
 
 # ------------------------------------------------------------------ B. rumination (mechanism 18)

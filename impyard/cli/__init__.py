@@ -17,6 +17,7 @@ from impyard.cli.chat import chat_command
 from impyard.cli.discord import discord_group
 from impyard.cli.doctor import doctor_command
 from impyard.cli.errors import ImpyardGroup
+from impyard.cli.history import history_group
 from impyard.cli.imp import imp_group
 from impyard.cli.memory import memory_group
 from impyard.cli.policy import policy_group
@@ -48,6 +49,7 @@ cli.add_command(channel_group)
 cli.add_command(box_group)
 cli.add_command(doctor_command)
 cli.add_command(imp_group)
+cli.add_command(history_group)
 cli.add_command(memory_group)
 cli.add_command(policy_group)
 cli.add_command(approvals_group)

@@ -70,7 +70,13 @@ def _gate_row(gate: Gate) -> tuple[str, ...]:
 
 @click.group("approvals")
 def approvals_group() -> None:
-    """Gated acts waiting for a human decision (design.md §5)."""
+    """Gated acts waiting for a human decision (design.md §5).
+
+    \b
+    Example:
+      impyard approvals ls
+      impyard approvals approve g-1a2b3c4d5e6f --note "fine"
+    """
 
 
 @approvals_group.command("ls")

@@ -26,7 +26,12 @@ def _audit_row(r: AuditRecord) -> tuple[str, ...]:
 
 @click.group("audit")
 def audit_group() -> None:
-    """The gateway's audit log."""
+    """The gateway's audit log.
+
+    \b
+    Example:
+      impyard audit tail --imp pip -n 50
+    """
 
 
 @audit_group.command("tail")

@@ -10,13 +10,14 @@ from pathlib import Path
 import anyio
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from box.protocol.models import BoxInitParams, ImpSpec, ReportValue, SessionInfo, TaskRunParams, TaskSpec
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RefuseAllHost
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.cli.errors import CliError
-from impyard.cli.output import Output, output_options
+from impyard.cli.output import Col, Output, output_options
 from impyard.lockdown import LockdownCheck, evaluate
 
 PROBE_TIMEOUT_S = 60.0
@@ -24,7 +25,13 @@ PROBE_TIMEOUT_S = 60.0
 
 @click.group("box")
 def box_group() -> None:
-    """The box: the locked-down container every imp runs in."""
+    """The box: the locked-down container every imp runs in.
+
+    \b
+    Example:
+      impyard box build
+      impyard box check
+    """
 
 
 @box_group.command("build")
@@ -92,9 +99,10 @@ def check_command(backend: str, out: Output) -> None:
     """Start a real box and verify its lockdown from inside.
 
     \b
-    Prints what the box observes (uid, network interfaces, root writable,
-    capabilities, NoNewPrivs, pids, memory and file size limits) and exits non-zero if
-    any lockdown property is missing. Example:
+    Prints, for each lockdown property, what a confined box shows and what this
+    box observed from inside (uid, network interfaces, whether the root is
+    read-only, capabilities, NoNewPrivs, pids, memory and file size limits) and
+    exits non-zero if any is missing. Example:
       impyard box check
     """
     chosen = choose_backend(backend)  # type: ignore[arg-type]
@@ -122,7 +130,7 @@ def check_command(backend: str, out: Output) -> None:
         )
     else:
         out.table(
-            ("property", "observed", "expected", ""),
+            (Col("property", no_wrap=True), "expected", "observed", Col("result", no_wrap=True)),
             (_check_row(check) for check in checks),
             title=f"Box lockdown ({chosen.name} backend)",
         )
@@ -134,4 +142,9 @@ def check_command(backend: str, out: Output) -> None:
 
 
 def _check_row(check: LockdownCheck) -> tuple[str, ...]:
-    return check.name, check.observed, check.expected, "[green]ok[/]" if check.ok else "[red]MISSING[/]"
+    return (
+        escape(check.name),
+        escape(check.expected),
+        escape(check.observed),  # what the box reported: text, never markup
+        "[green]ok[/]" if check.ok else "[red]MISSING[/]",
+    )

@@ -11,6 +11,7 @@ from impyard.cli.output import Output, output_options
 from impyard.cli.policy import load_policy_or_fail
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
+from impyard.imps import ImpConfigError, ImpError, ImpStore
 from impyard.ledger import ALL_IMPS, BudgetLimitError, BudgetRow, Ledger
 from impyard.policy_models import MAX_USD, NAME_PATTERN
 
@@ -54,7 +55,13 @@ def _budget_row(row: BudgetRow) -> tuple[str, ...]:
 
 @click.group("budget")
 def budget_group() -> None:
-    """Model spending limits per imp and for all imps (USD per UTC day and month)."""
+    """Model spending limits per imp and for all imps (USD per UTC day and month).
+
+    \b
+    Example:
+      impyard budget show
+      impyard budget set pip --daily 1.50
+    """
 
 
 @budget_group.command("show")
@@ -93,6 +100,16 @@ def show_command(policies: Path | None, out: Output) -> None:
     )
 
 
+def _require_imp(name: str) -> None:
+    """Refuse a name that is not an imp here, listing the imps there are (as ``schedule add`` does)."""
+    try:
+        ImpStore().get(name)
+    except ImpConfigError:
+        return  # it exists; its broken imp.toml is `imp show`'s business, not the budget's
+    except ImpError as exc:
+        raise CliError(str(exc).splitlines()[0]) from exc
+
+
 @budget_group.command("set")
 @click.argument("imp")
 @click.option("--daily", type=click.FloatRange(min=0, max=MAX_USD), default=None, help="USD per UTC day.")
@@ -103,6 +120,8 @@ def set_command(
     imp: str, daily: float | None, monthly: float | None, clear: bool, policies: Path | None
 ) -> None:
     """Override the policy's budget for IMP ("all" for all imps together); kept in the database.
+
+    IMP must be an imp here (`impyard imp ls`); --clear also drops a removed imp's override.
 
     \b
     Examples:
@@ -119,6 +138,9 @@ def set_command(
         raise CliError("nothing to set: give --daily USD and/or --monthly USD (or --clear)")
     ledger = _ledger(policies)
     try:
+        # a typo must not set a budget nobody spends; a removed imp's override may still be cleared
+        if scope != ALL_IMPS and not (clear and "override" in ledger.limits(scope).source):
+            _require_imp(imp)
         if clear:
             ledger.clear_limits(scope)
         else:

@@ -11,7 +11,7 @@ from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
 from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
-from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
+from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo, channel_is_trusted
 
 
 def _store() -> ChannelStore:
@@ -19,6 +19,16 @@ def _store() -> ChannelStore:
         return ChannelStore(open_database(), SystemClock())
     except DatabaseError as exc:
         raise CliError(str(exc)) from exc
+
+
+def channel_json(info: ChannelInfo) -> dict[str, object]:
+    """A channel for scripts, agreeing with the table: ``trusted`` is whether the imp's replies there go out
+    without approval (DMs and the terminal always), ``always_trusted`` whether that is by its kind."""
+    return {
+        **asdict(info),
+        "trusted": channel_is_trusted(info),
+        "always_trusted": info.kind in ALWAYS_TRUSTED_KINDS,
+    }
 
 
 def _trusted(info: ChannelInfo) -> str:
@@ -36,7 +46,14 @@ def _line(info: ChannelInfo) -> str:
 
 @click.group("channel")
 def channel_group() -> None:
-    """Channels: response mode (all | mention) and trust."""
+    """Channels: response mode (all | mention) and trust.
+
+    \b
+    Example:
+      impyard channel ls
+      impyard channel mode 123456789012345678 mention
+      impyard channel trust 123456789012345678
+    """
 
 
 @channel_group.command("ls")
@@ -50,7 +67,7 @@ def ls_command(out: Output) -> None:
     """
     channels = _store().all()
     out.listing(
-        [asdict(info) for info in channels],
+        [channel_json(info) for info in channels],
         columns=("id", "surface", "kind", "name", "mode", "trusted"),
         rows=((i.channel_id, i.surface, i.kind, i.name, i.mode, _trusted(i)) for i in channels),
         title="Channels",
@@ -72,7 +89,7 @@ def show_command(channel_id: str, out: Output) -> None:
         raise CliError(
             f"no channel {channel_id!r} yet: it appears once a message arrives, or set its mode or trust"
         )
-    out.show(asdict(info), _line(info))
+    out.show(channel_json(info), _line(info))
 
 
 @channel_group.command("mode")

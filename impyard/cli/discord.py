@@ -63,7 +63,13 @@ async def sync_commands(configs: list[ImpConfig], guild_id: int | None) -> list[
 
 @click.group("discord")
 def discord_group() -> None:
-    """The imps' Discord bots: command sync and invite links (the README, section Discord)."""
+    """The imps' Discord bots: command sync and invite links (the README, section Discord).
+
+    \b
+    Example:
+      impyard discord invite pip
+      impyard discord sync pip
+    """
 
 
 @discord_group.command("sync")

@@ -1,94 +1,137 @@
-"""``impyard doctor``: what is set up, and the fix for what is not."""
+"""``impyard doctor``: what stops a chat from working, each with its fix; exit 1 when anything does.
+
+This module observes (the disk, the policy, each imp's config, the gateway's dry run, one metered model
+call, Docker) and prints; what each observation means is ``impyard.doctor``'s rules.
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
 
+import anyio
 import click
+from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
+from box.protocol import RpcError
+from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard import paths
-from impyard.audit import redact_url
 from impyard.backends import BoxStartError
+from impyard.backends.base import BoxSpec
 from impyard.backends.docker import DockerBackend
-from impyard.cli.output import Output, output_options
-from impyard.imps import ImpError, ImpStore
+from impyard.broker import UpstreamConfig
+from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
+from impyard.cli.policy import home_database
+from impyard.clock import SystemClock
+from impyard.db import Database, DatabaseError, open_database
+from impyard.doctor import (
+    PROBE_MAX_TOKENS,
+    PROBE_SCHEMA,
+    DockerFacts,
+    Finding,
+    ModelUse,
+    Refusal,
+    broken_imp_finding,
+    broken_policy_finding,
+    docker_findings,
+    exit_code,
+    http_fix,
+    imp_finding,
+    model_uses,
+    no_key_finding,
+    policy_finding,
+    state_finding,
+)
+from impyard.gateway import Gateway
+from impyard.imps import ImpConfig, ImpError, ImpStore
+from impyard.policy import Policy, PolicyError, load_policy, operator_policy_dir
+from impyard.surfaces import OutgoingFile, SurfaceError
+
+OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's own calls are audited on
+MODEL_CALL_TIMEOUT_S = 60.0
+DRY_RUN_KEY = "doctor-dry-run"  # lets the dry run go past the key check: the endpoint row checks the key
+STATUS_MARK = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
 
 
-@dataclass(frozen=True)
-class Finding:
-    item: str
-    ok: bool
-    detail: str
-    fix: str = ""
+@click.command("doctor")
+@click.option(
+    "--no-model-call",
+    is_flag=True,
+    help="Skip the one metered model call (the endpoint is then not checked).",
+)
+@output_options
+def doctor_command(no_model_call: bool, out: Output) -> None:
+    """Find what stops a chat from working, each with its fix; exit 1 if anything does.
 
-
-def _docker_findings() -> list[Finding]:
-    backend = DockerBackend()
-    try:
-        version = backend.client().version().get("Version", "?")
-    except BoxStartError as exc:
-        return [
-            Finding(
-                "Docker engine", False, str(exc).split(":")[0], "apt-get install docker.io; start dockerd"
-            ),
-            Finding("Box image", False, "unknown (no engine)", "impyard box build (after Docker runs)"),
-        ]
-    engine = Finding("Docker engine", True, f"reachable, version {version}")
-    try:
-        backend.preflight()
-    except BoxStartError as exc:
-        fix = "impyard box build" if "not built" in str(exc) else "see the detail"
-        return [engine, Finding("Box image", False, str(exc), fix)]
-    return [engine, Finding("Box image", True, backend.image)]
-
-
-def _model_findings() -> list[Finding]:
-    key = os.environ.get("OPENAI_API_KEY")
-    configured = os.environ.get("OPENAI_BASE_URL")
-    base = (
-        redact_url(configured) if configured else "https://api.openai.com/v1 (default)"
-    )  # issue 11 #9: no proxy credentials
-    if key:
-        return [Finding("Model key", True, f"OPENAI_API_KEY set ({len(key)} characters); base {base}")]
-    return [
-        Finding(
-            "Model key",
-            False,
-            "OPENAI_API_KEY not set",
-            "export OPENAI_API_KEY=sk-… (and OPENAI_BASE_URL for a compatible server)",
+    \b
+    Checks the state dir (writable, free space), the policy (it loads, as the
+    gateway loads it), each imp (imp.toml loads; every model it uses — reply,
+    and with [memory] enabled the memory calls and the embedding model — is
+    allowed by the policy for that purpose, priced, and within its budget: the
+    gateway's own dry run), the model endpoint (one tiny structured-output
+    call through the gateway, as the first imp: judged, metered against its
+    budget and audited on channel operator:cli), the Docker engine, whether the
+    box image is built from this code, and each imp's Discord token.
+    Warnings (no lockdown, no Discord token) do not fail the check.
+    Examples:
+      impyard doctor
+      impyard doctor --no-model-call --json
+    """
+    findings = [_state_finding()]
+    policy, policy_row = _policy()
+    findings.append(policy_row)
+    imps, imp_rows = _imps(policy)
+    findings.append(_endpoint(policy, imps, skip=no_model_call))
+    findings += docker_findings(docker_facts(), {config.box.backend for config in imps})
+    findings += imp_rows
+    findings += _discord_findings()
+    if out.as_json or not stdout_is_terminal():
+        out.listing(
+            [finding.to_json() for finding in findings],
+            columns=(Col("status", no_wrap=True), Col("item", no_wrap=True), "detail", "fix"),
+            rows=(_finding_row(finding) for finding in findings),
         )
-    ]
-
-
-def _discord_findings() -> list[Finding]:
-    """Each imp's Discord token: where it is read from and whether it is there (never the token)."""
-    try:
-        imps = ImpStore().scan()
-    except ImpError as exc:
-        return [Finding("Discord token(s)", False, str(exc), "fix the imp directory named in the error")]
-    if not imps:
-        return [
-            Finding(
-                "Discord token(s)", False, "no imps yet", "impyard imp add NAME (impyard chat creates one)"
-            )
-        ]
-    findings = []
-    for name, config in imps:
-        if isinstance(config, ImpError):
-            findings.append(Finding(f"Imp {name}", False, str(config).splitlines()[0], "edit its imp.toml"))
-            continue
-        status = ImpStore().token_status(config)
-        detail = f"{status.source}: " + ("set" if status.is_set else "not set")
-        fix = status.problem or (
-            "" if status.is_set else f"only needed for Discord: export {config.token_env}=…"
+    else:
+        _print_for_people(findings)
+    if exit_code(findings):
+        failed = [finding.item for finding in findings if finding.status == "fail"]
+        if out.as_json:
+            raise SystemExit(1)
+        raise CliError(
+            f"{len(failed)} problem(s) stop a chat from working: {', '.join(failed)}; see the fixes above"
         )
-        findings.append(Finding(f"Discord token ({name})", status.is_set and not status.problem, detail, fix))
-    return findings
 
 
-def _state_findings() -> list[Finding]:
+def _print_for_people(findings: list[Finding]) -> None:
+    """One finding per row and its fix under its detail, in full: a fix shortened to fit a table column
+    would be no fix. Long text wraps between words within its column."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True, style="bold")
+    grid.add_column(
+        overflow="fold"
+    )  # words wrap whole; only a token longer than the line folds, nothing is cut
+    for finding in findings:
+        text = escape(finding.detail) + (f"\n[dim]fix:[/] {escape(finding.fix)}" if finding.fix else "")
+        grid.add_row(STATUS_MARK[finding.status], escape(finding.item), text)
+    Console().print(grid, highlight=False)
+
+
+def _finding_row(finding: Finding) -> tuple[str, ...]:
+    # details are text, not markup: "[redacted]" must print as itself
+    return (STATUS_MARK[finding.status], escape(finding.item), escape(finding.detail), escape(finding.fix))
+
+
+# ------------------------------------------------------------------ the state dir
+
+
+def _state_finding() -> Finding:
     home = paths.home()
     try:
         home.mkdir(parents=True, exist_ok=True)
@@ -96,35 +139,245 @@ def _state_findings() -> list[Finding]:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        return [
-            Finding("State dir", False, f"{home}: {exc.strerror}", "set IMPYARD_HOME to a writable directory")
-        ]
-    return [Finding("State dir", True, str(home))]
+        return state_finding(str(home), exc.strerror or str(exc), None)
+    try:
+        free: int | None = shutil.disk_usage(home).free
+    except OSError:
+        free = None
+    return state_finding(str(home), None, free)
 
 
-@click.command("doctor")
-@output_options
-def doctor_command(out: Output) -> None:
-    """Check the Docker engine, the box image, the model key, Discord tokens and the state dir.
+# ------------------------------------------------------------------ the policy and the imps
 
-    \b
-    Example:
-      impyard doctor
-    """
-    findings = _docker_findings() + _model_findings() + _discord_findings() + _state_findings()
-    out.listing(
-        [asdict(finding) for finding in findings],
-        columns=("", "item", "detail", "fix"),
-        rows=(_finding_row(finding) for finding in findings),
-        title="impyard doctor",
+
+def _policy() -> tuple[Policy | None, Finding]:
+    """The policy as the gateway loads it (``impyard.host``: ``load_policy()``), or the first problem."""
+    try:
+        policy = load_policy()
+    except PolicyError as exc:
+        return None, broken_policy_finding(str(exc.problems[0]), len(exc.problems) - 1)
+    return policy, policy_finding(
+        len(policy.rules), len(policy.sources), str(operator_policy_dir()), list(policy.warnings)
     )
 
 
-def _finding_row(finding: Finding) -> tuple[str, ...]:
-    # details are text, not markup: "[redacted]" must print as itself
-    return (
-        "[green]ok[/]" if finding.ok else "[red]!![/]",
-        escape(finding.item),
-        escape(finding.detail),
-        escape(finding.fix),
+def _imps(policy: Policy | None) -> tuple[list[ImpConfig], list[Finding]]:
+    """Each imp that loads, and a finding per imp: its config, and its model calls as the gateway judges them."""
+    store = ImpStore()
+    try:
+        scanned = store.scan()
+    except ImpError as exc:
+        return [], [Finding("Imps", "fail", str(exc).splitlines()[0], "fix the imp directory named")]
+    if not scanned:
+        return [], [Finding("Imps", "warn", "no imps yet", "impyard imp add NAME (impyard chat creates one)")]
+    configs = [item for _name, item in scanned if isinstance(item, ImpConfig)]
+    refusals: dict[str, list[Refusal]] = {}
+    if policy is not None and configs:
+        refusals = anyio.run(_dry_runs, policy, configs)
+    rows = []
+    for name, item in scanned:
+        if isinstance(item, ImpError):
+            rows.append(broken_imp_finding(name, str(item).splitlines()[0]))
+        elif policy is None:
+            rows.append(
+                Finding(f"Imp {name}", "warn", "its model calls are not checked: the policy does not load")
+            )
+        else:
+            rows.append(
+                imp_finding(
+                    name, model_uses(item), refusals[name], item.box.backend, str(operator_policy_dir())
+                )
+            )
+    return configs, rows
+
+
+class _NoSurface:
+    """The doctor posts nothing; a model call never reaches a surface."""
+
+    async def send(
+        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str,
+        *, imp: str = "",
+    ) -> list[str]:  # fmt: skip
+        raise SurfaceError("impyard doctor posts nothing")
+
+
+async def _dry_runs(policy: Policy, configs: list[ImpConfig]) -> dict[str, list[Refusal]]:
+    """The gateway's own decision on each imp's model calls (``Gateway.dry_run``: judge, prices, request size,
+    budget left), on the home's database; nothing is sent, reserved or audited. The model key is the endpoint
+    row's business, so the dry run is given a stand-in."""
+    configured = UpstreamConfig.from_env()
+    refusals: dict[str, list[Refusal]] = {}
+    with home_database() as db:
+        gateway = Gateway(
+            policy=policy, db=db, surface=_NoSurface(), clock=SystemClock(), surfaces=(),
+            upstream=UpstreamConfig(base_url=configured.base_url, api_key=DRY_RUN_KEY), settle_abandoned=False,
+        )  # fmt: skip
+        try:
+            for config in configs:
+                spec = BoxSpec(
+                    config.name, OPERATOR_CHANNEL, ImpStore().state_dir(config.name), run_id="doctor"
+                )
+                refusals[config.name] = []
+                for use in model_uses(config):
+                    decision = await gateway.dry_run(spec, "model.request", _params(use))
+                    if not decision.allowed:
+                        refusals[config.name].append(
+                            Refusal(use, decision.verdict, decision.rule, decision.reason)
+                        )
+        finally:
+            await gateway.aclose()
+    return refusals
+
+
+def _params(use: ModelUse) -> ModelRequestParams:
+    return ModelRequestParams.model_validate({"path": use.path, "body": use.body, "purpose": use.purpose})
+
+
+# ------------------------------------------------------------------ the model endpoint: one metered call
+
+
+def _endpoint(policy: Policy | None, imps: list[ImpConfig], *, skip: bool) -> Finding:
+    upstream = UpstreamConfig.from_env()
+    base = upstream.display_url  # never the URL's credentials (issue 11 #9)
+    if not upstream.api_key:
+        return no_key_finding(base)
+    if skip:
+        return Finding("Model endpoint", "warn", f"not called (--no-model-call); base {base}")
+    if policy is None:
+        return Finding("Model endpoint", "fail", f"not called: the policy does not load; base {base}",
+                       "fix the policy first (see the Policy row)")  # fmt: skip
+    if not imps:
+        return Finding(
+            "Model endpoint", "warn", f"not called: no imp to make the call as (it is metered); base {base}",
+            "impyard imp add NAME (impyard chat creates one), then impyard doctor",
+        )  # fmt: skip
+    config = imps[0]
+    try:
+        db = open_database()
+    except DatabaseError as exc:
+        return Finding("Model endpoint", "fail", f"not called: {exc}", "see the State dir row")
+    try:
+        return anyio.run(_call, policy, db, config, upstream)
+    finally:
+        db.close()
+
+
+async def _call(policy: Policy, db: Database, config: ImpConfig, upstream: UpstreamConfig) -> Finding:
+    """One tiny structured-output chat call through the gateway, as ``config``'s imp with its reply model."""
+    model, base, imp = config.model.model, upstream.display_url, config.name
+    gateway = Gateway(
+        policy=policy, db=db, surface=_NoSurface(), clock=SystemClock(), upstream=upstream, surfaces=(),
+        owners={imp: config.owners}, settle_abandoned=False,  # a running host's calls are not ours to settle
+    )  # fmt: skip
+    spec = BoxSpec(imp, OPERATOR_CHANNEL, ImpStore().state_dir(imp), run_id=f"doctor-{uuid.uuid4().hex}")
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": 'Answer with the JSON object {"ok": true}.'}],
+        "max_completion_tokens": PROBE_MAX_TOKENS,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "doctor", "strict": True, "schema": PROBE_SCHEMA},
+        },
+    }
+    params = ModelRequestParams.model_validate(
+        {"path": "/chat/completions", "body": body, "purpose": "reply"}
     )
+    started = time.monotonic()
+    try:
+        with anyio.fail_after(MODEL_CALL_TIMEOUT_S):
+            result = await gateway.serve(spec, "model.request", params)
+    except TimeoutError:
+        return Finding("Model endpoint", "fail", f"{model} at {base}: no answer within {MODEL_CALL_TIMEOUT_S:g} s",
+                       "check OPENAI_BASE_URL and that the server is up")  # fmt: skip
+    except RpcError as exc:
+        return Finding("Model endpoint", "fail", f"{model} at {base}: {exc.message}", _refused_fix(exc, imp))
+    finally:
+        await gateway.aclose()
+    elapsed = time.monotonic() - started
+    assert isinstance(result, ModelRequestResult)
+    if not 200 <= result.status < 300:
+        message = _error_message(result.body)
+        return Finding("Model endpoint", "fail", f"{model} at {base}: HTTP {result.status}: {message}",
+                       http_fix(result.status, model, imp))  # fmt: skip
+    if not _answered_json(result.body):
+        return Finding(
+            "Model endpoint", "fail", f"{model} at {base} answered, but not with the JSON object asked for",
+            "use a model and server with structured output (response_format json_schema): the imps' replies need it",
+        )  # fmt: skip
+    return Finding(
+        "Model endpoint", "ok", f"{model} at {base} answered in {elapsed:.1f} s (metered as {imp}'s)"
+    )
+
+
+def _refused_fix(exc: RpcError, imp: str) -> str:
+    data = exc.data if isinstance(exc.data, dict) else {}
+    if "ledger" in data:
+        return f"raise the limit (impyard budget set {imp} --daily USD) or wait"
+    if "rule" in data:
+        return f"see the Imp {imp} row (impyard policy check explains the rule)"
+    return "check OPENAI_BASE_URL (with its /v1), OPENAI_API_KEY and that the server is up"
+
+
+def _error_message(body: object) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", ""))[:200] or "no message"
+    return json.dumps(body)[:200] if body is not None else "no body"
+
+
+def _answered_json(body: object) -> bool:
+    try:
+        content = body["choices"][0]["message"]["content"]  # type: ignore[index]
+        return isinstance(json.loads(content), dict)
+    except (KeyError, IndexError, TypeError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------ Docker
+
+
+def docker_facts() -> DockerFacts:
+    """What the Docker engine answers: reachable, able to confine a box, and the box images it holds."""
+    from impyard.boximage import IMAGE_REPO, expected_tag
+
+    backend = DockerBackend()
+    try:
+        client = backend.client()
+        version = str(client.version().get("Version", "?"))
+    except BoxStartError as exc:
+        return DockerFacts(reachable=False, engine_problem=str(exc).rpartition(": ")[0] or str(exc))
+    expected = expected_tag()
+    problem = None
+    try:
+        backend.preflight()
+    except BoxStartError as exc:
+        problem = None if "not built" in str(exc) else str(exc)
+    try:
+        tags = sorted({tag for image in client.images.list(name=IMAGE_REPO) for tag in image.tags})
+    except Exception as exc:  # the engine answered the ping: a failed listing is its problem, not ours
+        return DockerFacts(True, version, f"cannot list images ({type(exc).__name__})", expected)
+    return DockerFacts(
+        reachable=True, version=version, engine_problem=problem, expected_image=expected,
+        image_present=expected in tags, other_images=tuple(tag for tag in tags if tag != expected),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ Discord
+
+
+def _discord_findings() -> list[Finding]:
+    """Each imp's Discord token: where it is read from and whether it is there (never the token). Only
+    Discord needs one: an unset variable is a warning, a configured token file that fails is a failure."""
+    findings = []
+    for name, config in ImpStore().scan():
+        if isinstance(config, ImpError):
+            continue  # its Imp row says why
+        status = ImpStore().token_status(config)
+        detail = f"{status.source}: " + ("set" if status.is_set else "not set")
+        if status.is_set and not status.problem:
+            findings.append(Finding(f"Discord token ({name})", "ok", detail))
+        elif config.discord.token_file:
+            findings.append(Finding(f"Discord token ({name})", "fail", detail, status.problem or ""))
+        else:
+            fix = f"only needed for Discord: export {config.token_env}=…"
+            findings.append(Finding(f"Discord token ({name})", "warn", detail, fix))
+    return findings

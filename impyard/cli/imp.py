@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,20 @@ from rich.table import Table
 
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of
-from impyard.imp_config import MAX_PERSONA_CHARS, ImpConfig, ImpError, new_imp_settings, toml_value
+from impyard.clock import SystemClock
+from impyard.db import open_database
+from impyard.imp_config import (
+    MAX_PERSONA_CHARS,
+    ImpConfig,
+    ImpConfigError,
+    ImpError,
+    new_imp_settings,
+    toml_value,
+    validate_config,
+)
+from impyard.imp_edit import UNSET, apply_settings, parse_assignment
 from impyard.imps import ImpStore, PersonaStatus, TokenStatus
+from impyard.memory.store import MemoryStore
 
 PERSONA_PREVIEW_LINES = 5
 SECTIONS = ("model", "memory", "discord", "box", "sessions")
@@ -26,6 +40,7 @@ def imp_group() -> None:
     \b
     Example:
       impyard imp add pip --persona "You are Pip, a cheerful helper." --owner discord:123456789012345678
+      impyard imp set pip model.model=gpt-4.1
       impyard imp show pip
     """
 
@@ -251,16 +266,18 @@ def _warnings(config: ImpConfig, persona: PersonaStatus, token: TokenStatus) -> 
 
 @imp_group.command("rm")
 @click.argument("name")
-@click.option("--purge", is_flag=True, help="Also delete the imp's state dir (its memory). Cannot be undone.")
+@click.option(
+    "--purge", is_flag=True, help="Also delete its state dir and everything it remembers. Cannot be undone."
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def rm_command(name: str, purge: bool, yes: bool) -> None:
-    """Remove an imp's config and persona; its state (memory) is kept unless --purge.
+    """Remove an imp's config and persona; its state and memory are kept unless --purge.
 
     \b
     A kept state dir is given back when an imp of the same name is added
     again. Example:
       impyard imp rm pip            # asks first; keeps imps/pip/state
-      impyard imp rm pip --purge -y # deletes the whole directory
+      impyard imp rm pip --purge -y # deletes the whole directory and its memory
     """
     store = ImpStore()
     try:
@@ -282,6 +299,153 @@ def rm_command(name: str, purge: bool, yes: bool) -> None:
     except (ImpError, OSError) as exc:
         raise CliError(f"could not remove imp '{name}': {exc}") from exc
     click.echo(f"Removed imp '{name}'.")
+    if purge:  # what it remembers lives in the host's database (issue 23), not only in its state dir
+        db = open_database()
+        try:
+            gone = MemoryStore(db, SystemClock().now).forget_imp(name)
+        finally:
+            db.close()
+        if gone["records"] or gone["conversations"]:
+            click.echo(
+                f"Forgot its memory: {gone['records']} memories, {gone['episodes']} moments, "
+                f"{gone['conversations']} conversations."
+            )
     if kept:
         names = ", ".join(path.name + ("/" if path.is_dir() else "") for path in kept)
         click.echo(f"Kept in {directory}: {names} (adding '{name}' again gives its state back)")
+
+
+# ------------------------------------------------------------------ changing an imp's settings (issue 17)
+
+
+def _problems_line(exc: ImpConfigError, *, with_file: bool) -> str:
+    """A refused config as one line: each problem's key and reason (and file:line when it helps)."""
+    shown = [
+        str(problem)
+        if with_file
+        else (f"key '{problem.key}': {problem.reason}" if problem.key else problem.reason)
+        for problem in exc.problems
+    ]
+    return "; ".join(shown)
+
+
+@imp_group.command("set")
+@click.argument("name")
+@click.argument("settings", nargs=-1, required=True, metavar="KEY=VALUE...")
+def set_command(name: str, settings: tuple[str, ...]) -> None:
+    """Change settings in NAME's imp.toml by their dotted keys; nothing is written if one is wrong.
+
+    \b
+    KEY is a key of imp.toml: name, persona_file and owners at the top, the
+    others as section.key (model.model, memory.enabled, box.backend …; see
+    `impyard imp show NAME`). VALUE is written as TOML (true, 60, 0.7, "text",
+    ["a", "b"]); a bare word is text, so a model name needs no quotes. KEY=
+    puts a key back to its default. The new settings are validated as imp.toml
+    is; the file's comments are kept, except where a key cannot be edited in
+    place (then imp.toml is written afresh, every setting documented).
+    Examples:
+      impyard imp set pip model.model=gpt-4.1
+      impyard imp set pip memory.enabled=false sessions.idle_s=120
+      impyard imp set pip 'owners=["discord:123456789012345678"]'
+      impyard imp set pip model.temperature=
+    """
+    store = ImpStore()
+    try:
+        assignments = [parse_assignment(argument) for argument in settings]
+        text = store.config_text(name)
+        file = store.config_path(name)
+        try:
+            tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise CliError(
+                f"{file} is not valid TOML ({exc}); fix it first with: impyard imp edit {name}"
+            ) from exc
+        new_text, wanted = apply_settings(text, assignments, name)
+        try:
+            validate_config(wanted, str(file), expected_name=name)
+        except ImpConfigError as exc:
+            raise CliError(f"nothing was written: {_problems_line(exc, with_file=False)}") from exc
+        config = store.replace_config(name, new_text, was=text)
+    except ImpConfigError as exc:
+        raise CliError(f"nothing was written: {_problems_line(exc, with_file=True)}") from exc
+    except ImpError as exc:
+        raise CliError(str(exc)) from exc
+    for assignment in assignments:
+        if assignment.value is UNSET:
+            click.echo(f"{config.name}: {assignment.key} is back to its default")
+        else:
+            click.echo(f"{config.name}: {assignment.key} = {escape(toml_value(assignment.value))}")
+    click.echo(f"Saved {file}. A running impyard chat or serve uses it once restarted.")
+
+
+@imp_group.command("edit")
+@click.argument("name")
+def edit_command(name: str) -> None:
+    """Open NAME's imp.toml in your editor ($VISUAL, else $EDITOR) and check it when you save.
+
+    \b
+    The file is changed only when the edited text is a valid imp.toml. When it
+    is not, the problems are shown (file, line, key, fix) and you can edit again
+    or keep the old file (your edit is then saved to a temporary file).
+    Example:
+      EDITOR=nano impyard imp edit pip
+    """
+    store = ImpStore()
+    try:
+        original = store.config_text(name)
+    except ImpError as exc:
+        raise CliError(str(exc).splitlines()[0]) from exc
+    file = store.config_path(name)
+    draft = original
+    while True:
+        edited = _run_editor(draft, name)
+        if edited == original:
+            click.echo(f"No changes; {file} is as it was.")
+            return
+        try:
+            store.replace_config(name, edited, was=original)
+        except ImpConfigError as exc:
+            click.echo(f"{file} would not be valid:", err=True)
+            for problem in exc.problems:
+                click.echo(f"  {problem}", err=True)
+            try:
+                again = click.confirm("Edit again?", default=True, err=True)
+            except click.Abort:
+                again = False
+            if again:
+                draft = edited
+                continue
+            raise CliError(
+                f"kept the old {file}; your edit is saved in {_save_rejected(edited, name)}"
+            ) from exc
+        except ImpError as exc:
+            raise CliError(f"{exc} (your edit is saved in {_save_rejected(edited, name)})") from exc
+        click.echo(
+            f"Saved {file}. Check it with: impyard imp show {name} (a running chat or serve: restart it)"
+        )
+        return
+
+
+def _run_editor(text: str, name: str) -> str:
+    """``text`` after the user's editor has had it, in a private temporary file (imp.toml is never
+    opened in place: a half-saved file must never be read by a running host)."""
+    with tempfile.TemporaryDirectory(prefix="impyard-edit-") as scratch:
+        path = Path(scratch) / f"{name}.imp.toml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            click.edit(filename=str(path))
+        except click.ClickException as exc:
+            raise CliError(
+                f"the editor did not finish ({exc.format_message()}); imp.toml is unchanged"
+            ) from exc
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read the edited file back ({exc}); imp.toml is unchanged") from exc
+
+
+def _save_rejected(text: str, name: str) -> Path:
+    handle, saved = tempfile.mkstemp(prefix=f"impyard-{name}-", suffix=".imp.toml")
+    with open(handle, "w", encoding="utf-8") as out:
+        out.write(text)
+    return Path(saved)

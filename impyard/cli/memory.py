@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +39,7 @@ from impyard.history import History
 from impyard.imp_config import ImpConfig, ImpError
 from impyard.imps import ImpStore
 from impyard.memory.scopes import TERMINAL
-from impyard.memory.store import MemoryInvalid, MemoryStore
+from impyard.memory.store import MemoryInvalid, MemoryStore, mentions_are_forgettable
 from impyard.policy import PolicyError, load_policy
 from impyard.surfaces import OutgoingFile, SurfaceError
 
@@ -224,18 +224,9 @@ async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, pol
 # ------------------------------------------------------------------ output
 
 
-def record_scopes(db: Database, ids: Sequence[str]) -> dict[str, str]:
-    """Each record's scope, for the listing (the store's views leave it out: a box knows its own scopes)."""
-    if not ids:
-        return {}
-    marks = ", ".join("?" for _ in ids)
-    rows = db.connection().execute(f"SELECT id, scope FROM memory_records WHERE id IN ({marks})", list(ids))
-    return {str(row[0]): str(row[1]) for row in rows}
-
-
-def record_json(view: RecordView, scope: str | None) -> dict[str, Any]:
+def record_json(view: RecordView) -> dict[str, Any]:
     value = view.model_dump(mode="json", exclude={"vector"})
-    return {"scope": scope, **value}
+    return {"scope": getattr(view, "scope", None), **value}
 
 
 def _ago(when: datetime, now: datetime) -> str:
@@ -248,8 +239,8 @@ def _feels(view: RecordView) -> str:
     return f"{sign}{view.valence:.2f}/{view.intensity:.2f}"
 
 
-def show_records(out: Output, db: Database, views: list[RecordView], *, empty: str, title: str) -> None:
-    scopes = record_scopes(db, [view.id for view in views])
+def show_records(out: Output, views: Sequence[RecordView], *, empty: str, title: str) -> None:
+    """The store's operator views (``StoredRecord``: each with its scope) as a table, or JSON."""
     now = SystemClock().now()
     rows = []
     for view in views:
@@ -258,15 +249,15 @@ def show_records(out: Output, db: Database, views: list[RecordView], *, empty: s
         text = text[:120] + ("…" if len(text) > 120 else "")
         rows.append(
             (
-                view.id[:12], escape(scopes.get(view.id, "?")), _ago(view.last_felt, now),
+                view.id[:12], escape(getattr(view, "scope", "?")), _ago(view.last_felt, now),
                 escape(view.author) + (" [dim](given)[/]" if view.origin == "given" else ""),
                 f"{feeling}{_feels(view)}", f"{view.felt:.2f}" + (f" [dim]score {view.score:.2f}[/]" if view.score is not None else ""),
                 escape(text),
             )
         )  # fmt: skip
     out.listing(
-        [record_json(view, scopes.get(view.id)) for view in views], columns=MEMORY_COLUMNS, rows=rows,
-        empty=empty, title=title, min_width=140,
+        [record_json(view) for view in views], columns=MEMORY_COLUMNS, rows=rows, empty=empty, title=title,
+        min_width=140,
     )  # fmt: skip
 
 
@@ -291,13 +282,11 @@ def show_command(imp: str, person: str | None, scope: str | None, limit: int, ou
     config = imp_config(imp)
     who = check_person(person) if person is not None else None
     where = check_scope(scope)
-    with memory_store() as (store, db):
+    with memory_store() as (store, _):
         views = store.show(config.name, person=who, scope=where, limit=limit)
-        selection = "".join([f" by or about {who!r}" if who else "", f" in {where}" if where else ""])
-        show_records(
-            out, db, views, empty=f"{config.name} remembers nothing{selection}.",
-            title=f"What {config.name} remembers{escape(selection)}",
-        )  # fmt: skip
+    selection = "".join([f" by or about {who!r}" if who else "", f" in {where}" if where else ""])
+    show_records(out, views, empty=f"{config.name} remembers nothing{selection}.",
+                 title=f"What {config.name} remembers{escape(selection)}")  # fmt: skip
 
 
 @memory_group.command("search")
@@ -322,12 +311,9 @@ def search_command(imp: str, text: str, scopes: tuple[str, ...], k: int, out: Ou
         raise CliError('give the text to search for, e.g. impyard memory search pip "the picnic"')
     where = [check_scope(scope) or "" for scope in scopes]
     with memory_store() as (store, db):
-        vector = embed(config, db, text)
-        views = store.search(config.name, vector, (), k, scopes=where or None)
-        show_records(
-            out, db, views, empty=f"Nothing in {config.name}'s memory comes to mind for that.",
-            title=f"{config.name} recalls",
-        )  # fmt: skip
+        views = store.search(config.name, embed(config, db, text), (), k, scopes=where or None)
+    show_records(out, views, empty=f"Nothing in {config.name}'s memory comes to mind for that.",
+                 title=f"{config.name} recalls")  # fmt: skip
 
 
 @memory_group.command("remember")
@@ -377,41 +363,47 @@ def forget_command(imp: str, person: str, yes: bool, out: Output) -> None:
 
     \b
     The person is matched by Discord id and by every name the host's history
-    knows for them (a name is matched as a whole word, literally). Cannot be
-    undone. Example:
+    knows for them: what was written under the id or a name, and what
+    mentions a name as a whole word, literally — but a name of under 3
+    letters or a common word ("Al", "the") only as who wrote it. The answer
+    says how many were found by id and by name. Cannot be undone. Example:
       impyard memory forget pip --person carol
     """
     config = imp_config(imp)
     who = check_person(person)
     with memory_store() as (store, db):
-        identities = person_identities(store, History(db, SystemClock()), config.name, who)
-        names = sorted({name for _, name in identities if name})
-        ids = sorted({pid for pid, _ in identities if pid not in names})
-        described = ", ".join([*(repr(n) for n in names), *(f"id {i}" for i in ids)])
+        ids, names = person_identities(store, History(db, SystemClock()), config.name, who)
+        known_ids = [i for i in ids if i not in names]  # a name standing in as an id is not listed as one
+        described = ", ".join([*(repr(n) for n in names), *(f"id {i}" for i in known_ids)])
+        author_only = [name for name in names if not mentions_are_forgettable(name)]
         if not yes:
             click.confirm(
-                f"Forget everything {config.name} remembers by or about {described}, in every scope? "
-                "This cannot be undone.", abort=True, err=True,
+                f"Forget everything {config.name} remembers by or about {described}, in every scope?"
+                + (f" ({_author_only_note(author_only)})" if author_only else "") + " This cannot be undone.",
+                abort=True, err=True,
             )  # fmt: skip
-        counts = {"records": 0, "episodes": 0, "conversations": 0}
-        for person_id, name in identities:
-            for key, value in store.forget_person(config.name, person_id, name).items():
-                counts[key] = counts.get(key, 0) + value
+        forgotten = store.forget_person(config.name, ids, names)
     out.show(
-        {"imp": config.name, "person": who, "names": names, "ids": ids, **counts},
-        f"{config.name} forgot {described}: {counts['records']} records, {counts['episodes']} episodes, "
-        f"{counts['conversations']} conversations.",
+        {"imp": config.name, "person": who, "names": names, "ids": known_ids, **asdict(forgotten)},
+        f"{config.name} forgot {described}: {forgotten.records} records, {forgotten.episodes} episodes, "
+        f"{forgotten.conversations} conversations ({forgotten.by_id} found by id, {forgotten.by_name} by name)"
+        + (f"; {_author_only_note(forgotten.author_only)}." if forgotten.author_only else "."),
     )
+
+
+def _author_only_note(names: Sequence[str]) -> str:
+    listed = ", ".join(repr(name) for name in names)
+    return f"records that only mention {listed} are kept: too short or too common a word to match"
 
 
 def person_identities(
     store: MemoryStore, history: History, imp: str, person: str
-) -> list[tuple[str, str | None]]:
-    """(id, name) pairs to forget for ``person``, from the host's history and the imp's own records.
+) -> tuple[list[str], list[str]]:
+    """The ids and the names to forget for ``person``, from the host's history and the imp's own records.
 
     An id (Discord's digits, or one the history or a record knows as an author id, like ``terminal:alice``)
     comes with every name it wrote under; a name with every id that wrote under it. A name nobody is known
-    by is still forgotten wherever it is the author or named; an unknown id, wherever it is the author.
+    by stands in as the id as well (no real id equals it), so whatever was kept under it as a key goes too.
     """
     records = store.show(imp, person=person, limit=MAX_SHOWN, episodes=0)
     names_of_id = [*history.author_names(person), *(v.author for v in records if v.author_id == person)]
@@ -423,6 +415,4 @@ def person_identities(
             *(v.author_id for v in records if v.author == person and v.author_id),
         ]
         names = [person]
-    ids = list(dict.fromkeys(ids)) or [person]  # no known id: the name stands in (no real id equals it)
-    every_name: list[str | None] = list(dict.fromkeys(names))
-    return [(pid, name) for pid in ids for name in (every_name or [None])]
+    return list(dict.fromkeys(ids)) or [person], list(dict.fromkeys(names))

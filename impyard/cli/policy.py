@@ -51,7 +51,13 @@ def load_policy_or_fail(directory: Path | None = None) -> Policy:
 
 @click.group("policy")
 def policy_group() -> None:
-    """The governance policy: which box requests are allowed, budgets, prices, trust."""
+    """The governance policy: which box requests are allowed, budgets, prices, trust.
+
+    \b
+    Example:
+      impyard policy check
+      impyard policy check --imp pip --method model.request --model gpt-4.1-mini
+    """
 
 
 @policy_group.command("check")

@@ -64,7 +64,13 @@ def _schedule_row(s: Schedule) -> tuple[str, ...]:
 
 @click.group("schedule")
 def schedule_group() -> None:
-    """Recurring tasks: every N, or on a cron expression in a timezone."""
+    """Recurring tasks: every N, or on a cron expression in a timezone.
+
+    \b
+    Example:
+      impyard schedule add pip "Morning briefing" --cron "0 9 * * 1-5" --tz Europe/Oslo
+      impyard schedule ls
+    """
 
 
 @schedule_group.command("add")

@@ -76,7 +76,13 @@ def _task_row(task: Task, now: datetime) -> tuple[str, ...]:
 
 @click.group("task")
 def task_group() -> None:
-    """One-shot tasks: run by `impyard supervise` in a box, governed like chat."""
+    """One-shot tasks: run by `impyard supervise` in a box, governed like chat.
+
+    \b
+    Example:
+      impyard task add pip "Summarise the week"
+      impyard task ls --state running
+    """
 
 
 @task_group.command("add")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import discord
 
+from impyard.discord.buttons import Faces, action_button, custom_id_template, persistent_view
 from impyard.discord.inbound import channel_facts
 from impyard.discord.surface import is_discord_channel
 from impyard.gates import FINAL_STATES, Gate, GateError, deciding_guild
@@ -38,7 +39,11 @@ log = logging.getLogger("impyard.discord.cards")
 
 CARD_PREVIEW_CHARS = 1_200
 QUEUE_SIZE = 1_000
-CUSTOM_ID = re.compile(r"impyard:gate:(?P<gate>g-[0-9a-f]{6,32}):(?P<action>approve|deny)")
+GATE_FACES: Faces = {
+    "approve": ("Approve", discord.ButtonStyle.success),
+    "deny": ("Deny", discord.ButtonStyle.danger),
+}
+CUSTOM_ID = custom_id_template("gate", "g-[0-9a-f]{6,32}", GATE_FACES)
 
 STATE_BADGE = {
     "approved": "✅ Approved",
@@ -94,14 +99,7 @@ class GateButton(discord.ui.DynamicItem[discord.ui.Button[Any]], template=CUSTOM
     """Approve or Deny on a card; the custom id names the gate."""
 
     def __init__(self, gate_id: str, action: str) -> None:
-        approve = action == "approve"
-        super().__init__(
-            discord.ui.Button(
-                label="Approve" if approve else "Deny",
-                style=discord.ButtonStyle.success if approve else discord.ButtonStyle.danger,
-                custom_id=f"impyard:gate:{gate_id}:{action}",
-            )
-        )
+        super().__init__(action_button("gate", gate_id, action, GATE_FACES))
         self.gate_id = gate_id
         self.action = action
 
@@ -109,7 +107,7 @@ class GateButton(discord.ui.DynamicItem[discord.ui.Button[Any]], template=CUSTOM
     async def from_custom_id(
         cls, interaction: discord.Interaction[Any], item: discord.ui.Item[Any], match: re.Match[str], /
     ) -> GateButton:
-        return cls(match["gate"], match["action"])
+        return cls(match["key"], match["action"])
 
     async def callback(self, interaction: discord.Interaction[ImpClient]) -> None:  # type: ignore[override]
         await interaction.response.defer()  # acknowledged within Discord's 3 s; the card is edited after
@@ -188,9 +186,7 @@ class ApprovalCards:
                 gate.id, gate.imp, gate.id,
             )  # fmt: skip
             return None
-        view = discord.ui.View(timeout=None)
-        view.add_item(GateButton(gate.id, "approve"))
-        view.add_item(GateButton(gate.id, "deny"))
+        view = persistent_view(GateButton(gate.id, action) for action in GATE_FACES)
         channel = client.get_channel(int(channel_id)) or client.get_partial_messageable(int(channel_id))
         message = await channel.send(  # type: ignore[union-attr]
             card_text(gate), view=view, allowed_mentions=discord.AllowedMentions.none()

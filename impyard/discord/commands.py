@@ -10,8 +10,10 @@ Every interaction is deferred (ephemeral) before anything else, well inside Disc
 answers and refusals are ephemeral and say why. ``/channel`` acts on the channel it is run in (a
 thread is a channel of its own) through the same store as ``impyard channel``. ``/forget-me`` is anyone's,
 for themselves only: it asks first (a button only the person who ran it may press), then forgets everything
-by or about them in every scope of this imp's memory, as ``impyard memory forget`` does. Syncing the
-command tree is explicit: ``impyard discord sync``.
+by or about them in every scope of this imp's memory, as ``impyard memory forget`` does (a name too short
+or too common to tell apart, "Al" or "the", counts only where they wrote under it; the answer says so).
+The commands act on the running host's own stores, handed in by ``impyard serve`` (``CommandHost``).
+Syncing the command tree is explicit: ``impyard discord sync``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import discord
 from discord import app_commands
 
 from impyard.channels import ChannelModeError, ChannelStore, parse_mode
+from impyard.discord.buttons import Faces, action_button, custom_id_template, persistent_view
 from impyard.gates import Approver, Gate, GateError, GateStore, may_decide
 from impyard.history import History
 from impyard.imps import ImpConfig
-from impyard.memory.store import MemoryStore
+from impyard.memory.store import Forgotten, MemoryStore
 from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
 
 if TYPE_CHECKING:
@@ -52,29 +55,19 @@ MODE_MEANING = {
 
 @dataclass
 class CommandHost:
-    """What the commands act on: the running host's channel store, gateway and imp configs."""
+    """What the commands act on: the running host's stores (``impyard.host.Host``), gateway and imp configs."""
 
     channels: ChannelStore
     gateway: Gateway
     configs: Mapping[str, ImpConfig]
+    memory: MemoryStore  # the host's memory store: /forget-me and deleted messages
+    history: History  # the host's history: deleted messages, the names a person wrote under
     cards: ApprovalCards | None = None
-    memory: MemoryStore | None = None  # the host's memory store (default: one on the gateway's database)
-    history: History | None = None  # the host's history (default: one on the gateway's database)
 
     @property
     def gates(self) -> GateStore:
         """The gate store the gateway was handed (awaited through ``aio``, never through its database)."""
         return self.gateway.gates
-
-    def memory_store(self) -> MemoryStore:
-        if self.memory is None:
-            self.memory = MemoryStore(self.gateway.db, self.gateway.clock.now)
-        return self.memory
-
-    def history_store(self) -> History:
-        if self.history is None:
-            self.history = History(self.gateway.db, self.gateway.clock)
-        return self.history
 
 
 # ------------------------------------------------------------------ who may (a pure rule)
@@ -285,9 +278,7 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
     async def forget_me(interaction: discord.Interaction[ImpClient]) -> None:
         await interaction.response.defer(ephemeral=True, thinking=True)
         client, _ = _context(interaction)
-        view = discord.ui.View(timeout=None)
-        view.add_item(ForgetMeButton(interaction.user.id, "confirm"))
-        view.add_item(ForgetMeButton(interaction.user.id, "cancel"))
+        view = persistent_view(ForgetMeButton(interaction.user.id, action) for action in FORGET_ME_FACES)
         await interaction.followup.send(
             forget_me_question(client.imp),
             ephemeral=True,
@@ -370,7 +361,11 @@ async def _decide(
 
 # ------------------------------------------------------------------ /forget-me (issue 23)
 
-FORGET_ME_ID = re.compile(r"impyard:forget-me:(?P<user>[0-9]{1,20}):(?P<action>confirm|cancel)")
+FORGET_ME_FACES: Faces = {
+    "confirm": ("Forget me", discord.ButtonStyle.danger),
+    "cancel": ("Cancel", discord.ButtonStyle.secondary),
+}
+FORGET_ME_ID = custom_id_template("forget-me", "[0-9]{1,20}", FORGET_ME_FACES)
 
 
 def forget_me_question(imp: str) -> str:
@@ -380,18 +375,28 @@ def forget_me_question(imp: str) -> str:
     )
 
 
-def forgotten_text(imp: str, counts: Mapping[str, int]) -> str:
-    records, episodes, talks = (
-        counts.get("records", 0),
-        counts.get("episodes", 0),
-        counts.get("conversations", 0),
-    )
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def forgotten_text(imp: str, forgotten: Forgotten) -> str:
+    """The answer: what went, how it was matched, and the names too common to match where merely mentioned."""
+    records, episodes, talks = forgotten.records, forgotten.episodes, forgotten.conversations
     if not records and not episodes and not talks:
-        return f"Done: {imp} remembered nothing by or about you, so there was nothing to forget."
-    return (
-        f"Done: {imp} forgot you — {records} memor{'y' if records == 1 else 'ies'}, "
-        f"{episodes} moment{'' if episodes == 1 else 's'} and {talks} conversation{'' if talks == 1 else 's'}."
-    )
+        text = f"Done: {imp} remembered nothing by or about you, so there was nothing to forget."
+    else:
+        text = (
+            f"Done: {imp} forgot you — {_plural(records, 'memory', 'memories')}, "
+            f"{_plural(episodes, 'moment', 'moments')} and {_plural(talks, 'conversation', 'conversations')} "
+            f"({forgotten.by_id} found by your account, {forgotten.by_name} by your name)."
+        )
+    if forgotten.author_only:
+        names = ", ".join(f"“{name}”" for name in forgotten.author_only)
+        text += (
+            f" Memories that only mention {names} were kept: too short or too common a word to tell from "
+            "others' memories (what you wrote under it went)."
+        )
+    return text
 
 
 def names_of(user: discord.abc.User) -> list[str]:
@@ -400,30 +405,17 @@ def names_of(user: discord.abc.User) -> list[str]:
     return list(dict.fromkeys(name.strip() for name in names if name and name.strip()))
 
 
-async def forget_person(host: CommandHost, imp: str, person_id: str, names: list[str]) -> dict[str, int]:
-    """Everything by ``person_id`` or about any of ``names`` (every scope of ``imp``), with the counts."""
-    store = host.memory_store()
-    known = await host.history_store().aio.author_names(person_id)
-    counts = {"records": 0, "episodes": 0, "conversations": 0}
-    every_name: list[str | None] = list(dict.fromkeys([*names, *known]))
-    for name in every_name or [None]:
-        for key, value in (await store.aio.forget_person(imp, person_id, name)).items():
-            counts[key] = counts.get(key, 0) + value
-    return counts
+async def forget_person(host: CommandHost, imp: str, person_id: str, names: list[str]) -> Forgotten:
+    """Everything by ``person_id`` or about any of ``names`` or the names the history knows them by."""
+    known = await host.history.aio.author_names(person_id)
+    return await host.memory.aio.forget_person(imp, [person_id], [*names, *known])
 
 
 class ForgetMeButton(discord.ui.DynamicItem[discord.ui.Button[Any]], template=FORGET_ME_ID):
     """Forget me / Cancel under the /forget-me question; the custom id names whose question it is."""
 
     def __init__(self, user_id: int, action: str) -> None:
-        confirm = action == "confirm"
-        super().__init__(
-            discord.ui.Button(
-                label="Forget me" if confirm else "Cancel",
-                style=discord.ButtonStyle.danger if confirm else discord.ButtonStyle.secondary,
-                custom_id=f"impyard:forget-me:{user_id}:{action}",
-            )
-        )
+        super().__init__(action_button("forget-me", user_id, action, FORGET_ME_FACES))
         self.user_id = user_id
         self.action = action
 
@@ -431,7 +423,7 @@ class ForgetMeButton(discord.ui.DynamicItem[discord.ui.Button[Any]], template=FO
     async def from_custom_id(
         cls, interaction: discord.Interaction[Any], item: discord.ui.Item[Any], match: re.Match[str], /
     ) -> ForgetMeButton:
-        return cls(int(match["user"]), match["action"])
+        return cls(int(match["key"]), match["action"])
 
     async def callback(self, interaction: discord.Interaction[ImpClient]) -> None:  # type: ignore[override]
         await interaction.response.defer()  # acknowledged within Discord's 3 s; the question is edited after
@@ -446,10 +438,12 @@ class ForgetMeButton(discord.ui.DynamicItem[discord.ui.Button[Any]], template=FO
             await interaction.edit_original_response(content="Cancelled: nothing was forgotten.", view=None)
             return
         client, host = _context(interaction)
-        counts = await forget_person(host, client.imp, str(interaction.user.id), names_of(interaction.user))
-        log.info("/forget-me: %s forgot discord:%s: %s", client.imp, interaction.user.id, counts)
+        forgotten = await forget_person(
+            host, client.imp, str(interaction.user.id), names_of(interaction.user)
+        )
+        log.info("/forget-me: %s forgot discord:%s: %s", client.imp, interaction.user.id, forgotten)
         await interaction.edit_original_response(
-            content=forgotten_text(client.imp, counts),
+            content=forgotten_text(client.imp, forgotten),
             view=None,
             allowed_mentions=discord.AllowedMentions.none(),
         )

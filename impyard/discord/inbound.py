@@ -1,7 +1,8 @@
 """A Discord message, as the conversation pipeline takes it (design.md §6, §12).
 
-``on_message`` → :func:`skip_reason` (bots, webhooks, the bot's own posts, system and command
-messages) → :func:`to_inbound`: the wake facts read from the message itself — a user mention from
+``on_message`` → :func:`skip_reason` (system and command messages: not conversation) → :func:`to_inbound`:
+who wrote it (a bot, a webhook, an imp of this host — ``Conversations.route`` drops those, the one place
+bots are filtered) and the wake facts read from the message itself — a user mention from
 ``message.mentions`` (never ``mentioned_in()``, which is true for ``@everyone``), a mention of the bot's
 own managed role, a reply to one of its messages — the replied-to message as ``reply_to``, and image
 attachments fetched here, on the host, bounded in type and size, and passed to the box as data. A
@@ -9,7 +10,8 @@ thread is a channel of its own (its own id, mode and trust).
 
 A deleted message (``on_raw_message_delete``; Discord does not say who deleted it, so whoever did — its
 author or a moderator — it goes) leaves the host's history and the memory of every imp: its episodes,
-and a record left without an episode with them (:func:`forget_deleted`).
+and a record left without an episode with them; a turn still running on it keeps nothing of it
+(:func:`forget_deleted`, ``MemoryStore.forget_message``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import anyio
@@ -50,12 +52,9 @@ _MAGIC = {
 _CONVERSATION_TYPES = frozenset({discord.MessageType.default, discord.MessageType.reply})
 
 
-def skip_reason(message: discord.Message, bot_user_id: int) -> str | None:
-    """Why a message never enters the pipeline, or None. Other imps are bots: no imp-to-imp loops."""
-    if message.author.id == bot_user_id:
-        return "own"
-    if message.author.bot or message.webhook_id is not None:
-        return "bot"
+def skip_reason(message: discord.Message) -> str | None:
+    """Why a message is not conversation at all, or None. Bots are not skipped here: ``Conversations.route``
+    drops them (issue 12: bots are filtered once, for every surface)."""
     if message.type not in _CONVERSATION_TYPES:
         return "system"  # joins, pins, slash-command echoes: not conversation
     return None
@@ -71,8 +70,10 @@ def channel_facts(channel: object) -> tuple[str, str, str | None]:
     return "guild", name[:256], str(guild.id) if guild is not None else None
 
 
-def author_of(user: discord.abc.User) -> Author:
-    return Author(id=str(user.id), name=(user.display_name or user.name or str(user.id))[:256], bot=user.bot)
+def author_of(user: discord.abc.User, *, webhook: bool = False) -> Author:
+    """A webhook's post counts as a bot's (its "author" is whatever name the webhook gave itself)."""
+    name = (user.display_name or user.name or str(user.id))[:256]
+    return Author(id=str(user.id), name=name, bot=user.bot or webhook)
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,28 @@ async def to_inbound(
     bot_role_ids: Collection[int] = (),
     imp_user_ids: Collection[int] = (),
 ) -> Inbound:
-    """The pipeline's view of a message that passed :func:`skip_reason` (content stays content)."""
+    """The pipeline's view of a message that passed :func:`skip_reason` (content stays content).
+
+    A message the pipeline drops (``Inbound.from_a_bot``: a bot, a webhook, this imp or another) comes
+    without its replied-to message and its attachments: nothing is fetched for what no imp will read.
+    """
     kind, name, guild_id = channel_facts(message.channel)
+    bare = Inbound(
+        surface=SURFACE,
+        channel_id=str(message.channel.id),
+        channel_kind=kind,  # type: ignore[arg-type]
+        message=Message(
+            id=str(message.id),
+            author=author_of(message.author, webhook=message.webhook_id is not None),
+            content=message.clean_content,  # <@id> → @name: who was addressed, readable; cleaned again downstream
+            created_at=message.created_at,
+        ),
+        channel_name=name,
+        guild_id=guild_id,
+        author_is_imp=message.author.id == bot_user_id or message.author.id in imp_user_ids,
+    )
+    if bare.from_a_bot:
+        return bare
     replied = await replied_message(message)
     signals = wake_signals(message, bot_user_id, bot_role_ids, replied)
     reply_to = None
@@ -178,23 +199,16 @@ async def to_inbound(
     elif message.reference is not None and message.reference.message_id is not None:
         reply_to = ReplyRef(id=str(message.reference.message_id))
     attachments = await fetch_attachments(list(message.attachments))
-    converted = Message(
-        id=str(message.id),
-        author=author_of(message.author),
-        content=message.clean_content,  # <@id> → @name: who was addressed, readable; cleaned again downstream
-        created_at=message.created_at,
-        mentions_imp=signals.mentions_imp or signals.mentions_imp_role or signals.replies_to_imp,
-        reply_to=reply_to,
-        attachments=attachments,
+    converted = bare.message.model_copy(
+        update={
+            "mentions_imp": signals.mentions_imp or signals.mentions_imp_role or signals.replies_to_imp,
+            "reply_to": reply_to,
+            "attachments": attachments,
+        }
     )
-    return Inbound(
-        surface=SURFACE,
-        channel_id=str(message.channel.id),
-        channel_kind=kind,  # type: ignore[arg-type]
+    return replace(
+        bare,
         message=converted,
-        channel_name=name,
-        guild_id=guild_id,
-        author_is_imp=message.author.id in imp_user_ids,
         mentions_imp=signals.mentions_imp,
         mentions_imp_role=signals.mentions_imp_role,
         replies_to_imp=signals.replies_to_imp,
@@ -216,8 +230,8 @@ async def forget_deleted(host: CommandHost, channel_id: int, message_ids: Sequen
     counts = {"history": 0, "records": 0, "episodes": 0}
     try:
         for message_id in message_ids:
-            counts["history"] += await host.history_store().aio.forget(str(channel_id), str(message_id))
-            forgotten = await host.memory_store().aio.forget_message(str(channel_id), str(message_id))
+            counts["history"] += await host.history.aio.forget(str(channel_id), str(message_id))
+            forgotten = await host.memory.aio.forget_message(str(channel_id), str(message_id))
             counts["records"] += forgotten.get("records", 0)
             counts["episodes"] += forgotten.get("episodes", 0)
     except Exception:  # noqa: BLE001 - an event handler: log, and keep the bot running

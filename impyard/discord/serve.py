@@ -216,7 +216,7 @@ class DiscordHost:
 
     async def _receive(self, client: ImpClient, message: discord.Message) -> None:
         assert client.user is not None
-        skipped = skip_reason(message, client.user.id)
+        skipped = skip_reason(message)
         if skipped is not None:
             log.debug("imp %s: message %s skipped (%s)", client.imp, message.id, skipped)
             return
@@ -351,8 +351,9 @@ async def _open_discord_host(
                     runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
                     host = DiscordHost(runtime, clients, surface, cards)
                     command_host = CommandHost(
-                        runtime.channels, runtime.gateway, {c.name: c for c in configs}, cards
-                    )
+                        channels=runtime.channels, gateway=runtime.gateway, configs={c.name: c for c in configs},
+                        memory=runtime.host.memory, history=runtime.history, cards=cards,
+                    )  # fmt: skip
                     async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
                         tg.start_soon(cards.run, name="approval cards")
                         for imp, client in clients.items():

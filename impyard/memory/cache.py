@@ -16,7 +16,8 @@ larger than the bound is scored and then dropped, so the cache never holds more 
 Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices of length d only:
 
 1. record score = cosine × felt strength now, +0.5 (``name_bonus``) when the record text names one of the
-   names as a whole word, case-insensitive (the text: see ``record_text`` in store.py);
+   names as a whole word, case-insensitive (``laws.mentions``, the rule the box applies too; the text: see
+   ``record_text`` in store.py);
 2. every episode of a scored record: cosine × its record's felt strength, +0.5 when its as-it-happened text
    names someone; the best episode replaces its record's score when it beats it, and is the hit episode;
 3. the top k, highest first.
@@ -24,18 +25,17 @@ Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from box.memory.laws import DAY_S, DEFAULTS, Params
+from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_pattern
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -45,34 +45,6 @@ _STR_OVERHEAD = sys.getsizeof("")  # what a str costs besides its characters
 
 CacheKey = tuple[str, str, int]  # (imp, scope, dims)
 _T = TypeVar("_T")
-
-
-# ------------------------------------------------------------------ names (mechanism 15)
-
-
-def clean_names(names: Iterable[str]) -> tuple[str, ...]:
-    """The names as matched: stripped, lowercased, without empty ones or repeats."""
-    return tuple(dict.fromkeys(name.strip().lower() for name in names if name.strip()))
-
-
-def names_pattern(names: Iterable[str]) -> re.Pattern[str] | None:
-    """One pattern that finds any of ``names`` as a whole word in lowercased text; None when no name is left.
-
-    A name is taken literally (regex characters are escaped), lowercased and stripped; "whole word" means
-    no word character right before or after it.
-    """
-    cleaned = sorted(clean_names(names), key=len, reverse=True)
-    if not cleaned:
-        return None
-    # The literal first and the word check behind it, so the regex engine can scan for the literal fast.
-    alternatives = "|".join(f"{re.escape(name)}(?<!\\w{re.escape(name)})" for name in cleaned)
-    return re.compile(f"(?:{alternatives})(?!\\w)")
-
-
-def mentions(text: str, name: str) -> bool:
-    """Whether ``text`` names ``name`` as a whole word, case-insensitive (the store's person filters)."""
-    pattern = names_pattern([name])
-    return pattern is not None and pattern.search(text.lower()) is not None
 
 
 # ------------------------------------------------------------------ felt strength, vectorised
@@ -209,7 +181,7 @@ class _Texts:
         return first, "\x00".join(texts), starts
 
     def naming(self, names: Sequence[str]) -> npt.NDArray[np.bool_]:
-        """A row mask: the rows whose text names any of ``names`` (cleaned: see ``clean_names``)."""
+        """A row mask: the rows whose text names any of ``names`` (``laws.mention_names``: lowercased)."""
         mask = np.zeros(len(self.rows), dtype=bool)
         for name in names:
             mask |= self._mask(name)
@@ -218,7 +190,7 @@ class _Texts:
     def _mask(self, name: str) -> npt.NDArray[np.bool_]:
         known = self._masks.pop(name, np.zeros(0, dtype=bool))
         if len(known) < len(self.rows):
-            pattern = names_pattern([name])
+            pattern = mention_pattern([name])  # the laws' own rule, over the lowercased rows at once
             assert pattern is not None
             fresh = np.zeros(len(self.rows), dtype=bool)
             fresh[: len(known)] = known
@@ -434,7 +406,7 @@ class VectorCache:
         """The top ``k`` records of ``imp`` over ``scopes`` for ``query`` (mechanisms 14-17, 30)."""
         unit = normalised(query)
         dims = int(unit.size)
-        cleaned = clean_names(names)
+        cleaned = mention_names(list(names))
         hits: list[Hit] = []
         for scope in dict.fromkeys(scopes):
             hits.extend(

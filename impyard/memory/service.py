@@ -53,7 +53,7 @@ log = logging.getLogger("impyard.memory")
 
 AUDIT_METHOD = "memory.*"
 LIMIT_RULE = "memory-requests-per-turn"
-SCOPE_RULE = "memory-scopes"
+SCOPE_RULE = MemoryDenied.rule  # "memory-scopes"
 STORE_UNAVAILABLE = (
     "the memory store is unavailable right now (database error); answer without memory this turn"
 )
@@ -71,6 +71,7 @@ class _Tally:
     methods: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)  # denied | invalid | error
     latency_ms: float = 0.0
+    turns: set[str] = field(default_factory=set)  # the messages whose turn has started in this box
 
     def drain(self, run_id: str) -> AuditRecord | None:
         if not self.methods:
@@ -115,10 +116,21 @@ class MemoryService:
         tally = self._boxes.get(spec.run_id)
         return tally is not None and tally.opened
 
-    def stage(self, spec: BoxSpec, stage: str) -> AuditRecord | None:
+    def stage(self, spec: BoxSpec, stage: str, message_id: str | None = None) -> AuditRecord | None:
         """The box's ``turn.stage``: "context" starts a turn, so the last turn's row is returned and the
-        per-turn count starts over. Other stages change nothing (a turn's memory work goes on after "post")."""
-        return self.turn_ended(spec) if stage == "context" else None
+        per-turn count starts over. Other stages change nothing (a turn's memory work goes on after "post").
+
+        With ``message_id`` (the gateway passes it only for a message the host woke the imp for in the box's
+        channel), a message starts at most one turn of a box: announcing "context" again gets no fresh count,
+        so the per-turn bound cannot be lifted by the box that it bounds."""
+        if stage != "context":
+            return None
+        if message_id is not None:
+            tally = self._tally(spec)
+            if message_id in tally.turns:
+                return None
+            tally.turns.add(message_id)
+        return self.turn_ended(spec)
 
     def turn_ended(self, spec: BoxSpec) -> AuditRecord | None:
         """End the box's turn: the per-turn count starts over; returns the turn's audit row, if any."""
@@ -184,9 +196,9 @@ class MemoryService:
                 else "invalid"
             ] += 1
             raise
-        except MemoryDenied as exc:
+        except MemoryDenied as exc:  # outside the session's scopes, or a message deleted meanwhile
             tally.refused["denied"] += 1
-            raise RpcError(ErrorCode.DENIED, str(exc), {"rule": SCOPE_RULE, "reason": str(exc)}) from None
+            raise RpcError(ErrorCode.DENIED, str(exc), {"rule": exc.rule, "reason": str(exc)}) from None
         except (MemoryInvalid, VectorError) as exc:
             tally.refused["invalid"] += 1
             raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params for {method}: {exc}") from None

@@ -10,7 +10,10 @@ the scope it writes, the scopes it reads, its channel) and each of its queries i
 ``imp = ? AND scope IN (reads)`` through ``_Reach``, the one place that clause is made; its writes
 always carry the writes scope. No request names a scope, so no box can ask past its session.
 The operator API on ``MemoryStore`` (``show``, ``search``, ``remember``, ``forget_person``,
-``forget_message``, ``count``) sees every scope, filtered by its optional arguments.
+``forget_message``, ``count``) sees every scope, filtered by its optional arguments; its views say which scope
+each record is in (``StoredRecord``). Forgetting a person matches ids and exact author names, and mentions
+only of names that are not too short or too common (``mentions_are_forgettable``: "the" would name everyone).
+Forgetting a message leaves a mark for a week, so a turn that was still running keeps nothing of it.
 
 The record text that names are matched against (mechanism 15, ``mention_text``): the conclusion for a
 lived record; for a construct its statement and conclusion, where the statement is the construct's kind
@@ -24,12 +27,14 @@ functions; ``LIKE`` is only a prefilter (both sides lowercased in Python) before
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from box.memory import laws
 from box.protocol.memory import (
@@ -53,13 +58,13 @@ from impyard.memory.cache import (
     Loader,
     RecordRows,
     VectorCache,
-    mentions,
 )
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.vectors import pack, unpack
 
 Clock = Callable[[], datetime]
 SELF = "Self"  # the author of a given record (mechanism 115)
+_WORD = re.compile(r"\w+")
 
 _RECORD_COLUMNS = (
     "id, kind, construct_kind, origin, author, author_id, feeling, conclusion, valence, intensity,"
@@ -75,6 +80,14 @@ class MemoryStoreError(ImpyardError):
 class MemoryDenied(MemoryStoreError):
     """A request names a record outside the session's scopes (the box is answered DENIED)."""
 
+    rule = "memory-scopes"
+
+
+class MemoryForgotten(MemoryDenied):
+    """An episode of a message deleted on its surface, its turn still running then (answered DENIED)."""
+
+    rule = "memory-forgotten"
+
 
 class MemoryInvalid(MemoryStoreError, ValueError):
     """A request the store cannot take (too large, malformed); the box is answered INVALID_PARAMS."""
@@ -89,10 +102,67 @@ def record_text(conclusion: str) -> str:
     return conclusion.lower()
 
 
+def _marks(values: Sequence[object]) -> str:
+    """``?, ?, …`` for an ``IN (…)``; a never-true ``NULL`` for none (``x IN (NULL)`` matches no row)."""
+    return ", ".join("?" for _ in values) or "NULL"
+
+
 def like_pattern(name: str) -> str:
     """A ``LIKE … ESCAPE '\\'`` pattern finding ``name`` anywhere, its % and _ taken literally."""
     escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
+
+
+MAX_CACHED_COUNTS = 10_000  # (imp, scope) totals kept between writes
+FORGOTTEN_MESSAGE_KEEP = timedelta(days=7)  # a deleted message's mark outlives any turn that could still end
+
+
+def mentions_are_forgettable(name: str) -> bool:
+    """Whether ``forget_person`` takes the records and episodes that merely mention ``name``.
+
+    Only when a word of it has at least 3 letters and is not a common word: forgetting everyone who wrote
+    "the", "I" or "Al" would take unrelated memories with them. Authorship under such a name still counts.
+    """
+    return any(
+        sum(ch.isalpha() for ch in word) >= laws.NAME_MIN_LETTERS and word not in laws.STOP_WORDS
+        for word in _WORD.findall(name.casefold())
+    )
+
+
+class StoredRecord(RecordView):
+    """A record as the operator sees it: with its scope (a box's views leave it out: it knows its own)."""
+
+    scope: str
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What ``forget_person`` took, and how: by one of the person's ids, or only by a name."""
+
+    records: int = 0  # records matched, and records left without an episode
+    episodes: int = 0  # episodes matched, and the episodes of records taken
+    conversations: int = 0
+    by_id: int = 0  # records and episodes written under one of the ids
+    by_name: int = 0  # records and episodes written under one of the names, or naming one (whole word)
+    mentions_of: tuple[str, ...] = ()  # the names whose mentions were matched
+    author_only: tuple[str, ...] = ()  # names too short or too common: matched only as who wrote it
+
+
+@dataclass(frozen=True)
+class _Person:
+    """Whom ``forget_person`` matches a record or an episode against."""
+
+    ids: tuple[str, ...]
+    names: tuple[str, ...]
+    mentioned: tuple[str, ...]  # the names whose whole-word mentions count
+
+    def match(self, author_id: str | None, author: str, text: str) -> Literal["id", "name"] | None:
+        """How a record or an episode is theirs: "id", "name", or None (neither theirs nor about them)."""
+        if author_id is not None and author_id in self.ids:
+            return "id"
+        if author in self.names or laws.mentions(text, self.mentioned):
+            return "name"
+        return None
 
 
 @dataclass(frozen=True)
@@ -122,6 +192,10 @@ class MemoryStore(Store, Loader):
         self.db = db
         self.clock = clock
         self.cache = cache if cache is not None else VectorCache(DEFAULT_CACHE_BYTES)
+        self._counts: dict[
+            tuple[str, str], tuple[Generation, int]
+        ] = {}  # (imp, scope) -> (generation, count)
+        self._counts_lock = threading.Lock()
 
     def scoped(self, imp: str, scopes: SessionScopes, channel_id: str) -> ScopedMemory:
         """The session's view: the only way a box's request reaches the store."""
@@ -195,11 +269,14 @@ class MemoryStore(Store, Loader):
         )
         return [str(r[0]) for r in rows]
 
-    def _view(self, row: sqlite3.Row, now: datetime, with_vector: bool) -> RecordView:
+    def _view(
+        self, row: sqlite3.Row, now: datetime, with_vector: bool, *, operator: bool = False
+    ) -> RecordView:
+        """The row as a box sees it; for the operator (``operator``), a ``StoredRecord`` with its scope."""
         last_felt = parse_iso(row["last_felt"])
         valence, intensity = float(row["valence"]), float(row["intensity"])
         vector = unpack(int(row["dims"]), row["vector"]).tolist() if with_vector and row["vector"] else None
-        return RecordView(
+        fields: dict[str, Any] = dict(
             id=row["id"],
             kind=row["kind"],
             construct_kind=row["construct_kind"],
@@ -215,6 +292,7 @@ class MemoryStore(Store, Loader):
             last_felt=last_felt,
             vector=vector,
         )
+        return StoredRecord(scope=row["scope"], **fields) if operator else RecordView(**fields)
 
     @staticmethod
     def _episode(row: sqlite3.Row) -> EpisodeView:
@@ -332,6 +410,7 @@ class MemoryStore(Store, Loader):
         kinds: Sequence[str] = BOTH_KINDS,
         episodes: int = 3,
         with_vectors: bool = False,
+        operator: bool = False,
     ) -> list[RecordView]:
         """Mechanisms 14-17, 30: the cache ranks, then the rows are read back through ``reach`` again."""
         now = self.clock()
@@ -347,7 +426,7 @@ class MemoryStore(Store, Loader):
             row = rows.get(hit.record_id)
             if row is None:  # deleted since the cache saw it, or (never) outside the reach
                 continue
-            view = self._view(row, now, with_vectors)
+            view = self._view(row, now, with_vectors, operator=operator)
             view.score = hit.score
             view.hit_episode = hit.hit_episode
             views.append(view)
@@ -374,7 +453,11 @@ class MemoryStore(Store, Loader):
         for row in cursor:
             if row["id"] in excluded:
                 continue
-            if row["author"] == person or row["author_id"] == person or mentions(row["conclusion"], person):
+            if (
+                row["author"] == person
+                or row["author_id"] == person
+                or laws.mentions(row["conclusion"], [person])
+            ):
                 found.append(row)
                 if len(found) >= k:
                     break
@@ -523,7 +606,9 @@ class MemoryStore(Store, Loader):
         limit: int = 50,
         episodes: int = 3,
     ) -> list[RecordView]:
-        """``impyard memory show``: the most recently felt records, by or about ``person`` (a name or an id)."""
+        """``impyard memory show``: the most recently felt records, by or about ``person`` (a name or an id).
+
+        Each is a ``StoredRecord``: the operator sees every scope, so each view says which it is in."""
         reach = _Reach(imp, (scope,) if scope is not None else None)
         now = self.clock()
         if person is None:
@@ -531,7 +616,7 @@ class MemoryStore(Store, Loader):
         else:
             rows = self._about(reach, person, limit)
             rows.sort(key=lambda r: (r["last_felt"], r["id"]), reverse=True)
-        return self._with_episodes(reach, [self._view(r, now, False) for r in rows], episodes)
+        return self._with_episodes(reach, [self._view(r, now, False, operator=True) for r in rows], episodes)
 
     def search(
         self,
@@ -542,9 +627,10 @@ class MemoryStore(Store, Loader):
         scopes: Sequence[str] | None = None,
         episodes: int = 3,
     ) -> list[RecordView]:
-        """``impyard memory search``: the plain search (top ``k``, no filter) over every scope, or ``scopes``."""
-        return self._search(_Reach(imp, tuple(scopes) if scopes is not None else None), vector, names, k,
-                            episodes=episodes)  # fmt: skip
+        """``impyard memory search``: the plain search (top ``k``, no filter) over every scope, or ``scopes``;
+        ``StoredRecord`` views, as ``show``'s."""
+        reach = _Reach(imp, tuple(scopes) if scopes is not None else None)
+        return self._search(reach, vector, names, k, episodes=episodes, operator=True)
 
     def remember(
         self,
@@ -583,48 +669,72 @@ class MemoryStore(Store, Loader):
             )  # fmt: skip
         return record_id
 
-    def forget_person(self, imp: str, person_id: str, person_name: str | None = None) -> dict[str, int]:
+    def forget_person(self, imp: str, ids: Sequence[str], names: Sequence[str] = ()) -> Forgotten:
         """Everything by or about a person, in every scope of ``imp`` (``/forget-me``, ``memory forget``).
 
-        Records authored by them (id, or name) or naming them (whole word), every episode of those records,
-        their own episodes and episodes naming them in other records, records left without an episode,
-        and their conversations. Returns the counts: records, episodes, conversations.
+        A record or an episode is theirs when it was written under one of ``ids``, or under one of ``names``
+        (exactly), or when its text mentions one of the names as a whole word (``laws.mentions``) — only names
+        ``mentions_are_forgettable`` lets count. Taken: those records with every episode, those episodes in
+        other records, records left without an episode, and their conversations (kept under an id or a name).
         """
-        name = (person_name or "").strip()
-        reach = _Reach(imp, None)
+        if isinstance(ids, str) or isinstance(names, str):
+            raise TypeError("forget_person takes sequences of ids and names, not one string")
+        names = tuple(dict.fromkeys(name.strip() for name in names if name.strip()))
+        mentioned = tuple(name for name in names if mentions_are_forgettable(name))
+        person = _Person(tuple(dict.fromkeys(i for i in ids if i)), names, mentioned)
+        keys = [*person.ids, *person.names]
+        if not keys:
+            return Forgotten()
+        clause, args = _Reach(imp, None).clause()
+        found = {"id": 0, "name": 0}
         with self.db.transaction() as conn:
-            clause, args = reach.clause()
+            # SQL finds the candidates; the whole-word check is Python's (laws.mentions), portable and exact.
+            likes = " OR ".join(["mention_text LIKE ? ESCAPE '\\'"] * len(mentioned)) or "1 = 0"
             records: set[str] = set()
-            sql = f"SELECT id, author, author_id, conclusion FROM memory_records WHERE {clause} AND (author_id = ?"
-            params: list[Any] = [*args, person_id]
-            if name:
-                sql += " OR author = ? OR mention_text LIKE ? ESCAPE '\\'"
-                params += [name, like_pattern(name.lower())]
-            for row in conn.execute(sql + ")", params):
-                if row["author_id"] == person_id or (
-                    name and (row["author"] == name or mentions(row["conclusion"], name))
-                ):
+            for row in conn.execute(
+                f"SELECT id, author, author_id, conclusion FROM memory_records WHERE {clause} AND (author_id IN"
+                f" ({_marks(person.ids)}) OR author IN ({_marks(person.names)}) OR {likes})",
+                [*args, *person.ids, *person.names, *(like_pattern(name.lower()) for name in mentioned)],
+            ):
+                if (how := person.match(row["author_id"], row["author"], row["conclusion"])) is not None:
                     records.add(str(row["id"]))
+                    found[how] += 1
             episodes: set[str] = set()
             for row in conn.execute(
                 f"SELECT id, author, author_id, as_happened FROM memory_episodes WHERE {clause}", args
-            ):  # every episode of the imp: the whole-word check is Python's, portable and exact
-                if row["author_id"] == person_id or (
-                    name and (row["author"] == name or mentions(row["as_happened"], name))
-                ):
+            ):  # every episode of the imp: their text is not lowercased for a LIKE
+                if (how := person.match(row["author_id"], row["author"], row["as_happened"])) is not None:
                     episodes.add(str(row["id"]))
+                    found[how] += 1
             n_records, n_episodes, touched = self._delete(conn, episodes, records)
             n_conversations = conn.execute(
-                f"DELETE FROM memory_conversations WHERE {clause} AND person IN (?, ?)",
-                [*args, person_id, name or person_id],
+                f"DELETE FROM memory_conversations WHERE {clause} AND person IN ({_marks(keys)})",
+                [*args, *keys],
             ).rowcount
             for imp_, scope in sorted(touched):
                 self._bump(conn, imp_, scope, deleted=True)
-        return {"records": n_records, "episodes": n_episodes, "conversations": n_conversations}
+        return Forgotten(
+            records=n_records, episodes=n_episodes, conversations=n_conversations, by_id=found["id"],
+            by_name=found["name"], mentions_of=mentioned, author_only=tuple(n for n in names if n not in mentioned),
+        )  # fmt: skip
 
     def forget_message(self, channel_id: str, message_id: str) -> dict[str, int]:
-        """A deleted message: its episodes, for every imp; a record left with no episode goes too."""
+        """A deleted message: its episodes, for every imp; a record left with no episode goes too.
+
+        The message is marked forgotten too (for ``FORGOTTEN_MESSAGE_KEEP``), so a turn still running on it
+        keeps nothing of it when it ends: ``ScopedMemory.encode`` refuses an episode of a marked message.
+        """
+        now = self.clock()
         with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO memory_forgotten_messages (channel_id, message_id, forgotten_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (channel_id, message_id) DO NOTHING",
+                (channel_id, message_id, iso(now)),
+            )
+            conn.execute(
+                "DELETE FROM memory_forgotten_messages WHERE forgotten_at < ?",
+                (iso(now - FORGOTTEN_MESSAGE_KEEP),),
+            )
             episodes = {
                 str(r[0])
                 for r in conn.execute(
@@ -637,14 +747,52 @@ class MemoryStore(Store, Loader):
                 self._bump(conn, imp, scope, deleted=True)
         return {"records": n_records, "episodes": n_episodes}
 
+    def forget_imp(self, imp: str) -> dict[str, int]:
+        """Everything the imp remembers, in every scope (``impyard imp rm --purge``): records, episodes and
+        saved conversations. The scopes' generations move on (not deleted), so every cache drops them."""
+        with self.db.transaction() as conn:
+            scopes = [
+                str(r[0])
+                for r in conn.execute("SELECT DISTINCT scope FROM memory_records WHERE imp = ?", (imp,))
+            ]
+            episodes = conn.execute("DELETE FROM memory_episodes WHERE imp = ?", (imp,)).rowcount
+            records = conn.execute("DELETE FROM memory_records WHERE imp = ?", (imp,)).rowcount
+            conversations = conn.execute("DELETE FROM memory_conversations WHERE imp = ?", (imp,)).rowcount
+            for scope in scopes:
+                self._bump(conn, imp, scope, deleted=True)
+        return {"records": records, "episodes": episodes, "conversations": conversations}
+
     def count(self, imp: str, scopes: Sequence[str] | None = None) -> int:
-        """Records of every kind of ``imp`` in ``scopes`` (None: all)."""
-        clause, args = _Reach(imp, tuple(scopes) if scopes is not None else None).clause()
+        """Records of every kind of ``imp`` in ``scopes`` (None: all).
+
+        Every ``memory.*`` result says this total (mechanism 3), so a scope's count is kept per generation:
+        it is counted again only after a write or a delete moved the scope's generation (from any process).
+        """
+        if scopes is not None:
+            return sum(self._scope_count(imp, scope) for scope in dict.fromkeys(scopes))
+        clause, args = _Reach(imp, None).clause()
         return int(
             self.db.connection()
             .execute(f"SELECT COUNT(*) FROM memory_records WHERE {clause}", args)
             .fetchone()[0]
         )
+
+    def _scope_count(self, imp: str, scope: str) -> int:
+        generation = self.generation(imp, scope)
+        with self._counts_lock:
+            cached = self._counts.get((imp, scope))
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        count = int(
+            self.db.connection()
+            .execute("SELECT COUNT(*) FROM memory_records WHERE imp = ? AND scope = ?", (imp, scope))
+            .fetchone()[0]
+        )
+        with self._counts_lock:
+            if len(self._counts) >= MAX_CACHED_COUNTS:
+                self._counts.clear()  # a bound, not a policy: counts are cheap to take again
+            self._counts[(imp, scope)] = (generation, count)
+        return count
 
 
 # ------------------------------------------------------------------ the session's view
@@ -725,10 +873,23 @@ class ScopedMemory:
 
         A join names a record this session reads *and* writes (its writes scope), else it is refused
         (``MemoryDenied``) and nothing is written. Restores of records outside the read scopes are ignored.
+        An episode of a message deleted meanwhile (``forget_message``) is refused (``MemoryForgotten``): the
+        turn kept nothing of it, whichever of the two came first.
         """
         now = self.store.clock()
         store, writes = self.store, self.scopes.writes
+        message_id = params.episode.message_id
         with store.db.transaction() as conn:
+            if (
+                message_id is not None
+                and conn.execute(
+                    "SELECT 1 FROM memory_forgotten_messages WHERE channel_id = ? AND message_id = ?",
+                    (self.channel_id, message_id),
+                ).fetchone()
+            ):
+                raise MemoryForgotten(
+                    f"memory.encode: message {message_id[:40]!r} was deleted; nothing of it is kept"
+                )
             gens = {writes: store._bump(conn, self.imp, writes)}
             if params.record is not None:
                 new = params.record

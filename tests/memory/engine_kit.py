@@ -18,24 +18,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import anyio
 from pydantic import BaseModel
 
 from box.memory.embedder import hashing_vector
 from box.memory.engine import ChatMemory
 from box.memory.prompts import Prompts
 from box.memory.store_client import StoreClient
-from box.protocol import BOX_METHODS, HOST_METHODS, ErrorCode, Peer, RpcError
+from box.protocol import HOST_METHODS, ErrorCode, Peer, RpcError
 from box.protocol import memory as mem
 from box.protocol.models import (
     Attachment,
     Author,
     BoxInitParams,
-    BoxInitResult,
     DeliverParams,
     DeliverResult,
-    DiscordSendResult,
-    EmptyFromHost,
     Framing,
     ImpSpec,
     MemorySettings,
@@ -50,7 +46,7 @@ from impyard.clock import FixedClock
 from impyard.db import Database, open_database
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import STORE_UNAVAILABLE, MemoryService, memory_service
-from impyard.testing.pipes import byte_pipe
+from tests import scripted
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 UTTERANCE = timedelta(seconds=30)  # memory-engine.md: the clock moves 30 s per utterance
@@ -82,13 +78,12 @@ def envelope(
     moment: bool = True,
 ) -> dict[str, Any]:
     """A reply envelope (design.md §4) with the memory engine's fields."""
-    return {
-        "answer": answer, "answer_needed": answer_needed, "channel": None, "staff": None, "picture": None,
-        "picture_count": None, "picture_edit": False, "hack": False,
-        "moment": {"feeling": feeling, "conclusion": conclusion, "valence": valence, "intensity": intensity,
-                   "refeels": refeels or []} if moment else None,
-        "told": told, "action": {"type": action, "text": action_text},
-    }  # fmt: skip
+    felt = {"feeling": feeling, "conclusion": conclusion, "valence": valence, "intensity": intensity,
+            "refeels": refeels or []}  # fmt: skip
+    return scripted.envelope(
+        answer, answer_needed, moment=felt if moment else None, told=told,
+        action={"type": action, "text": action_text},
+    )  # fmt: skip
 
 
 def appraisal(
@@ -176,10 +171,7 @@ class FakeModel:
             raise answer
         if isinstance(answer, ModelRequestResult):
             return answer
-        text = answer if isinstance(answer, str) else json.dumps(answer)
-        return ModelRequestResult(
-            status=200, body={"choices": [{"message": {"role": "assistant", "content": text}}]}
-        )
+        return scripted.chat_result(answer)
 
 
 class FakeClient:
@@ -221,19 +213,15 @@ class DirectPeer:
         return _wire(result, spec.result)
 
 
-@dataclass
-class KitHost:
-    """The host for a box under test: the fake model, the real memory service, delivered sends."""
+@dataclass(kw_only=True)
+class KitHost(scripted.ScriptedHost):
+    """The scripted host (tests/scripted.py) with the fake model answering ``model.request`` by purpose and the
+    real memory service answering ``memory.*``; it records calls, stages, logs and delivers sends the same."""
 
     model: FakeModel
     service: MemoryService
     scopes: SessionScopes
     down: set[str] = field(default_factory=set)
-    calls: list[tuple[str, BaseModel]] = field(default_factory=list)
-    sent: list[BaseModel] = field(default_factory=list)
-    logs: list[BaseModel] = field(default_factory=list)
-    stages: list[str] = field(default_factory=list)
-    send_status: str = "delivered"
 
     def memory_requests(self) -> list[tuple[str, BaseModel]]:
         return [(m, p) for m, p in self.calls if m.startswith("memory.")]
@@ -242,27 +230,18 @@ class KitHost:
         return [str(getattr(entry, "message", "")) for entry in self.logs]
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
-        self.calls.append((method, params))
         if method == "turn.stage":
-            self.stages.append(params.stage)  # type: ignore[attr-defined]
             self.service.stage(spec, params.stage)  # type: ignore[attr-defined]
-            return None
-        if method == "log":
-            self.logs.append(params)
-            return None
         if method == "model.request":
             assert isinstance(params, ModelRequestParams)
+            self.calls.append((method, params))
             return await self.model.answer(params)
         if method.startswith("memory."):
+            self.calls.append((method, params))
             if method in self.down or "*" in self.down:
                 raise RpcError(ErrorCode.INTERNAL_ERROR, STORE_UNAVAILABLE)
             return await self.service.serve(spec, method, params, scopes=self.scopes)
-        if method == "discord.send":
-            self.sent.append(params)
-            if self.send_status == "pending":
-                return DiscordSendResult(status="pending", gate_id="g1")
-            return DiscordSendResult(status="delivered", message_ids=[f"out-{len(self.sent)}"])
-        raise RpcError(ErrorCode.DENIED, "denied", {"rule": "test", "reason": "not scripted"})
+        return await super().serve(spec, method, params)
 
 
 @dataclass
@@ -308,7 +287,7 @@ class Kit:
         self.service = memory_service(self.db, self.clock.now)
         self.model = FakeModel()
         self.scopes = scopes
-        self.host = KitHost(self.model, self.service, scopes)
+        self.host = KitHost(model=self.model, service=self.service, scopes=scopes)
         self.ids = itertools.count(1)
         self.boxes = 0
 
@@ -394,34 +373,22 @@ class Kit:
         responder: dict[str, Any] | None = None, **memory: Any,
     ) -> AsyncIterator[KitBox]:  # fmt: skip
         """``box.program.serve`` in this process, with memory on, talking to the kit's host over a real peer."""
-        from box.program import serve
-
-        self.boxes += 1
-        state_dir = self.tmp_path / f"box-{self.boxes}"
-        state_dir.mkdir(parents=True)
-        host_out, box_in = byte_pipe()
-        box_out, host_in = byte_pipe()
-        spec = BoxSpec(IMP, channel_id, state_dir)
-
-        async def handle(method: str, params: BaseModel) -> BaseModel | None:
-            return await self.host.serve(spec, method, params)
 
         async def no_sleep(seconds: float) -> None:
             return None
 
-        peer = Peer(host_in, host_out, serves=HOST_METHODS, calls=BOX_METHODS, handler=handle)
+        self.boxes += 1
+        state_dir = self.tmp_path / f"box-{self.boxes}"
+        state_dir.mkdir(parents=True)
         init = init_params(
             channel_kind=channel_kind, channel_id=channel_id, channel_name=channel_name, responder=responder,
             scopes=self.scopes, **memory,
         )  # fmt: skip
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(peer.run)
-            tg.start_soon(lambda: serve(box_in, box_out, state_dir, sleep=no_sleep))
-            result = await peer.request("box.init", init, timeout=10)
-            assert isinstance(result, BoxInitResult)
-            yield KitBox(peer, self, channel_id)
-            await peer.request("box.shutdown", EmptyFromHost(), timeout=10)
-            tg.cancel_scope.cancel()
+        async with scripted.in_process_box(
+            self.host, state_dir, channel_id=channel_id, sleep=no_sleep
+        ) as box:
+            await box.init(init)
+            yield KitBox(box.peer, self, channel_id)
 
 
 def init_params(

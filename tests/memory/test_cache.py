@@ -12,7 +12,7 @@ from box.memory import laws
 from box.protocol.memory import Restore
 from impyard.clock import FixedClock
 from impyard.db import open_database
-from impyard.memory.cache import VectorCache, felt_now, mentions, names_pattern
+from impyard.memory.cache import VectorCache, felt_now
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
 from tests.memory.conftest import GUILD, IMP, T0, axis, moment
@@ -41,13 +41,28 @@ def test_m67_m68_felt_now_agrees_with_the_laws(
     assert float(vectorised[0]) == pytest.approx(laws.felt_strength(intensity, valence, last, now), abs=1e-12)
 
 
-def test_names_are_whole_words_case_insensitive_and_literal() -> None:
-    assert mentions("I saw ALICE.", "alice")
-    assert not mentions("I saw Alicia", "alice")
-    assert mentions("ask a.b* now", "a.b*") and not mentions("ask axb now", "a.b")
-    assert mentions("Émile arrived", "émile")
-    assert names_pattern(["  ", ""]) is None
-    assert not mentions("anything", " ")
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("I saw ALICE.", "alice"),  # case-insensitive
+        ("I saw Alicia", "alice"),  # whole word only
+        ("ask a.b* now", "a.b*"),  # regex characters are literal
+        ("ask axb now", "a.b"),
+        ("Anna was here", "Ann%"),  # and SQL's
+        ("Jon was here", "J_n"),
+        ("a C++ fan", "C++"),  # a name ending in symbols
+        ("the [bot] said", "[bot]"),
+        ("ask o'neil", "O'Neil"),
+        ("Émile arrived", "ÉMILE"),
+        ("anything", " "),  # an empty name names no one
+    ],
+)
+def test_m15_the_cache_matches_names_by_the_laws_own_rule(store: MemoryStore, text: str, name: str) -> None:
+    """The host's vectorised name bonus is ``laws.mentions``, the rule the box applies (design.md §7)."""
+    scoped = store.scoped(IMP, GUILD, "g1")
+    scoped.encode(moment(text, vector=axis(1), episode="nothing to see", episode_vector=axis(1)))
+    (found,) = scoped.search(axis(2), names=[name], k=1, episodes=0)  # cosine 0: the score is the bonus
+    assert found.score == pytest.approx(0.5 if laws.mentions(text, [name]) else 0.0)
 
 
 def _fill(store: MemoryStore, scope: str, count: int) -> None:
@@ -97,7 +112,7 @@ def test_the_cache_follows_writes_and_deletes_of_another_process(tmp_path: Path,
         assert scores[first] == pytest.approx(0.711503, abs=1e-6)  # 0.278758 + 0.6 × (1 − 0.278758)
         assert (a.cache.loads, a.cache.refreshes) == (1, 2)
         b.forget_message("g2", "nothing")  # no delete: nothing moves
-        b.forget_person(IMP, "b1", "Bob")
+        b.forget_person(IMP, ["b1"], ["Bob"])
         assert reader.search(axis(1)) == []
         assert a.cache.loads == 2  # a delete elsewhere: the entry is loaded whole again
     finally:
@@ -148,7 +163,7 @@ def test_m14_m16_the_ranking_equals_scoring_every_record_and_episode_one_by_one(
                 r["intensity"], r["valence"], datetime.fromisoformat(r["last_felt"]), now
             )
             score = (laws.cosine(query, vec(r)) or 0.0) * felt + (
-                0.5 if any(mentions(r["conclusion"], n) for n in names) else 0.0
+                0.5 if laws.mentions(r["conclusion"], names) else 0.0
             )
             expected[rid] = (score, None)
         for e in episodes:
@@ -157,7 +172,7 @@ def test_m14_m16_the_ranking_equals_scoring_every_record_and_episode_one_by_one(
                 r["intensity"], r["valence"], datetime.fromisoformat(r["last_felt"]), now
             )
             score = (laws.cosine(query, vec(e)) or 0.0) * felt + (
-                0.5 if any(mentions(e["as_happened"], n) for n in names) else 0.0
+                0.5 if laws.mentions(e["as_happened"], names) else 0.0
             )
             if score > expected[e["record_id"]][0]:
                 expected[e["record_id"]] = (score, e["id"])

@@ -144,6 +144,7 @@ async def test_m120_without_a_schema_no_response_format_is_sent() -> None:
         ('Sure! {"a": {"b": "}"}, "v": 2} and {"z": 1}', {"a": {"b": "}"}, "v": 2}),  # first {...}
         ('noise {"a": "say \\"}\\" here"} tail', {"a": 'say "}" here'}),
         ('```json\n{"v": +1}\n``` done', {"v": 1}),
+        ('{"a": "ends in \\\\", "v": +1} {"z": 0}', {"a": "ends in \\", "v": 1}),  # an escaped backslash
     ],
 )
 def test_m120_tolerant_parse(text: str, expected: dict[str, Any]) -> None:

@@ -196,6 +196,25 @@ def test_forget_by_name_finds_the_ids_that_wrote_under_it(store: MemoryStore) ->
     assert counts["ids"] == [CAROL_ID] and counts["records"] == 1 and count(store) == 1
 
 
+def test_forget_a_common_word_takes_what_was_written_under_it_and_says_what_it_kept(
+    store: MemoryStore,
+) -> None:
+    hashing_imp()
+    said_in_history("Al", "2010", "m0")
+    theirs = lived(store, author="Al", author_id="2010", conclusion="Boats again.", said="Al: boats",
+                   message_id="m1")  # fmt: skip
+    about_someone_else = lived(store, author="dave", author_id=DAVE_ID, conclusion="Al Green sings.",
+                               said="dave: Al Green", message_id="m2")  # fmt: skip
+    counts = ok("memory", "forget", "pip", "--person", "2010", "-y")
+    assert (counts["records"], counts["by_id"], counts["by_name"]) == (1, 2, 0)
+    assert counts["author_only"] == ["Al"] and counts["mentions_of"] == []
+    left = [r["id"] for r in ok("memory", "show", "pip")]
+    assert left == [about_someone_else] and theirs not in left
+    lived(store, author="Al", author_id="2010", conclusion="More boats.", said="Al: more", message_id="m3")
+    text = run("memory", "forget", "pip", "--person", "2010", "-y").output
+    assert "(2 found by id, 0 by name); records that only mention 'Al' are kept" in " ".join(text.split())
+
+
 def test_forget_asks_first_and_a_no_changes_nothing(store: MemoryStore) -> None:
     hashing_imp()
     lived(
@@ -346,3 +365,27 @@ def test_a_person_with_regex_or_sql_characters_is_taken_literally(store: MemoryS
     counts = ok("memory", "forget", "pip", "--person", person, "-y")
     assert (counts["records"], counts["episodes"], counts["conversations"]) == (0, 0, 0)
     assert count(store) == 2 and len(ok("memory", "show", "pip")) == 2
+
+
+def test_imp_rm_purge_forgets_everything_the_imp_remembers_and_only_that(store: MemoryStore) -> None:
+    """What an imp remembers is in the host's database: ``imp rm --purge`` takes it too; a plain ``rm`` keeps it."""
+    hashing_imp()
+    hashing_imp("zed")
+    lived(
+        store,
+        author="Carol",
+        author_id="c1",
+        conclusion="Carol bakes",
+        said="Carol said: I bake",
+        message_id="m1",
+    )
+    ok("memory", "remember", "pip", "A storm sank my first boat.", "--valence", "-0.7", "--intensity", "0.8")
+    ok("memory", "remember", "zed", "I grew up in a lighthouse.", "--valence", "0.2", "--intensity", "0.5")
+    kept = run("imp", "rm", "pip", "--yes")
+    assert kept.exit_code == 0 and count(store) == 2
+    hashing_imp()  # back again, with its memory
+    purged = run("imp", "rm", "pip", "--purge", "--yes")
+    assert purged.exit_code == 0, purged.output
+    assert "Forgot its memory: 2 memories, 2 moments, 0 conversations." in purged.output
+    assert count(store) == 0
+    assert store.count("zed") == 1  # another imp's memory is untouched

@@ -16,9 +16,10 @@ import pytest
 from box.memory.embedder import hashing_vector
 from box.protocol.memory import EncodeParams, NewEpisode, NewRecord
 from box.protocol.models import Author, Message
+from impyard.discord.commands import forgotten_text
 from impyard.memory.scopes import SessionScopes
-from impyard.memory.store import MemoryStore
-from impyard.testing.fake_discord import CallbackType, FakeInteraction, InteractionResponse
+from impyard.memory.store import Forgotten, MemoryStore
+from impyard.testing.fake_discord import CallbackType, FakeInteraction, FakeUser, InteractionResponse
 from impyard.testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
     ALICE,
@@ -39,7 +40,7 @@ GUILD_SCOPE = f"guild:{GUILD}"
 
 
 def memory_of(yard: Yard) -> MemoryStore:
-    return MemoryStore(yard.rt.gateway.db, yard.rt.gateway.clock.now)
+    return yard.rt.host.memory  # the host's own store: the one /forget-me and deletes act on
 
 
 def keep(
@@ -135,10 +136,64 @@ async def test_forget_me_asks_then_forgets_everything_by_or_about_the_asker(
     assert question.ephemeral and "Forget you?" in question.content and ids == [confirm, cancel]
     assert forged.ephemeral and "run /forget-me yourself" in forged.content and after_forged == 5
     assert done.kind == "edit_original"
-    assert answered.content == "Done: pip forgot you — 3 memories, 4 moments and 0 conversations."
+    assert answered.content == (
+        "Done: pip forgot you — 3 memories, 4 moments and 0 conversations (5 found by your account, 1 by your name)."
+    )
     assert answered.components == [] and answered.ephemeral
     assert set(left) == {shared, kept} and not {hers, secret, about} & set(left)
     assert [e.author for e in left[shared].episodes] == ["dave"]
+
+
+@pytest.mark.parametrize(
+    ("forgotten", "text"),
+    [
+        (Forgotten(), "Done: pip remembered nothing by or about you, so there was nothing to forget."),
+        (
+            Forgotten(records=1, episodes=1, conversations=1, by_id=2),
+            "Done: pip forgot you — 1 memory, 1 moment and 1 conversation (2 found by your account, 0 by your name).",
+        ),
+        (
+            Forgotten(
+                records=2, episodes=3, by_id=4, by_name=1, mentions_of=("carol",), author_only=("Al", "I")
+            ),
+            "Done: pip forgot you — 2 memories, 3 moments and 0 conversations (4 found by your account, 1 by your "
+            "name). Memories that only mention “Al”, “I” were kept: too short or too common a word to tell from "
+            "others' memories (what you wrote under it went).",
+        ),
+    ],
+)
+def test_the_answer_says_how_memories_were_found_and_which_names_were_too_common(
+    forgotten: Forgotten, text: str
+) -> None:
+    assert forgotten_text("pip", forgotten) == text
+
+
+async def test_forget_me_takes_what_a_user_wrote_under_a_common_name_but_not_every_mention_of_it(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
+    the = FakeUser(2_010, "the")  # a display name that is a common word
+    async with serving(monkeypatch, model) as yard:
+        await yard.host.clients["pip"].tree.sync()
+        store = memory_of(yard)
+        theirs = keep(store, author=the, conclusion="We spoke of boats.", said="the: boats", message_id="1")
+        unrelated = keep(store, author=DAVE, conclusion="Dave says the rain is back.", said="dave: the rain",
+                         message_id="2")  # fmt: skip
+        question = await answer_to(yard, yard.fake.invoke_command("forget-me", user=the, channel_id=GENERAL))
+        done = await clicked(yard, question.message_id, f"impyard:forget-me:{the.id}:confirm", the)
+        left = {view.id for view in store.show("pip", limit=100)}
+    assert left == {unrelated} and theirs not in left
+    assert "Memories that only mention “the” were kept" in done.content
+
+
+async def test_commands_and_deletes_act_on_the_hosts_own_stores(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
+    """No adapter builds stores on the gateway's database (issue 12): the host hands its own."""
+    async with serving(monkeypatch, model) as yard:
+        commands = yard.host.clients["pip"].host
+        assert commands is not None
+        assert commands.memory is yard.rt.host.memory is yard.rt.gateway.memory.store
+        assert commands.history is yard.rt.host.history and commands.channels is yard.rt.host.channels
 
 
 async def test_forget_me_cancelled_forgets_nothing(

@@ -111,6 +111,7 @@ def test_memory_is_no_blanket_allow() -> None:
 
 @pytest.mark.parametrize("purpose", list(DECIDING_RULE))
 def test_a_spent_budget_stops_memory_calls_too(purpose: str) -> None:
+    ImpStore().add("pip", "You are Pip.")  # budget set refuses an imp that does not exist
     spent = CliRunner().invoke(cli, ["budget", "set", "pip", "--daily", "0"])
     assert spent.exit_code == 0, spent.output
     model = MemorySettings().embedding_model if purpose == "embedding" else ResponderSettings().model

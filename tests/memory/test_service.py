@@ -125,6 +125,16 @@ async def test_a_hostile_guild_box_never_gets_a_dm_record(
     assert {r.id for r in seen.records} == {own.record_id, secret.record_id} and seen.total == 2
 
 
+async def test_an_episode_of_a_message_deleted_during_its_turn_is_denied_and_kept_nowhere(
+    service: MemoryService, guild_box: BoxSpec, store: MemoryStore
+) -> None:
+    store.forget_message("g1", "m1")  # the user deleted it while the box was still answering
+    params = json.loads(moment("their address", message_id="m1").model_dump_json())
+    error = await refused(service, guild_box, "memory.encode", params)
+    assert error.code == ErrorCode.DENIED and error.data["rule"] == "memory-forgotten"
+    assert "was deleted" in error.message and store.count(IMP) == 0
+
+
 async def test_a_request_never_names_a_scope() -> None:
     with pytest.raises(ValidationError):
         mem.RecentParams.model_validate({"k": 5, "scope": "dm:p1"})

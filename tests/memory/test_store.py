@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from box.protocol import memory as mem
 from impyard.clock import FixedClock, iso
-from impyard.memory.store import MemoryDenied, MemoryInvalid, MemoryStore, ScopedMemory
+from impyard.db import Database, open_database
+from impyard.memory.cache import VectorCache
+from impyard.memory.store import (
+    Forgotten,
+    MemoryDenied,
+    MemoryForgotten,
+    MemoryInvalid,
+    MemoryStore,
+    ScopedMemory,
+    StoredRecord,
+    mentions_are_forgettable,
+)
 from tests.memory.conftest import DM, GUILD, IMP, T0, axis, embed, moment
 
 
@@ -296,8 +308,12 @@ def test_forget_person_removes_everything_by_or_about_them(
     kept, _ = guild.encode(moment("lunch with Eve", author="Eve", author_id="e1"))
     _, their_episode = guild.encode(moment("", join=kept, author=name, author_id="p1"))
     dm.conversation_put("p1", {"summary": "secret"})
-    counts = store.forget_person(IMP, "p1", name)
-    assert counts == {"records": 2, "episodes": 3, "conversations": 1}
+    forgotten = store.forget_person(IMP, ["p1"], [name])
+    assert (forgotten.records, forgotten.episodes, forgotten.conversations) == (2, 3, 1)
+    assert (forgotten.by_id, forgotten.by_name) == (
+        3,
+        2,
+    )  # hers: a record, its episode, one in kept; about: 2
     assert [r.id for r in store.show(IMP)] == [kept]
     assert [e.id for e in guild.episodes([kept], per_record=10)] != [] and their_episode not in {
         e.id for e in guild.episodes([kept], per_record=10)
@@ -310,8 +326,65 @@ def test_forget_person_removes_a_record_left_without_episodes(
     store: MemoryStore, guild: ScopedMemory
 ) -> None:
     record, _ = guild.encode(moment("only their words", author="Zed", author_id="z1"))
-    assert store.forget_person(IMP, "nobody", "Zed") == {"records": 1, "episodes": 1, "conversations": 0}
+    assert store.forget_person(IMP, ["nobody"], ["Zed"]) == Forgotten(
+        records=1, episodes=1, by_name=2, mentions_of=("Zed",)
+    )
     assert store.count(IMP) == 0 and record
+
+
+@pytest.mark.parametrize(
+    ("name", "forgettable"),
+    [
+        ("carol", True),
+        ("Jo Ann", True),  # one distinctive word is enough: the whole name is what is matched
+        ("Émile", True),
+        ("Al", False),  # too short: "Al" is in too many other words' company
+        ("I", False),
+        ("the", False),  # a common word names everyone
+        ("Will", False),  # a name that is also a common word: only what they wrote under it goes
+        ("I am", False),
+        ("x1", False),  # letters, not characters
+        ("", False),
+    ],
+)
+def test_mentions_of_short_or_common_names_are_not_forgotten(name: str, forgettable: bool) -> None:
+    assert mentions_are_forgettable(name) is forgettable
+
+
+def test_forget_person_named_with_a_common_word_takes_only_what_they_wrote(
+    store: MemoryStore, guild: ScopedMemory
+) -> None:
+    theirs, _ = guild.encode(moment("the cake was fine", author="the", author_id="p9"))
+    under_name, _ = guild.encode(moment("hello there", author="the", author_id="t1"))
+    unrelated, _ = guild.encode(moment("the weather is nice", author="Eve", author_id="e1"))
+    about_al, _ = guild.encode(moment("Al and the band", author="Eve", author_id="e1"))
+    forgotten = store.forget_person(IMP, ["p9"], ["the", "Al"])
+    assert forgotten == Forgotten(
+        records=2, episodes=2, by_id=2, by_name=2, mentions_of=(), author_only=("the", "Al")
+    )
+    assert {r.id for r in store.show(IMP)} == {unrelated, about_al} and theirs and under_name
+
+
+def test_forget_person_takes_sequences_not_one_string(store: MemoryStore) -> None:
+    with pytest.raises(TypeError):
+        store.forget_person(IMP, "p1", ["carol"])  # "p1" would otherwise be the ids "p" and "1"
+    with pytest.raises(TypeError):
+        store.forget_person(IMP, ["p1"], "carol")
+
+
+def test_show_and_search_say_which_scope_each_record_is_in(
+    store: MemoryStore, guild: ScopedMemory, dm: ScopedMemory
+) -> None:
+    in_guild, _ = guild.encode(moment("guild talk", vector=axis(4)))
+    in_dm, _ = dm.encode(moment("dm talk", vector=axis(4)))
+    shown = {r.id: r for r in store.show(IMP)}
+    found = {r.id: r for r in store.search(IMP, axis(4))}
+    for views in (shown, found):
+        assert all(isinstance(v, StoredRecord) for v in views.values())
+        assert {i: v.scope for i, v in views.items()} == {in_guild: "guild:G1", in_dm: "dm:p1"}  # type: ignore[attr-defined]
+    assert all(
+        type(r) is mem.RecordView for r in guild.search(axis(4)) + guild.recent()
+    )  # a box never sees it
 
 
 def test_forget_message_removes_its_episodes_for_every_imp(
@@ -329,6 +402,35 @@ def test_forget_message_removes_its_episodes_for_every_imp(
     assert store.forget_message("g1", "m1") == {"records": 0, "episodes": 0}
 
 
+def test_a_turn_still_running_keeps_nothing_of_a_message_deleted_meanwhile(
+    store: MemoryStore, guild: ScopedMemory, clock: FixedClock
+) -> None:
+    living, _ = guild.encode(moment("we chat", message_id="m0"))
+    assert store.forget_message("g1", "m1") == {"records": 0, "episodes": 0}  # deleted before its turn ended
+    before = store.db.query("SELECT COUNT(*) AS n FROM memory_episodes")[0]["n"]
+    with pytest.raises(MemoryForgotten) as refused:
+        guild.encode(moment("their address", message_id="m1"))
+    felt_before = stored(store, living)["last_felt"]
+    clock.advance(hours=1)
+    with pytest.raises(MemoryForgotten):  # nor a join, nor its restores
+        guild.encode(
+            moment("", join=living, message_id="m1", restore=[mem.Restore(record_id=living, toward=0.9)])
+        )
+    assert stored(store, living)["last_felt"] == felt_before
+    assert refused.value.rule == "memory-forgotten" and isinstance(refused.value, MemoryDenied)
+    assert (
+        store.count(IMP) == 1
+        and store.db.query("SELECT COUNT(*) AS n FROM memory_episodes")[0]["n"] == before
+    )
+    other_channel, _ = store.scoped(IMP, GUILD, "g2").encode(moment("same id elsewhere", message_id="m1"))
+    assert other_channel  # the mark is the channel's message, not every message with that id
+    clock.advance(days=8)
+    store.forget_message("g1", "m-later")  # marks older than a week are dropped on the way
+    assert [r["message_id"] for r in store.db.query("SELECT message_id FROM memory_forgotten_messages")] == [
+        "m-later"
+    ]
+
+
 def test_conversation_state_is_kept_per_channel_and_person_in_the_writes_scope(
     store: MemoryStore, dm: ScopedMemory, clock: FixedClock
 ) -> None:
@@ -342,3 +444,25 @@ def test_conversation_state_is_kept_per_channel_and_person_in_the_writes_scope(
         dm.conversation_put("p1", {"s": "x" * 262_137})
     dm.conversation_put("p1", {"s": "x" * 262_136})  # exactly 262,144 bytes of JSON
     assert embed("x")
+
+
+def test_m03_the_total_follows_writes_and_deletes_from_any_process(
+    store: MemoryStore, mdb: Database, clock: FixedClock, tmp_path: Path
+) -> None:
+    """Mechanism 3's total is counted once per scope generation: a write or a delete made through another
+    store over the same database file (another host process) moves it, so it is never stale."""
+    guild = store.scoped(IMP, GUILD, "g1")
+    assert guild.count() == 0
+    guild.encode(moment("the kettle sang", message_id="m1"))
+    assert guild.count() == 1
+    other_db = open_database(tmp_path / "memory.db")
+    try:
+        other = MemoryStore(other_db, clock.now, VectorCache(1024 * 1024))
+        other.scoped(IMP, GUILD, "g2").encode(moment("the bread rose", message_id="m2"))
+        other.scoped(IMP, DM, "d1").encode(moment("a private worry", message_id="m3"))  # writes dm:p1
+    finally:
+        other_db.close()
+    assert guild.count() == 2  # the DM's record is not the guild session's
+    assert store.scoped(IMP, DM, "d1").count() == 3
+    store.forget_message("g2", "m2")
+    assert guild.count() == 1

@@ -1,0 +1,178 @@
+"""``impyard history``: read and clear the host's channel history (impyard/history.py) for an imp."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC
+
+import click
+
+from impyard.backends.conduct import printable
+from impyard.cli.errors import CliError
+from impyard.cli.output import Output, output_options
+from impyard.clock import SystemClock, iso
+from impyard.db import DatabaseError, open_database
+from impyard.history import History, ShownMessage
+from impyard.imps import ImpError, ImpNotFound, ImpStore, validate_name
+
+DEFAULT_SHOWN = 20
+MAX_SHOWN = 1000
+MAX_LINE_CHARS = 4000  # one line of a message as shown; the whole text is in --json
+INDENT = " " * 19  # under "YYYY-MM-DD HH:MM  "
+
+# What became of a message that woke the imp, in words; a sent turn shows as the reply that follows it.
+OUTCOME_WORDS = {
+    "silent": "{imp} chose not to reply",
+    "pending": "{imp}'s reply waits for approval (impyard approvals ls)",
+    "failed": "the turn failed",
+    "missed": "missed: not answered before a restart",
+    "busy": "not answered: the channel was too busy",
+    None: "no outcome yet: its turn is running, or the host stopped mid-turn",
+}
+
+
+@click.group("history")
+def history_group() -> None:
+    """The host's history: the messages of each channel an imp sees, and what became of each turn.
+
+    \b
+    Example:
+      impyard history show pip
+      impyard history show pip terminal:alice -n 50
+      impyard history clear pip terminal:alice
+    """
+
+
+@contextmanager
+def history_store() -> Iterator[History]:
+    try:
+        db = open_database()
+    except DatabaseError as exc:
+        raise CliError(str(exc)) from exc
+    try:
+        yield History(db, SystemClock())
+    finally:
+        db.close()
+
+
+def _check_imp(name: str, history: History) -> list[str]:
+    """The imp's channels; an unknown name with no history is refused, listing the imps there are."""
+    try:
+        validate_name(name)
+    except ImpError as exc:
+        raise CliError(str(exc)) from exc
+    channels = history.channels_of(name)
+    if not channels:
+        try:
+            ImpStore().get(name)
+        except ImpNotFound as exc:
+            raise CliError(str(exc)) from exc
+        except ImpError:
+            pass  # a broken imp.toml: it is still an imp
+    return channels
+
+
+@history_group.command("show")
+@click.argument("imp")
+@click.argument("channel", required=False)
+@click.option("-n", "limit", type=click.IntRange(1, MAX_SHOWN), default=DEFAULT_SHOWN, show_default=True,
+              help="How many of the latest messages.")  # fmt: skip
+@output_options
+def show_command(imp: str, channel: str | None, limit: int, out: Output) -> None:
+    """The latest messages IMP sees in CHANNEL (default: in all its channels), oldest first.
+
+    \b
+    Each message that woke the imp and got no reply says why: it chose not to
+    reply, the turn failed (and the error), the reply waits for approval, or it
+    was missed. Times are UTC. --json gives every field in full.
+    Examples:
+      impyard history show pip
+      impyard history show pip terminal:alice -n 100 --json
+    """
+    with history_store() as history:
+        channels = _check_imp(imp, history)
+        if channel is not None:
+            channels = [channel]
+        messages = history.shown(imp, channels, limit)
+    if out.as_json:
+        out.json([_message_json(message) for message in messages])
+        return
+    if not messages:
+        where = f"in channel {channel}" if channel is not None else "yet"
+        click.echo(f"no history for {imp} {where}")
+        return
+    for line in transcript(imp, messages):
+        click.echo(line)
+
+
+def transcript(imp: str, messages: list[ShownMessage]) -> list[str]:
+    """The messages as lines for people: a heading per channel, then time, author and text, and for a
+    message that woke the imp without a reply, what became of it. Box and user text is made printable."""
+    lines: list[str] = []
+    channel = None
+    for message in messages:
+        if message.channel_id != channel:
+            channel = message.channel_id
+            lines.append(f"── {printable(channel, 200)}")
+        when = message.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+        author = printable(message.author_name, 100) + (
+            " (bot)" if message.author_bot and not message.from_imp else ""
+        )
+        text_lines = message.content.split("\n") or [""]
+        if message.attachments:
+            text_lines[-1] += f" [{message.attachments} attachment{'s' if message.attachments > 1 else ''}]"
+        lines.append(f"{when}  {author}: {printable(text_lines[0], MAX_LINE_CHARS)}")
+        lines.extend(f"{INDENT}{printable(line, MAX_LINE_CHARS)}" for line in text_lines[1:])
+        if message.woke and message.outcome != "sent":
+            words = OUTCOME_WORDS.get(message.outcome, message.outcome or "").format(imp=imp)
+            error = f": {printable(message.error, MAX_LINE_CHARS)}" if message.error else ""
+            lines.append(f"{INDENT}↳ {words}{error}")
+    return lines
+
+
+def _message_json(message: ShownMessage) -> dict[str, object]:
+    return {
+        "channel_id": message.channel_id,
+        "message_id": message.message_id,
+        "author": {"id": message.author_id, "name": message.author_name, "bot": message.author_bot},
+        "from_imp": message.from_imp,
+        "content": message.content,
+        "created_at": iso(message.created_at),
+        "reply_to_id": message.reply_to_id,
+        "attachments": message.attachments,
+        "woke": message.woke,
+        "outcome": message.outcome,
+        "error": message.error,
+    }
+
+
+@history_group.command("clear")
+@click.argument("imp")
+@click.argument("channel")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def clear_command(imp: str, channel: str, yes: bool) -> None:
+    """Forget CHANNEL's history on the host, so IMP's next turn there starts without it.
+
+    \b
+    The channel's messages are deleted from the host's database (every imp in
+    the channel sees the same history, so they forget it too). What the imp
+    remembers is not touched: see `impyard memory forget`. Cannot be undone.
+    Example:
+      impyard history clear pip terminal:alice
+    """
+    with history_store() as history:
+        channels = _check_imp(imp, history)
+        if channel not in channels:
+            theirs = f"its channels: {', '.join(channels)}" if channels else "it has no history yet"
+            raise CliError(f"{imp} has no history in channel {channel!r} ({theirs})")
+        count = history.count(channel)
+        others = [name for name in history.imps_in(channel) if name != imp]
+        if not yes:
+            shared = f" It is shared: {', '.join(others)} will forget it too." if others else ""
+            click.confirm(
+                f"Forget the {count} messages of channel {channel}?{shared} This cannot be undone.",
+                abort=True,
+            )
+        removed = history.clear(channel)
+    click.echo(f"Forgot {removed} messages of channel {channel}.")
