@@ -212,7 +212,7 @@ class Conversations:
             imp=imp,
             session=SessionInfo(
                 id=f"{key.imp}:{key.channel_id}", channel_id=key.channel_id, channel_kind=kind,  # type: ignore[arg-type]
-                channel_name=info.name if info else "",
+                channel_name=info.name if info else "", turn_ceiling_s=config.sessions.turn_ceiling_s,
             ),
             now=now,
             memory=scopes.session_memory() if scopes is not None else None,  # the gateway applies the same

@@ -74,6 +74,9 @@ class ReplyView:
     recalled: int = 0
     total: int = 0
     presence: Sequence[PresenceEntry] = ()
+    learned: Sequence[
+        str
+    ] = ()  # dispositions the selection seam picked (mechanisms 99-100; issue II fills it)
 
 
 def _indent(text: str) -> str:
@@ -344,6 +347,11 @@ def reply_block(prompts: Prompts, model: str | None, view: ReplyView) -> str:
         presence(prompts, model, view.presence, view.scene.now, view.scene.timezone),
         state_block(prompts, model, view),
     ]
+    if view.learned:  # mechanism 100: shown to the reply only, never to the appraisal
+        lines = "\n".join(
+            prompts.render("learned.entry", model, rule=cut(rule, 300)) for rule in view.learned
+        )
+        parts.append(prompts.render("learned", model, lines=lines))
     thoughts = thoughts_block(prompts, model, view)
     if thoughts:
         parts.append(thoughts)

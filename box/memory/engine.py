@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -54,8 +54,23 @@ HostLog = Callable[[str, str], Awaitable[None]]  # (level, message)
 MAX_REPLY_CALLS = 4  # mechanism 49
 MOMENT_PROBE_WORDS = 70  # memory-engine.md: moment-probe words cut to 70
 STATE_EPISODES = 5  # episodesPerFeeling: the State's entries are reloaded with 5 (subtle point 5)
-TURN_BUDGET_S = 100.0  # the memory's calls give up before the host's default 120 s turn ceiling (121)
+TURN_BUDGET_S = 100.0  # without a ceiling from the host: before its default 120 s turn ceiling (121)
+TURN_BUDGET_SHARE = 0.85  # of the host's turn ceiling: the reply still has time after a busy backoff
 UNKNOWN_PROBE = "{person} — who is this person, what do we have in common"  # mechanism 25
+
+
+class DispositionSelector(Protocol):
+    """The disposition-selection seam (mechanism 99; issue "Memory engine II" fills it): which learned rules
+    fit this situation. It runs beside recall and the summary, off the reply's critical path."""
+
+    async def select(self, turn: ChatTurn) -> list[str]: ...
+
+
+class NoDispositions:
+    """Until issue II: no rule is learned, so none is selected and no call is made."""
+
+    async def select(self, turn: ChatTurn) -> list[str]:
+        return []
 
 
 async def concurrently(*works: Callable[[], Awaitable[None]]) -> None:
@@ -94,8 +109,10 @@ class ChatMemory:
         embedder: Embedder | None = None,
         prompts: Prompts | None = None,
         params: Params = DEFAULTS,
+        dispositions: DispositionSelector | None = None,
     ) -> None:
         self.init = init
+        self.dispositions: DispositionSelector = dispositions or NoDispositions()
         self.settings = settings = init.imp.memory
         self.store = store
         self.now: datetime = init.now  # mechanism 122: the host's clock, moved by every delivery
@@ -125,7 +142,9 @@ class ChatMemory:
 
     def deadline(self) -> float | None:
         """Seconds left of this turn's memory budget (the busy backoff never waits past it, 121)."""
-        return TURN_BUDGET_S - (time.monotonic() - self._started)
+        ceiling = self.init.session.turn_ceiling_s
+        budget = ceiling * TURN_BUDGET_SHARE if ceiling is not None else TURN_BUDGET_S
+        return budget - (time.monotonic() - self._started)
 
     async def log(self, level: str, message: str) -> None:
         log.log(logging.getLevelName(level.upper()), message)
@@ -201,6 +220,7 @@ class ChatTurn:
         self.moment_probe = 0
         self.kind_probed = False
         self.refeels: list[str] = []  # mechanism 38: parsed, no effect
+        self.learned: list[str] = []  # mechanism 99: the rules the selection seam found fitting
         self._episodes: dict[str, list[EpisodeView]] = {}
 
     # ------------------------------------------------------------ ContextBuilding
@@ -213,7 +233,8 @@ class ChatTurn:
         conversation.saved.turns += 1  # subtle point 15: counted before the reply
         if conversation.saved.started_at is None:
             conversation.saved.started_at = self.facts.now
-        await concurrently(self._summarise, self._recall)  # mechanism 44 beside recall: off the critical path
+        # The summary (44) and the disposition selection (99) run beside recall: off the critical path.
+        await concurrently(self._summarise, self._recall, self._select)
         await self._carry_stranger()
         await self.recompose()
 
@@ -236,6 +257,14 @@ class ChatTurn:
             await self.engine.summariser.refresh(self.conversation)
         except Exception as exc:  # the summary is a nicety: its failure keeps the old text (44)
             log.warning("summary not refreshed: %r", exc)
+
+    async def _select(self) -> None:
+        try:
+            self.learned = (await self.engine.dispositions.select(self))[
+                : self.engine.params.dispositions_max
+            ]
+        except Exception as exc:  # a rule that does not come to mind is no failed reply
+            log.warning("dispositions not selected: %r", exc)
 
     async def _recall(self) -> None:
         """Embedding ∥ recent records, then search and filter (14-24): the reply's first two model calls."""
@@ -297,7 +326,7 @@ class ChatTurn:
             scene=self.scene, state=self.state, focus=self.conversation.focus,
             summary=self.conversation.saved.summary, evoked_now=self.state.left_out, constructs=self.constructs,
             searches=self.searches, recalled=len(self.associations) + len(self.constructs), total=self.total,
-            presence=self.facts.presence,
+            presence=self.facts.presence, learned=self.learned,
         )  # fmt: skip
 
     def block(self) -> str | None:

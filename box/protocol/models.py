@@ -100,6 +100,7 @@ class SessionInfo(FromHost):
     channel_id: Id
     channel_kind: ChannelKind
     channel_name: Name = ""
+    turn_ceiling_s: float | None = Field(default=None, gt=0)  # the host stops a longer turn (its box killed)
 
 
 class BoxInitParams(FromHost):

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from box.envelope import ENVELOPE_FIELDS
+from box.memory import CommittedTurn
 from box.memory.prompts import Prompts
 from tests.memory.engine_kit import Kit, draft, envelope, facts, memory_block, verdict
 
@@ -194,3 +197,52 @@ async def test_m55_each_purpose_is_routed_to_its_model_the_rest_to_the_default(k
         await box.say("owl Hoot")
     models = {c.purpose: c.body["model"] for c in kit.model.calls}
     assert models == {"reply": "gpt-4.1-mini", "filter": "filter-model", "appraisal": "appraisal-model"}
+
+
+def test_m121_the_memory_budget_follows_the_hosts_turn_ceiling(kit: Kit) -> None:
+    """The busy backoff (121) never waits past the turn: the host's ceiling, less a share kept for the reply."""
+    told = kit.engine()
+    told.init.session.turn_ceiling_s = 20.0
+    assert 16.9 < (told.deadline() or 0) <= 17.0  # 0.85 of the 20 s ceiling
+    untold = kit.engine()
+    untold.init.session.turn_ceiling_s = None
+    assert 99.9 < (untold.deadline() or 0) <= 100.0  # an older host: under its default 120 s
+
+
+async def test_m99_the_selection_seam_runs_beside_recall_and_m100_its_rules_reach_only_the_reply(
+    kit: Kit,
+) -> None:
+    """Issue II fills the seam; issue I runs it beside recall (off the critical path) and shows what it picks
+    under WHAT YOU HAVE LEARNED in the reply only — the appraisal never sees it."""
+    engine = kit.engine()
+    selecting = anyio.Event()
+
+    class Selector:
+        async def select(self, turn: object) -> list[str]:
+            selecting.set()
+            return ["when someone is sad → listen first", "when asked twice → answer plainly", "a", "b"]
+
+    involuntary = engine.recall.involuntary
+
+    async def recall_after_selection_started(*args: Any, **kwargs: Any) -> Any:
+        with anyio.fail_after(2):  # run one after the other, this would wait for ever
+            await selecting.wait()
+        return await involuntary(*args, **kwargs)
+
+    engine.dispositions = Selector()
+    engine.recall.involuntary = recall_after_selection_started  # type: ignore[method-assign]
+    turn = await engine.begin(facts("I feel low today"))
+    block = turn.block() or ""
+    assert "WHAT YOU HAVE LEARNED (fits this situation):\n- when someone is sad → listen first" in block
+    learned = block.split("WHAT YOU HAVE LEARNED (fits this situation):\n")[1].split("\n\n")[0]
+    assert learned.splitlines() == [
+        "- when someone is sad → listen first",
+        "- when asked twice → answer plainly",
+        "- a",
+    ]  # at most 3 (dispositionsMax)
+    await turn.commit(
+        CommittedTurn(channel_id="c1", message_id="m1", author="Ann", said="I feel low today", outcome="sent",
+                      delivered="I'm here.", envelope=draft(answer="I'm here."), author_id="u1")
+    )  # fmt: skip
+    (appraisal,) = kit.model.of("appraisal")
+    assert "listen first" not in appraisal.system + appraisal.user
