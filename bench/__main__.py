@@ -106,7 +106,7 @@ async def run_scenarios(names: list[str], ctx: Context, console: Console) -> dic
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the table as Markdown, with the machine and the command (e.g. bench/RESULTS.md).")  # fmt: skip
 def main(quick: bool, out: Path, only: tuple[str, ...], no_docker: bool, markdown_path: Path | None) -> None:
-    """Benchmark impyard against its targets (design.md §11); every figure beside a baseline from the same run.
+    """Benchmark impyard against its targets (README.md, "Performance"); every figure beside a baseline from the same run.
 
     \b
     Example:

@@ -21,7 +21,7 @@ from bench.harness import (
 from bench.report import Row
 from bench.stats import ratio, since_ms, summary
 
-TARGETS = {"cold_first_reply_p50_ms": 1500.0}  # design.md §11: cold box start to first reply, Docker
+TARGETS = {"cold_first_reply_p50_ms": 1500.0}  # README.md "Performance": cold start to first reply, Docker
 
 
 def _replies(surface: TimingSurface, ids: list[str]) -> list[float]:

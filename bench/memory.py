@@ -75,7 +75,7 @@ from impyard.runtime import open_runtime
 from impyard.testing.pipes import byte_pipe
 
 DIMS = 256  # MemorySettings.dimensions: what a gateway-embedded imp stores
-K, EPISODES = 10, 3  # the engine's involuntary search (memory-engine.md: top 10 × 3 episodes)
+K, EPISODES = 10, 3  # the engine's involuntary search (seed 002: top 10 × 3 episodes)
 PERSON_ID, PERSON = "u1", "ann"  # bench.harness.message's author
 NAMES = (PERSON, "bo", "cy", "dee", "eli", "fay", "gus", "hal")
 QUERY_COSINE = 0.5  # a query's cosine with the stored record it was made from

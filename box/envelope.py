@@ -1,4 +1,4 @@
-"""The reply envelope (design.md §4; SPEC-001 ENV-19 extended with the memory engine's fields).
+"""The reply envelope (docs/conversation.md; SPEC-001 ENV-19 extended with the memory engine's fields).
 
 One reply call per hop returns this object as strict structured output named
 ``envelope``: every field required, ``additionalProperties: false``, nullable
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 ENVELOPE_NAME = "envelope"
 
-# ENV-19: the pinned field list, in order. design.md §4 adds moment, told, action on purpose.
+# ENV-19: the pinned field list, in order. docs/conversation.md adds moment, told, action on purpose.
 ENVELOPE_FIELDS = (
     "answer",
     "answer_needed",

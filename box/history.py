@@ -147,25 +147,36 @@ class HistoryStore:
 
     def _read(self) -> tuple[list[Record], dict[str, dict[str, int]]]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            records = [Record.from_json(item) for item in data.get("records", [])]
-            counters = {
-                str(k): {str(o): int(n) for o, n in v.items()} for k, v in data.get("counters", {}).items()
-            }
-            return records, counters
+            return self._read_strictly()
         except FileNotFoundError:
             return [], {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("history file %s is unreadable (%s); starting a fresh one", self.path, exc)
             return [], {}
 
-    def _write(self, records: Sequence[Record], counters: dict[str, dict[str, int]]) -> None:
+    def _read_strictly(self) -> tuple[list[Record], dict[str, dict[str, int]]]:
+        data = json.loads(self.path.read_text(encoding="utf-8"))
+        records = [Record.from_json(item) for item in data.get("records", [])]
+        counters = {
+            str(k): {str(o): int(n) for o, n in v.items()} for k, v in data.get("counters", {}).items()
+        }
+        return records, counters
+
+    def _write(
+        self,
+        records: Sequence[Record],
+        counters: dict[str, dict[str, int]],
+        *,
+        owner: os.stat_result | None = None,
+    ) -> None:
         text = json.dumps(
             {"version": FORMAT_VERSION, "records": [r.to_json() for r in records], "counters": counters},
             ensure_ascii=False,
         )
         fd, tmp = tempfile.mkstemp(prefix=".history.", dir=self.state_dir)
         try:
+            if owner is not None and (owner.st_uid, owner.st_gid) != (os.getuid(), os.getgid()):
+                os.fchown(fd, owner.st_uid, owner.st_gid)  # written by a root host, still the box's file
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
             os.replace(tmp, self.path)
@@ -203,3 +214,22 @@ class HistoryStore:
                 per[outcome] = per.get(outcome, 0) + 1
             self._write(kept, counters)
             return kept
+
+    def forget_channel(self, channel_id: str) -> int:
+        """Drop every record of one channel; returns how many went. The host calls it when the channel's
+        history is cleared (``impyard history clear``, the chat's ``/clear``), so the next prompt starts
+        without it. A file that cannot be read is left alone (the error is raised), never rewritten empty."""
+        if not self.path.exists():
+            return 0
+        with self._locked():
+            owner = os.stat(self.path)
+            records, counters = self._read_strictly()
+            kept = [record for record in records if record.channel_id != channel_id]
+            if len(kept) != len(records):
+                self._write(kept, counters, owner=owner)
+            return len(records) - len(kept)
+
+
+def forget_channel(state_dir: Path, channel_id: str) -> int:
+    """The host's side of clearing a channel: drop its records from the imp's history file in ``state_dir``."""
+    return HistoryStore(state_dir, limit=0, per_channel=0).forget_channel(channel_id)  # nothing is trimmed

@@ -1,5 +1,5 @@
 """Pictures the envelope asks for: ``picture`` / ``picture_count`` → ``/images/generations``,
-``picture_edit`` with an attached image → ``/images/edits`` (design.md §4 envelope acts).
+``picture_edit`` with an attached image → ``/images/edits`` (docs/conversation.md envelope acts).
 
 Both go through the gateway as ``model.request`` with purpose ``image`` (judged and metered
 there). The gateway sends JSON bodies only, so an edit names its source images the JSON way

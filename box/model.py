@@ -1,7 +1,7 @@
 """The box's thin model client: every call is a ``model.request`` to the host's gateway.
 
 The box holds no key and has no network; the request bodies are exactly what
-the OpenAI API takes, so the upstream can check them (design.md §3). Nothing is
+the OpenAI API takes, so the upstream can check them (docs/protocol.md). Nothing is
 ever cached: every call goes to the host (ENV-16).
 """
 

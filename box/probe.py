@@ -1,7 +1,7 @@
 """What the box observes about its own confinement (``task.run`` kind ``probe``).
 
 ``impyard box check`` compares these observations with the lockdown of
-design.md §10. Reading only: the probe changes nothing and sends no packet.
+docs/box.md. Reading only: the probe changes nothing and sends no packet.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The box program: serves the host's requests (design.md §3) over one peer.
+"""The box program: serves the host's requests (docs/protocol.md) over one peer.
 
 ``box.init`` creates the responder; ``mailbox.deliver`` and ``task.run`` (kind ``prompt``)
 run one turn each through it, one at a time; ``mailbox.event`` (a notification) records a

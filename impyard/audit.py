@@ -1,4 +1,4 @@
-"""The audit log (design.md §5): one row per box request and per gate transition.
+"""The audit log (docs/security.md): one row per box request and per gate transition.
 
 Rows hold what was asked and what was decided, never credentials: every text
 field passes ``redact`` with the host's known secrets before it is written,

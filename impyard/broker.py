@@ -1,4 +1,4 @@
-"""The model broker: the one place the real model key is used (design.md §1, §3, §5).
+"""The model broker: the one place the real model key is used (docs/architecture.md, docs/protocol.md, docs/security.md).
 
 It sends an already-judged, already-reserved request to the upstream
 (``OPENAI_BASE_URL``, default OpenAI) with ``OPENAI_API_KEY``, bounded in

@@ -1,4 +1,4 @@
-"""The channel store: per channel its surface, kind, name, trust and response mode (design.md §6).
+"""The channel store: per channel its surface, kind, name, trust and response mode (docs/conversation.md).
 
 One store for the ``channels`` table. The same store serves ``impyard channel …`` on the CLI, ``/channel …``
 in Discord, the conversation (first sight, mode) and the gateway, which asks it only what
@@ -16,7 +16,7 @@ from impyard.db import Database, Store
 from impyard.errors import ImpyardError
 from impyard.wake import CHANNEL_MODES, ChannelMode
 
-ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs (design.md §6) and the operator's own terminal
+ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs and the operator's terminal (docs/conversation.md)
 _COLUMNS = "channel_id, surface, kind, name, guild_id, trusted, mode"
 
 
@@ -28,7 +28,7 @@ class ChannelInfo:
     name: str = ""
     guild_id: str | None = None
     trusted: bool = False
-    mode: str = "all"  # all | mention: the wake rule's per-channel setting (design.md §6)
+    mode: str = "all"  # all | mention: the wake rule's per-channel setting (docs/conversation.md)
 
 
 def channel_is_trusted(info: ChannelInfo | None) -> bool:

@@ -1,4 +1,4 @@
-"""Time for the host: a Clock protocol, the system clock, and a fixed movable clock for tests (design.md §9).
+"""Time for the host: a Clock protocol, the system clock, and a fixed movable clock for tests (docs/contributing.md).
 
 Every rule that depends on time (budget windows, gate deadlines, rate limits)
 asks a Clock, never ``datetime.now`` directly, so tests can move time.

@@ -1,4 +1,4 @@
-"""The conversation pipeline every surface plugs into (design.md §6, seed 004).
+"""The conversation pipeline every surface plugs into (docs/conversation.md, seed 004).
 
 inbound message → drop bots → bound and clean it → persist to history (woken or not) → wake rule →
 framing → the channel's session. This is the one place bots are filtered: every surface's messages come
@@ -38,6 +38,7 @@ from impyard.inbound import (
     MAX_INBOUND_CHARS,
     Inbound,
     bound_attachments,
+    bounded,
     clean_content,
 )
 from impyard.memory.scopes import presence
@@ -118,7 +119,7 @@ class Conversations:
         if inbound.from_a_bot:
             return Routed("ignored")  # bots (other imps included) and the imp itself never wake an imp
         message = inbound.message
-        content = clean_content(message.content)
+        content = clean_content(message.content, inbound.max_chars)
         attachments = bound_attachments(message.attachments)
         if not content and not attachments:
             return Routed("ignored")
@@ -171,6 +172,13 @@ class Conversations:
         # Framing looks at the whole window; the box gets only what its prompt can use (ENV-07).
         limit = self.configs[imp].model.history_limit if imp in self.configs else len(recent)
         recent = recent[-limit:] if limit else []
+        # Earlier messages are context: a long terminal paste is whole once, then bounded like any other.
+        recent = [
+            entry.model_copy(update={"content": bounded(entry.content, MAX_INBOUND_CHARS)})
+            if len(entry.content) > MAX_INBOUND_CHARS
+            else entry
+            for entry in recent
+        ]
         handle = self.sessions.deliver(Delivery(key, message, framing, recent))
         if handle.outcome == "busy":
             await self.history.aio.finish(
@@ -219,7 +227,7 @@ class Conversations:
         )  # fmt: skip
 
     async def presence_for(self, key: SessionKey, message: Message, now: datetime) -> list[PresenceEntry]:
-        """Mechanism 10, for a memory imp: other live conversations in scopes this session reads (design.md §7)."""
+        """Mechanism 10, for a memory imp: other live conversations in scopes this session reads (docs/memory.md)."""
         config = self.configs.get(key.imp)
         if config is None or not config.memory.enabled:
             return []

@@ -1,4 +1,4 @@
-"""The host's one SQLite database (design.md §8): WAL mode, under IMPYARD_HOME, migrated at open.
+"""The host's one SQLite database (docs/architecture.md): WAL mode, under IMPYARD_HOME, migrated at open.
 
 Adding a table is one entry at the end of ``MIGRATIONS``: the next version
 number, a name, and the SQL. A migration runs once, inside ``BEGIN IMMEDIATE``
@@ -46,7 +46,7 @@ MIGRATIONS: list[Migration] = [
         1,
         "gateway: channels, ledger, budgets, gates, earned trust, audit",
         """
-        -- Channel trust (design.md §6); the channels issue extends this table.
+        -- Channel trust (docs/conversation.md); the channels issue extends this table.
         CREATE TABLE channels (
             channel_id TEXT PRIMARY KEY,
             surface    TEXT NOT NULL DEFAULT 'discord',
@@ -145,7 +145,7 @@ MIGRATIONS: list[Migration] = [
         2,
         "conversation: channel history and wakes",
         """
-        -- Every non-bot message, persisted before it is routed (design.md §6); trimmed per channel.
+        -- Every non-bot message, persisted before it is routed (docs/conversation.md); trimmed per channel.
         CREATE TABLE history (
             seq         INTEGER PRIMARY KEY AUTOINCREMENT,
             channel_id  TEXT NOT NULL,
@@ -180,7 +180,7 @@ MIGRATIONS: list[Migration] = [
         3,
         "supervise: tasks, their runs, schedules",
         """
-        -- One-shot work for impyard supervise (design.md §1, §5); the state is attested by the host.
+        -- One-shot work for impyard supervise (docs/tasks.md); the state is attested by the host.
         CREATE TABLE tasks (
             id               TEXT PRIMARY KEY,
             imp              TEXT NOT NULL,
@@ -273,8 +273,8 @@ MIGRATIONS: list[Migration] = [
         5,
         "memory: records, episodes, conversations, generations (issue 23)",
         """
-        -- The imps' memories (design.md §7): records and episodes apart (mechanism 116), each in a privacy scope.
-        -- Portable SQL (design.md §13): uuid4-hex ids, ISO-8601 UTC text times, REAL/INTEGER/BLOB columns.
+        -- The imps' memories (docs/memory.md): records and episodes apart (mechanism 116), each in a privacy scope.
+        -- Portable SQL (docs/architecture.md): uuid4-hex ids, ISO-8601 UTC text times, REAL/INTEGER/BLOB columns.
         CREATE TABLE memory_records (
             id             TEXT PRIMARY KEY,
             imp            TEXT NOT NULL,

@@ -1,4 +1,4 @@
-"""http.fetch on the host (design.md §3): pinned to a public address, bounded, text extracted host-side.
+"""http.fetch on the host (docs/protocol.md): pinned to a public address, bounded, text extracted host-side.
 
 The judge has already matched the host against the allow-list. Here the name
 is resolved once, every address it resolves to must be public (no loopback,

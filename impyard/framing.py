@@ -1,4 +1,4 @@
-"""Respond-vs-judge framing (seed 004 §2-3, design.md §6): a pure function of recent history.
+"""Respond-vs-judge framing (seed 004 §2-3, docs/conversation.md): a pure function of recent history.
 
 DM, or at most one distinct human author besides the imp in the recent window
 → ``respond``; more → ``judge`` (reply only when addressed or useful; silence

@@ -1,4 +1,4 @@
-"""Approval gates (design.md §5, §12): durable, frozen payload, deadline, approver policy, exactly once.
+"""Approval gates (docs/security.md, docs/architecture.md): durable, frozen payload, deadline, approver policy, exactly once.
 
 A gate moves ``pending`` → ``approved`` | ``denied`` | ``expired``, and an
 approved gate ``approved`` → ``executing`` → ``executed`` | ``failed``. Every

@@ -1,4 +1,4 @@
-"""The gateway (design.md §1, §5): the host's BoxHost. Every box request passes, in order:
+"""The gateway (docs/architecture.md, docs/security.md): the host's BoxHost. Every box request passes, in order:
 
 schema validation (the protocol peer, before we are called) → the policy judge
 → trust, for acts (auto / gate / earned) → budget reserve (atomic, the hard

@@ -1,7 +1,7 @@
 """Channel history and the record of which messages woke which imp, and what became of them.
 
 Every non-bot message is persisted *before* it is routed, woken or not
-(design.md §6). Each wake gets a row with its outcome once the turn ends, so
+(docs/conversation.md). Each wake gets a row with its outcome once the turn ends, so
 after a crash or restart a woken message that never got an outcome is
 answered if still fresh, or recorded as missed — never silently forgotten.
 """

@@ -3,7 +3,7 @@
 A broken file raises ``ImpConfigError`` naming the file, the line (where it can
 be found), the key, the reason and the fix; nothing is ever half-loaded. The box
 receives only ``ImpConfig.imp_spec()``: name, persona and responder/memory
-settings, never owners, tokens or host paths (design.md §1). The store that
+settings, never owners, tokens or host paths (docs/architecture.md). The store that
 adds, reads and removes imps is ``impyard.imps``.
 """
 
@@ -492,7 +492,7 @@ class DiscordConfig(_Strict):
 
 
 class BoxConfig(_Strict):
-    """``[box]``: where and how confined the imp's boxes run (design.md §10)."""
+    """``[box]``: where and how confined the imp's boxes run (docs/box.md)."""
 
     backend: Literal["auto", "docker", "process"] = _field(
         "auto",
@@ -545,7 +545,7 @@ class BoxConfig(_Strict):
 
 
 class SessionsConfig(_Strict):
-    """``[sessions]``: the warm box sessions of design.md §6."""
+    """``[sessions]``: the warm box sessions of docs/conversation.md."""
 
     mode: Literal["warm", "cold"] = _field(
         "warm",

@@ -10,7 +10,7 @@ An imp's directory holds three things::
 file raises ``ImpConfigError`` naming the file, the line (where it can be
 found), the key, the reason and the fix; nothing is ever half-loaded. The box
 receives only ``ImpConfig.imp_spec()``: name, persona and responder/memory
-settings, never owners, tokens or host paths (design.md §1).
+settings, never owners, tokens or host paths (docs/architecture.md).
 """
 
 from __future__ import annotations

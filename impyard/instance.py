@@ -1,6 +1,6 @@
 """One supervisor per IMPYARD_HOME and role: an advisory lock file that names its holder.
 
-``impyard chat`` (and later ``serve``) hold ``supervisor.lock``; ``impyard
+``impyard chat`` and ``impyard serve`` hold ``supervisor.lock``; ``impyard
 supervise`` holds its own ``supervise.lock``, so the task loop and a chat can
 run side by side while two task loops on one home never can.
 """

@@ -1,4 +1,4 @@
-"""The policy judge (design.md §5): a pure function of (request facts, policy) to a verdict.
+"""The policy judge (docs/security.md): a pure function of (request facts, policy) to a verdict.
 
 Facts are read from the box's (already schema-validated) params by the
 ``*_facts`` builders, also pure. The first rule whose selectors match decides:

@@ -1,4 +1,4 @@
-"""The budget ledger (design.md §5, §12): reserve before a model call, settle with its measured cost.
+"""The budget ledger (docs/security.md, docs/architecture.md): reserve before a model call, settle with its measured cost.
 
 Check-and-debit is one step: a reservation reads what is spent and reserved
 in the windows and inserts its own row inside one ``BEGIN IMMEDIATE``

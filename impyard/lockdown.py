@@ -1,4 +1,4 @@
-"""Judge a box's own observations (``box.probe``) against the lockdown of design.md §10.
+"""Judge a box's own observations (``box.probe``) against the lockdown of docs/box.md.
 
 A pure function over the probe report, so the rule table is testable without a box.
 """

@@ -1,9 +1,9 @@
-"""Loading the governance policy (design.md §5, §8): the shipped default, overlaid by the operator's files.
+"""Loading the governance policy (docs/security.md, docs/architecture.md): the shipped default, overlaid by the operator's files.
 
 Where the files are:
 
 * The shipped default is ``policies/default.toml`` at the top of the project
-  (design.md §2). It is found, in order, at ``$IMPYARD_DEFAULT_POLICY`` (a file),
+  (docs/architecture.md). It is found, in order, at ``$IMPYARD_DEFAULT_POLICY`` (a file),
   next to the ``impyard`` package (a checkout or an editable install), or under
   ``<sys.prefix>/share/impyard/policies/default.toml`` (where a wheel's
   ``data-files`` puts it). One file, no copies to drift; if none is found the

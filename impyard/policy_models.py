@@ -1,4 +1,4 @@
-"""The governance policy's shape (design.md §5): pydantic models for ``policies/*.toml``.
+"""The governance policy's shape (docs/security.md): pydantic models for ``policies/*.toml``.
 
 Every table refuses unknown keys, so a typo is an error, never a silently
 ignored (and therefore permissive) setting. ``policy.py`` loads and overlays
@@ -170,7 +170,7 @@ class Price(Strict):
 
 
 class TrustSettings(Strict):
-    """The trust ladder for one act (design.md §5)."""
+    """The trust ladder for one act (docs/security.md)."""
 
     own_channel: TrustMode = "auto"  # the session's own channel when it is trusted (DMs always are)
     untrusted: Literal["gate", "earned"] = "gate"  # the session's own channel when it is not trusted

@@ -1,4 +1,4 @@
-"""What a model call costs: the reservation estimate before it, the measured cost after it (design.md §5).
+"""What a model call costs: the reservation estimate before it, the measured cost after it (docs/security.md).
 
 Money is counted in integer micro-USD. Prices are USD per million tokens, so a
 token count times a price is already micro-USD. A model without a price is

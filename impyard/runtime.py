@@ -1,7 +1,7 @@
 """A running conversation host for some imps: the host (``impyard.host``), the conversation and the sessions.
 
 ``impyard chat`` and ``impyard serve`` open one of these; closing it closes every box on every path
-(design.md §6: graceful shutdown, no box left). The conversation host is the session manager's plan and
+(docs/conversation.md: graceful shutdown, no box left). The conversation host is the session manager's plan and
 its events; each session's box talks to the gateway, except for its own ``turn.stage``, which the
 session manager hands to that session's observer (the typing indicator).
 """

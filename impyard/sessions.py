@@ -1,4 +1,4 @@
-"""Warm box sessions keyed by (imp, channel) (seed 004 §4, design.md §6 and §12).
+"""Warm box sessions keyed by (imp, channel) (seed 004 §4, docs/conversation.md, docs/architecture.md).
 
 A live box gets each message through its mailbox; no live box → one is
 started. Turns are serialised per session; messages that arrive during a turn
@@ -49,7 +49,7 @@ SHUTDOWN_GRACE_S = 10.0
 DIED_NOTICE = "(I ran into a problem and had to restart. Please say that again.)"
 BUSY_NOTICE = "(I'm too busy to keep up with this channel right now — some messages will go unanswered.)"
 CEILING_NOTICE = "(That took too long, so I stopped. Please try again.)"
-STAGE_METHOD = "turn.stage"  # the box's notification of where its turn is (design.md §3)
+STAGE_METHOD = "turn.stage"  # the box's notification of where its turn is (docs/protocol.md)
 
 
 @dataclass(frozen=True)

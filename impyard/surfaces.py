@@ -1,6 +1,6 @@
-"""Where acts land: the Surface interface the gateway executes sends through (design.md §5).
+"""Where acts land: the Surface interface the gateway executes sends through (docs/security.md).
 
-The Discord adapter (a later issue) implements the same protocol; here are a
+The Discord adapter (``impyard.discord.surface``) implements the same protocol; here are a
 recording surface for tests and a terminal surface that prints.
 """
 

@@ -3,42 +3,61 @@
 Terminal messages wake the imp always (like a DM) and are framed ``respond``;
 the terminal channel is trusted, so the imp's replies there are auto-approved,
 while every other act is judged by the gateway as usual.
+
+What the person sees (issue 17): their prompt (``you> ``), the imp's replies (``pip> ``), where a running
+turn is (a status line over the prompt), a message sent during a turn marked queued, and for a turn that
+ends without a reply one line that says why. Logs go to a file (``impyard chat`` names it at the start).
 """
 
 from __future__ import annotations
 
 import getpass
-import os
+import logging
 import signal
-import sys
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 import anyio
+from anyio.abc import TaskGroup
 
-from box.protocol.models import Author, Message
+from box.history import forget_channel
+from box.protocol.models import Author, DeliverResult, Message
+from impyard.backends.conduct import printable
 from impyard.backends.process import NO_LOCKDOWN_WARNING
+from impyard.chat_commands import help_text, history_count, mode_answer, parse
+from impyard.chat_commands import message_text as typed_message
+from impyard.chat_console import Console, Interrupted, open_console
 from impyard.clock import Clock, SystemClock
-from impyard.inbound import Inbound
+from impyard.conversation import Routed
+from impyard.inbound import MAX_TERMINAL_CHARS, Inbound
 from impyard.runtime import Runtime, open_runtime
 from impyard.surfaces import OutgoingFile
-from impyard.wake import CHANNEL_MODES
+from impyard.turn_words import outcome_line, route_line, stage_line
 
-HELP = "Type a message and press Enter. /quit leaves, /mode [all|mention] shows or sets this channel's mode."
+log = logging.getLogger("impyard.chat")
+
+SHUTDOWN_WAIT_S = 15  # beyond the turn ceiling: the session's own ceiling ends a turn first
+
+
+def shown(text: str) -> str:
+    """Box text made safe for the operator's terminal: lines and tabs kept, every other control or format
+    character escaped (a reply can neither repaint the screen nor forge a line of ours)."""
+    return "\n".join(
+        "\t".join(printable(part, len(part) * 10 + 10) for part in line.split("\t"))
+        for line in text.split("\n")
+    )
 
 
 class ChatSurface:
-    """Prints the imp's posts, notices and a typing line for the operator."""
+    """Prints the imp's posts and notices, and shows where its turn is on the console's status line."""
 
-    def __init__(self, imp: str, out: TextIO) -> None:
+    def __init__(self, imp: str, console: Console) -> None:
         self.imp = imp
-        self.out = out
-        self._count = 0
-
-    def _write(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
+        self.console = console
+        self.queued = 0  # messages waiting behind the running turn (the next turn takes them all)
+        self.skip_notices: frozenset[str] = frozenset()  # said better by the turn's outcome line
 
     async def send(
         self,
@@ -50,113 +69,194 @@ class ChatSurface:
         *,
         imp: str = "",
     ) -> list[str]:
-        self._count += 1
-        label = {"notice": "(impyard)", "staff": f"{self.imp} [staff]"}.get(kind, self.imp)
-        lines = [f"{label}> {content}"]
-        lines += [f"  [attached {item.filename}, {len(item.data)} bytes]" for item in files]
-        self._write("\r" + "\n".join(lines) + "\n")
+        if kind == "notice" and content in self.skip_notices:
+            return [f"term-{uuid.uuid4().hex[:12]}"]  # the failure's own line says why (turn_words)
+        label = {"notice": "(impyard)", "staff": f"{self.imp} [staff]>"}.get(kind, f"{self.imp}>")
+        lines = [f"{label} {shown(content)}"]
+        lines += [f"  [attached {printable(item.filename, 200)}, {len(item.data)} bytes]" for item in files]
+        self.console.say("\n".join(lines))
         return [f"term-{uuid.uuid4().hex[:12]}"]
 
     async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:
-        if active:
-            self._write(f"\r({self.imp} is typing…)\n")
+        pass  # the status line shows every stage (turn_stage)
+
+    async def turn_stage(self, channel_id: str, stage: str | None, *, imp: str = "") -> None:
+        if stage is None:
+            self.queued = 0  # the next turn, if any, takes every message that waited
+        self.console.set_status(stage_line(self.imp, stage, self.queued))
 
 
-class LineReader:
-    """Reads lines from a file descriptor without a thread, so a signal can always end the wait."""
+class Chat:
+    """One conversation in the terminal: reads lines, sends messages, answers commands, explains turns."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._buffer = b""
-        self._eof = False
+    def __init__(
+        self,
+        runtime: Runtime,
+        imp: str,
+        user: str,
+        console: Console,
+        surface: ChatSurface,
+        clock: Clock,
+    ) -> None:
+        self.runtime = runtime
+        self.imp = imp
+        self.user = user
+        self.channel_id = f"terminal:{user}"
+        self.console = console
+        self.surface = surface
+        self.clock = clock
+        self.turn_ceiling_s = runtime.conversations.settings_for(imp).turn_ceiling_s
+        self.running = 0  # turns this chat waits on
+        self._explained: DeliverResult | None = None  # a batch's one result, said once
 
-    async def readline(self) -> str | None:
-        while b"\n" not in self._buffer and not self._eof:
-            await anyio.wait_readable(self.fd)
-            chunk = os.read(self.fd, 65536)  # readable: returns at once, never blocks
-            self._eof = not chunk
-            self._buffer += chunk
-        if b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-        elif self._buffer:
-            line, self._buffer = self._buffer, b""
+    async def run(self) -> None:
+        """Until /quit or the end of input, then the running turn's answer; Ctrl-C stops at once."""
+        async with anyio.create_task_group() as turns:  # one task per turn this chat still explains
+            while True:
+                try:
+                    line = await self.console.read()
+                except Interrupted:
+                    self.console.say("(impyard) stopping…")
+                    turns.cancel_scope.cancel()  # running turns get their deadline as the runtime closes
+                    return
+                if line is None or not await self.handle(line, turns):
+                    break
+            if self.running:
+                self.console.say(f"(impyard) waiting for {self.imp}'s turn to end (Ctrl-C stops at once)…")
+            turns.cancel_scope.deadline = anyio.current_time() + self.turn_ceiling_s + SHUTDOWN_WAIT_S
+
+    async def handle(self, line: str, turns: TaskGroup) -> bool:
+        """One line; False when it asks to leave."""
+        if not line.strip():
+            return True
+        command = parse(line)
+        if command is None:
+            await self.send(typed_message(line), turns)
+            return True
+        if command.name == "/quit":
+            return False
+        if command.name == "/help":
+            self.console.say(help_text(self.imp))
+        elif command.name == "/mode":
+            self.console.say(mode_answer(self.imp, command.args))
+        elif command.name == "/history":
+            await self.show_history(command.args)
+        elif command.name == "/clear":
+            await self.clear()
         else:
-            return None
-        return line.decode("utf-8", errors="replace").rstrip("\r")
+            self.console.say(f"(impyard) unknown command {command.word}: /help lists them (// sends a /)")
+        return True
 
-
-async def _chat_loop(
-    runtime: Runtime, imp: str, channel_id: str, user: str, stdin: LineReader, out: TextIO, clock: Clock
-) -> None:
-    turn_ceiling = runtime.conversations.settings_for(imp).turn_ceiling_s
-    while True:
-        out.write("you> ")
-        out.flush()
-        line = await stdin.readline()
-        if line is None or line.strip() in ("/quit", "/exit"):
-            return
-        text = line.strip()
-        if not text:
-            continue
-        if text.startswith("/mode"):
-            parts = text.split()
-            if len(parts) == 1:
-                mode = await runtime.channels.aio.mode(channel_id)
-                out.write(f"(impyard) this channel's mode is {mode}; the terminal always wakes {imp}\n")
-            elif parts[1] in CHANNEL_MODES:
-                await runtime.channels.aio.set_mode(channel_id, parts[1])
-                out.write(f"(impyard) mode set to {parts[1]}\n")
-            else:
-                out.write("(impyard) use /mode all or /mode mention\n")
-            continue
-        if text in ("/help", "/?"):
-            out.write(f"(impyard) {HELP}\n")
-            continue
+    async def send(self, text: str, turns: TaskGroup) -> None:
         message = Message(
-            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=f"terminal:{user}", name=user), content=line,
-            created_at=clock.now(),
+            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=f"terminal:{self.user}", name=self.user),
+            content=text, created_at=self.clock.now(),
         )  # fmt: skip
-        routed = await runtime.conversations.route(
-            imp,
-            Inbound(
-                surface="terminal",
-                channel_id=channel_id,
-                channel_kind="terminal",
-                message=message,
-                channel_name="terminal",
-            ),
+        inbound = Inbound(
+            surface="terminal", channel_id=self.channel_id, channel_kind="terminal", message=message,
+            channel_name="terminal", max_chars=MAX_TERMINAL_CHARS,
+        )  # fmt: skip
+        routed = await self.runtime.conversations.route(self.imp, inbound)
+        if routed.outcome == "queued":
+            self.surface.queued += 1
+        said = route_line(self.imp, routed.outcome)
+        if said:
+            self.console.say(said)
+        if routed.turn is None:
+            return
+        self.running += 1
+        if self.console.interactive:
+            turns.start_soon(self.explain, routed)  # the prompt stays open: the next message queues
+        else:
+            await self.explain(routed)  # a script's next line waits for this answer
+
+    async def explain(self, routed: Routed) -> None:
+        """Say what became of the turn that answers this message, once per turn."""
+        try:
+            with anyio.move_on_after(self.turn_ceiling_s + SHUTDOWN_WAIT_S):
+                result = await routed.finished()
+                if result is not None and result is not self._explained:
+                    self._explained = result
+                    said = outcome_line(self.imp, result)
+                    if said:
+                        self.console.say(said)
+        finally:
+            self.running -= 1
+
+    async def show_history(self, args: tuple[str, ...]) -> None:
+        from impyard.cli.history import transcript  # the lines `impyard history show` prints
+
+        count = history_count(args)
+        if count is None:
+            self.console.say("(impyard) use /history or /history N, with N from 1 to 1000")
+            return
+        messages = await self.runtime.history.aio.shown(self.imp, [self.channel_id], count)
+        if not messages:
+            self.console.say("(impyard) no history in this conversation yet")
+            return
+        self.console.say("\n".join(transcript(self.imp, messages)))
+
+    async def clear(self) -> None:
+        count = await self.runtime.history.aio.count(self.channel_id)
+        if not count:
+            self.console.say("(impyard) this conversation has no history to forget")
+            return
+        question = (
+            f"Forget the {count} messages of this conversation ({self.channel_id})? This cannot be undone; "
+            f"what {self.imp} remembers is kept."
         )
-        if routed.outcome == "busy":
-            out.write(f"(impyard) {imp} is too busy; that message will go unanswered\n")
-        with anyio.move_on_after(turn_ceiling + 15):  # the session's own ceiling ends it first
-            await routed.finished()  # the next prompt waits for this turn (at once when none will answer)
+        if not await self.console.confirm(question):
+            self.console.say("(impyard) kept the history")
+            return
+        removed = await self.runtime.history.aio.clear(self.channel_id)
+        state_dir = self.runtime.conversations.state_dir_for(self.imp)
+        try:  # the box keeps its own copy of its exchanges, merged into its prompt: that goes too
+            await anyio.to_thread.run_sync(forget_channel, state_dir, self.channel_id)
+        except (OSError, ValueError) as exc:
+            log.warning("could not forget %s in %s's history file: %s", self.channel_id, self.imp, exc)
+            self.console.say(
+                f"(impyard) forgot {removed} messages on the host, but not {self.imp}'s own copy of its "
+                f"replies ({exc}): they may still reach its next prompt"
+            )
+            return
+        self.console.say(
+            f"(impyard) forgot {removed} messages: {self.imp}'s next reply starts without them. What "
+            f"{self.imp} remembers is separate (impyard memory show {self.imp}; impyard memory forget)."
+        )
 
 
 async def run_chat(
-    imp: str, *, backend: str | None = None, stdin: TextIO | None = None, out: TextIO | None = None
+    imp: str,
+    *,
+    backend: str | None = None,
+    stdin: TextIO | None = None,
+    out: TextIO | None = None,
+    log_path: Path | None = None,
 ) -> None:
-    reader = LineReader((stdin or sys.stdin).fileno())
-    out = out or sys.stdout
+    console = open_console(stdin, out)
     clock = SystemClock()
     user = getpass.getuser()
-    channel_id = f"terminal:{user}"
-    surface = ChatSurface(imp, out)
-    async with open_runtime([imp], surface, backend=backend, clock=clock) as runtime:
-        chosen = runtime.backends[imp].name
-        if chosen == "process":
-            out.write(f"\n!!! {NO_LOCKDOWN_WARNING}\n\n")
-        out.write(f"Chatting with {imp} ({chosen} backend). {HELP}\n")
-        async with anyio.create_task_group() as tg:
+    async with console:
+        surface = ChatSurface(imp, console)
+        async with open_runtime([imp], surface, backend=backend, clock=clock) as runtime:
+            failure_notice = runtime.conversations.settings_for(imp).failure_notice
+            surface.skip_notices = frozenset({failure_notice} if failure_notice else ())
+            chosen = runtime.backends[imp].name
+            if chosen == "process":
+                console.say(f"\n!!! {NO_LOCKDOWN_WARNING}\n")
+            console.say(f"Chatting with {imp} ({chosen} backend). /help lists the commands; /quit leaves.")
+            if log_path is not None:
+                console.say(f"Log: {log_path}")
+            async with anyio.create_task_group() as tg:
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        out.write("\n(impyard) stopping…\n")
-                        tg.cancel_scope.cancel()
-                        return
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                        async for _ in signals:
+                            console.say("\n(impyard) stopping…")
+                            tg.cancel_scope.cancel()
+                            return
 
-            tg.start_soon(stop_on_signal)
-            await _chat_loop(runtime, imp, channel_id, user, reader, out, clock)
-            tg.cancel_scope.cancel()
-    out.write("(impyard) bye\n")
-    out.flush()
+                tg.start_soon(stop_on_signal)
+                await Chat(runtime, imp, user, console, surface, clock).run()
+                tg.cancel_scope.cancel()
+        console.say("(impyard) bye")

@@ -1,4 +1,4 @@
-"""Trust for acts (design.md §5, §12): the auto/gate/earned ladder, and the earned counts it reads.
+"""Trust for acts (docs/security.md, docs/architecture.md): the auto/gate/earned ladder, and the earned counts it reads.
 
 The ladder is a pure function. Its one hard line: a send whose target is not
 the session's own channel never goes out on the strength of the *target's*

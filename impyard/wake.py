@@ -1,4 +1,4 @@
-"""The wake rule (seed 004 §1, design.md §6): a pure function of the message's facts.
+"""The wake rule (seed 004 §1, docs/conversation.md): a pure function of the message's facts.
 
 Wake iff it is a DM, or the imp is mentioned (a user mention of the imp, a
 mention of its own managed role, or a reply to one of its messages — never

@@ -73,7 +73,7 @@ async def test_a_scripted_conversation(tmp_path: Path) -> None:
     assert third.outcome == "failed" and "not a valid envelope" in (third.error or "")
     assert [sent.content for sent in host.sent] == ["hello ann"]  # type: ignore[attr-defined]
     assert host.sent[0].channel_id == "c1" and host.sent[0].reply_to == "m1"  # type: ignore[attr-defined]
-    # The request the box made is the strict envelope call of design.md §4.
+    # The request the box made is the strict envelope call of docs/conversation.md.
     model_calls = [params for method, params in host.calls if method == "model.request"]
     body = model_calls[0].body  # type: ignore[attr-defined]
     assert body["response_format"]["json_schema"]["name"] == "envelope"

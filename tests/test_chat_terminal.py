@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,14 +29,20 @@ def fake() -> Iterator[FakeOpenAI]:
         yield server
 
 
-def spawn_chat(fake: FakeOpenAI, home: Path, *args: str) -> pexpect.spawn:
+def spawn_chat(fake: FakeOpenAI, home: Path, *args: str, answers_cpr: bool = False) -> pexpect.spawn:
+    """``answers_cpr``: False, the pty (which answers no cursor position request) tells prompt_toolkit so;
+    True, the chat has to cope with a terminal that does not answer (it logs it, never shows it)."""
     env = {
         **os.environ,
         "IMPYARD_HOME": str(home),
         "OPENAI_API_KEY": fake.api_key,
         "OPENAI_BASE_URL": fake.base_url,
     }
-    return pexpect.spawn(IMPYARD, ["chat", *args], env=env, encoding="utf-8", timeout=60)
+    if not answers_cpr:
+        env["PROMPT_TOOLKIT_NO_CPR"] = "1"
+    return pexpect.spawn(
+        IMPYARD, ["chat", *args], env=env, encoding="utf-8", timeout=60, dimensions=(40, 200)
+    )
 
 
 def converse(child: pexpect.spawn) -> None:
@@ -42,10 +50,10 @@ def converse(child: pexpect.spawn) -> None:
     child.sendline("hello pip")
     child.expect("pip> Hello from Pip!")
     child.expect("you> ")
-    child.sendline("/mode mention")
-    child.expect("mode set to mention")
+    child.sendline("/mode mention")  # the terminal is a direct conversation: it says so instead of accepting
+    child.expect("the terminal cannot use mention mode")
     child.sendline("/mode")
-    child.expect("mode is mention")
+    child.expect("every message here wakes pip")
 
 
 @pytest.mark.parametrize("backend", ["process", "docker"])
@@ -54,14 +62,21 @@ def test_chat_end_to_end(
 ) -> None:
     if backend == "docker":
         request.getfixturevalue("box_image")
-    child = spawn_chat(fake, impyard_home, "--backend", backend)
+    child = spawn_chat(fake, impyard_home, "--backend", backend, answers_cpr=True)  # it never does
+    child.logfile_read = screen = io.StringIO()
     converse(child)
+    log_file = impyard_home / "logs" / "chat.log"
+    deadline = time.monotonic() + 30
+    while "cursor position" not in log_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)  # prompt_toolkit gives up waiting for the answer after 2 s
     child.expect("you> ")
     child.sendline("/quit")
     child.expect("bye")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+    assert "does not answer cursor position requests" in log_file.read_text()  # logged …
+    assert "cursor position" not in screen.getvalue()  # … never shown in the conversation
     replies = [r for r in fake.requests_for("/chat/completions") if r.purpose == "reply"]
     request_seen = replies[0]  # the memory's own calls (embedding, appraisal, …) go beside it
     assert request_seen.body["messages"][-1]["content"].endswith("hello pip")

@@ -156,3 +156,35 @@ def test_clearing_a_shared_channel_says_who_else_forgets_it(history: History) ->
     woke(history, TERMINAL, say(history, TERMINAL, 8, "bob?"), "sent", imp="bob")
     result = run("history", "clear", "pip", TERMINAL, input="n\n")
     assert "It is shared: bob will forget it too." in result.output and history.count(TERMINAL) == 6
+
+
+def test_clear_also_drops_the_channel_from_the_imps_own_history_file(history: History) -> None:
+    """The box merges its own copy of its exchanges into every prompt: cleared, that copy goes too."""
+    conversation(history)
+    at = START.isoformat()
+    records = [
+        {"channel_id": channel, "id": f"{channel[-3:]}-{n}", "role": "user", "author": "alice",
+         "content": f"said in {channel}", "at": at}
+        for n, channel in enumerate([TERMINAL, GUILD, TERMINAL])
+    ]  # fmt: skip
+    state = ImpStore().state_dir("pip")
+    state.mkdir(parents=True)
+    (state / "history.json").write_text(
+        json.dumps({"version": 1, "records": records, "counters": {"x": {"sent": 2}}})
+    )
+    assert run("history", "clear", "pip", TERMINAL, "--yes").exit_code == 0
+    kept = json.loads((state / "history.json").read_text())
+    assert [r["channel_id"] for r in kept["records"]] == [GUILD] and kept["counters"] == {"x": {"sent": 2}}
+
+
+def test_clear_leaves_an_unreadable_history_file_alone_and_says_so(history: History) -> None:
+    conversation(history)
+    state = ImpStore().state_dir("pip")
+    state.mkdir(parents=True)
+    (state / "history.json").write_text("{not json")
+    result = run("history", "clear", "pip", TERMINAL, "--yes")
+    assert (
+        result.exit_code == 0 and "could not forget terminal:alice in pip's own history file" in result.output
+    )
+    assert (state / "history.json").read_text() == "{not json"  # never rewritten empty
+    assert history.count(TERMINAL) == 0

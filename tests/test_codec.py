@@ -1,4 +1,4 @@
-"""The NDJSON codec: framing and the line-length limit (design.md §3)."""
+"""The NDJSON codec: framing and the line-length limit (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from box.protocol.models import ImpSpec, MemorySettings, ResponderSettings
 from impyard.imp_config import MemoryConfig, ModelConfig, toml_value
 from impyard.imps import ImpStore
 
-# Written out on purpose: a changed default must change this table (and README.md's table) too.
+# Written out on purpose: a changed default must change this table (and docs/configuration.md's tables) too.
 EXPECTED: dict[tuple[str, str], Any] = {
     ("model", "model"): "gpt-4.1-mini",
     ("model", "vision_model"): None,

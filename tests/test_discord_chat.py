@@ -1,4 +1,4 @@
-"""Chatting with an imp on Discord, end to end (issue 5, design.md §6, §12).
+"""Chatting with an imp on Discord, end to end (issue 5, docs/conversation.md, docs/architecture.md).
 
 The real discord.py client against the loopback fake Discord, the real box (process backend), the
 gateway, SQLite, and the fake OpenAI as the model. What the users do is injected into the fake

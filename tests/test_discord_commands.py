@@ -1,4 +1,4 @@
-"""Slash commands and approval cards on Discord, end to end (issue 5, design.md §5, §12).
+"""Slash commands and approval cards on Discord, end to end (issue 5, docs/security.md, docs/architecture.md).
 
 Who may: the server owner (ALICE), an administrator (BOB), or pip's configured owner (OLIVE);
 CAROL may not. Every interaction is deferred first, and every answer is ephemeral.

@@ -75,7 +75,7 @@ async def test_mentions_come_from_the_message_itself(connected: tuple[FakeDiscor
         "user": (True, False, False, True),
         "role": (False, True, False, True),
         "other_role": (False, False, False, False),
-        "everyone": (False, False, True, False),  # mentioned_in() would have said yes (design.md §12)
+        "everyone": (False, False, True, False),  # mentioned_in() would have said yes (docs/architecture.md)
     }
     assert client.user is not None and client.user.mentioned_in(everyone)
 

@@ -251,16 +251,15 @@ async def test_supervise_posts_tasks_through_the_bots_and_the_task_log_to_the_lo
     assert not [c for c in yard.fake.rest_calls if "task" in c.path]
 
 
-# ------------------------------------------------------------------ the walkthrough (README.md, "Discord")
+# ------------------------------------------------------------------ the walkthrough (docs/discord.md)
 
 
 def test_the_walkthrough_in_the_readme(model: FakeOpenAI, impyard_home: Path) -> None:
-    """Every step of the README's Discord walkthrough, against the fake Discord: CLI steps, then serve in-process."""
+    """Every step of the Discord walkthrough (docs/discord.md), against the fake Discord: CLI steps, then serve."""
     from impyard.backends.process import ProcessBackend
     from tests.discord_yard import OLIVE, OWNERS, QUIET
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    doc = readme[readme.index("## Discord: `impyard serve`") : readme.index("## The box\n")]
+    doc = (Path(__file__).parent.parent / "docs" / "discord.md").read_text()
     model.script(envelope(answer="Hi, I'm Pip!"))
     runner = CliRunner()
     with make_fake() as fake:
@@ -297,7 +296,7 @@ def test_the_walkthrough_in_the_readme(model: FakeOpenAI, impyard_home: Path) ->
         assert runner.invoke(cli, ["channel", "mode", str(QUIET), "mention"]).exit_code == 0
         for command in ("impyard discord invite pip", "impyard discord sync pip --guild", "impyard channel trust",
                         "impyard channel mode", "impyard serve", "token_file", "owner_channel", "Message Content Intent"):  # fmt: skip
-            assert command in doc, f"the README's Discord walkthrough lost the step {command!r}"
+            assert command in doc, f"the Discord walkthrough (docs/discord.md) lost the step {command!r}"
 
         # 6. impyard serve (in-process; the CLI would run exactly this).
         async def main() -> None:

@@ -54,7 +54,12 @@ STILL_VALUE_ERRORS = [
     TaskError,
 ]  # fmt: skip
 # Exceptions of impyard/ that are internal signalling, never shown to a user: the only ones outside the root.
-INTERNAL = {"impyard.judge._Outside", "impyard.broker.ResponseTooLarge", "impyard.memory.vectors.VectorError"}
+INTERNAL = {
+    "impyard.judge._Outside",
+    "impyard.broker.ResponseTooLarge",
+    "impyard.memory.vectors.VectorError",
+    "impyard.chat_console.Interrupted",
+}
 
 
 def run(*args: str) -> Result:
@@ -172,7 +177,9 @@ def test_a_bad_history_retention_setting_stops_chat_with_one_line(monkeypatch: p
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("IMPYARD_HISTORY_RETENTION", "lots")
 
-    async def run_chat(name: str, *, backend: str | None = None) -> None:  # CliRunner's stdin has no fileno
+    async def run_chat(
+        name: str, *, backend: str | None = None, log_path: object = None
+    ) -> None:  # no fileno
         retention_from_env()  # what the runtime checks first
 
     monkeypatch.setattr(terminal, "run_chat", run_chat)

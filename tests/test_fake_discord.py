@@ -1,4 +1,4 @@
-"""The loopback fake Discord, driven by the real discord.py client (design.md §9)."""
+"""The loopback fake Discord, driven by the real discord.py client (docs/contributing.md)."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ async def test_injected_message_arrives_with_mentions_resolved(fake: FakeDiscord
         assert [r.id for r in message.role_mentions] == [HELPERS.id]
         assert message.mention_everyone
 
-        # @everyone alone: mentioned_in() says yes, message.mentions says no (design.md §12).
+        # @everyone alone: mentioned_in() says yes, message.mentions says no (docs/architecture.md).
         arriving = next_message(client, GENERAL)
         fake.post_message(GENERAL, CAROL, "@everyone standup")
         everyone = await arriving

@@ -1,4 +1,4 @@
-"""The loopback fake OpenAI server, driven by the real openai SDK (design.md §9)."""
+"""The loopback fake OpenAI server, driven by the real openai SDK (docs/contributing.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Approval gates: durable, frozen, deadlines on a fixed clock, the approver policy, exactly-once
-execution under concurrency, and earned trust (design.md §5, §12)."""
+execution under concurrency, and earned trust (docs/security.md, docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gateway end to end: every box request judged, metered, gated and audited (design.md §5).
+"""The gateway end to end: every box request judged, metered, gated and audited (docs/security.md).
 
 The upstream is the loopback fake OpenAI; sends land on a RecordingSurface; the
 clock is fixed. Every refusal is checked for its error code, its rule, and that
@@ -425,7 +425,7 @@ async def test_files_are_decoded_host_side(h: Harness) -> None:
 
 
 async def test_a_send_to_another_trusted_channel_from_an_untrusted_session_is_gated(h: Harness) -> None:
-    """design.md §12: never auto-send on the strength of the *target's* trust."""
+    """docs/architecture.md: never auto-send on the strength of the *target's* trust."""
     h.gateway.policy = policy_with(  # allow the send itself, so only trust decides
         '[[rules]]\nname = "send-announce"\nmethod = "discord.send"\naction = "allow"\nchannels = ["announce"]\n'
     )

@@ -22,7 +22,7 @@ NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
         (WakeFacts(is_dm=False, mode="mention", mentions_imp=True), True, "mention"),
         (WakeFacts(is_dm=False, mode="mention", mentions_imp_role=True), True, "mention"),
         (WakeFacts(is_dm=False, mode="mention", replies_to_imp=True), True, "mention"),
-        # @everyone / @here never count as a mention of the imp (design.md §12).
+        # @everyone / @here never count as a mention of the imp (docs/architecture.md).
         (WakeFacts(is_dm=False, mode="mention", mentions_everyone=True), False, "ambient"),
         (WakeFacts(is_dm=False, mode="all", mentions_everyone=True), True, "mode_all"),
         # Bots and the imp's own messages never reach the wake rule: Conversations.route drops them

@@ -1,6 +1,6 @@
 """The memory's model calls: routing, tolerant JSON, busy backoff and the call log (mechanisms 55, 119-121).
 
-Every call goes to the host's gateway as ``model.request`` (the box has no network, design.md §3),
+Every call goes to the host's gateway as ``model.request`` (the box has no network, docs/protocol.md),
 through ``box.model.ModelClient``. What is different from the reply machinery in ``box.attempts``
 (ENV-12), and why:
 
@@ -45,7 +45,7 @@ log = logging.getLogger("box.memory.calls")
 CHAT_PATH = "/chat/completions"
 EMBEDDINGS_PATH = "/embeddings"
 
-# Temperatures per purpose (memory-engine.md "Hard-coded constants").
+# Temperatures per purpose (seed 002, "Hard-coded constants").
 TEMPERATURE_REPLY = 0.4  # mechanism 46
 TEMPERATURE_APPRAISAL = 0.4  # mechanism 57
 TEMPERATURE_FILTER = 0.2  # mechanism 20

@@ -62,7 +62,7 @@ class Conversation:
     ) -> Conversation:
         """This channel's conversation with the person; a new one after ``stale_after_s`` of their absence.
 
-        Absence past the presence window (mechanism 10, 1800 s) ends a conversation (design.md §7: the next
+        Absence past the presence window (mechanism 10, 1800 s) ends a conversation (docs/memory.md: the next
         message is an arrival), so its focus, living record (64) and summary start afresh; arrival's own
         recall and reply are issue II's.
         """

@@ -21,7 +21,7 @@ from box.memory.calls import MemoryModel
 
 EMBED_MAX_CHARS = 8_000  # a long message is embedded by its beginning; its meaning is there
 EMBED_MAX_BYTES = 12_000  # and at most this much UTF-8, so CJK text stays under a model's token limit
-HASHING_DIMS = 64  # memory-engine.md: the test embedder's 64 buckets
+HASHING_DIMS = 64  # seed 002: the test embedder's 64 buckets
 
 _TOKEN = re.compile(r"\w+")
 
@@ -48,7 +48,7 @@ def clip_for_embedding(text: str) -> str:
 
 @dataclass
 class HashingEmbedder:
-    """The deterministic 64-dim bag of words (memory-engine.md "Embedder and recall scoring").
+    """The deterministic 64-dim bag of words (seed 002, "Embedder and recall scoring").
 
     Each lowercase ``\\w+`` token adds 1 to bucket md5(token) mod 64; the counts are L2-normalised.
     md5, not ``hash()``: the same text gives the same vector in every process (hash() is salted).

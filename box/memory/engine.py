@@ -52,7 +52,7 @@ log = logging.getLogger("box.memory")
 HostLog = Callable[[str, str], Awaitable[None]]  # (level, message)
 
 MAX_REPLY_CALLS = 4  # mechanism 49
-MOMENT_PROBE_WORDS = 70  # memory-engine.md: moment-probe words cut to 70
+MOMENT_PROBE_WORDS = 70  # seed 002: moment-probe words cut to 70
 STATE_EPISODES = 5  # episodesPerFeeling: the State's entries are reloaded with 5 (subtle point 5)
 TURN_BUDGET_S = 100.0  # without a ceiling from the host: before its default 120 s turn ceiling (121)
 TURN_BUDGET_SHARE = 0.85  # of the host's turn ceiling: the reply still has time after a busy backoff

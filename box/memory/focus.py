@@ -18,7 +18,7 @@ from box.protocol.memory import RecordView
 
 FOCUS_CAP = 100  # mechanism 43
 MOMENT_TEXT_CHARS = 4_000  # a moment's as-it-happened text, as the focus keeps it (the store keeps more)
-EVOKED_EPISODES = 3  # recall loads 3 episodes per candidate (memory-engine.md)
+EVOKED_EPISODES = 3  # recall loads 3 episodes per candidate (seed 002)
 EPISODE_TEXT_CHARS = 1_000
 CONCLUSION_CHARS = 1_000
 

@@ -1,8 +1,8 @@
-"""The memory engine's laws: pure functions of plain values (seed 002; memory-engine.md).
+"""The memory engine's laws: pure functions of plain values (seed 002).
 
 Both sides import this module, the way they import the protocol models: the host ranks records by
 cosine × felt strength with these laws, the box composes recall and state with them, so the two
-compute a felt strength the same way (design.md §7). Nothing here reads a clock, a file or a model:
+compute a felt strength the same way (docs/memory.md). Nothing here reads a clock, a file or a model:
 ``now`` is always an argument (mechanism 122, the movable clock).
 """
 
@@ -21,7 +21,7 @@ DAY_S = 86_400.0
 
 @dataclass(frozen=True)
 class Params:
-    """The engine's parameters with memory-engine.md's defaults (the "parameters" table)."""
+    """The engine's parameters with seed 002's defaults (the "parameters" table)."""
 
     recent_count: int = 5  # mechanism 32
     recall_candidates: int = 10  # mechanism 17
@@ -75,7 +75,7 @@ class Temperament:
     avoidance_weight: float = field(default=2.0)
 
     def __post_init__(self) -> None:
-        # memory-engine.md: avoidanceWeight is clamped to at least 1.
+        # seed 002: avoidanceWeight is clamped to at least 1.
         object.__setattr__(self, "avoidance_weight", max(1.0, self.avoidance_weight))
 
 
@@ -276,7 +276,7 @@ def mentions(text: str, names: list[str] | tuple[str, ...]) -> bool:
 
 # ------------------------------------------------------------------ B. rumination (mechanism 18)
 
-RUMINATION_JACCARD = 0.6  # mechanism 18 (hard-coded in memory-engine.md)
+RUMINATION_JACCARD = 0.6  # mechanism 18 (hard-coded in seed 002)
 RUMINATION_COSINE = 0.92  # mechanism 18
 
 # Mechanism 18: word overlap ignores stop words. English function words only: the engine's prompts

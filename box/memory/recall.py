@@ -1,7 +1,7 @@
 """Recall: what comes to mind, composed in the box from the host's ranked search (mechanisms 14-31).
 
 The host scores (cosine × felt strength, name bonus, episodes, top k, the length check: 14-17, 30);
-this module does the rest (memory-engine.md "Involuntary recall", "Deliberate recall", "Plain recall";
+this module does the rest (seed 002, "Involuntary recall", "Deliberate recall", "Plain recall";
 subtle points 2, 4, 5):
 
 * **involuntary** — embed the words, search, collapse rumination (18), let candidates felt at ≥ 0.5
@@ -26,9 +26,9 @@ from box.memory.laws import DEFAULTS, Params, collapse, mentions, names_in, quer
 from box.memory.store_client import StoreClient
 from box.protocol.memory import ConstructKind, RecordView
 
-RECALL_EPISODES = 3  # memory-engine.md: recall loads 3 episodes per candidate
+RECALL_EPISODES = 3  # seed 002: recall loads 3 episodes per candidate
 FILTER_FALLBACK_KEEP = 3  # mechanism 20: an unreadable filter answer keeps the first 3
-DELIBERATE_ROOM = 4  # memory-engine.md "Deliberate recall": the filter with room 4
+DELIBERATE_ROOM = 4  # seed 002, "Deliberate recall": the filter with room 4
 OWN_OF_KIND = 3  # mechanism 27
 
 

@@ -1,4 +1,4 @@
-"""The box's side of the memory store: one async method per ``memory.*`` request (design.md §7).
+"""The box's side of the memory store: one async method per ``memory.*`` request (docs/memory.md).
 
 The store lives in the host's database; the box asks through the protocol peer and never names a
 scope (the host applies the session's scopes itself). Anything that goes wrong on the way — the host

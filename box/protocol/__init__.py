@@ -1,4 +1,4 @@
-"""The box protocol (v1): the contract between host and box (design.md §3).
+"""The box protocol (v1): the contract between host and box (docs/protocol.md).
 
 One package, imported by both sides: the frame and params models
 (``box.protocol.models``), the NDJSON codec (``box.protocol.codec``) and the

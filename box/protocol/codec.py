@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MAX_LINE_BYTES = 1024 * 1024  # design.md §3: 1 MiB
+DEFAULT_MAX_LINE_BYTES = 1024 * 1024  # docs/protocol.md: 1 MiB
 # No frame of the protocol nests deeper than a model body with a JSON schema in it; far below what
 # recursion in json.loads, pydantic or json.dumps can take (issue 11 #1: 100,000 levels crashed the host).
 MAX_FRAME_DEPTH = 64

@@ -1,4 +1,4 @@
-"""Error codes and exceptions of the box protocol (design.md §3)."""
+"""Error codes and exceptions of the box protocol (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``memory.*`` requests: the box thinks, the host keeps (design.md §7; issue 23).
+"""The ``memory.*`` requests: the box thinks, the host keeps (docs/memory.md; issue 23).
 
 The memory engine runs in the box, its store lives in the host's database. A box reaches the
 store only through these requests, and **no request names a scope**: the host decided the

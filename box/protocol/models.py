@@ -1,4 +1,4 @@
-"""Pydantic models for every params and result shape of the box protocol v1 (design.md §3).
+"""Pydantic models for every params and result shape of the box protocol v1 (docs/protocol.md).
 
 Direction decides strictness: what the *host* sends, the box parses leniently
 (unknown fields ignored, the host may be newer); what the *box* sends, the host

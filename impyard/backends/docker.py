@@ -1,4 +1,4 @@
-"""The Docker backend: every box is ``docker run -i --rm --init`` with the full lockdown of design.md §10.
+"""The Docker backend: every box is ``docker run -i --rm --init`` with the full lockdown of docs/box.md.
 
 The box's stdio is the ``docker run`` client's stdio (``anyio.open_process``);
 the docker SDK is used only for lifecycle: preflight checks, kill by name,
@@ -48,7 +48,7 @@ _REQUIRED_ENGINE_FEATURES = {
 
 @dataclass(frozen=True)
 class DockerLimits:
-    """Resource limits of every box (design.md §10)."""
+    """Resource limits of every box (docs/box.md)."""
 
     memory: str = "512m"  # also the --memory-swap value: no swap beyond it
     cpus: float = 1.0

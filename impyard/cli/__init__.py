@@ -1,4 +1,4 @@
-"""The ``impyard`` command line: groups are nouns, subcommands verbs (conventions.md)."""
+"""The ``impyard`` command line: groups are nouns, subcommands verbs (docs/contributing.md)."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def _gate_row(gate: Gate) -> tuple[str, ...]:
 
 @click.group("approvals")
 def approvals_group() -> None:
-    """Gated acts waiting for a human decision (design.md §5).
+    """Gated acts waiting for a human decision (docs/security.md, "Approvals").
 
     \b
     Example:

@@ -1,4 +1,4 @@
-"""``impyard channel``: response mode and trust per channel (design.md §6)."""
+"""``impyard channel``: response mode and trust per channel (docs/conversation.md)."""
 
 from __future__ import annotations
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import logging.handlers
+import sys
+from pathlib import Path
+
 import anyio
 import click
 
@@ -16,6 +21,9 @@ from impyard.paths import home
 from impyard.policy import PolicyError
 
 DEFAULT_IMP = "pip"
+LOG_FILE = Path("logs") / "chat.log"  # under IMPYARD_HOME
+LOG_FILE_BYTES = 5 * 1024 * 1024
+LOG_FILES_KEPT = 3
 NO_KEY = (
     "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
     "OPENAI_BASE_URL=http://host:port/v1), then run impyard chat again"
@@ -31,6 +39,8 @@ def pick_imp(store: ImpStore, name: str | None) -> str:
     if len(names) == 1:
         return names[0]
     if names:
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            return str(click.prompt("Chat with which imp?", type=click.Choice(names), default=names[0]))
         raise CliError(f"several imps exist ({', '.join(names)}): say which, e.g. impyard chat {names[0]}")
     store.add(DEFAULT_IMP, **new_imp_settings())  # a first imp remembers (issue 23)
     click.echo(
@@ -38,6 +48,21 @@ def pick_imp(store: ImpStore, name: str | None) -> str:
         err=True,
     )
     return DEFAULT_IMP
+
+
+def log_to_file(path: Path) -> None:
+    """The chat's logs go to ``path``, never between the lines of the conversation (issue 17)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILES_KEPT, encoding="utf-8"
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(min(root.level, logging.INFO))  # a file has room for what happened; -vv adds debug
+    logging.captureWarnings(True)
 
 
 @click.command("chat")
@@ -54,7 +79,9 @@ def chat_command(imp: str | None, backend: str | None) -> None:
     \b
     The message goes through the whole pipeline: history, wake, framing, the
     imp's warm box and the gateway (terminal replies are auto-approved). With
-    no IMP and no imps yet, a first imp called 'pip' is created.
+    no IMP and no imps yet, a first imp called 'pip' is created; with several,
+    it asks which. Type /help in the chat for its commands. Logs go to
+    IMPYARD_HOME/logs/chat.log, not to the screen.
     Example:
       export OPENAI_API_KEY=sk-...
       impyard chat pip
@@ -66,7 +93,9 @@ def chat_command(imp: str | None, backend: str | None) -> None:
     try:
         name = pick_imp(ImpStore(), imp)
         with InstanceLock(home(), "chat"):
-            anyio.run(lambda: run_chat(name, backend=backend))
+            log_path = home() / LOG_FILE
+            log_to_file(log_path)
+            anyio.run(lambda: run_chat(name, backend=backend, log_path=log_path))
     except (
         ImpError,
         PolicyError,

@@ -13,7 +13,7 @@ from impyard.imps import ImpConfig, ImpError, ImpStore
 if TYPE_CHECKING:
     import discord
 
-# What an imp's bot needs in a server (the README, section Discord): read and answer, in threads too, with files.
+# What an imp's bot needs in a server (docs/discord.md): read and answer, in threads too, with files.
 BOT_PERMISSION_NAMES = (
     "view_channel", "send_messages", "send_messages_in_threads", "read_message_history", "attach_files",
     "use_application_commands",
@@ -63,7 +63,7 @@ async def sync_commands(configs: list[ImpConfig], guild_id: int | None) -> list[
 
 @click.group("discord")
 def discord_group() -> None:
-    """The imps' Discord bots: command sync and invite links (the README, section Discord).
+    """The imps' Discord bots: command sync and invite links (the walkthrough: docs/discord.md).
 
     \b
     Example:

@@ -8,6 +8,7 @@ from datetime import UTC
 
 import click
 
+from box.history import forget_channel
 from impyard.backends.conduct import printable
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
@@ -175,4 +176,10 @@ def clear_command(imp: str, channel: str, yes: bool) -> None:
                 abort=True,
             )
         removed = history.clear(channel)
+    store = ImpStore()
+    for name in [imp, *others]:  # each imp's box keeps its own copy of its exchanges there: that goes too
+        try:
+            forget_channel(store.state_dir(name), channel)
+        except (OSError, ValueError) as exc:
+            click.echo(f"could not forget {channel} in {name}'s own history file: {exc}", err=True)
     click.echo(f"Forgot {removed} messages of channel {channel}.")

@@ -97,7 +97,10 @@ def schedule_group() -> None:
     "--channel",
     "channel_id",
     default=None,
-    help="Where its tasks post (default: the imp's task log, task:IMP).",
+    help=(
+        "Where its tasks post (default: the imp's task log, task:IMP); "
+        "a Discord channel needs `impyard serve --supervise`."
+    ),
 )
 @click.option("--ceiling", default=None, help="Longest each task's box may run, 10s to 6h (default 10m).")
 @click.option(

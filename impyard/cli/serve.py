@@ -51,7 +51,7 @@ def serve_command(imps: tuple[str, ...], supervise: bool, backend: str | None, l
     \b
     With no IMP, every imp whose Discord token is set is served (one bot each).
     One host per IMPYARD_HOME; SIGINT or SIGTERM stops it cleanly (running turns
-    finish, every box is closed). The walkthrough is the README, section Discord.
+    finish, every box is closed). The walkthrough is docs/discord.md.
     Example:
       export OPENAI_API_KEY=sk-...
       export IMPYARD_DISCORD_TOKEN_PIP=...

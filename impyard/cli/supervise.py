@@ -73,9 +73,12 @@ def supervise_command(concurrency: int, once: bool, backend: str | None) -> None
     \b
     One supervisor per IMPYARD_HOME (a second one refuses, naming the first's
     pid). Tasks left running by a supervisor that died are reclaimed at start.
-    Every task transition is logged. Example:
+    Every task transition is logged. It has no Discord connection: its tasks
+    post to their imp's task log (printed here); a task that posts into a
+    Discord channel is refused, so run those under `impyard serve --supervise`.
+    See docs/tasks.md. Example:
       export OPENAI_API_KEY=sk-...
-      impyard schedule add pip --cron "0 9 * * *" --tz Europe/Oslo "Post the daily summary" --channel 123456789012345678
+      impyard schedule add pip --cron "0 9 * * *" --tz Europe/Oslo "Note what you did today"
       impyard supervise
     """
     if not UpstreamConfig.from_env().api_key:

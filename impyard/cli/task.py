@@ -76,7 +76,7 @@ def _task_row(task: Task, now: datetime) -> tuple[str, ...]:
 
 @click.group("task")
 def task_group() -> None:
-    """One-shot tasks: run by `impyard supervise` in a box, governed like chat.
+    """One-shot tasks: run in a box by `impyard supervise` (or `impyard serve --supervise`), governed like chat.
 
     \b
     Example:
@@ -92,7 +92,10 @@ def task_group() -> None:
     "--channel",
     "channel_id",
     default=None,
-    help="Where the task posts (default: the imp's task log, task:IMP).",
+    help=(
+        "Where the task posts (default: the imp's task log, task:IMP); "
+        "a Discord channel needs `impyard serve --supervise`."
+    ),
 )
 @click.option("--ceiling", default=None, help="Longest the box may run, 10s to 6h (default 10m).")
 @click.option(
@@ -112,7 +115,7 @@ def add_command(
     imp: str, prompt: str | None, channel_id: str | None, ceiling: str | None, kind: str, wake_on_resolve: bool,
     briefing: bool, out: Output,
 ) -> None:  # fmt: skip
-    """Queue a task for IMP; a running `impyard supervise` starts it within a second.
+    """Queue a task for IMP; a running `impyard supervise` (or `serve --supervise`) starts it within a second.
 
     \b
     Examples:

@@ -1,4 +1,4 @@
-"""Approval cards (design.md §5, §12): a gated reply shown to the imp's owners with Approve / Deny buttons.
+"""Approval cards (docs/security.md, docs/architecture.md): a gated reply shown to the imp's owners with Approve / Deny buttons.
 
 When the gateway opens a gate, the card is posted by the imp's bot to its configured ``[discord]
 owner_channel`` (the gate also waits in ``impyard approvals ls`` and ``/approvals list``). A click is

@@ -1,4 +1,4 @@
-"""Buttons that outlive the process (design.md §12): approval cards' Approve / Deny, ``/forget-me``'s question.
+"""Buttons that outlive the process (docs/architecture.md): approval cards' Approve / Deny, ``/forget-me``'s question.
 
 Each is a ``DynamicItem`` whose custom id, ``impyard:<kind>:<key>:<action>``, says what it acts on, so a
 click on a message posted before a restart still lands (``ImpClient.setup_hook`` registers the classes).

@@ -6,7 +6,7 @@ client at another Discord (the loopback fake in tests): REST through ``discord.h
 the gateway URL asked from that API (``GET /gateway/bot``) after login, because a plain
 ``discord.Client`` would otherwise connect to Discord's own gateway.
 
-Intents (design.md §6): guilds, guild and DM messages, and message reactions (ENV-13) are ordinary;
+Intents (docs/discord.md, step 1): guilds, guild and DM messages, and message reactions (ENV-13) are ordinary;
 ``message_content`` is privileged. ``mention`` mode works without it (Discord still sends the text of
 messages that mention the bot, and of DMs); ``all`` mode needs it. When the application has not
 switched it on in the Developer Portal, the imp connects without it and the operator is told what that
@@ -135,7 +135,7 @@ class ImpClient(discord.Client):
         if not token:
             raise DiscordSetupError(
                 f"imp {self.imp} has no Discord token ({source} is not set): create a bot at {PORTAL}, copy its token, "
-                f"then set it (see the README, section Discord)"
+                f"then set it (see docs/discord.md, step 2)"
             )
         try:
             await self.login(token)

@@ -1,4 +1,4 @@
-"""Slash commands (design.md §1, §6, §12): ``/channel mode|trust|untrust|show``, ``/approvals list|approve|deny``
+"""Slash commands (docs/architecture.md, docs/conversation.md): ``/channel mode|trust|untrust|show``, ``/approvals list|approve|deny``
 and ``/forget-me`` (issue 23).
 
 Administration happens only on authenticated surfaces: every command is checked here, in code, for

@@ -1,4 +1,4 @@
-"""A Discord message, as the conversation pipeline takes it (design.md §6, §12).
+"""A Discord message, as the conversation pipeline takes it (docs/conversation.md, docs/architecture.md).
 
 ``on_message`` → :func:`skip_reason` (system and command messages: not conversation) → :func:`to_inbound`:
 who wrote it (a bot, a webhook, an imp of this host — ``Conversations.route`` drops those, the one place

@@ -70,7 +70,7 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
     configs = store.all_configs()
     if not configs:
         raise DiscordSetupError(
-            "there are no imps yet: `impyard imp add pip`, give it a bot token (the README, section Discord)"
+            "there are no imps yet: `impyard imp add pip`, give it a bot token (docs/discord.md)"
         )
     chosen = []
     for config in configs:
@@ -82,7 +82,7 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
     if not chosen:
         sources = ", ".join(f"{c.name}: {store.token_status(c).source}" for c in configs)
         raise DiscordSetupError(
-            f"no imp has a Discord token ({sources}): set one (the README, section Discord), then run impyard serve"
+            f"no imp has a Discord token ({sources}): set one (docs/discord.md, step 2), then run impyard serve"
         )
     return chosen
 
@@ -172,7 +172,7 @@ class DiscordHost:
     def ready(self, client: ImpClient) -> None:
         guilds = (
             ", ".join(f"{g.name} ({g.id})" for g in client.guilds)
-            or "none yet: invite the bot (the README, section Discord)"
+            or "none yet: invite the bot (docs/discord.md, step 3)"
         )
         log.info("imp %s is on Discord as %s; servers: %s", client.imp, client.user, guilds)
         self._ready[client.imp].set()

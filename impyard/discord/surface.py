@@ -4,7 +4,7 @@ Each send posts as the named imp's own bot (``imp=``). A reply is chunked to Dis
 characters (paragraph/sentence boundaries, fences kept: ``chunks.py``); the first chunk replies to
 the message it answers, files ride on the last chunk (10 per message). Every chunk carries a nonce
 with ``enforce_nonce``, so the retry of a chunk whose first attempt may have landed (a 429 past
-discord.py's own wait, a 5xx, a timeout) can never post it twice (design.md §12). Posts cannot
+discord.py's own wait, a 5xx, a timeout) can never post it twice (docs/architecture.md). Posts cannot
 ping ``@everyone`` or roles, whatever the box wrote.
 
 Channels that are not Discord channels — the imp's task log ``task:<imp>``, the terminal — are written

@@ -1,4 +1,4 @@
-"""The host's side of the memory engine (issue 23; design.md §7): the box thinks, the host keeps.
+"""The host's side of the memory engine (issue 23; docs/memory.md): the box thinks, the host keeps.
 
 ``store`` (tables, the scoped query layer, the operator API), ``vectors`` (compact blobs), ``cache``
 (the per-(imp, scope, dims) matrices and recall scoring), ``scopes`` (which scopes a session writes and

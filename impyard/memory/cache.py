@@ -1,4 +1,4 @@
-"""The host's vector cache and recall scoring (issue 23; memory-engine.md "Embedder and recall scoring").
+"""The host's vector cache and recall scoring (issue 23; seed 002, "Embedder and recall scoring").
 
 One ``ScopeMatrix`` per (imp, scope, dims): the record vectors of that scope and length as a float32
 matrix (exactly the stored float16 values), the arrays the felt strength needs (intensity, valence,

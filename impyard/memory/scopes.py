@@ -1,4 +1,4 @@
-"""Which memory scopes a session writes and reads (design.md §7, issue 23), and who else is present (10).
+"""Which memory scopes a session writes and reads (docs/memory.md, issue 23), and who else is present (10).
 
 Everything the memory engine stores carries the scope it was formed in:
 

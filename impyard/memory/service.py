@@ -1,4 +1,4 @@
-"""The ``memory.*`` requests of a box, served by the host (issue 23; design.md §7).
+"""The ``memory.*`` requests of a box, served by the host (issue 23; docs/memory.md).
 
 ``MemoryService`` answers the nine ``memory.*`` methods (models: ``box.protocol.memory``) for one box at a
 time, through the session's ``ScopedMemory``: the scopes are the host's decision (``scopes.resolve``),

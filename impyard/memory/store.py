@@ -1,4 +1,4 @@
-"""The host's memory store (issue 23; design.md §7): records, episodes, conversations, in privacy scopes.
+"""The host's memory store (issue 23; docs/memory.md): records, episodes, conversations, in privacy scopes.
 
 Records and episodes are separate tables (mechanism 116): an episode belongs to exactly one record, and a
 record has no event of its own; its valence is written once and never updated (117). Fading happens at
@@ -20,7 +20,7 @@ lived record; for a construct its statement and conclusion, where the statement 
 word ("I believe: …") rendered around the conclusion field the box stored — the kind word names no one,
 so the text matched is the conclusion in both cases.
 
-The SQL runs on PostgreSQL too (design.md §13): uuid4-hex ids, ISO-8601 UTC text times, no SQLite-only
+The SQL is kept portable, for PostgreSQL later (docs/architecture.md, "State"): uuid4-hex ids, ISO-8601 UTC text times, no SQLite-only
 functions; ``LIKE`` is only a prefilter (both sides lowercased in Python) before a whole-word check.
 """
 

@@ -1,4 +1,4 @@
-"""``impyard supervise``: scheduled and proactive work as governed one-shot boxes (issue 8; design.md §1, §5).
+"""``impyard supervise``: scheduled and proactive work as governed one-shot boxes (issue 8; docs/tasks.md).
 
 Modules, one concept each: ``loop`` (the ``Supervisor``: reclaim, then tick — gates, follow-ups,
 schedules, cancels, dispatch — and one task's box run), ``settings`` (``SupervisorSettings``),

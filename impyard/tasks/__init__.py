@@ -1,4 +1,4 @@
-"""Tasks: one-shot work run by ``impyard supervise`` in a governed box (issue 8; design.md §1, §5).
+"""Tasks: one-shot work run by ``impyard supervise`` in a governed box (issue 8; docs/tasks.md).
 
 A task moves ``queued → running → done | failed | needs_review | cancelled``;
 a running task whose imp is over budget goes back to ``queued`` for the next

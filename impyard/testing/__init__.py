@@ -1,4 +1,4 @@
-"""What tests and the benchmark share: loopback fakes of the services impyard talks to (design.md §9).
+"""What tests and the benchmark share: loopback fakes of the services impyard talks to (docs/contributing.md).
 
 Shipped with the package the way Starlette ships its test client, so the benchmark (and anyone testing
 an imp) can use them without importing the test suite:

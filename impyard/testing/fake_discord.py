@@ -1,4 +1,4 @@
-"""A loopback fake of Discord — REST API and gateway websocket — for the real discord.py client (design.md §9).
+"""A loopback fake of Discord — REST API and gateway websocket — for the real discord.py client (docs/contributing.md).
 
     async with FakeDiscord(guilds=[FakeGuild(GUILD, "yard", owner_id=ALICE.id,
                                              channels=[FakeChannel(CHAN, "general")],
@@ -111,7 +111,7 @@ DEFAULT_BOT_USER_ID = 990_000_000_000_000_001
 DEFAULT_APP_OWNER_ID = 990_000_000_000_000_002
 DISCORD_EPOCH_MS = 1_420_070_400_000
 HEARTBEAT_INTERVAL_MS = 41_250
-INTERACTION_ACK_DEADLINE_S = 3.0  # Discord forgets an interaction not acknowledged within 3 s (design.md §12)
+INTERACTION_ACK_DEADLINE_S = 3.0  # Discord forgets an interaction not acked within 3 s (docs/architecture.md)
 MAX_CONTENT_CHARS = 2000
 MAX_FILES_PER_MESSAGE = 10
 ATTACHMENT_SIZE_LIMIT_BYTES = 10 * 1024 * 1024

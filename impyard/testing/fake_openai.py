@@ -1,4 +1,4 @@
-"""A loopback fake of the OpenAI HTTP API, for tests and the benchmark (design.md §9).
+"""A loopback fake of the OpenAI HTTP API, for tests and the benchmark (docs/contributing.md).
 
 The real ``openai`` SDK (or any HTTP client) talks to it over 127.0.0.1. It
 answers from scripted rules matched by endpoint, by the host's purpose header
@@ -66,7 +66,7 @@ __all__ = [
     "tool_call",
 ]
 
-# The header the host's gateway adds to every upstream call (design.md §3, model.request `purpose`).
+# The header the host's gateway adds to every upstream call (docs/protocol.md, model.request `purpose`).
 PURPOSE_HEADER = "X-Impyard-Purpose"
 DEFAULT_API_KEY = "sk-test-fake"
 API_PREFIX = "/v1"
@@ -83,7 +83,7 @@ THREAD_JOIN_TIMEOUT_S = 5.0
 
 
 def envelope(**fields: Any) -> dict[str, Any]:
-    """A complete reply envelope (design.md §4): answer "ok", answer_needed true, the rest null/false."""
+    """A complete reply envelope (docs/conversation.md): answer "ok", answer_needed true, the rest null/false."""
     base: dict[str, Any] = {
         "answer": "ok",
         "answer_needed": True,

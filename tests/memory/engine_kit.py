@@ -49,7 +49,7 @@ from impyard.memory.service import STORE_UNAVAILABLE, MemoryService, memory_serv
 from tests import scripted
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-UTTERANCE = timedelta(seconds=30)  # memory-engine.md: the clock moves 30 s per utterance
+UTTERANCE = timedelta(seconds=30)  # seed 002: the clock moves 30 s per utterance
 IMP = "pip"
 DM_SCOPES = SessionScopes("dm:u1", ("dm:u1",))
 
@@ -77,7 +77,7 @@ def envelope(
     told: str | None = "Ann spoke with Pip, and Pip answered.",
     moment: bool = True,
 ) -> dict[str, Any]:
-    """A reply envelope (design.md §4) with the memory engine's fields."""
+    """A reply envelope (docs/conversation.md) with the memory engine's fields."""
     felt = {"feeling": feeling, "conclusion": conclusion, "valence": valence, "intensity": intensity,
             "refeels": refeels or []}  # fmt: skip
     return scripted.envelope(

@@ -58,7 +58,7 @@ def test_m67_m68_felt_now_agrees_with_the_laws(
     ],
 )
 def test_m15_the_cache_matches_names_by_the_laws_own_rule(store: MemoryStore, text: str, name: str) -> None:
-    """The host's vectorised name bonus is ``laws.mentions``, the rule the box applies (design.md §7)."""
+    """The host's vectorised name bonus is ``laws.mentions``, the rule the box applies (docs/memory.md)."""
     scoped = store.scoped(IMP, GUILD, "g1")
     scoped.encode(moment(text, vector=axis(1), episode="nothing to see", episode_vector=axis(1)))
     (found,) = scoped.search(axis(2), names=[name], k=1, episodes=0)  # cosine 0: the score is the bonus

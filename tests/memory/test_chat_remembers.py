@@ -52,8 +52,11 @@ def chat(fake: FakeOpenAI, home: Path, said: str) -> None:
         "IMPYARD_HOME": str(home),
         "OPENAI_API_KEY": fake.api_key,
         "OPENAI_BASE_URL": fake.base_url,
+        "PROMPT_TOOLKIT_NO_CPR": "1",  # the pty answers no cursor position request: do not ask
     }
-    child = pexpect.spawn(IMPYARD, ["chat", "--backend", "process"], env=env, encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        IMPYARD, ["chat", "--backend", "process"], env=env, encoding="utf-8", timeout=60, dimensions=(40, 200)
+    )
     child.expect("you> ")
     child.sendline(said)
     child.expect("pip> How lovely!")

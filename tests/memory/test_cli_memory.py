@@ -112,7 +112,7 @@ def test_m115_remember_gives_a_memory_that_show_and_search_find() -> None:
     old = shown[1]
     assert (old["author"], old["origin"], old["scope"], old["valence"], old["intensity"]) == (
         "Self", "given", "terminal", -0.7, 0.8)  # fmt: skip
-    assert old["felt"] == pytest.approx(0.2407, abs=0.002)  # fades from its past date (memory-engine.md 7)
+    assert old["felt"] == pytest.approx(0.2407, abs=0.002)  # fades from its past date (mechanism 7)
     assert old["episodes"][0]["as_happened"] == "A storm sank my first boat."
     found = ok("memory", "search", "pip", "the storm and the boat")
     assert found[0]["id"] == given["record"] and found[0]["score"] > 0

@@ -1,4 +1,4 @@
-"""Whole turns and conversations with memory on (issue 23, memory-engine.md "How such an engine is tested").
+"""Whole turns and conversations with memory on (issue 23, seed 002, "How such an engine is tested").
 
 The real box program in this process, the host's real memory store, a fixed clock, the hashing embedder
 and a scripted fake model: the store failing at each point of a turn, two boxes continuing one conversation,

@@ -27,7 +27,7 @@ from impyard.cli.chat import pick_imp
 from impyard.imp_config import ImpConfigError, MemoryConfig, new_imp_settings, parse_config, toml_value
 from impyard.imps import ImpStore
 
-# Written out on purpose: a changed default must change this table, the template and the README's table too.
+# Written out on purpose: a changed default must change this table, the template and docs/memory.md's table too.
 DEFAULTS: dict[str, Any] = {
     "enabled": False,  # the box's default: a file without the key is off (new imps are written with true)
     "embedder": "gateway",

@@ -1,4 +1,4 @@
-"""Privacy scopes through the real host (issue 23, "Privacy scopes"; design.md §7; mechanism 10).
+"""Privacy scopes through the real host (issue 23, "Privacy scopes"; docs/memory.md; mechanism 10).
 
 The real discord.py client against the loopback fake Discord, the real box (process backend) with memory on
 and the gateway embedder (``/embeddings`` on the fake OpenAI, so every embedding is a recorded request), the
