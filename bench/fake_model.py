@@ -5,7 +5,9 @@ its threads out of the supervisor's GIL and RSS, as a real remote model would be
 
 Every call answers after LATENCY_S: the reply envelope by default, an embedding on ``/embeddings``, and
 for the memory engine's structured calls (issue 23) an answer that fits each one's schema, so a memory
-turn does all its work: the filter keeps two candidates, the appraisal forms a feeling, the summary a text.
+turn does all its work: the filter keeps two candidates, the appraisal forms a feeling, the summary a text;
+the selection matches two rules, every introspection step keeps thinking (so a reflection makes all four
+calls), learning finds a rule and classification calls it the same as the strongest held.
 """
 
 from __future__ import annotations
@@ -25,6 +27,28 @@ MEMORY_ANSWERS: dict[str, dict[str, Any]] = {
         "intensity": 0.5,
     },
     "summary": {"summary": "Ann keeps asking how my day is going; we talk briefly and warmly."},
+    # Memory II (issue 14): every call of a turn, a reflection and a departure does its work.
+    "arrival": {
+        "greeting": "Hello again, Ann.",
+        "feeling": "glad",
+        "conclusion": "Ann is back.",
+        "valence": 0.4,
+        "intensity": 0.4,
+        "search": None,
+    },
+    "selection": {"matched": [1, 2]},
+    "introspection": {
+        "thought": "Ann asks after me every day; it steadies me.",
+        "feeling": "warm",
+        "conclusion": "Ann's questions are a kind of care.",
+        "valence": 0.4,
+        "intensity": 0.5,
+        "reinforces": None,
+        "act": "keep_thinking",
+        "text": None,
+    },
+    "learning": {"learned": "when someone asks after my day → I answer warmly and ask back"},
+    "classification": {"same": 1, "contradicts": -1},
 }
 
 

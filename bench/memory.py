@@ -26,6 +26,13 @@ wrapped to time every ``model.request`` (purpose, tokens from the fake's usage) 
 ``memory.*`` request; a call started before the reply reached the surface is on the critical path, and
 the longest chain of calls there that do not overlap is the number of *sequential* model calls the reply
 waited for (target ≤ 3: embedding, filter, reply).
+
+Memory II (issue 14) adds, in the same run: a third imp, ``memory-rules``, alike but for the 100 active rules
+it has learned, so every turn of it selects dispositions beside recall (the fake matches two); and, after the
+turns, a **reflection task**: the memory imp's conversation departs (``depart_now``) and a departures-only
+supervisor runs it in a one-shot box — a quiet reflection of 4 introspection calls (the fake keeps thinking
+every step), then learning and classification. Its calls, tokens and wall time are reported against the
+memory-off turn.
 """
 
 from __future__ import annotations
@@ -60,18 +67,21 @@ from bench.report import Row
 from bench.stats import percentile, ratio, summary
 from box.memory.store_client import StoreClient
 from box.protocol import BOX_METHODS, HOST_METHODS, Peer
-from box.protocol.memory import BOTH_KINDS, RecordView
+from box.protocol.memory import BOTH_KINDS, LearnParams, RecordView
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
 from impyard.db import open_database
 from impyard.imp_config import ImpExists
 from impyard.imps import ImpStore
+from impyard.memory.departures import depart_now
 from impyard.memory.scopes import SessionScopes, dm_scope
 from impyard.memory.service import MemoryService, memory_service
 from impyard.memory.store import MemoryStore, ScopedMemory
 from impyard.memory.vectors import overlap_at_k
 from impyard.paths import home
 from impyard.runtime import open_runtime
+from impyard.supervisor import Supervisor, SupervisorSettings
+from impyard.tasks import TaskStore
 from impyard.testing.pipes import byte_pipe
 
 DIMS = 256  # MemorySettings.dimensions: what a gateway-embedded imp stores
@@ -83,7 +93,8 @@ WARMUP_SEARCHES = 5
 OVERLAP_QUERIES = 100
 RECALL_TARGET_SIZE = 100_000
 RECALL_TARGETS = {"recall_p50_ms_at_100000": 50.0, "overlap_at_10": 0.99}
-MEMORY_ON, MEMORY_OFF = "memory-on", "memory-off"
+MEMORY_ON, MEMORY_OFF, MEMORY_RULES = "memory-on", "memory-off", "memory-rules"
+LEARNED_RULES = 100  # the memory-rules imp's active rules (issue 14: selection over 100)
 WARMUP_TURNS = 3  # per imp, not counted: the first starts the box and meets the person
 TURN_TARGETS = {"sequential_model_calls_before_reply": 3}
 CRITICAL_PURPOSES = ("embedding", "filter", "reply")
@@ -462,7 +473,7 @@ def _per_turn(turns: Sequence[TurnCalls]) -> dict[str, Any]:
 def add_memory_imps() -> None:
     """The two imps of the turn scenario: alike but for ``[memory] enabled`` (the gateway embedder)."""
     store = ImpStore()
-    for name, enabled in ((MEMORY_ON, True), (MEMORY_OFF, False)):
+    for name, enabled in ((MEMORY_ON, True), (MEMORY_OFF, False), (MEMORY_RULES, True)):
         with suppress(ImpExists):
             store.add(
                 name, PERSONA, sessions={"mode": "warm"}, memory={"enabled": enabled, "embedder": "gateway"}
@@ -474,22 +485,24 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
     backend = ctx.backends["process"]  # the memory's cost is calls and round trips, not isolation
     add_memory_imps()
     probe = Probe()
-    measured: dict[str, list[TurnCalls]] = {MEMORY_ON: [], MEMORY_OFF: []}
+    measured: dict[str, list[TurnCalls]] = {MEMORY_ON: [], MEMORY_OFF: [], MEMORY_RULES: []}
     first: dict[str, TurnCalls] = {}
     surface = TimingSurface()
     with fake_model(TURN_MODEL_LATENCY_S):
         async with open_runtime(
-            [MEMORY_ON, MEMORY_OFF], surface, backends={MEMORY_ON: backend, MEMORY_OFF: backend},
-            surfaces=("discord",),
+            [MEMORY_ON, MEMORY_OFF, MEMORY_RULES], surface,
+            backends={MEMORY_ON: backend, MEMORY_OFF: backend, MEMORY_RULES: backend}, surfaces=("discord",),
         ) as runtime:  # fmt: skip
             memory = runtime.gateway.memory
             assert memory is not None, "the host keeps no memory store"
             rng = np.random.default_rng(7)
             records = unit_rows(rng, remembered)
-            await runtime.db.run(
-                seed, memory.store, MEMORY_ON, dm_scope(PERSON_ID), records, near(rng, records, 0.8),
-                datetime.now(UTC), channel_id=f"{MEMORY_ON}-dm",
-            )  # fmt: skip
+            for name in (MEMORY_ON, MEMORY_RULES):
+                await runtime.db.run(
+                    seed, memory.store, name, dm_scope(PERSON_ID), records, near(rng, records, 0.8),
+                    datetime.now(UTC), channel_id=f"{name}-dm",
+                )  # fmt: skip
+            await runtime.db.run(learn_rules, memory.store, MEMORY_RULES, LEARNED_RULES)
             probe.install(runtime.gateway)
             hosts = {name: Host(runtime, surface, name) for name in measured}
             ctx.progress.phase(
@@ -513,7 +526,8 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
                         measured[name].append(turn)
                 ctx.progress.advance()
             kept = await runtime.db.run(memory.store.count, MEMORY_ON)
-    on, off = measured[MEMORY_ON], measured[MEMORY_OFF]
+            reflection = await reflection_task(runtime, backend, probe)
+    on, off, rules = measured[MEMORY_ON], measured[MEMORY_OFF], measured[MEMORY_RULES]
     stats, base = summary([t.latency_ms for t in on]), summary([t.latency_ms for t in off])
     figures = {name: _per_turn(values) for name, values in measured.items()}
     depth = figures[MEMORY_ON]["sequential_before_reply_max"]
@@ -524,6 +538,11 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
         stats, baseline=base, ratio=ratio(stats["p50_ms"], base["p50_ms"]), targets=TURN_TARGETS,
         met=all(checks.values()), checks=checks, model_latency_ms=TURN_MODEL_LATENCY_S * 1000,
         ratio_p99=ratio(stats["p99_ms"], base["p99_ms"]), overhead_p50_ms=round(stats["p50_ms"] - base["p50_ms"], 1),
+        rules_turn=summary([t.latency_ms for t in rules]) | {
+            "ratio": ratio(summary([t.latency_ms for t in rules])["p50_ms"], base["p50_ms"]),
+            "rules": LEARNED_RULES, **figures[MEMORY_RULES],
+        },
+        reflection=reflection | {"ratio": ratio(reflection["wall_ms"], base["p50_ms"])},
         turn_ended={MEMORY_ON: summary([t.ended_ms for t in on]), MEMORY_OFF: summary([t.ended_ms for t in off])},
         memory_on=figures[MEMORY_ON], memory_off=figures[MEMORY_OFF],
         first_turn={name: _per_turn([turn]) | {"latency_ms": round(turn.latency_ms, 1)} for name, turn in first.items()},
@@ -531,8 +550,47 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def learn_rules(store: MemoryStore, imp: str, count: int) -> None:
+    """``count`` active rules for ``imp``, through the store's own ``learn`` (what a departure writes)."""
+    scoped = store.scoped(imp, SessionScopes(dm_scope(PERSON_ID), (dm_scope(PERSON_ID),)), f"{imp}-dm")
+    for n in range(count):
+        weight = (0.2 + 0.6 * (n % 10) / 10) * (1 if n % 3 else -1)  # active: |w| from 0.2 to 0.74
+        scoped.learn(LearnParams(rule=f"when situation {n} comes up → I respond in way {n}", weight=weight))
+
+
+async def reflection_task(runtime: Any, backend: Any, probe: Probe) -> dict[str, Any]:
+    """The memory imp's conversation departs and a departures-only supervisor runs the task (mechanism 103)."""
+    task_id = await runtime.db.run(
+        depart_now,
+        runtime.db,
+        TaskStore(runtime.db, runtime.gateway.clock),
+        MEMORY_ON,
+        f"{MEMORY_ON}-dm",
+        PERSON_ID,
+    )
+    assert task_id is not None, "the memory imp has no conversation to depart from"
+    supervisor = Supervisor(
+        db=runtime.db, gateway=runtime.gateway, imps=ImpStore(), backend_for=lambda imp: backend,
+        settings=SupervisorSettings(kinds=frozenset({"depart"})),
+    )  # fmt: skip
+    began = time.perf_counter()
+    await supervisor.run(once=True)
+    ended = time.perf_counter()
+    task = await runtime.db.run(supervisor.tasks.get, task_id)
+    calls = [c for c in probe.between(MEMORY_ON, began, ended) if c.method == "model.request"]
+    by_purpose = Counter(c.purpose for c in calls)
+    return {
+        "state": task.state, "summary": (task.box_summary or "")[:300], "wall_ms": round((ended - began) * 1000, 1),
+        "model_calls": len(calls), "by_purpose": dict(sorted(by_purpose.items())),
+        "sequential": sequential([(c.start, c.end) for c in calls]), "tokens": sum(c.tokens for c in calls),
+        "memory_requests": len(
+            [c for c in probe.between(MEMORY_ON, began, ended) if c.method.startswith("memory.")]
+        ),
+    }  # fmt: skip
+
+
 def turn_rows(s: dict[str, Any]) -> list[Row]:
-    on, off = s["memory_on"], s["memory_off"]
+    on, off, rules, task = s["memory_on"], s["memory_off"], s["rules_turn"], s["reflection"]
     return [
         Row(
             "memory turn vs memory off (process)",
@@ -544,5 +602,25 @@ def turn_rows(s: dict[str, Any]) -> list[Row]:
             f"{off['model_calls_total']:g}); tokens {on['tokens_total']:,.0f} vs {off['tokens_total']:,.0f}; "
             f"memory.* {on['memory_requests_total']:g}/turn ({on['memory_requests_before_reply']:g} before the reply)",
             s["met"],
-        )
+        ),
+        Row(
+            f"memory turn selecting from {rules['rules']} learned rules vs memory off (process)",
+            rules,
+            s["baseline"]["p50_ms"],
+            rules["ratio"],
+            f"sequential model calls before the reply → {rules['sequential_before_reply_max']} "
+            f"({rules['model_calls_before_reply']:g} before, {rules['model_calls_total']:g} in all; selection "
+            f"{rules['by_purpose_before_reply'].get('selection', 0):g} beside recall); tokens {rules['tokens_total']:,.0f}",
+            rules["sequential_before_reply_max"] <= TURN_TARGETS["sequential_model_calls_before_reply"],
+        ),
+        Row(
+            "reflection task (a departure) vs one memory-off turn",
+            {"p50_ms": task["wall_ms"], "p99_ms": task["wall_ms"]},
+            s["baseline"]["p50_ms"],
+            task["ratio"],
+            f"{task['state']}: {task['model_calls']} model calls "
+            f"({', '.join(f'{p} {n}' for p, n in task['by_purpose'].items())}), {task['sequential']} sequential, "
+            f"tokens {task['tokens']:,}, memory.* {task['memory_requests']}; no reply",
+            task["state"] == "done" and task["by_purpose"].get("introspection") == 4,
+        ),
     ]

@@ -2,8 +2,9 @@
 
 ``box.init`` creates the responder; ``mailbox.deliver`` and ``task.run`` (kind ``prompt``)
 run one turn each through it, one at a time; ``mailbox.event`` (a notification) records a
-channel event. The box's own files — the journal and the responder's history — live only
-under the state dir.
+channel event. A ``depart`` task (mechanism 103) hands the person who left to the memory
+engine, which thinks the conversation over quietly: no reply, nothing posted. The box's own
+files — the journal and the responder's history — live only under the state dir.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
@@ -41,6 +42,17 @@ from box.tools import ToolRegistry
 log = logging.getLogger("box")
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
+
+MEMORY_OFF = "memory is off: nothing to reflect on"
+
+
+@runtime_checkable
+class Departing(Protocol):
+    """A memory engine that can see a person leave (``box.memory.engine.ChatMemory``, mechanism 103)."""
+
+    async def depart(self, *, person_id: str, now: datetime) -> str:
+        """Think the conversation with ``person_id`` over, quietly; a short account of what came of it."""
+        ...
 
 
 class BoxProgram:
@@ -160,7 +172,41 @@ class BoxProgram:
                 }
             )
             return result
+        if kind == "depart":
+            return await self._depart(params)
         return TaskRunResult(outcome="failed", summary=f"this box does not know task kind {kind!r}")
+
+    async def _depart(self, params: TaskRunParams) -> TaskRunResult:
+        """Mechanism 103: the person left this channel's conversation; the engine reflects and learns."""
+        assert self.responder is not None
+        memory = self.responder.memory
+        person = params.task.person
+        if isinstance(memory, NoMemory):
+            result = TaskRunResult(outcome="done", summary=MEMORY_OFF)  # nothing failed: nothing to do
+        elif not person:
+            result = TaskRunResult(outcome="failed", summary="a depart task names the person who left")
+        elif not isinstance(memory, Departing):
+            result = TaskRunResult(
+                outcome="failed", summary="this box's memory engine cannot see anyone leave"
+            )
+        else:
+            try:
+                summary = await memory.depart(person_id=person, now=params.now)
+                result = TaskRunResult(outcome="done", summary=summary[:20_000])
+            except Exception as exc:  # noqa: BLE001 - the host records why; the box goes on
+                log.warning("departure of %s failed: %s", person, exc)
+                result = TaskRunResult(
+                    outcome="failed", summary=f"departure failed: {type(exc).__name__}: {exc}"[:2_000]
+                )
+        self._journal(
+            {
+                "task_id": params.task.id,
+                "kind": "depart",
+                "outcome": result.outcome,
+                "at": params.now.isoformat(),
+            }
+        )
+        return result
 
     def _journal(self, record: dict[str, Any]) -> None:
         """The box's own record of its turns; it lives only under the state dir."""

@@ -21,7 +21,9 @@ Commands:
   /history [N]   the last N messages of this conversation (default {DEFAULT_HISTORY_SHOWN}), from the host's history
   /clear         forget this conversation's history (asks first); what {imp} remembers is kept
   /mode          how {imp} is woken here: the terminal wakes it on every message
-  /quit          leave, once a running turn has ended (also Ctrl-D); Ctrl-C on an empty line stops at once
+  /quit          leave, once a running turn has ended (also Ctrl-D); an imp with memory then thinks the
+                 conversation over before the chat ends. Ctrl-C on an empty line stops at once (its thinking
+                 waits for the next chat or supervisor)
 Keys: Enter sends; Alt-Enter (or Esc, then Enter) starts a new line; Up and Down recall earlier messages.
 A message that starts with / is sent as it is when it starts with //."""
 

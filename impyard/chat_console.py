@@ -27,6 +27,7 @@ log = logging.getLogger("impyard.chat")
 
 PROMPT = "you> "  # scripts and tests wait for it
 CONTINUATION = "...  "  # the prompt of a message's further lines, as wide as PROMPT
+DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint on, then off: a quiet line on a terminal
 
 
 class Interrupted(Exception):
@@ -43,6 +44,9 @@ class Console(Protocol):
 
     def say(self, text: str) -> None:
         """Show a line (or lines) to the person, above the prompt when one is open."""
+
+    def aside(self, text: str) -> None:
+        """A quiet line about what the host does meanwhile (dim on a terminal)."""
 
     def set_status(self, text: str | None) -> None:
         """Where the running turn is (None: no turn runs)."""
@@ -119,6 +123,9 @@ class PlainConsole:
         self.out.write(text + "\n")
         self.out.flush()
 
+    def aside(self, text: str) -> None:
+        self.say(text)  # a pipe gets no escape sequences
+
     def set_status(self, text: str | None) -> None:
         pass  # nobody watches a pipe wait; the outcome is said when the turn ends
 
@@ -190,6 +197,9 @@ class PromptConsole:
             run_in_terminal(write)  # erases the prompt, writes, draws the prompt again below
         else:
             write()
+
+    def aside(self, text: str) -> None:
+        self.say(f"{DIM}{text}{UNDIM}")
 
     def set_status(self, text: str | None) -> None:
         self._status = text

@@ -357,6 +357,48 @@ MIGRATIONS: list[Migration] = [
         CREATE INDEX memory_forgotten_messages_at ON memory_forgotten_messages (forgotten_at);
         """,
     ),
+    Migration(
+        7,
+        "memory II: construct statements, the slot, dispositions, departures (issue 14)",
+        """
+        -- A construct's statement (mechanism 83: "I believe: <statement>"); NULL for a lived record.
+        ALTER TABLE memory_records ADD COLUMN statement TEXT;
+
+        -- The accessibility slot (mechanisms 84-89), per imp and scope: what the imp holds in mind there.
+        CREATE TABLE memory_slots (
+            imp          TEXT NOT NULL,
+            scope        TEXT NOT NULL,
+            record_id    TEXT NOT NULL REFERENCES memory_records (id) ON DELETE CASCADE,
+            activated_at TEXT NOT NULL,
+            PRIMARY KEY (imp, scope, record_id)
+        );
+        CREATE INDEX memory_slots_record ON memory_slots (record_id);
+
+        -- Learned rules (mechanisms 90-98): the imp's character, shared by every scope, naming no one.
+        CREATE TABLE memory_dispositions (
+            id         TEXT PRIMARY KEY,
+            imp        TEXT NOT NULL,
+            rule       TEXT NOT NULL,
+            weight     REAL NOT NULL,
+            count      INTEGER NOT NULL DEFAULT 1,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        );
+        CREATE INDEX memory_dispositions_imp ON memory_dispositions (imp);
+
+        -- A person's departure from a conversation (mechanism 103), queued exactly once per stretch of talk:
+        -- the key is the stretch's last input, so a restart or a second scanner inserts nothing new.
+        CREATE TABLE memory_departures (
+            imp           TEXT NOT NULL,
+            channel_id    TEXT NOT NULL,
+            person        TEXT NOT NULL,
+            last_input_at TEXT NOT NULL,
+            task_id       TEXT,
+            queued_at     TEXT NOT NULL,
+            PRIMARY KEY (imp, channel_id, person, last_input_at)
+        );
+        """,
+    ),
 ]
 
 

@@ -7,6 +7,11 @@ while every other act is judged by the gateway as usual.
 What the person sees (issue 17): their prompt (``you> ``), the imp's replies (``pip> ``), where a running
 turn is (a status line over the prompt), a message sent during a turn marked queued, and for a turn that
 ends without a reply one line that says why. Logs go to a file (``impyard chat`` names it at the start).
+
+Leaving with ``/quit`` or Ctrl-D is a departure (mechanism 103): a memory imp thinks the conversation over
+in a ``depart`` task before the chat ends (a dim line says so). The chat runs a task loop for departures
+alone meanwhile, so a person silent for 30 minutes in a long chat departs too. Ctrl-C stops at once and
+leaves the departure queued for the next chat or supervisor.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import getpass
 import logging
 import signal
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -24,6 +31,7 @@ from anyio.abc import TaskGroup
 
 from box.history import forget_channel
 from box.protocol.models import Author, DeliverResult, Message
+from impyard.backends import BoxBackend
 from impyard.backends.conduct import printable
 from impyard.backends.process import NO_LOCKDOWN_WARNING
 from impyard.chat_commands import help_text, history_count, mode_answer, parse
@@ -32,13 +40,16 @@ from impyard.chat_console import Console, Interrupted, open_console
 from impyard.clock import Clock, SystemClock
 from impyard.conversation import Routed
 from impyard.inbound import MAX_TERMINAL_CHARS, Inbound
+from impyard.memory.departures import depart_now, wait_finished
 from impyard.runtime import Runtime, open_runtime
+from impyard.supervisor import DEPARTURES_ONLY, Supervisor, SupervisorSettings, open_supervisor
 from impyard.surfaces import OutgoingFile
 from impyard.turn_words import outcome_line, route_line, stage_line
 
 log = logging.getLogger("impyard.chat")
 
 SHUTDOWN_WAIT_S = 15  # beyond the turn ceiling: the session's own ceiling ends a turn first
+DEPARTURE_WAIT_S = 15  # beyond the depart task's ceiling: the supervisor's own ceiling ends it first
 
 
 def shown(text: str) -> str:
@@ -102,6 +113,8 @@ class Chat:
         self.imp = imp
         self.user = user
         self.channel_id = f"terminal:{user}"
+        self.person_id = f"terminal:{user}"  # the person's id in the host's history and the imp's memory
+        self.left = False  # /quit or the end of input: the person left (a departure); Ctrl-C is not one
         self.console = console
         self.surface = surface
         self.clock = clock
@@ -120,6 +133,7 @@ class Chat:
                     turns.cancel_scope.cancel()  # running turns get their deadline as the runtime closes
                     return
                 if line is None or not await self.handle(line, turns):
+                    self.left = True
                     break
             if self.running:
                 self.console.say(f"(impyard) waiting for {self.imp}'s turn to end (Ctrl-C stops at once)…")
@@ -149,7 +163,7 @@ class Chat:
 
     async def send(self, text: str, turns: TaskGroup) -> None:
         message = Message(
-            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=f"terminal:{self.user}", name=self.user),
+            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=self.person_id, name=self.user),
             content=text, created_at=self.clock.now(),
         )  # fmt: skip
         inbound = Inbound(
@@ -182,6 +196,28 @@ class Chat:
                         self.console.say(said)
         finally:
             self.running -= 1
+
+    async def depart(self, departures: Supervisor) -> None:
+        """Mechanism 103: the person left, so a memory imp thinks the conversation over now, in a ``depart``
+        task run by the chat's departures loop. Bounded by the task's ceiling; Ctrl-C leaves it queued."""
+        config = self.runtime.conversations.configs.get(self.imp)
+        db = self.runtime.db
+        task_id = await db.run(
+            depart_now, db, departures.tasks, self.imp, self.channel_id, self.person_id,
+            memory=bool(config and config.memory.enabled),
+        )  # fmt: skip
+        if task_id is None:
+            return  # memory off, nothing said, or this stretch of talk was thought over already
+        self.console.aside(f"{self.imp} is thinking over the conversation…")
+        departures.wake()
+        task = await db.run(departures.tasks.get, task_id)
+        task = await wait_finished(db, departures.tasks, task_id, task.ceiling_s + DEPARTURE_WAIT_S)
+        if task.state in ("queued", "running"):
+            self.console.say(
+                f"(impyard) {self.imp} will think it over later: the next chat or supervisor runs task {task_id}"
+            )
+        elif task.state != "done":
+            self.console.say(f"(impyard) {self.imp} could not think it over: {task.outcome or task.state}")
 
     async def show_history(self, args: tuple[str, ...]) -> None:
         from impyard.cli.history import transcript  # the lines `impyard history show` prints
@@ -232,13 +268,26 @@ async def run_chat(
     stdin: TextIO | None = None,
     out: TextIO | None = None,
     log_path: Path | None = None,
+    backends: Mapping[str, BoxBackend] | None = None,
+    departures: SupervisorSettings | None = None,
 ) -> None:
+    """``backends``: each imp's backend, for its sessions and its tasks (tests); ``departures``: the settings of
+    the chat's departures loop (its kinds are always ``depart`` alone)."""
     console = open_console(stdin, out)
     clock = SystemClock()
     user = getpass.getuser()
+    settings = replace(departures or SupervisorSettings(), kinds=DEPARTURES_ONLY)
     async with console:
         surface = ChatSurface(imp, console)
-        async with open_runtime([imp], surface, backend=backend, clock=clock) as runtime:
+        async with (
+            open_runtime(
+                [imp], surface, backend=backend, clock=clock, backends=dict(backends) if backends else None
+            ) as runtime,
+            open_supervisor(  # no lock: `impyard supervise` may run beside it
+                host=runtime.host, backend=backend, settings=settings,
+                backend_for=backends.__getitem__ if backends else None,
+            ) as departing,
+        ):  # fmt: skip
             failure_notice = runtime.conversations.settings_for(imp).failure_notice
             surface.skip_notices = frozenset({failure_notice} if failure_notice else ())
             chosen = runtime.backends[imp].name
@@ -257,6 +306,10 @@ async def run_chat(
                             return
 
                 tg.start_soon(stop_on_signal)
-                await Chat(runtime, imp, user, console, surface, clock).run()
-                tg.cancel_scope.cancel()
+                tg.start_soon(partial(departing.run, stop=anyio.Event()), name="departures")
+                chat = Chat(runtime, imp, user, console, surface, clock)
+                await chat.run()
+                if chat.left:
+                    await chat.depart(departing)
+                tg.cancel_scope.cancel()  # a departure still running is requeued for the next run
         console.say("(impyard) bye")

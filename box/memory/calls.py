@@ -280,8 +280,12 @@ class MemoryModel:
         self.recorders = recorders
 
     def model_for(self, purpose: MemoryPurpose) -> str:
-        """Mechanism 55: the model routed for ``purpose``, else the imp's default model."""
-        return self.settings.models.get(purpose) or self.default_model
+        """Mechanism 55: the model routed for ``purpose``, else the imp's default model. The arrival is a
+        reply call with its own schema (101): unrouted, it goes where the reply goes."""
+        routed = self.settings.models.get(purpose)
+        if routed is None and purpose == "arrival":
+            routed = self.settings.models.get("reply")
+        return routed or self.default_model
 
     async def chat_json(
         self,

@@ -18,7 +18,7 @@ from box.memory.laws import mentions
 from box.memory.prompts import Prompts
 from box.memory.state import State
 from box.memory.words import INTENSITY_SCALE, age_words, clock_line, strength_words, valence_words
-from box.protocol.memory import EpisodeView, PresenceEntry, RecordView
+from box.protocol.memory import EpisodeView, PresenceEntry, RecordView, SlotEntry
 from box.protocol.models import ChannelKind
 
 SEARCH_QUERY_CHARS = 80  # mechanism 5
@@ -34,6 +34,12 @@ CONSTRUCT_VERBS = {  # mechanism 83
 }
 
 Hearing = Literal["words", "entered", "left"]
+
+
+def construct_statement(record: RecordView) -> str:
+    """Mechanism 83: "I thought: / I believe: / I decided: / I want: / I dream: <statement>"."""
+    verb = CONSTRUCT_VERBS.get(record.construct_kind or "thought", "I thought")
+    return f"{verb}: {record.statement or record.conclusion}"
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,8 @@ class ReplyView:
     focus: Focus
     summary: str | None = None
     evoked_now: Sequence[RecordView] = ()  # associations the budget left out this turn (34)
-    constructs: Sequence[RecordView] = ()  # constructs that came to mind (35; the slot is issue II)
+    constructs: Sequence[RecordView] = ()  # constructs that came to mind (35)
+    slot: Sequence[SlotEntry] = ()  # what the imp holds in mind (84-89): shown first under YOUR OWN THOUGHTS
     searches: Sequence[SearchNote] = ()
     recalled: int = 0
     total: int = 0
@@ -268,16 +275,20 @@ def state_block(prompts: Prompts, model: str | None, view: ReplyView) -> str:
 
 
 def thoughts_block(prompts: Prompts, model: str | None, view: ReplyView) -> str | None:
-    if not view.constructs:
+    """Mechanism 89: every construct the slot holds, with its age, then the constructs that came to mind (35)."""
+    held = [entry.record for entry in view.slot]
+    shown = {r.id for r in held}
+    constructs = held + [c for c in view.constructs if c.id not in shown]
+    if not constructs:
         return None
     lines = [
         prompts.render(
             "thought.entry",
             model,
-            statement=f"{CONSTRUCT_VERBS.get(c.construct_kind or 'thought', 'I thought')}: {cut(c.conclusion, 400)}",
-            age=age_words(c.last_felt, view.scene.now, view.scene.timezone),
+            statement=cut(construct_statement(c), 400),
+            age=age_words(c.happened_at, view.scene.now, view.scene.timezone),
         )  # fmt: skip
-        for c in view.constructs
+        for c in constructs
     ]
     return prompts.render("thoughts", model, lines="\n".join(lines))
 

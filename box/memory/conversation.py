@@ -39,14 +39,16 @@ class SavedConversation(BaseModel):
     stranger: bool = False  # probe 25 found nothing on an earlier turn: later turns know it before the reply
     started_at: datetime | None = None
     last_input_at: datetime | None = None
+    departed_at: datetime | None = None  # mechanism 103: the person left; their next message is an arrival
 
 
 class Conversation:
     """One conversation, loaded at the start of a turn and saved after it."""
 
-    def __init__(self, saved: SavedConversation) -> None:
+    def __init__(self, saved: SavedConversation, *, arrival: bool = False) -> None:
         self.saved = saved
         self.focus = Focus(saved.focus)
+        self.arrival = arrival  # a new conversation: the person's first message is their arrival (101)
 
     @property
     def person(self) -> str:
@@ -62,23 +64,31 @@ class Conversation:
     ) -> Conversation:
         """This channel's conversation with the person; a new one after ``stale_after_s`` of their absence.
 
-        Absence past the presence window (mechanism 10, 1800 s) ends a conversation (docs/memory.md: the next
-        message is an arrival), so its focus, living record (64) and summary start afresh; arrival's own
-        recall and reply are issue II's.
+        Absence past the presence window (mechanism 10, 1800 s), or a departure (103), ends a conversation: the
+        next message is an arrival (101), so its focus, living record (64, subtle point 8) and summary start
+        afresh and ``arrival`` is True — as it is for the person's very first message in this channel.
         """
+        saved = await cls.saved_state(store, person_id)
+        if saved is not None:
+            last = saved.last_input_at
+            fresh = last is None or (now - last).total_seconds() <= stale_after_s
+            if fresh and saved.departed_at is None:
+                saved.person = person  # the display name may have changed; the id keys the conversation
+                return cls(saved)
+        return cls(SavedConversation(person=person, person_id=person_id), arrival=True)
+
+    @staticmethod
+    async def saved_state(store: StoreClient, person_id: str) -> SavedConversation | None:
+        """The conversation as last saved, whatever its age (None: none, or unreadable)."""
         got = await store.conversation_get(person_id)
-        if got.state is not None:
-            try:
-                saved = SavedConversation.model_validate(got.state)
-            except ValidationError as exc:  # an older or damaged state: start again rather than fail the turn
-                log.warning("conversation with %s could not be read; starting afresh: %s", person_id, exc)
-            else:
-                last = saved.last_input_at
-                fresh = last is None or (now - last).total_seconds() <= stale_after_s
-                if saved.version == STATE_VERSION and fresh:
-                    saved.person = person  # the display name may have changed; the id keys the conversation
-                    return cls(saved)
-        return cls(SavedConversation(person=person, person_id=person_id))
+        if got.state is None:
+            return None
+        try:
+            saved = SavedConversation.model_validate(got.state)
+        except ValidationError as exc:  # an older or damaged state: start again rather than fail the turn
+            log.warning("conversation with %s could not be read; starting afresh: %s", person_id, exc)
+            return None
+        return saved if saved.version == STATE_VERSION else None
 
     def snapshot(self) -> dict[str, object]:
         """The state to save, cut to the protocol's bound by dropping the oldest focus entries."""

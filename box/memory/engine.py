@@ -4,9 +4,13 @@ ContextBuilding (``begin``): load this person's conversation, count the turn, th
 summary cadence (44) beside the words' embedding, the recent records, the search and the filter (14-24,
 32); compose the State (32-37) and the ``### Memory`` block (1-13, 37-43).
 
-ToolExecution (``next_hop`` after each draft): the probes (25-27) and one action hop (49) search and
-recompose the State (36) for another reply call; at most 4 reply calls. ``introspect`` lets the draft
-stand (52; reflection mid-turn is issue II).
+ToolExecution (``next_hop`` after each draft): the probes (25-27) and one action hop (49) search, or
+reflect mid-turn (50-52), and recompose the State (36) for another reply call; at most 4 reply calls.
+
+Issue 14 (memory II): the slot is loaded at every turn (88) and shown under YOUR OWN THOUGHTS (89); the
+learned rules are selected beside recall (99) and shown to the reply only (100); a new conversation opens
+with the person's arrival (101-102); ``depart`` runs a departure as a task (103): the context saved, the
+conversation left, one quiet reflection, then disposition learning (90-98).
 
 PostSend (``commit``, after delivery is confirmed): the appraisal (57-59) bent by the temperament (60),
 the event and its vectors (61-63), joining or opening a record (64-66), the focus (31, 41) and the
@@ -30,21 +34,24 @@ import anyio
 from box.envelope import Envelope
 from box.memory import NO_TURN, CommittedTurn, MemoryTurn, TurnFacts
 from box.memory import contexts as ctx
+from box.memory.arrival import Arrival, Arrived
 from box.memory.association_filter import ModelFilter
 from box.memory.calls import TEMPERATURE_APPRAISAL, CallLog, MemoryModel, ModelCaller
 from box.memory.contexts import ReplyView, Scene, SearchNote
 from box.memory.conversation import Conversation
+from box.memory.dispositions import Learner, ModelSelector, carried_lines
 from box.memory.embedder import GatewayEmbedder, HashingEmbedder
-from box.memory.focus import moment_entry
+from box.memory.focus import authored_by, cut, moment_entry
 from box.memory.laws import DEFAULTS, Params, Temperament
 from box.memory.moment import SCHEMA as APPRAISAL_SCHEMA
 from box.memory.moment import Felt, encoding, event_text, joins, read_appraisal, reply_moment
 from box.memory.prompts import Prompts
 from box.memory.recall import Embedder, Recall, Recalled
+from box.memory.reflection import Reflector, Seed
 from box.memory.state import State, compose
 from box.memory.store_client import StoreClient, StoreUnavailable
 from box.memory.summary import Summariser
-from box.protocol.memory import EpisodeView, RecordView
+from box.protocol.memory import BOTH_KINDS, EpisodeView, RecordView, SlotEntry
 from box.protocol.models import BoxInitParams, MemorySettings
 
 log = logging.getLogger("box.memory")
@@ -52,6 +59,8 @@ log = logging.getLogger("box.memory")
 HostLog = Callable[[str, str], Awaitable[None]]  # (level, message)
 
 MAX_REPLY_CALLS = 4  # mechanism 49
+CARRIED_WINDOW = 12  # mechanism 92: carried lines come from the 12 most recently felt records
+SEED_CHARS = 2_000  # a mid-turn seed's exchange before the reflection's own cut (51: 300 shown)
 MOMENT_PROBE_WORDS = 70  # seed 002: moment-probe words cut to 70
 STATE_EPISODES = 5  # episodesPerFeeling: the State's entries are reloaded with 5 (subtle point 5)
 TURN_BUDGET_S = 100.0  # without a ceiling from the host: before its default 120 s turn ceiling (121)
@@ -67,10 +76,14 @@ class DispositionSelector(Protocol):
 
 
 class NoDispositions:
-    """Until issue II: no rule is learned, so none is selected and no call is made."""
+    """No rule is ever selected and no call is made (an ablation; the engine's default is ``ModelSelector``)."""
 
     async def select(self, turn: ChatTurn) -> list[str]:
         return []
+
+
+class DepartureFailed(Exception):
+    """A departure could not run (the store did not answer); the task fails and says why."""
 
 
 async def concurrently(*works: Callable[[], Awaitable[None]]) -> None:
@@ -112,7 +125,6 @@ class ChatMemory:
         dispositions: DispositionSelector | None = None,
     ) -> None:
         self.init = init
-        self.dispositions: DispositionSelector = dispositions or NoDispositions()
         self.settings = settings = init.imp.memory
         self.store = store
         self.now: datetime = init.now  # mechanism 122: the host's clock, moved by every delivery
@@ -138,6 +150,18 @@ class ChatMemory:
         self.summariser = Summariser(
             self.model, self.prompts, init.imp.name, settings.timezone, lambda: self.now, params
         )
+        self.reflector = Reflector(
+            model=self.model, store=store, embedder=self.embedder, prompts=self.prompts, imp=init.imp.name,
+            timezone=settings.timezone, params=params, temperament=self.temperament, host_log=host_log,
+        )  # fmt: skip
+        self.arrival = Arrival(
+            model=self.model, recall=self.recall, prompts=self.prompts, imp=init.imp.name,
+            temperament=self.temperament,
+        )  # fmt: skip
+        self.dispositions: DispositionSelector = dispositions or ModelSelector(
+            self.model, store, self.prompts, init.imp.name, params
+        )
+        self.learner = Learner(self.model, store, self.prompts, init.imp.name, self.temperament, params)
         self.current: ChatTurn | None = None
 
     def deadline(self) -> float | None:
@@ -183,6 +207,77 @@ class ChatMemory:
     async def record_event(self, channel_id: str, text: str) -> None:
         return None  # channel events are history, not moments of a conversation
 
+    # ------------------------------------------------------------ departure (mechanism 103)
+
+    async def depart(self, *, person_id: str, now: datetime) -> str:
+        """Mechanism 103, run as a ``depart`` task: no reply and no record. The departure context is rendered
+        and kept for learning (91), the conversation is left (its next message is an arrival), one quiet
+        reflection runs over the focus, alone, then the carried lines are taken (after it: subtle point 14)
+        and a rule may be learned (90-98). Returns what happened, for the task's summary."""
+        self.current = None
+        self.now = now
+        self._started = time.monotonic()
+        try:
+            return await self._depart(person_id, now)
+        except StoreUnavailable as exc:
+            raise DepartureFailed(f"the memory store did not answer: {exc}") from exc
+
+    async def _depart(self, person_id: str, now: datetime) -> str:
+        store, params = self.store, self.params
+        saved = await Conversation.saved_state(store, person_id)
+        if saved is None:
+            return "no conversation with this person here: nothing to reflect on"
+        if saved.departed_at is not None and (
+            saved.last_input_at is None or saved.departed_at >= saved.last_input_at
+        ):
+            return f"{saved.person} had already left this conversation"
+        conversation = Conversation(saved)
+        session = self.init.session
+        scene = Scene(
+            imp=self.init.imp.name, person=saved.person, person_id=saved.person_id, now=now,
+            timezone=self.settings.timezone, channel_kind=session.channel_kind, channel_name=session.channel_name,
+            hearing="left",
+        )  # fmt: skip
+        recent, slot = None, list[SlotEntry]()
+
+        async def load_recent() -> None:
+            nonlocal recent
+            recent = await store.recent(k=params.recent_count, episodes=STATE_EPISODES)
+
+        async def load_slot() -> None:
+            nonlocal slot
+            slot = await store.slot()
+
+        await concurrently(load_recent, load_slot)
+        assert recent is not None
+        view = ReplyView(
+            scene=scene, state=compose(recent.records, [], params), focus=conversation.focus,
+            summary=saved.summary, slot=slot, total=recent.total,
+        )  # fmt: skip
+        context = ctx.reply_block(self.prompts, self.model.model_for("learning"), view)  # mechanism 91
+        saved.departed_at = now  # mechanism 103: the person leaves presence
+        await conversation.save(store)
+        thoughts = 0
+        for _ in range(params.quiet_thoughts):  # mechanism 103: one quiet reflection over the focus, alone
+            reflected = await self.reflector.reflect(now=now, focus=conversation.focus, scene=scene)
+            thoughts += len(reflected.steps)
+        window = await store.recent(k=CARRIED_WINDOW, kinds=BOTH_KINDS, episodes=0)
+        carried = carried_lines(window.records)  # mechanism 92, after the reflection
+        valences = [
+            e.valence
+            for e in conversation.focus.moments()
+            if not e.arrival
+            and e.feeling
+            and authored_by(e.author, e.author_id, saved.person, saved.person_id)
+        ]  # mechanism 93: this person's moments that carry words, the arrival excluded
+        learned = await self.learner.learn(
+            context=context, carried=carried, valences=valences, person=saved.person
+        )
+        said = f"{saved.person} left; {thoughts} thought{'s' if thoughts != 1 else ''}"
+        if learned.rule is None:
+            return f"{said}; nothing learned ({learned.reason or 'no rule'})"
+        return f"{said}; learned ({learned.action}, weight {learned.weight:+.2f}): {learned.rule}"
+
 
 class ChatTurn:
     """One turn's memory: built in ContextBuilding, hopped in ToolExecution, kept in PostSend."""
@@ -209,7 +304,10 @@ class ChatTurn:
         self.recent: list[RecordView] = []
         self.recalled = Recalled()
         self.associations: list[RecordView] = []  # lived records recalled this turn, in order (31, 32)
-        self.constructs: list[RecordView] = []  # constructs that came to mind (35; the slot is issue II)
+        self.constructs: list[RecordView] = []  # constructs that came to mind (35)
+        self.slot: list[SlotEntry] = []  # what the imp holds in mind (84-89), loaded at every turn (88)
+        self.arrived: Arrived | None = None  # mechanism 101: this message opens a new conversation
+        self.reflections = 0  # mid-turn reflections (50)
         self.searches: list[SearchNote] = []
         self.state = State()
         self.total = 0
@@ -233,10 +331,30 @@ class ChatTurn:
         conversation.saved.turns += 1  # subtle point 15: counted before the reply
         if conversation.saved.started_at is None:
             conversation.saved.started_at = self.facts.now
-        # The summary (44) and the disposition selection (99) run beside recall: off the critical path.
-        await concurrently(self._summarise, self._recall, self._select)
+        # The summary (44), the disposition selection (99), the slot (88) and an arrival (101) run beside
+        # recall: off the critical path where they can be.
+        works = [self._summarise, self._recall, self._select, self._load_slot]
+        if conversation.arrival:
+            works.append(self._arrive)
+        await concurrently(*works)
+        if self.arrived is not None:  # the arrival was a moment of its own, before these words
+            for record in self.arrived.records:  # mechanism 28: what came to mind stays in view (31)
+                if not conversation.focus.evoke(record) and record.kind == "construct":
+                    self._came_to_mind([record])
+            if self.arrived.entry is not None:
+                conversation.focus.add(self.arrived.entry)  # mechanism 102: the focus only, never stored
         await self._carry_stranger()
         await self.recompose()
+
+    async def _load_slot(self) -> None:
+        self.slot = await self.engine.store.slot()  # mechanism 88
+
+    async def _arrive(self) -> None:
+        """Mechanisms 101-102: the person's arrival, before the ordinary turn for their words."""
+        arrived = await self.engine.arrival.arrive(self.scene, await self.engine.store.slot())
+        self.arrived = arrived
+        if arrived.entry is None:
+            await self.engine.log("info", f"{self.person} arrived; no arrival feeling could be formed")
 
     async def _carry_stranger(self) -> None:
         """Mechanism 25, once per conversation: when the probe found nobody on an earlier turn and there is
@@ -245,7 +363,7 @@ class ChatTurn:
         assert self.conversation is not None
         if not self.conversation.saved.stranger:
             return
-        if await self.engine.recall.knows(self.person, self.focus_ids()):
+        if await self.engine.recall.knows(self.person, self.made_here()):
             self.conversation.saved.stranger = False  # someone told the imp about them since: probe anew
             return
         self.stranger_known = True
@@ -291,6 +409,13 @@ class ChatTurn:
         )
         self._came_to_mind(self.recalled.records)
 
+    def made_here(self) -> set[str]:
+        """The records this conversation's own moments made: a record evoked into it (at the arrival, or by
+        recall) is still one from outside it, so it still counts as knowing the person (25)."""
+        if self.conversation is None:
+            return set()
+        return {e.record_id for e in self.conversation.focus.moments() if e.record_id is not None}
+
     def focus_ids(self) -> set[str]:
         return self.conversation.focus.ids() if self.conversation is not None else set()
 
@@ -325,6 +450,7 @@ class ChatTurn:
         return ReplyView(
             scene=self.scene, state=self.state, focus=self.conversation.focus,
             summary=self.conversation.saved.summary, evoked_now=self.state.left_out, constructs=self.constructs,
+            slot=self.slot,
             searches=self.searches, recalled=len(self.associations) + len(self.constructs), total=self.total,
             presence=self.facts.presence, learned=self.learned,
         )  # fmt: skip
@@ -349,7 +475,7 @@ class ChatTurn:
         """Mechanism 49 with subtle point 3: probes first, then the one self-chosen action hop."""
         action = draft.action.type
         if action == "none" and not self.unknown_probe and not self.stranger_known:  # a world act (48)
-            if not await self.engine.recall.knows(self.person, self.focus_ids()):
+            if not await self.engine.recall.knows(self.person, self.made_here()):
                 self.unknown_probe = 1  # mechanism 25
                 if self.conversation is not None:
                     self.conversation.saved.stranger = True
@@ -370,9 +496,29 @@ class ChatTurn:
         if action == "search" and draft.action.text and draft.action.text.strip():
             await self.deliberate(draft.action.text.strip())
             return await self._hopped()
-        # "introspect": with introspection off the draft stands (52); reflection mid-turn is issue II,
-        # so until then the draft stands with it on as well.
+        if (
+            action == "introspect" and self.engine.settings.introspection
+        ):  # mechanism 52: off, the draft stands
+            await self._introspect(draft)
+            return await self._hopped()
         return False
+
+    async def _introspect(self, draft: Envelope) -> None:
+        """Mechanisms 50-51: a reflection seeded with the exchange, the draft's conclusion and the angle; what it
+        formed is in the slot the next reply call shows (89)."""
+        said = f"{self.person} said: {self.words}"
+        about_to = draft.answer if draft.answer_needed and draft.answer else "nothing"
+        seed = Seed(
+            exchange=cut(f"{said}\n{self.engine.init.imp.name} was about to reply: {about_to}", SEED_CHARS),
+            thought=draft.moment.conclusion if draft.moment is not None else "",
+            angle=(draft.action.text or "").strip() or None,
+        )
+        focus = self.conversation.focus if self.conversation is not None else None
+        reflected = await self.engine.reflector.reflect(
+            now=self.facts.now, focus=focus, seed=seed, scene=self.scene
+        )
+        self.reflections += 1
+        self.slot = reflected.slot
 
     async def _hopped(self) -> bool:
         self.hops += 1
@@ -471,6 +617,10 @@ class ChatTurn:
             )  # mechanism 41: under its own feeling
         conversation.saved.last_input_at = self.facts.now
         await conversation.save(engine.store)
+        held = {entry.record.id for entry in self.slot}
+        again = [c.id for c in self.constructs if c.id in held]
+        if again:  # mechanism 86: a held construct brought to mind again is activated anew
+            await engine.store.slot_refresh(again)
 
     async def _appraise(self, as_happened: str) -> Felt | None:
         """Mechanisms 57-58: no state, thoughts or rules; the focus as events; what was recalled into the State."""

@@ -49,6 +49,7 @@ class FocusEntry(BaseModel):
     text: str = ""  # a moment: "X said: … / <imp> replied: …" (62)
     message_id: str | None = None  # a moment: the message it answers
     episodes: list[FocusEpisode] = Field(default_factory=list)  # evoked: retold, newest first
+    arrival: bool = False  # a moment: the person's arrival feeling (mechanisms 101-102; never stored)
 
 
 def moment_entry(

@@ -430,3 +430,55 @@ def admit(
         else:
             skipped.append(item_id)
     return admitted, skipped
+
+
+# ------------------------------------------------------------------ J. dispositions (mechanisms 93-98)
+
+DORMANT_WEIGHT = 0.05  # mechanism 98: |w| ≤ 0.05 is dormant (seed 002: active when |w| > 0.05)
+SMALLEST_WEIGHT = 0.1  # mechanism 93: a learned weight is raised to at least 0.1 from zero
+LEARNING_MOMENTS = 2  # mechanism 93: learning needs at least two word-carrying moments of the person
+
+
+def rule_weight(valences: Sequence[float]) -> float | None:
+    """Mechanism 93 (subtle point 14): the valence with the largest |valence| among the person's moments that
+    carry words (the arrival excluded by the caller); 0 becomes 0.1, clamped to ±1, |w| < 0.1 raised to ±0.1.
+    None when fewer than two such moments exist: nothing is learned."""
+    if len(valences) < LEARNING_MOMENTS:
+        return None
+    strongest = max(valences, key=abs)  # the first of equals
+    w = _clamp(strongest, -1.0, 1.0)
+    if w == 0:
+        return SMALLEST_WEIGHT
+    if abs(w) < SMALLEST_WEIGHT:
+        return math.copysign(SMALLEST_WEIGHT, w)
+    return w
+
+
+def pull(weight: float, avoidance_weight: float = NEUTRAL.avoidance_weight) -> float:
+    """Mechanism 96: how hard a rule pulls — hurt weighs ``avoidance_weight`` times (2 by default)."""
+    return abs(weight) * max(1.0, avoidance_weight) if weight < 0 else abs(weight)
+
+
+def weakened(weight: float, by: float) -> float:
+    """Mechanism 97: a contradicted rule's weight moves toward 0 by |by| without crossing it."""
+    step = abs(by)
+    if weight > 0:
+        return max(0.0, weight - step)
+    if weight < 0:
+        return min(0.0, weight + step)
+    return 0.0
+
+
+def is_active(weight: float) -> bool:
+    """Mechanism 98: a rule with |w| ≤ 0.05 is dormant — kept, never offered to selection."""
+    return abs(weight) > DORMANT_WEIGHT
+
+
+def same_rule(
+    old_rule: str, old_weight: float, new_rule: str, new_weight: float, avoidance_weight: float = 2.0
+) -> tuple[str, float, bool]:
+    """Mechanism 95: the same rule learned again keeps the text and weight of whichever pulls harder
+    (the new one only if strictly harder); weights are never added. Returns (rule, weight, replaced)."""
+    if pull(new_weight, avoidance_weight) > pull(old_weight, avoidance_weight):
+        return new_rule, new_weight, True
+    return old_rule, old_weight, False

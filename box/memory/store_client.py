@@ -17,15 +17,22 @@ from box.protocol import PeerClosed, RpcError
 from box.protocol.memory import (
     AboutParams,
     ConstructKind,
+    ConstructParams,
+    ConstructResult,
     ConstructsParams,
     ConversationGetParams,
     ConversationPutParams,
     ConversationState,
+    DispositionsParams,
+    DispositionsResult,
+    DispositionView,
     EncodeParams,
     EncodeResult,
     EpisodesParams,
     EpisodesResult,
     EpisodeView,
+    LearnParams,
+    LearnResult,
     RecentParams,
     RecordKind,
     RecordsResult,
@@ -33,6 +40,10 @@ from box.protocol.memory import (
     RestoreParams,
     RestoreResult,
     SearchParams,
+    SlotEntry,
+    SlotParams,
+    SlotRefreshParams,
+    SlotResult,
 )
 
 
@@ -128,3 +139,48 @@ class StoreClient:
 
     async def conversation_put(self, person: str, state: dict[str, Any]) -> None:
         await self._ask("memory.conversation.put", ConversationPutParams, person=person, state=state)
+
+    # ------------------------------------------------------------ issue 14: constructs, slot, dispositions
+
+    async def construct(self, params: ConstructParams) -> ConstructResult:
+        """Form (or recur, or reinforce) a construct in the session's writes scope (mechanisms 74-82)."""
+        result = await self._ask("memory.construct", lambda: params)
+        assert isinstance(result, ConstructResult)
+        return result
+
+    async def slot(self) -> list[SlotEntry]:
+        """The slot of the session's writes scope as loaded (mechanisms 87-88), oldest activation first."""
+        result = await self._ask("memory.slot", SlotParams)
+        assert isinstance(result, SlotResult)
+        return result.entries
+
+    async def slot_refresh(self, record_ids: Sequence[str]) -> list[SlotEntry]:
+        """Held constructs brought to mind again get a new activation time (mechanism 86)."""
+        if not record_ids:
+            return await self.slot()
+        result = await self._ask("memory.slot.refresh", SlotRefreshParams, record_ids=list(record_ids)[:32])
+        assert isinstance(result, SlotResult)
+        return result.entries
+
+    async def dispositions(self, *, k: int = 100, active_only: bool = False) -> list[DispositionView]:
+        """The ``k`` strongest learned rules by |weight| (mechanisms 94, 98-99)."""
+        result = await self._ask("memory.dispositions", DispositionsParams, k=k, active_only=active_only)
+        assert isinstance(result, DispositionsResult)
+        return result.rules
+
+    async def learn(
+        self,
+        rule: str,
+        weight: float,
+        *,
+        same: str | None = None,
+        contradicts: str | None = None,
+        avoidance_weight: float = 2.0,
+    ) -> LearnResult:
+        """Keep a learned rule: counted, replaced or added; a contradicted one weakened (mechanisms 95-97)."""
+        result = await self._ask(
+            "memory.dispositions.learn", LearnParams, rule=rule, weight=weight, same=same,
+            contradicts=contradicts, avoidance_weight=avoidance_weight,
+        )  # fmt: skip
+        assert isinstance(result, LearnResult)
+        return result

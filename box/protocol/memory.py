@@ -87,6 +87,7 @@ class RecordView(FromHost):
     felt: float  # felt now (mechanism 67)
     happened_at: datetime
     last_felt: datetime
+    statement: str | None = None  # a construct's statement (mechanism 83), shown "I believe: <statement>"
     score: float | None = None  # memory.search only: cosine × felt (+ name bonus), or the hit episode's
     hit_episode: Id | None = None  # memory.search only: the episode that beat its record (mechanism 16)
     episodes: list[EpisodeView] = Field(default_factory=list)  # newest first, the hit episode first
@@ -266,6 +267,115 @@ class PresenceEntry(FromHost):
     turns: int = 0
 
 
+# ---------------------------------------------------------------- issue 14: constructs, the slot, dispositions
+
+MAX_STATEMENT_CHARS = 2_000
+MAX_SLOT_SIZE = 8  # the host keeps DEFAULTS.slot_size (3); the bound is for what a box may name
+MAX_RULE_CHARS = 300  # a learned rule: "when <situation> → <act>", at most 20 words (mechanism 90)
+MAX_DISPOSITIONS_SHOWN = 200
+SMALLEST_WEIGHT = 0.1  # mechanism 93: a learned weight is at least this far from zero
+
+
+class SlotEntry(FromHost):
+    """One construct held in the accessibility slot (mechanisms 84-89) and when it was last activated."""
+
+    record: RecordView
+    activated_at: datetime
+
+
+class SlotResult(FromHost):
+    """The slot of the session's writes scope, oldest activation first (mechanism 88)."""
+
+    entries: list[SlotEntry] = Field(default_factory=list)
+
+
+class ConstructParams(FromBox):
+    """``memory.construct``: form a construct in the session's writes scope (mechanisms 74-77, 81-83).
+
+    The host compares it with the constructs **of the same kind** in that scope (cosine ≥ 0.90 of ``vector``):
+    a recurring thought is not written and the old one is re-felt toward ``intensity`` (75); a duplicate
+    belief, decision, goal or dream is not written and the old one gains +0.1 intensity (max 1), last felt
+    now (82). With ``slot`` the construct (new or old) is then activated in the slot (74, 81, 84-86).
+    Its author is "Self"; its vector is the embedding of statement + conclusion (63).
+    """
+
+    construct_kind: ConstructKind
+    statement: Annotated[str, Field(min_length=1, max_length=MAX_STATEMENT_CHARS)]
+    feeling: Annotated[str, Field(max_length=MAX_FEELING_CHARS)] = ""
+    conclusion: Annotated[str, Field(max_length=MAX_CONCLUSION_CHARS)] = ""
+    valence: Valence = 0.0
+    intensity: Intensity = 0.5
+    vector: Vector | None = None  # None: nothing to compare with, a new construct is written
+    slot: bool = True
+
+
+class ConstructResult(FromHost):
+    record_id: Id
+    created: bool  # False: an earlier one of the same kind recurred (75) or was reinforced (82)
+    previous: str | None = None  # the earlier one's statement when it recurred (subtle point 11)
+    slot: list[SlotEntry] = Field(default_factory=list)  # the slot after the activation
+
+
+class SlotParams(FromBox):
+    """``memory.slot``: the slot as loaded (87: not activated for 7 days, or deleted, leaves it)."""
+
+
+class SlotRefreshParams(FromBox):
+    """``memory.slot.refresh``: held constructs brought to mind again get a new activation time (86);
+    ids not held are ignored."""
+
+    record_ids: list[Id] = Field(min_length=1, max_length=MAX_SLOT_SIZE * 4)
+
+
+class DispositionView(FromHost):
+    """A learned rule (mechanisms 90-98): the imp's character, shared by every scope, naming no one."""
+
+    id: Id
+    rule: str
+    weight: float
+    count: int = 1
+    updated_at: datetime
+
+
+class DispositionsParams(FromBox):
+    """``memory.dispositions``: the ``k`` strongest rules by |weight| (94: dormant ones included;
+    ``active_only`` for selection, 98-99: only |weight| > 0.05)."""
+
+    k: int = Field(default=100, ge=1, le=MAX_DISPOSITIONS_SHOWN)
+    active_only: bool = False
+
+
+class DispositionsResult(FromHost):
+    rules: list[DispositionView] = Field(default_factory=list)
+
+
+class LearnParams(FromBox):
+    """``memory.dispositions.learn``: keep a learned rule (mechanisms 95-97), atomically on the host.
+
+    ``same``: that rule is counted once more, and takes this text and weight only if this one pulls harder
+    (pull = |w| × avoidance_weight for w < 0, |w| otherwise). Else ``contradicts``: that rule's weight moves
+    toward 0 by |weight| without crossing it, and this rule is added. Else it is added.
+    """
+
+    rule: Annotated[str, Field(min_length=1, max_length=MAX_RULE_CHARS)]
+    weight: Annotated[float, Field(ge=-1.0, le=1.0)]
+    same: Id | None = None
+    contradicts: Id | None = None
+    avoidance_weight: float = Field(default=2.0, ge=1.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _weight_not_small(self) -> LearnParams:
+        if abs(self.weight) < SMALLEST_WEIGHT - 1e-9:
+            raise ValueError(f"a learned weight is at least {SMALLEST_WEIGHT} from zero (mechanism 93)")
+        return self
+
+
+class LearnResult(FromHost):
+    id: Id  # the rule counted, replaced or added
+    action: Literal["added", "counted", "replaced"]
+    weakened: Id | None = None  # the contradicted rule (97)
+
+
 MEMORY_METHOD_NAMES = (
     "memory.search",
     "memory.recent",
@@ -276,4 +386,9 @@ MEMORY_METHOD_NAMES = (
     "memory.restore",
     "memory.conversation.get",
     "memory.conversation.put",
+    "memory.construct",
+    "memory.slot",
+    "memory.slot.refresh",
+    "memory.dispositions",
+    "memory.dispositions.learn",
 )

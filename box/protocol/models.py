@@ -66,7 +66,7 @@ class ResponderSettings(FromHost):
     image_quality: Annotated[str, Field(max_length=16)] = "low"  # small images fit one protocol line
 
 
-MemoryPurpose = Literal["reply", "appraisal", "filter", "summary", "embedding", "introspection", "selection", "learning", "classification", "sleep"]  # fmt: skip
+MemoryPurpose = Literal["reply", "arrival", "appraisal", "filter", "summary", "embedding", "introspection", "selection", "learning", "classification", "sleep"]  # fmt: skip
 
 
 class MemorySettings(FromHost):
@@ -328,6 +328,11 @@ HOST_METHODS: dict[str, MethodSpec] = _table(
     MethodSpec("memory.restore", mem.RestoreParams, mem.RestoreResult),
     MethodSpec("memory.conversation.get", mem.ConversationGetParams, mem.ConversationState),
     MethodSpec("memory.conversation.put", mem.ConversationPutParams, EmptyFromHost),
+    MethodSpec("memory.construct", mem.ConstructParams, mem.ConstructResult),
+    MethodSpec("memory.slot", mem.SlotParams, mem.SlotResult),
+    MethodSpec("memory.slot.refresh", mem.SlotRefreshParams, mem.SlotResult),
+    MethodSpec("memory.dispositions", mem.DispositionsParams, mem.DispositionsResult),
+    MethodSpec("memory.dispositions.learn", mem.LearnParams, mem.LearnResult),
     MethodSpec("turn.stage", TurnStageParams, None),
     MethodSpec("log", LogParams, None),
 )

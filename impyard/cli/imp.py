@@ -305,10 +305,10 @@ def rm_command(name: str, purge: bool, yes: bool) -> None:
             gone = MemoryStore(db, SystemClock().now).forget_imp(name)
         finally:
             db.close()
-        if gone["records"] or gone["conversations"]:
+        if gone["records"] or gone["conversations"] or gone.get("rules"):
             click.echo(
                 f"Forgot its memory: {gone['records']} memories, {gone['episodes']} moments, "
-                f"{gone['conversations']} conversations."
+                f"{gone['conversations']} conversations, {gone.get('rules', 0)} learned rules."
             )
     if kept:
         names = ", ".join(path.name + ("/" if path.is_dir() else "") for path in kept)

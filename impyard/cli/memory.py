@@ -1,6 +1,6 @@
 """``impyard memory``: the operator's verbs on an imp's memory, kept in the host's database (issue 23).
 
-``show`` and ``forget`` read and delete rows; ``search`` and ``remember`` need a vector of the text, made
+``show``, ``rules``, ``slot`` and ``forget`` read and delete rows; ``search`` and ``remember`` need a vector of the text, made
 the way the imp's boxes make theirs so the two compare (mechanism 30): with ``[memory] embedder =
 "gateway"`` (the default) the text goes through this host's gateway like any box's call — judged by the
 policy (purpose ``embedding``), metered against the imp's budget and audited, on the session channel
@@ -23,9 +23,17 @@ import anyio
 import click
 from rich.markup import escape
 
+from box.memory import laws
 from box.memory.calls import CallRecord, MemoryModel
 from box.memory.embedder import GatewayEmbedder, clip_for_embedding, hashing_vector
-from box.protocol.memory import MAX_CONCLUSION_CHARS, MAX_K, MAX_NAME_CHARS, RecordView
+from box.protocol.memory import (
+    MAX_CONCLUSION_CHARS,
+    MAX_K,
+    MAX_NAME_CHARS,
+    DispositionView,
+    RecordView,
+    SlotEntry,
+)
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends.base import BoxSpec
 from impyard.broker import UpstreamConfig
@@ -59,6 +67,16 @@ MEMORY_COLUMNS = (
 )  # fmt: skip
 
 
+RULE_COLUMNS = ("rule", Col("weight", no_wrap=True), Col("count", no_wrap=True), Col("state", no_wrap=True),
+                Col("learned", no_wrap=True), Col("id", no_wrap=True))  # fmt: skip
+SLOT_COLUMNS = (Col("scope", no_wrap=True), Col("kind", no_wrap=True), "statement", Col("intensity", no_wrap=True),
+                Col("activated", no_wrap=True), Col("record", no_wrap=True))  # fmt: skip
+WHEN_LEARNED = (
+    "a rule is learned when someone leaves a conversation with it (half an hour without a word from them, "
+    "or /quit in impyard chat), from how that conversation felt"
+)
+
+
 @click.group("memory")
 def memory_group() -> None:
     """An imp's memory: show, search, give and forget what it remembers (kept in the host's database).
@@ -69,6 +87,8 @@ def memory_group() -> None:
       impyard memory search pip "the picnic"
       impyard memory remember pip "I grew up by the sea." --valence 0.6 --intensity 0.7 --age 8760h
       impyard memory forget pip --person carol
+      impyard memory rules pip
+      impyard memory slot pip --scope terminal
     """
 
 
@@ -287,6 +307,91 @@ def show_command(imp: str, person: str | None, scope: str | None, limit: int, ou
     selection = "".join([f" by or about {who!r}" if who else "", f" in {where}" if where else ""])
     show_records(out, views, empty=f"{config.name} remembers nothing{selection}.",
                  title=f"What {config.name} remembers{escape(selection)}")  # fmt: skip
+
+
+@memory_group.command("rules")
+@click.argument("imp")
+@output_options
+def rules_command(imp: str, out: Output) -> None:
+    """What IMP has learned: its rules of conduct, strongest first (mechanisms 90-98).
+
+    \b
+    A rule is "when <situation> → <act>", learned when someone leaves a
+    conversation; its weight is how it felt (-1 to 1; hurt pulls twice as
+    hard), its count how often it was learned again. A rule weakened to
+    |weight| 0.05 or less is dormant: kept, never brought to mind. Rules are
+    the imp's own, shared by every scope, and name no one. Example:
+      impyard memory rules pip --json
+    """
+    config = imp_config(imp)
+    with memory_store() as (store, _):
+        rules = store.rules(config.name)
+    now = SystemClock().now()
+    rows = [
+        (
+            escape(rule.rule), f"{rule.weight:+.2f}", str(rule.count), _state(rule), _ago(rule.updated_at, now),
+            rule.id[:12],
+        )
+        for rule in rules
+    ]  # fmt: skip
+    out.listing(
+        [rule_json(rule) for rule in rules], columns=RULE_COLUMNS, rows=rows,
+        empty=f"{config.name} has learned nothing yet: {WHEN_LEARNED}.", title=f"What {config.name} has learned",
+    )  # fmt: skip
+
+
+def _state(rule: DispositionView) -> str:
+    return "active" if laws.is_active(rule.weight) else "dormant"
+
+
+def rule_json(rule: DispositionView) -> dict[str, Any]:
+    return {**rule.model_dump(mode="json"), "state": _state(rule)}
+
+
+@memory_group.command("slot")
+@click.argument("imp")
+@click.option("--scope", help=f"Only this scope: {SCOPE_RULE}.")
+@output_options
+def slot_command(imp: str, scope: str | None, out: Output) -> None:
+    """What IMP holds in mind: its own thoughts, beliefs and intentions, per scope (mechanisms 84-89).
+
+    \b
+    Each scope keeps at most 3: one decision, goal or dream, and thoughts or
+    beliefs; one not brought to mind for 7 days leaves (it stays in memory).
+    The imp sees them in every reply in that scope. Example:
+      impyard memory slot pip --scope guild:123456789012345678
+    """
+    config = imp_config(imp)
+    where = check_scope(scope)
+    with memory_store() as (store, _):
+        held = store.slot_view(config.name, where)
+    now = SystemClock().now()
+    rows = [
+        (
+            escape(in_scope), entry.record.construct_kind or "?", escape(_statement(entry.record)),
+            f"{entry.record.intensity:.2f}", _ago(entry.activated_at, now), entry.record.id[:12],
+        )
+        for in_scope, entry in held
+    ]  # fmt: skip
+    selection = f" in {where}" if where else ""
+    out.listing(
+        [slot_json(in_scope, entry) for in_scope, entry in held], columns=SLOT_COLUMNS, rows=rows,
+        empty=f"{config.name} holds nothing in mind{selection}: its thoughts come when it reflects.",
+        title=f"What {config.name} holds in mind{escape(selection)}",
+    )  # fmt: skip
+
+
+def _statement(view: RecordView) -> str:
+    text = " ".join((view.statement or view.conclusion).split())
+    return text[:160] + ("…" if len(text) > 160 else "")
+
+
+def slot_json(scope: str, entry: SlotEntry) -> dict[str, Any]:
+    return {
+        "scope": scope,
+        "activated_at": entry.activated_at.isoformat(),
+        "record": record_json(entry.record),
+    }
 
 
 @memory_group.command("search")

@@ -6,8 +6,10 @@ here with the fix), login (REST only), the runtime (policy, database, gateway, s
 pump), then each bot's gateway connection. Inbound messages queue per imp and are routed in arrival
 order by one worker per imp, owned by this host's task group. With ``--supervise`` the task loop of
 ``impyard supervise`` runs here too, posting through the same bots (its ``task:<imp>`` log goes to
-the log). Shutdown (SIGINT/SIGTERM, or a bot's connection failing for good): running turns get
-their grace, every box is closed, the bots disconnect.
+the log); without it, a task loop for departures alone (mechanism 103: a person who left a memory
+imp's conversation is thought over once) runs beside whatever ``impyard supervise`` runs. Shutdown
+(SIGINT/SIGTERM, or a bot's connection failing for good): running turns get their grace, every box
+is closed, the bots disconnect.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,7 +42,7 @@ from impyard.instance import InstanceLock
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import SessionKey
-from impyard.supervisor import SupervisorSettings, open_supervisor
+from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
 from impyard.surfaces import SURFACE_DISCORD, SURFACE_LOG
 
 log = logging.getLogger("impyard.serve")
@@ -366,24 +368,21 @@ async def _open_discord_host(
                         await host.wait_ready(ready_timeout_s)
                         supervisor_stop = anyio.Event()
                         supervisor_done = anyio.Event()
-                        if supervise:
-                            supervisor = (
-                                await stack.enter_async_context(  # one host: the same gateway and gate pump
-                                    open_supervisor(
-                                        host=runtime.host, backend=backend, settings=supervisor_settings
-                                    )
-                                )
-                            )
+                        # Without --supervise, departures alone (no lock: `impyard supervise` may run beside).
+                        task_settings = supervisor_settings if supervise else replace(
+                            supervisor_settings or SupervisorSettings(), kinds=DEPARTURES_ONLY
+                        )  # fmt: skip
+                        supervisor = await stack.enter_async_context(  # one host: the same gateway and pump
+                            open_supervisor(host=runtime.host, backend=backend, settings=task_settings)
+                        )
 
-                            async def run_supervisor() -> None:
-                                try:
-                                    await supervisor.run(stop=supervisor_stop)
-                                finally:
-                                    supervisor_done.set()
+                        async def run_supervisor() -> None:
+                            try:
+                                await supervisor.run(stop=supervisor_stop)
+                            finally:
+                                supervisor_done.set()
 
-                            tg.start_soon(run_supervisor, name="supervisor")
-                        else:
-                            supervisor_done.set()
+                        tg.start_soon(run_supervisor, name="supervisor" if supervise else "departures")
                         log.info(
                             "serving %s on Discord%s",
                             ", ".join(clients),

@@ -1,6 +1,7 @@
 """The ``memory.*`` requests of a box, served by the host (issue 23; docs/memory.md).
 
-``MemoryService`` answers the nine ``memory.*`` methods (models: ``box.protocol.memory``) for one box at a
+``MemoryService`` answers the ``memory.*`` methods (``MEMORY_METHOD_NAMES``, models: ``box.protocol.memory``):
+records, episodes and conversations, and (issue 14) constructs, the slot and learned rules, for one box at a
 time, through the session's ``ScopedMemory``: the scopes are the host's decision (``scopes.resolve``),
 registered when the box starts (``open``) and applied to every query; no request names one.
 
@@ -258,6 +259,27 @@ def _conversation_put(scoped: ScopedMemory, p: mem.ConversationPutParams) -> Emp
     return EmptyFromHost()
 
 
+def _construct(scoped: ScopedMemory, p: mem.ConstructParams) -> mem.ConstructResult:
+    record_id, created, previous, slot = scoped.construct(p)
+    return mem.ConstructResult(record_id=record_id, created=created, previous=previous, slot=slot)
+
+
+def _slot(scoped: ScopedMemory, p: mem.SlotParams) -> mem.SlotResult:
+    return mem.SlotResult(entries=scoped.slot())
+
+
+def _slot_refresh(scoped: ScopedMemory, p: mem.SlotRefreshParams) -> mem.SlotResult:
+    return mem.SlotResult(entries=scoped.slot_refresh(p.record_ids))
+
+
+def _dispositions(scoped: ScopedMemory, p: mem.DispositionsParams) -> mem.DispositionsResult:
+    return mem.DispositionsResult(rules=scoped.dispositions(p.k, p.active_only))
+
+
+def _learn(scoped: ScopedMemory, p: mem.LearnParams) -> mem.LearnResult:
+    return scoped.learn(p)
+
+
 _HANDLERS: dict[str, Callable[[ScopedMemory, Any], BaseModel]] = {
     "memory.search": _search,
     "memory.recent": _recent,
@@ -268,6 +290,11 @@ _HANDLERS: dict[str, Callable[[ScopedMemory, Any], BaseModel]] = {
     "memory.restore": _restore,
     "memory.conversation.get": _conversation_get,
     "memory.conversation.put": _conversation_put,
+    "memory.construct": _construct,
+    "memory.slot": _slot,
+    "memory.slot.refresh": _slot_refresh,
+    "memory.dispositions": _dispositions,
+    "memory.dispositions.learn": _learn,
 }
 
 

@@ -16,9 +16,14 @@ only of names that are not too short or too common (``mentions_are_forgettable``
 Forgetting a message leaves a mark for a week, so a turn that was still running keeps nothing of it.
 
 The record text that names are matched against (mechanism 15, ``mention_text``): the conclusion for a
-lived record; for a construct its statement and conclusion, where the statement is the construct's kind
-word ("I believe: …") rendered around the conclusion field the box stored — the kind word names no one,
-so the text matched is the conclusion in both cases.
+lived record; for a construct its statement and its conclusion (the statement is what it believes, decides
+or wants, mechanism 83: "I believe: <statement>").
+
+Constructs, the slot and dispositions (issue 14; ``ScopedMemory.construct``, ``slot``, ``slot_refresh``,
+``dispositions``, ``learn``): a construct is formed in the session's writes scope and compared only with the
+constructs of its own kind there (75, 82); the slot is kept per imp **and scope** (``memory_slots``) and
+changed only through the pure law of ``box.memory.slot`` (84-88); learned rules are per imp, shared by
+every scope, and name no one (90-98).
 
 The SQL is kept portable, for PostgreSQL later (docs/architecture.md, "State"): uuid4-hex ids, ISO-8601 UTC text times, no SQLite-only
 functions; ``LIKE`` is only a prefilter (both sides lowercased in Python) before a whole-word check.
@@ -30,22 +35,32 @@ import json
 import re
 import sqlite3
 import threading
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+import numpy as np
+
 from box.memory import laws
+from box.memory import slot as slot_law
 from box.protocol.memory import (
     BOTH_KINDS,
     MAX_CONCLUSION_CHARS,
     MAX_CONVERSATION_STATE_BYTES,
+    MAX_RULE_CHARS,
     ConstructKind,
+    ConstructParams,
+    DispositionView,
     EncodeParams,
     EpisodeView,
+    LearnParams,
+    LearnResult,
     RecordView,
     Restore,
+    SlotEntry,
 )
 from impyard.clock import iso, parse_iso
 from impyard.db import Database, Store
@@ -59,8 +74,8 @@ from impyard.memory.cache import (
     RecordRows,
     VectorCache,
 )
-from impyard.memory.scopes import SessionScopes
-from impyard.memory.vectors import pack, unpack
+from impyard.memory.scopes import SessionScopes, dm_scope
+from impyard.memory.vectors import normalised, pack, unpack, unpack_many
 
 Clock = Callable[[], datetime]
 SELF = "Self"  # the author of a given record (mechanism 115)
@@ -68,7 +83,7 @@ _WORD = re.compile(r"\w+")
 
 _RECORD_COLUMNS = (
     "id, kind, construct_kind, origin, author, author_id, feeling, conclusion, valence, intensity,"
-    " happened_at, last_felt, dims, vector, scope, gen"
+    " happened_at, last_felt, dims, vector, scope, gen, statement"
 )
 _EPISODE_COLUMNS = "id, record_id, author, author_id, message_id, as_happened, told, channel_id, happened_at"
 
@@ -97,9 +112,47 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def record_text(conclusion: str) -> str:
+def record_text(conclusion: str, statement: str | None = None) -> str:
     """The lowercased text a record's names are matched in (see the module doc)."""
-    return conclusion.lower()
+    return (f"{statement} {conclusion}" if statement else conclusion).lower()
+
+
+def _row_text(row: sqlite3.Row) -> str:
+    """A row's text for a whole-word name check: its conclusion, after a construct's statement."""
+    statement = row["statement"]
+    return f"{statement} {row['conclusion']}" if statement else str(row["conclusion"])
+
+
+def clean_rule(rule: str) -> str:
+    """A learned rule as kept: control characters out, whitespace runs made one space, at most
+    ``MAX_RULE_CHARS``; refuses a rule left empty."""
+    text = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in rule)
+    text = " ".join(text.split())[:MAX_RULE_CHARS].strip()
+    if not text:
+        raise MemoryInvalid("a learned rule needs some text")
+    return text
+
+
+def _disposition(row: sqlite3.Row) -> DispositionView:
+    return DispositionView(
+        id=row["id"], rule=row["rule"], weight=float(row["weight"]), count=int(row["count"]),
+        updated_at=parse_iso(row["updated_at"]),
+    )  # fmt: skip
+
+
+def _dispositions(
+    conn: sqlite3.Connection, imp: str, limit: int | None, *, active_only: bool
+) -> list[DispositionView]:
+    """Mechanisms 94, 98-99: the imp's rules, strongest |weight| first (ties: the most recently learned);
+    ``active_only``: only |weight| above ``laws.DORMANT_WEIGHT``."""
+    active = " AND abs(weight) > ?" if active_only else ""
+    rows = conn.execute(
+        f"SELECT {_DISPOSITION_COLUMNS} FROM memory_dispositions WHERE imp = ?{active}"
+        " ORDER BY abs(weight) DESC, updated_at DESC, created_at DESC, id"
+        + ("" if limit is None else f" LIMIT {int(limit)}"),
+        [imp, *([laws.DORMANT_WEIGHT] if active_only else [])],
+    ).fetchall()
+    return [_disposition(row) for row in rows]
 
 
 def _marks(values: Sequence[object]) -> str:
@@ -114,6 +167,8 @@ def like_pattern(name: str) -> str:
 
 
 MAX_CACHED_COUNTS = 10_000  # (imp, scope) totals kept between writes
+MAX_RULES = 1_000  # learned rules kept per imp: past it the weakest goes (dormant first, then oldest)
+_DISPOSITION_COLUMNS = "id, rule, weight, count, created_at, updated_at"
 FORGOTTEN_MESSAGE_KEEP = timedelta(days=7)  # a deleted message's mark outlives any turn that could still end
 
 
@@ -290,6 +345,7 @@ class MemoryStore(Store, Loader):
             felt=laws.felt_strength(intensity, valence, last_felt, now),  # mechanism 67, at the host's now
             happened_at=parse_iso(row["happened_at"]),
             last_felt=last_felt,
+            statement=row["statement"],
             vector=vector,
         )
         return StoredRecord(scope=row["scope"], **fields) if operator else RecordView(**fields)
@@ -456,7 +512,7 @@ class MemoryStore(Store, Loader):
             if (
                 row["author"] == person
                 or row["author_id"] == person
-                or laws.mentions(row["conclusion"], [person])
+                or laws.mentions(_row_text(row), [person])
             ):
                 found.append(row)
                 if len(found) >= k:
@@ -515,17 +571,18 @@ class MemoryStore(Store, Loader):
         last_felt: datetime,
         vector: Sequence[float] | None,
         now: datetime,
+        statement: str | None = None,
     ) -> str:
         record_id = new_id()
         dims, blob = pack(vector) if vector is not None else (0, None)
         conn.execute(
             "INSERT INTO memory_records (id, imp, scope, kind, construct_kind, origin, author, author_id, feeling,"
-            " conclusion, mention_text, valence, intensity, happened_at, last_felt, dims, vector, gen, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " conclusion, mention_text, valence, intensity, happened_at, last_felt, dims, vector, gen, created_at,"
+            " statement) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record_id, imp, scope, kind, construct_kind, origin, author, author_id, feeling, conclusion,
-                record_text(conclusion), valence, intensity, iso(happened_at), iso(last_felt), dims, blob, gen,
-                iso(now),
+                record_text(conclusion, statement), valence, intensity, iso(happened_at), iso(last_felt), dims, blob,
+                gen, iso(now), statement,
             ),
         )  # fmt: skip
         return record_id
@@ -595,6 +652,95 @@ class MemoryStore(Store, Loader):
             records += 1
             touched.add((str(row[0]), str(row[1])))
         return records, episodes, touched
+
+    # ------------------------------------------------------------ constructs and the slot (shared)
+
+    def _twin(
+        self,
+        conn: sqlite3.Connection,
+        imp: str,
+        scope: str,
+        construct_kind: str,
+        vector: Sequence[float] | None,
+    ) -> sqlite3.Row | None:
+        """Mechanisms 75, 82 (subtle point 12): the construct of the same kind in ``scope`` most like
+        ``vector``, if its cosine is at least ``construct_duplicate``; vectors of another length never compare."""
+        if vector is None:
+            return None
+        query = normalised(vector)
+        rows = conn.execute(
+            "SELECT id, intensity, valence, last_felt, statement, vector FROM memory_records"
+            " WHERE imp = ? AND scope = ? AND kind = 'construct' AND construct_kind = ? AND dims = ?"
+            " AND vector IS NOT NULL ORDER BY last_felt DESC, gen DESC",
+            (imp, scope, construct_kind, int(query.size)),
+        ).fetchall()
+        if not rows:
+            return None
+        matrix = unpack_many(int(query.size), [row["vector"] for row in rows])
+        norms = np.linalg.norm(matrix, axis=1)
+        cosines = (matrix @ query) / np.where(norms > 0, norms, 1.0)
+        best = int(np.argmax(cosines))  # the most recently felt of equals
+        return rows[best] if float(cosines[best]) >= laws.DEFAULTS.construct_duplicate else None
+
+    def _held(self, conn: sqlite3.Connection, imp: str, scope: str, now: datetime) -> list[slot_law.Held]:
+        """Mechanisms 87-88: the slot of (imp, scope) as loaded; rows that left it are deleted."""
+        rows = conn.execute(
+            "SELECT s.record_id, s.activated_at, r.id AS found, r.construct_kind, r.intensity FROM memory_slots s"
+            " LEFT JOIN memory_records r ON r.id = s.record_id AND r.imp = s.imp AND r.scope = s.scope"
+            " AND r.kind = 'construct' WHERE s.imp = ? AND s.scope = ?",
+            (imp, scope),
+        ).fetchall()
+        stored = [
+            slot_law.Held(
+                str(row["record_id"]), str(row["construct_kind"] or "thought"), float(row["intensity"] or 0.0),
+                parse_iso(row["activated_at"]),
+            )
+            for row in rows
+        ]  # fmt: skip
+        existing = {str(row["record_id"]) for row in rows if row["found"] is not None}
+        held = slot_law.loaded(stored, now, existing)
+        if len(held) != len(stored):
+            self._write_slot(conn, imp, scope, held)
+        return held
+
+    @staticmethod
+    def _write_slot(conn: sqlite3.Connection, imp: str, scope: str, held: Sequence[slot_law.Held]) -> None:
+        conn.execute("DELETE FROM memory_slots WHERE imp = ? AND scope = ?", (imp, scope))
+        conn.executemany(
+            "INSERT INTO memory_slots (imp, scope, record_id, activated_at) VALUES (?, ?, ?, ?)",
+            [(imp, scope, h.id, iso(h.activated_at)) for h in held],
+        )
+
+    def _activated(
+        self, conn: sqlite3.Connection, imp: str, scope: str, record_id: str, now: datetime
+    ) -> list[slot_law.Held]:
+        """Mechanisms 84-86: the slot after the construct ``record_id`` (in ``scope``) is brought to mind."""
+        held = self._held(conn, imp, scope, now)
+        row = conn.execute(
+            "SELECT construct_kind, intensity FROM memory_records WHERE id = ? AND imp = ? AND scope = ?"
+            " AND kind = 'construct'",
+            (record_id, imp, scope),
+        ).fetchone()
+        if row is None:
+            return held
+        new = slot_law.Held(record_id, str(row["construct_kind"]), float(row["intensity"]), now)
+        after = slot_law.activate(held, new)
+        if after != held:
+            self._write_slot(conn, imp, scope, after)
+        return after
+
+    def _entries(
+        self, imp: str, scope: str, held: Sequence[slot_law.Held], now: datetime, *, operator: bool = False
+    ) -> list[SlotEntry]:
+        """The held constructs as the box sees them (felt now), oldest activation first."""
+        rows = {r["id"]: r for r in self._records_by_id(_Reach(imp, (scope,)), [h.id for h in held])}
+        return [
+            SlotEntry(
+                record=self._view(rows[h.id], now, False, operator=operator), activated_at=h.activated_at
+            )
+            for h in slot_law.ordered(held)
+            if h.id in rows
+        ]
 
     # ------------------------------------------------------------ operator API (every scope)
 
@@ -692,13 +838,23 @@ class MemoryStore(Store, Loader):
             likes = " OR ".join(["mention_text LIKE ? ESCAPE '\\'"] * len(mentioned)) or "1 = 0"
             records: set[str] = set()
             for row in conn.execute(
-                f"SELECT id, author, author_id, conclusion FROM memory_records WHERE {clause} AND (author_id IN"
-                f" ({_marks(person.ids)}) OR author IN ({_marks(person.names)}) OR {likes})",
+                f"SELECT id, author, author_id, conclusion, statement FROM memory_records WHERE {clause} AND"
+                f" (author_id IN ({_marks(person.ids)}) OR author IN ({_marks(person.names)}) OR {likes})",
                 [*args, *person.ids, *person.names, *(like_pattern(name.lower()) for name in mentioned)],
             ):
-                if (how := person.match(row["author_id"], row["author"], row["conclusion"])) is not None:
+                if (how := person.match(row["author_id"], row["author"], _row_text(row))) is not None:
                     records.add(str(row["id"]))
                     found[how] += 1
+            # The imp's own thoughts formed in a DM with them go with that DM's scope, as its lived records do.
+            dm_scopes = [dm_scope(person_id) for person_id in person.ids]
+            for row in conn.execute(
+                f"SELECT id FROM memory_records WHERE {clause} AND kind = 'construct'"
+                f" AND scope IN ({_marks(dm_scopes)})",
+                [*args, *dm_scopes],
+            ):
+                if str(row["id"]) not in records:
+                    records.add(str(row["id"]))
+                    found["id"] += 1
             episodes: set[str] = set()
             for row in conn.execute(
                 f"SELECT id, author, author_id, as_happened FROM memory_episodes WHERE {clause}", args
@@ -711,6 +867,10 @@ class MemoryStore(Store, Loader):
                 f"DELETE FROM memory_conversations WHERE {clause} AND person IN ({_marks(keys)})",
                 [*args, *keys],
             ).rowcount
+            # Their departures name them too; with the conversations gone, no departure is queued again.
+            conn.execute(
+                f"DELETE FROM memory_departures WHERE {clause} AND person IN ({_marks(keys)})", [*args, *keys]
+            )
             for imp_, scope in sorted(touched):
                 self._bump(conn, imp_, scope, deleted=True)
         return Forgotten(
@@ -748,19 +908,61 @@ class MemoryStore(Store, Loader):
         return {"records": n_records, "episodes": n_episodes}
 
     def forget_imp(self, imp: str) -> dict[str, int]:
-        """Everything the imp remembers, in every scope (``impyard imp rm --purge``): records, episodes and
-        saved conversations. The scopes' generations move on (not deleted), so every cache drops them."""
+        """Everything the imp remembers, in every scope (``impyard imp rm --purge``): records, episodes,
+        saved conversations, the slots, learned rules and departures. The scopes' generations move on (not
+        deleted), so every cache drops them."""
         with self.db.transaction() as conn:
             scopes = [
                 str(r[0])
                 for r in conn.execute("SELECT DISTINCT scope FROM memory_records WHERE imp = ?", (imp,))
             ]
+            slots = conn.execute("DELETE FROM memory_slots WHERE imp = ?", (imp,)).rowcount
             episodes = conn.execute("DELETE FROM memory_episodes WHERE imp = ?", (imp,)).rowcount
             records = conn.execute("DELETE FROM memory_records WHERE imp = ?", (imp,)).rowcount
             conversations = conn.execute("DELETE FROM memory_conversations WHERE imp = ?", (imp,)).rowcount
+            rules = conn.execute("DELETE FROM memory_dispositions WHERE imp = ?", (imp,)).rowcount
+            departures = conn.execute("DELETE FROM memory_departures WHERE imp = ?", (imp,)).rowcount
             for scope in scopes:
                 self._bump(conn, imp, scope, deleted=True)
-        return {"records": records, "episodes": episodes, "conversations": conversations}
+        return {
+            "records": records, "episodes": episodes, "conversations": conversations, "slots": slots,
+            "rules": rules, "departures": departures,
+        }  # fmt: skip
+
+    def rules(self, imp: str, limit: int | None = None) -> list[DispositionView]:
+        """``impyard memory rules``: what ``imp`` has learned, strongest |weight| first (dormant ones too)."""
+        return _dispositions(self.db.connection(), imp, limit, active_only=False)
+
+    def slot_view(self, imp: str, scope: str | None = None) -> list[tuple[str, SlotEntry]]:
+        """``impyard memory slot``: what ``imp`` holds in mind in each scope (or ``scope``), as it would be
+        loaded now (87); read only: nothing is dropped here. Each entry's record is a ``StoredRecord``."""
+        now = self.clock()
+        conn = self.db.connection()
+        if scope is None:
+            scopes = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT DISTINCT scope FROM memory_slots WHERE imp = ? ORDER BY scope", (imp,)
+                )
+            ]
+        else:
+            scopes = [scope]
+        shown: list[tuple[str, SlotEntry]] = []
+        for where in scopes:
+            rows = conn.execute(
+                "SELECT s.record_id, s.activated_at, r.construct_kind, r.intensity FROM memory_slots s"
+                " JOIN memory_records r ON r.id = s.record_id AND r.imp = s.imp AND r.scope = s.scope"
+                " WHERE s.imp = ? AND s.scope = ?",
+                (imp, where),
+            ).fetchall()
+            stored = [
+                slot_law.Held(str(r["record_id"]), str(r["construct_kind"]), float(r["intensity"]),
+                              parse_iso(r["activated_at"]))
+                for r in rows
+            ]  # fmt: skip
+            held = slot_law.loaded(stored, now)
+            shown.extend((where, entry) for entry in self._entries(imp, where, held, now, operator=True))
+        return shown
 
     def count(self, imp: str, scopes: Sequence[str] | None = None) -> int:
         """Records of every kind of ``imp`` in ``scopes`` (None: all).
@@ -924,6 +1126,137 @@ class ScopedMemory:
         now = self.store.clock()
         with self.store.db.transaction() as conn:
             return self.store._refeel(conn, self._reach, items, now, {})
+
+    # ------------------------------------------------------------ constructs and the slot (issue 14)
+
+    def construct(self, params: ConstructParams) -> tuple[str, bool, str | None, list[SlotEntry]]:
+        """Mechanisms 74-77, 81-86: form a construct in the writes scope, atomically, and bring it to mind.
+
+        Compared only with the constructs of its kind in the writes scope (cosine ≥ 0.90, same length): a
+        recurring thought is re-felt toward ``intensity`` (75); a duplicate of another kind gains +0.1 (max 1)
+        without fading first (82); both are felt now and not written again. Otherwise a construct record is
+        written: author Self, origin lived. With ``slot`` it is activated in the writes scope's slot.
+        Returns (record id, created, the earlier one's statement when it was not created, the slot).
+        """
+        now = self.store.clock()
+        store, writes = self.store, self.scopes.writes
+        with store.db.transaction() as conn:
+            gen = store._bump(conn, self.imp, writes)
+            twin = store._twin(conn, self.imp, writes, params.construct_kind, params.vector)
+            previous: str | None = None
+            if twin is not None:
+                record_id, previous = str(twin["id"]), twin["statement"]
+                stored = float(twin["intensity"])
+                if params.construct_kind == "thought":  # mechanism 75: settle, then close 0.6 toward now
+                    intensity = laws.refelt(
+                        stored, float(twin["valence"]), parse_iso(twin["last_felt"]), now, params.intensity
+                    )
+                else:  # mechanism 82: +0.1 on the stored intensity, no settling first
+                    intensity = min(1.0, stored + laws.DEFAULTS.construct_reinforcement)
+                conn.execute(
+                    "UPDATE memory_records SET intensity = ?, last_felt = ?, gen = ? WHERE id = ?",
+                    (intensity, iso(now), gen, record_id),
+                )
+            else:
+                record_id = store._insert_record(
+                    conn, imp=self.imp, scope=writes, gen=gen, kind="construct",
+                    construct_kind=params.construct_kind, origin="lived", author=SELF, author_id=None,
+                    feeling=params.feeling, conclusion=params.conclusion, valence=params.valence,
+                    intensity=params.intensity, happened_at=now, last_felt=now, vector=params.vector, now=now,
+                    statement=params.statement,
+                )  # fmt: skip
+            if params.slot:
+                held = store._activated(conn, self.imp, writes, record_id, now)
+            else:
+                held = store._held(conn, self.imp, writes, now)
+            entries = store._entries(self.imp, writes, held, now)
+        return record_id, twin is None, previous, entries
+
+    def slot(self) -> list[SlotEntry]:
+        """Mechanisms 87-88: the writes scope's slot as loaded now, oldest activation first; what left it
+        (a week unrefreshed, deleted, over size) is dropped from the stored slot."""
+        now = self.store.clock()
+        with self.store.db.transaction() as conn:
+            held = self.store._held(conn, self.imp, self.scopes.writes, now)
+            return self.store._entries(self.imp, self.scopes.writes, held, now)
+
+    def slot_refresh(self, record_ids: Sequence[str]) -> list[SlotEntry]:
+        """Mechanism 86: held constructs brought to mind again get activated now; other ids are ignored."""
+        now = self.store.clock()
+        store, writes = self.store, self.scopes.writes
+        with store.db.transaction() as conn:
+            held = store._held(conn, self.imp, writes, now)
+            after = list(held)
+            for record_id in dict.fromkeys(record_ids):
+                twin = next((h for h in after if h.id == record_id), None)
+                if twin is not None:
+                    after = slot_law.activate(after, slot_law.Held(twin.id, twin.kind, twin.intensity, now))
+            if after != held:
+                store._write_slot(conn, self.imp, writes, after)
+            return store._entries(self.imp, writes, after, now)
+
+    # ------------------------------------------------------------ dispositions (issue 14; per imp, every scope)
+
+    def dispositions(self, k: int = 100, active_only: bool = False) -> list[DispositionView]:
+        """Mechanisms 94, 98-99: the ``k`` strongest rules by |weight|; ``active_only`` leaves dormant ones out."""
+        return _dispositions(self.store.db.connection(), self.imp, k, active_only=active_only)
+
+    def learn(self, params: LearnParams) -> LearnResult:
+        """Mechanisms 95-97, atomically: ``same`` is counted (and takes this text and weight only if this one
+        pulls harder); else ``contradicts`` is weakened toward 0 by |weight| and this rule added; else added.
+        A rule named must be this imp's (else ``MemoryDenied``). At most ``MAX_RULES`` are kept per imp."""
+        rule = clean_rule(params.rule)
+        now = iso(self.store.clock())
+        with self.store.db.transaction() as conn:
+
+            def named(rule_id: str) -> sqlite3.Row:
+                row = conn.execute(
+                    "SELECT id, rule, weight FROM memory_dispositions WHERE id = ? AND imp = ?",
+                    (rule_id, self.imp),
+                ).fetchone()
+                if row is None:
+                    raise MemoryDenied(f"memory.dispositions.learn: no rule {rule_id[:40]!r} of this imp")
+                return row
+
+            if params.same is not None:  # mechanisms 95-96: counted; never summed
+                old = named(params.same)
+                text, weight, replaced = laws.same_rule(
+                    old["rule"], float(old["weight"]), rule, params.weight, params.avoidance_weight
+                )
+                conn.execute(
+                    "UPDATE memory_dispositions SET rule = ?, weight = ?, count = count + 1, updated_at = ?"
+                    " WHERE id = ?",
+                    (text, weight, now, params.same),
+                )
+                return LearnResult(id=params.same, action="replaced" if replaced else "counted")
+            weakened: str | None = None
+            if params.contradicts is not None:  # mechanism 97: toward 0 by |new w|, never past it
+                old = named(params.contradicts)
+                conn.execute(
+                    "UPDATE memory_dispositions SET weight = ?, updated_at = ? WHERE id = ?",
+                    (laws.weakened(float(old["weight"]), params.weight), now, params.contradicts),
+                )
+                weakened = params.contradicts
+            rule_id = new_id()
+            conn.execute(
+                "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, 1, ?, ?)",
+                (rule_id, self.imp, rule, params.weight, now, now),
+            )
+            excess = (
+                conn.execute(
+                    "SELECT COUNT(*) FROM memory_dispositions WHERE imp = ?", (self.imp,)
+                ).fetchone()[0]
+                - MAX_RULES
+            )
+            if excess > 0:  # the weakest go: dormant ones first, then the smallest |weight|, oldest first
+                conn.execute(
+                    "DELETE FROM memory_dispositions WHERE id IN (SELECT id FROM memory_dispositions"
+                    " WHERE imp = ? AND id != ? ORDER BY abs(weight) > ?, abs(weight), updated_at, created_at, id"
+                    f" LIMIT {int(excess)})",
+                    (self.imp, rule_id, laws.DORMANT_WEIGHT),
+                )
+            return LearnResult(id=rule_id, action="added", weakened=weakened)
 
     def conversation_get(self, person: str) -> tuple[dict[str, Any] | None, datetime | None]:
         clause, args = self._reach.clause()

@@ -1,7 +1,7 @@
 """``impyard supervise``: scheduled and proactive work as governed one-shot boxes (issue 8; docs/tasks.md).
 
 Modules, one concept each: ``loop`` (the ``Supervisor``: reclaim, then tick — gates, follow-ups,
-schedules, cancels, dispatch — and one task's box run), ``settings`` (``SupervisorSettings``),
+schedules, departures, cancels, dispatch — and one task's box run), ``settings`` (``SupervisorSettings``),
 ``backends`` (which backend runs an imp's task boxes), ``budget`` (the pure rule that defers a task
 of an imp over budget), ``orphans`` (boxes a dead supervisor left: ``/proc`` and Docker labels), and
 ``assembly`` (``open_supervisor``: the instance lock, then its own host or ``serve``'s).
@@ -14,22 +14,28 @@ from impyard.supervisor.loop import Supervisor
 from impyard.supervisor.orphans import looks_like_box_process, remove_orphan_box
 from impyard.supervisor.settings import (
     DEFAULT_CONCURRENCY,
+    DEPARTURE_SCAN_S,
+    DEPARTURES_ONLY,
     INIT_TIMEOUT_S,
     MAX_ATTEMPTS,
     MAX_CONCURRENCY,
     READY_BATCH,
     SHUTDOWN_GRACE_S,
+    STALE_RUN_MARGIN_S,
     TICK_S,
     SupervisorSettings,
 )
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "DEPARTURES_ONLY",
+    "DEPARTURE_SCAN_S",
     "INIT_TIMEOUT_S",
     "MAX_ATTEMPTS",
     "MAX_CONCURRENCY",
     "READY_BATCH",
     "SHUTDOWN_GRACE_S",
+    "STALE_RUN_MARGIN_S",
     "TERMINAL_SURFACE_NOTICE",
     "TICK_S",
     "BackendChooser",

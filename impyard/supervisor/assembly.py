@@ -32,13 +32,18 @@ async def open_supervisor(
     backend: str | None = None,
     backend_for: BackendFor | None = None,
     settings: SupervisorSettings | None = None,
-    lock: bool = True,
+    lock: bool | None = None,
     host: Host | None = None,
 ) -> AsyncIterator[Supervisor]:
     """The supervisor of this IMPYARD_HOME: its lock first (a second one refuses with the holder's pid), then
     its host. Standalone, it opens a host of its own that reaches only the task log (``surface``, else the
-    terminal) and pumps its gates; given the ``host`` of ``impyard serve``, it shares that host's gateway and
-    leaves the gates to that host's pump."""
+    terminal) and pumps its gates; given the ``host`` of ``impyard serve`` or ``impyard chat``, it shares that
+    host's gateway and leaves the gates to that host's pump.
+
+    ``lock`` defaults to whether it runs every kind: a supervisor limited to some kinds (``settings.kinds``,
+    the departures of ``chat`` and ``serve``) runs beside the one that holds the lock."""
+    if lock is None:
+        lock = settings is None or settings.kinds is None
     instance = InstanceLock(home(), "supervise", SUPERVISE_LOCK_FILENAME)
     if lock:
         instance.__enter__()

@@ -6,8 +6,10 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
 2. a decided gate of a wake-on-resolve task queues its follow-up, exactly once;
    needs-review tasks whose gates are all decided become done or failed;
 3. due schedules queue their tasks;
-4. running tasks the operator cancelled are stopped (their boxes killed);
-5. ready tasks fill the free slots (the concurrency cap, default 3): an imp
+4. departures due queue their ``depart`` tasks, exactly once each (mechanism 103,
+   ``impyard.memory.departures``; looked for every ``departure_scan_s``, 30 s);
+5. running tasks the operator cancelled are stopped (their boxes killed);
+6. ready tasks fill the free slots (the concurrency cap, default 3): an imp
    over budget has its task deferred to the next budget window (never
    stranded), then the task is claimed and run in a fresh one-shot box with
    the same lockdown and the same gateway as a chat session.
@@ -15,8 +17,15 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
 A task box runs ``task.run`` inside its ceiling; the host attests the result
 (``impyard.tasks.attest``). At start, tasks a dead supervisor left ``running``
 are reclaimed: their boxes removed (``impyard.supervisor.orphans``), then
-requeued or ended by ``reclaim_decision``. Task kinds are opaque here: the box
-decides what a kind means.
+requeued or ended by ``reclaim_decision``. Task kinds are opaque here (the box
+decides what a kind means), except that a ``depart`` task's box remembers in the
+scopes of the conversation's channel and knows that channel's real kind.
+
+A supervisor limited to some kinds (``SupervisorSettings.kinds``: ``impyard chat``
+and ``impyard serve`` without ``--supervise`` run one for ``depart``) runs beside
+``impyard supervise`` without its lock: it fires no schedules and queues no
+follow-ups, dispatches only its kinds, and at start reclaims only tasks of its
+kinds that ran past their ceiling (which no live supervisor can still be running).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import anyio
 from anyio.abc import TaskGroup
@@ -39,12 +48,14 @@ from impyard.gate_pump import GatePump
 from impyard.gateway import Gateway
 from impyard.imps import ImpConfig, ImpError, ImpStore
 from impyard.ledger import seconds_to_next_day
+from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
+from impyard.memory.scopes import resolve as resolve_scopes
 from impyard.schedules import ScheduleStore
 from impyard.sessions import describe_error
 from impyard.supervisor.backends import BackendFor
 from impyard.supervisor.budget import budget_wait
 from impyard.supervisor.orphans import remove_orphan_box
-from impyard.supervisor.settings import READY_BATCH, SupervisorSettings
+from impyard.supervisor.settings import READY_BATCH, STALE_RUN_MARGIN_S, SupervisorSettings
 from impyard.tasks import (
     RunEnd,
     Task,
@@ -93,8 +104,18 @@ class Supervisor:
         self.started = 0  # boxes started by this supervisor
         self.peak_running = 0
         self._wake = anyio.Event()
+        self._departures_scanned: datetime | None = None
 
     # ------------------------------------------------------------ reclaim (at start)
+
+    def _reclaims(self, task: Task, now: datetime) -> bool:
+        """Whether this supervisor may reclaim ``task``: the supervisor of every kind (it holds the lock) may
+        reclaim any; a kinds-limited one only its own kinds' tasks that ran past their ceiling."""
+        if self.settings.kinds is None:
+            return True
+        if not self.settings.runs(task.kind) or task.started_at is None:
+            return False
+        return (now - task.started_at).total_seconds() > task.ceiling_s + STALE_RUN_MARGIN_S
 
     async def reclaim(self) -> list[Task]:
         """Tasks left ``running`` by a supervisor that died: remove their boxes, then requeue or end them."""
@@ -102,6 +123,8 @@ class Supervisor:
         for task in await self.db.run(self.tasks.running):
             if task.id in self.running:
                 continue  # ours (reclaim is only called before the loop starts; this is a guard)
+            if not self._reclaims(task, self.clock.now()):
+                continue  # another live supervisor may be running it
             run = await self.db.run(self.tasks.run, task.run_id) if task.run_id else None
             box_pid = run.box_pid if run else None
             await remove_orphan_box(task, box_pid, self.imps.state_dir(task.imp), self.backend_for)
@@ -122,8 +145,12 @@ class Supervisor:
     # ------------------------------------------------------------ one tick
 
     async def tick(self, tg: TaskGroup) -> None:
-        """Gates, follow-ups, schedules, cancels, then dispatch; one failing step never stops the others."""
-        for step in (self._gates, self._follow_ups, self._schedules, self._cancels):
+        """Gates, follow-ups, schedules, departures, cancels, then dispatch; one failing step never stops the
+        others. A kinds-limited supervisor leaves follow-ups and schedules to the supervisor of every kind."""
+        steps = (
+            [self._gates, self._follow_ups, self._schedules] if self.settings.kinds is None else [self._gates]
+        )
+        for step in (*steps, self._departures, self._cancels):
             try:
                 await step()
             except Exception:
@@ -145,6 +172,19 @@ class Supervisor:
     async def _schedules(self) -> None:
         await self.db.run(self.schedules.fire_due)
 
+    async def _departures(self) -> None:
+        """Mechanism 103: queue the departures due, exactly once each (every ``departure_scan_s``)."""
+        if not self.settings.runs(DEPART_KIND):
+            return
+        now = self.clock.now()
+        last = self._departures_scanned
+        if last is not None and 0 <= (now - last).total_seconds() < self.settings.departure_scan_s:
+            return
+        self._departures_scanned = now
+        imps = await anyio.to_thread.run_sync(memory_imps, self.imps)
+        if imps:
+            await self.db.run(queue_due, self.db, self.tasks, now, imps)
+
     async def _cancels(self) -> None:
         for task_id in await self.db.run(self.tasks.cancel_requested, list(self.running)):
             handle = self.running.get(task_id)
@@ -156,7 +196,7 @@ class Supervisor:
         free = self.settings.concurrency - len(self.running)
         if free <= 0:
             return
-        for task in await self.db.run(self.tasks.ready, READY_BATCH):
+        for task in await self.db.run(self.tasks.ready, READY_BATCH, self.settings.kinds):
             if free <= 0:
                 break
             if task.id in self.running:
@@ -194,17 +234,29 @@ class Supervisor:
 
     # ------------------------------------------------------------ one task
 
-    async def _init_params(self, task: Task, config: ImpConfig) -> BoxInitParams:
+    async def _init_params(self, task: Task, config: ImpConfig, box: BoxSpec) -> BoxInitParams:
+        """What the task's box is told. A ``depart`` task's box (mechanism 103) is in the conversation's
+        channel as its session was: that channel's real kind, and memory in that channel's scopes, decided
+        here and applied by the gateway to every ``memory.*`` request of the box."""
         info = await self.db.run(self.gateway.channels.info, task.channel_id)
         spec = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
+        kind = "task"
+        memory = None
+        if task.kind == DEPART_KIND:
+            if info is not None and info.kind in ("dm", "guild", "terminal"):
+                kind = info.kind
+            if spec.memory.enabled and self.gateway.memory is not None:
+                scopes = await resolve_scopes(self.db, task.imp, task.channel_id)
+                memory = self.gateway.memory.open(box, scopes)
         return BoxInitParams(
             protocol=1,
             imp=spec,
             session=SessionInfo(
-                id=f"task:{task.id}", channel_id=task.channel_id, channel_kind="task",
+                id=f"task:{task.id}", channel_id=task.channel_id, channel_kind=kind,  # type: ignore[arg-type]
                 channel_name=(info.name if info else "")[:256],
             ),
             now=self.clock.now(),
+            memory=memory,
         )  # fmt: skip
 
     async def _task_params(self, task: Task) -> TaskRunParams:
@@ -240,13 +292,15 @@ class Supervisor:
             with handle.scope:
                 with anyio.move_on_after(ceiling) as ceiling_scope:
                     try:
-                        init = await self._init_params(task, config)
                         params = await self._task_params(task)
                         async with backend.open(spec, self.gateway) as box:
                             handle.box = box
                             self.started += 1
                             if isinstance(backend, ProcessBackend):
                                 await self.db.run(self.tasks.record_pid, task.run_id, box.process.pid)
+                            init = await self._init_params(
+                                task, config, spec
+                            )  # the box's scopes: once it runs
                             await box.init(init, timeout=min(ceiling, self.settings.init_timeout_s))
                             result = await box.run_task(params)
                             box_outcome, box_summary = result.outcome, result.summary
@@ -303,15 +357,20 @@ class Supervisor:
         stop = stop or anyio.Event()
         await self.reclaim()
         log.info(
-            "supervising: concurrency %d, tick %.2f s%s", self.settings.concurrency, self.settings.tick_s,
-            " (once: until nothing is due)" if once else "",
+            "supervising%s: concurrency %d, tick %.2f s%s",
+            f" {', '.join(sorted(self.settings.kinds))} tasks only" if self.settings.kinds is not None else "",
+            self.settings.concurrency, self.settings.tick_s, " (once: until nothing is due)" if once else "",
         )  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._wake_on_stop, stop)
             while not stop.is_set():
                 self._wake = anyio.Event()
                 await self.tick(tg)
-                if once and not self.running and not await self.db.run(self.tasks.has_ready):
+                if (
+                    once
+                    and not self.running
+                    and not await self.db.run(self.tasks.has_ready, self.settings.kinds)
+                ):
                     break
                 with anyio.move_on_after(self.settings.tick_s):
                     await self._wake.wait()
@@ -327,6 +386,10 @@ class Supervisor:
                         await self._wake.wait()
             tg.cancel_scope.cancel()  # what is still running is killed and requeued
         log.info("supervisor stopped")
+
+    def wake(self) -> None:
+        """Tick now (a task was just queued and someone waits for it)."""
+        self._wake.set()
 
     async def _wake_on_stop(self, stop: anyio.Event) -> None:
         await stop.wait()

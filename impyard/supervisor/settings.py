@@ -1,8 +1,10 @@
-"""The supervisor's settings: concurrency, tick, attempts, ceilings, and their bounds."""
+"""The supervisor's settings: concurrency, tick, attempts, ceilings, the kinds it runs, and their bounds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from impyard.tasks import KIND_PATTERN
 
 DEFAULT_CONCURRENCY = 3
 MAX_CONCURRENCY = 64
@@ -11,6 +13,9 @@ INIT_TIMEOUT_S = 60.0
 SHUTDOWN_GRACE_S = 10.0
 MAX_ATTEMPTS = 3  # a task interrupted this often by a dying supervisor is failed, not retried
 READY_BATCH = 100
+DEPARTURE_SCAN_S = 30.0  # how often the departures due are looked for (mechanism 103; a 1800 s window)
+STALE_RUN_MARGIN_S = 60.0  # past its ceiling by this much, a running task has no live supervisor left
+DEPARTURES_ONLY = frozenset({"depart"})  # the kinds of the supervisor `impyard chat` and `serve` run alone
 
 
 @dataclass(frozen=True)
@@ -21,9 +26,26 @@ class SupervisorSettings:
     max_ceiling_s: float | None = None  # caps every task's own ceiling (an operator limit; tests use it)
     init_timeout_s: float = INIT_TIMEOUT_S
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
+    # Only these task kinds (None: every kind). A kinds-limited supervisor takes no lock: it runs beside
+    # `impyard supervise`, fires no schedules, queues no follow-ups, and reclaims only its own kinds' tasks
+    # that ran past their ceiling (no live supervisor can still be running them).
+    kinds: frozenset[str] | None = None
+    departure_scan_s: float = DEPARTURE_SCAN_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"concurrency must be from 1 to {MAX_CONCURRENCY} (got {self.concurrency})")
         if not 0 < self.tick_s <= 1.0:
             raise ValueError("tick_s must be more than 0 and at most 1 s (the dispatch latency bound)")
+        if self.kinds is not None and (
+            not self.kinds or not all(KIND_PATTERN.match(kind) for kind in self.kinds)
+        ):
+            raise ValueError(
+                "kinds must name at least one task kind (lowercase letters, digits, underscores)"
+            )
+        if self.departure_scan_s <= 0:
+            raise ValueError("departure_scan_s must be more than 0")
+
+    def runs(self, kind: str) -> bool:
+        """Whether this supervisor runs tasks of ``kind``."""
+        return self.kinds is None or kind in self.kinds

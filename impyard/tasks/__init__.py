@@ -16,9 +16,10 @@ Each box run of a task has its own run id (``task_runs``): it labels the box
 (the container's ``org.impyard.run``), the audit rows and the gates of that
 run, so ``impyard task show`` can print the task's whole trail.
 
-Task kinds are an open set (``prompt`` today; the memory engine's ``reflect``,
-``sleep``, ``depart`` later): nothing here looks at the kind; a box that does
-not know a kind answers ``failed``.
+Task kinds are an open set (``prompt``; the memory engine's ``depart``, queued by
+``impyard.memory.departures``; ``reflect`` and ``sleep`` later): nothing here gives
+a kind a meaning (a supervisor may run only some kinds: ``ready(kinds=…)``); a box
+that does not know a kind answers ``failed``.
 
 Modules: ``states`` (the lifecycle), ``request`` (validation), ``attestation`` (the pure rules),
 ``prompts`` (prompt text), ``rows`` (the row types), ``store`` (``TaskStore``).

@@ -118,17 +118,18 @@ class TaskStore(Store):
         args.append(limit)
         return [row_to_task(row) for row in self.db.query(sql, args)]
 
-    def ready(self, limit: int) -> list[Task]:
-        """Queued tasks whose time has come, oldest first."""
+    def ready(self, limit: int, kinds: Collection[str] | None = None) -> list[Task]:
+        """Queued tasks whose time has come, oldest first (only of ``kinds``, when given)."""
+        only = f" AND kind IN ({', '.join('?' for _ in kinds)})" if kinds is not None else ""
         rows = self.db.query(
-            """SELECT * FROM tasks WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= ?
+            f"""SELECT * FROM tasks WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= ?{only}
                ORDER BY not_before, created_at, id LIMIT ?""",
-            (iso(self.clock.now()), max(0, limit)),
+            (iso(self.clock.now()), *sorted(kinds or ()), max(0, limit)),
         )
         return [row_to_task(row) for row in rows]
 
-    def has_ready(self) -> bool:
-        return bool(self.ready(1))
+    def has_ready(self, kinds: Collection[str] | None = None) -> bool:
+        return bool(self.ready(1, kinds))
 
     def running(self) -> list[Task]:
         return [

@@ -101,6 +101,40 @@ def verdict(
     return {"keep": keep or [], "asks_for_memory": asks_for_memory, "asks_for_own": asks_for_own}
 
 
+def arrival(
+    feeling: str = "glad recognition",
+    conclusion: str = "Ann is here again.",
+    valence: float = 0.4,
+    intensity: float = 0.3,
+    *,
+    greeting: str | None = "Hello again!",
+    search: str | None = None,
+) -> dict[str, Any]:
+    """An arrival answer (mechanism 101)."""
+    return {
+        "greeting": greeting, "feeling": feeling, "conclusion": conclusion, "valence": valence,
+        "intensity": intensity, "search": search,
+    }  # fmt: skip
+
+
+def thought(
+    thought: str = "I keep thinking about what Ann told me.",
+    *,
+    feeling: str = "quiet thoughtfulness",
+    conclusion: str = "Ann matters to me.",
+    valence: float = 0.3,
+    intensity: float = 0.4,
+    reinforces: int | None = None,
+    act: str = "none",
+    text: str | None = None,
+) -> dict[str, Any]:
+    """An introspection answer (mechanism 71): ``reinforces`` is the 1-based index of the entry it deepens."""
+    return {
+        "thought": thought, "feeling": feeling, "conclusion": conclusion, "valence": valence,
+        "intensity": intensity, "reinforces": reinforces, "act": act, "text": text,
+    }  # fmt: skip
+
+
 @dataclass
 class Call:
     """One model call the box made, as the gateway saw it."""
@@ -145,6 +179,11 @@ class FakeModel:
             "filter": verdict(),
             "appraisal": appraisal(),
             "summary": {"summary": "I talked with Ann."},
+            "introspection": thought(),
+            "arrival": arrival(),
+            "selection": {"matched": []},
+            "learning": {"learned": None},
+            "classification": {"same": -1, "contradicts": -1},
         }
     )
     calls: list[Call] = field(default_factory=list)
@@ -337,6 +376,14 @@ class Kit:
             return result.record_id
         finally:
             self.clock.set(now)
+
+    async def ongoing(self, *, person: str = "Ann", person_id: str = "u1", channel_id: str = "c1") -> None:
+        """A conversation with the person already going on in the channel, so their next message is no
+        arrival (101): for the tests of a turn's own mechanisms, which the arrival's recall would crowd."""
+        now = self.clock.now()
+        state = {"person": person, "person_id": person_id, "started_at": now.isoformat(),
+                 "last_input_at": now.isoformat()}  # fmt: skip
+        await self.store(channel_id).conversation_put(person_id, state)
 
     async def record(self, record_id: str) -> mem.RecordView:
         shown = await self.db.run(lambda: self.service.store.show(IMP, limit=500, episodes=10))

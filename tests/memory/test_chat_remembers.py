@@ -42,6 +42,8 @@ def fake() -> Iterator[FakeOpenAI]:
         server.script(appraise, purpose="appraisal")
         server.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
         server.script({"summary": "The operator told me about their cat."}, purpose="summary")
+        server.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
+                       "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
         yield server
 
 
@@ -85,9 +87,11 @@ def test_impyard_chat_remembers_across_two_runs(fake: FakeOpenAI, impyard_home: 
     assert replies and CAT not in json.dumps(replies[0].body["messages"][-1])  # not in the words asked …
     block = memory_block(replies[0])  # … but in what pip remembers while answering them:
     assert f"delight. The operator's cat is called {CAT}." in block  # the record, from the host's store
-    assert (
-        f"said: my cat is called {CAT}, she is three" in block
-    )  # the conversation's focus, saved by the box
+    # The first run's /quit was a departure (mechanism 103): the second run is a new conversation, opened by
+    # the operator's arrival (101), and the first one's words come back as the events the record rests on.
+    assert "The operator spoke with pip." in block.split("From before this conversation", 1)[1]
+    now = block.split("This conversation, as it happened:", 1)[1]
+    assert "entered the conversation." in now and "easy familiarity" in now
     assert embedded and all(r.endpoint == "/embeddings" for r in embedded)  # the gateway embedder was used
     db = open_database(impyard_home / "impyard.db")
     try:

@@ -386,6 +386,6 @@ def test_imp_rm_purge_forgets_everything_the_imp_remembers_and_only_that(store: 
     hashing_imp()  # back again, with its memory
     purged = run("imp", "rm", "pip", "--purge", "--yes")
     assert purged.exit_code == 0, purged.output
-    assert "Forgot its memory: 2 memories, 2 moments, 0 conversations." in purged.output
+    assert "Forgot its memory: 2 memories, 2 moments, 0 conversations, 0 learned rules." in purged.output
     assert count(store) == 0
     assert store.count("zed") == 1  # another imp's memory is untouched

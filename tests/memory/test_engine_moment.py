@@ -42,6 +42,7 @@ async def test_m57_the_appraisal_has_the_mood_withheld_and_the_focus_as_events_o
 
 
 async def test_m58_the_appraisal_sees_what_was_recalled_into_the_state_and_nothing_else(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     await kit.seed("Ann's owl Hoot is sick.", intensity=0.9, told="Ann told Pip that Hoot was ill.")
     await kit.seed(
         "We fixed a bicycle.", intensity=0.4, ago=timedelta(hours=1)

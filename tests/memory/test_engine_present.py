@@ -112,6 +112,7 @@ async def test_m04_the_memory_line_says_more_can_be_reached_with_search(kit: Kit
 
 
 async def test_m05_each_search_is_reported_with_its_query_and_result(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101) to evoke the owl first
     await kit.seed("Ann's owl Hoot can fly at night.", intensity=0.9)
     long_query = "owl Hoot flying at night " + "and more " * 20
     kit.model.script(

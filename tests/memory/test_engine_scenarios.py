@@ -117,6 +117,7 @@ async def test_a_conversation_ends_after_the_presence_window(kit: Kit) -> None:
 
 
 async def test_a_plain_turn_makes_three_sequential_model_calls_before_the_reply_is_sent(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     await kit.seed("Ann and I planted tulips.", intensity=0.3, ago=timedelta(days=3))
     for n in range(3):
         await kit.seed(f"Ann told me fact number {n}.", intensity=0.2, ago=timedelta(days=9 + n))

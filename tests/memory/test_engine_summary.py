@@ -30,6 +30,7 @@ def kit(tmp_path: Path) -> Iterator[Kit]:
 
 
 async def test_m44_summary_cadence_none_yet_then_every_third_turn_needs_three_events(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     turns_called: list[int] = []
     turn = 0
 
@@ -57,6 +58,7 @@ async def test_m44_summary_cadence_none_yet_then_every_third_turn_needs_three_ev
 
 
 async def test_m44_the_summary_runs_beside_recall_not_before_it(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     await kit.seed("Ann's owl Hoot is sick.", intensity=0.3, ago=timedelta(days=2))  # a filter call each turn
     filtered = anyio.Event()
     state = {"turn": 0}

@@ -24,6 +24,7 @@ KEY = {"OPENAI_API_KEY": "sk-impyard-memory-policy-test"}  # the dry run checks 
 # that moves or drops a purpose fails here.
 DECIDING_RULE: dict[str, tuple[str, str]] = {
     "reply": ("/chat/completions", "model-text"),
+    "arrival": ("/chat/completions", "model-text"),
     "appraisal": ("/chat/completions", "model-text"),
     "filter": ("/chat/completions", "model-text"),
     "summary": ("/chat/completions", "model-text"),

@@ -255,6 +255,7 @@ async def test_m25_no_probe_for_a_known_person_or_a_draft_that_is_not_a_world_ac
 
 
 async def test_m26_asks_for_memory_searches_the_words_and_counts_lived_and_constructs_apart(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     await kit.seed("Ann and I watched the eclipse.", intensity=0.3, ago=timedelta(days=2))
     await kit.seed("Ann's tulips bloomed.", intensity=0.3, ago=timedelta(days=2))
     kit.model.script("filter", verdict(keep=[], asks_for_memory=True), verdict(keep=[1]))
@@ -326,6 +327,7 @@ async def test_m30_a_vector_of_another_length_is_never_scored(kit: Kit) -> None:
 
 
 async def test_m31_what_came_to_mind_stays_in_view_as_evoked(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     rid = await kit.seed("Ann's owl Hoot is sick.", valence=-0.5, intensity=0.9, told="Ann told Pip that Hoot was sick.",
                          ago=timedelta(days=2))  # fmt: skip
     for words in ("kilo lima", "mike november", "oscar papa", "quebec romeo", "sierra tango"):
@@ -358,6 +360,7 @@ async def test_m31_a_recalled_construct_does_not_enter_the_focus(kit: Kit) -> No
 
 
 async def test_m23_the_search_tool_is_a_deliberate_search_of_this_turn(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     import json
 
     from box.protocol.models import ModelRequestResult

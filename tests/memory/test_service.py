@@ -191,6 +191,29 @@ async def test_the_audit_is_one_aggregate_row_per_turn(service: MemoryService, g
     assert error.code == ErrorCode.DENIED
 
 
+async def test_constructs_the_slot_and_rules_count_in_the_turn_and_its_audit_row(store: MemoryStore) -> None:
+    """Issue 14's five methods are bounded and audited like the rest: one row per turn, counted by method."""
+    service = MemoryService(store, max_requests_per_turn=6)
+    spec = BoxSpec(IMP, "g1", Path("/x"), run_id="r14")
+    service.open(spec, GUILD)
+    formed = await call(service, spec, "memory.construct", {"construct_kind": "thought", "statement": "hm"})
+    assert isinstance(formed, mem.ConstructResult)
+    await call(service, spec, "memory.slot", {})
+    await call(service, spec, "memory.slot.refresh", {"record_ids": [formed.record_id]})
+    await call(service, spec, "memory.dispositions.learn", {"rule": "when x → y", "weight": 0.5})
+    await call(service, spec, "memory.dispositions", {"active_only": True})
+    await call(service, spec, "memory.slot", {})
+    error = await refused(service, spec, "memory.dispositions", {})
+    assert error.code == ErrorCode.DENIED and error.data["rule"] == "memory-requests-per-turn"
+    row = service.stage(spec, "context")
+    assert row is not None and row.verdict == "denied"
+    assert row.reason == "construct 1, slot 2, slot.refresh 1, dispositions 2, dispositions.learn 1"
+    off = BoxSpec(IMP, "g1", Path("/x"), run_id="off14")
+    service.open(off, None)
+    for method in ("memory.slot", "memory.dispositions"):
+        assert (await refused(service, off, method, {})).code == ErrorCode.DENIED
+
+
 async def test_a_box_without_memory_is_denied(service: MemoryService) -> None:
     spec = BoxSpec(IMP, "g1", Path("/x"), run_id="off")
     assert service.open(spec, None) is None

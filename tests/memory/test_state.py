@@ -191,6 +191,7 @@ async def test_m35_a_recalled_construct_is_not_felt(kit: Kit) -> None:
 
 
 async def test_m36_the_state_is_recomposed_before_every_reply_call(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     await kit.seed("Ann and I flew a red kite.", intensity=0.3, ago=timedelta(days=3))
     for words in ("alpha bravo", "charlie delta", "echo foxtrot", "golf hotel", "india juliet"):
         await kit.seed(
@@ -217,6 +218,7 @@ async def test_m38_refeels_maps_the_index_to_the_record_and_has_no_effect(kit: K
 
 
 async def test_m41_each_exchange_enters_the_focus_under_its_own_feeling(kit: Kit) -> None:
+    await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     kit.model.script(
         "appraisal", appraisal(feeling="joy", valence=0.6), appraisal(feeling="contentment", valence=0.2)
     )

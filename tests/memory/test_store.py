@@ -322,6 +322,42 @@ def test_forget_person_removes_everything_by_or_about_them(
     assert by not in {r.id for r in store.show(IMP)} and about not in {r.id for r in store.show(IMP)}
 
 
+def test_forget_person_takes_the_constructs_of_their_dm_and_those_naming_them(
+    store: MemoryStore, guild: ScopedMemory, dm: ScopedMemory
+) -> None:
+    """Issue 14: the imp's own thoughts formed in a DM with them go with that DM, as its lived records do;
+    a construct elsewhere goes only if its statement or conclusion names them. Their slot rows go too."""
+    dm.construct(mem.ConstructParams(construct_kind="thought", statement="the rain was loud"))
+    guild.construct(mem.ConstructParams(construct_kind="belief", statement="Pat bakes well"))
+    kept, *_ = guild.construct(mem.ConstructParams(construct_kind="belief", statement="bread needs time"))
+    forgotten = store.forget_person(IMP, ["p1"], ["Pat"])
+    assert (forgotten.records, forgotten.by_id, forgotten.by_name) == (2, 1, 1)
+    assert [r.id for r in store.show(IMP)] == [kept]
+    assert [r[0] for r in store.db.query("SELECT record_id FROM memory_slots")] == [kept]
+
+
+def test_forget_imp_takes_its_rules_slots_and_departures_and_no_other_imps(
+    store: MemoryStore, guild: ScopedMemory, clock: FixedClock
+) -> None:
+    guild.construct(mem.ConstructParams(construct_kind="goal", statement="finish the boat"))
+    guild.learn(mem.LearnParams(rule="when x → y", weight=0.5))
+    other = store.scoped("bo", GUILD, "g1")
+    other.construct(mem.ConstructParams(construct_kind="goal", statement="finish the boat"))
+    other.learn(mem.LearnParams(rule="when x → y", weight=0.5))
+    for imp in (IMP, "bo"):
+        store.db.execute(
+            "INSERT INTO memory_departures (imp, channel_id, person, last_input_at, queued_at)"
+            " VALUES (?, 'g1', 'p1', ?, ?)",
+            (imp, iso(clock.now()), iso(clock.now())),
+        )
+    gone = store.forget_imp(IMP)
+    assert gone == {
+        "records": 1, "episodes": 0, "conversations": 0, "slots": 1, "rules": 1, "departures": 1,
+    }  # fmt: skip
+    for table in ("memory_records", "memory_slots", "memory_dispositions", "memory_departures"):
+        assert [r[0] for r in store.db.query(f"SELECT DISTINCT imp FROM {table}")] == ["bo"], table
+
+
 def test_forget_person_removes_a_record_left_without_episodes(
     store: MemoryStore, guild: ScopedMemory
 ) -> None:

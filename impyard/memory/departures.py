@@ -1,0 +1,238 @@
+"""Departures on the host (mechanism 103; docs/memory.md, "Departure"): a person who left is thought over once.
+
+A conversation is one person's talk with a memory imp in one channel (``memory_conversations``). The person
+has left it when their last input there is more than the presence window (mechanism 10, 1800 s) old, or
+when they say so (``/quit`` in ``impyard chat``). Each departure queues one task of kind ``depart`` for the
+imp, in the conversation's channel, naming the person: its box reflects once, quietly, and learns (103).
+
+The person's last input is the latest message by them (``history.author_id``) that woke the imp in that
+channel (``wakes``); where the history was trimmed, the time the conversation itself saved as its last input,
+else the time it was last saved.
+
+**Exactly once.** A departure is a row of ``memory_departures`` keyed by the stretch of talk it ends: (imp,
+channel, person, last input). The row and its task are written in one transaction, the row with
+``INSERT OR IGNORE``: a second scan, a second host on the same database or a restart inserts nothing, so
+queues nothing. A stretch already departed at a later (or the same) last input is not departed again; a new
+message starts a new stretch, which departs in its turn. Only memory imps depart, and only conversations
+whose last input is at most ``LOOKBACK`` old (turning memory on never makes an imp reflect on every
+conversation it ever had).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+
+from box.memory.laws import DEFAULTS
+from impyard.clock import iso, parse_iso
+from impyard.db import Database
+from impyard.imps import ImpConfig, ImpStore
+from impyard.tasks import (
+    FINISHED_STATES,
+    Task,
+    TaskError,
+    TaskRequest,
+    TaskStore,
+    ValidTask,
+    validate_request,
+)
+
+log = logging.getLogger("impyard.memory.departures")
+
+DEPART_KIND = "depart"  # the task kind a box answers with ChatMemory.depart (box/program.py)
+STALE_S = DEFAULTS.presence_stale_seconds  # mechanism 10: 1800 s without input and the person has left
+DEPART_CEILING = timedelta(seconds=300)  # one quiet reflection and one learning call fit well inside
+LOOKBACK = timedelta(days=7)  # an older stretch of talk is never departed (see the module's text)
+MAX_PER_SCAN = 50  # a scan queues at most this many; the next scan takes the rest
+
+
+@dataclass(frozen=True)
+class Due:
+    """A conversation whose person has left: the stretch of talk that ended at ``last_input_at``."""
+
+    imp: str
+    channel_id: str
+    person_id: str
+    last_input_at: datetime
+
+
+def memory_imps(imps: ImpStore) -> frozenset[str]:
+    """The imps of this home whose imp.toml loads and has ``[memory] enabled`` (blocking: reads every imp.toml)."""
+    return frozenset(
+        name for name, config in imps.scan() if isinstance(config, ImpConfig) and config.memory.enabled
+    )
+
+
+def _when(value: Any) -> datetime | None:
+    """A time from the database or a conversation's saved JSON; None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_iso(value)
+    except ValueError:
+        return None
+
+
+_CONVERSATIONS_SQL = """
+    SELECT c.imp, c.channel_id, c.person, c.state, c.updated_at,
+      (SELECT MAX(h.created_at) FROM history h
+         JOIN wakes w ON w.imp = c.imp AND w.channel_id = h.channel_id AND w.message_id = h.message_id
+        WHERE h.channel_id = c.channel_id AND h.author_id = c.person AND h.from_imp IS NULL) AS heard,
+      (SELECT MAX(d.last_input_at) FROM memory_departures d
+        WHERE d.imp = c.imp AND d.channel_id = c.channel_id AND d.person = c.person) AS departed
+    FROM memory_conversations c
+"""
+
+
+@dataclass(frozen=True)
+class _Talk:
+    due: Due
+    departed: bool  # already departed at this last input or a later one
+
+
+def _talk(row: sqlite3.Row) -> _Talk:
+    try:
+        state = json.loads(row["state"])
+    except ValueError:
+        state = {}
+    state = state if isinstance(state, dict) else {}
+    last = _when(row["heard"]) or _when(state.get("last_input_at")) or parse_iso(row["updated_at"])
+    marks = (_when(row["departed"]), _when(state.get("departed_at")))  # ours, and the box's own (103)
+    departed = any(mark is not None and mark >= last for mark in marks)
+    return _Talk(Due(row["imp"], row["channel_id"], row["person"], last), departed)
+
+
+def _talks(conn: sqlite3.Connection, where: str, args: Sequence[object]) -> list[_Talk]:
+    return [_talk(row) for row in conn.execute(f"{_CONVERSATIONS_SQL} WHERE {where}", list(args)).fetchall()]
+
+
+def due(
+    conn: sqlite3.Connection,
+    now: datetime,
+    imps: Collection[str],
+    *,
+    stale_s: float = STALE_S,
+    lookback: timedelta = LOOKBACK,
+    limit: int = MAX_PER_SCAN,
+) -> list[Due]:
+    """The conversations of ``imps`` (the memory imps) whose person left more than ``stale_s`` ago and that
+    have not departed since their last input; oldest last input first, at most ``limit``."""
+    if not imps:
+        return []
+    names = sorted(imps)
+    found = []
+    for talk in _talks(conn, f"c.imp IN ({', '.join('?' for _ in names)})", names):
+        age = (now - talk.due.last_input_at).total_seconds()
+        if not talk.departed and stale_s < age <= lookback.total_seconds():
+            found.append(talk.due)
+    found.sort(key=lambda item: (item.last_input_at, item.imp, item.channel_id, item.person_id))
+    return found[: max(0, limit)]
+
+
+def _request(item: Due) -> ValidTask:
+    return validate_request(
+        TaskRequest(
+            imp=item.imp, prompt=None, kind=DEPART_KIND, channel_id=item.channel_id, ceiling=DEPART_CEILING,
+            origin="event", person=item.person_id,
+        )
+    )  # fmt: skip
+
+
+def queue(db: Database, tasks: TaskStore, item: Due) -> str | None:
+    """Record the departure of ``item`` and queue its task, in one transaction; the task id, or None when this
+    stretch of talk has departed already (another scan, host or run got there first) or cannot be a task."""
+    try:
+        request: ValidTask | None = _request(item)
+    except (TaskError, ValueError) as exc:  # e.g. a channel id no task can name: recorded, never retried
+        log.warning(
+            "departure of %s from %s (%s) cannot be queued: %s",
+            item.person_id,
+            item.channel_id,
+            item.imp,
+            exc,
+        )
+        request = None
+    last = iso(item.last_input_at)
+    with db.transaction() as conn:
+        later = conn.execute(
+            "SELECT 1 FROM memory_departures WHERE imp = ? AND channel_id = ? AND person = ? AND last_input_at >= ?",
+            (item.imp, item.channel_id, item.person_id, last),
+        ).fetchone()
+        if later is not None:
+            return None
+        inserted = conn.execute(
+            "INSERT OR IGNORE INTO memory_departures (imp, channel_id, person, last_input_at, task_id, queued_at)"
+            " VALUES (?, ?, ?, ?, NULL, ?)",
+            (item.imp, item.channel_id, item.person_id, last, iso(tasks.clock.now())),
+        ).rowcount
+        if inserted != 1 or request is None:  # mechanism 103: exactly once per stretch of talk
+            return None
+        task_id = tasks.insert(conn, request)
+        conn.execute(
+            "UPDATE memory_departures SET task_id = ? WHERE imp = ? AND channel_id = ? AND person = ?"
+            " AND last_input_at = ?",
+            (task_id, item.imp, item.channel_id, item.person_id, last),
+        )
+    log.info(
+        "departure of %s from %s (%s), last input %s: task %s",
+        item.person_id,
+        item.channel_id,
+        item.imp,
+        last,
+        task_id,
+    )
+    return task_id
+
+
+def queue_due(
+    db: Database,
+    tasks: TaskStore,
+    now: datetime,
+    imps: Collection[str],
+    *,
+    stale_s: float = STALE_S,
+) -> list[tuple[Due, str]]:
+    """One scan (blocking): every departure due now, queued exactly once; returns what this call queued."""
+    queued = []
+    for item in due(db.connection(), now, imps, stale_s=stale_s):
+        task_id = queue(db, tasks, item)
+        if task_id is not None:
+            queued.append((item, task_id))
+    return queued
+
+
+def depart_now(
+    db: Database, tasks: TaskStore, imp: str, channel_id: str, person_id: str, *, memory: bool = True
+) -> str | None:
+    """The person says they leave (``/quit``): their conversation departs now, whatever its age (blocking).
+
+    ``memory``: whether the imp has memory on (a memory-off imp never departs). Returns the task id; None when
+    there is no conversation, or its stretch of talk has departed already."""
+    if not memory:
+        return None
+    talks = _talks(
+        db.connection(), "c.imp = ? AND c.channel_id = ? AND c.person = ?", (imp, channel_id, person_id)
+    )
+    if not talks or talks[0].departed:
+        return None
+    return queue(db, tasks, talks[0].due)
+
+
+async def wait_finished(
+    db: Database, tasks: TaskStore, task_id: str, timeout_s: float, poll_s: float = 0.1
+) -> Task:
+    """The task once it finished, or as it is when ``timeout_s`` passed (or it was deferred to a later window)."""
+    with anyio.move_on_after(timeout_s):
+        while True:
+            task = await db.run(tasks.get, task_id)
+            if task.state in FINISHED_STATES or (task.state == "queued" and task.deferrals > 0):
+                return task
+            await anyio.sleep(poll_s)
+    return await db.run(tasks.get, task_id)
