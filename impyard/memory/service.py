@@ -54,6 +54,7 @@ log = logging.getLogger("impyard.memory")
 
 AUDIT_METHOD = "memory.*"
 LIMIT_RULE = "memory-requests-per-turn"
+LEARN_RULE = "memory-learning"
 SCOPE_RULE = MemoryDenied.rule  # "memory-scopes"
 STORE_UNAVAILABLE = (
     "the memory store is unavailable right now (database error); answer without memory this turn"
@@ -68,6 +69,7 @@ class _Tally:
     channel_id: str
     scopes: SessionScopes | None = None
     opened: bool = False  # the host decided its scopes (None included: memory off)
+    learns: int = 0  # rules this box may still learn (mechanism 90: a departure's box, one per departure)
     this_turn: int = 0
     methods: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)  # denied | invalid | error
@@ -106,10 +108,17 @@ class MemoryService:
 
     # ------------------------------------------------------------ the box's life
 
-    def open(self, spec: BoxSpec, scopes: SessionScopes | None) -> mem.SessionMemory | None:
-        """A box starts with these scopes (None: memory off). Returns ``BoxInitParams.memory``."""
+    def open(
+        self, spec: BoxSpec, scopes: SessionScopes | None, *, learns: int = 0
+    ) -> mem.SessionMemory | None:
+        """A box starts with these scopes (None: memory off). Returns ``BoxInitParams.memory``.
+
+        ``learns``: how many rules the box may learn (``memory.dispositions.learn``). Rules are the imp's
+        character in every scope (mechanism 90 learns one when a person leaves), so only the box of a
+        ``depart`` task gets one; a chat box that asks is refused, and cannot rewrite who the imp is
+        everywhere from one channel."""
         tally = self._tally(spec)
-        tally.scopes, tally.opened = scopes, True
+        tally.scopes, tally.opened, tally.learns = scopes, True, max(0, learns)
         return scopes.session_memory() if scopes is not None else None
 
     def is_open(self, spec: BoxSpec) -> bool:
@@ -183,6 +192,15 @@ class MemoryService:
                     f"denied by rule {SCOPE_RULE}: {reason}",
                     {"rule": SCOPE_RULE, "reason": reason},
                 )
+            if method == "memory.dispositions.learn":
+                if tally.learns <= 0:
+                    reason = "rules are learned only when a person leaves (a depart task), one per departure"
+                    raise RpcError(
+                        ErrorCode.DENIED,
+                        f"denied by rule {LEARN_RULE}: {reason}",
+                        {"rule": LEARN_RULE, "reason": reason},
+                    )
+                tally.learns -= 1
             handler = _HANDLERS.get(method)
             if handler is None:
                 raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method[:80]}")

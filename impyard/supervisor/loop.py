@@ -247,7 +247,7 @@ class Supervisor:
                 kind = info.kind
             if spec.memory.enabled and self.gateway.memory is not None:
                 scopes = await resolve_scopes(self.db, task.imp, task.channel_id)
-                memory = self.gateway.memory.open(box, scopes)
+                memory = self.gateway.memory.open(box, scopes, learns=1)  # mechanism 90: one rule
         return BoxInitParams(
             protocol=1,
             imp=spec,

@@ -335,8 +335,13 @@ class Kit:
 
     # -------------------------------------------------------------- the store, as a box reaches it
 
-    def peer(self, channel_id: str = "c1") -> DirectPeer:
-        return DirectPeer(self.service, BoxSpec(IMP, channel_id, self.tmp_path / "direct"), self.scopes)
+    def peer(self, channel_id: str = "c1", *, learns: int = 1_000) -> DirectPeer:
+        """The store as one box reaches it. ``learns``: the rules it may learn — a departure's box learns one
+        (the supervisor opens it so); the kit's direct engine stands for any number of departures, and a
+        chat box (``Kit.box``) for none."""
+        spec = BoxSpec(IMP, channel_id, self.tmp_path / "direct")
+        self.service.open(spec, self.scopes, learns=learns)
+        return DirectPeer(self.service, spec, self.scopes)
 
     def store(self, channel_id: str = "c1") -> StoreClient:
         return StoreClient(self.peer(channel_id))

@@ -201,3 +201,52 @@ async def test_m103_after_a_departure_the_next_message_is_an_arrival(kit: Kit) -
 async def test_m103_no_conversation_nothing_to_reflect_on(kit: Kit) -> None:
     summary = await kit.engine().depart(person_id="nobody", now=kit.clock.now())
     assert "nothing to reflect on" in summary and kit.model.calls == []
+
+
+async def test_m91_learning_reads_the_whole_departure_context_and_the_carried_lines(kit: Kit) -> None:
+    from box.protocol import memory as mem
+    from tests.memory.engine_kit import vector
+
+    await kit.store().construct(
+        mem.ConstructParams(construct_kind="goal", statement="I want to visit the tulip fields", intensity=0.7,
+                            vector=vector("I want to visit the tulip fields"))
+    )  # fmt: skip
+    kit.model.script("summary", {"summary": "Ann and I talked about her garden."})
+    await talk(kit, 0.3, 0.5, 0.4)
+    await kit.engine().depart(person_id="u1", now=kit.clock.now())
+    [learning] = kit.model.of("learning")
+    context = learning.user
+    for part in (
+        "Ann has just left.",  # the senses
+        "OTHER CONVERSATIONS",  # presence (here: none)
+        "YOUR STATE",  # the state, with feelings in words
+        "I want: I want to visit the tulip fields",  # the slot
+        "Ann and I talked about her garden.",  # the summary
+        "message 2",  # the focus, as it happened
+    ):
+        assert part in context, part
+    carried = context.split("WHAT YOU CARRY NOW", 1)[1] if "WHAT YOU CARRY NOW" in context else context
+    assert "Moment 0 with Ann." in carried  # a carried line: the living record's conclusion, felt now (92)
+
+
+async def test_m100_a_rule_learned_on_departure_later_reaches_only_the_reply(kit: Kit) -> None:
+    from tests.memory.engine_kit import envelope, thought
+
+    rule = "when someone mocks my work → I keep my distance"
+    await talk(kit, 0.3, -0.8, 0.2)
+    kit.model.script("learning", {"learned": rule})
+    await kit.engine().depart(person_id="u1", now=kit.clock.now())
+    before = len(kit.model.of("reply"))
+    kit.clock.advance(timedelta(hours=1))
+    kit.model.script("selection", {"matched": [1]})
+    kit.model.script("reply", envelope("Hm.", action="introspect", action_text="why"), envelope("Fine."))
+    kit.model.script("introspection", thought("I feel wary."))
+    async with kit.box() as box:
+        await box.say("your drawings are silly")
+    [selection] = kit.model.of("selection")
+    assert selection.body["temperature"] == 0.2 and rule in selection.user
+    learned = "WHAT YOU HAVE LEARNED (fits this situation):\n- " + rule
+    blocks = [memory_block(c) for c in kit.model.of("reply")[before:]]
+    assert len(blocks) == 2 and all(learned in b for b in blocks)  # the draft and the reply after reflecting
+    for purpose in ("appraisal", "introspection", "arrival", "filter", "summary"):
+        assert all(rule not in c.text for c in kit.model.of(purpose)), purpose

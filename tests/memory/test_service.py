@@ -195,7 +195,7 @@ async def test_constructs_the_slot_and_rules_count_in_the_turn_and_its_audit_row
     """Issue 14's five methods are bounded and audited like the rest: one row per turn, counted by method."""
     service = MemoryService(store, max_requests_per_turn=6)
     spec = BoxSpec(IMP, "g1", Path("/x"), run_id="r14")
-    service.open(spec, GUILD)
+    service.open(spec, GUILD, learns=1)  # a departure's box
     formed = await call(service, spec, "memory.construct", {"construct_kind": "thought", "statement": "hm"})
     assert isinstance(formed, mem.ConstructResult)
     await call(service, spec, "memory.slot", {})

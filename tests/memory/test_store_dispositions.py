@@ -16,10 +16,18 @@ from impyard.clock import FixedClock, iso
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MAX_RULES, MemoryStore
-from tests.memory.conftest import IMP
+from tests.memory.conftest import DM, GUILD, IMP
 from tests.memory.test_store_constructs import ask
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def departures(service: MemoryService, guild_box: BoxSpec, dm_box: BoxSpec) -> None:
+    """The boxes here stand for departures' boxes, which may learn (the supervisor opens one with one rule;
+    these, for many departures): a chat box may not (``test_only_a_departures_box_learns_and_only_once``)."""
+    service.open(guild_box, GUILD, learns=1_000)
+    service.open(dm_box, DM, learns=1_000)
 
 
 async def learn(service: MemoryService, box: BoxSpec, rule: str, weight: float, **more: Any) -> Any:
@@ -229,3 +237,18 @@ async def test_past_a_thousand_rules_the_weakest_goes_dormant_first_then_oldest(
     assert len(ids) == MAX_RULES
     assert "dormant" not in ids and "weak-old" not in ids  # the dormant one first, then the oldest weakest
     assert {"weak-new", first.id, second.id} <= ids
+
+
+async def test_only_a_departures_box_learns_and_only_once(service: MemoryService) -> None:
+    """Mechanism 90: a rule is learned when a person leaves. A chat box (opened without ``learns``) is refused,
+    so a hostile box in one server cannot rewrite the imp's character everywhere; a departure learns one."""
+    chat = BoxSpec(IMP, "g1", Path("/x"), run_id="chat-box")
+    service.open(chat, GUILD)
+    error = await refused(service, chat, "memory.dispositions.learn", {"rule": "when x → y", "weight": 0.5})
+    assert error.code == ErrorCode.DENIED and error.data["rule"] == "memory-learning"
+    depart = BoxSpec(IMP, "g1", Path("/x"), run_id="depart-box")
+    service.open(depart, GUILD, learns=1)
+    await learn(service, depart, "when x → y", 0.5)
+    again = await refused(service, depart, "memory.dispositions.learn", {"rule": "when a → b", "weight": 0.5})
+    assert again.code == ErrorCode.DENIED and again.data["rule"] == "memory-learning"
+    assert [rule for rule, *_ in await rules(service, depart)] == ["when x → y"]
