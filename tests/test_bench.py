@@ -14,7 +14,17 @@ import pytest
 
 from bench.__main__ import SCENARIOS
 from bench.harness import SCENARIO_KEYS, Plan
-from bench.memory import MEMORY_OFF, MEMORY_ON, covered, near, round_trip, seed, sequential, unit_rows
+from bench.memory import (
+    MEMORY_OFF,
+    MEMORY_ON,
+    MEMORY_RULES,
+    covered,
+    near,
+    round_trip,
+    seed,
+    sequential,
+    unit_rows,
+)
 from impyard.backends import BoxSpec
 from impyard.db import open_database
 from impyard.memory.scopes import SessionScopes
@@ -88,7 +98,14 @@ def check_memory_turn(s: dict[str, Any]) -> None:
     assert on["memory_requests_total"] > on["memory_requests_before_reply"] > 0
     assert {"search", "encode"} <= set(on["memory_by_method"])
     assert s["records_after"] > s["remembered_before"]  # the turns' moments were kept
-    assert set(s["first_turn"]) == {MEMORY_ON, MEMORY_OFF}
+    assert set(s["first_turn"]) == {MEMORY_ON, MEMORY_OFF, MEMORY_RULES}
+    # memory II (issue 14): the imp with 100 learned rules selects beside recall, and a departure reflects
+    rules = s["rules_turn"]
+    assert rules["rules"] == 100 and rules["by_purpose_before_reply"].get("selection") == 1.0
+    assert "selection" not in on["by_purpose_total"]  # no rule learned: no selection call
+    task = s["reflection"]
+    assert task["state"] == "done" and task["by_purpose"]["introspection"] == 4  # the fake keeps thinking
+    assert "reply" not in task["by_purpose"] and task["model_calls"] >= 5
 
 
 def test_sequential_counts_calls_that_waited_for_one_another() -> None:
