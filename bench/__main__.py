@@ -24,7 +24,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import burst, cold_warm, fanout, gateway, memory, warm_turn
+from bench import burst, cold_warm, fanout, gateway, memory, night, warm_turn
 from bench.env import ROOT, environment, isolated_home, settle
 from bench.harness import Context, Plan, add_imps, result
 from bench.report import RowsOf, markdown, rich_table, rows
@@ -44,6 +44,7 @@ SCENARIOS: dict[str, tuple[Callable[[Context], Awaitable[dict[str, Any]]], RowsO
     "gateway": (gateway.run, gateway.rows),
     "memory_recall": (memory.recall, memory.recall_rows),
     "memory_turn": (memory.turn_overhead, memory.turn_rows),
+    "memory_night": (night.run, night.rows),
 }
 
 

@@ -49,6 +49,8 @@ MEMORY_ANSWERS: dict[str, dict[str, Any]] = {
     },
     "learning": {"learned": "when someone asks after my day → I answer warmly and ask back"},
     "classification": {"same": 1, "contradicts": -1},
+    # Memory III (issue 15): the night's plan folds records 2 and 3 into record 1.
+    "sleep": {"groups": [{"anchor": 1, "absorbed": [2, 3], "summary_fact": "A day of small things."}]},
 }
 
 

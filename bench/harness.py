@@ -70,6 +70,7 @@ class Plan:
     memory_searches: int = 200  # timed memory.search round trips per size
     memory_turns: int = 40  # warm turns each, memory on and memory off
     memory_turn_records: int = 1_000  # what the memory-on imp remembers of the person before the first turn
+    night_sizes: tuple[int, ...] = (10_000, 100_000)  # records an imp remembers when it sleeps (issue 15)
 
     @classmethod
     def quick(cls) -> Plan:
@@ -87,6 +88,7 @@ class Plan:
             memory_searches=20,
             memory_turns=5,
             memory_turn_records=100,
+            night_sizes=(300, 3_000),
         )
 
 

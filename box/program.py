@@ -3,15 +3,19 @@
 ``box.init`` creates the responder; ``mailbox.deliver`` and ``task.run`` (kind ``prompt``)
 run one turn each through it, one at a time; ``mailbox.event`` (a notification) records a
 channel event. A ``depart`` task (mechanism 103) hands the person who left to the memory
-engine, which thinks the conversation over quietly: no reply, nothing posted. The box's own
-files — the journal and the responder's history — live only under the state dir.
+engine, which thinks the conversation over quietly: no reply, nothing posted. The imp's day
+(issue 15) runs as tasks too: ``reflect`` is one quiet reflection when the imp has been idle
+(mechanisms 104-106), ``sleep`` one night over the scope the host opened — consolidation of
+what happened since ``args["since"]`` when ``args["consolidate"]`` (default true), then
+forgetting (107-114). The box's own files — the journal and the responder's history — live
+only under the state dir.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -33,6 +37,7 @@ from box.protocol.models import (
     Empty,
     LogParams,
     MailboxEventParams,
+    TaskArg,
     TaskRunParams,
     TaskRunResult,
 )
@@ -44,6 +49,9 @@ P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 MEMORY_OFF = "memory is off: nothing to reflect on"
+MEMORY_OFF_NIGHT = "memory is off: nothing to fold or forget"
+REFLECT_KIND = "reflect"
+SLEEP_KIND = "sleep"
 
 
 @runtime_checkable
@@ -53,6 +61,44 @@ class Departing(Protocol):
     async def depart(self, *, person_id: str, now: datetime) -> str:
         """Think the conversation with ``person_id`` over, quietly; a short account of what came of it."""
         ...
+
+
+@runtime_checkable
+class Reflecting(Protocol):
+    """A memory engine that can reflect when the imp is idle (mechanisms 105-106)."""
+
+    async def reflect_idle(self, *, now: datetime) -> str: ...
+
+
+@runtime_checkable
+class Sleeping(Protocol):
+    """A memory engine that can sleep over its scope: fold (if asked), then forget (mechanisms 107-114)."""
+
+    async def night(self, *, now: datetime, since: datetime, consolidate: bool) -> str: ...
+
+
+class BadTaskArgs(ValueError):
+    """A task's ``args`` that the box cannot run; the task fails and says why."""
+
+
+def night_args(args: Mapping[str, TaskArg], now: datetime) -> tuple[datetime, bool]:
+    """A ``sleep`` task's arguments: ``since`` (ISO 8601, the imp's waking; a time without a zone is UTC) and
+    ``consolidate`` (a boolean, default true). ``since`` may be left out only when nothing is folded."""
+    consolidate = args.get("consolidate", True)
+    if not isinstance(consolidate, bool):
+        raise BadTaskArgs(f"args.consolidate must be true or false, not {consolidate!r}"[:300])
+    raw = args.get("since")
+    if raw is None:
+        if consolidate:
+            raise BadTaskArgs("a sleep task that folds names args.since (when the imp woke)")
+        return now, consolidate
+    if not isinstance(raw, str):
+        raise BadTaskArgs(f"args.since must be an ISO 8601 time, not {raw!r}"[:300])
+    try:
+        since = datetime.fromisoformat(raw)
+    except ValueError:
+        raise BadTaskArgs(f"args.since is not an ISO 8601 time: {raw!r}"[:300]) from None
+    return (since if since.tzinfo is not None else since.replace(tzinfo=UTC)), consolidate
 
 
 class BoxProgram:
@@ -174,6 +220,8 @@ class BoxProgram:
             return result
         if kind == "depart":
             return await self._depart(params)
+        if kind in (REFLECT_KIND, SLEEP_KIND):
+            return await self._imps_day(params)
         return TaskRunResult(outcome="failed", summary=f"this box does not know task kind {kind!r}")
 
     async def _depart(self, params: TaskRunParams) -> TaskRunResult:
@@ -207,6 +255,44 @@ class BoxProgram:
             }
         )
         return result
+
+    async def _imps_day(self, params: TaskRunParams) -> TaskRunResult:
+        """Mechanisms 104-114: a ``reflect`` or ``sleep`` task. Nothing is posted either way."""
+        assert self.responder is not None
+        memory = self.responder.memory
+        kind = params.task.kind
+        if isinstance(memory, NoMemory):  # nothing failed: nothing to do
+            result = TaskRunResult(
+                outcome="done", summary=MEMORY_OFF if kind == REFLECT_KIND else MEMORY_OFF_NIGHT
+            )
+        else:
+            result = await self._run_day_task(memory, params)
+        self._journal(
+            {"task_id": params.task.id, "kind": kind, "outcome": result.outcome, "at": params.now.isoformat()}
+        )
+        return result
+
+    async def _run_day_task(self, memory: MemoryEngine, params: TaskRunParams) -> TaskRunResult:
+        kind, now = params.task.kind, params.now
+        what = "reflection" if kind == REFLECT_KIND else "night"
+        try:
+            if kind == REFLECT_KIND:
+                if not isinstance(memory, Reflecting):
+                    return TaskRunResult(outcome="failed", summary="this box's memory engine cannot reflect")
+                summary = await memory.reflect_idle(now=now)
+            else:
+                since, consolidate = night_args(params.task.args, now)
+                if not isinstance(memory, Sleeping):
+                    return TaskRunResult(outcome="failed", summary="this box's memory engine cannot sleep")
+                summary = await memory.night(now=now, since=since, consolidate=consolidate)
+        except BadTaskArgs as exc:
+            return TaskRunResult(outcome="failed", summary=f"bad sleep task: {exc}"[:2_000])
+        except Exception as exc:  # noqa: BLE001 - the host records why; the box goes on
+            log.warning("%s failed: %s", what, exc)
+            return TaskRunResult(
+                outcome="failed", summary=f"{what} failed: {type(exc).__name__}: {exc}"[:2_000]
+            )
+        return TaskRunResult(outcome="done", summary=summary[:20_000])
 
     def _journal(self, record: dict[str, Any]) -> None:
         """The box's own record of its turns; it lives only under the state dir."""

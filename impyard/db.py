@@ -399,6 +399,32 @@ MIGRATIONS: list[Migration] = [
         );
         """,
     ),
+    Migration(
+        8,
+        "memory III: the imp's day (wakefulness), a task's scope and arguments (issue 15)",
+        """
+        -- A memory task's privacy scope (a sleep task works in one scope) and its kind's own arguments (JSON).
+        ALTER TABLE tasks ADD COLUMN scope TEXT;
+        ALTER TABLE tasks ADD COLUMN args TEXT;
+
+        -- Mechanisms 104-107, per imp: awake or asleep, and what is due (subtle point 18). New imps start asleep.
+        CREATE TABLE memory_wakefulness (
+            imp               TEXT PRIMARY KEY,
+            awake             INTEGER NOT NULL DEFAULT 0,
+            woke_at           TEXT,                  -- when the current (or last) awake period began
+            slept_at          TEXT,                  -- when it last fell asleep
+            last_activity_at  TEXT,                  -- the latest activity the clock has taken in
+            last_channel      TEXT,                  -- where that activity was: an idle reflection's channel
+            wake_pending      INTEGER NOT NULL DEFAULT 0,
+            introspected_idle INTEGER NOT NULL DEFAULT 0,
+            consolidated      INTEGER NOT NULL DEFAULT 1,
+            last_reflection_at    TEXT,
+            last_sleep_at         TEXT,
+            last_consolidation_at TEXT,
+            updated_at        TEXT NOT NULL
+        );
+        """,
+    ),
 ]
 
 

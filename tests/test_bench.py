@@ -41,7 +41,7 @@ def test_the_quick_benchmark_writes_every_scenario(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=420,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads(out.read_text())
@@ -58,6 +58,7 @@ def test_the_quick_benchmark_writes_every_scenario(tmp_path: Path) -> None:
             assert scenario["targets"], name
     check_memory_recall(results["scenarios"]["memory_recall"])
     check_memory_turn(results["scenarios"]["memory_turn"])
+    check_memory_night(results["scenarios"]["memory_night"])
 
 
 # ------------------------------------------------------------------ the memory scenarios (issue 23)
@@ -139,3 +140,18 @@ async def test_seeded_memories_come_back_through_the_memory_round_trip(tmp_path:
         assert other.search(records[7].tolist()) == []  # seeded in its scope only
     finally:
         db.close()
+
+
+def check_memory_night(s: dict[str, Any]) -> None:
+    """A night over each size in a real box: done, the plan folded, faded records forgotten, the box measured."""
+    assert s["status"] == "ok" and s["met"] is True, s
+    assert [int(size) for size in s["sizes"]] == list(Plan.quick().night_sizes)
+    for size, night in [("base", s["base"]), *s["sizes"].items()]:
+        assert night["state"] == "done" and night["summary"].startswith("folded 2 records into 1"), (
+            size,
+            night,
+        )
+        assert night["box_peak_rss_mib"] and night["box_peak_rss_mib"] > 0, size
+    for size, night in s["sizes"].items():
+        assert night["records_before"] == int(size) + 20 > night["records_after"], size  # forgetting ran
+        assert night["db_mib_before"] >= night["db_mib_after"], size

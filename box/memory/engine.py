@@ -278,6 +278,41 @@ class ChatMemory:
             return f"{said}; nothing learned ({learned.reason or 'no rule'})"
         return f"{said}; learned ({learned.action}, weight {learned.weight:+.2f}): {learned.rule}"
 
+    # ------------------------------------------------------------ the imp's day (mechanisms 104-114)
+
+    async def reflect_idle(self, *, now: datetime) -> str:
+        """Mechanisms 105-106, run as a ``reflect`` task: one quiet reflection with no focus and no seed, in
+        the channel of the imp's latest activity. Nothing is posted and no rule is learned. Returns what
+        came of it, for the task's summary."""
+        from box.memory.night import idle_scene  # the imp's day: loaded by the tasks that need it
+
+        self.current = None
+        self.now = now
+        self._started = time.monotonic()
+        reflected = await self.reflector.reflect(now=now, scene=idle_scene(self.init, now))
+        thoughts = len(reflected.steps)
+        formed = [step.act for step in reflected.steps if step.formed is not None]
+        said = f"a quiet reflection: {thoughts} thought{'s' if thoughts != 1 else ''}"
+        if not thoughts:
+            return f"{said} (none came)"
+        return f"{said}; formed {', '.join(formed)}" if formed else said
+
+    async def night(self, *, now: datetime, since: datetime, consolidate: bool) -> str:
+        """Mechanisms 107-114, run as a ``sleep`` task over one scope: fold the records since ``since`` (the
+        imp's waking) when ``consolidate``, then forget. Returns a one-line account; a store that does not
+        answer raises ``box.memory.night.NightFailed``."""
+        from box.memory.night import Night  # the imp's day: loaded by the tasks that need it
+
+        self.current = None
+        self.now = now
+        self._started = time.monotonic()
+        night = Night(
+            model=self.model, store=self.store, prompts=self.prompts, imp=self.init.imp.name,
+            timezone=self.settings.timezone, params=self.params, host_log=self._host_log,
+        )  # fmt: skip
+        report = await night.run(now=now, since=since, consolidate=consolidate)
+        return report.account()
+
 
 class ChatTurn:
     """One turn's memory: built in ContextBuilding, hopped in ToolExecution, kept in PostSend."""

@@ -9,6 +9,7 @@ refuses (``RpcError``), the pipe is gone (``PeerClosed``), the request cannot ev
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ValidationError
 from box.protocol import PeerClosed, RpcError
 from box.protocol.memory import (
     AboutParams,
+    ConsolidateParams,
+    ConsolidateResult,
     ConstructKind,
     ConstructParams,
     ConstructResult,
@@ -31,8 +34,12 @@ from box.protocol.memory import (
     EpisodesParams,
     EpisodesResult,
     EpisodeView,
+    ForgetParams,
+    ForgetResult,
+    Group,
     LearnParams,
     LearnResult,
+    NightParams,
     RecentParams,
     RecordKind,
     RecordsResult,
@@ -183,4 +190,28 @@ class StoreClient:
             contradicts=contradicts, avoidance_weight=avoidance_weight,
         )  # fmt: skip
         assert isinstance(result, LearnResult)
+        return result
+
+    # ------------------------------------------------------------ issue 15: the night
+
+    async def night(self, since: datetime, *, k: int = 200, episodes: int = 6) -> RecordsResult:
+        """The writes scope's records since ``since`` (the imp's waking), newest first (mechanism 107)."""
+        result = await self._ask("memory.night", NightParams, since=since, k=k, episodes=episodes)
+        assert isinstance(result, RecordsResult)
+        return result
+
+    async def consolidate(self, groups: Sequence[tuple[str, Sequence[str]]]) -> ConsolidateResult:
+        """Fold each (anchor, members) group; the host checks every rule again (mechanisms 108-111, 113)."""
+        result = await self._ask(
+            "memory.consolidate",
+            ConsolidateParams,
+            groups=[Group(anchor=a, members=list(m)) for a, m in groups if m][:50],
+        )
+        assert isinstance(result, ConsolidateResult)
+        return result
+
+    async def forget(self) -> ForgetResult:
+        """The forgetting curve over the writes scope (mechanisms 112-113)."""
+        result = await self._ask("memory.forget", ForgetParams)
+        assert isinstance(result, ForgetResult)
         return result

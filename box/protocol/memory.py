@@ -376,6 +376,63 @@ class LearnResult(FromHost):
     weakened: Id | None = None  # the contradicted rule (97)
 
 
+# ---------------------------------------------------------------- issue 15: the night (sleep, consolidation, forgetting)
+
+MAX_NIGHT_RECORDS = 200  # records one consolidation plan may see (the newest since waking)
+MAX_GROUPS = 50
+MAX_MEMBERS = 50
+
+
+class NightParams(FromBox):
+    """``memory.night``: the records of the session's **writes scope** that happened at or after ``since``
+    (the imp's waking: mechanism 107, subtle point 16), newest first, at most ``k``, each with ``episodes``
+    episodes (the sleep lists 6). Constructs and given records come too (marked by ``kind``/``origin``:
+    protected, never absorbed)."""
+
+    since: datetime
+    k: int = Field(default=MAX_NIGHT_RECORDS, ge=1, le=MAX_NIGHT_RECORDS)
+    episodes: int = Field(default=6, ge=0, le=MAX_EPISODES_PER_RECORD)
+
+
+class Group(FromBox):
+    """One group of a consolidation plan: ``members`` are folded into ``anchor`` (mechanisms 108-110)."""
+
+    anchor: Id
+    members: list[Id] = Field(min_length=1, max_length=MAX_MEMBERS)
+
+
+class ConsolidateParams(FromBox):
+    """``memory.consolidate``: fold groups of records of the writes scope, atomically (mechanisms 108-111, 113).
+
+    The host checks every group again, whatever the box says (subtle point 16): the anchor exists in the
+    writes scope, is not a construct, and has stored intensity ≥ 0.4 (a given record may be one); a member
+    exists there, is not protected (a construct or a given record), is not the anchor, is not stronger than
+    the anchor and was not absorbed already. A group left with no member is skipped. For each group the
+    members' episodes are re-filed under the anchor (none is lost, 109), the anchor's intensity becomes
+    1 − Π(1 − I) over the anchor and its members (110), and the members are deleted. No text changes (111).
+    """
+
+    groups: list[Group] = Field(default_factory=list, max_length=MAX_GROUPS)
+
+
+class ConsolidateResult(FromHost):
+    groups: int = 0  # groups applied
+    absorbed: int = 0  # records folded into an anchor (and deleted)
+    episodes: int = 0  # episodes re-filed
+    refused: int = 0  # members (or whole groups) the checks refused
+
+
+class ForgetParams(FromBox):
+    """``memory.forget``: the forgetting curve over the writes scope (mechanisms 112-113): a record whose
+    stored intensity is below the threshold for its age since it was last felt is deleted with its episodes;
+    constructs and given records never are."""
+
+
+class ForgetResult(FromHost):
+    forgotten: int = 0
+    episodes: int = 0
+
+
 MEMORY_METHOD_NAMES = (
     "memory.search",
     "memory.recent",
@@ -391,4 +448,7 @@ MEMORY_METHOD_NAMES = (
     "memory.slot.refresh",
     "memory.dispositions",
     "memory.dispositions.learn",
+    "memory.night",
+    "memory.consolidate",
+    "memory.forget",
 )

@@ -181,11 +181,16 @@ class DeliverResult(FromBox):
     error: str | None = Field(default=None, max_length=4_000)
 
 
+TaskArg = str | int | float | bool | None
+
+
 class TaskSpec(FromHost):
     id: Id
     kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]  # an open set: prompt, reflect, ...
     prompt: str | None = None
     person: str | None = None
+    # A kind's own arguments (issue 15: a ``sleep`` task's ``since`` and ``consolidate``); plain values only.
+    args: dict[Annotated[str, Field(max_length=40)], TaskArg] = Field(default_factory=dict, max_length=16)
 
 
 class TaskRunParams(FromHost):
@@ -333,6 +338,9 @@ HOST_METHODS: dict[str, MethodSpec] = _table(
     MethodSpec("memory.slot.refresh", mem.SlotRefreshParams, mem.SlotResult),
     MethodSpec("memory.dispositions", mem.DispositionsParams, mem.DispositionsResult),
     MethodSpec("memory.dispositions.learn", mem.LearnParams, mem.LearnResult),
+    MethodSpec("memory.night", mem.NightParams, mem.RecordsResult),
+    MethodSpec("memory.consolidate", mem.ConsolidateParams, mem.ConsolidateResult),
+    MethodSpec("memory.forget", mem.ForgetParams, mem.ForgetResult),
     MethodSpec("turn.stage", TurnStageParams, None),
     MethodSpec("log", LogParams, None),
 )

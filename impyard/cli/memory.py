@@ -1,10 +1,11 @@
 """``impyard memory``: the operator's verbs on an imp's memory, kept in the host's database (issue 23).
 
-``show``, ``rules``, ``slot`` and ``forget`` read and delete rows; ``search`` and ``remember`` need a vector of the text, made
-the way the imp's boxes make theirs so the two compare (mechanism 30): with ``[memory] embedder =
-"gateway"`` (the default) the text goes through this host's gateway like any box's call — judged by the
-policy (purpose ``embedding``), metered against the imp's budget and audited, on the session channel
-``operator:cli`` — and with ``"hashing"`` the local 64-dimension embedder makes it, with no call at all.
+``show``, ``rules``, ``slot``, ``stats``, ``forget``, ``copy`` and ``delete`` (issue 15) read, copy and
+delete rows; ``search`` and ``remember`` need a vector of the text, made the way the imp's boxes make theirs
+so the two compare (mechanism 30): with ``[memory] embedder = "gateway"`` (the default) the text goes
+through this host's gateway like any box's call — judged by the policy (purpose ``embedding``), metered
+against the imp's budget and audited, on the session channel ``operator:cli`` — and with ``"hashing"`` the
+local 64-dimension embedder makes it, with no call at all.
 Every refusal is one line that says what to do; a refused command changes nothing.
 """
 
@@ -47,7 +48,7 @@ from impyard.history import History
 from impyard.imp_config import ImpConfig, ImpError
 from impyard.imps import ImpStore
 from impyard.memory.scopes import TERMINAL
-from impyard.memory.store import MemoryInvalid, MemoryStore, mentions_are_forgettable
+from impyard.memory.store import MemoryInvalid, MemoryStats, MemoryStore, mentions_are_forgettable
 from impyard.policy import PolicyError, load_policy
 from impyard.surfaces import OutgoingFile, SurfaceError
 
@@ -89,6 +90,9 @@ def memory_group() -> None:
       impyard memory forget pip --person carol
       impyard memory rules pip
       impyard memory slot pip --scope terminal
+      impyard memory stats pip
+      impyard memory copy pip pip2
+      impyard memory delete pip2
     """
 
 
@@ -521,3 +525,207 @@ def person_identities(
         ]
         names = [person]
     return list(dict.fromkeys(ids)) or [person], list(dict.fromkeys(names))
+
+
+# ------------------------------------------------------------------ copy, delete, stats (issue 15: mechanism 118)
+
+SCOPE_STATS_COLUMNS = (Col("scope", no_wrap=True), Col("records", no_wrap=True), Col("episodes", no_wrap=True),
+                       Col("constructs", no_wrap=True), Col("given", no_wrap=True),
+                       Col("conversations", no_wrap=True), Col("slot", no_wrap=True))  # fmt: skip
+
+
+def _size(n: int) -> str:
+    """A size in bytes for people: 812 bytes, 4.0 KiB, 1.5 MiB, 2.3 GiB."""
+    if n < 1024:
+        return f"{n} bytes"
+    value, units = n / 1024, ["KiB", "MiB", "GiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.1f} {units[0]}"
+
+
+def _new_imp(name: str) -> ImpConfig:
+    """The copy's imp: it must exist already (a copy gives memories, not a persona or settings)."""
+    try:
+        return ImpStore().get(name)
+    except ImpError as exc:
+        first = str(exc).splitlines()[0].rstrip(".")
+        how = "" if "imp add" in first else f"; create it first with impyard imp add {name}"
+        raise CliError(f"{first}{how}, then copy into it") from exc
+
+
+def _n(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+@memory_group.command("copy")
+@click.argument("src")
+@click.argument("new")
+@output_options
+def copy_command(src: str, new: str, out: Output) -> None:
+    """Copy everything SRC remembers to NEW, an imp with no memory yet (mechanism 118).
+
+    \b
+    Records and their moments, saved conversations, what it holds in mind
+    and its learned rules are copied, each into the same scope, with new ids;
+    SRC is not changed. NEW must exist (impyard imp add NEW) and remember
+    nothing yet (impyard memory delete NEW empties it). Its day starts
+    asleep, like any new imp's. Example:
+      impyard imp add pip2 --persona-file pip.md && impyard memory copy pip pip2
+    """
+    source = imp_config(src)
+    target = _new_imp(new)
+    if source.name == target.name:
+        raise CliError("SRC and NEW are the same imp: name another imp to copy into")
+    with memory_store() as (store, _):
+        if not store.has_memory(source.name):
+            raise CliError(f"{source.name} remembers nothing yet: there is nothing to copy")
+        if store.has_memory(target.name):
+            raise CliError(
+                f"{target.name} already remembers something: a copy goes only into an empty memory "
+                f"(impyard memory delete {target.name} empties it)"
+            )
+        counts = store.copy_imp(source.name, target.name)
+    notes = []
+    if not target.memory.enabled:
+        notes.append(f"{target.name}'s memory is off: impyard imp set {target.name} memory.enabled=true")
+    mine, theirs = source.memory, target.memory
+    if (mine.embedder, mine.embedding_model, mine.dimensions) != (theirs.embedder, theirs.embedding_model,
+                                                                  theirs.dimensions):  # fmt: skip
+        notes.append(
+            f"{target.name} embeds differently from {source.name} ([memory] embedder, embedding_model, "
+            "dimensions): it recalls the copies by meaning only with the same settings"
+        )
+    out.show(
+        {"src": source.name, "new": target.name, **counts, "notes": notes},
+        f"{target.name} now remembers what {source.name} does: {_counted(counts)}."
+        + "".join(f"\nNote: {note}." for note in notes),
+    )
+
+
+@memory_group.command("delete")
+@click.argument("imp")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_options
+def delete_command(imp: str, yes: bool, out: Output) -> None:
+    """Delete everything IMP remembers, in every scope (mechanism 118). Cannot be undone.
+
+    \b
+    Records and their moments, saved conversations, what it holds in mind,
+    learned rules, pending departures and its day's clock; the imp itself
+    (imp.toml, persona) stays, and starts again with an empty memory. Works
+    for an imp removed without --purge too. Examples:
+      impyard memory delete pip
+      impyard memory delete pip --yes   # for scripts
+    """
+    try:
+        name = ImpStore().get(imp).name
+        missing: str | None = None
+    except ImpError as exc:
+        name, missing = imp, str(exc).splitlines()[0]
+    with memory_store() as (store, _):
+        if not store.has_memory(name):
+            if missing is not None:
+                raise CliError(missing)
+            out.show(
+                {"imp": name, "deleted": False}, f"{name} remembers nothing; there is nothing to delete."
+            )
+            return
+        stats = store.stats(name)
+        if not yes:
+            records = sum(scope.records for scope in stats.scopes)
+            click.confirm(
+                f"Delete everything {name} remembers: {_n(records, 'memory', 'memories')} in "
+                f"{_n(len(stats.scopes), 'scope', 'scopes')}, {_n(stats.rules, 'learned rule', 'learned rules')}? "
+                "This cannot be undone.",
+                abort=True, err=True,
+            )  # fmt: skip
+        gone = store.forget_imp(name)
+    out.show(
+        {"imp": name, "deleted": True, **gone},
+        f"{name} remembers nothing now: deleted {_counted(gone)}.",
+    )
+
+
+@memory_group.command("stats")
+@click.argument("imp")
+@output_options
+def stats_command(imp: str, out: Output) -> None:
+    """How much IMP remembers, per scope, and how its day stands (awake or asleep).
+
+    \b
+    Per scope: records (its memories), episodes (the moments in them),
+    constructs (its own thoughts, beliefs, intentions), given records,
+    saved conversations and what it holds in mind. Then its learned rules,
+    when it woke or fell asleep, its last reflection, sleep and consolidation
+    (the supervisor's clock: impyard supervise), and the size of the host
+    database that keeps every imp's memory. Example:
+      impyard memory stats pip --json
+    """
+    config = imp_config(imp)
+    with memory_store() as (store, _):
+        stats = store.stats(config.name)
+    if out.as_json:
+        out.json(stats_json(stats))
+        return
+    now = SystemClock().now()
+    clock = stats.clock
+    lines = [f"{config.name}'s memory" + ("" if config.memory.enabled else " (memory is off)")]
+    if clock is None:
+        lines.append("Day: not seen by the supervisor's clock yet (impyard supervise runs it).")
+    else:
+        since = clock.woke_at if clock.awake else clock.slept_at
+        state = "awake" if clock.awake else "asleep"
+        lines.append(f"Day: {state}" + (f" since {_ago(since, now)}" if since else "")
+                     + (f"; last activity {_ago(clock.last_activity_at, now)}" if clock.last_activity_at else ""))  # fmt: skip
+        lines.append(
+            "Last reflection: " + _when_text(clock.last_reflection_at, now)
+            + "; last sleep: " + _when_text(clock.last_sleep_at, now)
+            + "; last consolidation: " + _when_text(clock.last_consolidation_at, now)
+        )  # fmt: skip
+    lines.append(f"Learned rules: {stats.rules} ({stats.active_rules} active), shared by every scope.")
+    lines.append(f"Host database: {_size(stats.database_bytes)} on disk (every imp's memory and the rest).")
+    click.echo("\n".join(lines))
+    if not stats.scopes:
+        click.echo(f"{config.name} remembers nothing yet.")
+        return
+    rows = [
+        (escape(s.scope), str(s.records), str(s.episodes), str(s.constructs), str(s.given), str(s.conversations),
+         str(s.slot))
+        for s in stats.scopes
+    ]  # fmt: skip
+    out.table(SCOPE_STATS_COLUMNS, rows, title=f"What {config.name} keeps, per scope")
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join([
+        _n(counts["records"], "memory", "memories"), _n(counts["episodes"], "moment", "moments"),
+        _n(counts["conversations"], "conversation", "conversations"), f"{counts['slots']} held in mind",
+        _n(counts["rules"], "learned rule", "learned rules"),
+    ])  # fmt: skip
+
+
+def _when_text(when: datetime | None, now: datetime) -> str:
+    return _ago(when, now) if when is not None else "never"
+
+
+def stats_json(stats: MemoryStats) -> dict[str, Any]:
+    clock = stats.clock
+    return {
+        "imp": stats.imp,
+        "scopes": [asdict(scope) for scope in stats.scopes],
+        "totals": {
+            key: sum(getattr(scope, key) for scope in stats.scopes)
+            for key in ("records", "episodes", "constructs", "given", "conversations", "slot")
+        },
+        "rules": stats.rules,
+        "active_rules": stats.active_rules,
+        "clock": None if clock is None else {
+            "state": "awake" if clock.awake else "asleep",
+            **{key: (value.isoformat() if value else None) for key, value in asdict(clock).items() if key != "awake"},
+        },
+        "database_bytes": stats.database_bytes,
+    }  # fmt: skip
+
+
+from impyard.cli import memory_night  # noqa: E402, F401  (registers `impyard memory night` on this group)

@@ -16,16 +16,31 @@ from impyard.db import DatabaseError
 from impyard.imps import ImpError
 from impyard.instance import AlreadyRunning
 from impyard.policy import PolicyError
-from impyard.supervisor import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, SupervisorSettings, open_supervisor
+from impyard.supervisor import (
+    DEFAULT_CONCURRENCY,
+    MAX_CONCURRENCY,
+    MAX_MEMORY_TICK_S,
+    MEMORY_TICK_S,
+    MIN_MEMORY_TICK_S,
+    SupervisorSettings,
+    open_supervisor,
+)
 
 NO_KEY = (
     "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
     "OPENAI_BASE_URL=http://host:port/v1), then run impyard supervise again"
 )
-TRANSITION_LOGGERS = ("impyard.supervisor", "impyard.tasks", "impyard.schedules")
+TRANSITION_LOGGERS = (
+    "impyard.supervisor",
+    "impyard.tasks",
+    "impyard.schedules",
+    "impyard.memory.wakefulness",
+)
 
 
-async def supervise(concurrency: int, once: bool, backend: str | None) -> None:
+async def supervise(
+    concurrency: int, once: bool, backend: str | None, memory_tick_s: float = MEMORY_TICK_S
+) -> None:
     """The loop, stopped cleanly by SIGINT or SIGTERM (a second signal stops at once).
 
     The signals are watched before anything starts: a signal that arrives while the lock is taken or the
@@ -49,7 +64,7 @@ async def supervise(concurrency: int, once: bool, backend: str | None) -> None:
 
         await tg.start(watch_signals)
         async with open_supervisor(
-            backend=backend, settings=SupervisorSettings(concurrency=concurrency)
+            backend=backend, settings=SupervisorSettings(concurrency=concurrency, memory_tick_s=memory_tick_s)
         ) as supervisor:
             await supervisor.run(once=once, stop=stop)
         tg.cancel_scope.cancel()
@@ -67,7 +82,12 @@ async def supervise(concurrency: int, once: bool, backend: str | None) -> None:
     "--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
     help="Override the imps' [box] backend (process has no lockdown).",
 )  # fmt: skip
-def supervise_command(concurrency: int, once: bool, backend: str | None) -> None:
+@click.option(
+    "--memory-tick", "memory_tick", type=click.FloatRange(MIN_MEMORY_TICK_S, MAX_MEMORY_TICK_S),
+    default=MEMORY_TICK_S, show_default=True, metavar="SECONDS",
+    help="How often the memory clock looks at every memory imp (its reflections and its sleep).",
+)  # fmt: skip
+def supervise_command(concurrency: int, once: bool, backend: str | None, memory_tick: float) -> None:
     """Run queued and scheduled tasks, each in a fresh governed box.
 
     \b
@@ -76,6 +96,9 @@ def supervise_command(concurrency: int, once: bool, backend: str | None) -> None
     Every task transition is logged. It has no Discord connection: its tasks
     post to their imp's task log (printed here); a task that posts into a
     Discord channel is refused, so run those under `impyard serve --supervise`.
+    It also keeps the day of every imp with memory on: a reflection after
+    10 minutes of silence, sleep after 2 hours, and 10 minutes into sleep
+    the night's folding and forgetting (docs/memory.md).
     See docs/tasks.md. Example:
       export OPENAI_API_KEY=sk-...
       impyard schedule add pip --cron "0 9 * * *" --tz Europe/Oslo "Note what you did today"
@@ -88,7 +111,7 @@ def supervise_command(concurrency: int, once: bool, backend: str | None) -> None
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)  # transitions are the point of this command's output
     try:
-        anyio.run(supervise, concurrency, once, backend)
+        anyio.run(supervise, concurrency, once, backend, memory_tick)
     except (AlreadyRunning, ImpError, PolicyError, DatabaseError, BoxError) as exc:
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:

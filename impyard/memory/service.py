@@ -1,9 +1,10 @@
 """The ``memory.*`` requests of a box, served by the host (issue 23; docs/memory.md).
 
 ``MemoryService`` answers the ``memory.*`` methods (``MEMORY_METHOD_NAMES``, models: ``box.protocol.memory``):
-records, episodes and conversations, and (issue 14) constructs, the slot and learned rules, for one box at a
-time, through the session's ``ScopedMemory``: the scopes are the host's decision (``scopes.resolve``),
-registered when the box starts (``open``) and applied to every query; no request names one.
+records, episodes and conversations, (issue 14) constructs, the slot and learned rules, and (issue 15) the
+night's records, consolidation and forgetting (in the session's writes scope only), for one box at a time,
+through the session's ``ScopedMemory``: the scopes are the host's decision (``scopes.resolve``), registered
+when the box starts (``open``) and applied to every query; no request names one.
 
 Bounds, besides the protocol models' own: at most ``max_requests_per_turn`` requests per turn (the next
 is refused DENIED; a turn starts at the box's ``turn.stage`` "context"), a conversation's state at most
@@ -298,6 +299,19 @@ def _learn(scoped: ScopedMemory, p: mem.LearnParams) -> mem.LearnResult:
     return scoped.learn(p)
 
 
+def _night(scoped: ScopedMemory, p: mem.NightParams) -> mem.RecordsResult:
+    return _records(scoped, scoped.night(p.since, p.k, p.episodes))
+
+
+def _consolidate(scoped: ScopedMemory, p: mem.ConsolidateParams) -> mem.ConsolidateResult:
+    return scoped.consolidate([(group.anchor, group.members) for group in p.groups])
+
+
+def _forget(scoped: ScopedMemory, p: mem.ForgetParams) -> mem.ForgetResult:
+    records, episodes = scoped.forget()
+    return mem.ForgetResult(forgotten=records, episodes=episodes)
+
+
 _HANDLERS: dict[str, Callable[[ScopedMemory, Any], BaseModel]] = {
     "memory.search": _search,
     "memory.recent": _recent,
@@ -313,6 +327,9 @@ _HANDLERS: dict[str, Callable[[ScopedMemory, Any], BaseModel]] = {
     "memory.slot.refresh": _slot_refresh,
     "memory.dispositions": _dispositions,
     "memory.dispositions.learn": _learn,
+    "memory.night": _night,
+    "memory.consolidate": _consolidate,
+    "memory.forget": _forget,
 }
 
 

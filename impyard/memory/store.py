@@ -37,10 +37,10 @@ import sqlite3
 import threading
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from box.protocol.memory import (
     MAX_CONCLUSION_CHARS,
     MAX_CONVERSATION_STATE_BYTES,
     MAX_RULE_CHARS,
+    ConsolidateResult,
     ConstructKind,
     ConstructParams,
     DispositionView,
@@ -235,6 +236,154 @@ class _Reach:
             return "1 = 0", []
         marks = ", ".join("?" for _ in self.scopes)
         return f"{prefix}imp = ? AND {prefix}scope IN ({marks})", [self.imp, *self.scopes]
+
+
+# ------------------------------------------------------------------ the night's rules (pure; issue 15)
+
+_CHUNK = 500  # ids in one IN (…), rows in one batch read while copying
+# Records forgotten per transaction: short enough not to hold the database long from other writers, large
+# enough that the pages a batch dirties are written a few times, not once per record.
+_FORGET_BATCH = 2000
+# Every table holding an imp's memory (``has_memory``, ``copy_imp``'s refusal).
+_IMP_TABLES = (
+    "memory_records",
+    "memory_episodes",
+    "memory_conversations",
+    "memory_slots",
+    "memory_dispositions",
+)
+
+
+def protected(kind: str, origin: str) -> bool:
+    """Mechanism 113: constructs and given records are never absorbed and never forgotten."""
+    return kind == "construct" or origin == "given"
+
+
+def anchor_refusal(
+    kind: str, origin: str, intensity: float, params: laws.Params = laws.DEFAULTS
+) -> str | None:
+    """Mechanisms 108, 113 (subtle point 16): why a record cannot anchor a group, or None when it can: it
+    must not be a construct and its stored intensity must be at least ``anchor_minimum`` (a given record
+    may anchor)."""
+    if kind == "construct":
+        return "a construct"
+    if intensity < params.anchor_minimum:
+        return f"weaker than {params.anchor_minimum:g}"
+    return None
+
+
+def member_refusal(
+    record_id: str,
+    kind: str,
+    origin: str,
+    intensity: float,
+    *,
+    anchor: str,
+    anchor_intensity: float,
+    absorbed: set[str] | frozenset[str] = frozenset(),
+) -> str | None:
+    """Mechanisms 108, 113 (subtle point 16): why a record cannot be folded into ``anchor``, or None: it
+    must not be protected, must not be the anchor, must not be stronger (stored intensity) than the anchor
+    and must not have been absorbed already."""
+    if protected(kind, origin):
+        return "protected"
+    if record_id == anchor:
+        return "the anchor itself"
+    if intensity > anchor_intensity:
+        return "stronger than the anchor"
+    if record_id in absorbed:
+        return "absorbed already"
+    return None
+
+
+def combined_intensity(intensities: Iterable[float]) -> float:
+    """Mechanism 110: 1 − Π(1 − I) over the anchor and its members (within 0 and 1)."""
+    left = 1.0
+    for intensity in intensities:
+        left *= 1.0 - min(1.0, max(0.0, intensity))
+    return 1.0 - left
+
+
+def forgets(
+    kind: str,
+    origin: str,
+    intensity: float,
+    last_felt: datetime,
+    now: datetime,
+    params: laws.Params = laws.DEFAULTS,
+) -> bool:
+    """Mechanisms 112-113 (subtle points 6, 17): whether sleep deletes a record: its **stored** intensity is
+    below the threshold for its age since it was last felt; protected records never are."""
+    if protected(kind, origin):
+        return False
+    age_days = (now - last_felt).total_seconds() / laws.DAY_S
+    return intensity < laws.forgetting_threshold(age_days, params)
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[list[str]]:
+    """``ids`` in lists of ``_CHUNK``: one ``IN (…)`` each, well under any SQLite's bound on variables."""
+    for start in range(0, len(ids), _CHUNK):
+        yield list(ids[start : start + _CHUNK])
+
+
+def _renamed(value: Any, ids: set[str], copied: Callable[[str], str]) -> Any:
+    """A saved conversation's JSON with every string that is one of ``ids`` made its copy's id."""
+    if isinstance(value, str):
+        return copied(value) if value in ids else value
+    if isinstance(value, list):
+        return [_renamed(item, ids, copied) for item in value]
+    if isinstance(value, dict):
+        return {key: _renamed(item, ids, copied) for key, item in value.items()}
+    return value
+
+
+def _when(text: str | None) -> datetime | None:
+    return parse_iso(text) if text else None
+
+
+_SCOPE_COUNTS = ("records", "episodes", "constructs", "given", "conversations", "slot")
+
+
+@dataclass(frozen=True)
+class ScopeStats:
+    """One scope of an imp's memory, counted (``MemoryStore.stats``)."""
+
+    scope: str
+    records: int = 0
+    episodes: int = 0
+    constructs: int = 0
+    given: int = 0
+    conversations: int = 0
+    slot: int = 0
+
+
+@dataclass(frozen=True)
+class Wakefulness:
+    """The imp's day as the supervisor's clock keeps it (``memory_wakefulness``; mechanisms 104-107)."""
+
+    TIMES: ClassVar[tuple[str, ...]] = (
+        "woke_at", "slept_at", "last_activity_at", "last_reflection_at", "last_sleep_at", "last_consolidation_at",
+    )  # fmt: skip
+
+    awake: bool
+    woke_at: datetime | None = None
+    slept_at: datetime | None = None
+    last_activity_at: datetime | None = None
+    last_reflection_at: datetime | None = None
+    last_sleep_at: datetime | None = None
+    last_consolidation_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """``impyard memory stats``: what an imp keeps, per scope, and how its day stands."""
+
+    imp: str
+    scopes: list[ScopeStats]
+    rules: int
+    active_rules: int
+    clock: Wakefulness | None  # None: the supervisor's clock has not seen the imp yet
+    database_bytes: int
 
 
 # ------------------------------------------------------------------ the store
@@ -908,14 +1057,20 @@ class MemoryStore(Store, Loader):
         return {"records": n_records, "episodes": n_episodes}
 
     def forget_imp(self, imp: str) -> dict[str, int]:
-        """Everything the imp remembers, in every scope (``impyard imp rm --purge``): records, episodes,
-        saved conversations, the slots, learned rules and departures. The scopes' generations move on (not
-        deleted), so every cache drops them."""
+        """Everything the imp remembers, in every scope (``impyard imp rm --purge``, ``impyard memory
+        delete``; mechanism 118): records, episodes, saved conversations, the slots, learned rules,
+        departures, and its day's clock (``memory_wakefulness``: it starts again asleep, as a new imp). The
+        scopes' generations move on (kept, not deleted), so every cache drops them."""
         with self.db.transaction() as conn:
             scopes = [
                 str(r[0])
-                for r in conn.execute("SELECT DISTINCT scope FROM memory_records WHERE imp = ?", (imp,))
+                for r in conn.execute(
+                    "SELECT scope FROM memory_generations WHERE imp = ? UNION"
+                    " SELECT DISTINCT scope FROM memory_records WHERE imp = ?",
+                    (imp, imp),
+                )
             ]
+            conn.execute("DELETE FROM memory_wakefulness WHERE imp = ?", (imp,))
             slots = conn.execute("DELETE FROM memory_slots WHERE imp = ?", (imp,)).rowcount
             episodes = conn.execute("DELETE FROM memory_episodes WHERE imp = ?", (imp,)).rowcount
             records = conn.execute("DELETE FROM memory_records WHERE imp = ?", (imp,)).rowcount
@@ -995,6 +1150,314 @@ class MemoryStore(Store, Loader):
                 self._counts.clear()  # a bound, not a policy: counts are cheap to take again
             self._counts[(imp, scope)] = (generation, count)
         return count
+
+    # ------------------------------------------------------------ the night (issue 15: mechanisms 107-114)
+
+    def night_records(
+        self, imp: str, scope: str, since: datetime, k: int = 200, episodes: int = 6
+    ) -> list[RecordView]:
+        """Mechanism 107 (subtle point 16): ``scope``'s records that happened at or after ``since`` (the
+        imp's waking), newest first, at most ``k``, each with its newest ``episodes``; constructs and given
+        records come too (the box marks them protected)."""
+        reach = _Reach(imp, (scope,))
+        now = self.clock()
+        rows = self._records(
+            reach, "happened_at >= ?", [iso(since)], order="happened_at DESC, gen DESC, id", limit=k
+        )
+        return self._with_episodes(reach, [self._view(r, now, False) for r in rows], episodes)
+
+    def consolidate_scope(
+        self, imp: str, scope: str, groups: Sequence[tuple[str, Sequence[str]]]
+    ) -> ConsolidateResult:
+        """Mechanisms 108-111, 113, in one transaction, within ``scope`` only: each group's anchor and
+        members are checked here whatever the plan says (``anchor_refusal``, ``member_refusal``); a group
+        left with no member is skipped. The members' episodes are re-filed under the anchor (109), the
+        anchor's stored intensity becomes ``combined_intensity`` (110), the members are deleted. No text,
+        valence or time changes (111). ``refused`` counts each refused anchor (its whole group) and member.
+        """
+        applied = absorbed_n = moved = refused = 0
+        absorbed: set[str] = set()
+        with self.db.transaction() as conn:
+            gen: int | None = None
+
+            def row_of(record_id: str) -> sqlite3.Row | None:
+                return conn.execute(
+                    "SELECT id, kind, origin, intensity FROM memory_records WHERE id = ? AND imp = ? AND scope = ?",
+                    (record_id, imp, scope),
+                ).fetchone()
+
+            for anchor_id, member_ids in groups:
+                anchor = row_of(anchor_id)  # an anchor absorbed earlier in this call is gone: refused
+                if anchor is None or anchor_refusal(
+                    anchor["kind"], anchor["origin"], float(anchor["intensity"])
+                ):
+                    refused += 1
+                    continue
+                strength = float(anchor["intensity"])
+                members: list[sqlite3.Row] = []
+                for member_id in member_ids:
+                    member = row_of(member_id)
+                    if member is None or member_refusal(
+                        member["id"], member["kind"], member["origin"], float(member["intensity"]),
+                        anchor=anchor_id, anchor_intensity=strength, absorbed=absorbed,
+                    ):  # fmt: skip
+                        refused += 1
+                        continue
+                    absorbed.add(str(member["id"]))
+                    members.append(member)
+                if not members:
+                    continue
+                if gen is None:
+                    gen = self._bump(conn, imp, scope, deleted=True)
+                ids = [str(m["id"]) for m in members]
+                marks = _marks(ids)
+                conn.execute(
+                    "UPDATE memory_records SET intensity = ?, gen = ? WHERE id = ?",
+                    (
+                        combined_intensity([strength, *(float(m["intensity"]) for m in members)]),
+                        gen,
+                        anchor_id,
+                    ),
+                )
+                moved += conn.execute(
+                    f"UPDATE memory_episodes SET record_id = ?, gen = ? WHERE record_id IN ({marks})"
+                    " AND imp = ? AND scope = ?",
+                    [anchor_id, gen, *ids, imp, scope],
+                ).rowcount
+                conn.execute(f"DELETE FROM memory_records WHERE id IN ({marks})", ids)
+                applied += 1
+                absorbed_n += len(ids)
+        return ConsolidateResult(groups=applied, absorbed=absorbed_n, episodes=moved, refused=refused)
+
+    def forget_scope(self, imp: str, scope: str) -> tuple[int, int]:
+        """Mechanisms 112-113, within ``scope`` only: every record ``forgets`` at the store's now is deleted
+        with its episodes. Returns (records, episodes). The host calls this directly for the scopes the imp
+        did not live in that day (forgetting needs no model); ``memory.forget`` too.
+
+        The candidates are read first, then deleted in transactions of ``_FORGET_BATCH`` records, each
+        checking the rule again under the write lock (a record felt again meanwhile stays): a first night
+        over a large old memory never holds the database from the imp's other boxes for long, and a crash
+        midway leaves only records the next night forgets."""
+        now = self.clock()
+        curve = laws.DEFAULTS.forgetting_curve
+        # A prefilter only (the rule is ``forgets``): none younger than the first knot, none at the top value.
+        youngest = now - timedelta(days=curve[0][0])
+        top = max(value for _, value in curve)
+        candidates = [
+            str(row["id"])
+            for row in self.db.connection().execute(
+                "SELECT id, kind, origin, intensity, last_felt FROM memory_records"
+                " WHERE imp = ? AND scope = ? AND intensity < ? AND last_felt <= ?",
+                (imp, scope, top, iso(youngest)),
+            )
+            if forgets(row["kind"], row["origin"], float(row["intensity"]), parse_iso(row["last_felt"]), now)
+        ]
+        records = episodes = 0
+        for start in range(0, len(candidates), _FORGET_BATCH):
+            with self.db.transaction() as conn:
+                doomed: list[str] = []
+                for ids in _chunks(candidates[start : start + _FORGET_BATCH]):
+                    # By id alone (the primary key): with imp and scope in the WHERE, SQLite may scan the scope.
+                    doomed.extend(
+                        str(row["id"])
+                        for row in conn.execute(
+                            "SELECT id, imp, scope, kind, origin, intensity, last_felt FROM memory_records"
+                            f" WHERE id IN ({_marks(ids)})",
+                            ids,
+                        )
+                        if row["imp"] == imp
+                        and row["scope"] == scope
+                        and forgets(
+                            row["kind"],
+                            row["origin"],
+                            float(row["intensity"]),
+                            parse_iso(row["last_felt"]),
+                            now,
+                        )
+                    )
+                for ids in _chunks(doomed):
+                    marks = _marks(ids)
+                    episodes += conn.execute(
+                        f"DELETE FROM memory_episodes WHERE record_id IN ({marks})", ids
+                    ).rowcount
+                    records += conn.execute(f"DELETE FROM memory_records WHERE id IN ({marks})", ids).rowcount
+                if doomed:
+                    self._bump(conn, imp, scope, deleted=True)
+        return records, episodes
+
+    def scopes_lived_in(self, imp: str, since: datetime | None = None) -> list[str]:
+        """The scopes of ``imp`` holding records (that happened at or after ``since``), the one with the
+        newest such record first: where a night has something to fold or forget."""
+        after = "" if since is None else " AND happened_at >= ?"
+        rows = (
+            self.db.connection()
+            .execute(
+                f"SELECT scope, MAX(happened_at) AS newest FROM memory_records WHERE imp = ?{after}"
+                " GROUP BY scope ORDER BY newest DESC, scope",
+                [imp, *([] if since is None else [iso(since)])],
+            )
+            .fetchall()
+        )
+        return [str(row["scope"]) for row in rows]
+
+    # ------------------------------------------------------------ copy and stats (issue 15: mechanism 118)
+
+    def has_memory(self, imp: str) -> bool:
+        """Whether ``imp`` keeps anything at all: a record, an episode, a conversation, a rule or a slot."""
+        conn = self.db.connection()
+        return any(
+            conn.execute(f"SELECT 1 FROM {table} WHERE imp = ? LIMIT 1", (imp,)).fetchone()
+            for table in _IMP_TABLES
+        )
+
+    def copy_imp(self, src: str, new: str) -> dict[str, int]:
+        """Mechanism 118: copy everything ``src`` remembers to ``new``, in one transaction: records,
+        episodes, saved conversations, the slots and learned rules, each scope into the same scope, with
+        vectors and times as they are. Every id gets a suffix of this copy (``<id>-<8 hex>``) and the ids
+        inside a saved conversation are those of the copies. ``src`` is only read. Refused (``MemoryInvalid``)
+        when ``new`` is ``src`` or already keeps anything. Not copied: its wakefulness (the copy starts
+        asleep, like any new imp) and pending departures (they are ``src``'s conversations' to end)."""
+        if src == new:
+            raise MemoryInvalid("a copy needs two different imps")
+        suffix = new_id()[:8]
+
+        def copied(old_id: str) -> str:
+            return f"{old_id.split('-')[0][:64]}-{suffix}"
+
+        counts = dict.fromkeys(("records", "episodes", "conversations", "slots", "rules"), 0)
+        with self.db.transaction() as conn:
+            if any(
+                conn.execute(f"SELECT 1 FROM {table} WHERE imp = ? LIMIT 1", (new,)).fetchone()
+                for table in _IMP_TABLES
+            ):
+                raise MemoryInvalid(
+                    f"{new} already remembers something; a copy goes only into an empty memory"
+                )
+            scopes = sorted(
+                {
+                    str(row[0])
+                    for table in ("memory_records", "memory_conversations", "memory_slots")
+                    for row in conn.execute(f"SELECT DISTINCT scope FROM {table} WHERE imp = ?", (src,))
+                }
+            )
+            gens = {scope: self._bump(conn, new, scope) for scope in scopes}
+            ids: set[str] = set()
+
+            def rows(sql: str) -> Iterable[list[sqlite3.Row]]:
+                cursor = self.db.connection().cursor().execute(sql, (src,))
+                while batch := cursor.fetchmany(_CHUNK):
+                    yield batch
+
+            for batch in rows(
+                f"SELECT {_RECORD_COLUMNS}, mention_text, created_at FROM memory_records WHERE imp = ?"
+            ):
+                ids.update(str(r["id"]) for r in batch)
+                counts["records"] += conn.executemany(
+                    "INSERT INTO memory_records (id, imp, scope, kind, construct_kind, origin, author, author_id,"
+                    " feeling, conclusion, mention_text, valence, intensity, happened_at, last_felt, dims, vector,"
+                    " gen, created_at, statement) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            copied(r["id"]), new, r["scope"], r["kind"], r["construct_kind"], r["origin"], r["author"],
+                            r["author_id"], r["feeling"], r["conclusion"], r["mention_text"], r["valence"],
+                            r["intensity"], r["happened_at"], r["last_felt"], r["dims"], r["vector"], gens[r["scope"]],
+                            r["created_at"], r["statement"],
+                        )
+                        for r in batch
+                    ],
+                ).rowcount  # fmt: skip
+            for batch in rows(
+                f"SELECT {_EPISODE_COLUMNS}, scope, dims, vector FROM memory_episodes WHERE imp = ?"
+            ):
+                ids.update(str(r["id"]) for r in batch)
+                counts["episodes"] += conn.executemany(
+                    "INSERT INTO memory_episodes (id, record_id, imp, scope, channel_id, message_id, author,"
+                    " author_id, as_happened, told, happened_at, dims, vector, gen)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            copied(r["id"]), copied(r["record_id"]), new, r["scope"], r["channel_id"], r["message_id"],
+                            r["author"], r["author_id"], r["as_happened"], r["told"], r["happened_at"], r["dims"],
+                            r["vector"], gens[r["scope"]],
+                        )
+                        for r in batch
+                    ],
+                ).rowcount  # fmt: skip
+            for batch in rows(
+                "SELECT scope, channel_id, person, state, updated_at FROM memory_conversations WHERE imp = ?"
+            ):
+                counts["conversations"] += conn.executemany(
+                    "INSERT INTO memory_conversations (imp, scope, channel_id, person, state, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        (new, r["scope"], r["channel_id"], r["person"],
+                         json.dumps(_renamed(json.loads(r["state"]), ids, copied), ensure_ascii=False,
+                                    separators=(",", ":")), r["updated_at"])
+                        for r in batch
+                    ],
+                ).rowcount  # fmt: skip
+            for batch in rows("SELECT scope, record_id, activated_at FROM memory_slots WHERE imp = ?"):
+                counts["slots"] += conn.executemany(
+                    "INSERT INTO memory_slots (imp, scope, record_id, activated_at) VALUES (?, ?, ?, ?)",
+                    [(new, r["scope"], copied(r["record_id"]), r["activated_at"]) for r in batch],
+                ).rowcount
+            for batch in rows(f"SELECT {_DISPOSITION_COLUMNS} FROM memory_dispositions WHERE imp = ?"):
+                counts["rules"] += conn.executemany(
+                    "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (copied(r["id"]), new, r["rule"], r["weight"], r["count"], r["created_at"], r["updated_at"])
+                        for r in batch
+                    ],
+                ).rowcount  # fmt: skip
+        return counts
+
+    def stats(self, imp: str) -> MemoryStats:
+        """``impyard memory stats``: per scope records, episodes, constructs, given records and slot
+        entries; the learned rules and saved conversations; the clock's state (``memory_wakefulness``);
+        the host database's size on disk (every imp's memory is in it, with the rest of the host's)."""
+        conn = self.db.connection()
+        per: dict[str, dict[str, int]] = {}
+
+        def add(sql: str, *names: str) -> None:
+            for row in conn.execute(sql, (imp,)):
+                counted = per.setdefault(str(row[0]), dict.fromkeys(_SCOPE_COUNTS, 0))
+                for index, name in enumerate(names, start=1):
+                    counted[name] = int(row[index] or 0)
+
+        add(
+            "SELECT scope, COUNT(*), SUM(CASE WHEN kind = 'construct' THEN 1 ELSE 0 END),"
+            " SUM(CASE WHEN origin = 'given' THEN 1 ELSE 0 END) FROM memory_records WHERE imp = ? GROUP BY scope",
+            "records", "constructs", "given",
+        )  # fmt: skip
+        add("SELECT scope, COUNT(*) FROM memory_episodes WHERE imp = ? GROUP BY scope", "episodes")
+        add("SELECT scope, COUNT(*) FROM memory_conversations WHERE imp = ? GROUP BY scope", "conversations")
+        add("SELECT scope, COUNT(*) FROM memory_slots WHERE imp = ? GROUP BY scope", "slot")
+        rules = conn.execute(
+            "SELECT COUNT(*), SUM(CASE WHEN abs(weight) > ? THEN 1 ELSE 0 END) FROM memory_dispositions"
+            " WHERE imp = ?",
+            (laws.DORMANT_WEIGHT, imp),
+        ).fetchone()
+        clock = conn.execute(
+            "SELECT awake, woke_at, slept_at, last_activity_at, last_reflection_at, last_sleep_at,"
+            " last_consolidation_at FROM memory_wakefulness WHERE imp = ?",
+            (imp,),
+        ).fetchone()
+        size = sum(
+            path.stat().st_size
+            for path in (self.db.path, self.db.path.with_name(self.db.path.name + "-wal"))
+            if path.exists()
+        )
+        return MemoryStats(
+            imp=imp,
+            scopes=[ScopeStats(scope=scope, **per[scope]) for scope in sorted(per)],
+            rules=int(rules[0] or 0),
+            active_rules=int(rules[1] or 0),
+            clock=None if clock is None else Wakefulness(
+                awake=bool(clock["awake"]), **{k: _when(clock[k]) for k in Wakefulness.TIMES},
+            ),
+            database_bytes=size,
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------ the session's view
@@ -1282,6 +1745,20 @@ class ScopedMemory:
             " scope = excluded.scope, state = excluded.state, updated_at = excluded.updated_at",
             (self.imp, self.scopes.writes, self.channel_id, person, text, iso(now)),
         )
+
+    # ------------------------------------------------------------ the night (issue 15; the writes scope only)
+
+    def night(self, since: datetime, k: int = 200, episodes: int = 6) -> list[RecordView]:
+        """Mechanism 107: the writes scope's records since ``since``, newest first (``MemoryStore.night_records``)."""
+        return self.store.night_records(self.imp, self.scopes.writes, since, k, episodes)
+
+    def consolidate(self, groups: Sequence[tuple[str, Sequence[str]]]) -> ConsolidateResult:
+        """Mechanisms 108-111, 113: fold groups within the writes scope; every rule checked again here."""
+        return self.store.consolidate_scope(self.imp, self.scopes.writes, groups)
+
+    def forget(self) -> tuple[int, int]:
+        """Mechanisms 112-113: the forgetting curve over the writes scope; returns (records, episodes)."""
+        return self.store.forget_scope(self.imp, self.scopes.writes)
 
 
 def conversation_json(state: dict[str, Any]) -> str:

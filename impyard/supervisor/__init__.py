@@ -1,7 +1,7 @@
 """``impyard supervise``: scheduled and proactive work as governed one-shot boxes (issue 8; docs/tasks.md).
 
 Modules, one concept each: ``loop`` (the ``Supervisor``: reclaim, then tick — gates, follow-ups,
-schedules, departures, cancels, dispatch — and one task's box run), ``settings`` (``SupervisorSettings``),
+schedules, departures, the memory clock, cancels, dispatch — and one task's box run), ``settings`` (``SupervisorSettings``),
 ``backends`` (which backend runs an imp's task boxes), ``budget`` (the pure rule that defers a task
 of an imp over budget), ``orphans`` (boxes a dead supervisor left: ``/proc`` and Docker labels), and
 ``assembly`` (``open_supervisor``: the instance lock, then its own host or ``serve``'s).
@@ -19,6 +19,9 @@ from impyard.supervisor.settings import (
     INIT_TIMEOUT_S,
     MAX_ATTEMPTS,
     MAX_CONCURRENCY,
+    MAX_MEMORY_TICK_S,
+    MEMORY_TICK_S,
+    MIN_MEMORY_TICK_S,
     READY_BATCH,
     SHUTDOWN_GRACE_S,
     STALE_RUN_MARGIN_S,
@@ -33,6 +36,9 @@ __all__ = [
     "INIT_TIMEOUT_S",
     "MAX_ATTEMPTS",
     "MAX_CONCURRENCY",
+    "MAX_MEMORY_TICK_S",
+    "MEMORY_TICK_S",
+    "MIN_MEMORY_TICK_S",
     "READY_BATCH",
     "SHUTDOWN_GRACE_S",
     "STALE_RUN_MARGIN_S",

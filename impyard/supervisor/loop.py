@@ -8,8 +8,11 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
 3. due schedules queue their tasks;
 4. departures due queue their ``depart`` tasks, exactly once each (mechanism 103,
    ``impyard.memory.departures``; looked for every ``departure_scan_s``, 30 s);
-5. running tasks the operator cancelled are stopped (their boxes killed);
-6. ready tasks fill the free slots (the concurrency cap, default 3): an imp
+5. the memory clock ticks every memory imp (mechanisms 104-107, ``impyard.memory.wakefulness``; every
+   ``memory_tick_s``, 30 s): what is due queues its ``reflect`` and ``sleep`` tasks, exactly once, and the
+   scopes no sleep task works in tonight are forgotten in by the host itself;
+6. running tasks the operator cancelled are stopped (their boxes killed);
+7. ready tasks fill the free slots (the concurrency cap, default 3): an imp
    over budget has its task deferred to the next budget window (never
    stranded), then the task is claimed and run in a fresh one-shot box with
    the same lockdown and the same gateway as a chat session.
@@ -18,14 +21,16 @@ A task box runs ``task.run`` inside its ceiling; the host attests the result
 (``impyard.tasks.attest``). At start, tasks a dead supervisor left ``running``
 are reclaimed: their boxes removed (``impyard.supervisor.orphans``), then
 requeued or ended by ``reclaim_decision``. Task kinds are opaque here (the box
-decides what a kind means), except that a ``depart`` task's box remembers in the
-scopes of the conversation's channel and knows that channel's real kind.
+decides what a kind means), except that a ``depart`` or ``reflect`` task's box remembers in
+the scopes of its channel and knows that channel's real kind, and a ``sleep`` task's box works in
+its task's one scope (``Task.scope``). After a sleep the database is compacted when it pays.
 
 A supervisor limited to some kinds (``SupervisorSettings.kinds``: ``impyard chat``
 and ``impyard serve`` without ``--supervise`` run one for ``depart``) runs beside
 ``impyard supervise`` without its lock: it fires no schedules and queues no
-follow-ups, dispatches only its kinds, and at start reclaims only tasks of its
-kinds that ran past their ceiling (which no live supervisor can still be running).
+follow-ups, runs no memory clock, dispatches only its kinds (and only its imps' tasks, when
+``SupervisorSettings.imps`` names some: ``impyard memory night``), and at start reclaims only
+tasks of its kinds that ran past their ceiling (which no live supervisor can still be running).
 """
 
 from __future__ import annotations
@@ -48,8 +53,12 @@ from impyard.gate_pump import GatePump
 from impyard.gateway import Gateway
 from impyard.imps import ImpConfig, ImpError, ImpStore
 from impyard.ledger import seconds_to_next_day
+from impyard.memory.compact import compact
 from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
+from impyard.memory.scopes import SessionScopes
 from impyard.memory.scopes import resolve as resolve_scopes
+from impyard.memory.wakefulness import REFLECT_KIND, SLEEP_KIND, forget_scopes
+from impyard.memory.wakefulness import step as memory_step
 from impyard.schedules import ScheduleStore
 from impyard.sessions import describe_error
 from impyard.supervisor.backends import BackendFor
@@ -105,15 +114,16 @@ class Supervisor:
         self.peak_running = 0
         self._wake = anyio.Event()
         self._departures_scanned: datetime | None = None
+        self._memory_ticked: datetime | None = None
 
     # ------------------------------------------------------------ reclaim (at start)
 
     def _reclaims(self, task: Task, now: datetime) -> bool:
         """Whether this supervisor may reclaim ``task``: the supervisor of every kind (it holds the lock) may
         reclaim any; a kinds-limited one only its own kinds' tasks that ran past their ceiling."""
-        if self.settings.kinds is None:
+        if self.settings.kinds is None and self.settings.imps is None:
             return True
-        if not self.settings.runs(task.kind) or task.started_at is None:
+        if not self.settings.runs(task.kind) or not self.settings.serves(task.imp) or task.started_at is None:
             return False
         return (now - task.started_at).total_seconds() > task.ceiling_s + STALE_RUN_MARGIN_S
 
@@ -145,12 +155,14 @@ class Supervisor:
     # ------------------------------------------------------------ one tick
 
     async def tick(self, tg: TaskGroup) -> None:
-        """Gates, follow-ups, schedules, departures, cancels, then dispatch; one failing step never stops the
-        others. A kinds-limited supervisor leaves follow-ups and schedules to the supervisor of every kind."""
+        """Gates, follow-ups, schedules, departures, the memory clock, cancels, then dispatch; one failing step
+        never stops the others. A kinds-limited supervisor leaves follow-ups, schedules and the memory clock to
+        the supervisor of every kind."""
         steps = (
             [self._gates, self._follow_ups, self._schedules] if self.settings.kinds is None else [self._gates]
         )
-        for step in (*steps, self._departures, self._cancels):
+        clock = [self._memory_clock] if self.settings.kinds is None else []
+        for step in (*steps, self._departures, *clock, self._cancels):
             try:
                 await step()
             except Exception:
@@ -185,6 +197,33 @@ class Supervisor:
         if imps:
             await self.db.run(queue_due, self.db, self.tasks, now, imps)
 
+    async def _memory_clock(self) -> None:
+        """Mechanisms 104-107: tick every memory imp (every ``memory_tick_s``); each imp's step is one
+        transaction, so what is due is queued exactly once, and one imp's failure never stops the others."""
+        service = self.gateway.memory
+        if service is None:
+            return
+        now = self.clock.now()
+        last = self._memory_ticked
+        if last is not None and 0 <= (now - last).total_seconds() < self.settings.memory_tick_s:
+            return
+        self._memory_ticked = now
+        imps = await anyio.to_thread.run_sync(memory_imps, self.imps)
+        for imp in sorted(name for name in imps if self.settings.serves(name)):
+            try:
+                done = await self.db.run(memory_step, self.db, self.tasks, imp, now)
+                if done.forget:  # forgetting needs no model: the host does it in the scopes no sleep task has
+                    await self.db.run(forget_scopes, service.store.forget_scope, imp, done.forget)
+                    await self._compact()
+            except Exception:
+                log.exception("supervise: the memory clock of %s failed; going on", imp)
+
+    async def _compact(self) -> None:
+        try:
+            await self.db.run(compact, self.db)
+        except Exception:
+            log.exception("supervise: compacting the database failed; going on")
+
     async def _cancels(self) -> None:
         for task_id in await self.db.run(self.tasks.cancel_requested, list(self.running)):
             handle = self.running.get(task_id)
@@ -196,7 +235,10 @@ class Supervisor:
         free = self.settings.concurrency - len(self.running)
         if free <= 0:
             return
-        for task in await self.db.run(self.tasks.ready, READY_BATCH, self.settings.kinds):
+        ready = await self.db.run(
+            lambda: self.tasks.ready(READY_BATCH, self.settings.kinds, imps=self.settings.imps)
+        )
+        for task in ready:
             if free <= 0:
                 break
             if task.id in self.running:
@@ -235,19 +277,25 @@ class Supervisor:
     # ------------------------------------------------------------ one task
 
     async def _init_params(self, task: Task, config: ImpConfig, box: BoxSpec) -> BoxInitParams:
-        """What the task's box is told. A ``depart`` task's box (mechanism 103) is in the conversation's
-        channel as its session was: that channel's real kind, and memory in that channel's scopes, decided
-        here and applied by the gateway to every ``memory.*`` request of the box."""
+        """What the task's box is told. A ``depart`` task's box (mechanism 103) and a ``reflect`` task's
+        (105) are in their channel as its session was: that channel's real kind, and memory in that channel's
+        scopes. A ``sleep`` task's box (107) works in its task's one scope alone: it writes and reads only
+        there, so a night never folds two scopes together. Decided here and applied by the gateway to every
+        ``memory.*`` request of the box; only a departure may learn a rule."""
         info = await self.db.run(self.gateway.channels.info, task.channel_id)
         spec = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
         kind = "task"
         memory = None
-        if task.kind == DEPART_KIND:
+        service = self.gateway.memory if spec.memory.enabled else None
+        if task.kind in (DEPART_KIND, REFLECT_KIND):
             if info is not None and info.kind in ("dm", "guild", "terminal"):
                 kind = info.kind
-            if spec.memory.enabled and self.gateway.memory is not None:
+            if service is not None:
                 scopes = await resolve_scopes(self.db, task.imp, task.channel_id)
-                memory = self.gateway.memory.open(box, scopes, learns=1)  # mechanism 90: one rule
+                learns = 1 if task.kind == DEPART_KIND else 0  # mechanism 90: one rule, on departure only
+                memory = service.open(box, scopes, learns=learns)
+        elif task.kind == SLEEP_KIND and service is not None and task.scope:
+            memory = service.open(box, SessionScopes(task.scope, (task.scope,)), learns=0)
         return BoxInitParams(
             protocol=1,
             imp=spec,
@@ -266,7 +314,11 @@ class Supervisor:
             briefing = render_briefing(entries)
         return TaskRunParams(
             task=TaskSpec(
-                id=task.id, kind=task.kind, prompt=compose_prompt(task.prompt, briefing), person=task.person
+                id=task.id,
+                kind=task.kind,
+                prompt=compose_prompt(task.prompt, briefing),
+                person=task.person,
+                args=dict(task.args),
             ),
             now=self.clock.now(),
         )
@@ -321,6 +373,8 @@ class Supervisor:
             )  # fmt: skip
             with anyio.CancelScope(shield=True):
                 await self._finish(task, end, returncode)
+                if task.kind == SLEEP_KIND:  # the night forgot: the file shrinks when it pays
+                    await self._compact()
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.db.run(
@@ -359,6 +413,7 @@ class Supervisor:
         log.info(
             "supervising%s: concurrency %d, tick %.2f s%s",
             f" {', '.join(sorted(self.settings.kinds))} tasks only" if self.settings.kinds is not None else "",
+            # (the memory clock ticks every settings.memory_tick_s in the supervisor of every kind)
             self.settings.concurrency, self.settings.tick_s, " (once: until nothing is due)" if once else "",
         )  # fmt: skip
         async with anyio.create_task_group() as tg:
@@ -369,7 +424,9 @@ class Supervisor:
                 if (
                     once
                     and not self.running
-                    and not await self.db.run(self.tasks.has_ready, self.settings.kinds)
+                    and not await self.db.run(
+                        lambda: self.tasks.has_ready(self.settings.kinds, imps=self.settings.imps)
+                    )
                 ):
                     break
                 with anyio.move_on_after(self.settings.tick_s):

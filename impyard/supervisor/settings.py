@@ -1,4 +1,5 @@
-"""The supervisor's settings: concurrency, tick, attempts, ceilings, the kinds it runs, and their bounds."""
+"""The supervisor's settings: concurrency, tick, attempts, ceilings, the kinds (and imps) it runs, the memory
+clock's cadence, and their bounds."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ READY_BATCH = 100
 DEPARTURE_SCAN_S = 30.0  # how often the departures due are looked for (mechanism 103; a 1800 s window)
 STALE_RUN_MARGIN_S = 60.0  # past its ceiling by this much, a running task has no live supervisor left
 DEPARTURES_ONLY = frozenset({"depart"})  # the kinds of the supervisor `impyard chat` and `serve` run alone
+MEMORY_TICK_S = 30.0  # how often the memory clock ticks every memory imp (mechanisms 104-107)
+MIN_MEMORY_TICK_S = 1.0
+MAX_MEMORY_TICK_S = 600.0  # the clock's timers are 600 s: a slower tick would blur them
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,11 @@ class SupervisorSettings:
     # that ran past their ceiling (no live supervisor can still be running them).
     kinds: frozenset[str] | None = None
     departure_scan_s: float = DEPARTURE_SCAN_S
+    # Only these imps' tasks (None: every imp's); `impyard memory night IMP` runs one imp's sleep alone.
+    imps: frozenset[str] | None = None
+    # The memory clock (impyard.memory.wakefulness) ticks every memory imp this often; only the supervisor
+    # of every kind runs it (kinds None), never the departures loop of `chat` and `serve`.
+    memory_tick_s: float = MEMORY_TICK_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
@@ -45,7 +54,17 @@ class SupervisorSettings:
             )
         if self.departure_scan_s <= 0:
             raise ValueError("departure_scan_s must be more than 0")
+        if self.imps is not None and not self.imps:
+            raise ValueError("imps must name at least one imp (None: every imp)")
+        if not MIN_MEMORY_TICK_S <= self.memory_tick_s <= MAX_MEMORY_TICK_S:
+            raise ValueError(
+                f"memory_tick_s must be from {MIN_MEMORY_TICK_S:g} to {MAX_MEMORY_TICK_S:g} s (got {self.memory_tick_s:g})"
+            )
 
     def runs(self, kind: str) -> bool:
         """Whether this supervisor runs tasks of ``kind``."""
         return self.kinds is None or kind in self.kinds
+
+    def serves(self, imp: str) -> bool:
+        """Whether this supervisor runs tasks of ``imp``."""
+        return self.imps is None or imp in self.imps

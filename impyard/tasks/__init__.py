@@ -17,9 +17,11 @@ Each box run of a task has its own run id (``task_runs``): it labels the box
 run, so ``impyard task show`` can print the task's whole trail.
 
 Task kinds are an open set (``prompt``; the memory engine's ``depart``, queued by
-``impyard.memory.departures``; ``reflect`` and ``sleep`` later): nothing here gives
-a kind a meaning (a supervisor may run only some kinds: ``ready(kinds=…)``); a box
-that does not know a kind answers ``failed``.
+``impyard.memory.departures``; ``reflect`` and ``sleep``, queued by the memory clock,
+``impyard.memory.wakefulness``): nothing here gives a kind a meaning (a supervisor may
+run only some kinds: ``ready(kinds=…)``); a box that does not know a kind answers
+``failed``. A task may carry a memory ``scope`` and its kind's ``args`` (plain values,
+handed to the box as ``TaskSpec.args``).
 
 Modules: ``states`` (the lifecycle), ``request`` (validation), ``attestation`` (the pure rules),
 ``prompts`` (prompt text), ``rows`` (the row types), ``store`` (``TaskStore``).
@@ -53,6 +55,7 @@ from impyard.tasks.request import (
     ORIGINS,
     TASK_CHANNEL_PREFIX,
     Origin,
+    TaskArg,
     TaskError,
     TaskRequest,
     ValidTask,
@@ -99,6 +102,7 @@ __all__ = [
     "TASK_CHANNEL_PREFIX",
     "TASK_STATES",
     "Task",
+    "TaskArg",
     "TaskError",
     "TaskRequest",
     "TaskRun",

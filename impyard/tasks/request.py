@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
 
@@ -24,6 +26,13 @@ MAX_CHANNEL_CHARS = 128  # the protocol's Id
 MAX_PERSON_CHARS = 128
 TASK_CHANNEL_PREFIX = "task:"  # task:<imp> is the imp's task log (printed on the host's surface)
 _CHANNEL_PATTERN = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
+MAX_SCOPE_CHARS = 200  # a memory scope: terminal, guild:<id>, dm:<id>, guild:channel:<id>, ...
+MAX_ARGS = 16  # the protocol's TaskSpec.args
+MAX_ARG_NAME_CHARS = 40
+MAX_ARG_CHARS = 1_000
+_ARG_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+TaskArg = str | int | float | bool | None  # the protocol's TaskSpec.args values: plain values only
 
 
 class TaskError(ImpyardError, ValueError):
@@ -46,6 +55,8 @@ class TaskRequest:
     wake_on_resolve: bool = False
     briefing: bool = False
     person: str | None = None
+    scope: str | None = None  # a memory task's privacy scope (a ``sleep`` task works in this one alone)
+    args: Mapping[str, TaskArg] | None = None  # the kind's own arguments (a ``sleep`` task's ``since``)
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,8 @@ class ValidTask:
     ceiling_s: float
     wake_on_resolve: bool
     briefing: bool
+    scope: str | None = None
+    args: Mapping[str, TaskArg] = field(default_factory=dict)
 
 
 def parse_ceiling(value: str | float | timedelta | None) -> float:
@@ -122,4 +135,44 @@ def validate_request(request: TaskRequest, imps: ImpStore | None = None) -> Vali
         ceiling_s=parse_ceiling(request.ceiling),
         wake_on_resolve=bool(request.wake_on_resolve),
         briefing=bool(request.briefing),
+        scope=_valid_scope(request.scope),
+        args=_valid_args(request.args),
     )
+
+
+def _valid_scope(scope: str | None) -> str | None:
+    if scope is None:
+        return None
+    if (
+        not isinstance(scope, str)
+        or not 0 < len(scope) <= MAX_SCOPE_CHARS
+        or not _CHANNEL_PATTERN.match(scope)
+    ):
+        raise TaskError(
+            f"scope {str(scope)[:60]!r} is not a memory scope: 1-{MAX_SCOPE_CHARS} characters without spaces "
+            "(terminal, guild:<server id> or dm:<person id>)"
+        )
+    return scope
+
+
+def _valid_args(args: Mapping[str, TaskArg] | None) -> dict[str, TaskArg]:
+    """A kind's arguments: at most 16 names (lowercase, as kinds are) of plain values (no list, no object)."""
+    if not args:
+        return {}
+    if len(args) > MAX_ARGS:
+        raise TaskError(f"a task takes at most {MAX_ARGS} arguments (got {len(args)})")
+    valid: dict[str, TaskArg] = {}
+    for name, value in args.items():
+        if not isinstance(name, str) or not _ARG_NAME_PATTERN.match(name):
+            raise TaskError(
+                f"task argument name {str(name)[:60]!r} is not valid: 1-{MAX_ARG_NAME_CHARS} lowercase letters, "
+                "digits and underscores, starting with a letter"
+            )
+        if isinstance(value, str) and (len(value) > MAX_ARG_CHARS or "\x00" in value):
+            raise TaskError(f"task argument {name!r} must be at most {MAX_ARG_CHARS} characters, without NUL")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TaskError(f"task argument {name!r} must be a finite number")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise TaskError(f"task argument {name!r} must be text, a number, true/false or null")
+        valid[name] = value
+    return valid

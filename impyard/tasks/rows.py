@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from impyard.clock import iso, parse_iso
-from impyard.tasks.request import Origin
+from impyard.tasks.request import Origin, TaskArg
 from impyard.tasks.states import TaskState
 
 
@@ -41,6 +42,8 @@ class Task:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    scope: str | None = None  # a memory task's privacy scope (issue 15: a ``sleep`` task's one scope)
+    args: dict[str, TaskArg] = field(default_factory=dict)  # the kind's own arguments (``TaskSpec.args``)
 
     def elapsed(self, now: datetime) -> timedelta | None:
         """How long it has run (running) or ran (finished)."""
@@ -83,6 +86,8 @@ class Task:
             "started_at": when(self.started_at),
             "finished_at": when(self.finished_at),
             "elapsed_s": round(elapsed.total_seconds(), 3) if elapsed is not None else None,
+            "scope": self.scope,
+            "args": dict(self.args),
         }
 
 
@@ -117,6 +122,17 @@ def _when(row: sqlite3.Row, name: str) -> datetime | None:
     return parse_iso(row[name]) if row[name] else None
 
 
+def _args(text: str | None) -> dict[str, TaskArg]:
+    """A task's arguments from their JSON text; none when absent or unreadable (written only by ``insert``)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def row_to_task(row: sqlite3.Row) -> Task:
     return Task(
         id=row["id"],
@@ -146,6 +162,8 @@ def row_to_task(row: sqlite3.Row) -> Task:
         updated_at=parse_iso(row["updated_at"]),
         started_at=_when(row, "started_at"),
         finished_at=_when(row, "finished_at"),
+        scope=row["scope"],
+        args=_args(row["args"]),
     )
 
 

@@ -72,17 +72,19 @@ class TaskStore(Store):
         cursor = conn.execute(
             """INSERT OR IGNORE INTO tasks (id, imp, kind, prompt, person, origin, channel_id, ceiling_s,
                  wake_on_resolve, briefing, state, not_before, schedule_id, scheduled_for, parent_task, parent_gate,
-                 created_at, updated_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)""",
+                 created_at, updated_at, scope, args)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             (task_id, task.imp, task.kind, task.prompt, task.person, task.origin, task.channel_id, task.ceiling_s,
              int(task.wake_on_resolve), int(task.briefing), iso(not_before or now), schedule_id,
-             iso(scheduled_for) if scheduled_for else None, parent_task, parent_gate, iso(now), iso(now)),
+             iso(scheduled_for) if scheduled_for else None, parent_task, parent_gate, iso(now), iso(now),
+             task.scope, json.dumps(dict(task.args), sort_keys=True) if task.args else None),
         )  # fmt: skip
         if cursor.rowcount != 1:
             return None
         log_transition(
-            task_id, task.imp, "new", "queued", kind=task.kind, origin=task.origin, channel=task.channel_id
-        )
+            task_id, task.imp, "new", "queued", kind=task.kind, origin=task.origin, channel=task.channel_id,
+            scope=task.scope,
+        )  # fmt: skip
         return task_id
 
     def add(self, request: TaskRequest) -> Task:
@@ -118,18 +120,22 @@ class TaskStore(Store):
         args.append(limit)
         return [row_to_task(row) for row in self.db.query(sql, args)]
 
-    def ready(self, limit: int, kinds: Collection[str] | None = None) -> list[Task]:
-        """Queued tasks whose time has come, oldest first (only of ``kinds``, when given)."""
+    def ready(
+        self, limit: int, kinds: Collection[str] | None = None, *, imps: Collection[str] | None = None
+    ) -> list[Task]:
+        """Queued tasks whose time has come, oldest first (only of ``kinds`` and of ``imps``, when given)."""
         only = f" AND kind IN ({', '.join('?' for _ in kinds)})" if kinds is not None else ""
+        if imps is not None:
+            only += f" AND imp IN ({', '.join('?' for _ in imps)})"
         rows = self.db.query(
             f"""SELECT * FROM tasks WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= ?{only}
                ORDER BY not_before, created_at, id LIMIT ?""",
-            (iso(self.clock.now()), *sorted(kinds or ()), max(0, limit)),
+            (iso(self.clock.now()), *sorted(kinds or ()), *sorted(imps or ()), max(0, limit)),
         )
         return [row_to_task(row) for row in rows]
 
-    def has_ready(self, kinds: Collection[str] | None = None) -> bool:
-        return bool(self.ready(1, kinds))
+    def has_ready(self, kinds: Collection[str] | None = None, *, imps: Collection[str] | None = None) -> bool:
+        return bool(self.ready(1, kinds, imps=imps))
 
     def running(self) -> list[Task]:
         return [
@@ -394,7 +400,7 @@ class TaskStore(Store):
         request = ValidTask(
             imp=task.imp, kind=task.kind, prompt=continuation_prompt(task.id, task.prompt, gate), person=task.person,
             origin="continuation", channel_id=task.channel_id, ceiling_s=task.ceiling_s, wake_on_resolve=False,
-            briefing=task.briefing,
+            briefing=task.briefing, scope=task.scope, args=task.args,
         )  # fmt: skip
         with self.db.transaction() as conn:
             task_id = self.insert(conn, request, parent_task=task.id, parent_gate=gate.id)

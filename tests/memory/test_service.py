@@ -125,6 +125,32 @@ async def test_a_hostile_guild_box_never_gets_a_dm_record(
     assert {r.id for r in seen.records} == {own.record_id, secret.record_id} and seen.total == 2
 
 
+async def test_a_hostile_guild_box_s_night_never_reaches_a_dm_record(
+    service: MemoryService, guild_box: BoxSpec, dm_box: BoxSpec, store: MemoryStore, clock: FixedClock
+) -> None:
+    """Issue 15: memory.night, memory.consolidate and memory.forget work in the writes scope only."""
+    secret = await call(service, dm_box, "memory.encode",
+                        json.loads(moment(SECRET, author="Pat", author_id="p1", intensity=0.1).model_dump_json()))  # fmt: skip
+    own = await call(service, guild_box, "memory.encode",
+                     json.loads(moment("the guild picnic", intensity=0.9).model_dump_json()))  # fmt: skip
+    assert isinstance(secret, mem.EncodeResult) and isinstance(own, mem.EncodeResult)
+    clock.advance(days=365)  # the secret is weak and old: forgettable, but only from its own scope
+    night = await call(service, guild_box, "memory.night", {"since": "2000-01-01T00:00:00Z", "episodes": 10})
+    assert isinstance(night, mem.RecordsResult) and [r.id for r in night.records] == [own.record_id]
+    assert "pineapple" not in night.model_dump_json()
+    folded = await call(service, guild_box, "memory.consolidate", {"groups": [
+        {"anchor": own.record_id, "members": [secret.record_id]},
+        {"anchor": secret.record_id, "members": [own.record_id]},
+    ]})  # fmt: skip
+    assert folded == mem.ConsolidateResult(refused=2)
+    assert await call(service, guild_box, "memory.forget", {}) == mem.ForgetResult()
+    assert [r[0] for r in store.db.query("SELECT id FROM memory_records ORDER BY scope")] == [
+        secret.record_id, own.record_id,
+    ]  # fmt: skip
+    assert len(store.db.query("SELECT id FROM memory_episodes")) == 2
+    assert await call(service, dm_box, "memory.forget", {}) == mem.ForgetResult(forgotten=1, episodes=1)
+
+
 async def test_an_episode_of_a_message_deleted_during_its_turn_is_denied_and_kept_nowhere(
     service: MemoryService, guild_box: BoxSpec, store: MemoryStore
 ) -> None:
