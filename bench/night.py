@@ -26,9 +26,11 @@ from bench.memory import near, seed, unit_rows
 from bench.report import Row
 from bench.stats import ratio
 from impyard.clock import iso
+from impyard.db import open_database
 from impyard.imp_config import ImpExists
 from impyard.imps import ImpStore
 from impyard.memory.scopes import TERMINAL
+from impyard.memory.store import MemoryStore
 from impyard.runtime import open_runtime
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskRequest, TaskStore
@@ -58,22 +60,14 @@ async def _night(ctx: Context, imp: str, remembered: int) -> dict[str, Any]:
     backend = ctx.backends["process"]
     with suppress(ImpExists):
         ImpStore().add(imp, PERSONA, memory={"enabled": True, "embedder": "hashing"})
+    now = datetime.now(UTC)
+    await anyio.to_thread.run_sync(
+        _seed, imp, remembered, now
+    )  # before the host starts: its pump never waits
     surface = TimingSurface()
     async with open_runtime([imp], surface, backends={imp: backend}, surfaces=("discord",)) as runtime:
         memory = runtime.gateway.memory
         assert memory is not None, "the host keeps no memory store"
-        now = datetime.now(UTC)
-        rng = np.random.default_rng(11)
-        if remembered:
-            rows = unit_rows(rng, remembered, DIMS)
-            await runtime.db.run(
-                seed, memory.store, imp, TERMINAL, rows, near(rng, rows, 0.8), now - timedelta(days=1)
-            )
-        day = unit_rows(rng, DAY_RECORDS, DIMS)
-        await runtime.db.run(
-            seed, memory.store, imp, TERMINAL, day, near(rng, day, 0.8), now, seed_value=1
-        )  # ages over 180 days back from now: re-dated to the day below
-        await runtime.db.run(_redate_day, runtime.db, imp, now)
         before = await runtime.db.run(memory.store.count, imp)
         size_before = await runtime.db.run(_db_bytes, runtime.db)
         tasks = TaskStore(runtime.db, runtime.gateway.clock)
@@ -116,6 +110,22 @@ async def _night(ctx: Context, imp: str, remembered: int) -> dict[str, Any]:
         "records_after": after, "db_mib_before": round(size_before / 2**20, 1),
         "db_mib_after": round(size_after / 2**20, 1),
     }  # fmt: skip
+
+
+def _seed(imp: str, remembered: int, now: datetime) -> None:
+    """``remembered`` records over half a year, then the day's 20, through the store's own insert path."""
+    db = open_database()
+    try:
+        store = MemoryStore(db, lambda: now)
+        rng = np.random.default_rng(11)
+        if remembered:
+            rows = unit_rows(rng, remembered, DIMS)
+            seed(store, imp, TERMINAL, rows, near(rng, rows, 0.8), now - timedelta(days=1))
+        day = unit_rows(rng, DAY_RECORDS, DIMS)
+        seed(store, imp, TERMINAL, day, near(rng, day, 0.8), now, seed_value=1)  # re-dated to the day below
+        _redate_day(db, imp, now)
+    finally:
+        db.close()
 
 
 def _redate_day(db: Any, imp: str, now: datetime) -> None:
