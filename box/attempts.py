@@ -10,6 +10,10 @@ Model choice, first match wins (the same on chat/completions and on the Response
 An unset model falls through to the next rule. Three failed attempts in a row raise
 ``ModelExhausted`` (a ``RuntimeError``, ENV-12); between attempts the box sleeps
 ``retry_backoff_s`` × 2^(attempt-1), or longer when the host said when to come back.
+
+Each attempt has its own time limit (issue 19 #6), derived by the host from the turn ceiling and the attempt
+count (``attempt_timeout_s``, sent as ``ResponderSettings.attempt_timeout_s``): a hung upstream costs one
+attempt, not the whole turn, so all three attempts fit inside the ceiling.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+import anyio
 
 from box.model import ModelCallFailed
 from box.protocol import ErrorCode, RpcError
@@ -28,6 +34,8 @@ Sleep = Callable[[float], Awaitable[None]]
 MAX_ATTEMPTS = 3  # ENV-12
 MAX_WAIT_S = 30.0  # never sit in a turn longer than this for one retry
 RATE_LIMITED_STATUS = 429
+CEILING_SHARE = 0.9  # of the turn ceiling, what the attempts may use (the rest: context, sending the reply)
+MIN_ATTEMPT_TIMEOUT_S = 0.5
 # Gateway refusals that may pass with time; a policy denial or an exhausted budget will not.
 RETRYABLE_RPC_CODES = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.UPSTREAM_UNREACHABLE})
 
@@ -79,6 +87,26 @@ def backoff_s(attempt: int, base_s: float, retry_after: float | None = None) -> 
     return min(delay, MAX_WAIT_S)
 
 
+def attempt_timeout_s(
+    ceiling_s: float, *, attempts: int = MAX_ATTEMPTS, base_backoff_s: float = 1.0
+) -> float:
+    """Issue 19 #6 (ENV-12): the time one attempt may take so ``attempts`` attempts and the backoffs between
+    them fit in ``CEILING_SHARE`` of the turn ceiling (at least ``MIN_ATTEMPT_TIMEOUT_S``)."""
+    waits = sum(backoff_s(n, base_backoff_s) for n in range(1, attempts))
+    return max(MIN_ATTEMPT_TIMEOUT_S, (ceiling_s * CEILING_SHARE - waits) / attempts)
+
+
+async def _timed(attempt: Callable[[int], Awaitable[T]], n: int, timeout_s: float | None) -> T:
+    """One attempt inside its own time limit; running out is a failed attempt (issue 19 #6)."""
+    if timeout_s is None:
+        return await attempt(n)
+    try:
+        with anyio.fail_after(timeout_s):
+            return await attempt(n)
+    except TimeoutError:
+        raise ModelCallFailed(f"the model did not answer within {timeout_s:g} s") from None
+
+
 async def with_attempts(
     attempt: Callable[[int], Awaitable[T]],
     *,
@@ -91,7 +119,7 @@ async def with_attempts(
     failures: list[str] = []
     for n in range(1, max_attempts + 1):
         try:
-            result = await attempt(n)
+            result = await _timed(attempt, n, chooser.settings.attempt_timeout_s)
         except RpcError as exc:
             failure = as_attempt_failure(exc)
             if failure is None:

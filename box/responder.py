@@ -19,6 +19,7 @@ import anyio
 
 from box.attempts import ModelChooser
 from box.context import message_body
+from box.failures import classify, tagged
 from box.history import HistoryStore, Record
 from box.machine import TurnContext, TurnDeps, TurnInput, TurnMachine
 from box.memory import MemoryEngine, NoMemory
@@ -117,7 +118,8 @@ class Responder:
     @staticmethod
     def _result(ctx: TurnContext) -> DeliverResult:
         if ctx.outcome == "failed" or ctx.outcome is None:
-            return DeliverResult(outcome="failed", error=error_text(ctx.error))
+            # issue 19 #5: the kind leads the error, so the host says which failure it was
+            return DeliverResult(outcome="failed", error=tagged(classify(ctx.error), error_text(ctx.error)))
         ids = ctx.delivery.message_ids if ctx.outcome == "sent" and ctx.delivery is not None else []
         return DeliverResult(outcome=ctx.outcome, message_ids=ids[:100])
 

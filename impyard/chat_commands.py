@@ -1,10 +1,12 @@
 """The terminal chat's slash commands (issue 17): what a typed line asks for, and the help that lists them.
 
-Pure: ``parse`` takes the line and returns a ``Command``, or None for a message to send to the imp.
+Pure: ``parse`` takes the line and returns a ``Command``, or None for a message to send to the imp;
+``paste_message`` joins lines typed at once (a paste) into the one message they send (issue 19 #3).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_HISTORY_SHOWN = 20
@@ -74,3 +76,22 @@ def mode_answer(imp: str, args: tuple[str, ...]) -> str:
             "Set it on a Discord channel instead: impyard channel mode CHANNEL mention"
         )
     return "(impyard) the modes are all and mention (and the terminal always wakes the imp): /mode shows it"
+
+
+def paste_message(lines: Sequence[str], max_chars: int) -> tuple[str, int]:
+    """The message that ``lines[0]`` (a message line) starts when lines were typed at once (a paste, issue
+    19 #3): it and the message lines right after it, joined by newlines as a bracketed paste sends them, so a
+    pasted burst is one turn and one model call, not one per line. It ends before the first command, and
+    before the line that would take it past ``max_chars`` (a longer first line stays whole, as typed).
+    Returns the text and how many lines it took (at least one)."""
+    taken = [message_text(lines[0])]
+    size = len(taken[0])
+    for line in lines[1:]:
+        if parse(line) is not None:
+            break  # a command is done in its place, after the message before it
+        text = message_text(line)
+        if size + 1 + len(text) > max_chars:
+            break
+        taken.append(text)
+        size += 1 + len(text)
+    return "\n".join(taken), len(taken)

@@ -4,12 +4,17 @@ Two consoles with one surface: ``PromptConsole`` when stdin and stdout are a ter
 editing, recall, multi-line input, bracketed pastes of any length, a status line, output printed above the
 prompt), and ``PlainConsole`` for pipes and scripts (one message a line, no length cut, each turn awaited
 before the next line is read). Neither reads the text: the chat decides what a line means.
+
+Lines already typed when one is read (a paste into a terminal that does not bracket it) are handed over
+together by ``typed_ahead``, so the chat sends them as one message (issue 19 #3); a pipe's lines never are:
+a script's next line waits for the answer to the one before.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import sys
 from types import TracebackType
 from typing import Protocol, TextIO
@@ -53,6 +58,10 @@ class Console(Protocol):
 
     async def read(self) -> str | None:
         """The next message or command; None when the input ended (Ctrl-D, end of a pipe)."""
+
+    def typed_ahead(self) -> list[str]:
+        """Whole lines the person already typed after the one ``read`` returned (a paste), without waiting;
+        [] when none (or for a pipe: a script's lines are one message each)."""
 
     async def confirm(self, question: str) -> bool:
         """Ask a yes/no question; anything but yes is no."""
@@ -99,6 +108,15 @@ class LineReader:
             return None
         return line.decode("utf-8", errors="replace").rstrip("\r")
 
+    def ready_lines(self) -> list[str]:
+        """Every whole line that can be read now without waiting (a half-typed last line stays for later)."""
+        while not self._eof and select.select([self.fd], [], [], 0)[0]:
+            chunk = os.read(self.fd, 65536)  # readable: returns at once (a terminal gives a line a read)
+            self._eof = not chunk
+            self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [line.decode("utf-8", errors="replace").rstrip("\r") for line in lines]
+
 
 class PlainConsole:
     """One message a line; what was read is echoed after the prompt when stdin is not a terminal, so the
@@ -137,6 +155,11 @@ class PlainConsole:
             self.out.write(f"{line}\n" if line is not None else "\n")
             self.out.flush()
         return line
+
+    def typed_ahead(self) -> list[str]:
+        if self.echo:
+            return []  # a pipe: each line is its own message, answered before the next is read
+        return self.reader.ready_lines()  # a terminal: a paste arrived whole before its first line was read
 
     async def confirm(self, question: str) -> bool:
         self.out.write(f"{question} [y/N] ")
@@ -222,6 +245,11 @@ class PromptConsole:
             return None
         except KeyboardInterrupt:
             raise Interrupted() from None
+
+    def typed_ahead(self) -> list[str]:
+        # A paste arrives bracketed, as one message; keys typed during a turn queue behind it (the session
+        # takes them all as its next turn).
+        return []
 
     async def confirm(self, question: str) -> bool:
         asker: PromptSession[str] = PromptSession(style=self.style)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -26,8 +26,9 @@ from box.protocol.models import BoxInitParams, DeliverResult, Message, SessionIn
 from impyard.backends import BoxBackend
 from impyard.channels import ChannelStore
 from impyard.clock import Clock
+from impyard.failure_words import missed_line
 from impyard.framing import RecentAuthor, decide_framing
-from impyard.history import History
+from impyard.history import History, PendingWake
 from impyard.imps import ImpConfig, ImpStore
 
 # What surfaces import from here (a message as it is handed in lives in ``impyard.inbound``).
@@ -44,7 +45,7 @@ from impyard.inbound import (
 from impyard.memory.scopes import presence
 from impyard.memory.scopes import resolve as resolve_scopes
 from impyard.sessions import Delivery, SessionKey, SessionManager, SessionSettings, TurnHandle
-from impyard.surfaces import Surface
+from impyard.surfaces import Surface, surface_of
 from impyard.typing_indicator import TypingIndicator
 from impyard.wake import WakeFacts, decide_wake
 
@@ -186,10 +187,17 @@ class Conversations:
             )
         return Routed(handle.outcome, handle if handle.accepted else None)
 
-    async def recover(self) -> int:
-        """After a restart: answer woken messages that are still fresh; the stale ones were marked missed."""
+    async def recover(self, reaches: Collection[str] | None = None) -> int:
+        """After a restart: answer woken messages that are still fresh; the stale ones are marked missed and
+        mentioned to their person once (issue 19 #5), where this host's surface ``reaches`` (None: any)."""
+        before = await self.history.aio.unfinished()
+        fresh = await self.history.aio.triage()  # marks the stale ones missed: the next restart skips them
+        answered = {(wake.imp, wake.channel_id, wake.message.id) for wake in fresh}
+        await self._mention_missed(
+            [w for w in before if (w.imp, w.channel_id, w.message.id) not in answered], reaches
+        )
         resumed = 0
-        for wake in await self.history.aio.triage():
+        for wake in fresh:
             if wake.imp not in self.configs:
                 continue
             info = await self.channels.aio.info(wake.channel_id)
@@ -200,6 +208,23 @@ class Conversations:
             )
             resumed += 1
         return resumed
+
+    async def _mention_missed(self, missed: Sequence[PendingWake], reaches: Collection[str] | None) -> None:
+        """One notice per person and channel for messages marked missed just now (they were marked before
+        this, so a crash here mentions them at most once, never twice)."""
+        grouped: dict[tuple[str, str, str], list[PendingWake]] = {}
+        for wake in missed:
+            if wake.imp in self.configs:
+                grouped.setdefault((wake.imp, wake.channel_id, wake.message.author.id), []).append(wake)
+        for (imp, channel_id, _), wakes in grouped.items():
+            info = await self.channels.aio.info(channel_id)
+            if reaches is not None and surface_of(channel_id, info.surface if info else None) not in reaches:
+                continue  # another surface's channel: this host cannot post there
+            shared = info is not None and info.kind not in ("dm", "terminal")
+            name = wakes[0].message.author.name if shared else None
+            await self.notice(
+                SessionKey(imp, channel_id), missed_line([w.message.created_at for w in wakes], name)
+            )
 
     # ------------------------------------------------------------ the box's world
 

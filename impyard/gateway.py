@@ -68,6 +68,7 @@ from impyard.memory.service import MemoryService
 from impyard.policy import Policy
 from impyard.policy_models import Price, Rule
 from impyard.prices import PriceMissing, bound_output, estimate_micros, measured_micros, tier_multiplier
+from impyard.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
 from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
 from impyard.trust import ChannelTrust, EarnedTrust, TrustDecision, decide_trust
 
@@ -481,6 +482,10 @@ class Gateway:
                 ErrorCode.UPSTREAM_UNREACHABLE, NO_KEY_MESSAGE, {"reason": "no model key configured"}
             )
             return Decision("unreachable", rule.name, NO_KEY_MESSAGE, error, estimate_micros=estimate), plan
+        refused = precheck(params.purpose, self._reply_outlook(spec, params.purpose))  # issue 19 #3
+        if refused is not None:  # before the model's own meter counts a call that is not made
+            decision = Decision("rate_limited", refused.rule, refused.reason, refused.error)
+            return replace(decision, estimate_micros=estimate), plan
         limited = self._rate(rule, (spec.imp,), commit=commit)
         if limited is not None:
             return replace(limited, estimate_micros=estimate), plan
@@ -500,6 +505,21 @@ class Gateway:
             )
             return Decision("budget_exhausted", "budget", str(exc), error, estimate_micros=estimate), plan
         return Decision("allowed", rule.name, "allowed", estimate_micros=estimate), plan
+
+    def _reply_outlook(self, spec: BoxSpec, purpose: str) -> SendOutlook | None:
+        """What the send rule of a reply in the turn's own channel says now (nothing counted); None for a call
+        whose answer is not such a reply, or a send no rule allows (refused for that, not checked here)."""
+        if purpose not in PRECHECKED_PURPOSES:
+            return None
+        probe = reply_probe(spec.channel_id)
+        facts = discord_send_facts(spec.imp, spec.channel_id, probe, self.staff_channels.get(spec.imp, ()))
+        verdict = judge(facts, self.policy)
+        if not verdict.allowed or verdict.matched is None:
+            return None
+        rule = verdict.matched
+        limited = self._rate(rule, (spec.imp, probe.channel_id), commit=False)
+        retry_after = limited.error.data["retry_after"] if limited and limited.error else None
+        return SendOutlook(rule.name, rule.rate_per_minute, retry_after)
 
     async def _model_request(
         self, spec: BoxSpec, params: ModelRequestParams, record: AuditRecord

@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
+from box.attempts import attempt_timeout_s
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
 from impyard.toml_errors import line_of, syntax_error_line
@@ -669,6 +670,13 @@ class ImpConfig(_Strict):
         # and the staff channel its staff notes go to (ENV-03; the gateway still judges that send).
         responder["news"] = news
         responder["staff_channel"] = self.discord.staff_channel
+        # Issue 19 #6: a hung upstream gets ENV-12's three attempts inside the turn ceiling, not one.
+        responder["attempt_timeout_s"] = attempt_timeout_s(
+            self.sessions.turn_ceiling_s,
+            base_backoff_s=responder.get(
+                "retry_backoff_s", ResponderSettings.model_fields["retry_backoff_s"].default
+            ),
+        )
         return ImpSpec(
             name=self.name,
             persona=persona,

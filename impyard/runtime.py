@@ -95,7 +95,7 @@ async def open_runtime(
             runtime = Runtime(
                 host, host.db, host.gateway, conversations, sessions, host.channels, host.history, chosen
             )
-            resumed = await conversations.recover()
+            resumed = await conversations.recover(reaches=host.surfaces)  # missed ones mentioned once
             if resumed:
                 log.info("answering %d message(s) left unanswered by the last run", resumed)
             async with anyio.create_task_group() as tg:

@@ -41,6 +41,7 @@ from box.protocol.models import (
     TurnStageParams,
 )
 from impyard.backends import BoxBackend, BoxDied, BoxError, BoxHost, BoxSpec, BoxTimeout, RunningBox
+from impyard.failure_words import FALLBACK_WORDS, words_for
 
 log = logging.getLogger("impyard.sessions")
 
@@ -65,7 +66,7 @@ class SessionSettings:
     turn_ceiling_s: float = 120.0
     session_ceiling_s: float = 1800.0
     queue_limit: int = 50  # the mailbox's buffer: messages waiting behind the one being taken
-    failure_notice: str | None = "Sorry — I couldn't answer that just now."
+    failure_notice: str | None = FALLBACK_WORDS  # for a failure of no known kind (issue 19 #5)
 
 
 @dataclass(frozen=True)
@@ -521,7 +522,9 @@ class SessionManager:
                 except Exception:  # noqa: BLE001 - the typing indicator is cosmetic; the outcome is not
                     log.exception("ending the turn's indicators in %s failed", key)
         if notice is None and result.outcome == "failed" and params.framing.mode == "respond":
-            notice = session.settings.failure_notice
+            fallback = session.settings.failure_notice
+            # issue 19 #5: which failure, in one line; an empty failure_notice still posts nothing
+            notice = words_for(result.error, fallback) if fallback else None
         session.in_turn = []
         await self._finish(session, batch, result)
         if notice:

@@ -20,6 +20,7 @@ import getpass
 import logging
 import signal
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -34,11 +35,11 @@ from box.protocol.models import Author, DeliverResult, Message
 from impyard.backends import BoxBackend
 from impyard.backends.conduct import printable
 from impyard.backends.process import NO_LOCKDOWN_WARNING
-from impyard.chat_commands import help_text, history_count, mode_answer, parse
-from impyard.chat_commands import message_text as typed_message
+from impyard.chat_commands import help_text, history_count, mode_answer, parse, paste_message
 from impyard.chat_console import Console, Interrupted, open_console
 from impyard.clock import Clock, SystemClock
 from impyard.conversation import Routed
+from impyard.failure_words import FAILURE_WORDS
 from impyard.inbound import MAX_TERMINAL_CHARS, Inbound
 from impyard.memory.departures import depart_now, wait_finished
 from impyard.runtime import Runtime, open_runtime
@@ -121,13 +122,14 @@ class Chat:
         self.turn_ceiling_s = runtime.conversations.settings_for(imp).turn_ceiling_s
         self.running = 0  # turns this chat waits on
         self._explained: DeliverResult | None = None  # a batch's one result, said once
+        self.typed: deque[str] = deque()  # lines typed ahead (a paste), not yet handled
 
     async def run(self) -> None:
         """Until /quit or the end of input, then the running turn's answer; Ctrl-C stops at once."""
         async with anyio.create_task_group() as turns:  # one task per turn this chat still explains
             while True:
                 try:
-                    line = await self.console.read()
+                    line = await self.next_line()
                 except Interrupted:
                     self.console.say("(impyard) stopping…")
                     turns.cancel_scope.cancel()  # running turns get their deadline as the runtime closes
@@ -139,13 +141,26 @@ class Chat:
                 self.console.say(f"(impyard) waiting for {self.imp}'s turn to end (Ctrl-C stops at once)…")
             turns.cancel_scope.deadline = anyio.current_time() + self.turn_ceiling_s + SHUTDOWN_WAIT_S
 
+    async def next_line(self) -> str | None:
+        """The next line to handle: one typed ahead first, else one read (with what was typed after it)."""
+        if self.typed:
+            return self.typed.popleft()
+        line = await self.console.read()
+        if line is not None:
+            self.typed.extend(self.console.typed_ahead())
+        return line
+
     async def handle(self, line: str, turns: TaskGroup) -> bool:
-        """One line; False when it asks to leave."""
+        """One line; False when it asks to leave. A message takes the message lines typed after it along
+        (a paste: one message, one turn, one model call; issue 19 #3)."""
         if not line.strip():
             return True
         command = parse(line)
         if command is None:
-            await self.send(typed_message(line), turns)
+            text, taken = paste_message([line, *self.typed], MAX_TERMINAL_CHARS)
+            for _ in range(taken - 1):
+                self.typed.popleft()
+            await self.send(text, turns)
             return True
         if command.name == "/quit":
             return False
@@ -197,6 +212,14 @@ class Chat:
         finally:
             self.running -= 1
 
+    async def confirm(self, question: str) -> bool:
+        """The console's yes/no, or the line typed ahead after the command (pasted along with it)."""
+        if not self.typed:
+            return await self.console.confirm(question)
+        answer = self.typed.popleft()
+        self.console.say(f"{question} [y/N] {shown(answer)}")
+        return answer.strip().lower() in ("y", "yes")
+
     async def depart(self, departures: Supervisor) -> None:
         """Mechanism 103: the person left, so a memory imp thinks the conversation over now, in a ``depart``
         task run by the chat's departures loop. Bounded by the task's ceiling; Ctrl-C leaves it queued."""
@@ -241,7 +264,7 @@ class Chat:
             f"Forget the {count} messages of this conversation ({self.channel_id})? This cannot be undone; "
             f"what {self.imp} remembers is kept."
         )
-        if not await self.console.confirm(question):
+        if not await self.confirm(question):
             self.console.say("(impyard) kept the history")
             return
         removed = await self.runtime.history.aio.clear(self.channel_id)
@@ -289,7 +312,8 @@ async def run_chat(
             ) as departing,
         ):  # fmt: skip
             failure_notice = runtime.conversations.settings_for(imp).failure_notice
-            surface.skip_notices = frozenset({failure_notice} if failure_notice else ())
+            # issue 19 #5: the turn's outcome line says which failure, with its detail: one line, not two
+            surface.skip_notices = frozenset({failure_notice, *FAILURE_WORDS} if failure_notice else ())
             chosen = runtime.backends[imp].name
             if chosen == "process":
                 console.say(f"\n!!! {NO_LOCKDOWN_WARNING}\n")

@@ -9,6 +9,7 @@ import re
 
 from box.protocol.models import DeliverResult
 from impyard.conversation import RouteOutcome
+from impyard.failure_words import detail_of
 
 MAX_REASON_CHARS = 300  # a failed turn's reason stays one line of a terminal, give or take a wrap
 
@@ -43,7 +44,7 @@ def stage_line(imp: str, stage: str | None, queued: int = 0) -> str | None:
 
 def reason(error: str | None) -> str:
     """A failed turn's error as one line: no error code, no repeats of the same cause, bounded."""
-    text = _RPC_CODE.sub("", _SPACE.sub(" ", error or "").strip()) or "unknown failure"
+    text = _RPC_CODE.sub("", _SPACE.sub(" ", detail_of(error)).strip()) or "unknown failure"  # no [kind] tag
     kept: list[str] = []
     for part in text.split("; "):  # "no usable answer after 3 attempts: X; X; X" says X once
         if not any(seen == part or seen.endswith(f": {part}") for seen in kept):

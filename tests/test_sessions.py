@@ -15,6 +15,7 @@ from box.protocol.memory import PresenceEntry
 from box.protocol.models import Author, BoxInitParams, DeliverResult, Framing, Message, TurnStageParams
 from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
+from impyard.failure_words import WORDS
 from impyard.sessions import (
     BUSY_NOTICE,
     CEILING_NOTICE,
@@ -287,7 +288,8 @@ async def test_a_failed_turn_in_respond_framing_gets_a_notice(tmp_path: Path) ->
     async with manager(tmp_path, host, recorder, SessionSettings(failure_notice="sorry!")) as sessions:
         sessions.deliver(delivery(1))
         await recorder.until(lambda: recorder.notices)
-    assert recorder.notices == ["sorry!"] and recorder.outcomes[0][1].outcome == "failed"
+    # issue 19 #5: an unusable answer has its own words; "sorry!" is for a failure of no known kind
+    assert recorder.notices == [WORDS["bad_answer"]] and recorder.outcomes[0][1].outcome == "failed"
 
 
 async def test_shutdown_kills_every_box(tmp_path: Path) -> None:

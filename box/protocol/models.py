@@ -61,6 +61,10 @@ class ResponderSettings(FromHost):
     )
     staff_channel: Id | None = None  # ENV-03: where staff notes and hack alerts go
     retry_backoff_s: float = Field(default=1.0, ge=0, le=60)  # ENV-12: first backoff; doubles per attempt
+    # Issue 19 #6: how long one model attempt may take; the host derives it from the turn ceiling and
+    # ENV-12's attempt count (box.attempts.attempt_timeout_s); the default is its value for the default
+    # 120 s turn ceiling (tests/test_faults_settings.py holds the two together). None: no limit of its own.
+    attempt_timeout_s: float | None = Field(default=35.0, gt=0, le=3600)
     image_model: ModelName = "gpt-image-1"
     image_size: Annotated[str, Field(max_length=16)] = "1024x1024"
     image_quality: Annotated[str, Field(max_length=16)] = "low"  # small images fit one protocol line

@@ -46,12 +46,13 @@ from anyio.abc import TaskGroup
 from box.protocol import RpcError
 from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskSpec
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
+from impyard.backends.docker import DockerBackend
 from impyard.backends.process import ProcessBackend
 from impyard.clock import Clock, iso
 from impyard.db import Database
 from impyard.gate_pump import GatePump
 from impyard.gateway import Gateway
-from impyard.imps import ImpConfig, ImpError, ImpStore
+from impyard.imps import ImpConfig, ImpConfigError, ImpError, ImpStore
 from impyard.ledger import seconds_to_next_day
 from impyard.memory.compact import compact
 from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
@@ -63,7 +64,13 @@ from impyard.schedules import ScheduleStore
 from impyard.sessions import describe_error
 from impyard.supervisor.backends import BackendFor
 from impyard.supervisor.budget import budget_wait
-from impyard.supervisor.orphans import remove_orphan_box
+from impyard.supervisor.held import blocked_reason
+from impyard.supervisor.orphans import (
+    SWEEP_WINDOW,
+    remove_orphan_box,
+    sweep_docker_boxes,
+    sweep_process_boxes,
+)
 from impyard.supervisor.settings import READY_BATCH, STALE_RUN_MARGIN_S, SupervisorSettings
 from impyard.tasks import (
     RunEnd,
@@ -150,7 +157,32 @@ class Supervisor:
                 reclaimed.append(done)
         if reclaimed:
             log.warning("reclaimed %d task(s) left running by a supervisor that stopped", len(reclaimed))
+        if self.settings.kinds is None and self.settings.imps is None:
+            await self.sweep()
         return reclaimed
+
+    async def sweep(self) -> int:
+        """Issue 19 #4: remove every task box of this home that no running task owns, whatever its task's
+        state (a box that outlived its task's end, a run requeued without its box killed). Only the supervisor
+        of every kind sweeps, at start: nothing runs under it yet, and the runs of tasks still ``running``
+        (claimed by a kinds-limited supervisor since) keep their boxes. Returns how many were removed."""
+        live = {task.run_id for task in await self.db.run(self.tasks.running) if task.run_id}
+        since = self.clock.now() - SWEEP_WINDOW
+        runs = await self.db.run(self.tasks.box_runs_since, since)
+        state_dirs = {imp: self.imps.state_dir(imp) for _, imp, _ in runs}
+        killed = await anyio.to_thread.run_sync(sweep_process_boxes, runs, live, state_dirs)
+        dockers: dict[int, DockerBackend] = {}
+        for imp in await anyio.to_thread.run_sync(self.imps.names):
+            try:
+                backend = await anyio.to_thread.run_sync(self.backend_for, imp)
+            except (ImpError, BoxError):
+                continue  # no backend to look in: its boxes, if any, are reported by the next start that has one
+            if isinstance(backend, DockerBackend):
+                dockers.setdefault(id(backend), backend)
+        removed = await sweep_docker_boxes(dockers.values(), live)
+        if killed or removed:
+            log.warning("swept %d leftover box(es) of this home", killed + removed)
+        return killed + removed
 
     # ------------------------------------------------------------ one tick
 
@@ -245,6 +277,9 @@ class Supervisor:
                 continue
             try:
                 config = await anyio.to_thread.run_sync(self.imps.get, task.imp)
+            except ImpConfigError as exc:  # issue 19 #6: a typo holds the imp's tasks, never fails them
+                await self._hold(task, exc)
+                continue
             except ImpError as exc:
                 await self.db.run(self.tasks.fail, task.id, f"cannot run: {str(exc).splitlines()[0][:300]}")
                 continue
@@ -262,6 +297,9 @@ class Supervisor:
                 continue
             try:
                 backend = await anyio.to_thread.run_sync(self.backend_for, task.imp)
+            except ImpConfigError as exc:  # issue 19 #6: broken since it was read a moment ago
+                await self._hold(task, exc)
+                continue
             except (BoxError, ImpError) as exc:
                 await self.db.run(self.tasks.fail, task.id, f"cannot start a box: {str(exc)[:300]}")
                 continue
@@ -273,6 +311,12 @@ class Supervisor:
             self.peak_running = max(self.peak_running, len(self.running))
             free -= 1
             tg.start_soon(self._run_task, handle, backend, config, name=f"task {claimed.id}")
+
+    async def _hold(self, task: Task, error: ImpConfigError) -> None:
+        """Issue 19 #6: block ``task`` while its imp.toml is broken; it is looked at again every
+        ``blocked_recheck_s`` and runs once the file is fixed (its tries untouched)."""
+        until = self.clock.now() + timedelta(seconds=self.settings.blocked_recheck_s)
+        await self.db.run(self.tasks.hold, task.id, until, blocked_reason(error))
 
     # ------------------------------------------------------------ one task
 

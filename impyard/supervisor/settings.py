@@ -20,6 +20,7 @@ DEPARTURES_ONLY = frozenset({"depart"})  # the kinds of the supervisor `impyard 
 MEMORY_TICK_S = 30.0  # how often the memory clock ticks every memory imp (mechanisms 104-107)
 MIN_MEMORY_TICK_S = 1.0
 MAX_MEMORY_TICK_S = 600.0  # the clock's timers are 600 s: a slower tick would blur them
+BLOCKED_RECHECK_S = 5.0  # issue 19 #6: a task held for a broken imp.toml looks at the file again this often
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class SupervisorSettings:
     # The memory clock (impyard.memory.wakefulness) ticks every memory imp this often; only the supervisor
     # of every kind runs it (kinds None), never the departures loop of `chat` and `serve`.
     memory_tick_s: float = MEMORY_TICK_S
+    # A task whose imp.toml is broken is held (issue 19 #6) and looked at again this often.
+    blocked_recheck_s: float = BLOCKED_RECHECK_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
@@ -56,6 +59,8 @@ class SupervisorSettings:
             raise ValueError("departure_scan_s must be more than 0")
         if self.imps is not None and not self.imps:
             raise ValueError("imps must name at least one imp (None: every imp)")
+        if self.blocked_recheck_s <= 0:
+            raise ValueError("blocked_recheck_s must be more than 0")
         if not MIN_MEMORY_TICK_S <= self.memory_tick_s <= MAX_MEMORY_TICK_S:
             raise ValueError(
                 f"memory_tick_s must be from {MIN_MEMORY_TICK_S:g} to {MAX_MEMORY_TICK_S:g} s (got {self.memory_tick_s:g})"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from impyard.durations import format_duration
+from impyard.failure_words import task_failure
 from impyard.gates import OPEN_STATES
 from impyard.tasks.states import TaskState
 
@@ -96,7 +97,8 @@ def attest(end: RunEnd, facts: RunFacts) -> Attestation:
         return Attestation("needs_review", f"{gated.outcome} ({seen})")
     if end.box_outcome == "failed":
         return Attestation(
-            "failed", f"the box reported failure: {end.box_summary[:200] or 'no reason given'} ({seen})"
+            "failed",
+            f"the box reported failure: {task_failure(end.box_summary)[:300]} ({seen})",  # issue 19 #5
         )
     if end.box_outcome == "pending" and gated is None:
         return Attestation(

@@ -334,6 +334,29 @@ class TaskStore(Store):
         log_transition(task.id, task.imp, "queued", "queued", until=iso(until), reason=reason)
         return task
 
+    def hold(self, task_id: str, until: datetime, reason: str) -> Task | None:
+        """A queued task is blocked until ``until`` (issue 19 #6: its imp.toml is broken): it keeps its tries
+        and its deferrals, shows ``reason`` as its outcome, and is looked at again then."""
+        cursor = self.db.execute(
+            """UPDATE tasks SET not_before = ?, outcome = ?, updated_at = ? WHERE id = ? AND state = 'queued'""",
+            (iso(until), reason, iso(self.clock.now()), task_id),
+        )
+        if cursor.rowcount != 1:
+            return None
+        task = self.get(task_id)
+        log_transition(task.id, task.imp, "queued", "queued", until=iso(until), reason=reason)
+        return task
+
+    def box_runs_since(self, since: datetime) -> list[tuple[str, str, int]]:
+        """``(run_id, imp, box_pid)`` of every run started since ``since`` that recorded a process box
+        (issue 19 #4: what a restarted supervisor sweeps)."""
+        rows = self.db.query(
+            """SELECT r.run_id, t.imp, r.box_pid FROM task_runs r JOIN tasks t ON t.id = r.task_id
+               WHERE r.box_pid IS NOT NULL AND r.started_at >= ? ORDER BY r.started_at""",
+            (iso(since),),
+        )
+        return [(row["run_id"], row["imp"], int(row["box_pid"])) for row in rows]
+
     def fail(self, task_id: str, reason: str) -> Task | None:
         """queued → failed before any box ran (e.g. the imp was removed)."""
         now = iso(self.clock.now())

@@ -1,0 +1,117 @@
+"""What kind of failure ended a turn, said to the host as a short tag on ``DeliverResult.error`` (issue 19 #5).
+
+The protocol keeps its field: a failed turn's ``error`` (and a failed task's ``summary``) starts with
+``[kind] `` and goes on with the detail for logs, e.g. ``[rate_limited] no usable answer after 3 attempts:
+model returned HTTP 429``. The host reads the tag (``impyard.failure_words``) to tell the person, in one line,
+which failure it was; an untagged or unknown tag reads as ``unknown``. ``classify`` is a pure rule on the
+exception the turn machine caught: its class, its protocol error code, and for ``ModelExhausted`` the last
+attempt's cause, found by the words ``box.model``, ``box.attempts`` and the gateway write.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from typing import Final, Literal, get_args
+
+from box.attempts import ModelExhausted
+from box.machine import SendFailed
+from box.model import ModelCallFailed
+from box.protocol import ErrorCode, RpcError
+
+FailureKind = Literal[
+    "rate_limited",  # HTTP 429 from the model, or the gateway's rate limit on model calls
+    "upstream",  # the model API answered with an error (HTTP 5xx and the like)
+    "timeout",  # the model API did not answer in time (a hung model)
+    "unreachable",  # the model API could not be reached (network, no key configured)
+    "denied",  # a policy rule denied the request
+    "budget",  # a budget window is exhausted
+    "send_limited",  # the reply was refused by a send rate limit
+    "store",  # a disk or database write failed (full, read-only)
+    "bad_answer",  # the model answered, but never with something usable
+    "host",  # the host's gateway failed on the request
+    "unknown",
+]
+KINDS: Final[frozenset[str]] = frozenset(get_args(FailureKind))
+
+TAG = re.compile(r"^\[([a-z_]{1,20})\] ?")  # the prefix on DeliverResult.error / TaskRunResult.summary
+
+# The last attempt's cause inside ModelExhausted's message: the words box.model and the gateway write.
+_ATTEMPT_CAUSES: Final[tuple[tuple[re.Pattern[str], FailureKind], ...]] = (
+    (re.compile(r"model returned HTTP 429"), "rate_limited"),
+    (re.compile(r"rate limited by rule"), "rate_limited"),
+    (re.compile(r"model returned HTTP \d{3}"), "upstream"),
+    (re.compile(r"did not answer within|timed out|timeout", re.IGNORECASE), "timeout"),
+    (re.compile(r"model API unreachable|no model key"), "unreachable"),
+)
+_DISK_WORDS = ("disk is full", "disk full", "read-only", "readonly", "no space left", "disk i/o error")
+
+
+def last_attempt_kind(text: str) -> FailureKind:
+    """The kind of the last failed attempt named in ``text`` (the causes are joined oldest first)."""
+    found: tuple[int, FailureKind] | None = None
+    for pattern, kind in _ATTEMPT_CAUSES:
+        for match in pattern.finditer(text):
+            if found is None or match.start() > found[0]:
+                found = (match.start(), kind)
+    return found[1] if found is not None else "bad_answer"  # an answer came, but none was usable (ENV-18)
+
+
+def _rpc_kind(code: int, *, sending: bool = False) -> FailureKind:
+    if code == ErrorCode.DENIED:
+        return "denied"
+    if code == ErrorCode.BUDGET_EXHAUSTED:
+        return "budget"
+    if code == ErrorCode.RATE_LIMITED:
+        return "send_limited" if sending else "rate_limited"
+    if code == ErrorCode.UPSTREAM_UNREACHABLE:
+        return "unreachable"
+    if code == ErrorCode.INTERNAL_ERROR:
+        return "host"
+    return "unknown"
+
+
+def classify(error: BaseException | None) -> FailureKind:
+    """The kind of failure ``error`` is (issue 19 #5); ``unknown`` when nothing tells."""
+    if error is None:
+        return "unknown"
+    if isinstance(error, SendFailed):
+        cause = error.__cause__
+        return _rpc_kind(cause.code, sending=True) if isinstance(cause, RpcError) else "unknown"
+    if isinstance(error, RpcError):
+        data = error.data if isinstance(error.data, dict) else {}
+        if error.code == ErrorCode.DENIED and data.get("kind") == "send_limited":
+            return "send_limited"  # issue 19 #3: refused before the model was paid, the reply would be over a send limit
+        kind = _rpc_kind(error.code)
+        return last_attempt_kind(error.message) if kind == "unreachable" else kind
+    if isinstance(error, ModelExhausted):
+        return last_attempt_kind(str(error))
+    if isinstance(error, ModelCallFailed):
+        if error.status == 429:
+            return "rate_limited"
+        return "upstream" if error.status is not None else last_attempt_kind(str(error))
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if isinstance(error, OSError | sqlite3.Error):
+        text = str(error).lower()
+        if isinstance(error, OSError) and error.errno is not None:
+            return "store"  # a failed write or read of the box's state (ENOSPC, EROFS, EIO, ...)
+        return "store" if any(words in text for words in _DISK_WORDS) else "unknown"
+    return "unknown"
+
+
+def tagged(kind: FailureKind, detail: str) -> str:
+    """``[kind] detail``: what the box puts in a failed turn's ``error``."""
+    return f"[{kind}] {detail}"
+
+
+def split_tag(error: str | None) -> tuple[FailureKind, str]:
+    """The tag and the detail of an ``error`` / ``summary``; an untagged text or a tag not known is ``unknown``
+    (the text is a box's: only a known kind is believed, and the detail is never shown as the host's words)."""
+    text = error or ""
+    match = TAG.match(text)
+    if match is None:
+        return "unknown", text
+    kind = match.group(1)
+    detail = text[match.end() :]
+    return (kind, detail) if kind in KINDS else ("unknown", detail)  # type: ignore[return-value]
