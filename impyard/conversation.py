@@ -11,6 +11,7 @@ framing travels as structured fields.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from box.protocol.models import BoxInitParams, DeliverResult, Message, SessionIn
 from impyard.backends import BoxBackend
 from impyard.channels import ChannelStore
 from impyard.clock import Clock
+from impyard.db import DatabaseError
 from impyard.failure_words import missed_line
 from impyard.framing import RecentAuthor, decide_framing
 from impyard.history import History, PendingWake
@@ -66,7 +68,7 @@ __all__ = [
 log = logging.getLogger("impyard.conversation")
 RECENTLY_FINISHED = 1_000  # finished message ids remembered for a ``wait_finished`` that asks after the fact
 
-RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refused"]
+RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refused", "unsaved"]
 
 
 @dataclass(frozen=True)
@@ -125,14 +127,19 @@ class Conversations:
         if not content and not attachments:
             return Routed("ignored")
         message = message.model_copy(update={"content": content, "attachments": attachments})
-        channel = await self.channels.aio.seen(
-            inbound.channel_id,
-            surface=inbound.surface,
-            kind=inbound.channel_kind,
-            name=inbound.channel_name,
-            guild_id=inbound.guild_id,
-        )
-        await self.history.aio.record(inbound.channel_id, message)  # before routing, woken or not
+        try:
+            channel = await self.channels.aio.seen(
+                inbound.channel_id,
+                surface=inbound.surface,
+                kind=inbound.channel_kind,
+                name=inbound.channel_name,
+                guild_id=inbound.guild_id,
+            )
+            await self.history.aio.record(inbound.channel_id, message)  # before routing, woken or not
+        except (sqlite3.Error, DatabaseError, OSError) as exc:
+            # Issue 19 #1: persisted before routing, or refused in so many words — never half-kept, never a crash.
+            log.warning("could not keep message %s in %s: %s", message.id, inbound.channel_id, exc)
+            return Routed("unsaved")
         decision = decide_wake(
             WakeFacts(
                 is_dm=inbound.channel_kind in ("dm", "terminal"),
@@ -145,7 +152,11 @@ class Conversations:
         )
         if not decision.wake:
             return Routed("ambient")
-        await self.history.aio.record_wake(imp, inbound.channel_id, message.id)
+        try:
+            await self.history.aio.record_wake(imp, inbound.channel_id, message.id)
+        except (sqlite3.Error, DatabaseError, OSError) as exc:  # kept in the history, explicitly not answered
+            log.warning("could not wake %s for %s in %s: %s", imp, message.id, inbound.channel_id, exc)
+            return Routed("unsaved")
         return await self._to_session(
             imp, inbound.channel_id, inbound.channel_kind, message, addressed=decision.addressed
         )
@@ -193,9 +204,13 @@ class Conversations:
         before = await self.history.aio.unfinished()
         fresh = await self.history.aio.triage()  # marks the stale ones missed: the next restart skips them
         answered = {(wake.imp, wake.channel_id, wake.message.id) for wake in fresh}
-        await self._mention_missed(
-            [w for w in before if (w.imp, w.channel_id, w.message.id) not in answered], reaches
-        )
+        missed = [
+            w
+            for w in before
+            if (w.imp, w.channel_id, w.message.id) not in answered
+            and await self.history.aio.outcome(w.imp, w.channel_id, w.message.id) == "missed"
+        ]  # not those answered before the restart whose outcome was lost (issue 19 #2): triage marked them sent
+        await self._mention_missed(missed, reaches)
         resumed = 0
         for wake in fresh:
             if wake.imp not in self.configs:
@@ -281,15 +296,20 @@ class Conversations:
     # ------------------------------------------------------------ SessionEvents
 
     async def turn_finished(self, key: SessionKey, batch: Sequence[Delivery], result: DeliverResult) -> None:
+        """Record the outcome, then wake whoever waits for these messages' turn — on every path (issue 19 #2):
+        an outcome that cannot be written (a full disk) is raised for the session to log, but a waiter (the
+        terminal, the Discord yard) is never left waiting out its timeout for a turn that has ended."""
         ids = [delivery.message.id for delivery in batch]
-        await self.history.aio.finish(key.imp, key.channel_id, ids, result.outcome, result.error)
-        for message_id in ids:
-            self._recently_finished.append(
-                message_id
-            )  # bounded: a host nobody waits on keeps only the last few
-            waiter = self._waiters.pop(message_id, None)
-            if waiter is not None:
-                waiter.set()
+        try:
+            await self.history.aio.finish(key.imp, key.channel_id, ids, result.outcome, result.error)
+        finally:
+            for message_id in ids:
+                self._recently_finished.append(
+                    message_id
+                )  # bounded: a host nobody waits on keeps the last few
+                waiter = self._waiters.pop(message_id, None)
+                if waiter is not None:
+                    waiter.set()
 
     async def wait_finished(self, message_id: str) -> None:
         """Until the turn that answers this message has ended, for a caller that knows only its id (the Discord

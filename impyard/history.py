@@ -289,6 +289,18 @@ class History(Store):
 
     # ------------------------------------------------------------ recovery
 
+    def replied(self, imp: str, channel_id: str, message_id: str) -> bool:
+        """Whether ``imp``'s reply to that message is in the channel's history."""
+        row = (
+            self.db.connection()
+            .execute(
+                "SELECT 1 FROM history WHERE channel_id = ? AND from_imp = ? AND reply_to_id = ? LIMIT 1",
+                (channel_id, imp, message_id),
+            )
+            .fetchone()
+        )
+        return row is not None
+
     def unfinished(self, imp: str | None = None) -> list[PendingWake]:
         """Woken messages that never got an outcome (the supervisor stopped or crashed)."""
         query = (
@@ -310,11 +322,21 @@ class History(Store):
         return pending
 
     def triage(self, imp: str | None = None, fresh: timedelta = RECOVERY_FRESH) -> list[PendingWake]:
-        """Mark stale unfinished wakes ``missed``; return the fresh ones, to be answered now."""
+        """Mark stale unfinished wakes ``missed``; return the fresh ones, to be answered now.
+
+        A wake the imp had already answered — its reply to that message is in the history — whose outcome write
+        was lost (a full disk, a crash between the two) is marked ``sent`` and never answered again (issue 19 #2).
+        """
         now = self.clock.now()
         fresh_ones: list[PendingWake] = []
         stale: list[PendingWake] = []
         for wake in self.unfinished(imp):
+            if self.replied(wake.imp, wake.channel_id, wake.message.id):
+                self.finish(
+                    wake.imp, wake.channel_id, [wake.message.id], "sent",
+                    "answered before a restart; its outcome was not recorded then",
+                )  # fmt: skip
+                continue
             (fresh_ones if now - wake.message.created_at <= fresh else stale).append(wake)
         for wake in stale:
             self.finish(

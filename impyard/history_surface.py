@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from box.protocol.models import Author, Message
+from box.protocol.models import Author, Message, ReplyRef
 from impyard.clock import Clock
 from impyard.history import History
 from impyard.surfaces import Surface
@@ -52,8 +52,8 @@ class HistorySurface:
         if kind in ("reply", "other") and ids and imp:
             message = Message(
                 id=ids[0], author=Author(id=self.imp_user_id(imp), name=imp, bot=True), content=content,
-                created_at=self.clock.now(),
-            )  # fmt: skip
+                created_at=self.clock.now(), reply_to=ReplyRef(id=reply_to) if reply_to else None,
+            )  # fmt: skip  # the message it answers: recovery never answers it twice (issue 19 #2)
             await self.history.aio.record(channel_id, message, from_imp=imp)
         return ids
 

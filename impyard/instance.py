@@ -31,6 +31,16 @@ class AlreadyRunning(ImpyardError):
         self.role = role
 
 
+class HomeNotWritable(ImpyardError):
+    """IMPYARD_HOME cannot be written (a full disk, a read-only mount, a file where the directory should be)."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(
+            f"impyard can't write its home {path.parent}: {exc.strerror or exc} — free space, fix the "
+            "permissions or the mount, or set IMPYARD_HOME to a writable directory, and try again"
+        )
+
+
 class InstanceLock:
     """``with InstanceLock(home, 'chat'):`` — released on every exit path, and by the kernel if we die."""
 
@@ -40,8 +50,11 @@ class InstanceLock:
         self._fd: int | None = None
 
     def __enter__(self) -> InstanceLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # issue 19 #1: one line, never a traceback
+            raise HomeNotWritable(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -50,8 +63,13 @@ class InstanceLock:
             raise AlreadyRunning(
                 self.path, holder[0] if holder else "", holder[1] if len(holder) > 1 else ""
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
+        except OSError as exc:  # a full disk: the lock is held, but its holder cannot be written
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise HomeNotWritable(self.path, exc) from None
         self._fd = fd
         return self
 

@@ -73,5 +73,9 @@ def route_line(imp: str, outcome: RouteOutcome) -> str | None:
         "queued": f"(queued: {imp} reads it when the current turn ends)",
         "busy": f"(impyard) {imp} is too busy; that message will go unanswered",
         "refused": "(impyard) not sent: the chat is stopping",
+        "unsaved": (
+            "(impyard) not sent: impyard can't write its database (disk full or read-only) — free space and"
+            " send it again"
+        ),
         "ignored": "(impyard) not sent: the message has no printable text",
     }.get(outcome)

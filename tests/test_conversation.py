@@ -403,3 +403,51 @@ async def test_the_terminal_awaits_its_messages_turn_through_the_handle(
     assert [sent.content for sent in surface.sent] == ["hello there"]
     ignored = await rt.conversations.route("pip", inbound(message(2, "   ", clock=clock), kind="dm"))
     assert (ignored.outcome, ignored.turn, await ignored.finished()) == ("ignored", None, None)
+
+
+async def test_a_turn_whose_outcome_cannot_be_written_still_ends_for_its_waiters(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
+) -> None:
+    """Issue 19 #2: the outcome write fails (a full disk); whoever waits for the turn learns at once that it
+    ended, instead of waiting out the turn ceiling + 15 s, and the failure is raised for the session to log."""
+    import sqlite3
+
+    rt, surface = runtime
+    history = rt.conversations.history
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    history.finish = disk_full  # type: ignore[method-assign]
+    assert await rt.conversations.receive("pip", inbound(message(1, clock=clock))) == "started"
+    with anyio.fail_after(10):  # far below the 120 s ceiling + 15 s the waiter used to sit out
+        await rt.conversations.wait_finished("m1")
+    assert [sent.content for sent in surface.sent] == ["hello there"]  # the reply went out once
+    del history.finish  # the disk has room again; the host restarts and recovers
+    assert await rt.conversations.recover() == 0  # the reply is in the history: it is not answered twice
+    assert [sent.content for sent in surface.sent] == ["hello there"]
+    assert history.outcome("pip", CHANNEL, "m1") == "sent"
+
+
+async def test_a_message_that_cannot_be_kept_is_refused_in_so_many_words_and_the_host_goes_on(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
+) -> None:
+    """Issue 19 #1: the disk is full when a message arrives. It is not half-kept and nothing crashes: the route
+    says ``unsaved`` (the terminal prints that it was not sent; Discord tells the person), no box is started, and
+    once the disk has room the next message is answered as usual."""
+    import sqlite3
+
+    rt, surface = runtime
+    history = rt.conversations.history
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    history.record = disk_full  # type: ignore[method-assign]
+    routed = await rt.conversations.route("pip", inbound(message(1, clock=clock), kind="dm"))
+    assert (routed.outcome, routed.turn) == ("unsaved", None)
+    assert history.get(CHANNEL, "m1") is None and surface.sent == []
+    del history.record
+    assert await rt.conversations.receive("pip", inbound(message(2, clock=clock), kind="dm")) == "started"
+    await answered(rt, "m2")
+    assert [sent.content for sent in surface.sent] == ["hello there"]

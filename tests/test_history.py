@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from box.protocol.models import Author, Message
+from box.protocol.models import Author, Message, ReplyRef
 from impyard.clock import FixedClock
 from impyard.db import open_database
 from impyard.history import History
@@ -87,3 +87,20 @@ def test_a_bad_retention_setting_is_a_clear_error(raw: str) -> None:
 
     with pytest.raises(ValueError, match="IMPYARD_HISTORY_RETENTION"):
         retention_from_env({"IMPYARD_HISTORY_RETENTION": raw})
+
+
+def test_triage_never_answers_again_a_message_the_imp_had_answered(tmp_path: Path, clock: FixedClock) -> None:
+    """Issue 19 #2: the reply went out (it is in the history, answering the message) but the outcome write was
+    lost: recovery marks the wake sent and does not answer it a second time. Another imp's reply does not count."""
+    history = History(open_database(tmp_path / "db"), clock)
+    for n in (1, 2):
+        history.record("a", msg(n, clock))
+        history.record_wake("pip", "a", f"m{n}")
+    reply = Message(id="r1", author=Author(id="pip-bot", name="pip", bot=True), content="hello",
+                    created_at=clock.now() + timedelta(seconds=3), reply_to=ReplyRef(id="m1"))  # fmt: skip
+    history.record("a", reply, from_imp="pip")
+    other = Message(id="r2", author=Author(id="bee-bot", name="bee", bot=True), content="hi",
+                    created_at=clock.now() + timedelta(seconds=4), reply_to=ReplyRef(id="m2"))  # fmt: skip
+    history.record("a", other, from_imp="bee")
+    assert [wake.message.id for wake in history.triage()] == ["m2"]
+    assert history.outcome("pip", "a", "m1") == "sent" and history.outcome("pip", "a", "m2") is None

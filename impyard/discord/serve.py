@@ -37,6 +37,7 @@ from impyard.discord.client import DiscordSettings, DiscordSetupError, ImpClient
 from impyard.discord.commands import CommandHost
 from impyard.discord.inbound import bot_role_ids, skip_reason, to_inbound
 from impyard.discord.surface import DiscordSurface
+from impyard.failure_words import failure_line
 from impyard.imps import ImpConfig, ImpStore
 from impyard.instance import InstanceLock
 from impyard.paths import home
@@ -230,6 +231,12 @@ class DiscordHost:
             imp_user_ids={c.user.id for c in self.clients.values() if c.user is not None},
         )
         outcome = await self.runtime.conversations.receive(client.imp, inbound)
+        if outcome == "unsaved" and (
+            inbound.channel_kind == "dm" or inbound.mentions_imp or inbound.replies_to_imp
+        ):  # issue 19 #1: the person asked and the host could not keep it: say so, in one line
+            await self.runtime.conversations.notice(
+                SessionKey(client.imp, inbound.channel_id), failure_line("store") or ""
+            )
         log.info(
             "inbound imp=%s channel=%s message=%s kind=%s outcome=%s attachments=%d ms=%.1f",
             client.imp, inbound.channel_id, message.id, inbound.channel_kind, outcome,
