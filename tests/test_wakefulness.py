@@ -617,3 +617,55 @@ def test_the_database_shrinks_after_forgetting_when_it_pays(db: Database) -> Non
     assert compact(db) is True
     assert db.path.stat().st_size < size / 2
     assert compact(db) is False
+
+
+async def test_m104_m113_a_day_and_a_night_in_real_boxes(
+    db: Database, imps: ImpStore, clock: FixedClock, channels: ChannelStore
+) -> None:
+    """Issue 15, done when: an imp left alone for a simulated night has slept, consolidated and forgotten through
+    the supervisor — here with the real box program (``python -m box`` in process boxes), the real store and the
+    fake OpenAI for the night's plan. Its reflections find no readable thought in the fake's default answer and
+    end quietly; the night folds the day's two records and forgets the faded one."""
+    from impyard.testing.fake_openai import FakeOpenAI
+
+    say(db, "pip", GUILD_CHANNEL, s(0))
+    remember(db, "pip", GUILD_SCOPE, s(60), "Ann brought a cake", 0.6)  # the night's plan: 1, the anchor
+    remember(db, "pip", GUILD_SCOPE, s(120), "the cake had cherries", 0.3)  # 2, absorbed
+    remember(db, "pip", GUILD_SCOPE, s(-30 * 86400), "a faint chat", 0.3)  # faded below 0.6 at 30 days
+    with FakeOpenAI() as fake:
+        fake.script({"groups": [{"anchor": 1, "absorbed": [2], "summary_fact": "a cake"}]}, purpose="sleep")
+        gateway = Gateway(
+            policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
+            upstream=UpstreamConfig(base_url=fake.base_url, api_key=fake.api_key),
+            memory=memory_service(db, clock.now),
+        )  # fmt: skip
+        try:
+            real_box = ProcessBackend(warn=False)
+            supervisor = Supervisor(
+                db=db,
+                gateway=gateway,
+                imps=imps,
+                backend_for=lambda imp: real_box,
+                clock=clock,
+                settings=FAST,
+            )
+            y = Yard(db, clock, gateway, imps)
+            for at in (5, 660, 7260, 7860, 86400):  # woke; silence; asleep at 7200 s; 600 s into sleep
+                await y.at(supervisor, at)
+        finally:
+            await gateway.aclose()
+        assert [r.purpose for r in fake.requests if r.purpose == "sleep"] == ["sleep"]  # one plan, one scope
+    assert [(kind, state) for kind, _, state in y.day()] == [
+        ("reflect", "done"),
+        ("sleep", "done"),
+    ]  # fmt: skip  (waking's reflection is this silence's: one message, one reflection)
+    night = y.clock_tasks()[-1]
+    assert night.box_summary == "folded 1 record into 1; forgot 1 record", night.box_summary
+    rows = db.query(
+        "SELECT conclusion, intensity, (SELECT COUNT(*) FROM memory_episodes e WHERE e.record_id = r.id) AS n"
+        " FROM memory_records r WHERE imp = 'pip'"
+    )
+    assert [(r["conclusion"], round(r["intensity"], 4), r["n"]) for r in rows] == [
+        ("Ann brought a cake", round(1 - 0.4 * 0.7, 4), 2),
+    ]  # folded (109, 110), and the faded chat forgotten (112)
+    assert not load(db.connection(), "pip").awake
