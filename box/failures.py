@@ -77,8 +77,12 @@ def classify(error: BaseException | None) -> FailureKind:
         return "unknown"
     if isinstance(error, SendFailed):
         cause = error.__cause__
+        if isinstance(cause, RpcError) and _told_kind(cause) == "store":
+            return "store"
         return _rpc_kind(cause.code, sending=True) if isinstance(cause, RpcError) else "unknown"
     if isinstance(error, RpcError):
+        if _told_kind(error) == "store":
+            return "store"  # issue 19 #1: the host's own database could not be written
         data = error.data if isinstance(error.data, dict) else {}
         if error.code == ErrorCode.DENIED and data.get("kind") == "send_limited":
             return "send_limited"  # issue 19 #3: refused before the model was paid, the reply would be over a send limit
@@ -98,6 +102,13 @@ def classify(error: BaseException | None) -> FailureKind:
             return "store"  # a failed write or read of the box's state (ENOSPC, EROFS, EIO, ...)
         return "store" if any(words in text for words in _DISK_WORDS) else "unknown"
     return "unknown"
+
+
+def _told_kind(error: RpcError) -> object:
+    """The kind the host put in an internal error's data (only ``store`` is read from it)."""
+    if error.code != ErrorCode.INTERNAL_ERROR or not isinstance(error.data, dict):
+        return None
+    return error.data.get("kind")
 
 
 def tagged(kind: FailureKind, detail: str) -> str:

@@ -24,6 +24,7 @@ waits on a write lock.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -51,7 +52,7 @@ from impyard.backends.conduct import printable
 from impyard.broker import NO_KEY_MESSAGE, ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
 from impyard.channels import ChannelStore
 from impyard.clock import Clock, SystemClock
-from impyard.db import Database
+from impyard.db import Database, DatabaseError
 from impyard.fetch import FetchFailed, FetchRefused, HttpFetcher
 from impyard.gates import Approver, Gate, GateStore
 from impyard.judge import (
@@ -73,6 +74,15 @@ from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
 from impyard.trust import ChannelTrust, EarnedTrust, TrustDecision, decide_trust
 
 log = logging.getLogger("impyard.gateway")
+
+# Issue 19 #1: what a failed write of the host's own database is, and how a box is told (the box reads the kind).
+STORAGE_ERRORS = (sqlite3.Error, DatabaseError, OSError)
+STORAGE_FAILED = "the host's storage failed: impyard can't write its database (disk full or read-only)"
+
+
+def storage_failed() -> RpcError:
+    return RpcError(ErrorCode.INTERNAL_ERROR, STORAGE_FAILED, {"kind": "store"})
+
 
 PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
 UPSTREAM_RULE = "upstream-limits"
@@ -353,14 +363,21 @@ class Gateway:
         except RpcError as exc:
             record.reason = record.reason or exc.message
             raise self._redacted(exc) from None
-        except Exception:
+        except Exception as exc:
             log.exception("gateway failed on %s for %s", method, spec.imp)
             record.verdict, record.reason = "error", "internal error"
+            if isinstance(exc, STORAGE_ERRORS):  # issue 19 #1: the box (and the person) learn it was the disk
+                record.reason = "the host's storage failed"
+                raise storage_failed() from None
             raise RpcError(ErrorCode.INTERNAL_ERROR, "internal error in the host's gateway") from None
         finally:
             record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
             with anyio.CancelScope(shield=True):
-                await self.db.run(self.audit.write, record)
+                try:
+                    await self.db.run(self.audit.write, record)
+                except STORAGE_ERRORS as exc:  # a full disk: the request is refused, in so many words
+                    log.error("could not audit %s for %s: %s", method, spec.imp, exc)
+                    raise storage_failed() from None
 
     async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision:
         """The decision ``serve`` would take on this request now, without acting on it (issue 12): every check

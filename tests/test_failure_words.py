@@ -29,9 +29,9 @@ def exhausted(*causes: str) -> ModelExhausted:
     return ModelExhausted(f"no usable answer after 3 attempts: {'; '.join(causes)}")
 
 
-def send_failed(code: int) -> SendFailed:
+def send_failed(code: int, data: object = None) -> SendFailed:
     try:
-        raise RpcError(code, "refused")
+        raise RpcError(code, "refused", data)
     except RpcError as exc:
         try:
             raise SendFailed("the reply was not delivered: refused") from exc
@@ -69,6 +69,9 @@ def send_failed(code: int) -> SendFailed:
         (RpcError(ErrorCode.DENIED, "denied", {"kind": "made-up"}), "denied"),
         (RpcError(ErrorCode.BUDGET_EXHAUSTED, "budget exhausted: budget imp:pip/day has ..."), "budget"),
         (RpcError(ErrorCode.INTERNAL_ERROR, "internal error in the host's gateway"), "host"),
+        (RpcError(ErrorCode.INTERNAL_ERROR, "the host's storage failed: …", {"kind": "store"}), "store"),
+        (RpcError(ErrorCode.DENIED, "denied", {"kind": "store"}), "denied"),  # only an internal error says so
+        (send_failed(ErrorCode.INTERNAL_ERROR, {"kind": "store"}), "store"),
         (RpcError(ErrorCode.UPSTREAM_UNREACHABLE, "model API unreachable: no key"), "unreachable"),
         (RpcError(ErrorCode.INVALID_PARAMS, "bad"), "unknown"),
         (ModelCallFailed("model returned HTTP 429", status=429), "rate_limited"),

@@ -697,3 +697,22 @@ async def test_end_to_end_a_refusal_reaches_the_box_as_a_legible_failure(
 
 
 _ = NOW  # the scripted helpers' fixed time
+
+
+@pytest.mark.parametrize("audit_fails_too", [False, True])
+async def test_a_full_disk_is_said_to_the_box_as_the_hosts_storage(h: Harness, audit_fails_too: bool) -> None:
+    """Issue 19 #1: a write of the host's own database fails (here the budget reservation, and perhaps the audit
+    row after it): the box gets an internal error whose data says ``store`` — so the person reads that the disk
+    is full, not "something went wrong" — never a raw exception, and nothing goes upstream."""
+    import sqlite3
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    h.gateway.ledger.reserve = disk_full  # type: ignore[method-assign]
+    if audit_fails_too:
+        h.gateway.audit.write = disk_full  # type: ignore[method-assign]
+    params = ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply")
+    error_ = await h.refused("model.request", params, ErrorCode.INTERNAL_ERROR)
+    assert error_.data == {"kind": "store"} and "disk full or read-only" in error_.message
+    assert h.fake.requests == []
