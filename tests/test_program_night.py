@@ -216,6 +216,7 @@ async def test_m107_a_sleep_task_folds_and_forgets_in_a_real_box(kit: Kit) -> No
     await kit.seed("Ann fears the exam.", ago=timedelta(minutes=40), intensity=0.5)
     await kit.seed("A passing remark.", ago=timedelta(days=10), intensity=0.3)
     kit.model.script("sleep", {"groups": [{"anchor": 1, "absorbed": [2], "summary_fact": "exam"}]})
+    kit.host.nights = True  # the supervisor opens a sleep task's box so
     async with kit.box(channel_id="t:pip", channel_kind="task") as box:
         sleep = TaskRunParams(
             task=TaskSpec(id="t-9", kind="sleep", args={"since": (now - timedelta(hours=1)).isoformat()}),

@@ -368,10 +368,7 @@ class ChatTurn:
             conversation.saved.started_at = self.facts.now
         # The summary (44), the disposition selection (99), the slot (88) and an arrival (101) run beside
         # recall: off the critical path where they can be.
-        works = [self._summarise, self._recall, self._select, self._load_slot]
-        if conversation.arrival:
-            works.append(self._arrive)
-        await concurrently(*works)
+        await concurrently(self._summarise, self._recall, self._select, self._load_slot)
         if self.arrived is not None:  # the arrival was a moment of its own, before these words
             for record in self.arrived.records:  # mechanism 28: what came to mind stays in view (31)
                 if not conversation.focus.evoke(record) and record.kind == "construct":
@@ -382,11 +379,14 @@ class ChatTurn:
         await self.recompose()
 
     async def _load_slot(self) -> None:
-        self.slot = await self.engine.store.slot()  # mechanism 88
+        """Mechanism 88: the slot, loaded once; then, for a new conversation, the arrival that shows it."""
+        self.slot = await self.engine.store.slot()
+        if self.conversation is not None and self.conversation.arrival:
+            await self._arrive()
 
     async def _arrive(self) -> None:
         """Mechanisms 101-102: the person's arrival, before the ordinary turn for their words."""
-        arrived = await self.engine.arrival.arrive(self.scene, await self.engine.store.slot())
+        arrived = await self.engine.arrival.arrive(self.scene, self.slot)
         self.arrived = arrived
         if arrived.entry is None:
             await self.engine.log("info", f"{self.person} arrived; no arrival feeling could be formed")

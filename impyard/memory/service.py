@@ -56,6 +56,8 @@ log = logging.getLogger("impyard.memory")
 AUDIT_METHOD = "memory.*"
 LIMIT_RULE = "memory-requests-per-turn"
 LEARN_RULE = "memory-learning"
+NIGHT_RULE = "memory-night"
+NIGHT_METHODS = frozenset({"memory.consolidate", "memory.forget"})
 SCOPE_RULE = MemoryDenied.rule  # "memory-scopes"
 STORE_UNAVAILABLE = (
     "the memory store is unavailable right now (database error); answer without memory this turn"
@@ -71,6 +73,7 @@ class _Tally:
     scopes: SessionScopes | None = None
     opened: bool = False  # the host decided its scopes (None included: memory off)
     learns: int = 0  # rules this box may still learn (mechanism 90: a departure's box, one per departure)
+    nights: bool = False  # whether it may fold and forget (mechanisms 107-113: a sleep task's box only)
     this_turn: int = 0
     methods: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)  # denied | invalid | error
@@ -110,16 +113,20 @@ class MemoryService:
     # ------------------------------------------------------------ the box's life
 
     def open(
-        self, spec: BoxSpec, scopes: SessionScopes | None, *, learns: int = 0
+        self, spec: BoxSpec, scopes: SessionScopes | None, *, learns: int = 0, nights: bool = False
     ) -> mem.SessionMemory | None:
         """A box starts with these scopes (None: memory off). Returns ``BoxInitParams.memory``.
 
         ``learns``: how many rules the box may learn (``memory.dispositions.learn``). Rules are the imp's
         character in every scope (mechanism 90 learns one when a person leaves), so only the box of a
         ``depart`` task gets one; a chat box that asks is refused, and cannot rewrite who the imp is
-        everywhere from one channel."""
+        everywhere from one channel.
+
+        ``nights``: whether the box may fold and forget (``memory.consolidate``, ``memory.forget``): only a
+        ``sleep`` task's box, whose one scope is the night's; a chat box that asks is refused, so it cannot
+        merge or delete its scope's memories ahead of the imp's own night."""
         tally = self._tally(spec)
-        tally.scopes, tally.opened, tally.learns = scopes, True, max(0, learns)
+        tally.scopes, tally.opened, tally.learns, tally.nights = scopes, True, max(0, learns), nights
         return scopes.session_memory() if scopes is not None else None
 
     def is_open(self, spec: BoxSpec) -> bool:
@@ -192,6 +199,13 @@ class MemoryService:
                     ErrorCode.DENIED,
                     f"denied by rule {SCOPE_RULE}: {reason}",
                     {"rule": SCOPE_RULE, "reason": reason},
+                )
+            if method in NIGHT_METHODS and not tally.nights:
+                reason = "only a night's box (a sleep task) folds or forgets memories"
+                raise RpcError(
+                    ErrorCode.DENIED,
+                    f"denied by rule {NIGHT_RULE}: {reason}",
+                    {"rule": NIGHT_RULE, "reason": reason},
                 )
             if method == "memory.dispositions.learn":
                 if tally.learns <= 0:

@@ -339,7 +339,7 @@ class Supervisor:
                 learns = 1 if task.kind == DEPART_KIND else 0  # mechanism 90: one rule, on departure only
                 memory = service.open(box, scopes, learns=learns)
         elif task.kind == SLEEP_KIND and service is not None and task.scope:
-            memory = service.open(box, SessionScopes(task.scope, (task.scope,)), learns=0)
+            memory = service.open(box, SessionScopes(task.scope, (task.scope,)), learns=0, nights=True)
         return BoxInitParams(
             protocol=1,
             imp=spec,

@@ -261,6 +261,7 @@ class KitHost(scripted.ScriptedHost):
     service: MemoryService
     scopes: SessionScopes
     down: set[str] = field(default_factory=set)
+    nights: bool = False  # the boxes stand for sleep tasks' boxes, which may fold and forget (issue 15)
 
     def memory_requests(self) -> list[tuple[str, BaseModel]]:
         return [(m, p) for m, p in self.calls if m.startswith("memory.")]
@@ -276,6 +277,8 @@ class KitHost(scripted.ScriptedHost):
             self.calls.append((method, params))
             return await self.model.answer(params)
         if method.startswith("memory."):
+            if self.nights and not self.service.is_open(spec):
+                self.service.open(spec, self.scopes, nights=True)
             self.calls.append((method, params))
             if method in self.down or "*" in self.down:
                 raise RpcError(ErrorCode.INTERNAL_ERROR, STORE_UNAVAILABLE)
@@ -340,7 +343,7 @@ class Kit:
         (the supervisor opens it so); the kit's direct engine stands for any number of departures, and a
         chat box (``Kit.box``) for none."""
         spec = BoxSpec(IMP, channel_id, self.tmp_path / "direct")
-        self.service.open(spec, self.scopes, learns=learns)
+        self.service.open(spec, self.scopes, learns=learns, nights=True)  # and any number of nights
         return DirectPeer(self.service, spec, self.scopes)
 
     def store(self, channel_id: str = "c1") -> StoreClient:

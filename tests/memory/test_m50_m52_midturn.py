@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.memory.engine_kit import Kit, envelope, memory_block, thought
+from tests.memory.test_engine_loop import known, sent
 
 pytestmark = pytest.mark.anyio
 
@@ -18,15 +18,6 @@ def kit(tmp_path: Path) -> Iterator[Kit]:
     world = Kit(tmp_path)
     yield world
     world.close()
-
-
-def sent(kit: Kit) -> list[str]:
-    return [str(getattr(p, "content", "")) for p in kit.host.sent]
-
-
-async def known(kit: Kit) -> None:
-    """A record with Ann outside this conversation, too weak and old to come to mind: no probe 25."""
-    await kit.seed("Ann and I planted tulips.", intensity=0.1, ago=timedelta(days=60))
 
 
 async def test_m50_introspect_reflects_then_asks_the_reply_again(kit: Kit) -> None:

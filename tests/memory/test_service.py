@@ -129,6 +129,10 @@ async def test_a_hostile_guild_box_s_night_never_reaches_a_dm_record(
     service: MemoryService, guild_box: BoxSpec, dm_box: BoxSpec, store: MemoryStore, clock: FixedClock
 ) -> None:
     """Issue 15: memory.night, memory.consolidate and memory.forget work in the writes scope only."""
+    service.open(
+        guild_box, GUILD, nights=True
+    )  # both stand for sleep tasks' boxes: only those fold and forget
+    service.open(dm_box, DM, nights=True)
     secret = await call(service, dm_box, "memory.encode",
                         json.loads(moment(SECRET, author="Pat", author_id="p1", intensity=0.1).model_dump_json()))  # fmt: skip
     own = await call(service, guild_box, "memory.encode",
@@ -378,3 +382,28 @@ async def test_dm_session_scopes_reach_box_init(service: MemoryService) -> None:
     told = service.open(spec, SessionScopes("dm:p1", ("guild:G1",)))
     assert told == mem.SessionMemory(writes="dm:p1", reads=["dm:p1", "guild:G1"])
     assert DM.reads == ("dm:p1", "guild:G1")
+
+
+async def test_only_a_nights_box_folds_or_forgets(service: MemoryService, store: MemoryStore) -> None:
+    """Issue 15: memory.consolidate and memory.forget are a sleep task's; a chat box that asks is refused (rule
+    memory-night) and nothing changes, so it cannot merge or delete its scope's memories ahead of the night."""
+    chat = BoxSpec(IMP, "g1", Path("/x"), run_id="chat-night")
+    service.open(chat, GUILD)
+    own = await call(
+        service,
+        chat,
+        "memory.encode",
+        json.loads(moment("the guild picnic", intensity=0.1).model_dump_json()),
+    )
+    assert isinstance(own, mem.EncodeResult)
+    for method, params in (
+        ("memory.consolidate", {"groups": [{"anchor": own.record_id, "members": [own.record_id]}]}),
+        ("memory.forget", {}),
+    ):
+        error = await refused(service, chat, method, params)
+        assert error.code == ErrorCode.DENIED and error.data["rule"] == "memory-night", method
+    night = await call(
+        service, chat, "memory.night", {"since": "2000-01-01T00:00:00Z"}
+    )  # reading is not folding
+    assert isinstance(night, mem.RecordsResult) and len(night.records) == 1
+    assert len(store.db.query("SELECT id FROM memory_records")) == 1

@@ -35,6 +35,14 @@ from tests.memory.conftest import DM, GUILD, IMP, T0, axis, moment
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture(autouse=True)
+def nights(service: MemoryService, guild_box: BoxSpec, dm_box: BoxSpec) -> None:
+    """The boxes here stand for sleep tasks' boxes, which may fold and forget (a chat box may not:
+    tests/memory/test_service.py::test_only_a_nights_box_folds_or_forgets)."""
+    service.open(guild_box, GUILD, nights=True)
+    service.open(dm_box, DM, nights=True)
+
+
 async def ask(service: MemoryService, spec: BoxSpec, method: str, params: dict[str, Any]) -> Any:
     """As the box's peer: the params as JSON text parsed strictly, the answer back through JSON."""
     spec_of = HOST_METHODS[method]
