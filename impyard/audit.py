@@ -24,9 +24,7 @@ SECRET_ENV_NAMES = ("OPENAI_API_KEY",)
 SECRET_ENV_PREFIXES = ("IMPYARD_DISCORD_TOKEN",)
 SECRET_URL_ENV_NAMES = ("OPENAI_BASE_URL",)  # their userinfo and query values are credentials (issue 11 #9)
 
-Verdict = (
-    str  # allowed | denied | rate_limited | budget_exhausted | unreachable | gated | error | <gate state>
-)
+Verdict = str  # allowed | denied | rate_limited | budget_exhausted | unreachable | interrupted | gated | error | <gate state>
 
 
 def known_secrets(environ: dict[str, str] | None = None) -> list[str]:
@@ -98,9 +96,12 @@ class AuditRecord:
     detail: str = ""
     at: datetime | None = None
     id: int | None = field(default=None, compare=False)
+    # Not a column: the row is written later by whoever finishes the act (a model call its box left, issue 19 #4).
+    deferred: bool = field(default=False, compare=False, repr=False)
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
+        del data["deferred"]
         data["at"] = iso(self.at) if self.at else None
         data["cost_usd"] = self.cost_micros / 1_000_000
         return data

@@ -425,6 +425,14 @@ MIGRATIONS: list[Migration] = [
         );
         """,
     ),
+    Migration(
+        9,
+        "faults: the process that holds a ledger reservation (issue 19 #4)",
+        """
+        -- impyard.liveness.Holder of a reservation: a host that finds it dead settles the row at once.
+        ALTER TABLE ledger ADD COLUMN owner TEXT;
+        """,
+    ),
 ]
 
 

@@ -27,12 +27,14 @@ import logging
 import sqlite3
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Literal
 
 import anyio
+from anyio.abc import TaskGroup
 from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
@@ -49,7 +51,14 @@ from box.protocol.models import (
 from impyard.audit import AuditLog, AuditRecord, known_secrets, redact
 from impyard.backends.base import BoxSpec
 from impyard.backends.conduct import printable
-from impyard.broker import NO_KEY_MESSAGE, ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
+from impyard.broker import (
+    NO_KEY_MESSAGE,
+    ModelBroker,
+    UpstreamConfig,
+    UpstreamResponse,
+    UpstreamUnreachable,
+    encode_body,
+)
 from impyard.channels import ChannelStore
 from impyard.clock import Clock, SystemClock
 from impyard.db import Database, DatabaseError
@@ -74,6 +83,9 @@ from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
 from impyard.trust import ChannelTrust, EarnedTrust, TrustDecision, decide_trust
 
 log = logging.getLogger("impyard.gateway")
+
+# Issue 19 #4: at the host's stop, model calls still in flight get this long to finish before they are cut.
+CALL_GRACE_S = 10.0
 
 # Issue 19 #1: what a failed write of the host's own database is, and how a box is told (the box reads the kind).
 STORAGE_ERRORS = (sqlite3.Error, DatabaseError, OSError)
@@ -163,6 +175,24 @@ class _Plan:
     price: Price | None = None
     multiplier: float = 1.0
     reservation: Reservation | None = None  # model.request, committed: the budget held for the call
+
+
+@dataclass(eq=False)
+class _UpstreamCall:
+    """One model call in flight: the handler waits on ``done``; ``orphaned`` once its box went away."""
+
+    spec: BoxSpec
+    params: ModelRequestParams
+    plan: _Plan
+    reservation: Reservation
+    estimate: int
+    record: AuditRecord
+    done: anyio.Event = field(default_factory=anyio.Event)
+    response: UpstreamResponse | None = None
+    error: RpcError | None = None
+    orphaned: bool = False
+    detached: bool = False  # runs in the gateway's task group
+    started: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True)
@@ -261,8 +291,10 @@ class Gateway:
         self.surfaces = frozenset(surfaces) if surfaces is not None else None
         self.rates = RateMeter(self.clock)
         self.memory = memory
+        self._calls: TaskGroup | None = None  # set while ``running``
+        self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
         if settle_abandoned:
-            self.ledger.settle_abandoned()  # a previous host that died mid-call still pays for it
+            self.settle_orphans()
 
     @property
     def policy(self) -> Policy:
@@ -275,6 +307,41 @@ class Gateway:
         self.ledger.policy = policy
         self.broker.settings = policy.upstream
         self.fetcher.settings = policy.http
+
+    def settle_orphans(self) -> int:
+        """Model calls a stopped host left in flight are settled now, each with an audit row (issue 19 #4): at
+        once where their process is gone, after an hour where this machine cannot tell (ledger.settle_orphans)."""
+        orphans = self.ledger.settle_orphans()
+        for orphan in orphans:
+            log.warning(
+                "settled model call %d of %s at its reservation: %s", orphan.id, orphan.imp, orphan.reason
+            )
+            record = AuditRecord(
+                imp=orphan.imp, method=orphan.method or "model.request", verdict="interrupted",
+                purpose=orphan.purpose, reason=orphan.reason, cost_micros=orphan.reserved_micros,
+                detail=f"ledger row {orphan.id} model={orphan.model}",
+            )  # fmt: skip
+            try:
+                self.audit.write(record)
+            except STORAGE_ERRORS as exc:
+                log.error("could not audit the settled model call %d: %s", orphan.id, exc)
+        return len(orphans)
+
+    @asynccontextmanager
+    async def running(self, grace_s: float = CALL_GRACE_S) -> AsyncIterator[Gateway]:
+        """The gateway's own task group for model calls in flight: a call outlives a box that dies while the
+        model answers. On the way out, calls still running get ``grace_s`` to finish, then are cut (and charged
+        their reservation, with an audit row saying so)."""
+        async with anyio.create_task_group() as calls:
+            self._calls = calls
+            try:
+                yield self
+            finally:
+                self._calls = None  # calls from here on run inline, cut with their caller
+                with anyio.CancelScope(shield=True), anyio.move_on_after(grace_s):
+                    for call in list(self._detached):
+                        await call.done.wait()
+                calls.cancel_scope.cancel()
 
     async def aclose(self) -> None:
         await self.broker.aclose()
@@ -374,7 +441,8 @@ class Gateway:
             record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
             with anyio.CancelScope(shield=True):
                 try:
-                    await self.db.run(self.audit.write, record)
+                    if not record.deferred:
+                        await self.db.run(self.audit.write, record)
                 except STORAGE_ERRORS as exc:  # a full disk: the request is refused, in so many words
                     log.error("could not audit %s for %s: %s", method, spec.imp, exc)
                     raise storage_failed() from None
@@ -550,30 +618,65 @@ class Gateway:
         assert (
             plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
         )
-        reservation, price, multiplier, estimate = (
-            plan.reservation,
-            plan.price,
-            plan.multiplier,
-            decision.estimate_micros,
-        )
-        facts, raw = plan.facts, plan.raw
-        cost = estimate  # what is charged if we cannot tell better (cancelled mid-call, no usage reported)
+        call = _UpstreamCall(spec, params, plan, plan.reservation, decision.estimate_micros, record)
+        if self._calls is None:  # no task group (a gateway used without ``running``): cut with its caller
+            await self._run_call(call)
+        else:
+            # Issue 19 #4: the call runs in the gateway's own task group, so a box that dies (or is killed) while
+            # the model answers does not cut it: the call ends and is charged what the upstream says it cost.
+            call.detached = True
+            self._detached.add(call)
+            self._calls.start_soon(self._run_call, call)
+            try:
+                await call.done.wait()
+            except anyio.get_cancelled_exc_class():
+                if not call.done.is_set():
+                    call.orphaned = record.deferred = True  # _run_call writes the audit row when it ends
+                raise
+        if call.error is not None:
+            raise call.error
+        assert call.response is not None
+        response = call.response
+        return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
+
+    async def _run_call(self, call: _UpstreamCall) -> None:
+        """The upstream call, then its settlement: the measured cost; 0 where nothing can have been billed (it
+        never left the host, or an error without usage came back); the reservation where the model API may have
+        billed a request it received but the answer never came (a hang, or the host stopping mid-call)."""
+        params, record, estimate = call.params, call.record, call.estimate
+        model = call.plan.facts.model
+        cost = estimate
         try:
-            response = await self.broker.call(params.path, raw, params.purpose)
+            response = await self.broker.call(params.path, call.plan.raw, params.purpose)
         except UpstreamUnreachable as exc:
             cost = estimate if exc.sent else 0
             record.verdict = "unreachable"
-            raise RpcError(
+            call.error = RpcError(
                 ErrorCode.UPSTREAM_UNREACHABLE, f"model API unreachable: {exc}", {"reason": str(exc)}
-            ) from None
+            )
+        except BaseException:  # cancelled: the host is stopping (a detached call), or the caller was cut
+            record.verdict = "interrupted"
+            cut = "the host stopped" if call.detached else "the request was cut"
+            record.reason = (
+                f"interrupted: {cut} before the model answered; charged the reservation, since the model API may "
+                "bill a request it received"
+            )
+            call.error = RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, "model request interrupted: the host is stopping"
+            )
+            raise
         else:
-            measured = measured_micros(params.path, response.body, price, multiplier=multiplier)
+            assert call.plan.price is not None
+            measured = measured_micros(
+                params.path, response.body, call.plan.price, multiplier=call.plan.multiplier
+            )
             if measured is not None:
                 cost = measured
             elif not 200 <= response.status < 300:
                 cost = 0  # an upstream error without usage: nothing was generated
             record.verdict = "allowed"
             record.detail += f" status={response.status}"
+            call.response = response
         finally:
             record.cost_micros = min(
                 cost, estimate
@@ -582,12 +685,28 @@ class Gateway:
                 log.error(
                     "model.request by %s (%s %s): the upstream reported %d micro-USD, over the %d reserved; the "
                     "reservation was charged. Its worst case did not hold: check [prices] and the rule's limits",
-                    spec.imp, params.path, facts.model, cost, estimate,
+                    call.spec.imp, params.path, model, cost, estimate,
                 )  # fmt: skip
                 record.detail += f"; OVER RESERVATION: the upstream reported {cost} micro-USD, {estimate} reserved and charged"
             with anyio.CancelScope(shield=True):
-                await self.db.run(self.ledger.settle, reservation, cost)
-        return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
+                try:
+                    await self.db.run(self.ledger.settle, call.reservation, cost)
+                finally:
+                    call.done.set()
+                    self._detached.discard(call)
+                    if call.orphaned:  # the box is gone: this call's row is written here, once it is settled
+                        if record.verdict != "interrupted":
+                            record.detail += (
+                                "; the box ended before the answer came: finished and settled for it"
+                            )
+                        record.latency_ms = round((time.perf_counter() - call.started) * 1000, 3)
+                        await self._audit_quietly(record)
+
+    async def _audit_quietly(self, record: AuditRecord) -> None:
+        try:
+            await self.db.run(self.audit.write, record)
+        except STORAGE_ERRORS as exc:
+            log.error("could not audit %s for %s: %s", record.method, record.imp, exc)
 
     # ------------------------------------------------------------ discord.send
 

@@ -120,11 +120,12 @@ async def open_host(
             memory=memory,
         )
         try:
-            yield Host(
-                db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
-                gates=stores.gates, ledger=stores.ledger, audit=stores.audit, gateway=gateway,
-                memory=memory.store, pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
-            )  # fmt: skip
+            async with gateway.running():  # issue 19 #4: a model call outlives a box that dies mid-call
+                yield Host(
+                    db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
+                    gates=stores.gates, ledger=stores.ledger, audit=stores.audit, gateway=gateway,
+                    memory=memory.store, pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
+                )  # fmt: skip
         finally:
             await gateway.aclose()
     finally:

@@ -18,12 +18,15 @@ from datetime import UTC, datetime, timedelta
 from impyard.clock import Clock, iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
+from impyard.liveness import Holder, alive, this_process
 from impyard.policy import Policy
 from impyard.policy_models import MAX_USD, BudgetLimit
 from impyard.prices import micros_to_usd, usd_to_micros
 
 ALL_IMPS = "*"  # the scope of the fleet-wide limit
-ABANDONED_AFTER = timedelta(hours=1)  # a reservation this old was left by a crashed host; charge it in full
+# A reservation whose holder this machine cannot check (another host's, or written before holders were recorded)
+# and that is this old was left by a crashed host; its holder's death is what settles the rest at once.
+ABANDONED_AFTER = timedelta(hours=1)
 
 
 class BudgetLimitError(ImpyardError, ValueError):
@@ -53,6 +56,34 @@ class Reservation:
     id: int
     imp: str
     reserved_micros: int
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A reservation settled because its holder is gone: the host audits it (issue 19 #4)."""
+
+    id: int
+    imp: str
+    reserved_micros: int
+    method: str
+    purpose: str
+    model: str
+    created_at: str
+    holder: Holder | None
+    why: str  # "holder-dead" | "too-old"
+
+    @property
+    def reason(self) -> str:
+        if self.why == "holder-dead" and self.holder is not None:
+            who = f"the impyard process (pid {self.holder.pid}) that made this call"
+            return (
+                f"interrupted: {who} stopped before it was settled; charged its reservation, since the model API "
+                "may bill a request it received"
+            )
+        return (
+            f"interrupted: in flight since {self.created_at} and never settled by its host; charged its "
+            "reservation, since the model API may bill a request it received"
+        )
 
 
 @dataclass(frozen=True)
@@ -101,10 +132,11 @@ _AMOUNT = "CASE WHEN state = 'reserved' THEN reserved_micros ELSE cost_micros EN
 
 
 class Ledger(Store):
-    def __init__(self, db: Database, policy: Policy, clock: Clock) -> None:
+    def __init__(self, db: Database, policy: Policy, clock: Clock, holder: Holder | None = None) -> None:
         self.db = db
         self.policy = policy
         self.clock = clock
+        self.holder = holder or this_process()  # written on each reservation (issue 19 #4)
 
     # ------------------------------------------------------------ limits
 
@@ -174,9 +206,10 @@ class Ledger(Store):
         with self.db.transaction() as conn:
             self._check(conn, imp, estimate_micros, now)
             cursor = conn.execute(
-                """INSERT INTO ledger (imp, day, month, state, reserved_micros, method, purpose, model, created_at)
-                   VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?)""",
-                (imp, day, month, estimate_micros, method, purpose, model, iso(now)),
+                """INSERT INTO ledger
+                     (imp, day, month, state, reserved_micros, method, purpose, model, created_at, owner)
+                   VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)""",
+                (imp, day, month, estimate_micros, method, purpose, model, iso(now), str(self.holder)),
             )
             assert cursor.lastrowid is not None
             return Reservation(cursor.lastrowid, imp, estimate_micros)
@@ -232,14 +265,49 @@ class Ledger(Store):
         ).fetchall()
         return int(rows[0][0]) if rows else 0
 
-    def settle_abandoned(self, older_than: timedelta = ABANDONED_AFTER) -> int:
-        """Charge reservations a crashed host never settled at their full estimate (fail closed)."""
+    def settle_orphans(self, older_than: timedelta = ABANDONED_AFTER) -> list[Orphan]:
+        """Settle the reservations nobody will settle (fail closed: at their full estimate), and return them.
+
+        A reservation whose holder process this machine finds dead is settled at once; one whose holder it
+        cannot check (another machine's, or unrecorded) only once it is ``older_than`` old. A live holder's
+        reservation is never touched: its call may still be running.
+        """
+        now = iso(self.clock.now())
         cutoff = iso(self.clock.now() - older_than)
-        return self.db.execute(
-            """UPDATE ledger SET state = 'settled', cost_micros = reserved_micros, settled_at = ?
-               WHERE state = 'reserved' AND created_at < ?""",
-            (iso(self.clock.now()), cutoff),
-        ).rowcount
+        rows = self.db.query(
+            "SELECT id, imp, reserved_micros, method, purpose, model, created_at, owner FROM ledger "
+            "WHERE state = 'reserved'"
+        )
+        orphans: list[Orphan] = []
+        for row in rows:
+            holder = Holder.parse(row["owner"])
+            living = alive(holder) if holder is not None else None
+            if living is False:
+                why = "holder-dead"
+            elif living is None and row["created_at"] < cutoff:
+                why = "too-old"
+            else:
+                continue
+            settled = self.db.execute(
+                """UPDATE ledger SET state = 'settled', cost_micros = reserved_micros, settled_at = ?
+                   WHERE id = ? AND state = 'reserved'""",
+                (now, row["id"]),
+            ).rowcount
+            if settled:
+                orphans.append(
+                    Orphan(
+                        row["id"],
+                        row["imp"],
+                        row["reserved_micros"],
+                        row["method"],
+                        row["purpose"],
+                        row["model"],
+                        row["created_at"],
+                        holder,
+                        why,
+                    )  # fmt: skip
+                )
+        return orphans
 
     # ------------------------------------------------------------ reporting
 

@@ -11,15 +11,21 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+from box.protocol import ErrorCode, RpcError
+from box.protocol.models import ModelRequestParams
 from impyard.backends import BoxSpec
 from impyard.backends.docker import DockerBackend, run_argv
 from impyard.backends.process import ProcessBackend
+from impyard.db import open_database
 from impyard.supervisor.orphans import leftovers
-from impyard.testing.fake_openai import FakeOpenAI
+from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from tests.test_gateway import CHAT_BODY, Harness, make_harness
+from tests.test_gateway import KEY as GATEWAY_KEY
 from tests.test_supervisor import KEY, TRUSTED, alive, yard
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +126,132 @@ async def test_a_labelled_task_box_of_a_finished_task_is_swept_at_start(
         assert [c.name for c in backend.labelled(run=spec.run_id)]
         assert await y.supervisor.reclaim() == []  # no task was running: only the sweep finds it
         assert backend.labelled(run=spec.run_id) == []
+
+
+# --- issue 19 #4b: model calls in flight when their box, or their host, goes away ------------------------
+
+USAGE = {"prompt_tokens": 300, "completion_tokens": 20}
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(api_key=GATEWAY_KEY) as server:
+        yield server
+
+
+def _model_params() -> ModelRequestParams:
+    return ModelRequestParams(path="/chat/completions", body=CHAT_BODY, purpose="reply")
+
+
+def _model_rows(h: Harness) -> list[dict[str, Any]]:
+    return [row for row in h.audit() if row["method"] == "model.request"]
+
+
+async def _answered_normally(tmp_path: Path, fake: FakeOpenAI) -> int:
+    """What the same call costs when its box waits for the answer: the measured charge to compare against."""
+    h = make_harness(tmp_path / "baseline", fake)
+    try:
+        fake.script(envelope(), purpose="reply", usage=USAGE)
+        await h.call("model.request", _model_params())
+        return h.spent()
+    finally:
+        await h.gateway.aclose()
+        h.db.close()
+        fake.clear()
+
+
+async def test_a_call_whose_box_died_mid_call_is_finished_and_charged_what_it_cost(
+    tmp_path: Path, upstream: FakeOpenAI
+) -> None:
+    measured = await _answered_normally(tmp_path, upstream)
+    h = make_harness(tmp_path, upstream)
+    upstream.script(slow(envelope(), 0.5), purpose="reply", usage=USAGE)
+    async with h.gateway.running():
+        with anyio.CancelScope() as box:  # the box's request handler: the box dies while the model answers
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(h.call, "model.request", _model_params())
+                await anyio.to_thread.run_sync(upstream.wait_for_requests, 1)
+                box.cancel()
+        assert _model_rows(h) == []  # not audited yet: the call is still running for it
+        with anyio.fail_after(10):
+            while h.gateway.ledger.summary()[0].reserved:
+                await anyio.sleep(0.02)
+    assert measured > 0 and h.spent() == measured  # the upstream's usage, not the reservation
+    [row] = _model_rows(h)
+    assert (row["verdict"], row["cost_micros"]) == ("allowed", measured)
+    assert "the box ended before the answer came" in row["detail"]
+    await h.gateway.aclose()
+    h.db.close()
+
+
+async def test_a_call_cut_by_the_host_stopping_is_charged_its_reservation_and_says_why(
+    tmp_path: Path, upstream: FakeOpenAI
+) -> None:
+    h = make_harness(tmp_path, upstream)
+    upstream.script(slow(envelope(), 30.0), purpose="reply", usage=USAGE)
+    errors: list[RpcError] = []
+
+    async def box_request() -> None:
+        try:
+            await h.call("model.request", _model_params())
+        except RpcError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        async with h.gateway.running(grace_s=0.2):
+            tg.start_soon(box_request)
+            await anyio.to_thread.run_sync(upstream.wait_for_requests, 1)
+    [reserved] = [row["reserved_micros"] for row in h.db.query("SELECT reserved_micros FROM ledger")]
+    assert h.spent() == reserved > 0  # it reached the model API, which may bill it: fail closed
+    [row] = _model_rows(h)
+    assert (row["verdict"], row["cost_micros"]) == ("interrupted", reserved)
+    assert "the host stopped before the model answered" in row["reason"]
+    [error_] = errors
+    assert error_.code == ErrorCode.UPSTREAM_UNREACHABLE and "interrupted" in error_.message
+    await h.gateway.aclose()
+    h.db.close()
+
+
+RESERVE_AND_HANG = """
+import sys, time
+from impyard.clock import SystemClock
+from impyard.db import open_database
+from impyard.ledger import Ledger
+from impyard.policy import load_policy
+db = open_database(sys.argv[1])
+Ledger(db, load_policy(), SystemClock()).reserve("pip", 4321, method="model.request", purpose="reply", model="m-1")
+print("reserved", flush=True)
+time.sleep(300)
+"""
+
+
+def _killed_mid_call(path: Path) -> int:
+    host = subprocess.Popen([sys.executable, "-c", RESERVE_AND_HANG, str(path)], stdout=subprocess.PIPE)
+    try:
+        assert host.stdout is not None and host.stdout.readline() == b"reserved\n"
+    finally:
+        host.kill()  # SIGKILL: no finally, no settle
+        host.wait()
+    return host.pid
+
+
+async def test_a_call_in_flight_when_its_host_was_killed_is_settled_at_the_next_start(
+    tmp_path: Path, upstream: FakeOpenAI
+) -> None:
+    """kill -9 of the host mid-call: the next host settles it at once (not an hour later), with an audit row."""
+    path = tmp_path / "impyard.db"
+    open_database(path).close()
+    pid = _killed_mid_call(path)
+    h = make_harness(tmp_path, upstream)  # the next host starts over the same database
+    assert h.gateway.ledger.summary()[0].reserved == 0
+    assert h.spent() == 4321
+    [row] = _model_rows(h)
+    assert (row["imp"], row["verdict"], row["purpose"], row["cost_micros"]) == (
+        "pip",
+        "interrupted",
+        "reply",
+        4321,
+    )
+    assert f"(pid {pid})" in row["reason"] and "model=m-1" in row["detail"]
+    await h.gateway.aclose()
+    h.db.close()

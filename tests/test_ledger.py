@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+import subprocess
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from impyard.clock import FixedClock
 from impyard.db import MIGRATIONS, Database, Migration, open_database
 from impyard.ledger import ALL_IMPS, BudgetExhausted, Ledger, seconds_to_next_day, seconds_to_next_month
+from impyard.liveness import Holder, this_process
 from impyard.policy import policy_from_text
 from impyard.policy_models import Price
 from impyard.prices import (
@@ -182,13 +185,65 @@ def test_operator_overrides_replace_the_policy_limits(ledger: Ledger) -> None:
     ledger.reserve("big", 1)
 
 
-def test_abandoned_reservations_are_charged_in_full(ledger: Ledger, clock: FixedClock) -> None:
-    ledger.reserve("pip", 200_000)
+def _holder(**change: object) -> Holder:
+    return dataclasses.replace(this_process(), **change)  # type: ignore[arg-type]
+
+
+def _dead_pid() -> int:
+    """A pid no process has now: a child that has exited and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_dead_holders_reservation_is_settled_at_once_in_full(db: Database, clock: FixedClock) -> None:
+    # Issue 19 #4: the host that made the call was killed (kill -9): nothing will settle it, so the next host
+    # charges it at once (the model API may have billed it), not an hour later.
+    crashed = Ledger(db, POLICY, clock, holder=_holder(pid=_dead_pid()))
+    crashed.reserve("pip", 200_000, method="model.request", purpose="reply", model="gpt-x")
+    host = Ledger(db, POLICY, clock)
+    orphans = host.settle_orphans()
+    assert [(o.imp, o.reserved_micros, o.purpose, o.model, o.why) for o in orphans] == [
+        ("pip", 200_000, "reply", "gpt-x", "holder-dead")
+    ]
+    assert "stopped before it was settled" in orphans[0].reason
+    assert host.settled_total("pip") == 200_000
+    assert host.settle_orphans() == []  # settled once
+
+
+def test_a_living_holders_reservation_is_never_settled_by_another_host(
+    db: Database, clock: FixedClock
+) -> None:
+    # `impyard supervise` starting beside a running `impyard chat` must not charge the chat's call in flight.
+    Ledger(db, POLICY, clock).reserve("pip", 200_000)
+    clock.advance(hours=5)
+    assert Ledger(db, POLICY, clock).settle_orphans() == []
+    assert Ledger(db, POLICY, clock).settled_total("pip") == 0
+
+
+def test_a_recycled_pid_or_a_reboot_does_not_pass_for_the_holder(db: Database, clock: FixedClock) -> None:
+    me = this_process()
+    if not me.start:
+        pytest.skip("no /proc here: only the pid can be checked")
+    Ledger(db, POLICY, clock, holder=_holder(start=str(int(me.start) + 1))).reserve(
+        "pip", 1
+    )  # same pid, later
+    Ledger(db, POLICY, clock, holder=_holder(boot="00000000")).reserve("pip", 2)  # before a reboot
+    assert sorted(o.reserved_micros for o in Ledger(db, POLICY, clock).settle_orphans()) == [1, 2]
+
+
+def test_an_unknown_holders_reservation_is_charged_after_an_hour(db: Database, clock: FixedClock) -> None:
+    # Another machine's holder (a shared database), or a row from before holders were recorded: its age decides.
+    Ledger(db, POLICY, clock, holder=_holder(host="elsewhere")).reserve("pip", 200_000)
+    db.execute("INSERT INTO ledger (imp, day, month, state, reserved_micros, created_at) "
+               "VALUES ('old', '2026-03-31', '2026-03', 'reserved', 5, ?)", (START.isoformat(),))  # fmt: skip
     clock.advance(minutes=30)
-    assert ledger.settle_abandoned() == 0
+    assert Ledger(db, POLICY, clock).settle_orphans() == []
     clock.advance(hours=1)
-    assert ledger.settle_abandoned() == 1
-    assert ledger.settled_total("pip") == 200_000
+    orphans = Ledger(db, POLICY, clock).settle_orphans()
+    assert sorted((o.imp, o.why) for o in orphans) == [("old", "too-old"), ("pip", "too-old")]
+    assert "never settled by its host" in orphans[0].reason
+    assert Ledger(db, POLICY, clock).settled_total("pip") == 200_000
 
 
 @pytest.mark.parametrize(
