@@ -24,7 +24,9 @@ from prompt_toolkit import PromptSession
 from prompt_toolkit.application import get_app, run_in_terminal
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import InMemoryHistory
-from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from prompt_toolkit.input.typeahead import get_typeahead, store_typeahead
+from prompt_toolkit.key_binding import KeyBindings, KeyPress, KeyPressEvent
+from prompt_toolkit.keys import Keys
 from prompt_toolkit.patch_stdout import StdoutProxy
 from prompt_toolkit.styles import Style
 
@@ -247,9 +249,13 @@ class PromptConsole:
             raise Interrupted() from None
 
     def typed_ahead(self) -> list[str]:
-        # A paste arrives bracketed, as one message; keys typed during a turn queue behind it (the session
-        # takes them all as its next turn).
-        return []
+        """A paste the terminal did not bracket arrives as keys with Enters among them: the first Enter ended
+        the prompt, and prompt_toolkit kept the keys it had read past it. Their whole lines are handed over
+        (issue 19 #3: one message, one model call); anything else — a half line, an edit key — stays for the
+        next prompt, as typed. A bracketed paste arrives as one message already."""
+        lines, rest = typed_lines(get_typeahead(self.session.input))
+        store_typeahead(self.session.input, rest)
+        return lines
 
     async def confirm(self, question: str) -> bool:
         asker: PromptSession[str] = PromptSession(style=self.style)
@@ -261,6 +267,27 @@ class PromptConsole:
         except (EOFError, KeyboardInterrupt):
             return False
         return answer.strip().lower() in ("y", "yes")
+
+
+_ENTER = (Keys.ControlM, Keys.ControlJ)
+
+
+def typed_lines(keys: list[KeyPress]) -> tuple[list[str], list[KeyPress]]:
+    """The whole lines among keys read ahead (plain characters, each line ended by Enter), and the keys from the
+    first that is not part of one: a half line, or a key that edits (an arrow, Backspace, Alt-Enter) — the prompt
+    must see those as typed."""
+    lines: list[str] = []
+    start = 0
+    line: list[str] = []
+    for index, press in enumerate(keys):
+        if press.key in _ENTER:
+            lines.append("".join(line))
+            line, start = [], index + 1
+        elif isinstance(press.key, str) and len(press.key) == 1 and press.key.isprintable():
+            line.append(press.key)  # a character key is the character itself
+        else:
+            break
+    return lines, keys[start:]
 
 
 def _no_cpr() -> None:

@@ -202,15 +202,20 @@ class Conversations:
         """After a restart: answer woken messages that are still fresh; the stale ones are marked missed and
         mentioned to their person once (issue 19 #5), where this host's surface ``reaches`` (None: any)."""
         before = await self.history.aio.unfinished()
-        fresh = await self.history.aio.triage()  # marks the stale ones missed: the next restart skips them
+        # Issue 19 #5: a channel this host cannot post to is left to the host that can (`serve` for Discord, a
+        # terminal chat for its own): it answers or mentions them when it starts, instead of them being marked
+        # missed here and never told.
+        elsewhere = {w.channel_id for w in before if not await self._reaches(w.channel_id, reaches)}
+        fresh = await self.history.aio.triage(skip_channels=elsewhere)  # the stale ones marked missed
         answered = {(wake.imp, wake.channel_id, wake.message.id) for wake in fresh}
         missed = [
             w
             for w in before
-            if (w.imp, w.channel_id, w.message.id) not in answered
+            if w.channel_id not in elsewhere
+            and (w.imp, w.channel_id, w.message.id) not in answered
             and await self.history.aio.outcome(w.imp, w.channel_id, w.message.id) == "missed"
         ]  # not those answered before the restart whose outcome was lost (issue 19 #2): triage marked them sent
-        await self._mention_missed(missed, reaches)
+        await self._mention_missed(missed)
         resumed = 0
         for wake in fresh:
             if wake.imp not in self.configs:
@@ -224,7 +229,13 @@ class Conversations:
             resumed += 1
         return resumed
 
-    async def _mention_missed(self, missed: Sequence[PendingWake], reaches: Collection[str] | None) -> None:
+    async def _reaches(self, channel_id: str, reaches: Collection[str] | None) -> bool:
+        if reaches is None:
+            return True
+        info = await self.channels.aio.info(channel_id)
+        return surface_of(channel_id, info.surface if info else None) in reaches
+
+    async def _mention_missed(self, missed: Sequence[PendingWake]) -> None:
         """One notice per person and channel for messages marked missed just now (they were marked before
         this, so a crash here mentions them at most once, never twice)."""
         grouped: dict[tuple[str, str, str], list[PendingWake]] = {}
@@ -233,8 +244,6 @@ class Conversations:
                 grouped.setdefault((wake.imp, wake.channel_id, wake.message.author.id), []).append(wake)
         for (imp, channel_id, _), wakes in grouped.items():
             info = await self.channels.aio.info(channel_id)
-            if reaches is not None and surface_of(channel_id, info.surface if info else None) not in reaches:
-                continue  # another surface's channel: this host cannot post there
             shared = info is not None and info.kind not in ("dm", "terminal")
             name = wakes[0].message.author.name if shared else None
             await self.notice(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -321,8 +321,11 @@ class History(Store):
             pending.append(PendingWake(row[0], row[1], _message(row[3:]), parse_iso(row[2])))
         return pending
 
-    def triage(self, imp: str | None = None, fresh: timedelta = RECOVERY_FRESH) -> list[PendingWake]:
-        """Mark stale unfinished wakes ``missed``; return the fresh ones, to be answered now.
+    def triage(
+        self, imp: str | None = None, fresh: timedelta = RECOVERY_FRESH, skip_channels: Collection[str] = ()
+    ) -> list[PendingWake]:
+        """Mark stale unfinished wakes ``missed``; return the fresh ones, to be answered now. Wakes in
+        ``skip_channels`` (another host's surface) are left as they are, for that host's own recovery.
 
         A wake the imp had already answered — its reply to that message is in the history — whose outcome write
         was lost (a full disk, a crash between the two) is marked ``sent`` and never answered again (issue 19 #2).
@@ -331,6 +334,8 @@ class History(Store):
         fresh_ones: list[PendingWake] = []
         stale: list[PendingWake] = []
         for wake in self.unfinished(imp):
+            if wake.channel_id in skip_channels:
+                continue
             if self.replied(wake.imp, wake.channel_id, wake.message.id):
                 self.finish(
                     wake.imp, wake.channel_id, [wake.message.id], "sent",

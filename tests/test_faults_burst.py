@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from prompt_toolkit.key_binding import KeyPress
+from prompt_toolkit.keys import Keys
 
 from box.protocol import ErrorCode
 from box.protocol.models import DiscordSendParams, ModelRequestParams
 from impyard.chat_commands import paste_message
+from impyard.chat_console import typed_lines
 from impyard.rate_precheck import SendOutlook, precheck
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.test_chat_app import (
@@ -89,6 +92,48 @@ def test_a_pasted_burst_is_one_turn_and_one_model_call(fake: FakeOpenAI, impyard
     assert said(fake) == ["\n".join(lines)]  # one model call, with every line of the paste
     assert shown.count("pip> Read all of it.") == 1
     assert "rate limited" not in shown and "could not answer" not in shown
+
+
+def test_a_paste_the_terminal_did_not_bracket_is_one_model_call_at_the_prompt_too(
+    fake: FakeOpenAI, impyard_home: Path
+) -> None:
+    """TERM=xterm: prompt_toolkit's prompt, but the paste comes as keys with Enters (no bracketing)."""
+    fake.script(envelope(answer="Read all of it."))
+    add_imp()
+    lines = [f"line {n:02d} of the paste" for n in range(30)]
+    env = {**environment(fake, impyard_home), "TERM": "xterm"}
+    child = pexpect.spawn(
+        IMPYARD, ["chat", "--backend", "process"], env=env, encoding="utf-8", timeout=60, dimensions=(40, 200)
+    )
+    child.logfile_read = io.StringIO()
+    child.expect_exact("you> ")
+    child.send("".join(line + ENTER for line in lines))
+    child.expect_exact("Read all of it.")
+    quit_chat(child)
+    assert said(fake) == ["\n".join(lines)]  # one model call, with every line of the paste
+
+
+def _keys(text: str) -> list[KeyPress]:
+    """Keys as prompt_toolkit parses them: a character is its own key, \r is Enter, \x7f Backspace."""
+    named = {"\r": Keys.ControlM, "\n": Keys.ControlJ, "\x7f": Keys.ControlH, "\x1b": Keys.Escape}
+    return [KeyPress(named.get(ch, ch), ch) for ch in text]
+
+
+@pytest.mark.parametrize(
+    ("typed", "lines", "left"),
+    [
+        ("", [], ""),
+        ("two\rthree\r", ["two", "three"], ""),
+        ("two\rthr", ["two"], "thr"),  # a half line stays for the prompt
+        ("two\r\rfour\r", ["two", "", "four"], ""),  # a blank line inside a paste is kept
+        ("two\rx\x7fy\r", ["two"], "x\x7fy\r"),  # an edit key: the prompt sees the rest as typed
+        ("\x1b\rmore\r", [], "\x1b\rmore\r"),  # Alt-Enter is a new line in the message, not a send
+        ("a\nb\r", ["a", "b"], ""),
+    ],
+)
+def test_keys_read_ahead_give_their_whole_lines(typed: str, lines: list[str], left: str) -> None:
+    taken, rest = typed_lines(_keys(typed))
+    assert (taken, "".join(press.data for press in rest)) == (lines, left)
 
 
 def test_a_paste_that_ends_in_a_command_does_it_after_the_message(

@@ -168,3 +168,14 @@ async def test_messages_missed_across_a_restart_are_mentioned_exactly_once(fake:
             f"I missed your 2 messages from {stamp} UTC while I was restarting — please send them again.",
         )
     ]  # the terminal's missed message is not printed into Discord: that host does not reach it
+    # ... nor marked missed there (issue 19 #5): it waits for the host that reaches the terminal channel.
+    async with start() as rt:
+        assert rt.history.outcome("pip", "terminal:ann", "m3") is None
+    surface.sent.clear()
+    async with open_runtime(
+        ["pip"], surface, clock=clock, backends={"pip": backend}, surfaces=("terminal",)
+    ) as rt:
+        assert rt.history.outcome("pip", "terminal:ann", "m3") == "missed"
+        assert rt.history.outcome("pip", CHANNEL, "m1") == "missed"  # untouched: marked by the Discord host
+    assert [(s.channel_id, s.kind) for s in surface.sent] == [("terminal:ann", "notice")]
+    assert "I missed your message from" in surface.sent[0].content
