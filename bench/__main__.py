@@ -26,11 +26,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench import burst, cold_warm, fanout, gateway, memory, night, warm_turn
 from bench.env import ROOT, environment, isolated_home, settle
-from bench.harness import Context, Plan, add_imps, result
+from bench.harness import Context, NamedBackend, Plan, add_imps, result
 from bench.report import RowsOf, markdown, rich_table, rows
 from impyard.backends import BoxBackend, BoxStartError
 from impyard.backends.docker import DockerBackend
 from impyard.backends.process import ProcessBackend
+from impyard.backends.runtimes import RuntimeChoice
 from impyard.boximage import BoxImageError, build_image, expected_tag, image_present
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"  # bench/results/ is git-ignored
@@ -65,20 +66,27 @@ class RichProgress:
 def choose_backends(
     use_docker: bool, say: Callable[[str], None]
 ) -> tuple[dict[str, BoxBackend], dict[str, str]]:
-    """The process backend always; Docker where an engine runs and the box image is (or can be) built."""
+    """The process backend always; Docker under runc where an engine runs and the box image is (or can be)
+    built, and Docker under gVisor's runsc where the engine has it registered (issue 22)."""
     backends: dict[str, BoxBackend] = {"process": ProcessBackend(warn=False)}
     if not use_docker:
-        return backends, {"docker": "--no-docker"}
+        return backends, {"docker": "--no-docker", "runsc": "--no-docker"}
     try:
         tag = expected_tag()
         if not image_present(tag):
             say(f"building the box image {tag} …")
             build_image(progress=lambda line: None)
-        docker = DockerBackend(tag)
+        docker = DockerBackend(tag, runtime=RuntimeChoice("runc", "the benchmark"))
         docker.preflight()
     except (BoxImageError, BoxStartError) as exc:
-        return backends, {"docker": str(exc)}
+        return backends, {"docker": str(exc), "runsc": str(exc)}
     backends["docker"] = docker
+    runsc = DockerBackend(tag, runtime=RuntimeChoice("runsc", "the benchmark"))
+    try:
+        runsc.preflight()
+    except BoxStartError as exc:
+        return backends, {"runsc": str(exc)}
+    backends["runsc"] = NamedBackend(runsc, "runsc")
     return backends, {}
 
 

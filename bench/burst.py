@@ -16,6 +16,7 @@ from bench.harness import (
     dm,
     fake_model,
     host,
+    label,
     primary,
     result,
 )
@@ -50,7 +51,7 @@ async def _one_burst(running: Host, channel: str, size: int) -> dict[str, Any]:
 
 
 async def run(ctx: Context) -> dict[str, Any]:
-    names = list(ctx.backends)
+    names = ctx.core_backends()
     size, reps = ctx.plan.burst_messages, ctx.plan.burst_reps
     variants: dict[str, Any] = {}
     with fake_model(TURN_MODEL_LATENCY_S):
@@ -82,7 +83,7 @@ def rows(s: dict[str, Any]) -> list[Row]:
         target = f"boxes 1 → {max(v['boxes_started'])}; lost {sum(v['lost'])}, dup {sum(v['duplicated'])}"
         out.append(
             Row(
-                f"burst of {s['messages']} → last reply, {name}",
+                f"burst of {s['messages']} → last reply, {label(name)}",
                 v,
                 v["single"]["p50_ms"],
                 v["ratio_p50"],

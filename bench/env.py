@@ -15,6 +15,8 @@ from typing import Any
 
 import anyio
 
+from impyard import gateway
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Lifts the per-channel send rate (20/min by default) and the budgets so hundreds of turns fit in one run;
@@ -48,14 +50,18 @@ def isolated_home() -> Iterator[Path]:
         for name in ("IMPYARD_HOME", "IMPYARD_POLICY_DIR", "OPENAI_API_KEY", "OPENAI_BASE_URL")
     }
     home = Path(tempfile.mkdtemp(prefix="impyard-bench-"))
+    history_rate = gateway.HISTORY_REQUESTS_PER_MINUTE
     try:
         os.environ["IMPYARD_HOME"] = str(home)
         for name in ("IMPYARD_POLICY_DIR", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
             os.environ.pop(name, None)
         (home / "policies").mkdir()
         (home / "policies" / "bench.toml").write_text(BENCH_POLICY)
+        # A box's history requests are capped per minute in code, not policy: hundreds of turns a minute here.
+        gateway.HISTORY_REQUESTS_PER_MINUTE = 1_000_000
         yield home
     finally:
+        gateway.HISTORY_REQUESTS_PER_MINUTE = history_rate
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -10,20 +10,61 @@ from typing import Any
 
 import anyio
 
+from bench.costs import CpuMeter, SessionProcesses, session_processes
 from bench.env import children_rss_kib, machine_cpu, rss_kib
 from bench.harness import (
     TURN_MODEL_LATENCY_S,
     Context,
+    Host,
     dm,
+    docker_of,
     fake_model,
     host,
+    label,
     primary,
     result,
 )
 from bench.report import Row
 from bench.stats import ratio, summary
+from impyard.sessions import SessionKey
 
 TARGETS = {"lost": 0, "duplicated": 0, "rss_per_session_mib": 2.0}
+# issue 18, at 50 sessions: ≥ 3× the throughput measured before it (63 turns/s Docker, 85 process), p99 ≤ 600 ms;
+# every process a session adds together ≤ the box program's own RSS + 2 MiB.
+TODAY_TURNS_PER_S = {"docker": 63.0, "process": 85.0}
+SATURATION_TARGETS = {"throughput_vs_today": 3.0, "p99_ms": 600.0, "memory_over_box_mib": 2.0}
+
+
+def _processes(ctx: Context, name: str, running: Host, channels: list[str]) -> list[SessionProcesses]:
+    """Blocking: the processes each channel's session added."""
+    docker = docker_of(ctx.backends[name])
+    found = []
+    for channel in channels:
+        session = running.runtime.sessions.sessions.get(SessionKey(running.imp, channel))
+        if session is not None and session.box is not None:
+            found.append(session_processes(session.box, docker))
+    return found
+
+
+def _memory(processes: list[SessionProcesses], supervisor_kib_per_session: float) -> dict[str, Any]:
+    """Per session, in MiB: the box program's own RSS, and every process the session added (RSS and PSS),
+    with the supervisor's own growth per session added to both totals."""
+    seen = [p.memory_kib() for p in processes]
+    if not seen:
+        return {}
+
+    def mean(key: str) -> float:
+        return sum(s[key] for s in seen) / len(seen) / 1024
+
+    box, extra = mean("box_rss_kib"), supervisor_kib_per_session / 1024
+    all_rss = mean("all_rss_kib") + extra
+    return {
+        "box_rss_mib": round(box, 2), "box_pss_mib": round(mean("box_pss_kib"), 2),
+        "all_rss_mib": round(all_rss, 2), "all_pss_mib": round(mean("all_pss_kib") + extra, 2),
+        "shim_rss_mib": round(mean("shim_rss_kib"), 2), "client_rss_mib": round(mean("client_rss_kib"), 2),
+        "supervisor_mib": round(extra, 3), "processes_per_session": round(sum(s["processes"] for s in seen) / len(seen), 1),
+        "over_box_rss_mib": round(all_rss - box, 2), "sessions_seen": len(seen),
+    }  # fmt: skip
 
 
 async def _level(ctx: Context, name: str, sessions: int, messages: int) -> dict[str, Any]:
@@ -50,13 +91,20 @@ async def _level(ctx: Context, name: str, sessions: int, messages: int) -> dict[
             for channel in channels:
                 tg.start_soon(one, channel, 0, starts)
         running.ended_ms.clear()
+        processes = await anyio.to_thread.run_sync(_processes, ctx, name, running, channels)
+        meters = [CpuMeter(p, engine=[]) for p in processes] + [CpuMeter(SessionProcesses(box=[]))]
+        for meter in meters:
+            meter.start()
         began, cpu_began, machine_began = time.perf_counter(), time.process_time(), machine_cpu()
         async with anyio.create_task_group() as tg:  # then all channels talk at once
             for channel in channels:
                 tg.start_soon(conversation, channel)
         wall_s, cpu_s, machine = time.perf_counter() - began, time.process_time() - cpu_began, machine_cpu()
+        for meter in meters:
+            meter.stop()
         gc.collect()
         rss_after, children_after, threads_after = rss_kib(), children_rss_kib(), threading.active_count()
+        memory = _memory(processes, (rss_after - rss_before) / sessions)
         live, ended = len(running.runtime.sessions.sessions), summary(running.ended_ms)
     surface = running.surface
     expected = [f"{channel}-m{n}" for channel in channels for n in range(messages + 1)]
@@ -65,6 +113,10 @@ async def _level(ctx: Context, name: str, sessions: int, messages: int) -> dict[
         "throughput_per_s": round(sessions * messages / wall_s, 1), "box_start": summary(starts),
         "turn_ended": ended,  # message in → outcome recorded: the reply plus the turn's tail
         "supervisor_cpu_ms_per_turn": round(cpu_s * 1000 / (sessions * messages), 2),
+        **{key: round(sum(m.totals[part] for m in meters) * 1000 / (sessions * messages), 3)
+           for key, part in (("box_cpu_ms_per_turn", "box"), ("relay_cpu_ms_per_turn", "relay"),
+                             ("engine_cpu_ms_per_turn", "engine"))},
+        "memory_per_session": memory,
         "machine_cpu_busy_pct": round(100 * (machine[0] - machine_began[0]) / max(1, machine[1] - machine_began[1]), 1),
         "lost": sum(1 for message_id in expected if not surface.replied_at.get(message_id)),
         "duplicated": sum(max(0, len(surface.replied_at.get(message_id, [])) - 1) for message_id in expected),
@@ -76,7 +128,7 @@ async def _level(ctx: Context, name: str, sessions: int, messages: int) -> dict[
 
 
 async def run(ctx: Context) -> dict[str, Any]:
-    names = list(ctx.backends)
+    names = ctx.core_backends()
     messages = ctx.plan.fanout_messages
     variants: dict[str, Any] = {}
     with fake_model(TURN_MODEL_LATENCY_S):
@@ -118,7 +170,7 @@ def rows(s: dict[str, Any]) -> list[Row]:
             )
             out.append(
                 Row(
-                    f"fan-out {n} sessions, {name}",
+                    f"fan-out {n} sessions, {label(name)}",
                     v,
                     one["p50_ms"],
                     ratio(v["p50_ms"], one["p50_ms"]),
@@ -126,4 +178,53 @@ def rows(s: dict[str, Any]) -> list[Row]:
                     ok,
                 )
             )
+        out += _saturation_rows(name, levels)
+    return out
+
+
+def _saturation_rows(name: str, levels: dict[str, Any]) -> list[Row]:
+    """Issue 18 at the widest level: throughput and p99 against today's, CPU per turn by whom, memory per session."""
+    widest = levels[max(levels, key=int)]
+    one = levels[min(levels, key=int)]
+    today = TODAY_TURNS_PER_S.get(name)
+    got = widest["throughput_per_s"]
+    out = [
+        Row(
+            f"saturation at {widest['sessions']} sessions, {label(name)}: turns/s (baseline: 1 session)",
+            {"samples": widest["samples"], "p50_ms": widest["p50_ms"], "p95_ms": widest["p95_ms"], "p99_ms": widest["p99_ms"]},
+            one["p50_ms"], ratio(got, today) if today else None,
+            f"{got:.0f} turns/s ≥{SATURATION_TARGETS['throughput_vs_today']:g}× {today:g} → {got / today:.2f}×; "
+            f"p99 ≤{SATURATION_TARGETS['p99_ms']:g} → {widest['p99_ms']:,.0f}" if today else f"{got:.0f} turns/s",
+            bool(today) and got >= SATURATION_TARGETS["throughput_vs_today"] * (today or 0)
+            and widest["p99_ms"] <= SATURATION_TARGETS["p99_ms"],
+        )
+    ]  # fmt: skip
+    if "box_cpu_ms_per_turn" in widest:
+        relays = "" if name == "process" else (
+            f", stdio relays {widest['relay_cpu_ms_per_turn']:.2f}, engine {widest['engine_cpu_ms_per_turn']:.2f}"
+        )  # fmt: skip
+        out.append(
+            Row(
+                f"CPU per turn at {widest['sessions']} sessions, {label(name)}: supervisor (ms)",
+                {"samples": widest["samples"], "p50_ms": widest["supervisor_cpu_ms_per_turn"]},
+                one.get("supervisor_cpu_ms_per_turn"),
+                ratio(widest["supervisor_cpu_ms_per_turn"], one.get("supervisor_cpu_ms_per_turn")),
+                f"box {widest['box_cpu_ms_per_turn']:.2f}{relays}; machine busy {widest['machine_cpu_busy_pct']:.0f}%",
+                None,
+            )
+        )
+    memory = widest.get("memory_per_session") or {}
+    if memory:
+        limit = SATURATION_TARGETS["memory_over_box_mib"]
+        out.append(
+            Row(
+                f"memory per session, {label(name)}: every process it adds, RSS MiB (baseline: the box's own RSS)",
+                {"samples": memory["sessions_seen"], "p50_ms": memory["all_rss_mib"]},
+                memory["box_rss_mib"], ratio(memory["all_rss_mib"], memory["box_rss_mib"]),
+                f"≤ box + {limit:g} → box + {memory['over_box_rss_mib']:.1f} (PSS {memory['all_pss_mib']:.1f}; "
+                f"{memory['processes_per_session']:g} processes: shim {memory['shim_rss_mib']:.1f}, client "
+                f"{memory['client_rss_mib']:.1f}, supervisor {memory['supervisor_mib']:.2f})",
+                memory["over_box_rss_mib"] <= limit,
+            )
+        )  # fmt: skip
     return out

@@ -8,7 +8,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ from bench.env import ROOT
 from bench.stats import percentile
 from box.program import serve as serve_box
 from box.protocol import BOX_METHODS, HOST_METHODS, Peer
+from box.protocol.history import HistoryCommitParams, HistoryCommitResult, HistoryLineView, HistoryLoadResult
 from box.protocol.models import (
     Author,
     BoxInitParams,
@@ -35,6 +36,7 @@ from box.protocol.models import (
     SessionInfo,
 )
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
+from impyard.backends.docker import DockerBackend, box_user
 from impyard.broker import ModelBroker, UpstreamConfig, encode_body
 from impyard.conversation import Inbound
 from impyard.imps import ImpStore
@@ -55,7 +57,7 @@ class Plan:
     """Sample counts: the full run aims at a few minutes on 2 cores; --quick at seconds."""
 
     warm_samples: int = 300
-    cold_samples: dict[str, int] = field(default_factory=lambda: {"docker": 20, "process": 20})
+    cold_samples: dict[str, int] = field(default_factory=lambda: {"docker": 20, "runsc": 20, "process": 20})
     warm_in_cold_scenario: int = 40
     burst_messages: int = 20
     burst_reps: int = 5
@@ -76,7 +78,7 @@ class Plan:
     def quick(cls) -> Plan:
         return cls(
             warm_samples=5,
-            cold_samples={"docker": 2, "process": 2},
+            cold_samples={"docker": 2, "runsc": 2, "process": 2},
             warm_in_cold_scenario=3,
             burst_reps=1,
             fanout_levels={"process": (1, 3), "docker": (1, 2)},
@@ -102,7 +104,50 @@ class Progress(Protocol):
 class Context:
     plan: Plan
     progress: Progress
-    backends: dict[str, BoxBackend]  # name -> backend; docker only where it can run
+    backends: dict[str, BoxBackend]  # name -> backend; docker (runc) and runsc only where they can run
+
+    def core_backends(self) -> list[str]:
+        """The backends every scenario measures; the runtime variants (runsc) only have cold start and warm
+        turn (issue 22)."""
+        return [name for name in self.backends if name not in RUNTIME_VARIANTS]
+
+
+# Docker under another OCI runtime than runc: a backend of its own in the benchmark (issue 22).
+RUNTIME_VARIANTS = ("runsc",)
+LABELS = {"docker": "docker (runc)", "runsc": "docker (runsc)"}
+
+
+def label(name: str) -> str:
+    """A backend as the table names it: Docker's two runtimes apart."""
+    return LABELS.get(name, name)
+
+
+@dataclass
+class NamedBackend:
+    """A backend under another name: each benchmark backend gets its own imps and state dirs (``imp_for``),
+    so Docker under runsc is not Docker under runc."""
+
+    inner: BoxBackend
+    name: str
+
+    def open(self, spec: BoxSpec, host: BoxHost) -> AbstractAsyncContextManager[RunningBox]:
+        return self.inner.open(spec, host)
+
+
+def docker_of(backend: BoxBackend) -> DockerBackend | None:
+    """The Docker backend behind a (named) benchmark backend, or None."""
+    inner = backend.inner if isinstance(backend, NamedBackend) else backend
+    return inner if isinstance(inner, DockerBackend) else None
+
+
+def bare_run_argv(docker: DockerBackend) -> list[str]:
+    """A bare ``docker run`` of the box image under the backend's runtime: no box program, no lockdown
+    beyond what every box has (no network, read-only root, non-root); Python starts and exits. The floor a
+    cold box is measured against (issue 22)."""
+    return [
+        "docker", "run", "--rm", "--runtime", docker.runtime, "--network", "none", "--read-only",
+        "--user", box_user(), "--entrypoint", "python3", docker.image, "-c", "pass",
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------ the scripted model
@@ -325,6 +370,7 @@ async def in_process_box(
 ) -> AsyncIterator[InProcessBox]:
     """``imp``'s settings and persona, exactly as ``box.init`` carries them to a real box; its own state dir."""
     surface = TimingSurface()
+    kept: list[HistoryLineView] = []  # the box's own lines, in memory (the host keeps them, issue 22)
     broker = ModelBroker(upstream.config())
 
     async def minimal_host(method: str, params: BaseModel) -> BaseModel | None:
@@ -336,6 +382,19 @@ async def in_process_box(
             assert isinstance(params, DiscordSendParams)
             ids = await surface.send(params.channel_id, params.content, params.reply_to, (), params.kind)
             return DiscordSendResult(status="delivered", message_ids=ids)
+        if method == "history.load":
+            return HistoryLoadResult(lines=kept[-20:])
+        if method == "history.commit":
+            assert isinstance(params, HistoryCommitParams)
+            known = {(line.id, line.role) for line in kept}
+            fresh = [
+                HistoryLineView(**line.model_dump())
+                for line in params.lines
+                if (line.id, line.role) not in known
+            ]
+            kept.extend(fresh)
+            del kept[:-20]
+            return HistoryCommitResult(stored=len(fresh))
         return None  # turn.stage, log
 
     store = ImpStore()

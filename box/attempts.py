@@ -11,6 +11,12 @@ An unset model falls through to the next rule. Three failed attempts in a row ra
 ``ModelExhausted`` (a ``RuntimeError``, ENV-12); between attempts the box sleeps
 ``retry_backoff_s`` × 2^(attempt-1), or longer when the host said when to come back.
 
+A request the upstream refuses as written (issue 16: HTTP 400 ``unsupported_parameter`` or
+``unsupported_value``, a schema it does not take, an unknown model) is a failed attempt too, but the
+same request would be refused the same way: it is not retried, and ``ModelRefused`` (a
+``ModelExhausted``, so ENV-12's ``RuntimeError``) is raised at once, with the upstream's cause, so the
+failure notice and the log say it once, and why.
+
 Each attempt has its own time limit (issue 19 #6), derived by the host from the turn ceiling and the attempt
 count (``attempt_timeout_s``, sent as ``ResponderSettings.attempt_timeout_s``): a hung upstream costs one
 attempt, not the whole turn, so all three attempts fit inside the ceiling.
@@ -42,6 +48,18 @@ RETRYABLE_RPC_CODES = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.UPSTREAM_UNRE
 
 class ModelExhausted(RuntimeError):
     """ENV-12: the model gave no usable answer in ``MAX_ATTEMPTS`` attempts."""
+
+
+class ModelRefused(ModelExhausted):
+    """Issue 16: the upstream refused the request as written; retrying the same request cannot help."""
+
+    def __init__(self, failure: ModelCallFailed, attempt: int) -> None:
+        self.status = failure.status
+        self.cause = failure.cause
+        super().__init__(
+            f"the model refused the request on attempt {attempt}, not retried (the same request would be "
+            f"refused again): {str(failure)[:800]}"
+        )
 
 
 @dataclass
@@ -130,6 +148,8 @@ async def with_attempts(
             chooser.succeeded()
             return result
         chooser.failed(failure)
+        if failure.refused:
+            raise ModelRefused(failure, n) from failure  # issue 16: deterministic, reported once
         failures.append(str(failure))
         if n < max_attempts:
             await sleep(backoff_s(n, base_s, failure.retry_after))  # D1: never hammer the API back-to-back

@@ -3,8 +3,11 @@
 The system message is the persona — the operator's template with the legacy ``{date}``,
 ``{time}``, ``{news}`` and ``{memory}`` placeholders removed, then the memory engine's static
 rules when memory is on (issue 23: mechanisms 7, 8, 13, 56) — followed by a ``## Context``
-suffix holding the date, time, channel, news (when the host sent the news file's text) and
-the memory block (when the memory engine gave one), then the framing note. The persona
+suffix holding the date, time, channel, the version line (the imp's configured model and the
+impyard release, seed 003), news (when the host sent the news file's text) and the memory
+block (when the memory engine gave one), then the framing note: what the framing asks of
+the model, and in every framing where it may stay silent, what a silent answer means
+(ENV-02, ENV-04). The persona
 prefix is byte-identical from call to call, so the upstream's prompt cache can hit (ENV-20).
 
 Pure functions of plain values: the machine gathers the facts, this module only arranges them.
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from box import __version__ as box_version
 from box.history import PromptEntry
 from box.protocol.models import Attachment, Framing, ImpSpec, Message, SessionInfo
 
@@ -25,15 +29,34 @@ from box.protocol.models import Attachment, Framing, ImpSpec, Message, SessionIn
 LEGACY_PLACEHOLDERS = re.compile(r"\{(?:date|time|news|memory)\}")
 MAX_REPLY_EXCERPT_CHARS = 300
 
+# What a silent answer means, told in every framing where the model may choose it (ENV-02, ENV-04).
+SILENT_MEANS = "A silent answer (answer_needed false) posts nothing; the message stays in the conversation."
 JUDGE_NOTE = (
     "Several people are talking here. Reply only when you are addressed or have something genuinely useful "
-    "to add; otherwise set answer_needed to false. Staying silent is fine."
+    "to add; otherwise set answer_needed to false. Staying silent is fine. " + SILENT_MEANS
 )
-ADDRESSED_NOTE = "You were addressed directly in this message."
+ADDRESSED_NOTE = "You were addressed directly in this message: your answer is posted."
+DM_NOTE = "This is a direct message: the person expects an answer, and your answer is posted."
+ONE_TO_ONE_NOTE = (
+    'You are talking with one person here. When their message needs no reply (a "brb", an "ok", a '
+    "goodbye), set answer_needed to false. " + SILENT_MEANS
+)
+ONE_TO_ONE_ADDRESSED_NOTE = "You are talking with one person here. " + ADDRESSED_NOTE
 TASK_NOTE = (
     "This is a scheduled task, not a chat message. Set answer_needed to true only when your answer should be "
     "posted to the channel."
 )
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """Seed 003 version metadata: the imp's configured model and the impyard release it runs on."""
+
+    model: str
+    impyard: str
+
+    def line(self) -> str:
+        return f"Running as: model {self.model} on impyard {self.impyard}"
 
 
 def persona_prefix(imp: ImpSpec) -> str:
@@ -52,30 +75,44 @@ def _channel_line(session: SessionInfo) -> str:
     return f"Channel: #{session.channel_name}" if session.channel_name else f"Channel: {session.channel_id}"
 
 
-def framing_note(framing: Framing) -> str | None:
+def framing_note(framing: Framing, *, addressed: bool = False) -> str | None:
+    """What the framing asks of the model; ``addressed``: the message mentions the imp or replies to it."""
     if framing.reason == "task":
         return TASK_NOTE
     if framing.mode == "judge":
         note = JUDGE_NOTE
         if framing.participants:
             note += "\nPeople here: " + ", ".join(p.name for p in framing.participants[:20])
-        if framing.reason == "mention":
+        if framing.reason == "mention" or addressed:
             note += "\n" + ADDRESSED_NOTE
         return note
-    return None
+    if framing.reason == "dm":
+        return DM_NOTE  # ENV-04
+    if framing.reason == "mention" or addressed:
+        return ONE_TO_ONE_ADDRESSED_NOTE  # ENV-04: addressed directly
+    return ONE_TO_ONE_NOTE  # ENV-02: a one-to-one server channel, the message addressed to nobody
 
 
 def context_suffix(
-    now: datetime, session: SessionInfo, framing: Framing, *, news: str | None, memory: str | None
+    now: datetime,
+    session: SessionInfo,
+    framing: Framing,
+    *,
+    news: str | None,
+    memory: str | None,
+    addressed: bool = False,
+    version: VersionInfo | None = None,
 ) -> str:
     """ENV-10: date, time, channel, news, memory — everything that changes from call to call."""
     at = now.astimezone(UTC)
     lines = ["## Context", f"Date: {at:%Y-%m-%d (%A)}", f"Time: {at:%H:%M} UTC", _channel_line(session)]
+    if version is not None:
+        lines.append(version.line())  # seed 003: version metadata
     if news and news.strip():
         lines += ["", "### News", news.strip()]
     if memory and memory.strip():
         lines += ["", "### Memory", memory.strip()]
-    note = framing_note(framing)
+    note = framing_note(framing, addressed=addressed)
     if note:
         lines += ["", note]
     return "\n".join(lines)
@@ -145,6 +182,7 @@ class PromptPackage:
     ]  # the conversation after the system message, ending with the current message
     image_urls: list[str] = field(default_factory=list)  # data URLs of the message's images
     tool_results: int = 0  # how many tool results have been appended
+    version: VersionInfo | None = None  # seed 003: the imp's model and impyard's version (also in ``suffix``)
 
     @property
     def system(self) -> str:
@@ -169,7 +207,11 @@ def build_package(
     news: str | None,
     memory: str | None,
     rules: str | None = None,
+    version: VersionInfo | None = None,
 ) -> PromptPackage:
+    """The whole prompt package of one turn (seed 003 ContextBuilding); ``version`` defaults to the imp's
+    configured model on this box's own release."""
+    version = version or VersionInfo(imp.responder.model, box_version)
     messages = [entry_message(entry) for entry in history]
     messages.append({"role": "user", "content": user_content(message)})
     prefix = persona_prefix(imp)
@@ -177,7 +219,10 @@ def build_package(
         prefix = f"{prefix}\n\n{rules.strip()}"
     return PromptPackage(
         prefix=prefix,
-        suffix=context_suffix(now, session, framing, news=news, memory=memory),
+        suffix=context_suffix(
+            now, session, framing, news=news, memory=memory, addressed=message.mentions_imp, version=version
+        ),
         messages=messages,
         image_urls=[data_url(item) for item in message.attachments if is_image(item)],
+        version=version,
     )

@@ -14,7 +14,7 @@ import re
 import sqlite3
 from typing import Final, Literal, get_args
 
-from box.attempts import ModelExhausted
+from box.attempts import ModelExhausted, ModelRefused
 from box.machine import SendFailed
 from box.model import ModelCallFailed
 from box.protocol import ErrorCode, RpcError
@@ -22,6 +22,7 @@ from box.protocol import ErrorCode, RpcError
 FailureKind = Literal[
     "rate_limited",  # HTTP 429 from the model, or the gateway's rate limit on model calls
     "upstream",  # the model API answered with an error (HTTP 5xx and the like)
+    "model_refused",  # issue 16: the model API refused the request as sent (HTTP 400 unsupported_parameter …)
     "timeout",  # the model API did not answer in time (a hung model)
     "unreachable",  # the model API could not be reached (network, no key configured)
     "denied",  # a policy rule denied the request
@@ -88,9 +89,13 @@ def classify(error: BaseException | None) -> FailureKind:
             return "send_limited"  # issue 19 #3: refused before the model was paid, the reply would be over a send limit
         kind = _rpc_kind(error.code)
         return last_attempt_kind(error.message) if kind == "unreachable" else kind
+    if isinstance(error, ModelRefused):
+        return "model_refused"  # issue 16: a setting the model does not take; retrying would not help
     if isinstance(error, ModelExhausted):
         return last_attempt_kind(str(error))
     if isinstance(error, ModelCallFailed):
+        if error.refused:
+            return "model_refused"
         if error.status == 429:
             return "rate_limited"
         return "upstream" if error.status is not None else last_attempt_kind(str(error))

@@ -1,8 +1,11 @@
-"""The box's own conversation history, kept under its state dir (SPEC-001 ENV-05, ENV-07, ENV-11).
+"""The responder's own conversation history (SPEC-001 ENV-05, ENV-07, ENV-11, ENV-13): its rules, and the
+box's side of the host that keeps it (issue 22).
 
-One file for the imp (``history.json``), shared by the imp's boxes in every channel: each
-record carries its channel. Writes are read-modify-write under an exclusive ``flock`` (the
-imp's boxes for other channels write the same file) and land atomically (temp file + rename).
+The lines are kept by the host, per imp and channel, in its database (``impyard.responder_history``); no
+file under ``/state`` holds them and no two boxes share one. A box reaches its own channel's lines only
+through the protocol (``box.protocol.history``): one ``history.load`` when a turn builds its context, one
+``history.commit`` when it has ended. The trimming rules below (``trim``, ``shrink_by_one``) are pure and
+imported by both sides: the host applies them to the imp's lines with the imp's own limits.
 
 How it combines with the host's ``recent`` (see ``combine``): the host's ``recent`` is
 authoritative for what was said in the channel — everyone's messages, and the imp's own
@@ -15,28 +18,30 @@ or a DM leaks into a prompt), and cut to ``history_limit`` (ENV-07).
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import os
-import tempfile
-import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any, Literal
 
+from box.protocol import ErrorCode, Peer, RpcError
+from box.protocol.history import (
+    MAX_COMMIT_LINES,
+    MAX_LINE_CHARS,
+    CountedOutcome,
+    HistoryCommitParams,
+    HistoryCommitResult,
+    HistoryLine,
+    HistoryLoadParams,
+    HistoryLoadResult,
+)
 from box.protocol.models import HistoryEntry
 
 log = logging.getLogger("box.history")
 
-HISTORY_FILE = "history.json"
-LOCK_FILE = "history.lock"
-MAX_RECORD_CHARS = 4_000  # a record is context, not an archive of everything
-FORMAT_VERSION = 1
+MAX_RECORD_CHARS = MAX_LINE_CHARS  # a record is context, not an archive of everything
+MAX_HELD_LINES = MAX_COMMIT_LINES - 2  # events held for the next commit, beside the turn's own two lines
 
 Role = Literal["user", "assistant", "event"]
 
@@ -110,6 +115,9 @@ def combine(
             entries[record.id] = PromptEntry(record.id, record.role, record.author, record.content, record.at)
     for entry in recent:  # the host's copy wins: it is what the channel actually shows
         if entry.id != current_id:
+            kept = entries.get(entry.id)
+            if not entry.content.strip() and kept is not None and kept.content.strip():
+                continue  # a picture-only post has no text on the host; ours has its image markers (seed 003)
             role: Role = "assistant" if entry.from_imp else "user"
             entries[entry.id] = PromptEntry(
                 entry.id, role, entry.author.name, entry.content, entry.created_at
@@ -118,118 +126,109 @@ def combine(
     return ordered[-limit:] if limit > 0 else []
 
 
-# ------------------------------------------------------------------ the store (file I/O: call it off the loop)
+# ------------------------------------------------------------------ the host keeps them (issue 22)
 
 
-class HistoryStore:
-    """The history file and the turn counters next to it. Blocking I/O: run it in a worker thread."""
+def aware(at: datetime) -> datetime:
+    """A time with its zone (a time without one is UTC), so lines from both sources sort together."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
-    def __init__(self, state_dir: Path, *, limit: int, per_channel: int) -> None:
-        self.state_dir = state_dir
-        self.limit = limit
-        self.per_channel = per_channel
-        self._lock = threading.Lock()
 
-    @property
-    def path(self) -> Path:
-        return self.state_dir / HISTORY_FILE
+class HostHistory:
+    """The box's own channel's lines, asked of the host: one read per turn, one write per turn.
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            with (self.state_dir / LOCK_FILE).open("a") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX)  # the imp's boxes in other channels share this file
-                try:
-                    yield
-                finally:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
+    A channel event (ENV-13's reaction clear) arrives as a notification, whose handler must never wait on the
+    host (the box reads the host's answers on the same loop): its line is held here (``hold``), shown to the
+    next turn's prompt, and sent with that turn's commit — or at the box's shutdown (``flush``).
 
-    def _read(self) -> tuple[list[Record], dict[str, dict[str, int]]]:
+    A host that keeps no lines (an older one: ``history.*`` is an unknown method there) leaves the
+    responder with the host's ``recent`` alone; it is asked once, not every turn. Any other refusal of a
+    load is logged and the turn goes on without the lines, as it went on without an unreadable file.
+    """
+
+    def __init__(self, peer: Peer, channel_id: str) -> None:
+        self.peer = peer
+        self.channel_id = channel_id
+        self.kept_by_host = True
+        self.held: list[Record] = []  # lines not yet sent (channel events), oldest first
+
+    def hold(self, record: Record) -> None:
+        """Keep a line for the next commit (never waits: safe in a notification's handler)."""
+        if record.channel_id != self.channel_id:
+            log.info("a line for channel %s is not this box's to keep; dropped", record.channel_id)
+            return
+        self.held.append(record)
+        del self.held[:-MAX_HELD_LINES]
+
+    async def load(self) -> list[Record]:
+        """The channel's lines, oldest first, trimmed by the host before the model call (ENV-07), and the lines
+        held for the next commit."""
+        if not self.kept_by_host:
+            return list(self.held)
         try:
-            return self._read_strictly()
-        except FileNotFoundError:
-            return [], {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("history file %s is unreadable (%s); starting a fresh one", self.path, exc)
-            return [], {}
+            result = await self.peer.request("history.load", HistoryLoadParams())
+        except RpcError as exc:
+            self._refused("load", exc)
+            return list(self.held)
+        assert isinstance(result, HistoryLoadResult)
+        kept = [
+            Record(self.channel_id, line.id, line.role, line.author, line.content, aware(line.at))
+            for line in result.lines
+        ]
+        known = {(record.id, record.role) for record in kept}
+        return [*kept, *(record for record in self.held if (record.id, record.role) not in known)]
 
-    def _read_strictly(self) -> tuple[list[Record], dict[str, dict[str, int]]]:
-        data = json.loads(self.path.read_text(encoding="utf-8"))
-        records = [Record.from_json(item) for item in data.get("records", [])]
-        counters = {
-            str(k): {str(o): int(n) for o, n in v.items()} for k, v in data.get("counters", {}).items()
-        }
-        return records, counters
+    async def commit(self, records: Sequence[Record], *, count: CountedOutcome | None = None) -> int:
+        """Append the held lines and ``records`` of this channel and count ``count``, in one request; the host
+        trims after appending (ENV-07).
 
-    def _write(
-        self,
-        records: Sequence[Record],
-        counters: dict[str, dict[str, int]],
-        *,
-        owner: os.stat_result | None = None,
-    ) -> None:
-        text = json.dumps(
-            {"version": FORMAT_VERSION, "records": [r.to_json() for r in records], "counters": counters},
-            ensure_ascii=False,
-        )
-        fd, tmp = tempfile.mkstemp(prefix=".history.", dir=self.state_dir)
-        try:
-            if owner is not None and (owner.st_uid, owner.st_gid) != (os.getuid(), os.getgid()):
-                os.fchown(fd, owner.st_uid, owner.st_gid)  # written by a root host, still the box's file
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    def load(self) -> list[Record]:
-        """Every record, trimmed to the limit before the model call (ENV-07)."""
-        with self._locked():
-            records, counters = self._read()
-            trimmed = trim(records, self.limit, self.per_channel)
-            if len(trimmed) != len(records):
-                self._write(trimmed, counters)
-            return trimmed
-
-    def counters(self) -> dict[str, dict[str, int]]:
-        with self._locked():
-            return self._read()[1]
-
-    def commit(self, records: Sequence[Record], *, count: tuple[str, str] | None = None) -> list[Record]:
-        """Append ``records``, trim after appending (ENV-07), bump the (channel, outcome) counter; persist."""
-        with self._locked():
-            existing, counters = self._read()
-            known = {(r.channel_id, r.id, r.role) for r in existing}
-            fresh = [
-                Record(r.channel_id, r.id, r.role, r.author, r.content[:MAX_RECORD_CHARS], r.at)
-                for r in records
-                if (r.channel_id, r.id, r.role) not in known
-            ]
-            kept = trim([*existing, *fresh], self.limit, self.per_channel)
-            if count is not None:
-                channel, outcome = count
-                per = counters.setdefault(channel, {})
-                per[outcome] = per.get(outcome, 0) + 1
-            self._write(kept, counters)
-            return kept
-
-    def forget_channel(self, channel_id: str) -> int:
-        """Drop every record of one channel; returns how many went. The host calls it when the channel's
-        history is cleared (``impyard history clear``, the chat's ``/clear``), so the next prompt starts
-        without it. A file that cannot be read is left alone (the error is raised), never rewritten empty."""
-        if not self.path.exists():
+        A record of another channel (a reply sent elsewhere, ENV-09) is not sent: a box writes only its own
+        channel's lines, and the host already keeps the post in that channel's history. Raises ``RpcError``
+        when the host refuses (the caller decides what a lost line costs; held lines wait for the next try)."""
+        ours = [record for record in records if record.channel_id == self.channel_id]
+        lines = [
+            HistoryLine(
+                id=record.id,
+                role=record.role,
+                author=record.author[:256],
+                content=record.content[:MAX_LINE_CHARS],
+                at=aware(record.at),
+            )  # fmt: skip
+            for record in [*self.held, *ours]
+        ][-MAX_COMMIT_LINES:]
+        if not self.kept_by_host or (not lines and count is None):
+            self.held.clear()
             return 0
-        with self._locked():
-            owner = os.stat(self.path)
-            records, counters = self._read_strictly()
-            kept = [record for record in records if record.channel_id != channel_id]
-            if len(kept) != len(records):
-                self._write(kept, counters, owner=owner)
-            return len(records) - len(kept)
+        try:
+            result = await self.peer.request(
+                "history.commit", HistoryCommitParams(lines=lines, outcome=count)
+            )
+        except RpcError as exc:
+            if exc.code == ErrorCode.METHOD_NOT_FOUND:
+                self._refused("commit", exc)
+                self.held.clear()
+                return 0
+            raise
+        assert isinstance(result, HistoryCommitResult)
+        self.held.clear()
+        return result.stored
 
+    async def flush(self) -> None:
+        """Send the held lines now (the box is shutting down); a refusal is logged, the lines lost."""
+        if not self.held:
+            return
+        try:
+            await self.commit([])
+        except RpcError as exc:
+            log.warning("%d held history lines were not kept: %s", len(self.held), exc.message)
 
-def forget_channel(state_dir: Path, channel_id: str) -> int:
-    """The host's side of clearing a channel: drop its records from the imp's history file in ``state_dir``."""
-    return HistoryStore(state_dir, limit=0, per_channel=0).forget_channel(channel_id)  # nothing is trimmed
+    def _refused(self, what: str, exc: RpcError) -> None:
+        if exc.code == ErrorCode.METHOD_NOT_FOUND:
+            self.kept_by_host = False
+            log.info(
+                "the host keeps no history lines (%s); the prompt uses its recent messages only", exc.message
+            )
+            return
+        log.warning(
+            "history %s refused by the host (%s); this turn goes on without the lines", what, exc.message
+        )

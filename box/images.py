@@ -7,12 +7,21 @@ there). The gateway sends JSON bodies only, so an edit names its source images t
 are asked for as JPEG at the configured size and quality, so they fit one protocol line
 (1 MiB) on their way back and on to ``discord.send``. One attempt each: a picture that
 cannot be made leaves the reply's text to go out alone, with a note.
+
+The image-generation scope (seed 003) is a thin runtime wrapper around the turn machine, like the
+typing indicator, not a stage: the responder opens one ``image_scope`` per turn around
+``TurnMachine.run``; ResponseRendering makes the envelope's pictures through it, PostSend reads
+what it made for the history's image markers (so a picture-only reply is never remembered as an
+empty message), and the journal says how many pictures the turn made. Once the turn is over the
+scope is closed: nothing can add a picture to a turn that has ended.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from box.envelope import Envelope
 from box.model import ModelClient
@@ -24,6 +33,7 @@ EDITS = "/images/edits"
 PURPOSE = "image"
 IMAGE_FORMAT = "jpeg"
 MAX_IMAGES = 4
+MARKER_PROMPT_CHARS = 200  # a history marker names the picture, it does not archive its prompt
 
 
 class ImageFailed(Exception):
@@ -34,6 +44,14 @@ class ImageFailed(Exception):
 class ImageRequest:
     path: str
     body: dict[str, Any]
+
+    @property
+    def edit(self) -> bool:
+        return self.path == EDITS
+
+    @property
+    def prompt(self) -> str:
+        return str(self.body.get("prompt", ""))
 
 
 def image_count(envelope: Envelope) -> int:
@@ -81,3 +99,83 @@ async def make_images(client: ModelClient, request: ImageRequest) -> list[SendFi
     if not files:
         raise ImageFailed("the image API returned no image")
     return files
+
+
+# ------------------------------------------------------------------ the image-generation scope (seed 003)
+
+
+@dataclass(frozen=True)
+class MadePicture:
+    """Pictures one request made in a turn: what was asked, and the files that carry them."""
+
+    prompt: str
+    edit: bool
+    filenames: tuple[str, ...]
+
+    def marker(self) -> str:
+        """The image history marker: what the imp's side of the talk shows for these pictures."""
+        count = len(self.filenames)
+        what = ("edited picture" if self.edit else "picture") + ("s" if count > 1 else "")
+        prompt = " ".join(self.prompt.split())
+        if len(prompt) > MARKER_PROMPT_CHARS:
+            prompt = prompt[: MARKER_PROMPT_CHARS - 1] + "…"
+        return f"[{count} {what}: {prompt}]" if count > 1 else f"[{what}: {prompt}]"
+
+
+class ScopeClosed(RuntimeError):
+    """A picture asked for after its turn ended."""
+
+
+class PictureMaker(Protocol):
+    """What ResponseRendering makes pictures through (an ``ImageScope``; a test's double)."""
+
+    @property
+    def made(self) -> list[MadePicture]: ...
+
+    async def make(self, request: ImageRequest) -> list[SendFile]: ...
+
+
+@dataclass(eq=False)
+class ImageScope:
+    """The pictures of one turn. Open it with ``image_scope``; ``made`` lists what it made, in order."""
+
+    client: ModelClient
+    made: list[MadePicture] = field(default_factory=list)
+    closed: bool = False
+
+    async def make(self, request: ImageRequest) -> list[SendFile]:
+        if self.closed:
+            raise ScopeClosed("the turn is over: its image scope is closed")
+        files = await make_images(self.client, request)
+        self.made.append(MadePicture(request.prompt, request.edit, tuple(f.filename for f in files)))
+        return files
+
+    @property
+    def pictures(self) -> int:
+        return sum(len(item.filenames) for item in self.made)
+
+
+@asynccontextmanager
+async def image_scope(client: ModelClient) -> AsyncIterator[ImageScope]:
+    """One turn's image-generation scope, around the turn machine (seed 003); closed on every path."""
+    scope = ImageScope(client)
+    try:
+        yield scope
+    finally:
+        scope.closed = True
+
+
+class NoPictures:
+    """A turn run without an image scope: a picture it asks for is not made (the text goes out alone)."""
+
+    @property
+    def made(self) -> list[MadePicture]:
+        return []
+
+    async def make(self, request: ImageRequest) -> list[SendFile]:
+        raise ImageFailed("no image scope is open for this turn")
+
+
+def history_markers(made: list[MadePicture]) -> str:
+    """The markers of a turn's pictures, one line each (PostSend appends them to the stored reply)."""
+    return "\n".join(item.marker() for item in made)

@@ -1,18 +1,25 @@
 """The per-message turn machine (seed 003), run inside the box for one delivered message.
 
-    ContextBuilding → ToolExecution → DecisionMaking (judge framing only) → ResponseRendering
+    ContextBuilding → ToolExecution → DecisionMaking (turns that are not direct) → ResponseRendering
     → ResponseSending → PostSend                                   any error → Failed (terminal)
 
-One ``TurnContext`` per message carries the runtime facts, the prompt package, the envelope,
-the rendered payloads, the delivery and the failure. Each stage is a method taking that
-context and returning the next stage, so a stage can be driven on its own in a test. Every
-transition is announced to the host as ``turn.stage`` (the host drives the typing indicator
-from it). Stages that have nothing to do are skipped: a silent turn goes from its decision
-straight to PostSend.
+One ``TurnContext`` per message carries the runtime facts, the prompt package (with the version
+metadata: the imp's model and impyard's release), the envelope, the rendered payloads, the
+delivery and the failure. Each stage is a method taking that context and returning the next
+stage, so a stage can be driven on its own in a test. Every transition is announced to the host
+as ``turn.stage`` (the host drives the typing indicator from it). Stages that have nothing to do
+are skipped: a silent turn goes from its decision straight to PostSend.
 
-PostSend commits history, counters and memory only after delivery is confirmed; a
-``pending`` delivery (waiting for approval) commits what the person said, never a claim
-that the reply was seen. A turn that fails commits nothing.
+A direct turn (ENV-04: a DM, or a message that addresses the imp) is a forced response and skips
+DecisionMaking; every other turn — judge framing, and a one-to-one server channel's message that
+addresses nobody — is decided there on the envelope (ENV-02: ``answer_needed = false`` stays
+silent). Pictures are made through the turn's image-generation scope (``ctx.images``), which the
+responder opens around the machine (seed 003: a runtime wrapper, not a stage).
+
+PostSend commits history (to the host, issue 22), counters and memory only after delivery is confirmed; the imp's side
+of the talk is stored with the image markers of the pictures it sent (so a picture-only reply is
+never an empty message). A ``pending`` delivery (waiting for approval) commits what the person
+said, never a claim that the reply was seen. A turn that fails commits nothing.
 
 Memory (issue 23) joins at three points: ContextBuilding asks it for the turn (its rules go
 into the system text, its block into ``## Context``); ToolExecution hands it every draft and
@@ -27,18 +34,15 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from functools import partial
 from typing import Any
 
-import anyio
-
+import box
 from box import decision
-from box.context import PromptPackage, build_package, context_suffix, message_body
+from box.context import PromptPackage, VersionInfo, build_package, context_suffix, message_body
 from box.envelope import Envelope
-from box.history import HistoryStore, Record, combine
-from box.images import ImageFailed, image_request, make_images, wants_picture
+from box.history import HostHistory, Record, combine
+from box.images import ImageFailed, NoPictures, PictureMaker, history_markers, image_request, wants_picture
 from box.memory import NO_TURN, CommittedTurn, MemoryEngine, MemoryTurn, TurnFacts
-from box.model import ModelClient
 from box.protocol import Peer, PeerClosed, RpcError
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import (
@@ -94,6 +98,7 @@ class TurnContext:
     """Mutable and message-scoped: everything one turn learns, in the order it learns it."""
 
     turn: TurnInput
+    images: PictureMaker = field(default_factory=NoPictures)  # the image-generation scope, opened outside
     package: PromptPackage | None = None
     memory: MemoryTurn = NO_TURN  # this turn's memory (issue 23)
     envelope: Envelope | None = None
@@ -115,10 +120,9 @@ class TurnContext:
 class TurnDeps:
     peer: Peer
     init: BoxInitParams
-    history: HistoryStore
+    history: HostHistory  # the channel's own lines, kept by the host (issue 22)
     memory: MemoryEngine
     caller: ReplyCaller
-    client: ModelClient
 
 
 class TurnMachine:
@@ -155,7 +159,7 @@ class TurnMachine:
 
     async def context_building(self, ctx: TurnContext) -> Stage:
         turn = ctx.turn
-        own = await anyio.to_thread.run_sync(self.deps.history.load)  # ENV-07: trimmed before the call
+        own = await self.deps.history.load()  # one request a turn; ENV-07: the host trims before the call
         entries = combine(
             turn.recent, own, self.session.channel_id, turn.message.id, self.settings.history_limit
         )
@@ -163,9 +167,14 @@ class TurnMachine:
         ctx.memory = await self.deps.memory.begin(facts)
         ctx.package = build_package(
             self.deps.init.imp, self.session, turn.message, turn.framing, turn.now, entries,
-            news=self.settings.news, memory=ctx.memory.block(), rules=ctx.memory.rules,
+            news=self.settings.news, memory=ctx.memory.block(), rules=ctx.memory.rules, version=self.version,
         )  # fmt: skip
         return Stage.TOOLS
+
+    @property
+    def version(self) -> VersionInfo:
+        """Seed 003 version metadata: the imp's model, and the host's impyard release (else this box's)."""
+        return VersionInfo(self.settings.model, self.deps.init.impyard_version or box.__version__)
 
     async def tool_execution(self, ctx: TurnContext) -> Stage:
         assert ctx.package is not None
@@ -174,12 +183,9 @@ class TurnMachine:
         )  # mechanism 53: a first failure fails the turn
         while await ctx.memory.next_hop(ctx.envelope):  # mechanisms 25-27, 49: search, probe, call again
             ctx.package.suffix = context_suffix(
-                ctx.turn.now,
-                self.session,
-                ctx.turn.framing,
-                news=self.settings.news,
-                memory=ctx.memory.block(),
-            )  # mechanism 36: recomposed before every reply call
+                ctx.turn.now, self.session, ctx.turn.framing, news=self.settings.news, memory=ctx.memory.block(),
+                addressed=ctx.message.mentions_imp, version=ctx.package.version,
+            )  # fmt: skip  # mechanism 36: recomposed before every reply call
             try:
                 ctx.envelope = await self.deps.caller.answer(ctx.package)
             except Exception as exc:  # mechanism 53: a later hop that fails leaves the last good reply
@@ -188,14 +194,14 @@ class TurnMachine:
                     "warning", f"a later reply call failed; the previous draft stands: {exc}"[:1000]
                 )
                 break
-        if ctx.turn.framing.mode == "judge":
-            return Stage.DECISION  # decided only after the tools have settled
-        ctx.answers = decision.respond_answers(ctx.envelope)
+        if ctx.turn.framing.mode == "judge" or not decision.is_direct(ctx.turn.framing, ctx.message):
+            return Stage.DECISION  # decided only after the tools have settled (ENV-02)
+        ctx.answers = decision.has_answer(ctx.envelope)  # ENV-04: a direct turn is a forced response
         return self._after_decision(ctx)
 
     async def decision_making(self, ctx: TurnContext) -> Stage:
         assert ctx.envelope is not None
-        ctx.answers = decision.judge_answers(ctx.envelope, ctx.turn.framing)
+        ctx.answers = decision.answers(ctx.envelope, ctx.turn.framing, ctx.message)
         return self._after_decision(ctx)
 
     def _after_decision(self, ctx: TurnContext) -> Stage:
@@ -254,17 +260,15 @@ class TurnMachine:
                 message.created_at,
             )
         records = [said]
+        spoken: str | None = None  # the imp's side of the talk: the reply's text and its image markers
         if delivered:  # only a confirmed delivery becomes the imp's side of the talk
             assert ctx.reply is not None and ctx.delivery is not None
             reply_id = ctx.delivery.message_ids[0] if ctx.delivery.message_ids else f"{message.id}:reply"
+            # seed 003: image history markers, so a picture-only reply is never an empty message
+            spoken = "\n".join(part for part in (ctx.reply.content, history_markers(ctx.images.made)) if part)
             records.append(
                 Record(
-                    ctx.reply.channel_id,
-                    reply_id,
-                    "assistant",
-                    self.deps.init.imp.name,
-                    ctx.reply.content,
-                    ctx.turn.now,
+                    ctx.reply.channel_id, reply_id, "assistant", self.deps.init.imp.name, spoken, ctx.turn.now
                 )
             )
         assert ctx.envelope is not None
@@ -274,15 +278,14 @@ class TurnMachine:
             author=message.author.name,
             said=message.content,
             outcome=ctx.outcome,
-            delivered=ctx.reply.content if delivered and ctx.reply is not None else None,
+            delivered=spoken,
             envelope=ctx.envelope,
             author_id=message.author.id,
             now=ctx.turn.now,
         )
         try:
-            await anyio.to_thread.run_sync(
-                partial(self.deps.history.commit, records, count=(self.session.channel_id, ctx.outcome))
-            )  # ENV-07: trimmed again after appending
+            # ENV-07: the host trims again after appending
+            await self.deps.history.commit(records, count=ctx.outcome)
             await ctx.memory.commit(committed)  # mechanisms 57-66, after delivery is confirmed
         except Exception as exc:  # the reply is out: a bookkeeping failure must not turn it into "failed"
             ctx.notes.append(f"post-send bookkeeping failed: {exc}")
@@ -307,7 +310,7 @@ class TurnMachine:
         if wants_picture(envelope, package.image_urls):
             request = image_request(self.settings, envelope, package.image_urls, ctx.message.content)
             try:
-                payload.files = await make_images(self.deps.client, request)
+                payload.files = await ctx.images.make(request)  # through the turn's image scope (seed 003)
             except ImageFailed as exc:
                 ctx.notes.append(f"no picture: {exc}")
                 await self.host_log("warning", f"picture not made: {exc}"[:1000], message_id=ctx.message.id)

@@ -2,10 +2,15 @@
 
 ``impyard box check`` compares these observations with the lockdown of
 docs/box.md. Reading only: the probe changes nothing and sends no packet.
+Under gVisor (runsc) some of them are not visible (its own cgroups, /sys/class/net,
+NoNewPrivs in /proc): the probe asks the kernel another way where one exists
+(``prctl``, ``if_nameindex``) and reports None where none does; the host looks
+from outside (issue 22).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import resource
@@ -66,6 +71,51 @@ def _can_route_out() -> bool:
     return True
 
 
+PR_GET_NO_NEW_PRIVS = 39
+SYSLOG_ACTION_READ_ALL = 3
+KERNEL_LOG_BYTES = 4096
+
+
+def _no_new_privs() -> int | None:
+    """NoNewPrivs from /proc/self/status, else from the kernel itself (gVisor's /proc omits the field)."""
+    shown = _status_field("NoNewPrivs")
+    if shown:
+        return int(shown)
+    try:
+        answer = int(ctypes.CDLL(None, use_errno=True).prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0))
+    except (OSError, AttributeError):
+        return None
+    return answer if answer in (0, 1) else None
+
+
+def _interfaces() -> str | None:
+    """The network interfaces this box has, comma-separated (gVisor has no /sys/class/net)."""
+    try:
+        return ",".join(sorted(os.listdir("/sys/class/net")))
+    except OSError:
+        pass
+    try:
+        return ",".join(sorted(name for _index, name in socket.if_nameindex()))
+    except OSError:
+        return None
+
+
+def _kernel_log_head() -> str | None:
+    """The kernel log's first line, where the kernel lets a box read it: gVisor's says "Starting gVisor...";
+    under runc the host's kernel refuses (no CAP_SYSLOG, seccomp), and the box reports None."""
+    buffer = ctypes.create_string_buffer(KERNEL_LOG_BYTES)
+    try:
+        size = int(
+            ctypes.CDLL(None, use_errno=True).klogctl(SYSLOG_ACTION_READ_ALL, buffer, KERNEL_LOG_BYTES)
+        )
+    except (OSError, AttributeError):
+        return None
+    if size <= 0:
+        return None
+    lines = buffer.raw[:size].decode("utf-8", "replace").splitlines()
+    return lines[0][:200] if lines else None
+
+
 def _file_size_limit() -> int | None:
     """The largest file this box may write (RLIMIT_FSIZE), in bytes; None when unlimited."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -73,24 +123,22 @@ def _file_size_limit() -> int | None:
 
 
 def observe(state_dir: Path) -> dict[str, ReportValue]:
-    try:
-        interfaces = ",".join(sorted(os.listdir("/sys/class/net")))
-    except OSError:
-        interfaces = None
     cap_eff = _status_field("CapEff")
-    no_new_privs = _status_field("NoNewPrivs")
+    uname = os.uname()
     report: dict[str, ReportValue] = {
         "uid": os.getuid(),
         "gid": os.getgid(),
         "python": sys.version.split()[0],
-        "interfaces": interfaces,
+        "kernel": f"{uname.release} {uname.version}",
+        "kernel_log": _kernel_log_head(),
+        "interfaces": _interfaces(),
         "can_route_out": _can_route_out(),
         "root_writable": _writable("/"),
         "tmp_writable": _writable(tempfile.gettempdir()),
         "state_dir": str(state_dir),
         "state_writable": state_dir.is_dir() and _writable(str(state_dir)),
         "cap_eff": int(cap_eff, 16) if cap_eff else None,
-        "no_new_privs": int(no_new_privs) if no_new_privs else None,
+        "no_new_privs": _no_new_privs(),
         "file_size_limit": _file_size_limit(),
     }
     for name, paths in _CGROUP_FILES.items():

@@ -7,8 +7,8 @@ engine, which thinks the conversation over quietly: no reply, nothing posted. Th
 (issue 15) runs as tasks too: ``reflect`` is one quiet reflection when the imp has been idle
 (mechanisms 104-106), ``sleep`` one night over the scope the host opened — consolidation of
 what happened since ``args["since"]`` when ``args["consolidate"]`` (default true), then
-forgetting (107-114). The box's own files — the journal and the responder's history — live
-only under the state dir.
+forgetting (107-114). The box's own files — its journal and the memory's call log — live only under
+its state dir, which no other box shares (issue 22); the responder's history lines are the host's.
 """
 
 from __future__ import annotations
@@ -136,6 +136,8 @@ class BoxProgram:
             raise RpcError(ErrorCode.NOT_INITIALISED, "not initialised: send box.init first")
         if method == "box.shutdown":
             async with self._turn_lock:  # let a running turn finish; the host bounds the wait
+                if self.responder is not None:
+                    await self.responder.history.flush()  # channel events no turn has sent yet
                 return Empty()
         if method == "mailbox.deliver":
             assert isinstance(params, DeliverParams)
@@ -155,9 +157,7 @@ class BoxProgram:
         self.init = params
         assert self.peer is not None
         memory = self._memory or self._memory_engine(self.peer, params)
-        self.responder = Responder(
-            self.peer, params, self.state_dir, sleep=self._sleep, memory=memory, tools=self._tools
-        )
+        self.responder = Responder(self.peer, params, sleep=self._sleep, memory=memory, tools=self._tools)
         log.info("box %s for imp %s, channel %s", box.__version__, params.imp.name, params.session.channel_id)
         return BoxInitResult(protocol=PROTOCOL_VERSION, box=box.__version__)
 

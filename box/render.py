@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from box.protocol.codec import FrameTooLarge, encode_frame
 from box.protocol.models import MAX_SEND_CONTENT_CHARS, DiscordSendParams, SendFile
@@ -44,16 +45,20 @@ def reply_target(channel: str | None, own_channel_id: str, own_channel_name: str
     return Target(wanted[:128], False)
 
 
+PostKind = Literal["reply", "staff", "other"]
+
+
 @dataclass
 class Payload:
-    """One post: text and files delivered together (seed 003: a single payload object)."""
+    """One post (seed 003: a single payload object): exactly what one ``discord.send`` carries and Discord
+    renders — the text, its files (the turn's pictures), and the message it replies to — where it goes, and
+    as which kind of act the gateway judges it. Nothing else: what went missing on the way is a turn note."""
 
     channel_id: str
     content: str
-    kind: str  # reply | staff | other
+    kind: PostKind
     reply_to: str | None = None
     files: list[SendFile] = field(default_factory=list)
-    note: str | None = None  # why something was left out (an image that could not be made or carried)
 
     def params(self) -> DiscordSendParams:
         return DiscordSendParams(
@@ -61,7 +66,7 @@ class Payload:
             content=self.content[:MAX_SEND_CONTENT_CHARS],
             reply_to=self.reply_to,
             files=self.files,
-            kind=self.kind,  # type: ignore[arg-type]
+            kind=self.kind,
         )
 
 

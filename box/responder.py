@@ -1,7 +1,8 @@
 """The imp's responder: what the box does with a delivered message, a prompt task or a channel event.
 
 Trivial prefilters stay outside the turn machine (seed 003): a short-path rule archives the
-message without a model call (ENV-05). Everything else runs through ``TurnMachine``. The
+message without a model call (ENV-05). Everything else runs through ``TurnMachine``, inside
+the turn's image-generation scope (seed 003: a runtime wrapper, not a stage). The
 responder lives as long as the box session, so the retry-model state (ENV-15) carries from
 one turn to the next.
 """
@@ -12,19 +13,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
-from pathlib import Path
 
 import anyio
 
 from box.attempts import ModelChooser
 from box.context import message_body
 from box.failures import classify, tagged
-from box.history import HistoryStore, Record
+from box.history import HostHistory, Record
+from box.images import image_scope
 from box.machine import TurnContext, TurnDeps, TurnInput, TurnMachine
 from box.memory import MemoryEngine, NoMemory
 from box.model import ModelClient
-from box.protocol import Peer
+from box.protocol import Peer, RpcError
 from box.protocol.models import (
     Author,
     BoxInitParams,
@@ -63,7 +63,6 @@ class Responder:
         self,
         peer: Peer,
         init: BoxInitParams,
-        state_dir: Path,
         *,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         memory: MemoryEngine | None = None,
@@ -72,14 +71,12 @@ class Responder:
         settings = init.imp.responder
         self.init = init
         self.memory = memory or NoMemory()
-        self.history = HistoryStore(
-            state_dir, limit=settings.history_limit, per_channel=settings.history_per_channel
-        )
+        self.history = HostHistory(peer, init.session.channel_id)  # kept by the host (issue 22)
         self.chooser = ModelChooser(settings)  # ENV-15: kept for the whole session
-        client = ModelClient(peer)
+        self.client = ModelClient(peer)
         registry = tools or builtin_tools(peer, self.memory)
-        caller = ReplyCaller(client, settings, self.chooser, registry, sleep)
-        self.machine = TurnMachine(TurnDeps(peer, init, self.history, self.memory, caller, client))
+        caller = ReplyCaller(self.client, settings, self.chooser, registry, sleep)
+        self.machine = TurnMachine(TurnDeps(peer, init, self.history, self.memory, caller))
 
     # ------------------------------------------------------------ mailbox.deliver
 
@@ -93,13 +90,11 @@ class Responder:
         ):  # fmt: skip
             await self._archive(message)  # ENV-05: no model call
             return TurnReport(DeliverResult(outcome="silent"), {"short_path": True})
-        ctx = await self.machine.run(
-            TurnContext(
-                TurnInput(
-                    message, params.framing, list(params.recent), params.now, presence=list(params.presence)
-                )
-            )
+        turn = TurnInput(
+            message, params.framing, list(params.recent), params.now, presence=list(params.presence)
         )
+        async with image_scope(self.client) as images:  # seed 003: wraps the machine, outside its stages
+            ctx = await self.machine.run(TurnContext(turn, images=images))
         return TurnReport(self._result(ctx), self._journal(ctx))
 
     async def _archive(self, message: Message) -> None:
@@ -111,9 +106,10 @@ class Responder:
             message_body(message),
             message.created_at,
         )
-        await anyio.to_thread.run_sync(
-            partial(self.history.commit, [record], count=(self.init.session.channel_id, "archived"))
-        )  # ENV-05: appended, trimmed (ENV-07) and persisted
+        try:  # ENV-05: appended, trimmed (ENV-07) and persisted, by the host
+            await self.history.commit([record], count="archived")
+        except RpcError as exc:  # the message itself is in the host's history: only the box's line is lost
+            log.warning("the short-path archive of %s was refused: %s", message.id, exc.message)
 
     @staticmethod
     def _result(ctx: TurnContext) -> DeliverResult:
@@ -132,6 +128,8 @@ class Responder:
             entry["error"] = f"{type(ctx.error).__name__}: {error_text(ctx.error)}"
         if ctx.notes:
             entry["notes"] = "; ".join(ctx.notes)[:1000]
+        if ctx.images.made:  # what the turn's image scope made (seed 003)
+            entry["pictures"] = "; ".join(item.marker() for item in ctx.images.made)[:1000]
         return entry
 
     # ------------------------------------------------------------ task.run kind "prompt"
@@ -143,7 +141,10 @@ class Responder:
             return TurnReport(DeliverResult(outcome="failed", error="the task has no prompt"), {})
         message = Message(id=params.task.id, author=TASK_AUTHOR, content=prompt, created_at=params.now)
         framing = Framing(mode="judge", reason="task")  # the model decides whether the result is posted
-        ctx = await self.machine.run(TurnContext(TurnInput(message, framing, [], params.now, task=True)))
+        async with image_scope(self.client) as images:
+            ctx = await self.machine.run(
+                TurnContext(TurnInput(message, framing, [], params.now, task=True), images=images)
+            )
         return TurnReport(
             self._result(ctx), self._journal(ctx), ctx.envelope.answer if ctx.envelope else None
         )
@@ -169,6 +170,6 @@ class Responder:
         record = Record(
             params.channel_id, f"reaction_clear:{params.message_id}:{at.isoformat()}", "event", "", text, at
         )
-        await anyio.to_thread.run_sync(partial(self.history.commit, [record]))
+        self.history.hold(record)  # a notification never waits on the host: sent with the next commit
         await self.memory.record_event(params.channel_id, text)
         return True

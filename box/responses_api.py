@@ -8,6 +8,11 @@ function_call output items are passed back as input *reduced to their input fiel
 (response-only fields such as ``status`` are refused upstream), followed by one
 ``function_call_output`` per call, matched by ``call_id``. A refusal part is a failed
 attempt (ENV-24), like malformed output (ENV-18).
+
+Only what the chosen model takes is sent (issue 16, ``box.model_profiles``): ``reasoning`` and
+``include: ["reasoning.encrypted_content"]`` only for a reasoning model (with the nearest effort
+it takes), ``temperature`` only where it goes with that effort, image parts as a text note for a
+model that cannot see them.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from box.chat_api import parse_envelope
+from box.chat_api import UNSEEN_IMAGE_NOTE, parse_envelope
 from box.envelope import ENVELOPE_NAME, ENVELOPE_SCHEMA, Envelope
 from box.model import ModelCallFailed, http_failure
+from box.model_profiles import profile_for
 from box.protocol.models import ModelRequestResult, ResponderSettings
 from box.tools import Tool, ToolCall
 
@@ -31,31 +37,44 @@ INPUT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def text_format() -> dict[str, Any]:
-    """The envelope as the Responses API's ``text.format`` (ENV-19 / ENV-22)."""
-    return {
-        "format": {"type": "json_schema", "name": ENVELOPE_NAME, "strict": True, "schema": ENVELOPE_SCHEMA}
-    }
-
-
 def responses_body(
     settings: ResponderSettings, model: str, instructions: str, items: list[dict[str, Any]], tools: list[Tool]
 ) -> dict[str, Any]:
+    profile = profile_for(model, settings.server)  # issue 16: only what this model takes
+    effort = profile.effort_for(settings.reasoning_effort)
     body: dict[str, Any] = {
         "model": model,
         "instructions": instructions,
-        "input": items,
+        "input": items if profile.vision else without_images(items),
         "max_output_tokens": settings.max_tokens,
-        "text": text_format(),
-        "reasoning": {"effort": settings.reasoning_effort},  # ENV-22: allowed with tools on this API
+        "text": profile.text_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),
         "store": False,  # ENV-23: nothing retained server-side
-        "include": list(INCLUDE),
     }
-    if settings.temperature is not None:
+    if effort is not None:
+        body["reasoning"] = {"effort": effort}  # ENV-22: allowed with tools on this API
+        body["include"] = list(INCLUDE)  # ENV-23: a model that does not reason has no reasoning to keep
+    if settings.temperature is not None and profile.takes_temperature(effort):
         body["temperature"] = settings.temperature
     if tools:
         body["tools"] = [tool.responses_shape() for tool in tools]
     return body
+
+
+def without_images(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items with each ``input_image`` part replaced by ``UNSEEN_IMAGE_NOTE`` (a model without vision)."""
+    out = []
+    for item in items:
+        content = item.get("content")
+        if isinstance(content, list):
+            content = [
+                {"type": "input_text", "text": UNSEEN_IMAGE_NOTE}
+                if isinstance(part, dict) and part.get("type") == "input_image"
+                else part
+                for part in content
+            ]
+            item = {**item, "content": content}
+        out.append(item)
+    return out
 
 
 def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -118,7 +118,18 @@ class ChannelStore(Store):
     def seen(
         self, channel_id: str, *, surface: str, kind: str, name: str = "", guild_id: str | None = None
     ) -> ChannelInfo:
-        """Record a channel as messages arrive: its kind and name follow the surface; trust and mode are kept."""
+        """Record a channel as messages arrive: its kind and name follow the surface; trust and mode are kept.
+
+        Written only when the surface says something new of it: most messages come from a channel as it was,
+        and a read takes no write lock (issue 18)."""
+        known = self.info(channel_id)
+        if (
+            known is not None
+            and (known.surface, known.kind) == (surface, kind)
+            and (not name or known.name == name)
+            and (guild_id is None or known.guild_id == guild_id)
+        ):
+            return known
         self.db.execute(
             """INSERT INTO channels (channel_id, surface, kind, name, guild_id, trusted, updated_at)
                VALUES (?, ?, ?, ?, ?, 0, ?)

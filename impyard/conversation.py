@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -24,6 +24,7 @@ import anyio
 
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import BoxInitParams, DeliverResult, Message, SessionInfo
+from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend
 from impyard.channels import ChannelStore
 from impyard.clock import Clock
@@ -69,6 +70,9 @@ log = logging.getLogger("impyard.conversation")
 RECENTLY_FINISHED = 1_000  # finished message ids remembered for a ``wait_finished`` that asks after the fact
 
 RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refused", "unsaved"]
+# Seed 003: a side-effect consumer of finished turns (the Discord presence). Called once per turn after its
+# outcome is recorded; it must return at once (hand work to its own task) and never raise.
+TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class Conversations:
         # ``wait_finished`` only: a waiter's event while it waits, and a bounded memory of finished ids.
         self._waiters: dict[str, anyio.Event] = {}
         self._recently_finished: deque[str] = deque(maxlen=RECENTLY_FINISHED)
+        self.after_turn: list[TurnConsumer] = []  # seed 003: post-turn side-effect consumers (presence)
 
     def imp_user_id(self, imp: str) -> str:
         return self.imp_user_ids.get(imp, f"imp:{imp}")
@@ -273,6 +278,7 @@ class Conversations:
             ),
             now=now,
             memory=scopes.session_memory() if scopes is not None else None,  # the gateway applies the same
+            impyard_version=impyard_version,  # seed 003: version metadata in the prompt package
         )  # fmt: skip
 
     async def presence_for(self, key: SessionKey, message: Message, now: datetime) -> list[PresenceEntry]:
@@ -288,8 +294,8 @@ class Conversations:
             partial(presence, db, key.imp, channel_id=key.channel_id, person_id=message.author.id, scopes=scopes, now=now)
         )  # fmt: skip
 
-    def state_dir_for(self, imp: str) -> Path:
-        return self.imps.state_dir(imp)
+    def state_dir_for(self, key: SessionKey) -> Path:
+        return self.imps.session_state_dir(key.imp, key.channel_id)
 
     def settings_for(self, imp: str) -> SessionSettings:
         sessions = self.configs[imp].sessions
@@ -319,6 +325,11 @@ class Conversations:
                 waiter = self._waiters.pop(message_id, None)
                 if waiter is not None:
                     waiter.set()
+        for consumer in self.after_turn:  # seed 003: side effects after the outcome is committed
+            try:
+                await consumer(key, result)
+            except Exception:  # noqa: BLE001 - a side effect never fails a turn that has ended
+                log.exception("a post-turn consumer failed for %s in %s", key.imp, key.channel_id)
 
     async def wait_finished(self, message_id: str) -> None:
         """Until the turn that answers this message has ended, for a caller that knows only its id (the Discord

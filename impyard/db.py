@@ -7,12 +7,15 @@ same database never apply it twice and a failed migration leaves nothing behind.
 
 Connections are per thread (sqlite3 objects must not be shared across
 threads). Async code reaches the database through ``await db.run(fn, ...)``,
-which runs ``fn`` in a worker thread: a ``BEGIN IMMEDIATE`` may wait on
-another writer (busy timeout) and must never block the event loop.
+which runs ``fn`` in one of the database's worker threads: a ``BEGIN IMMEDIATE``
+may wait on another writer (busy timeout) and must never block the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import queue
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -21,16 +24,80 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-import anyio.to_thread
+import anyio
 
 from impyard.errors import ImpyardError
 from impyard.paths import home
 
 DB_FILENAME = "impyard.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another writer's transaction
+MAX_WORKERS = 16  # database worker threads at most: a new one only while every one is busy
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+class _Job:
+    """One call on a worker thread, and its way back to the event loop."""
+
+    __slots__ = ("loop", "done", "context", "fn", "result", "error", "finished", "after")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], Any]) -> None:
+        self.loop = loop
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.context = contextvars.copy_context()
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.finished = False
+        self.after: asyncio.Future[None] | None = None  # set when the caller was cancelled while it ran
+
+    def __call__(self) -> None:  # on the worker thread
+        try:
+            self.result = self.context.run(self.fn)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            self.error = exc
+        try:
+            self.loop.call_soon_threadsafe(self._settle)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+    def _settle(self) -> None:  # on the event loop
+        self.finished = True
+        for future in (self.done, self.after):
+            if future is not None and not future.done():
+                future.set_result(None)
+
+
+class _Workers:
+    """The database's worker threads, shared by every ``Database`` of the process (each keeps its own connection
+    per thread). A call goes to an idle thread through a queue and its result comes back with one wakeup of the
+    loop: about half what a general-purpose thread hop costs, paid about a dozen times a turn (issue 18). A
+    thread is added only while every one is busy, so a long transaction never holds up the next call."""
+
+    def __init__(self, limit: int = MAX_WORKERS) -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._limit = limit
+        self.started = 0
+
+    def submit(self, job: _Job) -> None:
+        self._jobs.put(job)
+        if self._idle.acquire(blocking=False):
+            return  # an idle worker takes it
+        with self._lock:
+            if self.started < self._limit:
+                self.started += 1
+                threading.Thread(target=self._work, name=f"impyard-db-{self.started}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+            self._idle.release()
+
+
+_WORKERS = _Workers()
 
 
 @dataclass(frozen=True)
@@ -433,6 +500,44 @@ MIGRATIONS: list[Migration] = [
         ALTER TABLE ledger ADD COLUMN owner TEXT;
         """,
     ),
+    Migration(
+        10,
+        "the responder's own lines, kept by the host (issue 22: no file shared between boxes)",
+        """
+        -- A box's own account of its channel (SPEC-001 ENV-05/07/11/13), per imp and channel; trimmed per imp.
+        CREATE TABLE responder_lines (
+            seq         INTEGER PRIMARY KEY AUTOINCREMENT,  -- the order lines were kept in (ENV-11's "oldest")
+            imp         TEXT NOT NULL,
+            channel_id  TEXT NOT NULL,
+            message_id  TEXT NOT NULL,
+            role        TEXT NOT NULL,                      -- user | assistant | event
+            author      TEXT NOT NULL,
+            content     TEXT NOT NULL,
+            at          TEXT NOT NULL,
+            UNIQUE (imp, channel_id, message_id, role)
+        );
+        CREATE INDEX responder_lines_channel ON responder_lines (imp, channel_id, seq);
+
+        -- Turns counted per channel and outcome (sent | silent | pending | failed | archived).
+        CREATE TABLE responder_counters (
+            imp         TEXT NOT NULL,
+            channel_id  TEXT NOT NULL,
+            outcome     TEXT NOT NULL,
+            count       INTEGER NOT NULL,
+            PRIMARY KEY (imp, channel_id, outcome)
+        );
+
+        -- The imp-wide history.json of an older home, imported once (impyard.responder_history.import_legacy).
+        CREATE TABLE responder_imports (
+            imp         TEXT NOT NULL,
+            source      TEXT NOT NULL,
+            lines       INTEGER NOT NULL,
+            skipped     INTEGER NOT NULL,
+            imported_at TEXT NOT NULL,
+            PRIMARY KEY (imp, source)
+        );
+        """,
+    ),
 ]
 
 
@@ -510,8 +615,23 @@ class Database:
         return self.connection().execute(sql, params)
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run blocking database work in a worker thread (that thread's own connection)."""
-        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+        """Run blocking database work in a worker thread (that thread's own connection).
+
+        A caller cancelled meanwhile still waits for the work to end (its transaction is committed or rolled
+        back, never left running behind it), then is cancelled."""
+        job = _Job(asyncio.get_running_loop(), (lambda: fn(*args, **kwargs)) if args or kwargs else fn)
+        _WORKERS.submit(job)
+        try:
+            await job.done
+        except BaseException:
+            if not job.finished:
+                job.after = job.loop.create_future()
+                with anyio.CancelScope(shield=True):
+                    await job.after
+            raise
+        if job.error is not None:
+            raise job.error
+        return job.result
 
     def close(self) -> None:
         with self._all_lock:

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from box.chat_api import chat_body
 from box.protocol.models import ResponderSettings
 from box.responses_api import responses_body
+from impyard.backends.base import BoxStartError
+from impyard.backends.runtimes import GVISOR, RuntimeChoice, install_hint, resolve_runtime, runtime_words
 from impyard.imp_config import ImpConfig
 
 Status = Literal["ok", "warn", "fail"]
@@ -93,6 +95,7 @@ class DockerFacts:
     expected_image: str = ""
     image_present: bool = False
     other_images: tuple[str, ...] = ()
+    runtimes: tuple[str, ...] = ()  # the OCI runtimes the engine has registered (docker info: Runtimes)
 
 
 def docker_findings(facts: DockerFacts, backends: set[str]) -> list[Finding]:
@@ -136,6 +139,41 @@ def docker_findings(facts: DockerFacts, backends: set[str]) -> list[Finding]:
             "Box image", "fail" if docker_needed else "ok", why, "impyard box build (./run.sh does it too)"
         )
     return [engine, image]
+
+
+def runtime_finding(facts: DockerFacts, choices: dict[str, RuntimeChoice]) -> Finding:
+    """The OCI runtime each imp's Docker boxes run under (issue 22): ``choices`` maps the imps on a Docker
+    backend (none yet: what a new imp gets) to their setting. runsc asked for but not registered stops those
+    imps' boxes (a failure whose fix is the daemon.json lines); ``auto`` without runsc runs runc (ok, with how
+    to add gVisor)."""
+    if not choices:
+        return Finding("Box runtime", "ok", "no imp runs Docker boxes")
+    if not facts.reachable or not facts.runtimes:
+        why = "no Docker engine" if not facts.reachable else "the engine listed no runtimes"
+        return Finding("Box runtime", "warn", f"not checked ({why})", "start dockerd, then impyard doctor")
+    chosen: dict[str, list[str]] = {}
+    refused: list[str] = []
+    problem = ""
+    for imp, choice in choices.items():
+        try:
+            chosen.setdefault(resolve_runtime(choice, facts.runtimes), []).append(imp)
+        except BoxStartError as exc:
+            refused.append(imp)
+            problem = problem or str(exc).split(": ")[0]
+    if refused:
+        return Finding(
+            "Box runtime", "fail", f"{', '.join(refused)}: {problem}; no box of theirs starts",
+            f"{install_hint()}; or set IMPYARD_BOX_RUNTIME=runc",
+        )  # fmt: skip
+    detail = "; ".join(
+        f"{runtime_words(runtime)} for {', '.join(imps)}" for runtime, imps in sorted(chosen.items())
+    )
+    if GVISOR not in facts.runtimes:
+        return Finding(
+            "Box runtime", "ok", f"{detail}; gVisor (runsc) is not registered with this engine",
+            f"for a user-space kernel under every box: {install_hint()}",
+        )  # fmt: skip
+    return Finding("Box runtime", "ok", detail)
 
 
 # ------------------------------------------------------------------ the policy

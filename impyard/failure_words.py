@@ -7,6 +7,7 @@ never shown as the host's words: only a known kind is believed; anything else re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Final
@@ -17,6 +18,7 @@ from box.failures import FailureKind, split_tag
 WORDS: Final[dict[FailureKind, str]] = {
     "rate_limited": "The model is rate-limiting us — try again in a minute.",
     "upstream": "The model service is having trouble — try again in a few minutes.",
+    "model_refused": "The model refused the request as I sent it — my model settings need a change.",
     "timeout": "The model didn't answer in time — try again in a moment.",
     "unreachable": "I can't reach the model right now — try again later.",
     "denied": "That was blocked by policy, so I didn't answer.",
@@ -33,10 +35,20 @@ FAILURE_WORDS: Final[frozenset[str]] = frozenset(
 )  # every line failure_line can say: a surface that explains failures its own way may skip them
 
 
+# Issue 16: the refusal's cause as box.model writes it ("model returned HTTP 400 (unsupported_parameter:
+# reasoning_effort)"); only identifier characters are believed, so a box cannot put words in the notice.
+_REFUSAL_CAUSE = re.compile(
+    r"model returned HTTP (\d{3}) \(([a-z0-9_]{1,64}(?:: [A-Za-z0-9_.\[\]-]{1,64})?)\)"
+)
+REFUSED_WORDS: Final = "The model refused the request as I sent it"  # every model_refused line starts so
+
+
 def failure_line(kind: FailureKind, detail: str = "", fallback: str | None = FALLBACK_WORDS) -> str | None:
     """The one line for a failure of ``kind``; ``fallback`` (the imp's ``failure_notice``) for ``unknown``."""
     if kind == "budget" and "/month" in detail:
         return MONTHLY_BUDGET_WORDS  # the ledger names the window: imp:pip/month, all/month
+    if kind == "model_refused" and (cause := _REFUSAL_CAUSE.search(detail)):
+        return f"{REFUSED_WORDS} (HTTP {cause.group(1)}, {cause.group(2)}) — my model settings need a change."
     return WORDS.get(kind, fallback)
 
 

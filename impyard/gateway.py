@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any, Literal
 
 import anyio
@@ -38,6 +39,12 @@ from anyio.abc import TaskGroup
 from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
+from box.protocol.history import (
+    HistoryCommitParams,
+    HistoryCommitResult,
+    HistoryLoadParams,
+    HistoryLoadResult,
+)
 from box.protocol.models import (
     DiscordSendParams,
     DiscordSendResult,
@@ -79,6 +86,7 @@ from impyard.policy import Policy
 from impyard.policy_models import Price, Rule
 from impyard.prices import PriceMissing, bound_output, estimate_micros, measured_micros, tier_multiplier
 from impyard.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
+from impyard.responder_history import ResponderHistory, line_views
 from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
 from impyard.trust import ChannelTrust, EarnedTrust, TrustDecision, decide_trust
 
@@ -99,6 +107,9 @@ def storage_failed() -> RpcError:
 PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
 UPSTREAM_RULE = "upstream-limits"
 EGRESS_RULE = "egress"
+HISTORY_RULE = "history-own-channel"  # issue 22: a box reads and writes only its own channel's lines
+HISTORY_RATE_RULE = "history-requests"
+HISTORY_REQUESTS_PER_MINUTE = 120  # per box: a turn makes two (one load, one commit), an event one
 RATE_WINDOW_S = 60.0
 SEND_ACT = "discord.send"
 
@@ -256,6 +267,7 @@ class Gateway:
         surfaces: Collection[str] | None = None,
         settle_abandoned: bool = True,
         memory: MemoryService | None = None,
+        responder_history: ResponderHistory | None = None,
     ) -> None:
         """``stores``: what the gateway reads and writes, built by the host (``impyard.host``); a gateway given
         only ``db`` (and ``channels``) builds its own over it (tests, ``policy check``).
@@ -263,7 +275,8 @@ class Gateway:
         ``on_stage``: hears every box's ``turn.stage`` (a window for tests; a session's typing indicator is its
         own observer, handed the stage by the session manager before it gets here). ``settle_abandoned=False``
         writes nothing at start: a gateway that only answers ``dry_run``. ``memory``: serves the boxes'
-        ``memory.*`` requests (issue 23); None: a box asking for memory is refused."""
+        ``memory.*`` requests (issue 23); None: a box asking for memory is refused. ``responder_history``: keeps
+        the boxes' own lines (``history.*``, issue 22); None: one over ``db`` with the default limits."""
         if stores is None and db is None:
             raise TypeError("Gateway needs its stores (or a database to build them over)")
         self._policy = policy
@@ -291,6 +304,8 @@ class Gateway:
         self.surfaces = frozenset(surfaces) if surfaces is not None else None
         self.rates = RateMeter(self.clock)
         self.memory = memory
+        self.responder_history = responder_history or ResponderHistory(self.db, self.clock)
+        self._history_loads: dict[str, int] = {}  # per box (run id): loads not yet audited with a commit
         self._calls: TaskGroup | None = None  # set while ``running``
         self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
         if settle_abandoned:
@@ -357,9 +372,10 @@ class Gateway:
         await self.db.run(self.audit.write, record)
 
     async def closed(self, spec: BoxSpec) -> None:
-        """A box ended: its memory scopes are forgotten and its last turn's memory requests audited."""
+        """A box ended: its memory scopes are forgotten and its last turn's memory and history requests audited."""
         if self.memory is not None:
             await self._write_memory_row(self.memory.close(spec))
+        await self._write_memory_row(self._history_closed(spec))
 
     async def _write_memory_row(self, row: AuditRecord | None) -> None:
         if row is not None:
@@ -419,6 +435,8 @@ class Gateway:
             "model.request": self._model_request,
             "discord.send": self._discord_send,
             "http.fetch": self._http_fetch,
+            "history.load": self._history_load,
+            "history.commit": self._history_commit,
         }
         handler = handlers.get(method)
         if handler is None:
@@ -707,6 +725,58 @@ class Gateway:
             await self.db.run(self.audit.write, record)
         except STORAGE_ERRORS as exc:
             log.error("could not audit %s for %s: %s", record.method, record.imp, exc)
+
+    # ------------------------------------------------------------ history.* (issue 22)
+
+    def _history_allowed(self, spec: BoxSpec, record: AuditRecord) -> None:
+        """The box's own channel only (the pipe is the identity: no request names one), and a bounded rate."""
+        record.rule = HISTORY_RULE
+        if self.rates.take(("history", spec.run_id), HISTORY_REQUESTS_PER_MINUTE) is not None:
+            reason = f"at most {HISTORY_REQUESTS_PER_MINUTE} history requests a minute"
+            raise self._refusal(self._denied(HISTORY_RATE_RULE, reason), record)
+
+    async def _history_load(
+        self, spec: BoxSpec, params: HistoryLoadParams, record: AuditRecord
+    ) -> HistoryLoadResult:
+        """A read of the box's own lines. Audited with the write that ends its turn (one row a turn, like
+        ``memory.*``); a load no commit followed is audited when the box ends (``closed``)."""
+        self._history_allowed(spec, record)
+        lines = await self.db.run(self.responder_history.load, spec.imp, spec.channel_id)
+        self._history_loads[spec.run_id] = self._history_loads.get(spec.run_id, 0) + 1
+        record.verdict, record.deferred = "allowed", True
+        return HistoryLoadResult(lines=line_views(lines))
+
+    async def _history_commit(
+        self, spec: BoxSpec, params: HistoryCommitParams, record: AuditRecord
+    ) -> HistoryCommitResult:
+        self._history_allowed(spec, record)
+        loads = self._history_loads.get(spec.run_id, 0)
+        started = time.perf_counter()
+
+        def audited(conn: sqlite3.Connection, stored: int) -> None:  # the row joins the commit's transaction
+            record.verdict, record.purpose = "allowed", params.outcome or ""
+            record.reason = f"{stored} of {len(params.lines)} lines new, in its own channel"
+            record.detail = f"loads since the last commit: {loads}"
+            record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+            self.audit.write(record, conn)
+
+        stored = await self.db.run(
+            partial(self.responder_history.commit, also=audited),
+            spec.imp, spec.channel_id, params.lines, params.outcome,
+        )  # fmt: skip
+        record.deferred = True  # written above, with the lines it speaks of
+        self._history_loads.pop(spec.run_id, None)
+        return HistoryCommitResult(stored=stored)
+
+    def _history_closed(self, spec: BoxSpec) -> AuditRecord | None:
+        """The box ended: its loads that no commit followed (a failed turn reads, never writes), as one row."""
+        loads = self._history_loads.pop(spec.run_id, 0)
+        if not loads:
+            return None
+        return AuditRecord(
+            imp=spec.imp, method="history.load", verdict="allowed", run_id=spec.run_id, channel_id=spec.channel_id,
+            rule=HISTORY_RULE, reason=f"{loads} loads of its own channel, no commit after them",
+        )  # fmt: skip
 
     # ------------------------------------------------------------ discord.send
 

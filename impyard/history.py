@@ -15,6 +15,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from pydantic import TypeAdapter
+
 from box.protocol.models import Author, HistoryEntry, Message, ReplyRef
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
@@ -23,6 +25,7 @@ from impyard.errors import ImpyardError
 DEFAULT_RETENTION = 1_000  # messages kept per channel
 DEFAULT_RECENT = 50  # messages sent to the box with each delivery
 RECOVERY_FRESH = timedelta(minutes=5)
+_ENTRIES = TypeAdapter(list[HistoryEntry])
 
 Outcome = str  # sent | silent | pending | failed | missed | busy
 
@@ -153,16 +156,18 @@ class History(Store):
             " WHERE channel_id = ? ORDER BY seq DESC LIMIT ?",
             (channel_id, limit),
         ).fetchall()
-        return [
-            HistoryEntry(
-                id=row[0],
-                author=Author(id=row[1], name=row[2], bot=bool(row[3])),
-                content=row[5],
-                created_at=parse_iso(row[6]),
-                from_imp=imp is not None and row[4] == imp,
-            )
-            for row in reversed(rows)
-        ]
+        return _ENTRIES.validate_python(  # one validation of the whole window, not one model at a time
+            [
+                {
+                    "id": row[0],
+                    "author": {"id": row[1], "name": row[2], "bot": bool(row[3])},
+                    "content": row[5],
+                    "created_at": parse_iso(row[6]),
+                    "from_imp": imp is not None and row[4] == imp,
+                }
+                for row in reversed(rows)
+            ]
+        )
 
     def get(self, channel_id: str, message_id: str) -> Message | None:
         conn = self.db.connection()

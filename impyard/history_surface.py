@@ -6,12 +6,13 @@ gateway executes — a reply, a post approved at a gate, a task's post — is re
 
 from __future__ import annotations
 
+import mimetypes
 from collections.abc import Callable, Sequence
 
-from box.protocol.models import Author, Message, ReplyRef
+from box.protocol.models import Attachment, Author, Message, ReplyRef
 from impyard.clock import Clock
 from impyard.history import History
-from impyard.surfaces import Surface
+from impyard.surfaces import OutgoingFile, Surface
 from impyard.typing_indicator import set_typing
 
 
@@ -53,9 +54,17 @@ class HistorySurface:
             message = Message(
                 id=ids[0], author=Author(id=self.imp_user_id(imp), name=imp, bot=True), content=content,
                 created_at=self.clock.now(), reply_to=ReplyRef(id=reply_to) if reply_to else None,
+                attachments=[_sent_file(item) for item in files if isinstance(item, OutgoingFile)],
             )  # fmt: skip  # the message it answers: recovery never answers it twice (issue 19 #2)
             await self.history.aio.record(channel_id, message, from_imp=imp)
         return ids
 
     async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:
         await set_typing(self.inner, channel_id, active, imp or self.default_imp)
+
+
+def _sent_file(item: OutgoingFile) -> Attachment:
+    """A file the imp posted, as the history keeps it (its name, type and size; never its bytes): a reply that
+    is only a picture is not an empty message in the history (seed 003)."""
+    kind = mimetypes.guess_type(item.filename)[0] or "application/octet-stream"
+    return Attachment(filename=item.filename, content_type=kind, size=len(item.data))

@@ -10,7 +10,8 @@ What differs is only the surface a host posts through and the surfaces it reache
 * a standalone ``supervise`` reaches ``log`` only: a post into a Discord channel is refused there
   with a one-line reason, and a Discord gate approved on the CLI waits for a host that has Discord.
 
-The host builds the stores (channels, history, memory, and the gateway's: audit, ledger, earned trust,
+The host builds the stores (channels, history, memory, the boxes' own history lines — an older home's
+imp-wide history file imported into them once, issue 22 — and the gateway's: audit, ledger, earned trust,
 gates) and hands them to the gateway, so adapters ask the same stores the gateway writes. The surface is
 wrapped so that an imp's own posts join the channel history. Opening checks the settings and the
 policy before anything starts; closing closes the gateway and the database on every path.
@@ -38,6 +39,7 @@ from impyard.ledger import Ledger
 from impyard.memory.service import cache_bytes_from_env, memory_service
 from impyard.memory.store import MemoryStore
 from impyard.policy import Policy, load_policy
+from impyard.responder_history import HistoryBounds, ResponderHistory, import_legacy_homes
 from impyard.surfaces import Surface
 
 log = logging.getLogger("impyard.host")
@@ -59,6 +61,7 @@ class Host:
     audit: AuditLog
     gateway: Gateway
     memory: MemoryStore  # the store the gateway's memory service serves boxes from (/forget-me, deletes)
+    responder_history: ResponderHistory  # the boxes' own lines (issue 22), served by the gateway
     pump: GatePump
     surfaces: frozenset[str]
     imp_user_ids: dict[str, str] = field(default_factory=dict)
@@ -98,6 +101,12 @@ async def open_host(
             db, policy=policy, clock=clock, secrets=host_secrets(upstream), channels=channels
         )
         memory = memory_service(db, clock.now, cache_bytes=cache_bytes)
+        responder_history = ResponderHistory(
+            db, clock,
+            {name: HistoryBounds(config.model.history_limit, config.model.history_per_channel) for name, config in known.items()},
+        )  # fmt: skip
+        # Issue 22: an older home's imp-wide history file comes into the host's store once, before any box runs.
+        await db.run(import_legacy_homes, responder_history, [(name, imps.state_dir(name)) for name in known])
         user_ids = dict(imp_user_ids or {})
         host_surface = HistorySurface(
             surface, history, lambda imp: user_ids.get(imp, f"imp:{imp}"), clock,
@@ -118,13 +127,15 @@ async def open_host(
             on_gate=on_gate,
             surfaces=reaches,
             memory=memory,
+            responder_history=responder_history,
         )
         try:
             async with gateway.running():  # issue 19 #4: a model call outlives a box that dies mid-call
                 yield Host(
                     db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
                     gates=stores.gates, ledger=stores.ledger, audit=stores.audit, gateway=gateway,
-                    memory=memory.store, pump=GatePump(gateway), surfaces=frozenset(reaches), imp_user_ids=user_ids,
+                    memory=memory.store, responder_history=responder_history, pump=GatePump(gateway),
+                    surfaces=frozenset(reaches), imp_user_ids=user_ids,
                 )  # fmt: skip
         finally:
             await gateway.aclose()

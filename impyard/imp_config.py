@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.fields import FieldInfo
 
 from box.attempts import attempt_timeout_s
+from box.model_profiles import SettingProblem, config_problems
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
 from impyard.toml_errors import line_of, syntax_error_line
@@ -186,6 +187,13 @@ class ModelConfig(_Strict):
         min_length=1,
         max_length=128,
     )
+    server: Literal["openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible"] = _field(
+        _box_default(ResponderSettings, "server"),
+        "Where OPENAI_BASE_URL points: openai (each model's profile by its name), ollama, llama.cpp, vllm, "
+        "lmstudio, or compatible (another OpenAI-compatible service); decides which parameters are sent "
+        "(docs/models.md).",
+        expect='one of "openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible"',
+    )
     vision_model: str | None = _field(
         _box_default(ResponderSettings, "vision_model"),
         "Used when the message carries images (default: model).",
@@ -228,7 +236,8 @@ class ModelConfig(_Strict):
     )
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] = _field(
         _box_default(ResponderSettings, "reasoning_effort"),
-        "Reasoning effort sent when tools are attached (ENV-21).",
+        "Reasoning effort sent when tools are attached (ENV-21) and on Responses calls (ENV-22); only to a "
+        "model that reasons, as the nearest effort it takes (docs/models.md).",
         expect='one of "none", "minimal", "low", "medium", "high", "xhigh"',
     )
     use_responses_api: bool = _field(
@@ -478,6 +487,11 @@ class DiscordConfig(_Strict):
         expect="a Discord channel id (digits)",
         example="123456789012345678",
     )
+    presence: bool = _field(
+        False,
+        'Show what the imp is doing as its bot\'s Discord status after each answered turn ("talking in #general").',
+        expect="true or false",
+    )  # seed 003: the status side-effect consumer; off by default
 
     @field_validator("application_id", "owner_channel", "staff_channel", mode="before")
     @classmethod
@@ -500,6 +514,12 @@ class BoxConfig(_Strict):
         "docker; process (no lockdown, development only); auto = docker, else process with a warning.",
         expect='one of "auto", "docker", "process"',
     )
+    runtime: Literal["auto", "runsc", "runc"] = _field(
+        "auto",
+        "The Docker box's OCI runtime: runsc (gVisor, a user-space kernel); runc (the host's kernel); "
+        "auto = runsc when the engine has it registered, else runc. IMPYARD_BOX_RUNTIME overrides it.",
+        expect='one of "auto", "runsc", "runc"',
+    )  # issue 22
     memory: str = _field(
         "512m", "Memory per box (also its swap limit).", expect='a size from "64m" to "64g", e.g. "512m"'
     )
@@ -732,6 +752,12 @@ def validate_config(
         raise ImpConfigError(problems) from None
     if problems:
         raise ImpConfigError(problems)
+    problems = [
+        ConfigProblem(file, _locate(text, ("model", problem.key)), f"model.{problem.key}", problem.reason)
+        for problem in model_problems(config.model)
+    ]
+    if problems:
+        raise ImpConfigError(problems)  # issue 16: asks for what no request to this model could carry
     if expected_name is not None and config.name != expected_name:
         raise ImpConfigError(
             [
@@ -745,6 +771,21 @@ def validate_config(
             ]
         )
     return config
+
+
+def model_problems(model: ModelConfig) -> list[SettingProblem]:
+    """Issue 16: what ``[model]`` asks that its models cannot take (``box.model_profiles.config_problems``);
+    a reasoning effort or temperature counts only when written, since a default is adapted per model."""
+    explicit = model.model_fields_set
+    keys = ("model", "vision_model", "factual_model", "retry_model")
+    return config_problems(
+        models={key: getattr(model, key) for key in keys if getattr(model, key) is not None},
+        server=model.server,
+        reasoning_effort=model.reasoning_effort if "reasoning_effort" in explicit else None,
+        temperature=model.temperature if "temperature" in explicit else None,
+        tools=bool(model.tools),
+        use_responses_api=model.use_responses_api,
+    )
 
 
 def _secret_keys(raw: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

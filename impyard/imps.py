@@ -4,7 +4,8 @@ An imp's directory holds three things::
 
     imps/<name>/imp.toml     the config: validated by ImpConfig, no secrets ever
     imps/<name>/persona.md   the persona text (``persona_file``)
-    imps/<name>/state/       the box's /state mount: written by the box, so never read as config
+    imps/<name>/state/       written by boxes, so never read as config: each box's own /state below it
+                             (channels/<channel>/ for a chat session, tasks/<task>/ for a task; issue 22)
 
 ``ImpConfig`` is the typed config; ``ImpStore`` reads and writes it. A broken
 file raises ``ImpConfigError`` naming the file, the line (where it can be
@@ -50,7 +51,10 @@ from impyard.imp_config import (  # the config API is re-exported: callers impor
     validate_config,
     validate_name,
 )
-from impyard.paths import home
+from impyard.paths import box_dir_name, home
+
+SESSION_DIRS = "channels"  # under the state dir: one /state per chat channel
+TASK_DIRS = "tasks"  # under the state dir: one /state per task
 
 # ------------------------------------------------------------------ the store
 
@@ -94,8 +98,17 @@ class ImpStore:
         return self.path(name) / CONFIG_FILE
 
     def state_dir(self, name: str) -> Path:
-        """The box's /state mount; kept by ``remove`` unless ``purge=True``."""
+        """The imp's state dir, under which each of its boxes has its own /state (never mounted itself since
+        issue 22; an older home's imp-wide files stay in it). Kept by ``remove`` unless ``purge=True``."""
         return self.path(name) / STATE_DIR
+
+    def session_state_dir(self, name: str, channel_id: str) -> Path:
+        """The /state of the imp's chat box in one channel: its own, shared with no other box (issue 22)."""
+        return self.state_dir(name) / SESSION_DIRS / box_dir_name(channel_id)
+
+    def task_state_dir(self, name: str, task_id: str) -> Path:
+        """The /state of one task's box: its own, beside the chat boxes' (a task may post in their channel)."""
+        return self.state_dir(name) / TASK_DIRS / box_dir_name(task_id)
 
     def names(self) -> list[str]:
         """Names of every directory that holds an imp.toml, sorted (invalid names included, for ``scan``)."""

@@ -82,7 +82,7 @@ def judge(facts: RequestFacts, policy: Policy) -> Verdict:
         if problem:
             return Verdict(False, rule.name, problem, rule)
         return Verdict(True, rule.name, "allowed", rule)
-    return Verdict(False, DEFAULT_DENY, _unmatched_reason(facts))
+    return Verdict(False, DEFAULT_DENY, _unmatched_reason(facts, policy))
 
 
 # ------------------------------------------------------------------ selectors
@@ -106,12 +106,28 @@ def host_selected(pattern: str, host: str | None) -> bool:
     return host == pattern
 
 
+def purpose_models(purposes: Mapping[str, list[str]], purpose: str | None) -> list[str] | None:
+    """The models a rule lists for ``purpose`` (its own list, else the ``"*"`` purpose's); None: none."""
+    listed = purposes.get(purpose or "")
+    return listed if listed is not None else purposes.get("*")
+
+
+def models_selected(purposes: Mapping[str, list[str]], purpose: str | None, model: str | None) -> bool:
+    """Issue 16: a purpose -> models list is a selector. The rule matches a request only when it lists the
+    request's purpose and its model (or ``"*"``, any model, even none named); otherwise the next rule is
+    tried, so an operator's rule for one model never denies the models of the rules after it."""
+    models = purpose_models(purposes, purpose)
+    if models is None:
+        return False
+    return "*" in models or (model is not None and model in models)
+
+
 def _selects(rule: Rule, facts: RequestFacts, policy: Policy) -> bool:
     if rule.scope not in ("*", facts.imp) or rule.method not in ("*", facts.method):
         return False
     if rule.paths is not None and facts.path not in rule.paths:
         return False
-    if rule.purposes is not None and facts.purpose not in rule.purposes and "*" not in rule.purposes:
+    if rule.purposes is not None and not models_selected(rule.purposes, facts.purpose, facts.model):
         return False
     if rule.channels is not None and not any(
         channel_selected(entry, facts, policy) for entry in rule.channels
@@ -127,12 +143,8 @@ def _selects(rule: Rule, facts: RequestFacts, policy: Policy) -> bool:
 
 def _limit_problem(rule: Rule, facts: RequestFacts) -> str | None:
     if facts.method == "model.request":
-        purposes = rule.purposes or {}
-        allowed = purposes.get(facts.purpose or "") or purposes.get("*") or []
-        if facts.model is None:
+        if facts.model is None:  # only a rule that allows any model ("*") selects a body naming none
             return "the request body names no model"
-        if "*" not in allowed and facts.model not in allowed:
-            return f"model {facts.model!r} is not allowed for purpose {facts.purpose!r} (allowed: {', '.join(allowed)})"
         if rule.max_body_bytes is not None and facts.body_bytes > rule.max_body_bytes:
             return f"the body is {facts.body_bytes} bytes, over the limit of {rule.max_body_bytes} bytes"
         if (
@@ -172,9 +184,16 @@ def _limit_problem(rule: Rule, facts: RequestFacts) -> str | None:
     return None
 
 
-def _unmatched_reason(facts: RequestFacts) -> str:
+def _unmatched_reason(facts: RequestFacts, policy: Policy) -> str:
     if facts.method == "model.request":
-        return f"no rule allows model.request to {facts.path} for purpose {facts.purpose!r}"
+        listed = _listed_models(facts, policy)
+        if facts.model is not None and listed:
+            return (
+                f"no rule allows model {facts.model!r} for purpose {facts.purpose!r} on {facts.path} "
+                f"(the rules list: {', '.join(listed)})"
+            )
+        unnamed = " (the request body names no model)" if facts.model is None else ""
+        return f"no rule allows model.request to {facts.path} for purpose {facts.purpose!r}{unnamed}"
     if facts.method == "discord.send":
         return (
             f"no rule allows discord.send to channel {facts.target_channel} "
@@ -183,6 +202,18 @@ def _unmatched_reason(facts: RequestFacts) -> str:
     if facts.method == "http.fetch":
         return f"no rule allows http.fetch to host {facts.host!r} (it is not on the allow-list)"
     return f"no rule allows {facts.method}"
+
+
+def _listed_models(facts: RequestFacts, policy: Policy) -> list[str]:
+    """The models the allow rules that would select this request but for its model list for its purpose."""
+    listed: dict[str, None] = {}
+    for rule in policy.rules:
+        if rule.action != "allow" or rule.purposes is None:
+            continue
+        if not _selects(rule.model_copy(update={"purposes": None}), facts, policy):
+            continue
+        listed.update(dict.fromkeys(purpose_models(rule.purposes, facts.purpose) or []))
+    return list(listed)
 
 
 # ------------------------------------------------------------------ facts from params

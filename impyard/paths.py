@@ -31,5 +31,11 @@ def safe_name(text: str, limit: int = 40) -> str:
 
 
 def imp_state_dir(imp: str, base: Path | None = None) -> Path:
-    """The imp's own state directory: the one read-write mount of its boxes (``/state``)."""
+    """The imp's state directory: where each of its boxes has its own ``/state`` (``box_dir_name``)."""
     return (base or home()) / "imps" / safe_name(imp) / "state"
+
+
+def box_dir_name(key: str) -> str:
+    """A directory name for one box's ``/state``, unique per ``key`` (a channel id, a task id): readable, and
+    never the same for two keys that clean to the same text (``discord:1`` and ``discord-1``)."""
+    return f"{safe_name(key, 48)}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"

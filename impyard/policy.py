@@ -12,7 +12,9 @@ Where the files are:
   ``IMPYARD_HOME/policies``) holds any number of ``*.toml`` files, read in name
   order. Their rules come first (first match wins), a rule with a default
   rule's name replaces it, and their other tables (budgets, prices, trust,
-  channels, gates, upstream, http) override the default key by key.
+  channels, gates, upstream, http) override the default key by key. A rule's
+  ``purposes`` select by purpose and model (issue 16), so an operator's rule
+  for one more model sits next to the shipped ones without shadowing them.
 
 A broken file raises ``PolicyError`` naming the file, the line, the key and the
 reason; nothing is ever half-loaded.

@@ -64,7 +64,11 @@ class Strict(BaseModel):
 
 class Rule(Strict):
     """One rule. Selectors (scope, method, paths, purposes, channels, hosts) decide whether it
-    matches; the first match decides. An allow rule's limits then deny with this rule's name."""
+    matches; the first match decides. An allow rule's limits then deny with this rule's name.
+
+    ``purposes`` selects by purpose *and* model (issue 16): a rule matches a model.request only when it
+    lists the request's purpose (or ``"*"``) with the request's model (or ``"*"``); a model it does not
+    list is tried against the next rule, never denied by this one."""
 
     name: RuleName
     scope: Annotated[str, Field(pattern=r"^(\*|[A-Za-z0-9][A-Za-z0-9_.-]{0,63})$")] = "*"
@@ -75,7 +79,7 @@ class Rule(Strict):
     # model.request: selectors
     paths: list[ModelPath] | None = None
     purposes: dict[Annotated[str, Field(pattern=PURPOSE_PATTERN)], list[ModelName]] | None = (
-        None  # purpose -> models ("*" = any)
+        None  # purpose -> the models it selects ("*" = any purpose / any model)
     )
     # model.request: limits
     max_body_bytes: Bytes | None = None

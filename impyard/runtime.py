@@ -50,7 +50,11 @@ def backends_for(configs: Sequence[ImpConfig], override: str | None = None) -> d
     chosen: dict[str, BoxBackend] = {}
     for config in configs:
         name = override or config.box.backend
-        chosen[config.name] = choose_backend(name, limits=config.box.docker_limits())  # type: ignore[arg-type]
+        chosen[config.name] = choose_backend(
+            name,  # type: ignore[arg-type]
+            limits=config.box.docker_limits(),
+            runtime=config.box.runtime,
+        )
     docker = next((backend for backend in chosen.values() if isinstance(backend, DockerBackend)), None)
     if docker is not None:
         removed = docker.remove_orphans()

@@ -150,7 +150,9 @@ class SessionPlan(Protocol):
 
     async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams: ...
 
-    def state_dir_for(self, imp: str) -> Path: ...
+    def state_dir_for(self, key: SessionKey) -> Path:
+        """The /state of this session's box: its own, per imp and channel (issue 22)."""
+        ...
 
     def settings_for(self, imp: str) -> SessionSettings: ...
 
@@ -400,6 +402,11 @@ class SessionManager:
 
     async def _run_session(self, session: ChannelSession) -> None:
         try:
+            # The previous box of this channel, still closing, holds the same /state (issue 22): wait for it.
+            for earlier in [
+                other for other in self._live if other.key == session.key and other is not session
+            ]:
+                await earlier.done.wait()
             while session.waiting and not session.closing:
                 try:
                     await self._box_lifetime(session)
@@ -434,7 +441,7 @@ class SessionManager:
 
     async def _box_lifetime(self, session: ChannelSession) -> None:
         key = session.key
-        spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.plan.state_dir_for(key.imp))
+        spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.plan.state_dir_for(key))
         host = SessionBoxHost(self.host, session.observer, key)
         async with self.plan.backend_for(key.imp).open(spec, host) as box:
             session.box = box

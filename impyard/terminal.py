@@ -19,6 +19,7 @@ from __future__ import annotations
 import getpass
 import logging
 import signal
+import sqlite3
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,6 @@ from typing import TextIO
 import anyio
 from anyio.abc import TaskGroup
 
-from box.history import forget_channel
 from box.protocol.models import Author, DeliverResult, Message
 from impyard.backends import BoxBackend
 from impyard.backends.conduct import printable
@@ -39,7 +39,7 @@ from impyard.chat_commands import help_text, history_count, mode_answer, parse, 
 from impyard.chat_console import Console, Interrupted, open_console
 from impyard.clock import Clock, SystemClock
 from impyard.conversation import Routed
-from impyard.failure_words import FAILURE_WORDS
+from impyard.failure_words import FAILURE_WORDS, REFUSED_WORDS
 from impyard.inbound import MAX_TERMINAL_CHARS, Inbound
 from impyard.memory.departures import depart_now, wait_finished
 from impyard.runtime import Runtime, open_runtime
@@ -81,7 +81,9 @@ class ChatSurface:
         *,
         imp: str = "",
     ) -> list[str]:
-        if kind == "notice" and content in self.skip_notices:
+        if kind == "notice" and (
+            content in self.skip_notices or (bool(self.skip_notices) and content.startswith(REFUSED_WORDS))
+        ):
             return [f"term-{uuid.uuid4().hex[:12]}"]  # the failure's own line says why (turn_words)
         label = {"notice": "(impyard)", "staff": f"{self.imp} [staff]>"}.get(kind, f"{self.imp}>")
         lines = [f"{label} {shown(content)}"]
@@ -268,11 +270,10 @@ class Chat:
             self.console.say("(impyard) kept the history")
             return
         removed = await self.runtime.history.aio.clear(self.channel_id)
-        state_dir = self.runtime.conversations.state_dir_for(self.imp)
-        try:  # the box keeps its own copy of its exchanges, merged into its prompt: that goes too
-            await anyio.to_thread.run_sync(forget_channel, state_dir, self.channel_id)
-        except (OSError, ValueError) as exc:
-            log.warning("could not forget %s in %s's history file: %s", self.channel_id, self.imp, exc)
+        try:  # the imp's own copy of its exchanges (kept by the host, issue 22) is merged into its prompt: it goes too
+            await self.runtime.host.responder_history.aio.forget_channel(self.channel_id)
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("could not forget %s in %s's own history lines: %s", self.channel_id, self.imp, exc)
             self.console.say(
                 f"(impyard) forgot {removed} messages on the host, but not {self.imp}'s own copy of its "
                 f"replies ({exc}): they may still reach its next prompt"

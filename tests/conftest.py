@@ -1,18 +1,25 @@
-"""Shared fixtures: an isolated IMPYARD_HOME, the anyio backend, and the two box backends."""
+"""Shared fixtures: an isolated IMPYARD_HOME, the anyio backend, and the box backends — the process backend
+and the Docker backend under each OCI runtime (runc, and gVisor's runsc where the engine can run it)."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import docker.errors
 import pytest
 
 from impyard.backends import BoxStartError
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.process import ProcessBackend
+from impyard.backends.runtimes import RUNTIME_ENV, RuntimeChoice
 from impyard.db import Database, open_database
+
+# Every Docker test of the lockdown, the protocol and end to end runs once per runtime (issue 22).
+RUNTIMES = ("runc", "runsc")
 
 
 @pytest.fixture
@@ -26,7 +33,9 @@ def impyard_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("IMPYARD_HOME", str(home))
     for name in list(os.environ):
-        if name in ("OPENAI_API_KEY", "OPENAI_BASE_URL") or name.startswith("IMPYARD_DISCORD_TOKEN"):
+        if name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", RUNTIME_ENV) or name.startswith(
+            "IMPYARD_DISCORD_TOKEN"
+        ):
             monkeypatch.delenv(name)
     return home
 
@@ -57,18 +66,85 @@ def test_home_id() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="session")
+def runtime_problems(box_image: str) -> Callable[[str], str | None]:
+    """Why a box cannot run under a runtime here (None: it can), asked of the engine once per runtime: it must
+    be registered (.ci/run registers runsc), and a box must start under it."""
+    known: dict[str, str | None] = {}
+
+    def problem(runtime: str) -> str | None:
+        if runtime not in known:
+            known[runtime] = _runtime_problem(box_image, runtime)
+        return known[runtime]
+
+    return problem
+
+
+def _runtime_problem(box_image: str, runtime: str) -> str | None:
+    client = DockerBackend(box_image).client()
+    if runtime not in (client.info().get("Runtimes") or {}):
+        return (
+            f"the Docker engine has no {runtime} runtime registered "
+            "(.ci/run installs and registers gVisor's runsc; see docs/box.md)"
+        )
+    try:  # the lockdown's own shape: a box that cannot start like this cannot start at all
+        client.containers.run(
+            box_image, ["-c", "pass"], entrypoint="python3", runtime=runtime, network_mode="none",
+            read_only=True, user="10001:10001", remove=True,
+        )  # fmt: skip
+    except docker.errors.DockerException as exc:
+        return f"{runtime} is registered but cannot run a box here: {str(exc)[:300]}"
+    return None
+
+
+def use_runtime(request: pytest.FixtureRequest, runtime: str) -> None:
+    """Skip, visibly, where ``runtime`` cannot run a box here; else every Docker box the test starts with the
+    default setting (through the CLI, the host, or a ``DockerBackend()`` of its own) runs under it."""
+    problem = request.getfixturevalue("runtime_problems")(runtime)
+    if problem is not None:
+        pytest.skip(problem)
+    request.getfixturevalue("monkeypatch").setenv(RUNTIME_ENV, runtime)
+
+
+def docker_backend_for(request: pytest.FixtureRequest, runtime: str, **settings: Any) -> DockerBackend:
+    """A Docker backend whose boxes run under ``runtime``, labelled for this test run; a box it leaves
+    behind fails the test. For tests that parametrise their own backends (``getfixturevalue`` cannot reach a
+    parametrised fixture)."""
+    box_image = request.getfixturevalue("box_image")
+    use_runtime(request, runtime)
+    backend = DockerBackend(
+        box_image,
+        home_id=request.getfixturevalue("test_home_id"),
+        runtime=RuntimeChoice(runtime, "the test"),  # type: ignore[arg-type]
+        **{"limits": DockerLimits(), **settings},
+    )
+
+    def nothing_left_behind() -> None:
+        leftovers = backend.labelled()
+        backend.remove_orphans()
+        assert not leftovers, f"boxes left behind: {[c.name for c in leftovers]}"
+
+    request.addfinalizer(nothing_left_behind)
+    return backend
+
+
+@pytest.fixture(params=RUNTIMES)
+def box_runtime(request: pytest.FixtureRequest) -> str:
+    """Each OCI runtime in turn (runc, runsc); runsc is skipped, visibly, only where it cannot run."""
+    use_runtime(request, request.param)
+    return str(request.param)
+
+
 @pytest.fixture
-def docker_backend(box_image: str, test_home_id: str) -> Iterator[DockerBackend]:
-    backend = DockerBackend(box_image, home_id=test_home_id, limits=DockerLimits())
-    yield backend
-    leftovers = backend.labelled()
-    backend.remove_orphans()
-    assert not leftovers, f"boxes left behind: {[c.name for c in leftovers]}"
+def docker_backend(request: pytest.FixtureRequest, box_runtime: str) -> DockerBackend:
+    """The Docker backend, once under each runtime."""
+    return docker_backend_for(request, box_runtime)
 
 
-@pytest.fixture(params=["process", "docker"])
+@pytest.fixture(params=["process", *RUNTIMES], ids=["process", *(f"docker-{r}" for r in RUNTIMES)])
 def backend(request: pytest.FixtureRequest) -> object:
-    """Both backends, for tests that must behave the same on each."""
+    """Every backend, for tests that must behave the same on each: the process backend, and Docker under
+    each runtime."""
     if request.param == "process":
         return ProcessBackend(warn=False)
-    return request.getfixturevalue("docker_backend")
+    return docker_backend_for(request, request.param)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,6 +17,7 @@ import anyio
 from pydantic import BaseModel
 
 from box.protocol import BOX_METHODS, HOST_METHODS, ErrorCode, Peer, RpcError
+from box.protocol.history import HistoryCommitParams, HistoryCommitResult, HistoryLoadResult
 from box.protocol.models import (
     Attachment,
     Author,
@@ -35,9 +39,14 @@ from box.protocol.models import (
     TaskRunResult,
 )
 from impyard.backends import BoxSpec
+from impyard.clock import SystemClock
+from impyard.db import open_database
+from impyard.responder_history import HistoryBounds, ResponderHistory, line_views
 from impyard.testing.pipes import byte_pipe
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+_DATABASES = Path(tempfile.mkdtemp(prefix="impyard-scripted-host-"))
+atexit.register(shutil.rmtree, _DATABASES, ignore_errors=True)
 
 
 def envelope(answer: str | None = "hello", answer_needed: bool = True, **fields: Any) -> dict[str, Any]:
@@ -81,6 +90,16 @@ class ScriptedHost:
     )  # http.fetch answers (last repeats)
     send_errors: list[RpcError] = field(default_factory=list)  # discord.send refusals, one per send, in order
     logs: list[BaseModel] = field(default_factory=list)
+    history_bounds: HistoryBounds = field(default_factory=HistoryBounds)  # what the host trims to (ENV-07)
+    _history: ResponderHistory | None = None
+
+    @property
+    def history(self) -> ResponderHistory:
+        """The host's store of the boxes' own lines (issue 22), in a database of this host's own."""
+        if self._history is None:
+            db = open_database(Path(tempfile.mkdtemp(dir=_DATABASES)) / "impyard.db")
+            self._history = ResponderHistory(db, SystemClock(), default=self.history_bounds)
+        return self._history
 
     @property
     def model_requests(self) -> list[Any]:
@@ -110,6 +129,15 @@ class ScriptedHost:
             if self.send_status == "pending":
                 return DiscordSendResult(status="pending", gate_id="g1")
             return DiscordSendResult(status="delivered", message_ids=[f"out-{len(self.sent)}"])
+        if method == "history.load":
+            lines = await anyio.to_thread.run_sync(self.history.load, spec.imp, spec.channel_id)
+            return HistoryLoadResult(lines=line_views(lines))
+        if method == "history.commit":
+            assert isinstance(params, HistoryCommitParams)
+            stored = await anyio.to_thread.run_sync(
+                self.history.commit, spec.imp, spec.channel_id, params.lines, params.outcome
+            )
+            return HistoryCommitResult(stored=stored)
         if method == "http.fetch" and self.fetches:
             fetched = self.fetches.pop(0) if len(self.fetches) > 1 else self.fetches[0]
             if isinstance(fetched, RpcError):

@@ -1,7 +1,10 @@
-"""The same box behaviour on both backends, and the Docker lockdown observed from inside a real container."""
+"""The same box behaviour on every backend, and the Docker lockdown of a real container under each runtime
+(runc, runsc), observed from inside and from outside."""
 
 from __future__ import annotations
 
+import json
+import platform
 from pathlib import Path
 
 import anyio
@@ -54,26 +57,46 @@ async def test_cancelling_the_host_leaves_no_box_behind(backend: object, tmp_pat
 # ------------------------------------------------------------------ Docker only
 
 
-async def test_lockdown_observed_from_inside(docker_backend: DockerBackend, tmp_path: Path) -> None:
-    report = await probe(docker_backend, tmp_path / "state")
+async def test_lockdown_observed_from_inside_and_outside(
+    docker_backend: DockerBackend, tmp_path: Path
+) -> None:
+    seen = await probe(docker_backend, tmp_path / "state")
+    report, outside = seen.inside, seen.outside
+    assert seen.runtime == docker_backend.runtime_choice.setting  # the runtime asked for is the one in force
     assert report["interfaces"] == "lo"
+    assert report["can_route_out"] is False
     assert report["root_writable"] is False
     assert report["uid"] != 0
     assert report["cap_eff"] == 0
-    assert report["no_new_privs"] == 1
+    assert report["no_new_privs"] == 1  # under gVisor too: asked of its kernel (prctl)
     assert report["state_writable"] is True
     quota = docker_backend.limits.state_quota.max_bytes
     assert (
         report["file_size_limit"] == quota == 256 * 1024**2
     )  # one file never outgrows /state (issue 11 #11)
+    # From outside, whatever the runtime: the engine's record and the box's cgroup on the host.
+    assert outside is not None and outside["runtime"] == seen.runtime
+    assert (outside["pids_limit"], outside["no_new_privs"]) == ("128", 1)
+    assert outside["memory_limit"] == outside["memory_swap_limit"] == str(512 * 1024**2)
     checks = evaluate(
         report,
         memory=docker_backend.limits.memory,
         pids_limit=docker_backend.limits.pids_limit,
         state_quota_bytes=quota,
+        outside=outside,
+        runtime=seen.runtime,
+        host_kernel=platform.release(),
     )
     assert [check.name for check in checks if not check.ok] == []
-    assert "file size limit" in [check.name for check in checks]
+    assert {"runtime", "file size limit"} <= {check.name for check in checks}
+    if seen.runtime == "runsc":  # gVisor hides the box's own cgroups: the host confirms the limits
+        assert "gVisor" in str(report["kernel_log"])
+        assert report["pids_limit"] is None and report["memory_limit"] is None
+        limits = {"pids limit", "memory limit", "no swap beyond memory", "cpu quota"}
+        assert {check.confirmed_by for check in checks if check.name in limits} == {"outside"}
+    else:
+        assert str(report["kernel"]).split()[0] == platform.release()
+        assert {check.confirmed_by for check in checks} == {"both"} | {"inside"}  # state mount: inside only
 
 
 FORK_LOOP = """
@@ -85,8 +108,13 @@ try:
             time.sleep(60)
             os._exit(0)
         children += 1
+        if children % 8 == 0:
+            print(f"forked {children}", file=sys.stderr, flush=True)
 except OSError as exc:
     print(f"fork stopped after {children} children: errno {exc.errno}", file=sys.stderr, flush=True)
+"""
+FORK_TALLY = """
+print(f"forked {children}", file=sys.stderr, flush=True)
 """
 
 MEMORY_HOG = """
@@ -108,20 +136,25 @@ async def _run_to_exit(backend: DockerBackend, tmp_path: Path, script: str) -> t
 
 
 async def test_fork_loop_is_stopped_by_the_pids_limit(docker_backend: DockerBackend, tmp_path: Path) -> None:
-    returncode, log = await _run_to_exit(docker_backend, tmp_path, FORK_LOOP)
-    stopped = [line for line in log if line.startswith("fork stopped")]
-    assert stopped, log
-    children = int(stopped[0].split()[3])
-    assert children < docker_backend.limits.pids_limit
-    assert returncode == 0
+    returncode, log = await _run_to_exit(docker_backend, tmp_path, FORK_LOOP + FORK_TALLY)
+    forked = [int(line.split()[1]) for line in log if line.startswith("forked")]
+    assert forked, log
+    assert max(forked) < docker_backend.limits.pids_limit
+    if docker_backend.runtime == "runc":  # the box's fork fails; the box lives on
+        stopped = [line for line in log if line.startswith("fork stopped")]
+        assert stopped, log
+        assert returncode == 0
+    else:  # runsc: the sandbox's own threads count against the limit on the host, and the whole box dies
+        assert returncode != 0 and not any(line.startswith("fork stopped") for line in log)
     # The supervisor is fine: the next box works.
-    await test_lockdown_observed_from_inside(docker_backend, tmp_path)
+    await test_lockdown_observed_from_inside_and_outside(docker_backend, tmp_path)
 
 
 async def test_memory_hog_is_killed_by_the_memory_limit(
-    test_home_id: str, box_image: str, tmp_path: Path
+    test_home_id: str, box_image: str, tmp_path: Path, box_runtime: str
 ) -> None:
     backend = DockerBackend(box_image, home_id=test_home_id, limits=DockerLimits(memory="96m"))
+    assert backend.runtime_choice.setting == box_runtime  # through IMPYARD_BOX_RUNTIME
     returncode, log = await _run_to_exit(backend, tmp_path, MEMORY_HOG)
     assert returncode == 137  # SIGKILL from the OOM killer
     held = max(int(line.split()[1]) for line in log if line.startswith("holding"))
@@ -187,10 +220,12 @@ def test_every_lockdown_flag_is_on_the_command_line(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the CLI
 
 
-def test_box_check_passes_on_docker(box_image: str) -> None:
+def test_box_check_passes_on_docker(box_runtime: str) -> None:
     result = CliRunner().invoke(cli, ["box", "check", "--backend", "docker", "--json"])
     assert result.exit_code == 0, result.output
-    assert '"confined": true' in result.output
+    shown = json.loads(result.output)
+    assert shown["confined"] is True and shown["runtime"] == shown["outside"]["runtime"] == box_runtime
+    assert shown["runtime_setting"] == f"{box_runtime} (IMPYARD_BOX_RUNTIME)"
 
 
 def test_box_check_fails_on_the_process_backend() -> None:

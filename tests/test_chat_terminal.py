@@ -18,6 +18,7 @@ from impyard import paths
 from impyard.backends.docker import DockerBackend
 from impyard.cli import cli
 from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from tests.conftest import RUNTIMES, use_runtime
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 
@@ -56,12 +57,13 @@ def converse(child: pexpect.spawn) -> None:
     child.expect("every message here wakes pip")
 
 
-@pytest.mark.parametrize("backend", ["process", "docker"])
+@pytest.mark.parametrize("backend", ["process", *RUNTIMES])
 def test_chat_end_to_end(
     backend: str, fake: FakeOpenAI, impyard_home: Path, request: pytest.FixtureRequest
 ) -> None:
-    if backend == "docker":
-        request.getfixturevalue("box_image")
+    if backend in RUNTIMES:  # the Docker backend under this runtime (IMPYARD_BOX_RUNTIME)
+        use_runtime(request, backend)
+        backend = "docker"
     child = spawn_chat(fake, impyard_home, "--backend", backend, answers_cpr=True)  # it never does
     child.logfile_read = screen = io.StringIO()
     converse(child)
@@ -87,13 +89,14 @@ def test_chat_end_to_end(
         assert DockerBackend(home_id=paths.home_id(impyard_home)).labelled() == []
 
 
-@pytest.mark.parametrize("backend", ["process", "docker"])
+@pytest.mark.parametrize("backend", ["process", *RUNTIMES])
 def test_ctrl_c_gives_the_running_turn_its_deadline(
     backend: str, impyard_home: Path, request: pytest.FixtureRequest
 ) -> None:
     """Ctrl-C goes to the terminal's whole process group; the box is not in it (issue 11, "also close")."""
-    if backend == "docker":
-        request.getfixturevalue("box_image")
+    if backend in RUNTIMES:  # the Docker backend under this runtime (IMPYARD_BOX_RUNTIME)
+        use_runtime(request, backend)
+        backend = "docker"
     with FakeOpenAI() as server:
         server.script(slow(envelope(answer="Finished anyway.", answer_needed=True), 3.0))
         child = spawn_chat(server, impyard_home, "--backend", backend)
@@ -110,13 +113,25 @@ def test_ctrl_c_gives_the_running_turn_its_deadline(
     assert child.exitstatus == 0
 
 
-def test_sigterm_shuts_down_and_leaves_no_box(fake: FakeOpenAI, impyard_home: Path, box_image: str) -> None:
+@pytest.mark.parametrize("runtime", ["default", *RUNTIMES])
+def test_sigterm_shuts_down_and_leaves_no_box(
+    fake: FakeOpenAI, impyard_home: Path, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """Also: the chat's box runs under runsc by default where the engine can run it, and under the runtime
+    asked for (IMPYARD_BOX_RUNTIME) otherwise (issue 22)."""
+    if runtime == "default":
+        request.getfixturevalue("box_image")
+        runtime = "runsc" if request.getfixturevalue("runtime_problems")("runsc") is None else "runc"
+    else:
+        use_runtime(request, runtime)
     child = spawn_chat(fake, impyard_home, "--backend", "docker")
     child.expect("you> ")
     child.sendline("hello pip")
     child.expect("pip> Hello from Pip!")
     backend = DockerBackend(home_id=paths.home_id(impyard_home))
-    assert len(backend.labelled()) == 1  # the warm box is still there between turns
+    boxes = backend.labelled()
+    assert len(boxes) == 1  # the warm box is still there between turns
+    assert boxes[0].attrs["HostConfig"]["Runtime"] == runtime
     child.kill(signal.SIGTERM)
     child.expect("stopping")
     child.expect(pexpect.EOF)

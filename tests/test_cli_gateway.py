@@ -64,7 +64,7 @@ def test_policy_check_explains_the_verdict_for_a_sample_request(tmp_path: Path) 
                             "--purpose", "reply", "--model", "gpt-5", "--json").output)  # fmt: skip
     assert (
         denied["sample"]["allowed"] is False
-        and "not allowed for purpose 'reply'" in denied["sample"]["reason"]
+        and "no rule allows model 'gpt-5' for purpose 'reply'" in denied["sample"]["reason"]
     )
     fetch = run("policy", "check", "--method", "http.fetch", "--host", "example.com")
     assert "denied by rule default-deny" in fetch.output

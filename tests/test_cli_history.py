@@ -10,12 +10,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import CliRunner, Result
 
+from box.protocol.history import HistoryLine
 from box.protocol.models import Author, Message
 from impyard.cli import cli
 from impyard.clock import FixedClock
 from impyard.db import open_database
 from impyard.history import History
 from impyard.imps import ImpStore
+from impyard.responder_history import ResponderHistory
 
 START = datetime(2025, 3, 4, 9, 30, tzinfo=UTC)
 TERMINAL = "terminal:alice"
@@ -158,9 +160,15 @@ def test_clearing_a_shared_channel_says_who_else_forgets_it(history: History) ->
     assert "It is shared: bob will forget it too." in result.output and history.count(TERMINAL) == 6
 
 
-def test_clear_also_drops_the_channel_from_the_imps_own_history_file(history: History) -> None:
-    """The box merges its own copy of its exchanges into every prompt: cleared, that copy goes too."""
+def test_clear_also_drops_the_channel_from_the_imps_own_lines(history: History) -> None:
+    """The box merges its own copy of its exchanges into every prompt: cleared, that copy goes too — the host's
+    (issue 22), and an older home's history file not imported yet, which is imported first so its lines of the
+    channel cannot come back at the next start."""
     conversation(history)
+    own = ResponderHistory(history.db, FixedClock(START))
+    own.commit(
+        "pip", TERMINAL, [HistoryLine(id="t-new", role="user", author="alice", content="new", at=START)]
+    )
     at = START.isoformat()
     records = [
         {"channel_id": channel, "id": f"{channel[-3:]}-{n}", "role": "user", "author": "alice",
@@ -173,18 +181,15 @@ def test_clear_also_drops_the_channel_from_the_imps_own_history_file(history: Hi
         json.dumps({"version": 1, "records": records, "counters": {"x": {"sent": 2}}})
     )
     assert run("history", "clear", "pip", TERMINAL, "--yes").exit_code == 0
-    kept = json.loads((state / "history.json").read_text())
-    assert [r["channel_id"] for r in kept["records"]] == [GUILD] and kept["counters"] == {"x": {"sent": 2}}
+    assert [r.channel_id for r in own.lines("pip")] == [GUILD] and own.counters("pip") == {"x": {"sent": 2}}
+    assert not (state / "history.json").exists() and (state / "history.json.imported").exists()
 
 
-def test_clear_leaves_an_unreadable_history_file_alone_and_says_so(history: History) -> None:
+def test_clear_sets_an_unreadable_old_history_file_aside_untouched(history: History) -> None:
     conversation(history)
     state = ImpStore().state_dir("pip")
     state.mkdir(parents=True)
     (state / "history.json").write_text("{not json")
     result = run("history", "clear", "pip", TERMINAL, "--yes")
-    assert (
-        result.exit_code == 0 and "could not forget terminal:alice in pip's own history file" in result.output
-    )
-    assert (state / "history.json").read_text() == "{not json"  # never rewritten empty
-    assert history.count(TERMINAL) == 0
+    assert result.exit_code == 0 and history.count(TERMINAL) == 0
+    assert (state / "history.json.unreadable").read_text() == "{not json"  # kept as it was, never read again

@@ -393,11 +393,12 @@ def test_box_check_prints_expected_before_observed() -> None:
     table = CliRunner().invoke(cli, ["box", "check", "--backend", "process"])
     rows = channel_rows(table.output.split("Error:")[0].strip())
     root = rows["read-only root"]
-    assert (root["expected"], root["observed"]) == (
+    assert (root["expected"], root["inside"]) == (
         "read-only",
         "writable" if report["root_writable"] else "read-only",
     )
     assert root["result"] == ("MISSING" if report["root_writable"] else "ok")
+    assert root["outside"] == "–"  # the process backend: nothing to see from outside
 
 
 # --- every group's --help shows an example (issue 17) -----------------------------------------------------------

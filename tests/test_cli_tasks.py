@@ -208,7 +208,7 @@ def test_supervise_once_runs_what_is_due_and_prints_posts_to_the_terminal(pip: s
         "model.request reply -> allowed" in shown.output and "discord.send other -> allowed" in shown.output
     )
     data = json.loads(run("task", "show", task_id, "--json").output)
-    assert [r["method"] for r in data["audit"]] == ["model.request", "discord.send"]
+    assert [r["method"] for r in data["audit"]] == ["model.request", "discord.send", "history.commit"]
     assert all(r["run_id"] == data["run_id"] for r in data["audit"]) and data["runs"][0]["result"] == "done"
     assert KEY not in json.dumps(data)
 

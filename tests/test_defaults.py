@@ -23,7 +23,8 @@ from impyard.imps import ImpStore
 
 # Written out on purpose: a changed default must change this table (and docs/configuration.md's tables) too.
 EXPECTED: dict[tuple[str, str], Any] = {
-    ("model", "model"): "gpt-4.1-mini",
+    ("model", "model"): "gpt-5.1",  # issue 16: takes every SPEC-001 parameter (ENV-21, ENV-22)
+    ("model", "server"): "openai",  # issue 16: the model's own profile, by its name
     ("model", "vision_model"): None,
     ("model", "factual_model"): None,
     ("model", "retry_model"): None,

@@ -90,9 +90,9 @@ def test_a_working_setup_passes_with_one_metered_audited_call(fake: FakeOpenAI) 
     result, rows = doctor(env=env(fake))
     assert result.exit_code == 0, result.output
     assert failed(rows) == [] and rows["Model endpoint"]["status"] == "ok"
-    assert f"gpt-4.1-mini at {fake.base_url} answered" in rows["Model endpoint"]["detail"]
+    assert f"gpt-5.1 at {fake.base_url} answered" in rows["Model endpoint"]["detail"]
     assert (
-        "reply gpt-4.1-mini" in rows["Imp pip"]["detail"]
+        "reply gpt-5.1" in rows["Imp pip"]["detail"]
         and "embedding text-embedding-3-small" in rows["Imp pip"]["detail"]
     )
     (call,) = fake.requests
@@ -110,7 +110,7 @@ def test_people_get_a_table_and_one_error_line(fake: FakeOpenAI) -> None:
     add_pip(model={"model": "gpt-x"})
     result = CliRunner(env=env(fake)).invoke(cli, ["doctor", "--no-model-call"])
     assert result.exit_code == 1
-    assert "FAIL\tImp pip\treply with gpt-x: denied by model-text" in result.stdout
+    assert "FAIL\tImp pip\treply with gpt-x: denied by default-deny" in result.stdout
     assert result.stderr.strip().splitlines() == [
         "Error: 1 problem(s) stop a chat from working: Imp pip; see the fixes above"
     ]
@@ -121,7 +121,7 @@ def test_people_in_a_terminal_get_every_fix_in_full(fake: FakeOpenAI) -> None:
     terminal = env(fake, TTY_COMPATIBLE="1", COLUMNS="60", NO_COLOR="1")
     result = CliRunner(env=terminal).invoke(cli, ["doctor", "--no-model-call"])
     words = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", result.stdout).split())
-    assert result.exit_code == 1 and "FAIL Imp pip summary with gpt-x: denied by model-text" in words
+    assert result.exit_code == 1 and "FAIL Imp pip summary with gpt-x: denied by default-deny" in words
     assert "or choose an allowed model: impyard imp set pip memory.models.summary=MODEL" in words
     assert "…" not in words.replace("OPENAI_API_KEY=sk-…", "").replace("IMPYARD_DISCORD_TOKEN_PIP=…", "")
 
@@ -163,7 +163,7 @@ def test_memory_calls_are_checked_only_with_memory_on(fake: FakeOpenAI) -> None:
         memory={"enabled": False, "models": {"summary": "gpt-x"}, "embedding_model": "text-embedding-ada-002"}
     )
     result, rows = doctor("--no-model-call", env=env(fake))
-    assert result.exit_code == 0 and rows["Imp pip"]["detail"] == "allowed and priced: reply gpt-4.1-mini"
+    assert result.exit_code == 0 and rows["Imp pip"]["detail"] == "allowed and priced: reply gpt-5.1"
 
 
 def test_a_memory_imp_on_the_hashing_embedder_makes_no_embedding_call(fake: FakeOpenAI) -> None:

@@ -59,6 +59,9 @@ INTERNAL = {
     "impyard.broker.ResponseTooLarge",
     "impyard.memory.vectors.VectorError",
     "impyard.chat_console.Interrupted",
+    "impyard.testing.fake_openai._Refused",  # the fake's refusal, turned into an HTTP error body at once
+    "impyard.backends.engine.EngineError",  # the engine API's refusal: the Docker backend says it as a BoxError
+    "impyard.backends.multiplex.MultiplexError",  # a malformed attach stream: that box ends, as a BoxError
 }
 
 

@@ -44,7 +44,7 @@ def json_schema_format(name: str = "envelope") -> dict[str, Any]:
 
 def chat(client: openai.OpenAI, text: str = "hello", **kwargs: Any) -> Any:
     return client.chat.completions.create(
-        model="gpt-test", messages=[{"role": "user", "content": text}], **kwargs
+        model="gpt-4.1-mini", messages=[{"role": "user", "content": text}], **kwargs
     )
 
 
@@ -123,7 +123,7 @@ def test_stop_interrupts_a_pending_delay_and_joins_its_thread() -> None:
 def test_keep_alive_serves_several_requests_on_one_connection(fake: FakeOpenAI) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", fake.port, timeout=5)
     headers = {"Authorization": "Bearer sk-test-fake", "Content-Type": "application/json"}
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    body = json.dumps({"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "x"}]})
     sockets = set()
     for _ in range(3):
         conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
@@ -178,7 +178,10 @@ def test_a_plain_httpx_client_works(fake: FakeOpenAI) -> None:
         import httpx
     fake.script("plain")
     with httpx.Client(base_url=fake.base_url, headers={"Authorization": "Bearer sk-test-fake"}) as plain:
-        response = plain.post("/chat/completions", json={"model": "m", "messages": []})
+        response = plain.post(
+            "/chat/completions",
+            json={"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "x"}]},
+        )
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "plain"
 
@@ -354,14 +357,14 @@ def test_raw_fake_response_without_path_answers_every_endpoint(
 ) -> None:
     fake.script(FakeResponse(503, {"error": {"message": "down", "type": "server_error", "code": None}}))
     with pytest.raises(openai.InternalServerError):
-        client.embeddings.create(model="e", input="x")
+        client.embeddings.create(model="text-embedding-3-small", input="x")
     with pytest.raises(openai.InternalServerError):
         chat(client)
 
 
 def test_content_rule_without_path_leaves_embeddings_alone(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     rule = fake.script(envelope(answer="for the reply"), times=1)
-    client.embeddings.create(model="e", input="x")
+    client.embeddings.create(model="text-embedding-3-small", input="x")
     assert rule.used == 0
     assert content_of(chat(client))["answer"] == "for the reply"
 
@@ -377,7 +380,7 @@ def test_latency_applies_to_every_answer(fake: FakeOpenAI, client: openai.OpenAI
     fake.latency_s = 0.1
     started = time.perf_counter()
     chat(client)
-    client.embeddings.create(model="e", input="x")
+    client.embeddings.create(model="text-embedding-3-small", input="x")
     assert time.perf_counter() - started >= 0.2
 
 
@@ -406,12 +409,12 @@ def test_responses_returns_output_text(fake: FakeOpenAI, client: openai.OpenAI) 
 
 def test_responses_plain_text(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     fake.script("just text", path="/responses")
-    assert client.responses.create(model="m", input="hi").output_text == "just text"
+    assert client.responses.create(model="gpt-4.1-mini", input="hi").output_text == "just text"
 
 
 def test_responses_function_call(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     fake.script(function_call("lookup", {"id": 7}, call_id="call_abc"))
-    response = client.responses.create(model="m", input="hi", tools=[])
+    response = client.responses.create(model="gpt-4.1-mini", input="hi", tools=[])
     (item,) = response.output
     assert (item.type, item.name, item.call_id, item.status) == (
         "function_call",
@@ -425,7 +428,7 @@ def test_responses_function_call(fake: FakeOpenAI, client: openai.OpenAI) -> Non
 
 def test_responses_refusal(fake: FakeOpenAI, client: openai.OpenAI) -> None:
     fake.script(refusal("no"), path="/responses")
-    (message,) = client.responses.create(model="m", input="hi").output
+    (message,) = client.responses.create(model="gpt-4.1-mini", input="hi").output
     assert message.content[0].type == "refusal" and message.content[0].refusal == "no"
 
 
@@ -444,7 +447,7 @@ def test_embeddings_are_deterministic_in_both_encodings(fake: FakeOpenAI, client
 
 
 def test_embeddings_honour_dimensions(fake: FakeOpenAI, client: openai.OpenAI) -> None:
-    result = client.embeddings.create(model="e", input="cat", dimensions=8)
+    result = client.embeddings.create(model="text-embedding-3-small", input="cat", dimensions=8)
     assert result.data[0].embedding == embedding_vector("cat", 8)
 
 
@@ -527,7 +530,7 @@ async def test_async_client_from_an_async_test() -> None:
         fake.script(envelope(answer="async"), purpose="reply")
         async with fake.async_client() as sdk:
             completion = await sdk.chat.completions.create(
-                model="m",
+                model="gpt-4.1-mini",
                 messages=[{"role": "user", "content": "x"}],
                 extra_headers={PURPOSE_HEADER: "reply"},
             )

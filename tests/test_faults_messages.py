@@ -4,20 +4,20 @@ across a restart are mentioned to their person exactly once."""
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from box.history import HistoryStore
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Author, Message
 from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
 from impyard.failure_words import WORDS, words_for
+from impyard.gateway import storage_failed
 from impyard.imps import ImpStore
+from impyard.responder_history import ResponderHistory
 from impyard.runtime import open_runtime
 from impyard.sessions import SessionSettings
 from impyard.surfaces import RecordingSurface
@@ -73,19 +73,20 @@ async def test_the_box_says_which_failure_ended_the_turn(
     assert host.sent == []
 
 
-async def test_a_store_failure_in_the_box_reads_as_one(
+async def test_a_store_failure_of_the_host_reads_as_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def full(self: HistoryStore) -> object:
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full(self: ResponderHistory, imp: str, channel_id: str) -> object:
+        raise storage_failed()  # what the gateway answers when its database can't be written: a full disk
 
-    monkeypatch.setattr(HistoryStore, "load", full)  # the box's state can't be read or written: a full disk
-    host = ScriptedHost()
+    monkeypatch.setattr(ResponderHistory, "load", full)
+    host = ScriptedHost(answers=[storage_failed()])
     async with in_process_box(host, tmp_path / "state", sleep=no_sleep) as box:
         await box.init(init_params())
         result = await box.deliver(deliver_params())
+    # The history lines are context: the turn goes on without them, and the model call meets the same disk.
     assert result.outcome == "failed" and (result.error or "").startswith("[store] ")
-    assert words_for(result.error) == WORDS["store"] and host.model_calls == 0
+    assert words_for(result.error) == WORDS["store"] and host.model_calls == 1
 
 
 async def test_a_send_refused_by_its_rate_limit_is_not_blamed_on_the_model(tmp_path: Path) -> None:

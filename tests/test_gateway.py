@@ -281,8 +281,9 @@ async def test_the_hard_stop_makes_no_upstream_request(h: Harness) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "purpose", "rule", "reason"),
     [
-        pytest.param("/chat/completions", {**CHAT_BODY, "model": "text-embedding-3-small"}, "appraisal", "model-text",
-                     "not allowed for purpose 'appraisal'", id="model-not-allowed-for-purpose"),
+        pytest.param("/chat/completions", {**CHAT_BODY, "model": "text-embedding-3-small"}, "appraisal", "default-deny",
+                     "no rule allows model 'text-embedding-3-small' for purpose 'appraisal'",
+                     id="model-not-allowed-for-purpose"),  # issue 16: purposes select; no rule lists it
         pytest.param("/images/edits", {"model": "gpt-image-1", "prompt": "x"}, "reply", "default-deny",
                      "no rule allows model.request to /images/edits", id="path-outside-the-allow-list"),
         pytest.param("/chat/completions", {**CHAT_BODY, "max_completion_tokens": 100_000}, "reply", "model-text",
@@ -656,11 +657,12 @@ async def test_end_to_end_a_real_box_replies_through_the_gateway(
     [request] = fake.requests
     assert request.purpose == "reply" and request.headers["authorization"] == f"Bearer {KEY}"
     assert request.body["response_format"]["json_schema"]["name"] == "envelope"
-    assert h.spent() == round(300 * 0.40 + 40 * 1.60)
+    assert h.spent() == round(300 * 1.25 + 40 * 10.00)  # gpt-5.1, the default model (issue 16)
     rows = h.audit()
     assert [(r["method"], r["verdict"]) for r in rows] == [
         ("model.request", "allowed"),
         ("discord.send", "allowed"),
+        ("history.commit", "allowed"),  # issue 22: the turn's own lines (its load folded in)
     ]
     assert all(r["run_id"] == "e2e-run" for r in rows)
     assert KEY not in json.dumps(rows) and not any(KEY in text for text in watching.handed_to_box)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from box.protocol.models import Author, Message, ReplyRef
 from impyard.clock import FixedClock
 from impyard.db import open_database
 from impyard.history import History
+from impyard.history_surface import HistorySurface
+from impyard.surfaces import OutgoingFile, RecordingSurface
 
 
 def msg(n: int, clock: FixedClock, content: str = "hi") -> Message:
@@ -104,3 +107,18 @@ def test_triage_never_answers_again_a_message_the_imp_had_answered(tmp_path: Pat
     history.record("a", other, from_imp="bee")
     assert [wake.message.id for wake in history.triage()] == ["m2"]
     assert history.outcome("pip", "a", "m1") == "sent" and history.outcome("pip", "a", "m2") is None
+
+
+@pytest.mark.anyio
+async def test_a_picture_only_post_is_kept_with_its_file_not_as_an_empty_message(
+    tmp_path: Path, clock: FixedClock
+) -> None:
+    """Seed 003: the imp's own post is recorded with what it carried — a picture-only reply names its file."""
+    history = History(open_database(tmp_path / "h.db"), clock)
+    surface = HistorySurface(RecordingSurface(), history, lambda imp: f"id-{imp}", clock)
+    picture = OutgoingFile("owl.png", b"\x89PNG" + b"\x00" * 96)
+    [sent] = await surface.send("c1", "", "m1", [picture], "reply", imp="pip")
+    [shown] = history.shown("pip", ["c1"], 10)
+    assert (shown.message_id, shown.content, shown.attachments) == (sent, "", 1)
+    [row] = history.db.query("SELECT attachments FROM history WHERE message_id = ?", (sent,))
+    assert json.loads(row[0]) == [{"filename": "owl.png", "content_type": "image/png", "size": 100}]

@@ -59,8 +59,8 @@ class Plan:
     async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
         return init_params(key.imp, key.channel_id)
 
-    def state_dir_for(self, imp: str) -> Path:
-        return self.root / imp / "state"
+    def state_dir_for(self, key: SessionKey) -> Path:
+        return self.root / key.imp / "state" / key.channel_id  # each box its own /state (issue 22)
 
     def settings_for(self, imp: str) -> SessionSettings:
         return SessionSettings()

@@ -118,7 +118,7 @@ def test_the_one_time_repair_gives_root_written_files_to_the_box_user_then_stops
 
 @pytest.mark.parametrize("what", ["bytes", "files"])
 async def test_a_box_filling_its_state_dir_past_the_quota_is_killed_and_not_restarted(
-    tmp_path: Path, box_image: str, test_home_id: str, what: str
+    tmp_path: Path, box_image: str, test_home_id: str, what: str, box_runtime: str
 ) -> None:
     quota = StateQuota(max_bytes=8 * 1024**2, max_entries=1000)
     backend = DockerBackend(box_image, home_id=test_home_id, limits=DockerLimits(state_quota=quota))
@@ -134,7 +134,7 @@ async def test_a_box_filling_its_state_dir_past_the_quota_is_killed_and_not_rest
 
 
 async def test_one_file_can_never_outgrow_the_quota(
-    tmp_path: Path, box_image: str, test_home_id: str
+    tmp_path: Path, box_image: str, test_home_id: str, box_runtime: str
 ) -> None:
     quota = StateQuota(max_bytes=4 * 1024**2, max_entries=1000)
     backend = DockerBackend(box_image, home_id=test_home_id, limits=DockerLimits(state_quota=quota))

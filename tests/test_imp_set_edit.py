@@ -175,7 +175,7 @@ def editor_runs(tmp_path: Path) -> int:
 
 
 def test_edit_saves_a_valid_edit(tmp_path: Path, pip: Path) -> None:
-    result = edit(tmp_path, [['# model = "gpt-4.1-mini"', 'model = "gpt-4o"']])
+    result = edit(tmp_path, [['# model = "gpt-5.1"', 'model = "gpt-4o"']])
     assert result.exit_code == 0 and f"Saved {pip}" in result.output, result.output
     assert config()["model"]["model"] == "gpt-4o" and "# my own note" in pip.read_text()  # type: ignore[index]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -139,11 +140,11 @@ def fetch(host: str) -> RequestFacts:
         pytest.param(
             model(path="/responses", purpose="summary"), True, "chat", "allowed", id="responses-summary"
         ),
-        pytest.param(
+        pytest.param(  # issue 16: the purposes list is a selector; no later rule lists gpt-b for summary
             model(model="gpt-b", purpose="summary"),
             False,
-            "chat",
-            "not allowed for purpose 'summary'",
+            DEFAULT_DENY,
+            "no rule allows model 'gpt-b' for purpose 'summary' on /chat/completions (the rules list: gpt-a)",
             id="model-not-for-purpose",
         ),
         pytest.param(
@@ -167,7 +168,7 @@ def fetch(host: str) -> RequestFacts:
             id="too-many-tokens",
         ),
         pytest.param(model(output_tokens=None), True, "chat", "allowed", id="no-cap-is-judged-by-budget"),
-        pytest.param(model(model=None), False, "chat", "names no model", id="no-model"),
+        pytest.param(model(model=None), False, DEFAULT_DENY, "names no model", id="no-model"),
         pytest.param(
             model(path="/embeddings", purpose="anything", model="emb-x"),
             True,
@@ -482,7 +483,7 @@ def test_every_body_the_box_builds_passes_the_allow_list(temperature: float | No
     settings = ResponderSettings(temperature=temperature, reasoning_effort="low")
     call = ToolCall("call_1", "search", '{"query": "owls"}')
     vision = [{"type": "text", "text": "ann: look"}, {"type": "image_url", "image_url": {"url": PNG}}]
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are Pip."},
         {"role": "assistant", "content": "earlier"},
         {"role": "user", "content": vision},
@@ -503,6 +504,10 @@ def test_every_body_the_box_builds_passes_the_allow_list(temperature: float | No
         (RESP, responses_api.responses_body(settings, "gpt-4.1", "You are Pip.", items, [])),
         (lambda r: (r.path, r.body))(image_request(settings, envelope, [PNG], "draw")),
         (lambda r: (r.path, r.body))(image_request(settings, envelope, [], "draw")),
+        # issue 16: what the profiles send instead: effort, include, max_tokens, a schema without strict
+        (CHAT, chat_api.chat_body(settings, "gpt-5.1", messages, [_tool()])),
+        (RESP, responses_api.responses_body(settings, "gpt-5.1", "You are Pip.", items, [_tool()])),
+        (CHAT, chat_api.chat_body(ResponderSettings(server="ollama"), "llama3.2", messages, [_tool()])),
     ]
     for path, body in bodies:
         found = inspect_body(path, body)

@@ -9,9 +9,9 @@ the fake OpenAI): ENV-15, ENV-19 .. ENV-24.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,13 @@ import pytest
 
 from box.memory import CommittedTurn, MemoryTurn, NoTurn, TurnFacts
 from box.protocol import ErrorCode, RpcError
+from box.protocol.history import HistoryLine
 from box.protocol.models import Author, HistoryEntry, MailboxEventParams, ModelRequestResult
 from box.tools import Tool, ToolRegistry
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
+from impyard.responder_history import HistoryBounds
 from tests.scripted import (
     NOW,
     ScriptedHost,
@@ -60,9 +62,14 @@ async def run_turns(
         return [await running.deliver(params, timeout=30) for params in deliveries]
 
 
-def stored(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "state" / "history.json"
-    return json.loads(path.read_text())["records"] if path.exists() else []
+def stored(host: ScriptedHost) -> list[dict[str, Any]]:
+    """The box's own lines as the host keeps them (issue 22: no history file under /state)."""
+    return [asdict(record) for record in host.history.lines("pip")]
+
+
+def seed(host: ScriptedHost, channel_id: str, records: list[dict[str, Any]]) -> None:
+    """Lines kept before the test's turns, committed the way a box commits them."""
+    host.history.commit("pip", channel_id, [HistoryLine.model_validate(r) for r in records])
 
 
 def files_under(root: Path) -> list[str]:
@@ -130,14 +137,14 @@ async def test_env_04_direct_messages_are_always_answered(tmp_path: Path, mode: 
 
 
 async def test_env_05_short_path_archives_without_a_model_call(tmp_path: Path) -> None:
-    host = ScriptedHost()
+    host = ScriptedHost(history_bounds=HistoryBounds(limit=3))
     results = await run_turns(
         tmp_path, host, *(deliver_params(f"release {n}", f"m{n}") for n in range(4)),
         kind="guild", channel_name="announcements", short_path=[("^announcements$", ".*")], history_limit=3,
     )  # fmt: skip
     assert [r.outcome for r in results] == ["silent"] * 4
     assert host.model_calls == 0 and host.sent == [] and host.stages == []  # outside the machine
-    assert [r["content"] for r in stored(tmp_path)] == [
+    assert [r["content"] for r in stored(host)] == [
         "release 1",
         "release 2",
         "release 3",
@@ -145,15 +152,15 @@ async def test_env_05_short_path_archives_without_a_model_call(tmp_path: Path) -
 
 
 async def test_env_07_history_is_trimmed_before_and_after_the_call(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
     old = [
-        {"channel_id": "c1", "id": f"old-{n}", "role": "user", "author": "ann", "content": f"old {n}",
+        {"id": f"old-{n}", "role": "user", "author": "ann", "content": f"old {n}",
          "at": (NOW - timedelta(hours=1, minutes=-n)).isoformat()}
         for n in range(6)
     ]  # fmt: skip
-    (state / "history.json").write_text(json.dumps({"version": 1, "records": old, "counters": {}}))
-    host = ScriptedHost(answers=[chat_result(envelope(f"reply {n}")) for n in range(3)])
+    host = ScriptedHost(
+        answers=[chat_result(envelope(f"reply {n}")) for n in range(3)], history_bounds=HistoryBounds(3, 3)
+    )
+    seed(host, "c1", old)  # six lines kept under an older, larger limit
     turns = [deliver_params(f"q{n}", f"m{n}", now=NOW + timedelta(minutes=n)) for n in range(3)]
     await run_turns(tmp_path, host, *turns, history_limit=3, history_per_channel=3)
     for (
@@ -162,8 +169,8 @@ async def test_env_07_history_is_trimmed_before_and_after_the_call(tmp_path: Pat
         assert len(request.body["messages"]) <= 3 + 2
     first = host.model_requests[0].body["messages"]
     assert [m["content"] for m in first[1:-1]] == ["ann: old 3", "ann: old 4", "ann: old 5"]
-    assert len(stored(tmp_path)) == 3  # after: trimmed again once the pair was appended
-    assert [r["content"] for r in stored(tmp_path)] == ["reply 1", "q2", "reply 2"]
+    assert len(stored(host)) == 3  # after: trimmed again once the pair was appended
+    assert [r["content"] for r in stored(host)] == ["reply 1", "q2", "reply 2"]
 
 
 async def test_env_08_markdown_links_are_unwrapped(tmp_path: Path) -> None:
@@ -251,15 +258,15 @@ async def test_env_10_no_news_and_no_memory_no_sections(tmp_path: Path) -> None:
 
 
 async def test_env_11_per_channel_shrink_prefers_busy_channels(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
-    quiet = {"channel_id": "quiet", "id": "q-0", "role": "user", "author": "bob", "content": "old but alone",
+    quiet = {"id": "q-0", "role": "user", "author": "bob", "content": "old but alone",
              "at": (NOW - timedelta(days=1)).isoformat()}  # fmt: skip
-    (state / "history.json").write_text(json.dumps({"version": 1, "records": [quiet], "counters": {}}))
-    host = ScriptedHost(answers=[chat_result(envelope(f"r{n}")) for n in range(3)])
+    host = ScriptedHost(
+        answers=[chat_result(envelope(f"r{n}")) for n in range(3)], history_bounds=HistoryBounds(4, 2)
+    )
+    seed(host, "quiet", [quiet])  # another channel of the imp: the host trims across the imp's channels
     turns = [deliver_params(f"q{n}", f"m{n}", now=NOW + timedelta(minutes=n)) for n in range(3)]
     await run_turns(tmp_path, host, *turns, history_limit=4, history_per_channel=2)
-    kept = stored(tmp_path)
+    kept = stored(host)
     # The oldest record survives: its channel is not busy; c1's oldest go first.
     assert [r["content"] for r in kept] == ["old but alone", "r1", "q2", "r2"]
 
@@ -287,10 +294,24 @@ async def test_env_13_reaction_clear_is_recorded(tmp_path: Path) -> None:
             "mailbox.event", event.model_copy(update={"kind": "future_thing"})
         )  # ignored
         await running.deliver(deliver_params("what happened?", now=NOW + timedelta(minutes=1)), timeout=30)
-    [record] = [r for r in stored(tmp_path) if r["role"] == "event"]
+    [record] = [r for r in stored(host) if r["role"] == "event"]
     assert record["channel_id"] == "c1" and "m0" in record["content"] and "👍, 🎉" in record["content"]
     messages = host.model_requests[0].body["messages"]
     assert messages[1] == {"role": "user", "content": "[the reactions on message m0 were cleared (👍, 🎉)]"}
+
+
+async def test_env_13_an_event_no_turn_followed_is_kept_when_the_box_shuts_down(tmp_path: Path) -> None:
+    """A notification never waits on the host: its line is held, and sent at the latest when the box ends."""
+    host = ScriptedHost()
+    event = MailboxEventParams(
+        kind="reaction_clear", channel_id="c1", message_id="m0", reactions=["👍"], at=NOW
+    )
+    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+        await running.init(init_params(), timeout=30)
+        await running.peer.notify("mailbox.event", event)
+    [record] = stored(host)
+    assert record["role"] == "event" and "m0" in record["content"]
+    assert [method for method, _ in host.calls if method.startswith("history.")] == ["history.commit"]
 
 
 async def test_env_13_the_event_reaches_the_memory_engine(tmp_path: Path) -> None:
@@ -315,11 +336,8 @@ async def test_env_16_model_calls_are_never_served_from_a_cache(tmp_path: Path) 
     )
     assert [r.outcome for r in results] == ["sent", "sent"]
     assert host.model_calls == 2 and [s.content for s in host.sent] == ["first", "second"]  # type: ignore[attr-defined]
-    assert files_under(tmp_path) == [
-        "state/history.json",
-        "state/history.lock",
-        "state/journal.jsonl",
-    ]  # no response cache anywhere
+    # No response cache anywhere the box writes (nor a history file: the host keeps the lines, issue 22).
+    assert files_under(tmp_path / "state") == ["journal.jsonl"]
 
 
 async def test_env_17_sync_tools_run_in_a_worker_thread(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import base64
 import http.server
 import json
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -81,20 +82,31 @@ def fake() -> Iterator[FakeOpenAI]:
         yield server
 
 
-@pytest.fixture
-async def rig(tmp_path: Path, fake: FakeOpenAI) -> AsyncIterator[Rig]:
-    """A Gateway over a temp database with the default policy, the fake upstream and a recording surface."""
+@asynccontextmanager
+async def open_rig(
+    tmp_path: Path, fake: FakeOpenAI, *, key: str = KEY, policy: Policy | None = None
+) -> AsyncIterator[Rig]:
+    """A Gateway over a temp database with the policy (default: the shipped one), the fake upstream (whose
+    key is ``key``) and a recording surface; the session's own channel is the trusted DM c1."""
     db = open_database(tmp_path / "impyard.db")
     clock = FixedClock(datetime(2026, 12, 2, 10, 0, tzinfo=UTC))
     surface = RecordingSurface()
     gateway = Gateway(
-        policy=load_policy(), db=db, surface=surface, clock=clock,
-        upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), owners={"pip": {"owner-1"}}, secrets=[KEY],
+        policy=policy or load_policy(), db=db, surface=surface, clock=clock,
+        upstream=UpstreamConfig(base_url=fake.base_url, api_key=key), owners={"pip": {"owner-1"}}, secrets=[key],
     )  # fmt: skip
     DbChannelTrust(db, clock).upsert(ChannelInfo("c1", kind="dm", trusted=True))  # the session's own DM
-    yield Rig(gateway, db, surface, fake, tmp_path / "state")
-    await gateway.aclose()
-    db.close()
+    try:
+        yield Rig(gateway, db, surface, fake, tmp_path / "state")
+    finally:
+        await gateway.aclose()
+        db.close()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, fake: FakeOpenAI) -> AsyncIterator[Rig]:
+    async with open_rig(tmp_path, fake) as opened:
+        yield opened
 
 
 # ------------------------------------------------------------------ ENV-15
@@ -107,7 +119,7 @@ async def test_env_15_retry_model_after_a_rate_limit_and_back_after_success(rig:
         deliver_params("one", "m1"), deliver_params("two", "m2"), retry_model="gpt-4.1-nano"
     )
     assert [r.outcome for r in results] == ["sent", "sent"]
-    assert [body["model"] for body in rig.bodies()] == ["gpt-4.1-mini", "gpt-4.1-nano", "gpt-4.1-mini"]
+    assert [body["model"] for body in rig.bodies()] == ["gpt-5.1", "gpt-4.1-nano", "gpt-5.1"]
 
 
 # ------------------------------------------------------------------ ENV-19
@@ -206,7 +218,7 @@ async def test_env_22_the_responses_api_path(rig: Rig) -> None:
         "/chat/completions"
     ) == []
     plain, vision = rig.bodies("/responses")
-    assert plain["model"] == "gpt-4.1-mini" and vision["model"] == "gpt-4.1"  # the same model selection
+    assert plain["model"] == "gpt-5.1" and vision["model"] == "gpt-4.1"  # the same model selection
     assert plain["text"] == {
         "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": ENVELOPE_SCHEMA}
     }
@@ -363,8 +375,8 @@ async def test_env_09_another_channel_is_judged_by_the_gateway_as_its_own_act(ri
     assert result.outcome == "pending" and rig.surface.sent == []  # gated: never auto-sent elsewhere
     [gate] = rig.gateway.gates.latest()
     assert gate.target == "news-1" and gate.payload["kind"] == "other" and gate.payload["reply_to"] is None
-    records = json.loads((rig.state_dir / "history.json").read_text())["records"]
-    assert [(r["id"], r["role"]) for r in records] == [("m1", "user")]  # pending: no claim the reply was seen
+    records = rig.gateway.responder_history.lines("pip", "c1")  # kept by the host (issue 22)
+    assert [(r.id, r.role) for r in records] == [("m1", "user")]  # pending: no claim the reply was seen
 
 
 async def test_nothing_in_an_envelope_changes_persona_or_settings(rig: Rig) -> None:

@@ -4,17 +4,17 @@ model choice and backoff, the Responses item reduction, tool-result sanitising, 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from box.attempts import ModelChooser, ModelExhausted, backoff_s, with_attempts
 from box.context import build_package, context_suffix, persona_prefix, user_content
-from box.decision import judge_answers, respond_answers
+from box.decision import answers
 from box.envelope import Envelope
-from box.history import HistoryStore, PromptEntry, Record, combine, shrink_by_one, trim
+from box.history import PromptEntry, Record, combine, shrink_by_one, trim
 from box.model import ModelCallFailed
 from box.protocol import ErrorCode, RpcError
+from box.protocol.history import HistoryLine
 from box.protocol.models import (
     Attachment,
     Author,
@@ -31,6 +31,9 @@ from box.render import Payload, fit_files, reply_target, unwrap_links
 from box.responses_api import reduce_item
 from box.short_path import short_path_matches
 from box.tools import sanitize_result
+from impyard.clock import SystemClock
+from impyard.db import Database
+from impyard.responder_history import HistoryBounds, ResponderHistory
 from tests.scripted import NOW, envelope
 
 pytestmark = pytest.mark.anyio
@@ -38,6 +41,12 @@ pytestmark = pytest.mark.anyio
 
 def rec(channel: str, n: int, role: str = "user") -> Record:
     return Record(channel, f"{channel}-{n}", role, "ann", f"{channel} {n}", NOW + timedelta(minutes=n))  # type: ignore[arg-type]
+
+
+def line(record: Record) -> HistoryLine:
+    return HistoryLine(
+        id=record.id, role=record.role, author=record.author, content=record.content, at=record.at
+    )
 
 
 def env(**fields: object) -> Envelope:
@@ -72,11 +81,12 @@ def test_env_07_trim_keeps_at_most_the_limit() -> None:
     assert trim(records[:2], 4, 3) == records[:2]
 
 
-def test_env_11_the_store_shrinks_busy_channels_across_the_imps_boxes(tmp_path: Path) -> None:
-    store = HistoryStore(tmp_path, limit=5, per_channel=2)
-    store.commit([rec("quiet", 0)])
-    store.commit([rec("busy", n) for n in range(1, 6)])
-    kept = store.load()
+def test_env_11_the_hosts_store_shrinks_busy_channels_across_the_imps_boxes(db: Database) -> None:
+    """Issue 22: the host keeps the imp's lines; ENV-11's shrink still runs over every channel of the imp."""
+    store = ResponderHistory(db, SystemClock(), {"pip": HistoryBounds(limit=5, per_channel=2)})
+    store.commit("pip", "quiet", [line(rec("quiet", 0))])
+    store.commit("pip", "busy", [line(rec("busy", n)) for n in range(1, 6)])
+    kept = store.lines("pip")
     assert len(kept) == 5 and [r.id for r in kept if r.channel_id == "quiet"] == ["quiet-0"]
 
 
@@ -93,14 +103,6 @@ def test_history_merge_prefers_the_hosts_copy_and_keeps_one_channel() -> None:
         ("c1-1", "user", "c1 1"), ("c1-2", "assistant", "as delivered"), ("h-4", "user", "hey"),
     ]  # fmt: skip
     assert [e.id for e in combine(recent, own, "c1", "now", limit=2)] == ["c1-2", "h-4"]
-
-
-def test_an_unreadable_history_file_starts_fresh(tmp_path: Path) -> None:
-    (tmp_path / "history.json").write_text("{broken")
-    store = HistoryStore(tmp_path, limit=5, per_channel=2)
-    assert store.load() == []
-    store.commit([rec("c1", 1)])
-    assert [r.id for r in store.load()] == ["c1-1"]
 
 
 # ------------------------------------------------------------------ ENV-08 / ENV-09: rendering
@@ -145,26 +147,37 @@ def test_files_that_do_not_fit_one_line_are_dropped_from_the_end() -> None:
 # ------------------------------------------------------------------ ENV-01 .. ENV-04: the decision
 
 
+def said(addressed: bool = False) -> Message:
+    return Message(
+        id="m1", author=Author(id="u1", name="ann"), content="brb", created_at=NOW, mentions_imp=addressed
+    )
+
+
 @pytest.mark.parametrize(
-    ("fields", "reason", "expected"),
+    ("fields", "mode", "reason", "addressed", "expected"),
     [
-        ({"answer": "hi", "answer_needed": True}, "group", True),  # ENV-01
-        ({"answer": "hi", "answer_needed": False}, "group", False),  # ENV-02
-        ({"answer": "hi", "answer_needed": False, "staff": "note"}, "group", True),  # ENV-03
-        ({"answer": "hi", "answer_needed": False}, "dm", True),  # ENV-04
-        ({"answer": "hi", "answer_needed": False}, "mention", True),  # addressed: not "mentions nobody"
-        ({"answer": None, "answer_needed": True}, "dm", False),  # nothing to say
-        ({"answer": "  ", "answer_needed": True}, "group", False),
-        ({"answer": None, "answer_needed": True, "picture": "a cat"}, "group", True),  # a picture is a reply
+        ({"answer": "hi", "answer_needed": True}, "judge", "group", False, True),  # ENV-01
+        ({"answer": "hi", "answer_needed": False}, "judge", "group", False, False),  # ENV-02
+        ({"answer": "hi", "answer_needed": False, "staff": "note"}, "judge", "group", False, True),  # ENV-03
+        ({"answer": "hi", "answer_needed": False}, "judge", "dm", False, True),  # ENV-04
+        ({"answer": "hi", "answer_needed": False}, "judge", "mention", True, True),  # addressed
+        ({"answer": None, "answer_needed": True}, "judge", "dm", False, False),  # nothing to say
+        ({"answer": "  ", "answer_needed": True}, "judge", "group", False, False),
+        ({"answer": None, "answer_needed": True, "picture": "a cat"}, "judge", "group", False, True),  # a picture
+        # ENV-02 / ENV-04 in a one-to-one server channel: direct = addressed (mention, role, reply to the imp)
+        ({"answer": "ok, see you", "answer_needed": False}, "respond", "one_to_one", False, False),  # ENV-02
+        ({"answer": "ok, see you", "answer_needed": True}, "respond", "one_to_one", False, True),  # ENV-01
+        ({"answer": "on it", "answer_needed": False}, "respond", "one_to_one", True, True),  # ENV-04
+        ({"answer": "hi", "answer_needed": False, "staff": "note"}, "respond", "one_to_one", False, True),  # ENV-03
+        ({"answer": "here", "answer_needed": False}, "respond", "dm", False, True),  # ENV-04: a DM
+        ({"answer": None, "answer_needed": True}, "respond", "dm", False, False),
     ],
-)
-def test_judge_decision_table(fields: dict, reason: str, expected: bool) -> None:
-    assert judge_answers(env(**fields), Framing(mode="judge", reason=reason)) is expected  # type: ignore[arg-type]
-
-
-def test_respond_framing_is_a_forced_response() -> None:
-    assert respond_answers(env(answer="hi", answer_needed=False)) is True
-    assert respond_answers(env(answer=None, answer_needed=True)) is False
+)  # fmt: skip
+def test_env_01_to_04_the_decision_table(
+    fields: dict, mode: str, reason: str, addressed: bool, expected: bool
+) -> None:
+    framing = Framing(mode=mode, reason=reason)  # type: ignore[arg-type]
+    assert answers(env(**fields), framing, said(addressed)) is expected
 
 
 # ------------------------------------------------------------------ ENV-05: short path

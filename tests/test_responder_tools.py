@@ -118,7 +118,7 @@ async def test_a_tool_that_breaks_fails_the_turn_cleanly(tmp_path: Path) -> None
         result = await box.deliver(deliver_params("hi"))
     assert result.outcome == "failed" and "the index is corrupt" in (result.error or "")
     assert host.stages[-1] == "failed" and host.sent == [] and host.model_calls == 1
-    assert not (tmp_path / "state" / "history.json").exists()  # nothing committed
+    assert host.history.lines("pip") == []  # nothing committed
 
 
 async def test_the_memory_search_seam_feeds_the_tool(tmp_path: Path) -> None:

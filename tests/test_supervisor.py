@@ -164,10 +164,12 @@ async def test_a_scheduled_task_runs_in_a_real_box_and_posts_through_the_gateway
         assert [(r.method, r.verdict) for r in rows] == [
             ("model.request", "allowed"),
             ("discord.send", "allowed"),
+            ("history.commit", "allowed"),  # issue 22: the task's line in its channel, kept by the host
         ]
         assert [r.method for r in y.supervisor.tasks.audit_trail(task.id)] == [
             "model.request",
             "discord.send",
+            "history.commit",
         ]
         [request] = fake.requests
         assert request.headers["authorization"] == f"Bearer {KEY}"

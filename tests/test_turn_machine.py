@@ -39,13 +39,9 @@ def spec(tmp_path: Path) -> BoxSpec:
     return BoxSpec(imp="pip", channel_id="c1", state_dir=tmp_path / "state")
 
 
-def history(tmp_path: Path) -> dict[str, Any]:
-    path = tmp_path / "state" / "history.json"
-    return json.loads(path.read_text()) if path.exists() else {"records": [], "counters": {}}
-
-
-def records(tmp_path: Path) -> list[tuple[str, str, str]]:
-    return [(r["id"], r["role"], r["content"]) for r in history(tmp_path)["records"]]
+def records(host: ScriptedHost) -> list[tuple[str, str, str]]:
+    """The box's own lines, as the host keeps them (issue 22)."""
+    return [(r.id, r.role, r.content) for r in host.history.lines("pip")]
 
 
 async def run_turns(tmp_path: Path, host: ScriptedHost, *deliveries: Any, **settings: Any) -> list[Any]:
@@ -65,8 +61,10 @@ async def test_respond_success(tmp_path: Path) -> None:
         "send",
         "post",
     ]  # respond framing skips DecisionMaking
-    assert records(tmp_path) == [("m1", "user", "hi pip"), ("out-1", "assistant", "hello ann")]
-    assert history(tmp_path)["counters"] == {"c1": {"sent": 1}}
+    assert records(host) == [("m1", "user", "hi pip"), ("out-1", "assistant", "hello ann")]
+    # Issue 22: the lines are the host's; one read and one write a turn, never one request a line.
+    assert [m for m, _ in host.calls if m.startswith("history.")] == ["history.load", "history.commit"]
+    assert host.history.counters("pip") == {"c1": {"sent": 1}}
 
 
 async def test_judge_decides_to_respond(tmp_path: Path) -> None:
@@ -83,8 +81,8 @@ async def test_judge_stays_silent(tmp_path: Path) -> None:
     [result] = await run_turns(tmp_path, host, deliver_params("just chatting", mode="judge"))
     assert result.outcome == "silent" and host.sent == []
     assert host.stages == ["context", "tools", "decision", "post"]  # nothing rendered, nothing sent
-    assert records(tmp_path) == [("m1", "user", "just chatting")]  # the imp heard it
-    assert history(tmp_path)["counters"] == {"c1": {"silent": 1}}
+    assert records(host) == [("m1", "user", "just chatting")]  # the imp heard it
+    assert host.history.counters("pip") == {"c1": {"silent": 1}}
 
 
 async def test_tool_continuation(tmp_path: Path) -> None:
@@ -102,9 +100,7 @@ async def test_tool_continuation(tmp_path: Path) -> None:
     fetch = [params for method, params in host.calls if method == "http.fetch"]
     assert [f.url for f in fetch] == ["https://example.org/hours"]  # type: ignore[attr-defined]
     first, second = (request.body for request in host.model_requests)
-    assert (
-        first["model"] == "gpt-4.1-mini" and second["model"] == "gpt-4.1"
-    )  # the factual model reads the results
+    assert first["model"] == "gpt-5.1" and second["model"] == "gpt-4.1"  # the factual model reads the results
     assert second["messages"][-2]["tool_calls"][0]["id"] == "call_1"
     assert second["messages"][-1] == {
         "role": "tool",
@@ -145,7 +141,7 @@ async def test_send_failure_fails_the_turn_and_commits_nothing(tmp_path: Path) -
     [result] = await run_turns(tmp_path, host, deliver_params("hi"))
     assert result.outcome == "failed" and "discord is down" in (result.error or "")
     assert host.stages == ["context", "tools", "render", "send", "failed"]
-    assert records(tmp_path) == [] and history(tmp_path)["counters"] == {}  # PostSend never ran
+    assert records(host) == [] and host.history.counters("pip") == {}  # PostSend never ran
     journal = [json.loads(line) for line in (tmp_path / "state" / "journal.jsonl").read_text().splitlines()]
     assert journal[-1]["outcome"] == "failed" and "SendFailed" in journal[-1]["error"]
 
@@ -160,7 +156,7 @@ async def test_generic_failure_is_terminal_and_posts_nothing(tmp_path: Path) -> 
     assert host.stages == ["context", "tools", "failed"]
     assert host.model_calls == 1  # a policy denial is not retried
     assert host.sent == []  # the host posts the "couldn't answer" notice, never the box
-    assert records(tmp_path) == []
+    assert records(host) == []
     assert any("turn failed in tools" in log.message for log in host.logs)  # type: ignore[attr-defined]
 
 
@@ -168,8 +164,8 @@ async def test_pending_commits_what_the_person_said_never_the_reply(tmp_path: Pa
     host = ScriptedHost(answers=[chat_result(envelope("needs approval"))], send_status="pending")
     [result] = await run_turns(tmp_path, host, deliver_params("post it", "m5"))
     assert result.outcome == "pending" and result.message_ids == []
-    assert records(tmp_path) == [("m5", "user", "post it")]
-    assert history(tmp_path)["counters"] == {"c1": {"pending": 1}}
+    assert records(host) == [("m5", "user", "post it")]
+    assert host.history.counters("pip") == {"c1": {"pending": 1}}
 
 
 async def test_a_prompt_task_runs_through_the_machine(tmp_path: Path) -> None:

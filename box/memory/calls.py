@@ -17,6 +17,10 @@ through ``box.model.ModelClient``. What is different from the reply machinery in
   wait that would end past the turn's deadline is not started: the call fails instead.
 * **Every call is logged (119)**, success or failure, one JSON line per HTTP attempt, to
   ``/state/memory-calls.jsonl`` (rotated, one ``.1`` kept); a failed write never fails the call.
+* **Only what the model takes (issue 16).** The body is shaped by the routed model's profile
+  (``box.model_profiles``): the purpose's temperature only where the model takes one (not on gpt-5 or
+  the o-series), the output cap under the key it takes, the schema with or without ``strict`` as the
+  server takes it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import anyio
 
 from box.attempts import RETRYABLE_RPC_CODES
 from box.model import retry_after_of
+from box.model_profiles import OPENAI, profile_for
 from box.protocol import RpcError
 from box.protocol.models import MemoryPurpose, MemorySettings, ModelRequestResult
 
@@ -269,10 +274,12 @@ class MemoryModel:
         clock: Callable[[], datetime] = _utc_now,
         deadline: Callable[[], float | None] = _no_deadline,
         recorders: tuple[Callable[[CallRecord], None], ...] = (),
+        server: str = OPENAI,
     ) -> None:
         self.client = client
         self.settings = settings
         self.default_model = default_model
+        self.server = server  # issue 16: with each routed model, what its requests may carry
         self.call_log = call_log
         self.sleep = sleep
         self.clock = clock
@@ -306,21 +313,19 @@ class MemoryModel:
         non-retryable HTTP status or a gateway refusal ends the call at once.
         """
         model = self.model_for(purpose)
+        profile = profile_for(model, self.server)  # issue 16: only what this model takes
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ]
         for _ in range(1 + max(0, retries)):
             body: dict[str, Any] = {"model": model, "messages": messages}
-            if temperature is not None:
+            if temperature is not None and profile.takes_temperature(None):  # no effort is sent
                 body["temperature"] = temperature
             if max_tokens is not None:
-                body["max_completion_tokens"] = max_tokens
+                body[profile.output_cap_key] = max_tokens
             if schema is not None:
-                body["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": purpose, "strict": True, "schema": schema},
-                }
+                body["response_format"] = profile.response_format(purpose, schema)
             started, wall = time.monotonic(), self.clock()
             attempt = await self._request(CHAT_PATH, body, purpose)
             content, problem = _chat_content(attempt)
@@ -333,7 +338,7 @@ class MemoryModel:
                     model=model,
                     system=system,
                     user=_last_user(messages),
-                    temperature=temperature,
+                    temperature=body.get("temperature"),  # what was sent (issue 16)
                     format="json_schema" if schema is not None else "json",
                     answer=content[:ANSWER_LOG_CHARS] if content is not None else None,
                     status=attempt.result.status if attempt.result is not None else None,

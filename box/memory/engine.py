@@ -132,7 +132,7 @@ class ChatMemory:
         self.model = MemoryModel(
             client, settings, init.imp.responder.model,
             call_log=CallLog.in_state_dir(state_dir, settings) if state_dir is not None else None,
-            sleep=sleep, clock=lambda: self.now, deadline=self.deadline,
+            sleep=sleep, clock=lambda: self.now, deadline=self.deadline, server=init.imp.responder.server,
         )  # fmt: skip
         self.embedder: Embedder = embedder or (
             HashingEmbedder()

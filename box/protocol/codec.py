@@ -6,10 +6,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024  # docs/protocol.md: 1 MiB
 # No frame of the protocol nests deeper than a model body with a JSON schema in it; far below what
 # recursion in json.loads, pydantic or json.dumps can take (issue 11 #1: 100,000 levels crashed the host).
 MAX_FRAME_DEPTH = 64
+_CONTAINERS = (dict, list)  # what json.loads makes containers of
 
 
 @dataclass(frozen=True)
@@ -35,33 +38,31 @@ def decode_frame(line: bytes, max_depth: int = MAX_FRAME_DEPTH) -> Any:
         raise FrameInvalid(f"nested deeper than {max_depth} levels") from exc
     except (ValueError, TypeError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
         raise FrameInvalid("not JSON") from exc
-    if nesting_depth(value, max_depth) > max_depth:
-        raise FrameInvalid(f"nested deeper than {max_depth} levels")
+    if line.count(b"[") + line.count(b"{") > max_depth and nesting_depth(value, max_depth) > max_depth:
+        raise FrameInvalid(f"nested deeper than {max_depth} levels")  # (fewer brackets cannot nest deeper)
     return value
 
 
 def nesting_depth(value: Any, limit: int) -> int:
     """How deep containers nest in a parsed JSON value (a scalar is 0), counted up to ``limit + 1``.
 
-    Iterative, so it cannot itself run out of stack; stops as soon as the limit is passed.
-    """
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
+    Level by level, so it cannot itself run out of stack; stops as soon as the limit is passed. A container's
+    children are looked at one by one only when one of them is a container (``set(map(type, …))`` runs in C):
+    most of a frame's containers hold only scalars (issue 18)."""
+    level = [value] if type(value) in _CONTAINERS else []
+    depth = 0
+    while level:
         depth += 1
-        if depth > deepest:
-            deepest = depth
-            if deepest > limit:
-                return deepest
-        stack.extend((child, depth) for child in children if isinstance(child, dict | list))
-    return deepest
+        if depth > limit:
+            return depth
+        deeper: list[Any] = []
+        for item in level:
+            children = item.values() if type(item) is dict else item
+            kinds = set(map(type, children))
+            if dict in kinds or list in kinds:
+                deeper += [child for child in children if type(child) in _CONTAINERS]
+        level = deeper
+    return depth
 
 
 class FrameTooLarge(ValueError):
@@ -71,6 +72,21 @@ class FrameTooLarge(ValueError):
 def encode_frame(frame: dict[str, Any], max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> bytes:
     """Serialise one frame as a single line. JSON escapes newlines inside strings."""
     line = json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    if len(line) > max_line_bytes:
+        raise FrameTooLarge(f"frame of {len(line)} bytes exceeds the {max_line_bytes}-byte line limit")
+    return line
+
+
+def encode_model_frame(
+    frame: dict[str, Any], key: str, model: BaseModel, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> bytes:
+    """The line of ``{**frame, key: model.model_dump(mode="json")}``, with the model serialised straight to JSON
+    by its own serializer: no dict of it built and walked again (issue 18). The same JSON value; only a float's
+    spelling may differ (``1e-7`` for ``1e-07``)."""
+    body = model.__pydantic_serializer__.to_json(model)
+    pair = b"%s:%s}\n" % (json.dumps(key).encode(), body)
+    head = json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    line = head[:-1] + (b"," if frame else b"") + pair
     if len(line) > max_line_bytes:
         raise FrameTooLarge(f"frame of {len(line)} bytes exceeds the {max_line_bytes}-byte line limit")
     return line

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from box.protocol import history as hist
 from box.protocol import memory as mem
 from box.protocol.base import Empty, EmptyFromHost, FromBox, FromHost, Id, Name
 from box.protocol.memory import PresenceEntry, SessionMemory
@@ -41,7 +42,7 @@ class ResponderSettings(FromHost):
     These defaults are the only ones: ``[model]`` in imp.toml takes each shared key's default from here.
     """
 
-    model: str = "gpt-4.1-mini"
+    model: str = "gpt-5.1"  # issue 16: a reasoning model that takes every SPEC-001 parameter
     max_tokens: int = Field(default=1024, ge=1, le=128_000)
     temperature: float | None = None
     history_limit: int = Field(default=20, ge=0, le=500)
@@ -51,6 +52,9 @@ class ResponderSettings(FromHost):
     retry_model: ModelName | None = None  # after an HTTP 429, until a call succeeds again (ENV-15)
     reasoning_effort: Annotated[str, Field(max_length=16)] = "none"  # ENV-21 / ENV-22
     use_responses_api: bool = False  # ENV-22
+    # Issue 16: where OPENAI_BASE_URL points ("openai", "ollama", "llama.cpp", "vllm", "lmstudio",
+    # "compatible"); with the model it picks the profile of what a request may carry (box.model_profiles).
+    server: Annotated[str, Field(max_length=32)] = "openai"
     responses_tool_rounds: int = Field(default=4, ge=1, le=16)  # ENV-23
     tool_rounds: int = Field(default=3, ge=0, le=16)  # chat/completions tool rounds
     history_per_channel: int = Field(default=3, ge=0, le=500)  # ENV-11
@@ -113,6 +117,8 @@ class BoxInitParams(FromHost):
     session: SessionInfo
     now: datetime
     memory: SessionMemory | None = None  # the session's memory scopes (issue 23); None: memory is off
+    # Seed 003 version metadata: the host's impyard release, for the prompt (None: the box says its own).
+    impyard_version: Annotated[str, Field(max_length=32)] | None = None
 
 
 class BoxInitResult(FromBox):
@@ -345,6 +351,8 @@ HOST_METHODS: dict[str, MethodSpec] = _table(
     MethodSpec("memory.night", mem.NightParams, mem.RecordsResult),
     MethodSpec("memory.consolidate", mem.ConsolidateParams, mem.ConsolidateResult),
     MethodSpec("memory.forget", mem.ForgetParams, mem.ForgetResult),
+    MethodSpec("history.load", hist.HistoryLoadParams, hist.HistoryLoadResult),  # issue 22
+    MethodSpec("history.commit", hist.HistoryCommitParams, hist.HistoryCommitResult),
     MethodSpec("turn.stage", TurnStageParams, None),
     MethodSpec("log", LogParams, None),
 )

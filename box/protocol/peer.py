@@ -27,6 +27,7 @@ from box.protocol.codec import (
     NdjsonDecoder,
     decode_frame,
     encode_frame,
+    encode_model_frame,
 )
 from box.protocol.errors import ErrorCode, PeerClosed, ProtocolViolation, RpcError
 from box.protocol.models import MethodSpec
@@ -268,7 +269,9 @@ class Peer:
             result = await self._handler(spec.name, params)
             if result is None:
                 raise RuntimeError(f"handler for {spec.name} returned no result")
-            await self._send({"jsonrpc": "2.0", "id": frame_id, "result": result.model_dump(mode="json")})
+            await self._send_line(
+                encode_model_frame({"jsonrpc": "2.0", "id": frame_id}, "result", result, self._max_line_bytes)
+            )
             if spec.name in self._stop_after:
                 self.stop()
         except RpcError as exc:
@@ -305,7 +308,9 @@ class Peer:
     # ------------------------------------------------------------------ writing
 
     async def _send(self, frame: dict[str, Any]) -> None:
-        line = encode_frame(frame, self._max_line_bytes)
+        await self._send_line(encode_frame(frame, self._max_line_bytes))
+
+    async def _send_line(self, line: bytes) -> None:
         async with self._write_lock:
             await self._send_stream.send(line)
 
@@ -331,14 +336,8 @@ class Peer:
         self._pending[frame_id] = waiter
         try:
             try:
-                await self._send(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": frame_id,
-                        "method": method,
-                        "params": params.model_dump(mode="json"),
-                    }
-                )
+                head = {"jsonrpc": "2.0", "id": frame_id, "method": method}
+                await self._send_line(encode_model_frame(head, "params", params, self._max_line_bytes))
             except _STREAM_ENDED as exc:
                 raise PeerClosed("the other side closed the stream") from exc
             with anyio.fail_after(timeout) if timeout is not None else nullcontext():
@@ -357,6 +356,7 @@ class Peer:
         if self._closed:
             raise PeerClosed("the peer is closed")
         try:
-            await self._send({"jsonrpc": "2.0", "method": method, "params": params.model_dump(mode="json")})
+            head = {"jsonrpc": "2.0", "method": method}
+            await self._send_line(encode_model_frame(head, "params", params, self._max_line_bytes))
         except _STREAM_ENDED as exc:
             raise PeerClosed("the other side closed the stream") from exc

@@ -83,7 +83,8 @@ class BoxTimeout(BoxError):
 
 @dataclass(frozen=True)
 class BoxSpec:
-    """Which box: the imp, the channel of its session, and the state dir mounted as ``/state``."""
+    """Which box: the imp, the channel of its session, and the state dir mounted as ``/state`` — its own, shared
+    with no other running box (issue 22: the backends refuse a start whose mount overlaps a running box's)."""
 
     imp: str
     channel_id: str
@@ -330,8 +331,8 @@ class RunningBox:
         self.peer.stop()
 
 
-# The imp's boxes share one state dir: a measurement younger than one check period serves them all, so
-# fifty warm sessions of one imp walk its dir once per period, not fifty times.
+# A measurement younger than one check period is reused (each box has its own state dir since issue 22, so
+# this only spares a box's own dir a second walk within one period).
 _last_measured: dict[tuple[Path, StateQuota], tuple[float, StateUsage]] = {}
 
 

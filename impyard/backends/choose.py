@@ -15,12 +15,17 @@ BackendName = Literal["auto", "docker", "process"]
 
 
 def choose_backend(
-    name: BackendName = "auto", *, limits: DockerLimits | None = None, role: str = "session"
+    name: BackendName = "auto",
+    *,
+    limits: DockerLimits | None = None,
+    role: str = "session",
+    runtime: str = "auto",
 ) -> BoxBackend:
-    """``docker`` fails closed if Docker cannot run a confined box; ``auto`` falls back to process, loudly."""
+    """``docker`` fails closed if Docker cannot run a confined box; ``auto`` falls back to process, loudly.
+    ``runtime``: the Docker box's OCI runtime setting (``[box] runtime``; ``IMPYARD_BOX_RUNTIME`` overrides it)."""
     if name == "process":
         return ProcessBackend()
-    docker_backend = DockerBackend(limits=limits, role=role)
+    docker_backend = DockerBackend(limits=limits, role=role, runtime=runtime)
     if name == "docker":
         return docker_backend
     try:

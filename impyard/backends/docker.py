@@ -1,20 +1,22 @@
 """The Docker backend: every box is ``docker run -i --rm --init`` with the full lockdown of docs/box.md.
 
-The box's stdio is the ``docker run`` client's stdio (``anyio.open_process``);
-the docker SDK is used only for lifecycle: preflight checks, kill by name,
-listing and removing labelled orphans. Fail closed: no engine, no image, or an
-engine that cannot apply a limit is a ``BoxStartError``, never an unconfined box.
+The lockdown is written once, as ``run_argv``'s command line; the engine is asked for exactly that container
+through its API socket (``impyard.backends.runflags`` maps each flag to its create field) and the box's stdio
+is a hijacked attach stream (``impyard.backends.engine``): no ``docker run`` client process per box (issue 18).
+The docker SDK does the rest of the lifecycle: preflight checks, kill by name, listing and removing labelled
+orphans. Fail closed: no engine, no image, an engine that cannot apply a limit, or a flag with no API field is
+a ``BoxStartError``, never an unconfined box.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import docker
@@ -22,7 +24,11 @@ import docker.errors
 from docker.models.containers import Container
 
 from impyard import paths
-from impyard.backends.base import BoxHost, BoxSpec, BoxStartError, RunningBox, kill_process, supervise_process
+from impyard.backends.base import BoxHost, BoxSpec, BoxStartError, RunningBox, supervise_process
+from impyard.backends.engine import Engine, EngineError
+from impyard.backends.mounts import claimed_mount
+from impyard.backends.runflags import create_request
+from impyard.backends.runtimes import RuntimeChoice, resolve_runtime, runtime_choice, runtime_words
 from impyard.backends.statedir import StateQuota, measure_state_dir, prepare_state_dir
 
 log = logging.getLogger("impyard.box")
@@ -81,11 +87,14 @@ def run_argv(
     user: str,
     command: list[str] | None = None,
     role: str = "session",
+    runtime: str | None = None,
     docker_bin: str = "docker",
 ) -> list[str]:
-    """The full ``docker run`` command line of a box: every lockdown flag, one rw mount."""
+    """The full ``docker run`` command line of a box: every lockdown flag, one rw mount, and its OCI runtime
+    (``runtime``; None: the engine's default)."""
     argv = [
         docker_bin, "run", "-i", "--rm", "--init",
+        *(["--runtime", runtime] if runtime else []),
         "--name", container_name(spec),
         "--network", "none",
         "--read-only",
@@ -126,12 +135,18 @@ class DockerBackend:
         limits: DockerLimits | None = None,
         home_id: str | None = None,
         role: str = "session",
+        runtime: str | RuntimeChoice = "auto",
     ) -> None:
+        """``runtime``: the imp's ``[box] runtime`` (``IMPYARD_BOX_RUNTIME``, when set, overrides it), or a
+        ``RuntimeChoice`` already made (the environment is then not read)."""
         self._image = image
         self.role = role
+        self.runtime_choice = runtime if isinstance(runtime, RuntimeChoice) else runtime_choice(runtime)
+        self._runtime: str | None = None
         self.limits = limits or DockerLimits()
         self.home_id = home_id or paths.home_id()
         self._client: docker.DockerClient | None = None
+        self._engine = Engine()
         self._checked = False
 
     @property
@@ -143,6 +158,15 @@ class DockerBackend:
         return self._image
 
     # ------------------------------------------------------------ preflight (fail closed)
+
+    @property
+    def runtime(self) -> str:
+        """The OCI runtime this backend's boxes run under (issue 22), from the setting and the engine's
+        registered runtimes; a ``BoxStartError`` when the setting asks for one the engine lacks."""
+        if self._runtime is None:
+            registered = self.client().info().get("Runtimes") or {}
+            self._runtime = resolve_runtime(self.runtime_choice, set(registered))
+        return self._runtime
 
     def client(self) -> docker.DockerClient:
         if self._client is None:
@@ -161,8 +185,6 @@ class DockerBackend:
         """Refuse to start anything unless every lockdown flag can be applied."""
         if self._checked:
             return
-        if shutil.which("docker") is None:
-            raise BoxStartError("the docker command is not installed: apt-get install docker.io")
         client = self.client()
         info = client.info()
         for feature, flag in _REQUIRED_ENGINE_FEATURES.items():
@@ -171,6 +193,7 @@ class DockerBackend:
                     f"the Docker engine cannot apply {flag} ({feature} is off in `docker info`); "
                     "refusing to start an unconfined box: enable the cgroup controller (e.g. swapaccount=1)"
                 )
+        self._runtime = resolve_runtime(self.runtime_choice, set(info.get("Runtimes") or {}))
         try:
             client.images.get(self.image)
         except docker.errors.ImageNotFound as exc:
@@ -187,6 +210,11 @@ class DockerBackend:
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: removal already in progress (--rm)
                 raise
+
+    def inspect_box(self, spec: BoxSpec) -> dict[str, Any]:
+        """The engine's record of a running box (``docker inspect``): what it applied, seen from outside."""
+        attrs: dict[str, Any] = self.client().containers.get(container_name(spec)).attrs
+        return attrs
 
     def labelled(self, **labels: str) -> list[Container]:
         filters = [f"{LABEL_BOX}=1", f"{LABEL_HOME}={self.home_id}"]
@@ -224,6 +252,14 @@ class DockerBackend:
     async def open(
         self, spec: BoxSpec, host: BoxHost, *, command: list[str] | None = None
     ) -> AsyncIterator[RunningBox]:
+        # Issue 22: claimed before the state dir is touched; refused while a running box's /state overlaps it.
+        async with claimed_mount(spec), self._open_claimed(spec, host, command) as running:
+            yield running
+
+    @asynccontextmanager
+    async def _open_claimed(
+        self, spec: BoxSpec, host: BoxHost, command: list[str] | None
+    ) -> AsyncIterator[RunningBox]:
         await anyio.to_thread.run_sync(self.preflight)
         user = box_user()
         await anyio.to_thread.run_sync(self.prepare_state_dir, spec.state_dir, user)
@@ -236,19 +272,33 @@ class DockerBackend:
             user=user,
             command=command,
             role=self.role,
+            runtime=self.runtime,
         )
-        # Its own session: the terminal's Ctrl-C never reaches the docker client, which would pass it to the box.
-        process = await anyio.open_process(argv, start_new_session=True)
+        log.info(
+            "box %s/%s starting as %s under runtime %s (asked: %s)",
+            spec.imp, spec.channel_id, name, runtime_words(self.runtime), self.runtime_choice.describe(),
+        )  # fmt: skip
+        request = create_request(argv)  # a flag with no API field is refused here, before anything starts
+        try:
+            process = await self._engine.run_attached(request)
+        except EngineError as exc:
+            raise _start_error(exc, self.image) from exc
 
         async def terminate() -> None:
-            # Killing the docker client would leave the container running: kill it by name.
-            await anyio.to_thread.run_sync(self.kill_by_name, name)
-            kill_process(process)
+            await process.remove()  # nothing to do once the engine has removed it (--rm)
 
         async with supervise_process(
             spec, process, host, terminate, state_quota=self.limits.state_quota
         ) as running:
             yield running
+
+
+def _start_error(exc: EngineError, image: str) -> BoxStartError:
+    if exc.status == 404 and "image" in exc.message.lower():
+        return BoxStartError(f"the box image {image} is not built: run `impyard box build`")
+    return BoxStartError(
+        f"the Docker engine did not start the box ({exc.message}): refusing to run it otherwise"
+    )
 
 
 def _short(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ import anyio
 
 import box
 from impyard.backends.base import BoxHost, BoxSpec, RunningBox, kill_process, supervise_process
+from impyard.backends.mounts import claimed_mount
 from impyard.backends.statedir import mark_foreign_writer
 
 log = logging.getLogger("impyard.box")
@@ -65,19 +66,20 @@ class ProcessBackend:
         if not self._warned:
             log.warning(NO_LOCKDOWN_WARNING)
             self._warned = True
-        spec.state_dir.mkdir(parents=True, exist_ok=True)
-        if os.getuid() == 0:
-            mark_foreign_writer(
-                spec.state_dir
-            )  # root-owned files may follow: the next Docker box repairs once
-        # Its own session: a Ctrl-C meant for the host never reaches the box (the host's shutdown
-        # gives running turns their deadline, then closes the box).
-        process = await anyio.open_process(
-            self.command, env=box_environment(spec.state_dir), cwd=BOX_WORKDIR, start_new_session=True
-        )
+        async with claimed_mount(spec):  # issue 22: never beside a running box whose /state overlaps this one
+            spec.state_dir.mkdir(parents=True, exist_ok=True)
+            if os.getuid() == 0:
+                mark_foreign_writer(
+                    spec.state_dir
+                )  # root-owned files may follow: the next Docker box repairs once
+            # Its own session: a Ctrl-C meant for the host never reaches the box (the host's shutdown
+            # gives running turns their deadline, then closes the box).
+            process = await anyio.open_process(
+                self.command, env=box_environment(spec.state_dir), cwd=BOX_WORKDIR, start_new_session=True
+            )
 
-        async def terminate() -> None:
-            kill_process(process)
+            async def terminate() -> None:
+                kill_process(process)
 
-        async with supervise_process(spec, process, host, terminate) as running:
-            yield running
+            async with supervise_process(spec, process, host, terminate) as running:
+                yield running

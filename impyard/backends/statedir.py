@@ -1,7 +1,7 @@
 """The imp's state dir (``/state``): its owner, its one-time ownership repair, and its quota (issue 11 #2, #11).
 
-The state dir is the one place a box writes, and boxes of the same imp may run at
-the same time, so everything under it is planted by a possibly hostile box. The
+The state dir is the one place a box writes (each box its own since issue 22), so
+everything under it is planted by a possibly hostile box. The
 host never walks it by path: a box could swap a directory for a symlink to a host
 directory between two steps of the walk (``renameat2(RENAME_EXCHANGE)``) and make
 the host change files outside. Instead:
@@ -36,7 +36,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 
 @dataclass(frozen=True)
 class StateQuota:
-    """How much one imp's state dir may hold: bytes on disk and entries (files, dirs, links)."""
+    """How much one box's state dir may hold: bytes on disk and entries (files, dirs, links)."""
 
     max_bytes: int = 256 * 1024**2
     max_entries: int = 100_000

@@ -24,6 +24,7 @@ from impyard import paths
 from impyard.backends import BoxStartError
 from impyard.backends.base import BoxSpec
 from impyard.backends.docker import DockerBackend
+from impyard.backends.runtimes import RuntimeChoice, runtime_choice
 from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
@@ -46,6 +47,7 @@ from impyard.doctor import (
     model_uses,
     no_key_finding,
     policy_finding,
+    runtime_finding,
     state_finding,
 )
 from impyard.gateway import Gateway
@@ -76,8 +78,9 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
     allowed by the policy for that purpose, priced, and within its budget: the
     gateway's own dry run), the model endpoint (one tiny structured-output
     call through the gateway, as the first imp: judged, metered against its
-    budget and audited on channel operator:cli), the Docker engine, whether the
-    box image is built from this code, and each imp's Discord token.
+    budget and audited on channel operator:cli), the Docker engine, the runtime
+    each imp's boxes run under (gVisor's runsc, or runc), whether the box image
+    is built from this code, and each imp's Discord token.
     Warnings (no lockdown, no Discord token) do not fail the check.
     Examples:
       impyard doctor
@@ -88,7 +91,9 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
     findings.append(policy_row)
     imps, imp_rows = _imps(policy)
     findings.append(_endpoint(policy, imps, skip=no_model_call))
-    findings += docker_findings(docker_facts(), {config.box.backend for config in imps})
+    facts = docker_facts()
+    findings += docker_findings(facts, {config.box.backend for config in imps})
+    findings.append(_runtime_finding(facts, imps))
     findings += imp_rows
     findings += _discord_findings()
     if out.as_json or not stdout_is_terminal():
@@ -339,7 +344,7 @@ def docker_facts() -> DockerFacts:
     """What the Docker engine answers: reachable, able to confine a box, and the box images it holds."""
     from impyard.boximage import IMAGE_REPO, expected_tag
 
-    backend = DockerBackend()
+    backend = DockerBackend(runtime=RuntimeChoice())  # the runtime row reads IMPYARD_BOX_RUNTIME itself
     try:
         client = backend.client()
         version = str(client.version().get("Version", "?"))
@@ -353,12 +358,28 @@ def docker_facts() -> DockerFacts:
         problem = None if "not built" in str(exc) else str(exc)
     try:
         tags = sorted({tag for image in client.images.list(name=IMAGE_REPO) for tag in image.tags})
+        runtimes = tuple(sorted(client.info().get("Runtimes") or {}))
     except Exception as exc:  # the engine answered the ping: a failed listing is its problem, not ours
         return DockerFacts(True, version, f"cannot list images ({type(exc).__name__})", expected)
     return DockerFacts(
         reachable=True, version=version, engine_problem=problem, expected_image=expected,
         image_present=expected in tags, other_images=tuple(tag for tag in tags if tag != expected),
+        runtimes=runtimes,
     )  # fmt: skip
+
+
+def _runtime_finding(facts: DockerFacts, imps: list[ImpConfig]) -> Finding:
+    """Each Docker imp's runtime setting (IMPYARD_BOX_RUNTIME over its [box] runtime), as the engine resolves it."""
+    try:
+        if not imps:  # what a new imp gets
+            choices = {"a new imp": runtime_choice()}
+        else:
+            choices = {c.name: runtime_choice(c.box.runtime) for c in imps if c.box.backend != "process"}
+    except BoxStartError as exc:  # a bad IMPYARD_BOX_RUNTIME
+        return Finding(
+            "Box runtime", "fail", str(exc).split(": ")[0], "set IMPYARD_BOX_RUNTIME to auto, runsc or runc"
+        )
+    return runtime_finding(facts, choices)
 
 
 # ------------------------------------------------------------------ Discord

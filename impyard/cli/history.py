@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC
 
 import click
 
-from box.history import forget_channel
 from impyard.backends.conduct import printable
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
@@ -16,6 +16,7 @@ from impyard.clock import SystemClock, iso
 from impyard.db import DatabaseError, open_database
 from impyard.history import History, ShownMessage
 from impyard.imps import ImpError, ImpNotFound, ImpStore, validate_name
+from impyard.responder_history import ResponderHistory, import_legacy_homes
 
 DEFAULT_SHOWN = 20
 MAX_SHOWN = 1000
@@ -176,10 +177,13 @@ def clear_command(imp: str, channel: str, yes: bool) -> None:
                 abort=True,
             )
         removed = history.clear(channel)
-    store = ImpStore()
-    for name in [imp, *others]:  # each imp's box keeps its own copy of its exchanges there: that goes too
+        # Each imp's own copy of its exchanges there (kept by the host, issue 22) goes too; an older home's
+        # history file is imported first, so its lines of this channel cannot come back later.
+        own = ResponderHistory(history.db, SystemClock())
+        store = ImpStore()
         try:
-            forget_channel(store.state_dir(name), channel)
-        except (OSError, ValueError) as exc:
-            click.echo(f"could not forget {channel} in {name}'s own history file: {exc}", err=True)
+            import_legacy_homes(own, [(name, store.state_dir(name)) for name in [imp, *others]])
+            own.forget_channel(channel)
+        except (OSError, sqlite3.Error) as exc:
+            click.echo(f"could not forget {channel} in the imps' own history lines: {exc}", err=True)
     click.echo(f"Forgot {removed} messages of channel {channel}.")

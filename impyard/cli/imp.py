@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import tomllib
 from pathlib import Path
@@ -12,10 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from box.model_profiles import model_notes
+from box.protocol.models import ModelRequestParams
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of
 from impyard.clock import SystemClock
 from impyard.db import open_database
+from impyard.doctor import model_uses
 from impyard.imp_config import (
     MAX_PERSONA_CHARS,
     ImpConfig,
@@ -27,7 +31,11 @@ from impyard.imp_config import (
 )
 from impyard.imp_edit import UNSET, apply_settings, parse_assignment
 from impyard.imps import ImpStore, PersonaStatus, TokenStatus
+from impyard.judge import judge, model_request_facts
 from impyard.memory.store import MemoryStore
+from impyard.policy import PolicyError, load_policy, operator_policy_dir
+from impyard.prices import PriceMissing, estimate_micros
+from impyard.responder_history import ResponderHistory
 
 PERSONA_PREVIEW_LINES = 5
 SECTIONS = ("model", "memory", "discord", "box", "sessions")
@@ -53,7 +61,9 @@ def imp_group() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Copy the persona from this file into persona.md.",
 )
-@click.option("--model", help="The reply model (default: gpt-4.1-mini).")
+@click.option(
+    "--model", help="The reply model (default: gpt-5.1); warns when the policy would deny or cannot price it."
+)
 @click.option("--owner", "owners", multiple=True, metavar="discord:ID", help="An owner (repeatable).")
 @click.option(
     "--backend", type=click.Choice(["auto", "docker", "process"]), help="Where its boxes run (default: auto)."
@@ -72,7 +82,8 @@ def add_command(
     Every other setting is in imp.toml, each with its default written in as a
     comment; edit it, then check it with `impyard imp show NAME`. A new imp
     remembers ([memory] enabled = true; write false to turn it off). The Discord
-    token is never stored: it is read from IMPYARD_DISCORD_TOKEN_<NAME>.
+    token is never stored: it is read from IMPYARD_DISCORD_TOKEN_<NAME>. A model
+    the policy would deny or cannot price is added all the same, with a warning.
     Example:
       impyard imp add pip --persona "You are Pip, a cheerful helper." --model gpt-4.1
     """
@@ -101,6 +112,58 @@ def add_command(
         f"  Discord: token from {token.source} ({'set' if token.is_set else 'not set; only needed for Discord'})"
     )
     click.echo(f"Check it with: impyard imp show {config.name}")
+    _warn(policy_warnings(config))
+
+
+def _warn(warnings: list[str]) -> None:
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+def policy_warnings(config: ImpConfig) -> list[str]:
+    """Issue 16: the models ``config`` calls that the policy would deny or cannot price, and the models
+    impyard has no profile for: one warning per model (the setting is saved; the policy may change next)."""
+    try:
+        policy = load_policy()
+    except PolicyError as exc:
+        return [f"the models were not checked: the policy is broken ({exc.problems[0]})"]
+    denied: dict[str, list[str]] = {}
+    why: dict[str, str] = {}
+    unpriced: dict[str, str] = {}
+    for use in model_uses(config):
+        raw = len(json.dumps(use.body).encode())
+        params = ModelRequestParams(path=use.path, body=use.body, purpose=use.purpose)  # type: ignore[arg-type]
+        verdict = judge(model_request_facts(config.name, "", params, raw), policy)
+        if not verdict.allowed:
+            denied.setdefault(use.model, []).append(use.purpose)
+            why.setdefault(
+                use.model,
+                verdict.reason if verdict.matched is None else f"rule {verdict.rule}: {verdict.reason}",
+            )
+            continue
+        price = policy.price(use.model)
+        try:
+            if price is None:
+                raise PriceMissing(f'[prices] has no entry for it: add [prices."{use.model}"]')
+            estimate_micros(
+                use.path, use.body, raw, price, default_output_tokens=policy.upstream.default_output_tokens
+            )
+        except PriceMissing as exc:
+            unpriced.setdefault(use.model, str(exc))
+    where = f"a policy file in {operator_policy_dir()}"
+    warnings = [
+        f"the policy would deny model {model!r} for {', '.join(purposes)}: {why[model]}; allow it in {where} "
+        "(README: Use another model or a local server)"
+        for model, purposes in denied.items()
+    ]
+    warnings += [
+        f"the policy cannot price model {model!r}, so its calls would be refused: {reason} in {where} "
+        "(USD per million tokens; 0 for your own server, written out)"
+        for model, reason in unpriced.items()
+    ]
+    reply_models = dict.fromkeys(use.model for use in model_uses(config) if use.path != "/embeddings")
+    warnings += [note for model in reply_models for note in model_notes(model, config.model.server)]
+    return warnings
 
 
 def _read_persona_file(path: Path) -> str:
@@ -303,6 +366,7 @@ def rm_command(name: str, purge: bool, yes: bool) -> None:
         db = open_database()
         try:
             gone = MemoryStore(db, SystemClock().now).forget_imp(name)
+            ResponderHistory(db, SystemClock()).forget_imp(name)  # its own history lines (issue 22)
         finally:
             db.close()
         if gone["records"] or gone["conversations"] or gone.get("rules"):
@@ -348,6 +412,8 @@ def set_command(name: str, settings: tuple[str, ...]) -> None:
       impyard imp set pip memory.enabled=false sessions.idle_s=120
       impyard imp set pip 'owners=["discord:123456789012345678"]'
       impyard imp set pip model.temperature=
+    A model the policy would deny or cannot price is saved all the same, with a
+    warning.
     """
     store = ImpStore()
     try:
@@ -376,6 +442,8 @@ def set_command(name: str, settings: tuple[str, ...]) -> None:
         else:
             click.echo(f"{config.name}: {assignment.key} = {escape(toml_value(assignment.value))}")
     click.echo(f"Saved {file}. A running impyard chat or serve uses it once restarted.")
+    if any(assignment.key.startswith(("model.", "memory.")) for assignment in assignments):
+        _warn(policy_warnings(config))
 
 
 @imp_group.command("edit")

@@ -233,6 +233,7 @@ async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, pol
         config.model.model,
         deadline=left,
         recorders=(note,),
+        server=config.model.server,
     )
     embedder = GatewayEmbedder(model, config.memory.embedding_model, config.memory.dimensions)
     try:

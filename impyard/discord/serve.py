@@ -9,7 +9,8 @@ order by one worker per imp, owned by this host's task group. With ``--supervise
 the log); without it, a task loop for departures alone (mechanism 103: a person who left a memory
 imp's conversation is thought over once) runs beside whatever ``impyard supervise`` runs. Shutdown
 (SIGINT/SIGTERM, or a bot's connection failing for good): running turns get their grace, every box
-is closed, the bots disconnect.
+is closed, the bots disconnect. An imp with ``[discord] presence = true`` shows what it is doing as its
+bot's status after each answered turn (``impyard.discord.presence``, a worker in this host's task group).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from impyard.discord.approval_cards import ApprovalCards
 from impyard.discord.client import DiscordSettings, DiscordSetupError, ImpClient
 from impyard.discord.commands import CommandHost
 from impyard.discord.inbound import bot_role_ids, skip_reason, to_inbound
+from impyard.discord.presence import PresenceService
 from impyard.discord.surface import DiscordSurface
 from impyard.failure_words import failure_line
 from impyard.imps import ImpConfig, ImpStore
@@ -164,6 +166,7 @@ class DiscordHost:
     clients: dict[str, ImpClient]
     surface: DiscordSurface
     cards: ApprovalCards
+    presence: PresenceService | None = None  # [discord] presence = true for at least one imp (seed 003)
     stop: anyio.Event = field(default_factory=anyio.Event)
     failure: str | None = None
     _queues: dict[str, MemoryObjectSendStream[HostEvent]] = field(default_factory=dict)
@@ -359,12 +362,18 @@ async def _open_discord_host(
                     cards.bind(runtime.gateway)
                     runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
                     host = DiscordHost(runtime, clients, surface, cards)
+                    showing = [c.name for c in configs if c.discord.presence]  # off by default
+                    if showing:
+                        host.presence = PresenceService(clients, runtime.channels, showing)
+                        runtime.conversations.after_turn.append(host.presence.turn_finished)
                     command_host = CommandHost(
                         channels=runtime.channels, gateway=runtime.gateway, configs={c.name: c for c in configs},
                         memory=runtime.host.memory, history=runtime.history, cards=cards,
                     )  # fmt: skip
                     async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
                         tg.start_soon(cards.run, name="approval cards")
+                        if host.presence is not None:
+                            tg.start_soon(host.presence.run, name="presence")
                         for imp, client in clients.items():
                             send, receive = anyio.create_memory_object_stream[HostEvent](INBOUND_QUEUE)
                             host._queues[imp] = send

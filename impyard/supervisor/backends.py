@@ -18,11 +18,16 @@ class BackendChooser:
     def __init__(self, imps: ImpStore, override: str | None = None) -> None:
         self.imps = imps
         self.override = override
-        self._chosen: dict[tuple[str, DockerLimits], BoxBackend] = {}
+        self._chosen: dict[tuple[str, DockerLimits, str], BoxBackend] = {}
 
     def __call__(self, imp: str) -> BoxBackend:
         config = self.imps.get(imp)
-        key = (self.override or config.box.backend, config.box.docker_limits())
+        key = (self.override or config.box.backend, config.box.docker_limits(), config.box.runtime)
         if key not in self._chosen:
-            self._chosen[key] = choose_backend(key[0], limits=key[1], role="task")  # type: ignore[arg-type]
+            self._chosen[key] = choose_backend(
+                key[0],  # type: ignore[arg-type]
+                limits=key[1],
+                role="task",
+                runtime=key[2],
+            )
         return self._chosen[key]

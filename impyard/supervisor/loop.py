@@ -45,6 +45,7 @@ from anyio.abc import TaskGroup
 
 from box.protocol import RpcError
 from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskSpec
+from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend
 from impyard.backends.process import ProcessBackend
@@ -349,6 +350,7 @@ class Supervisor:
             ),
             now=self.clock.now(),
             memory=memory,
+            impyard_version=impyard_version,  # seed 003: the prompt names the host's release
         )  # fmt: skip
 
     async def _task_params(self, task: Task) -> TaskRunParams:
@@ -376,7 +378,7 @@ class Supervisor:
         spec = BoxSpec(
             imp=task.imp,
             channel_id=task.channel_id,
-            state_dir=self.imps.state_dir(task.imp),
+            state_dir=self.imps.task_state_dir(task.imp, task.id),  # its own /state (issue 22)
             run_id=task.run_id,
         )
         box_outcome: str | None = None

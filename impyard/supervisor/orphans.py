@@ -31,15 +31,18 @@ log = logging.getLogger("impyard.supervisor")
 
 
 def looks_like_box_process(pid: int, state_dir: Path) -> bool:
-    """A process backend box of this imp: its environment names the imp's state dir (Linux /proc)."""
+    """A process backend box of this imp: its environment names the imp's state dir, or a box's own /state
+    under it (issue 22), in Linux /proc."""
     proc = Path(f"/proc/{pid}")
     try:
         environ = (proc / "environ").read_bytes().split(b"\0")
         cmdline = (proc / "cmdline").read_bytes()
     except OSError:
         return False
-    named = {f"IMPYARD_STATE_DIR={path}".encode() for path in (state_dir, state_dir.resolve())}
-    return not named.isdisjoint(environ) and b"box" in cmdline
+    prefix = b"IMPYARD_STATE_DIR="
+    named = [Path(os.fsdecode(item[len(prefix) :])) for item in environ if item.startswith(prefix)]
+    roots = (state_dir, state_dir.resolve())
+    return b"box" in cmdline and any(path.is_relative_to(root) for path in named for root in roots)
 
 
 async def remove_orphan_box(

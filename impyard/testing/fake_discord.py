@@ -96,6 +96,7 @@ __all__ = [
     "InteractionResponse",
     "MessageRecord",
     "Perm",
+    "PresenceUpdate",
     "RestCall",
     "Resume",
     "TypingCall",
@@ -575,6 +576,23 @@ class Identify:
 
 
 @dataclass(frozen=True)
+class PresenceUpdate:
+    """An op 3 PRESENCE_UPDATE a bot sent: its status and activities (a custom status is type 4, ``state``)."""
+
+    bot_user_id: int
+    status: str | None
+    activities: list[dict[str, Any]]
+    afk: bool | None
+    at: float
+
+    @property
+    def custom_status(self) -> str | None:
+        """The text of the custom status (activity type 4), or None when none is set."""
+        custom = [a for a in self.activities if a.get("type") == 4]
+        return str(custom[0].get("state") or custom[0].get("name") or "") if custom else None
+
+
+@dataclass(frozen=True)
 class Resume:
     session_id: str | None
     seq: int | None
@@ -792,6 +810,7 @@ class FakeDiscord:
         self.gateway_connects: list[GatewayConnect] = []
         self.identifies: list[Identify] = []
         self.resumes: list[Resume] = []
+        self.presence_updates: list[PresenceUpdate] = []
         self.heartbeats = 0
         self.attachment_fetches: list[str] = []
 
@@ -2834,10 +2853,28 @@ class FakeDiscord:
             self._close(conn, CLOSE_NOT_AUTHENTICATED, "Not authenticated.")
         elif op == _Op.REQUEST_GUILD_MEMBERS:
             self._members_chunk(conn.session, d if isinstance(d, dict) else {})
-        elif op in (_Op.PRESENCE_UPDATE, _Op.VOICE_STATE_UPDATE):
+        elif op == _Op.PRESENCE_UPDATE:
+            self._presence(conn, conn.session, d)
+        elif op == _Op.VOICE_STATE_UPDATE:
             pass
         else:
             self._close(conn, CLOSE_UNKNOWN_OPCODE, "Unknown opcode.")
+
+    def _presence(self, conn: _Connection, session: _Session, d: Any) -> None:
+        """Op 3, recorded; a payload that is not the documented object closes the connection like Discord does."""
+        activities = d.get("activities") if isinstance(d, dict) else None
+        if not isinstance(activities, list) or not all(isinstance(a, dict) for a in activities):
+            self._close(conn, CLOSE_DECODE_ERROR, "Error while decoding payload.")
+            return
+        self.presence_updates.append(
+            PresenceUpdate(
+                bot_user_id=session.bot.user.id,
+                status=d.get("status") if isinstance(d.get("status"), str) else None,
+                activities=[dict(a) for a in activities],
+                afk=d.get("afk") if isinstance(d.get("afk"), bool) else None,
+                at=self._clock(),
+            )
+        )
 
     def _identify(self, conn: _Connection, d: dict[str, Any]) -> None:
         token = d.get("token")

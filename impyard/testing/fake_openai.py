@@ -9,7 +9,7 @@ and by the structured-output schema name, and records every request it gets::
         fake.script(error(429, "slow down", retry_after=2), path="/embeddings")
         client = openai.OpenAI(base_url=fake.base_url, api_key=fake.api_key, max_retries=0)
         ...
-        assert fake.requests_for("/chat/completions")[0].body["model"] == "gpt-x"
+        assert fake.requests_for("/chat/completions")[0].body["model"] == "gpt-5.1"
 
 It is a standard-library ``HTTPServer`` on its own thread, one thread per
 connection, HTTP/1.1 keep-alive with Content-Length, so it works the same from
@@ -21,15 +21,43 @@ Endpoints (all POST, under ``/v1``): ``/chat/completions``, ``/responses``,
 given to :meth:`FakeOpenAI.script` and :meth:`FakeOpenAI.requests_for` may be
 written with or without the ``/v1`` prefix. Streaming (``stream: true``) is
 refused with a 400: nothing in impyard streams.
+
+It refuses what the real API refuses, with the real status and error body
+(``{"error": {"message", "type", "param", "code"}}``), before any rule is used:
+a model it does not serve (404 ``model_not_found``); a body parameter the
+endpoint does not take; ``reasoning_effort`` / ``reasoning`` / encrypted
+reasoning for a model that does not reason, an effort value the model does not
+take; ``temperature`` / ``top_p`` where the model allows none or only the
+default; ``max_tokens`` for a reasoning model; function tools with an effort
+other than ``none`` on /chat/completions for the models that refuse them
+(SPEC-001 ENV-21); a strict ``json_schema`` (format or function parameters)
+outside Structured Outputs' subset (every object ``additionalProperties:
+false``, every property required, supported keywords only); chat messages out of
+shape (a tool call left unanswered); Responses input items out of shape
+(response-only fields such as a reasoning item's ``status`` — SPEC-001 ENV-23 —
+or a function call without its output). Each refusal is kept on the request
+(``request.rejection``, :attr:`FakeOpenAI.rejections`) and logged.
+
+The models it serves are ``OPENAI_MODELS`` (gpt-5.2, gpt-5.1, gpt-5 and its
+-mini/-nano, o1, o3, o3-mini, o4-mini, gpt-4.1 and gpt-4o families, the
+embedding and image models); dated snapshots (``gpt-4.1-mini-2025-04-14``)
+resolve to their family. A test serves another name with
+``FakeOpenAI(models={...})`` or :meth:`FakeOpenAI.add_model`::
+
+    fake.add_model("gpt-x", like="gpt-4.1-mini")  # a made-up name, taken like gpt-4.1-mini
+    fake.add_model("llama3.2", LOCAL_SERVER_MODEL)  # a local server: only the name is checked
+    fake.add_model("my-reasoner", ModelSpec(efforts=("low", "high"), default_effort="low", max_tokens=False))
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import email.message
 import hashlib
 import http.server
 import json
+import logging
 import selectors
 import socket
 import socketserver
@@ -43,9 +71,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CHAT_PARAMETERS",
     "DEFAULT_API_KEY",
     "DEFAULT_ENVELOPE",
+    "EMBEDDINGS_PARAMETERS",
     "ENDPOINTS",
+    "LOCAL_SERVER_MODEL",
+    "OPENAI_MODELS",
     "PURPOSE_HEADER",
     "TINY_PNG",
     "TINY_PNG_B64",
@@ -53,7 +85,9 @@ __all__ = [
     "FakeOpenAI",
     "FakeResponse",
     "FormFile",
+    "ModelSpec",
     "RecordedRequest",
+    "RESPONSES_PARAMETERS",
     "Refusal",
     "Rule",
     "ToolCall",
@@ -77,6 +111,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # Keep-alive connections idle longer than this are closed server-side (a safety net; stop() closes them anyway).
 IDLE_CONNECTION_TIMEOUT_S = 120.0
 THREAD_JOIN_TIMEOUT_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- answers
@@ -269,6 +305,9 @@ class RecordedRequest:
     ``path`` is the URL path as sent (``/v1/chat/completions``); ``endpoint`` drops the ``/v1``.
     ``body`` is the parsed JSON, or for multipart a dict of field -> str | FormFile (a list when
     a name repeats), or the raw text when it was neither. ``status`` is the status the fake answered.
+    ``rejection`` is the error object (``{"message", "type", "param", "code"}``) when the fake refused
+    the request as the real API would (an unknown model, a parameter the model does not take, a
+    schema strict mode refuses); scripted errors are not rejections.
     """
 
     path: str
@@ -280,6 +319,7 @@ class RecordedRequest:
     query: str = ""
     raw: bytes = field(default=b"", repr=False)
     status: int | None = None
+    rejection: dict[str, Any] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -404,6 +444,1009 @@ def _usage_numbers(default_in: int, default_out: int, override: dict[str, int] |
     }
 
 
+# --------------------------------------------------------------------------- what the real API takes
+#
+# The fake refuses what api.openai.com refuses, with the same status and error body
+# ({"error": {"message", "type", "param", "code"}}), so a request builder that would get a 400 in
+# production gets it in the tests too. Each rule below names where it comes from:
+#
+# [ref]     the API reference as the openai SDK ships it (openai/types/chat/completion_create_params.py,
+#           openai/types/responses/response_create_params.py, response_input_item_param.py,
+#           shared/reasoning_effort.py), https://platform.openai.com/docs/api-reference
+# [so]      the Structured Outputs guide, "Supported schemas"
+#           (https://platform.openai.com/docs/guides/structured-outputs#supported-schemas)
+# [reason]  the reasoning guide and the ReasoningEffort reference text ("gpt-5.1 defaults to none ...
+#           The supported reasoning values for gpt-5.1 are none, low, medium, and high. Tool calls are
+#           supported for all reasoning values in gpt-5.1. All models before gpt-5.1 default to medium
+#           reasoning effort, and do not support none."), https://platform.openai.com/docs/guides/reasoning
+# [live]    an error body the real API sent, quoted in a public bug report (named where used)
+# SPEC-001  the seed (ENV-21, ENV-22, ENV-23): errors impyard met live
+#
+# Messages are the real ones where a [live] source quotes them; elsewhere they are written in the same
+# style and say so ("paraphrased").
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What one model takes. The fake's own table (``OPENAI_MODELS``), written from the API reference;
+    tests add more with :meth:`FakeOpenAI.add_model` (a local server, a new snapshot, a made-up name).
+
+    ``kind``: ``"text"`` (/chat/completions and /responses), ``"embedding"`` or ``"image"``.
+    ``efforts``: the reasoning efforts it takes; empty = not a reasoning model, and then
+    ``reasoning_effort`` / ``reasoning.effort`` / ``include: ["reasoning.encrypted_content"]`` are
+    refused. ``default_effort``: the effort it uses when none is sent.
+    ``temperature``: ``"any"`` (0-2), ``"default_only"`` (only 1), ``"effort_none"`` (only while the
+    effective effort is ``none``) or ``"never"``; ``top_p`` follows the same rule.
+    ``max_tokens``: chat's older ``max_tokens`` is taken (reasoning models take only
+    ``max_completion_tokens``). ``vision``, ``tools``, ``structured_outputs``: image inputs, function
+    tools and ``json_schema`` formats are taken. ``chat_tools_need_effort_none``: function tools on
+    /chat/completions only while the effective effort is ``none`` (SPEC-001 ENV-21). ``dimensions``: an
+    embedding model that takes ``dimensions``. ``lenient``: a local OpenAI-compatible server (Ollama,
+    llama.cpp's server, vLLM, LM Studio): the model must exist, nothing else is checked (such servers
+    ignore parameters they do not know and follow a ``json_schema`` without OpenAI's strict subset).
+    """
+
+    kind: str = "text"
+    efforts: tuple[str, ...] = ()
+    default_effort: str | None = None
+    temperature: str = "any"
+    max_tokens: bool = True
+    vision: bool = True
+    tools: bool = True
+    structured_outputs: bool = True
+    chat_tools_need_effort_none: bool = False
+    dimensions: bool = False
+    lenient: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("text", "embedding", "image"):
+            raise ValueError(f"kind must be text, embedding or image, not {self.kind!r}")
+        if self.temperature not in ("any", "default_only", "effort_none", "never"):
+            raise ValueError(
+                f"temperature must be any, default_only, effort_none or never, not {self.temperature!r}"
+            )
+        object.__setattr__(self, "efforts", tuple(self.efforts))
+        if self.efforts and self.default_effort not in self.efforts:
+            raise ValueError("a reasoning model needs a default_effort among its efforts")
+        if not self.efforts and self.default_effort is not None:
+            raise ValueError("default_effort needs efforts")
+
+    @property
+    def reasoning(self) -> bool:
+        return bool(self.efforts)
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        return dataclasses.replace(self, **changes)
+
+
+# Not a reasoning model: temperature 0-2, max_tokens and max_completion_tokens, reasoning refused.
+_PLAIN = ModelSpec()
+# [reason] gpt-5.1: none|low|medium|high, default none; tools with every effort on chat/completions.
+# "temperature, top_p and logprobs are only supported when reasoning effort is none" (GPT-5.1/5.2
+# guide); max_tokens refused ([live] fish2018/YPrompt#26: "Unsupported parameter: 'max_tokens' is
+# not supported with this model. Use 'max_completion_tokens' instead." for gpt-5.1).
+_GPT_5_1 = ModelSpec(
+    efforts=("none", "low", "medium", "high"),
+    default_effort="none",
+    temperature="effort_none",
+    max_tokens=False,
+)
+# gpt-5.2 adds xhigh; on chat/completions function tools only with effort none ([live]
+# livekit/agents#5088 "applies to gpt 5.2 and 5.4", pipecat-ai/pipecat#4043; SPEC-001 ENV-21).
+_GPT_5_2 = _GPT_5_1.replace(
+    efforts=("none", "low", "medium", "high", "xhigh"), chat_tools_need_effort_none=True
+)
+# [reason] gpt-5, -mini, -nano: minimal|low|medium|high, default medium, no none; temperature only the
+# default 1 ([live] diffbot/code-gpt-docs#445 "Only the default (1) value is supported.").
+_GPT_5 = ModelSpec(
+    efforts=("minimal", "low", "medium", "high"),
+    default_effort="medium",
+    temperature="default_only",
+    max_tokens=False,
+)
+# [reason] o-series: low|medium|high, default medium; no temperature; max_completion_tokens only
+# ([live] teilomillet/gollm#33 for o1 and o3-mini). o3-mini takes no images.
+_O_SERIES = ModelSpec(
+    efforts=("low", "medium", "high"), default_effort="medium", temperature="never", max_tokens=False
+)
+
+OPENAI_MODELS: dict[str, ModelSpec] = {
+    "gpt-5.2": _GPT_5_2,
+    "gpt-5.1": _GPT_5_1,
+    "gpt-5": _GPT_5,
+    "gpt-5-mini": _GPT_5,
+    "gpt-5-nano": _GPT_5,
+    "o1": _O_SERIES,
+    "o3": _O_SERIES,
+    "o3-mini": _O_SERIES.replace(vision=False),
+    "o4-mini": _O_SERIES,
+    "gpt-4.1": _PLAIN,
+    "gpt-4.1-mini": _PLAIN,
+    "gpt-4.1-nano": _PLAIN,
+    "gpt-4o": _PLAIN,
+    "gpt-4o-mini": _PLAIN,
+    # [ref] embeddings: `dimensions` "Only supported in text-embedding-3 and later models."
+    "text-embedding-3-small": ModelSpec("embedding", dimensions=True),
+    "text-embedding-3-large": ModelSpec("embedding", dimensions=True),
+    "text-embedding-ada-002": ModelSpec("embedding"),
+    "gpt-image-1": ModelSpec("image"),
+    "gpt-image-1-mini": ModelSpec("image"),
+    "gpt-image-1.5": ModelSpec("image"),
+    "dall-e-2": ModelSpec("image"),
+    "dall-e-3": ModelSpec("image"),
+}
+"""The models the fake serves unless a test adds more (a copy is taken per server)."""
+
+# A local OpenAI-compatible server's model (Ollama, llama.cpp's server, vLLM, LM Studio): not a
+# reasoning model, takes max_tokens and temperature, ignores what it does not know, and follows any
+# json_schema (no strict subset). Register it: ``fake.add_model("llama3.2", LOCAL_SERVER_MODEL)``.
+LOCAL_SERVER_MODEL = ModelSpec(lenient=True)
+
+# [ref] the body parameters each endpoint takes (CompletionCreateParams, ResponseCreateParams,
+# EmbeddingCreateParams); anything else is refused.
+CHAT_PARAMETERS = frozenset(
+    {
+        "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+        "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "moderation", "n",
+        "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options",
+        "prompt_cache_retention", "reasoning_effort", "response_format", "safety_identifier", "seed",
+        "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
+        "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+    }
+)  # fmt: skip
+RESPONSES_PARAMETERS = frozenset(
+    {
+        "access_programs", "background", "background_options", "context_management", "conversation",
+        "image", "include", "input", "instructions", "max_output_tokens", "max_tool_calls", "metadata",
+        "model", "moderation", "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key",
+        "prompt_cache_options", "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier",
+        "store", "stream", "stream_options", "temperature", "text", "tool_choice", "tools", "top_logprobs",
+        "top_p", "truncation", "user",
+    }
+)  # fmt: skip
+EMBEDDINGS_PARAMETERS = frozenset({"input", "model", "dimensions", "encoding_format", "user"})
+
+_CHAT_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+# [ref] ChatCompletionContentPartParam and friends, by role.
+_CHAT_PART_TYPES = {
+    "user": ("text", "image_url", "input_audio", "file"),
+    "system": ("text",),
+    "developer": ("text",),
+    "assistant": ("text", "refusal"),
+    "tool": ("text",),
+    "function": ("text",),
+}
+_RESPONSES_ROLES = ("user", "assistant", "system", "developer")
+# [ref] ResponseInputItemParam: the keys each input item may carry. SPEC-001 ENV-23: `status` on a
+# passed-back reasoning item is refused as an unknown parameter ([live] "Unknown parameter:
+# 'input[1].status'." in BerriAI/litellm#13420 and 1jehuang/jcode#1028, code unknown_parameter), while
+# a function_call item may carry it (openai/openai-support-agent-demo#12 sends status: 'completed').
+_INPUT_ITEM_KEYS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "message": (frozenset({"type", "role", "content", "status", "id", "phase"}), ("role", "content")),
+    "function_call": (
+        frozenset({"type", "id", "call_id", "name", "arguments", "status", "namespace", "caller"}),
+        ("call_id", "name", "arguments"),
+    ),
+    "function_call_output": (
+        frozenset({"type", "id", "call_id", "output", "status", "caller", "name", "namespace"}),
+        ("call_id", "output"),
+    ),
+    "reasoning": (frozenset({"type", "id", "summary", "content", "encrypted_content"}), ("id", "summary")),
+    "item_reference": (frozenset({"type", "id"}), ("id",)),
+}
+# Other item types the API takes; the fake checks nothing inside them.
+_OTHER_INPUT_ITEMS = frozenset(
+    {
+        "computer_call", "computer_call_output", "web_search_call", "file_search_call", "image_generation_call",
+        "code_interpreter_call", "local_shell_call", "local_shell_call_output", "shell_call", "shell_call_output",
+        "apply_patch_call", "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request",
+        "mcp_approval_response", "mcp_call", "custom_tool_call", "custom_tool_call_output", "compaction",
+        "tool_search_call", "additional_tools",
+    }
+)  # fmt: skip
+_RESPONSES_INPUT_PARTS = ("input_text", "input_image", "input_file")
+_RESPONSES_OUTPUT_PARTS = ("output_text", "refusal")
+# [live] the list the API answers for a chat-shaped part in Responses input.
+_RESPONSES_PART_LIST = (
+    "input_text", "input_image", "output_text", "refusal", "input_file", "computer_screenshot", "summary_text"
+)  # fmt: skip
+
+# [so] Structured Outputs' subset of JSON Schema.
+_SCHEMA_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+_SCHEMA_COMMON = frozenset(
+    {"type", "description", "title", "default", "examples", "enum", "const", "anyOf", "$ref", "$defs",
+     "definitions", "$schema", "$comment", "$id"}
+)  # fmt: skip
+_SCHEMA_BY_TYPE = {
+    "string": frozenset({"pattern", "format", "minLength", "maxLength"}),
+    "number": frozenset({"multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"}),
+    "integer": frozenset({"multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"}),
+    "object": frozenset({"properties", "required", "additionalProperties", "patternProperties"}),
+    "array": frozenset({"items", "minItems", "maxItems"}),
+    "boolean": frozenset(),
+    "null": frozenset(),
+}
+_SCHEMA_ALL_TYPED = frozenset().union(*_SCHEMA_BY_TYPE.values())
+_STRING_FORMATS = ("date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid")
+# [so] "A schema may have up to 5000 object properties total, with up to 10 levels of nesting." ...
+# "total string length of all property names, definition names, enum values, and const values cannot
+# exceed 120,000 characters" ... "up to 1000 enum values across all enum properties".
+MAX_SCHEMA_PROPERTIES = 5000
+MAX_SCHEMA_NESTING = 10
+MAX_SCHEMA_STRING_CHARS = 120_000
+MAX_SCHEMA_ENUM_VALUES = 1000
+# [ref] response format and function names: "Must be a-z, A-Z, 0-9, or contain underscores and
+# dashes, with a maximum length of 64."
+_NAME_ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_NAME_PATTERN = "^[a-zA-Z0-9_-]+$"
+MIN_OUTPUT_TOKENS = 16  # [ref] max_output_tokens: [live] "Expected a value >= 16"
+
+
+class _Refused(Exception):
+    """A request the real API would refuse: becomes an OpenAI error body."""
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, status: int = 400
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+    def response(self) -> FakeResponse:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": "invalid_request_error",
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return FakeResponse(status=self.status, body=body)
+
+
+def _listing(values: Sequence[str]) -> str:
+    """The API's way of listing values: 'a', 'b', and 'c'."""
+    quoted = [f"'{v}'" for v in values]
+    if len(quoted) <= 2:
+        return " and ".join(quoted)
+    return ", ".join(quoted[:-1]) + ", and " + quoted[-1]
+
+
+def _unsupported_parameter(param: str) -> _Refused:
+    # [live] BoundaryML/baml#2708 (reasoning.effort on gpt-4.1), griptape-ai/ComfyUI-Griptape#312.
+    return _Refused(
+        f"Unsupported parameter: '{param}' is not supported with this model.",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+def _check_name(value: Any, param: str) -> None:
+    """A response-format or function name: [ref] a-z, A-Z, 0-9, _ and -, at most 64 characters."""
+    if not isinstance(value, str) or not value:
+        raise _Refused(
+            f"Invalid '{param}': empty string. Expected a string with minimum length 1, but got an empty string instead.",
+            param=param,
+            code="empty_string",
+        )
+    if len(value) > 64:
+        raise _Refused(
+            f"Invalid '{param}': string too long. Expected a string with maximum length 64, "
+            f"but got a string with length {len(value)} instead.",
+            param=param,
+            code="string_above_max_length",
+        )
+    if not set(value) <= _NAME_ALPHABET:
+        raise _Refused(
+            f"Invalid '{param}': string does not match pattern. Expected a string that matches the pattern "
+            f"'{_NAME_PATTERN}'.",
+            param=param,
+            code="invalid_value",
+        )
+
+
+# ----------------------------------------------------------------- strict JSON schemas [so]
+
+
+def _strict_schema_problem(schema: Any) -> str | None:
+    """Why Structured Outputs would refuse ``schema`` with ``strict: true``, or None.
+
+    The answer reads like the API's: "In context=('properties', 'x'), 'additionalProperties' is
+    required to be supplied and to be false." ([live] moeru-ai/xsai#202, dottxt-ai/outlines#844),
+    "... 'required' is required to be supplied and to be an array including every key in properties.
+    Missing 'roles'." ([live] vercel/ai#6484), "... 'oneOf' is not permitted." ([live] community.openai.com
+    thread 932422), "6 levels of nesting exceeds limit of 5." ([live] tidyverse/ellmer#671, the limit
+    since raised to 10), "... object schema missing properties." ([live] spring-projects/spring-ai#4776).
+    """
+    if not isinstance(schema, dict) or schema.get("type") != "object" or "anyOf" in schema:
+        # [so] "the root level object of a schema must be an object, and not use anyOf"
+        got = schema.get("type") if isinstance(schema, dict) else None
+        return f"schema must be a JSON Schema of 'type: \"object\"', got 'type: \"{got}\"'."
+    state = {"properties": 0, "enum_values": 0, "chars": 0, "depth": 0}
+    problem = _schema_node(schema, (), schema, state, depth=0)
+    if problem is not None:
+        return problem
+    if state["depth"] > MAX_SCHEMA_NESTING:
+        return f"{state['depth']} levels of nesting exceeds limit of {MAX_SCHEMA_NESTING}."
+    if state["properties"] > MAX_SCHEMA_PROPERTIES:  # paraphrased
+        return f"{state['properties']} object properties exceeds limit of {MAX_SCHEMA_PROPERTIES}."
+    if state["enum_values"] > MAX_SCHEMA_ENUM_VALUES:  # paraphrased
+        return f"{state['enum_values']} enum values exceeds limit of {MAX_SCHEMA_ENUM_VALUES}."
+    if state["chars"] > MAX_SCHEMA_STRING_CHARS:  # paraphrased
+        return f"total string length {state['chars']} exceeds limit of {MAX_SCHEMA_STRING_CHARS}."
+    return None
+
+
+def _context(path: tuple[str, ...], problem: str) -> str:
+    return f"In context={path!r}, {problem}"
+
+
+def _schema_node(
+    node: Any, path: tuple[str, ...], root: dict[str, Any], state: dict[str, int], depth: int
+) -> str | None:
+    if not isinstance(node, dict):
+        return _context(path, "schema must be a JSON object.")  # paraphrased
+    declared = node.get("type")
+    types = declared if isinstance(declared, list) else [declared] if declared is not None else []
+    for kind in types:
+        if kind not in _SCHEMA_TYPES:
+            return _context(path, f"'{kind}' is not a valid type.")  # paraphrased
+    if not types and not {"anyOf", "$ref", "enum", "const"} & set(node):
+        return _context(path, "schema must have a 'type' key.")
+    allowed = _SCHEMA_COMMON | (
+        frozenset().union(*(_SCHEMA_BY_TYPE[t] for t in types)) if types else _SCHEMA_ALL_TYPED
+    )
+    for keyword in node:
+        if keyword not in allowed:
+            return _context(path, f"'{keyword}' is not permitted.")
+    if "$ref" in node:
+        extra = sorted(set(node) - {"$ref", "description", "title"})
+        if (
+            extra
+        ):  # the SDK's to_strict_json_schema: "we can't use `$ref`s if there are also other properties"
+            return _context(path, f"'$ref' cannot be combined with {extra!r}.")  # paraphrased
+        if _resolve_ref(node["$ref"], root) is None:
+            return _context(
+                path, f"reference to {node['$ref']!r} which was not found in the schema."
+            )  # paraphrased
+    if "format" in node and node["format"] not in _STRING_FORMATS:
+        return _context(
+            path, f"'format' {node['format']!r} is not supported; use one of {_listing(_STRING_FORMATS)}."
+        )
+    for key in ("enum", "const"):
+        if key in node:
+            values = node[key] if key == "enum" else [node[key]]
+            if key == "enum" and (not isinstance(values, list) or not values):
+                return _context(path, "'enum' must be a non-empty array.")  # paraphrased
+            state["enum_values"] += len(values) if key == "enum" else 0
+            state["chars"] += sum(len(v) for v in values if isinstance(v, str))
+    for key in ("$defs", "definitions"):
+        definitions = node.get(key)
+        if definitions is None:
+            continue
+        if not isinstance(definitions, dict):
+            return _context(path, f"'{key}' must be an object.")  # paraphrased
+        for name, sub in definitions.items():
+            state["chars"] += len(name)
+            problem = _schema_node(sub, (*path, key, name), root, state, depth)
+            if problem is not None:
+                return problem
+    if "anyOf" in node:
+        options = node["anyOf"]
+        if not isinstance(options, list) or not options:
+            return _context(path, "'anyOf' must be a non-empty array.")  # paraphrased
+        for index, sub in enumerate(options):
+            problem = _schema_node(sub, (*path, "anyOf", str(index)), root, state, depth)
+            if problem is not None:
+                return problem
+    if "object" in types or "properties" in node:
+        problem = _object_node(node, path, root, state, depth)
+        if problem is not None:
+            return problem
+    if "array" in types or "items" in node:
+        if "items" not in node:
+            return _context(path, "array schema missing items.")
+        problem = _schema_node(node["items"], (*path, "items"), root, state, depth)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _object_node(
+    node: dict[str, Any], path: tuple[str, ...], root: dict[str, Any], state: dict[str, int], depth: int
+) -> str | None:
+    depth += 1
+    state["depth"] = max(state["depth"], depth)
+    if node.get("additionalProperties") is not False:
+        return _context(path, "'additionalProperties' is required to be supplied and to be false.")
+    properties = node.get("properties")
+    if properties is None:
+        return _context(path, "object schema missing properties.")
+    if not isinstance(properties, dict):
+        return _context(path, "'properties' must be an object.")  # paraphrased
+    required = node.get("required")
+    missing = [key for key in properties if not isinstance(required, list) or key not in required]
+    if missing:
+        return _context(
+            path,
+            "'required' is required to be supplied and to be an array including every key in properties. "
+            f"Missing '{missing[0]}'.",
+        )
+    assert isinstance(required, list)
+    extra = [key for key in required if key not in properties]
+    if extra:
+        return _context(path, f"Extra required key '{extra[0]}' supplied.")
+    state["properties"] += len(properties)
+    for name, sub in properties.items():
+        state["chars"] += len(name)
+        problem = _schema_node(sub, (*path, "properties", name), root, state, depth)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _resolve_ref(ref: Any, root: dict[str, Any]) -> Any:
+    """[so] "#" (root recursion) or a JSON pointer into the schema (#/$defs/name)."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node: Any = root
+    for part in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _check_json_schema_format(fmt: dict[str, Any], *, param: str, name_param: str, schema_param: str) -> None:
+    """A ``json_schema`` format (chat's ``response_format.json_schema`` or Responses' ``text.format``)."""
+    if "name" not in fmt:
+        raise _Refused(
+            f"Missing required parameter: '{name_param}'.",
+            param=name_param,
+            code="missing_required_parameter",
+        )
+    _check_name(fmt["name"], name_param)
+    if "schema" not in fmt or not isinstance(fmt["schema"], dict):
+        raise _Refused(
+            f"Missing required parameter: '{schema_param}'.",
+            param=schema_param,
+            code="missing_required_parameter",
+        )
+    if fmt.get("strict") is True:
+        problem = _strict_schema_problem(fmt["schema"])
+        if problem is not None:
+            raise _Refused(
+                f"Invalid schema for response_format '{fmt['name']}': {problem}",
+                param=param,
+                code="invalid_json_schema",
+            )
+
+
+def _check_function(function: dict[str, Any], *, param: str) -> None:
+    """A function tool: its name, and with ``strict: true`` its parameters as a strict schema."""
+    if "name" not in function:
+        raise _Refused(
+            f"Missing required parameter: '{param}.name'.",
+            param=f"{param}.name",
+            code="missing_required_parameter",
+        )
+    _check_name(function["name"], f"{param}.name")
+    if function.get("strict") is True and "parameters" in function:
+        problem = _strict_schema_problem(function["parameters"])
+        if problem is not None:
+            # [live] openai/openai-agents-python#1023, anomalyco/opencode#13737
+            raise _Refused(
+                f"Invalid schema for function '{function['name']}': {problem}",
+                param=f"{param}.parameters",
+                code="invalid_function_parameters",
+            )
+
+
+# ----------------------------------------------------------------- sampling and reasoning parameters
+
+
+def _check_effort(spec: ModelSpec, model: str, effort: Any, param: str) -> str | None:
+    """The effective effort (None for a non-reasoning model), refusing what the model does not take."""
+    if effort is None:
+        return spec.default_effort
+    if not spec.reasoning:
+        raise _unsupported_parameter(param)
+    if effort not in spec.efforts:
+        # [live] openai/openai-agents-python#2089: "Unsupported value: 'minimal' is not supported with
+        # the 'gpt-5.1' model. Supported values are: 'none', 'low', 'medium', and 'high'."
+        raise _Refused(
+            f"Unsupported value: '{effort}' is not supported with the '{model}' model. "
+            f"Supported values are: {_listing(spec.efforts)}.",
+            param=param,
+            code="unsupported_value",
+        )
+    return str(effort)
+
+
+def _check_sampling(spec: ModelSpec, body: dict[str, Any], effort: str | None) -> None:
+    """temperature and top_p, by the model's rule; [ref] temperature 0-2, top_p 0-1."""
+    for name, ceiling in (("temperature", 2), ("top_p", 1)):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Refused(
+                f"Invalid type for '{name}': expected a decimal, but got a {type(value).__name__} instead.",
+                param=name,
+                code="invalid_type",
+            )
+        rule = spec.temperature
+        if rule == "never" or (rule == "effort_none" and effort != "none"):
+            raise _unsupported_parameter(name)
+        if rule == "default_only" and value != 1:
+            # [live] diffbot/code-gpt-docs#445
+            raise _Refused(
+                f"Unsupported value: '{name}' does not support {value:g} with this model. "
+                "Only the default (1) value is supported.",
+                param=name,
+                code="unsupported_value",
+            )
+        if value > ceiling:
+            raise _Refused(
+                f"Invalid '{name}': decimal above maximum value. Expected a value <= {ceiling}, but got {value:g} instead.",
+                param=name,
+                code="decimal_above_max_value",
+            )
+        if value < 0:
+            raise _Refused(
+                f"Invalid '{name}': decimal below minimum value. Expected a value >= 0, but got {value:g} instead.",
+                param=name,
+                code="decimal_below_min_value",
+            )
+
+
+def _function_tools(tools: Any) -> list[Any]:
+    return (
+        [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
+        if isinstance(tools, list)
+        else []
+    )
+
+
+# ----------------------------------------------------------------- /chat/completions
+
+
+def _check_chat(body: dict[str, Any], model: str, spec: ModelSpec) -> None:
+    unknown = [key for key in body if key not in CHAT_PARAMETERS]
+    if unknown:
+        # [live] davidmigloz/langchain_dart#712, namankhurpia/Easy-open-ai#38 (param and code null)
+        plural = "s" if len(unknown) > 1 else ""
+        raise _Refused(f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}")
+    _check_messages(body.get("messages"), spec)
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _Refused("Invalid type for 'tools': expected an array.", param="tools", code="invalid_type")
+        if tools and not spec.tools:
+            raise _unsupported_parameter("tools")
+        for index, tool in enumerate(tools):
+            param = f"tools[{index}]"
+            if not isinstance(tool, dict):
+                raise _Refused(
+                    f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type"
+                )
+            if tool.get("type") == "function":
+                function = tool.get("function")
+                if not isinstance(function, dict):
+                    raise _Refused(
+                        f"Missing required parameter: '{param}.function'.",
+                        param=f"{param}.function",
+                        code="missing_required_parameter",
+                    )
+                _check_function(function, param=f"{param}.function")
+    _check_response_format(body.get("response_format"), body, spec)
+    effort = _check_effort(spec, model, body.get("reasoning_effort"), "reasoning_effort")
+    if body.get("max_tokens") is not None and not spec.max_tokens:
+        raise _Refused(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+            param="max_tokens",
+            code="unsupported_parameter",
+        )
+    _check_sampling(spec, body, effort)
+    if spec.chat_tools_need_effort_none and _function_tools(tools) and effort != "none":
+        # SPEC-001 ENV-21; [live] pipecat-ai/pipecat#4043 (param reasoning_effort, code null)
+        raise _Refused(
+            f"Function tools with reasoning_effort are not supported for {model} in /v1/chat/completions. "
+            "Please use /v1/responses instead.",
+            param="reasoning_effort",
+        )
+
+
+def _check_messages(messages: Any, spec: ModelSpec) -> None:
+    if messages is None:
+        raise _Refused(
+            "Missing required parameter: 'messages'.", param="messages", code="missing_required_parameter"
+        )
+    if not isinstance(messages, list):
+        raise _Refused(
+            "Invalid type for 'messages': expected an array.", param="messages", code="invalid_type"
+        )
+    if not messages:
+        raise _Refused(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+            param="messages",
+            code="empty_array",
+        )
+    pending: list[str] = []  # tool_call ids still to be answered
+    for index, message in enumerate(messages):
+        at = f"messages.[{index}]"
+        if not isinstance(message, dict):
+            raise _Refused(f"Invalid type for '{at}': expected an object.", param=at, code="invalid_type")
+        role = message.get("role")
+        if role not in _CHAT_ROLES:
+            raise _Refused(
+                f"Invalid value: '{role}'. Supported values are: {_listing(_CHAT_ROLES)}.",
+                param=f"{at}.role",
+                code="invalid_value",
+            )
+        if pending and role != "tool":
+            # [live] router-for-me/CLIProxyAPI#2798
+            raise _Refused(
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(pending)}",
+                param=f"{at}.role",
+            )
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise _Refused(
+                    "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.",
+                    param=f"{at}.tool_call_id",
+                )
+            if call_id not in pending:
+                # [live] itmisx/deepx-code#94
+                raise _Refused(
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+                    "with 'tool_calls'.",
+                    param=f"{at}.role",
+                )
+            pending.remove(call_id)
+        content = message.get("content")
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if content is None:
+            if role != "assistant" or not (calls or message.get("function_call")):
+                raise _Refused(
+                    "Invalid value for 'content': expected a string, got null.", param=f"{at}.content"
+                )
+        elif isinstance(content, list):
+            for part_index, part in enumerate(content):
+                _check_chat_part(part, role, f"{at}.content.[{part_index}]", spec)
+        elif not isinstance(content, str):
+            raise _Refused(
+                f"Invalid type for '{at}.content': expected one of a string or array of objects, but got an "
+                f"{type(content).__name__} instead.",
+                param=f"{at}.content",
+                code="invalid_type",
+            )
+        if calls:
+            if not isinstance(calls, list):
+                raise _Refused(
+                    f"Invalid type for '{at}.tool_calls': expected an array.", param=f"{at}.tool_calls"
+                )
+            for call_index, call in enumerate(calls):
+                if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+                    raise _Refused(
+                        f"Missing required parameter: '{at}.tool_calls.[{call_index}].id'.",
+                        param=f"{at}.tool_calls.[{call_index}].id",
+                        code="missing_required_parameter",
+                    )
+                pending.append(call["id"])
+    if pending:
+        raise _Refused(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(pending)}",
+            param="messages",
+        )
+
+
+def _check_chat_part(part: Any, role: str, at: str, spec: ModelSpec) -> None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    allowed = _CHAT_PART_TYPES[role]
+    if kind not in allowed:
+        raise _Refused(
+            f"Invalid value: '{kind}'. Supported values are: {_listing(allowed)}.",
+            param=f"{at}.type",
+            code="invalid_value",
+        )
+    if kind == "image_url" and not spec.vision:
+        raise _Refused(
+            "Invalid content type. image_url is only supported by certain models.", param=f"{at}.type"
+        )
+
+
+def _format_kind(fmt: Any, kinds: tuple[str, ...], spec: ModelSpec, *, param: str) -> str:
+    """A structured-output format's type, refused as the real API does: an unknown type, or json_schema on a
+    model without Structured Outputs (chat ``response_format`` and Responses ``text.format`` alike)."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in kinds:
+        raise _Refused(
+            f"Invalid value: '{kind}'. Supported values are: {_listing(kinds)}.",
+            param=f"{param}.type",
+            code="invalid_value",
+        )
+    if kind == "json_schema" and not spec.structured_outputs:
+        raise _Refused(
+            f"Invalid parameter: '{param}' of type 'json_schema' is not supported with this model.",
+            param=param,
+        )
+    return str(kind)
+
+
+def _check_response_format(fmt: Any, body: dict[str, Any], spec: ModelSpec) -> None:
+    if fmt is None:
+        return
+    kind = _format_kind(fmt, ("text", "json_object", "json_schema"), spec, param="response_format")
+    assert isinstance(fmt, dict)
+    if kind == "json_schema":
+        inner = fmt.get("json_schema")
+        if not isinstance(inner, dict):
+            raise _Refused(
+                "Missing required parameter: 'response_format.json_schema'.",
+                param="response_format.json_schema",
+                code="missing_required_parameter",
+            )
+        _check_json_schema_format(
+            inner,
+            param="response_format",
+            name_param="response_format.json_schema.name",
+            schema_param="response_format.json_schema.schema",
+        )
+    elif kind == "json_object" and "json" not in json.dumps(body.get("messages")).lower():
+        raise _Refused(
+            "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'.",
+            param="messages",
+        )
+
+
+# ----------------------------------------------------------------- /responses
+
+
+def _check_responses(body: dict[str, Any], model: str, spec: ModelSpec) -> None:
+    for key in body:
+        if key not in RESPONSES_PARAMETERS:
+            raise _Refused(f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
+    _check_input(body.get("input"), spec, stored=body.get("store") is not False)
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _Refused("Invalid type for 'tools': expected an array.", param="tools", code="invalid_type")
+        if tools and not spec.tools:
+            raise _unsupported_parameter("tools")
+        for index, tool in enumerate(tools):
+            if isinstance(tool, dict) and tool.get("type") == "function":
+                # the flat shape (SPEC-001 ENV-22); a chat-shaped tool has no top-level name
+                _check_function(tool, param=f"tools[{index}]")
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is not None:
+        kind = _format_kind(fmt, ("text", "json_schema", "json_object"), spec, param="text.format")
+        assert isinstance(fmt, dict)
+        if kind == "json_schema":
+            # [live] mavam/pi-web-providers#14: param text.format.schema, code invalid_json_schema
+            _check_json_schema_format(
+                fmt,
+                param="text.format.schema",
+                name_param="text.format.name",
+                schema_param="text.format.schema",
+            )
+    reasoning = body.get("reasoning")
+    effort: Any = None
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise _Refused(
+                "Invalid type for 'reasoning': expected an object.", param="reasoning", code="invalid_type"
+            )
+        effort = reasoning.get("effort")
+        if reasoning.get("summary") is not None and not spec.reasoning:
+            raise _unsupported_parameter("reasoning.summary")
+    effective = _check_effort(spec, model, effort, "reasoning.effort")
+    include = body.get("include")
+    if isinstance(include, list) and "reasoning.encrypted_content" in include and not spec.reasoning:
+        # [live] pydantic/pydantic-ai#2865 (gpt-4o), ShishirPatil/gorilla#1150 (gpt-4.1-mini): param include
+        raise _Refused("Encrypted content is not supported with this model.", param="include")
+    limit = body.get("max_output_tokens")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit < MIN_OUTPUT_TOKENS:
+        raise _Refused(
+            f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= {MIN_OUTPUT_TOKENS}, "
+            f"but got {limit} instead.",
+            param="max_output_tokens",
+            code="integer_below_min_value",
+        )
+    _check_sampling(spec, body, effective)
+
+
+def _check_input(items: Any, spec: ModelSpec, *, stored: bool) -> None:
+    if items is None or isinstance(items, str):
+        return
+    if not isinstance(items, list):
+        raise _Refused(
+            "Invalid type for 'input': expected one of a string or array.", param="input", code="invalid_type"
+        )
+    calls: list[str] = []
+    answered: set[str] = set()
+    for index, item in enumerate(items):
+        at = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise _Refused(f"Invalid type for '{at}': expected an object.", param=at, code="invalid_type")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind in _OTHER_INPUT_ITEMS:
+            continue
+        if kind not in _INPUT_ITEM_KEYS:
+            supported = (*_INPUT_ITEM_KEYS, *sorted(_OTHER_INPUT_ITEMS))
+            raise _Refused(
+                f"Invalid value: '{kind}'. Supported values are: {_listing(supported)}.",
+                param=f"{at}.type",
+                code="invalid_value",
+            )
+        allowed, required = _INPUT_ITEM_KEYS[kind]
+        for key in item:
+            if key not in allowed:
+                # SPEC-001 ENV-23: response-only fields such as a reasoning item's status
+                raise _Refused(
+                    f"Unknown parameter: '{at}.{key}'.", param=f"{at}.{key}", code="unknown_parameter"
+                )
+        for key in required:
+            if key not in item:
+                raise _Refused(
+                    f"Missing required parameter: '{at}.{key}'.",
+                    param=f"{at}.{key}",
+                    code="missing_required_parameter",
+                )
+        if not stored and (
+            kind == "item_reference" or (kind == "reasoning" and not item.get("encrypted_content"))
+        ):
+            # [live] can1357/oh-my-pi#41 (404): with store false only encrypted_content carries a reasoning
+            # item from one call to the next (SPEC-001 ENV-23).
+            raise _Refused(
+                f"Item with id '{item['id']}' not found. Items are not persisted when `store` is set to false. "
+                "Try again with `store` set to true, or remove this item from your input.",
+                param="input",
+                status=404,
+            )
+        if kind == "message":
+            _check_input_message(item, at, spec)
+        elif kind == "function_call":
+            calls.append(str(item["call_id"]))
+        elif kind == "function_call_output":
+            if item["call_id"] not in calls:
+                # [live] continuedev/continue#10092 (param input, code null)
+                raise _Refused(
+                    f"No tool call found for function call output with call_id {item['call_id']}.",
+                    param="input",
+                )
+            answered.add(item["call_id"])
+    for call_id in calls:
+        if call_id not in answered:
+            # [live] openai/openai-support-agent-demo#12
+            raise _Refused(f"No tool output found for function call {call_id}.", param="input")
+
+
+def _check_input_message(item: dict[str, Any], at: str, spec: ModelSpec) -> None:
+    role = item.get("role")
+    if role not in _RESPONSES_ROLES:
+        raise _Refused(
+            f"Invalid value: '{role}'. Supported values are: {_listing(_RESPONSES_ROLES)}.",
+            param=f"{at}.role",
+            code="invalid_value",
+        )
+    content = item.get("content")
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _Refused(
+            f"Invalid type for '{at}.content': expected one of a string or array of objects.",
+            param=f"{at}.content",
+            code="invalid_type",
+        )
+    allowed = _RESPONSES_OUTPUT_PARTS if role == "assistant" else _RESPONSES_INPUT_PARTS
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in allowed:
+            # [live] for an assistant: "Invalid value: 'input_text'. Supported values are: 'output_text'
+            # and 'refusal'."; a chat-shaped part gets the long list.
+            listed = allowed if kind in _RESPONSES_PART_LIST else _RESPONSES_PART_LIST
+            raise _Refused(
+                f"Invalid value: '{kind}'. Supported values are: {_listing(listed)}.",
+                param=f"{at}.content[{index}].type"
+                if kind in _RESPONSES_PART_LIST
+                else f"{at}.content[{index}]",
+                code="invalid_value",
+            )
+        if kind == "input_image" and not spec.vision:
+            raise _Refused(
+                "Invalid content type. input_image is only supported by certain models.",
+                param=f"{at}.content[{index}]",
+            )
+
+
+# ----------------------------------------------------------------- the other endpoints
+
+
+def _check_embeddings(body: dict[str, Any], spec: ModelSpec) -> None:
+    unknown = [key for key in body if key not in EMBEDDINGS_PARAMETERS]
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        raise _Refused(f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}")
+    value = body.get("input")
+    if value is None:
+        raise _Refused(
+            "Missing required parameter: 'input'.", param="input", code="missing_required_parameter"
+        )
+    if value == "" or value == []:
+        raise _Refused(
+            "'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference."
+        )
+    if body.get("dimensions") is not None and not spec.dimensions:
+        raise _Refused("This model does not support specifying dimensions.")
+
+
+_ENDPOINT_KINDS = {
+    "/chat/completions": "text",
+    "/responses": "text",
+    "/embeddings": "embedding",
+    "/images/generations": "image",
+    "/images/edits": "image",
+}
+
+
+def _check_request(endpoint: str, body: Any, models: dict[str, ModelSpec]) -> None:
+    """Raise :class:`_Refused` for what the real API would refuse (the request's JSON/form is parsed)."""
+    if not isinstance(body, dict):
+        return
+    model = body.get("model")
+    if model is None and _ENDPOINT_KINDS[endpoint] == "image":
+        return  # [ref] images: model is optional ("Defaults to dall-e-2")
+    if model is None or model == "":
+        raise _Refused("you must provide a model parameter")
+    if not isinstance(model, str):
+        raise _Refused("Invalid type for 'model': expected a string.", param="model", code="invalid_type")
+    spec = _lookup_model(models, model)
+    if spec is None:
+        # [live] rd-1-2022/ai-openai-helloworld#9: 404, param null, code model_not_found
+        raise _Refused(
+            f"The model `{model}` does not exist or you do not have access to it.",
+            code="model_not_found",
+            status=404,
+        )
+    wanted = _ENDPOINT_KINDS[endpoint]
+    if spec.kind != wanted:
+        if endpoint == "/chat/completions":
+            raise _Refused(
+                "This is not a chat model and thus not supported in the v1/chat/completions endpoint. "
+                "Did you mean to use v1/completions?",
+                param="model",
+                status=404,
+            )
+        raise _Refused(
+            f"The model `{model}` is not supported on {API_PREFIX}{endpoint}.", param="model"
+        )  # paraphrased
+    if spec.lenient:
+        return
+    if endpoint == "/chat/completions":
+        _check_chat(body, model, spec)
+    elif endpoint == "/responses":
+        _check_responses(body, model, spec)
+    elif endpoint == "/embeddings":
+        _check_embeddings(body, spec)
+
+
+def _lookup_model(models: dict[str, ModelSpec], name: str) -> ModelSpec | None:
+    """A name, or a dated snapshot of one (``gpt-4.1-mini-2025-04-14``)."""
+    if name in models:
+        return models[name]
+    base, _, date = name.rpartition("-")
+    base, _, month = base.rpartition("-")
+    base, _, year = base.rpartition("-")
+    if base and len(year) == 4 and len(month) == 2 and len(date) == 2 and (year + month + date).isdigit():
+        return models.get(base)
+    return None
+
+
 # --------------------------------------------------------------------------- the server
 
 
@@ -477,6 +1520,10 @@ class FakeOpenAI:
     Settable at any time: ``api_key`` (``None`` accepts any bearer token), ``default_answer``
     (used for text endpoints when no rule matches; ``None`` makes that a 500), ``latency_s``
     (added before every response, for the benchmark).
+
+    It serves the models in ``OPENAI_MODELS`` and refuses what the real API refuses for each (see
+    :class:`ModelSpec`); ``models`` adds or replaces entries for this server, as
+    :meth:`add_model` does later.
     """
 
     def __init__(
@@ -486,8 +1533,10 @@ class FakeOpenAI:
         default_answer: Any = DEFAULT_ENVELOPE,
         latency_s: float = 0.0,
         host: str = "127.0.0.1",
+        models: dict[str, ModelSpec] | None = None,
     ) -> None:
         self.api_key = api_key
+        self._models: dict[str, ModelSpec] = {**OPENAI_MODELS, **(models or {})}
         self.default_answer = default_answer
         self.latency_s = latency_s
         self._host = host
@@ -597,6 +1646,40 @@ class FakeOpenAI:
         kwargs.setdefault("max_retries", 0)
         return openai.AsyncOpenAI(base_url=self.base_url, **kwargs)
 
+    # ----------------------------------------------------------------- models
+
+    @property
+    def models(self) -> dict[str, ModelSpec]:
+        """The models this server serves (a copy): name -> what it takes."""
+        with self._lock:
+            return dict(self._models)
+
+    def add_model(
+        self, name: str, spec: ModelSpec | None = None, *, like: str | None = None, **changes: Any
+    ) -> ModelSpec:
+        """Serve ``name`` from now on, and return what it takes.
+
+        ``spec`` gives it outright (``LOCAL_SERVER_MODEL`` for a local server's model); ``like`` copies
+        a served model (``like="gpt-4.1-mini"``); with neither it is a plain, non-reasoning chat model.
+        ``changes`` then override single fields (``add_model("gpt-x", like="gpt-5.1", vision=False)``).
+        """
+        if spec is not None and like is not None:
+            raise TypeError("give spec or like, not both")
+        with self._lock:
+            if like is not None:
+                if like not in self._models:
+                    raise KeyError(f"no model {like!r} to copy")
+                spec = self._models[like]
+            base = spec if spec is not None else ModelSpec()
+            added = base.replace(**changes) if changes else base
+            self._models[name] = added
+        return added
+
+    def remove_model(self, name: str) -> None:
+        """Stop serving ``name`` (requests for it get the real API's 404 ``model_not_found``)."""
+        with self._lock:
+            self._models.pop(name, None)
+
     # ----------------------------------------------------------------- scripting
 
     def script(
@@ -669,6 +1752,11 @@ class FakeOpenAI:
             return matching()
 
     @property
+    def rejections(self) -> list[RecordedRequest]:
+        """The requests the fake refused as the real API would (each with its ``rejection``)."""
+        return [r for r in self.requests if r.rejection is not None]
+
+    @property
     def errors(self) -> list[BaseException]:
         """Exceptions raised while answering (a callable answer that raised, an unrenderable answer)."""
         with self._lock:
@@ -734,6 +1822,22 @@ class FakeOpenAI:
             return error(400, "The request body must be a JSON object.")
         if isinstance(request.body, dict) and request.body.get("stream") in (True, "true"):
             return error(400, "The fake OpenAI server does not stream.", code="stream_unsupported")
+        try:
+            with self._lock:
+                models = dict(self._models)
+            _check_request(endpoint, request.body, models)
+        except _Refused as refused:
+            response = refused.response()
+            request.rejection = response.body["error"]
+            log.warning(
+                "fake OpenAI refused %s %s (model %r) as the real API would: %d %s",
+                request.method,
+                request.path,
+                request.body.get("model") if isinstance(request.body, dict) else None,
+                response.status,
+                json.dumps(request.rejection),
+            )
+            return response
 
         answer, usage = self._pick(request)
         delay = 0.0
@@ -841,6 +1945,9 @@ class FakeOpenAI:
     ) -> dict[str, Any]:
         body = request.body
         output: list[dict[str, Any]] = []
+        reasoning = self._reasoning_item(body)
+        if reasoning is not None:
+            output.append(reasoning)
         calls = _tool_calls(answer)
         if calls is not None:
             for c in calls:
@@ -897,6 +2004,30 @@ class FakeOpenAI:
         if isinstance(body.get("text"), dict):
             result["text"] = body["text"]
         return result
+
+    def _reasoning_item(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """What a reasoning model puts before its answer while it reasons (effort other than none).
+
+        Like the real one it carries response-only fields (``status``) that the API refuses when the
+        item is passed back as input (SPEC-001 ENV-23), and ``encrypted_content`` only when asked for
+        with ``include: ["reasoning.encrypted_content"]``.
+        """
+        with self._lock:
+            spec = _lookup_model(self._models, str(body.get("model")))
+        if spec is None or not spec.reasoning or spec.lenient:
+            return None
+        reasoning = body.get("reasoning")
+        effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+        if (effort or spec.default_effort) == "none":
+            return None
+        item: dict[str, Any] = {"type": "reasoning", "id": f"rs_fake{self._next_id():06d}", "summary": []}
+        include = body.get("include")
+        if isinstance(include, list) and "reasoning.encrypted_content" in include:
+            item["encrypted_content"] = base64.b64encode(f"fake reasoning {item['id']}".encode()).decode(
+                "ascii"
+            )
+        item["status"] = "completed"
+        return item
 
     def _render_embeddings(
         self, request: RecordedRequest, answer: Any, usage: dict[str, int] | None

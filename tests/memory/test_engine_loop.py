@@ -188,7 +188,7 @@ async def test_m54_a_model_block_replaces_the_plain_block_for_the_routed_model(k
         await engine.begin(facts("owl Hoot"))
     routed, plain = kit.model.of("filter")
     assert routed.body["model"] == "tiny-model" and routed.system == "Pick memories for pip; at most 4. JSON."
-    assert plain.body["model"] == "gpt-4.1-mini" and plain.system.startswith("You are the part of pip's mind")
+    assert plain.body["model"] == "gpt-5.1" and plain.system.startswith("You are the part of pip's mind")
 
 
 async def test_m55_each_purpose_is_routed_to_its_model_the_rest_to_the_default(kit: Kit) -> None:
@@ -197,8 +197,8 @@ async def test_m55_each_purpose_is_routed_to_its_model_the_rest_to_the_default(k
         await box.say("owl Hoot")
     models = {c.purpose: c.body["model"] for c in kit.model.calls}
     assert models == {
-        "reply": "gpt-4.1-mini", "filter": "filter-model", "appraisal": "appraisal-model",
-        "arrival": "gpt-4.1-mini",  # unrouted, the arrival goes where the reply goes (101)
+        "reply": "gpt-5.1", "filter": "filter-model", "appraisal": "appraisal-model",
+        "arrival": "gpt-5.1",  # unrouted, the arrival goes where the reply goes (101)
     }  # fmt: skip
 
 

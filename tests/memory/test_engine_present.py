@@ -236,6 +236,7 @@ async def test_m12_feelings_in_words_and_no_number_for_a_feeling_in_any_context(
             continue
         if call.purpose == "reply":
             prefix, context = call.system.split("## Context", 1)
+            context = re.sub(r"^Running as: .*$", "", context, flags=re.M)  # seed 003: the model's version
             read = [prefix.replace(INTENSITY_SCALE, ""), context, call.user]
         else:
             read = [call.system.replace(INTENSITY_SCALE, ""), call.user]

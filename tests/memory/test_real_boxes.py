@@ -1,8 +1,8 @@
 """Two real boxes of one imp in two channels of one guild, writing at the same moment, lose nothing (issue 23).
 
 The real host (discord.py against the fake Discord, the session manager, the gateway, the memory service over
-the host database) and two real boxes — the process backend, and the Docker backend where an engine runs —
-one per channel. In each round both channels get a message at the same instant, and the appraisals of the two
+the host database) and two real boxes — the process backend, and the Docker backend under each runtime (runc,
+and gVisor's runsc, whose sandboxes share no file lock: issue 22) where an engine runs — one per channel. In each round both channels get a message at the same instant, and the appraisals of the two
 turns are held until both boxes have asked, so their ``memory.encode`` requests reach the host together. Every
 message forms a moment: afterwards the store holds every episode, each in the guild's scope, and each box's
 recall finds what was said in the other channel.
@@ -22,6 +22,7 @@ from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
 from impyard.memory.store import MemoryStore
 from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from tests.conftest import RUNTIMES, docker_backend_for
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -102,12 +103,12 @@ async def ask(yard: Yard, model: FakeOpenAI, channel: int, who: Any, text: str) 
     return memory_block(replies[0])
 
 
-@pytest.mark.parametrize("kind", ["process", "docker"])
+@pytest.mark.parametrize("kind", ["process", *RUNTIMES])
 async def test_two_real_boxes_in_one_guild_writing_at_once_lose_nothing(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI, request: pytest.FixtureRequest, kind: str
 ) -> None:
     backend: BoxBackend = (
-        ProcessBackend(warn=False) if kind == "process" else request.getfixturevalue("docker_backend")
+        ProcessBackend(warn=False) if kind == "process" else docker_backend_for(request, kind)
     )
     appraiser = Appraiser()
     script(model, appraiser)
