@@ -454,9 +454,9 @@ class Engine:
         if not request.interactive:
             raise EngineError(0, "a box is started interactive (-i): its protocol is on stdin and stdout")
         query = f"?{urlencode({'name': request.name})}" if request.name else ""
-        created = (
-            await self.call("POST", f"/containers/create{query}", request.body, timeout=timeout)
-        ).json()
+        with anyio.CancelScope(shield=True):  # once the engine has made it, it is removed on every path below
+            made = await self.call("POST", f"/containers/create{query}", request.body, timeout=timeout)
+        created = made.json()
         container_id = str(created["Id"])
         transports: list[asyncio.Transport] = []
         try:
