@@ -32,6 +32,7 @@ from tests.test_chat_app import (
     environment,
     quit_chat,
     said,
+    spawn,
 )
 from tests.test_gateway import CHAT_BODY, Harness, make_harness
 
@@ -101,12 +102,7 @@ def test_a_paste_the_terminal_did_not_bracket_is_one_model_call_at_the_prompt_to
     fake.script(envelope(answer="Read all of it."))
     add_imp()
     lines = [f"line {n:02d} of the paste" for n in range(30)]
-    env = {**environment(fake, impyard_home), "TERM": "xterm"}
-    child = pexpect.spawn(
-        IMPYARD, ["chat", "--backend", "process"], env=env, encoding="utf-8", timeout=60, dimensions=(40, 200)
-    )
-    child.logfile_read = io.StringIO()
-    child.expect_exact("you> ")
+    child = spawn(fake, impyard_home)  # TERM=xterm
     child.send("".join(line + ENTER for line in lines))
     child.expect_exact("Read all of it.")
     quit_chat(child)
