@@ -169,6 +169,9 @@ def like_pattern(name: str) -> str:
 
 MAX_CACHED_COUNTS = 10_000  # (imp, scope) totals kept between writes
 MAX_RULES = 1_000  # learned rules kept per imp: past it the weakest goes (dormant first, then oldest)
+MAX_CONVERSATIONS_PER_CHANNEL = (
+    200  # people whose conversation state a channel keeps (the most recently saved)
+)
 _DISPOSITION_COLUMNS = "id, rule, weight, count, created_at, updated_at"
 FORGOTTEN_MESSAGE_KEEP = timedelta(days=7)  # a deleted message's mark outlives any turn that could still end
 
@@ -1736,15 +1739,28 @@ class ScopedMemory:
         return json.loads(row["state"]), parse_iso(row["updated_at"])
 
     def conversation_put(self, person: str, state: dict[str, Any]) -> None:
-        """Save the conversation's state in the writes scope (at most 256 KiB of JSON)."""
+        """Save the conversation's state in the writes scope (at most 256 KiB of JSON).
+
+        A channel keeps the conversations of its ``MAX_CONVERSATIONS_PER_CHANNEL`` most recently saved people;
+        saving one more lets go of the longest untouched, which had gone stale anyway (a new conversation
+        starts after the person's absence). So a box naming made-up people holds at most that many states of
+        256 KiB per channel, however many it invents.
+        """
         text = conversation_json(state)
         now = self.store.clock()
-        self.store.db.execute(
-            "INSERT INTO memory_conversations (imp, scope, channel_id, person, state, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (imp, channel_id, person) DO UPDATE SET"
-            " scope = excluded.scope, state = excluded.state, updated_at = excluded.updated_at",
-            (self.imp, self.scopes.writes, self.channel_id, person, text, iso(now)),
-        )
+        with self.store.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO memory_conversations (imp, scope, channel_id, person, state, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (imp, channel_id, person) DO UPDATE SET"
+                " scope = excluded.scope, state = excluded.state, updated_at = excluded.updated_at",
+                (self.imp, self.scopes.writes, self.channel_id, person, text, iso(now)),
+            )
+            conn.execute(
+                "DELETE FROM memory_conversations WHERE imp = ? AND channel_id = ? AND person NOT IN ("
+                " SELECT person FROM memory_conversations WHERE imp = ? AND channel_id = ?"
+                " ORDER BY updated_at DESC, person = ? DESC LIMIT ?)",
+                (self.imp, self.channel_id, self.imp, self.channel_id, person, MAX_CONVERSATIONS_PER_CHANNEL),
+            )
 
     # ------------------------------------------------------------ the night (issue 15; the writes scope only)
 

@@ -482,6 +482,25 @@ def test_conversation_state_is_kept_per_channel_and_person_in_the_writes_scope(
     assert embed("x")
 
 
+def test_a_channel_keeps_the_200_most_recently_saved_conversations(
+    store: MemoryStore, guild: ScopedMemory, clock: FixedClock
+) -> None:
+    """A hostile box naming made-up people cannot grow a channel's conversation states without bound: past 200
+    people the longest untouched goes; a conversation saved again is kept, and other channels are untouched."""
+    store.scoped(IMP, GUILD, "g2").conversation_put("elsewhere", {"s": "kept"})
+    for n in range(200):
+        guild.conversation_put(f"p{n}", {"n": n})
+        clock.advance(seconds=1)
+    guild.conversation_put("p0", {"n": "again"})  # p0 is now the newest; p1 the longest untouched
+    clock.advance(seconds=1)
+    guild.conversation_put("p200", {"n": 200})
+    assert guild.conversation_get("p1") == (None, None)
+    assert guild.conversation_get("p0")[0] == {"n": "again"}
+    assert guild.conversation_get("p200")[0] == {"n": 200} and guild.conversation_get("p2")[0] == {"n": 2}
+    rows = store.db.query("SELECT channel_id, COUNT(*) AS n FROM memory_conversations GROUP BY channel_id")
+    assert {r["channel_id"]: r["n"] for r in rows} == {"g1": 200, "g2": 1}
+
+
 def test_m03_the_total_follows_writes_and_deletes_from_any_process(
     store: MemoryStore, mdb: Database, clock: FixedClock, tmp_path: Path
 ) -> None:
