@@ -51,7 +51,7 @@ from impyard.imp_config import (  # the config API is re-exported: callers impor
     validate_config,
     validate_name,
 )
-from impyard.paths import box_dir_name, home
+from impyard.paths import box_dir_name, home, state_root
 
 SESSION_DIRS = "channels"  # under the state dir: one /state per chat channel
 TASK_DIRS = "tasks"  # under the state dir: one /state per task
@@ -102,13 +102,18 @@ class ImpStore:
         issue 22; an older home's imp-wide files stay in it). Kept by ``remove`` unless ``purge=True``."""
         return self.path(name) / STATE_DIR
 
+    def box_state_dir(self, name: str) -> Path:
+        """Under which each of the imp's boxes has its own /state: ``<state root>/<imp>/state`` (issue 21), the
+        imp's ``state_dir`` unless ``IMPYARD_STATE_ROOT`` places boxes' state elsewhere."""
+        return state_root(self.home) / validate_name(name) / STATE_DIR
+
     def session_state_dir(self, name: str, channel_id: str) -> Path:
         """The /state of the imp's chat box in one channel: its own, shared with no other box (issue 22)."""
-        return self.state_dir(name) / SESSION_DIRS / box_dir_name(channel_id)
+        return self.box_state_dir(name) / SESSION_DIRS / box_dir_name(channel_id)
 
     def task_state_dir(self, name: str, task_id: str) -> Path:
         """The /state of one task's box: its own, beside the chat boxes' (a task may post in their channel)."""
-        return self.state_dir(name) / TASK_DIRS / box_dir_name(task_id)
+        return self.box_state_dir(name) / TASK_DIRS / box_dir_name(task_id)
 
     def names(self) -> list[str]:
         """Names of every directory that holds an imp.toml, sorted (invalid names included, for ``scan``)."""

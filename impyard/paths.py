@@ -30,6 +30,17 @@ def safe_name(text: str, limit: int = 40) -> str:
     return cleaned[:limit]
 
 
+STATE_ROOT_ENV = "IMPYARD_STATE_ROOT"
+
+
+def state_root(home_dir: Path | None = None) -> Path:
+    """Where every box's ``/state`` lies: ``IMPYARD_STATE_ROOT`` when set, else ``IMPYARD_HOME/imps`` (issue 21).
+
+    Only placed here; ``impyard.backends.stateroot`` refuses a relative value and fences boxes inside it."""
+    configured = os.environ.get(STATE_ROOT_ENV, "").strip()
+    return Path(configured).expanduser() if configured else (home_dir or home()) / "imps"
+
+
 def imp_state_dir(imp: str, base: Path | None = None) -> Path:
     """The imp's state directory: where each of its boxes has its own ``/state`` (``box_dir_name``)."""
     return (base or home()) / "imps" / safe_name(imp) / "state"

@@ -18,6 +18,7 @@ import anyio
 from impyard.backends import BoxBackend
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend
+from impyard.backends.stateroot import state_root
 from impyard.channels import ChannelStore
 from impyard.clock import Clock
 from impyard.conversation import Conversations
@@ -46,7 +47,10 @@ class Runtime:
 
 
 def backends_for(configs: Sequence[ImpConfig], override: str | None = None) -> dict[str, BoxBackend]:
-    """One backend per imp, from its [box] settings (or an override); orphans of this home removed once."""
+    """One backend per imp, from its [box] settings (or an override); orphans of this home removed once.
+
+    A bad ``IMPYARD_STATE_ROOT`` is refused here, before anything starts (``BoxStartError``)."""
+    state_root()
     chosen: dict[str, BoxBackend] = {}
     for config in configs:
         name = override or config.box.backend

@@ -436,6 +436,7 @@ async def test_a_docker_box_adds_no_process_to_the_host(
         assert set(_children()) - before == set()  # no `docker run` client relaying its stdio
         with pytest.raises(NotImplementedError):
             running.process.pid  # noqa: B018 - a box has no host pid to signal by mistake
+        assert running.host_pid is None  # what the supervisor asks instead: none of its own (issue 21)
     assert running.returncode == 0
 
 

@@ -84,7 +84,9 @@ class BoxTimeout(BoxError):
 @dataclass(frozen=True)
 class BoxSpec:
     """Which box: the imp, the channel of its session, and the state dir mounted as ``/state`` — its own, shared
-    with no other running box (issue 22: the backends refuse a start whose mount overlaps a running box's)."""
+    with no other running box (issue 22: the backends refuse a start whose mount overlaps a running box's).
+    A backend turns ``state_dir`` into a name under the state root (``impyard.backends.stateroot``, issue 21)
+    and mounts that name, nothing else of the host's."""
 
     imp: str
     channel_id: str
@@ -253,6 +255,15 @@ class RunningBox:
         except (PeerClosed, ProtocolViolation) as exc:
             raise BoxDied(self.describe_death(f"{method} could not be delivered: {exc}")) from exc
 
+    @property
+    def host_pid(self) -> int | None:
+        """The box's process on the supervisor's own host (the process backend), or None: a box an engine
+        runs (a container, a Pod) has none the supervisor may signal; it is stopped through its backend."""
+        try:
+            return self.process.pid
+        except NotImplementedError:
+            return None
+
     def describe_death(self, what: str) -> str:
         parts = [what]
         if self.violation:
@@ -314,10 +325,10 @@ class RunningBox:
         self.exited.set()
         self._kill_requested.set()
 
-    async def _watch_state(self, quota: StateQuota) -> None:
+    async def _watch_state(self, quota: StateQuota, state_dir: Path) -> None:
         """Measure the state dir while the box lives; past its quota the box is killed (issue 11 #11)."""
         while not self.exited.is_set():
-            usage = await _measured(self.spec.state_dir, quota)
+            usage = await _measured(state_dir, quota)
             over = usage.over(quota)
             if over:
                 self._on_violation(f"its state dir holds {over}")
@@ -376,7 +387,11 @@ def kill_process(process: Process) -> None:
 
 
 class BoxBackend(Protocol):
-    """Starts boxes. ``open`` yields a running box and reaps it when the block ends, on every path."""
+    """Starts boxes. ``open`` yields a running box and reaps it when the block ends, on every path.
+
+    What a backend may assume of the host (issue 21, docs/kubernetes.md): its state root, and nothing else —
+    no engine process beside the supervisor, no host path but names under the root. A running box is its
+    stdio streams and its exit code; ``RunningBox.host_pid`` is None for every box an engine runs."""
 
     @property
     def name(self) -> str: ...  # read-only: a class attribute or a property (a wrapper's) both satisfy it
@@ -393,8 +408,10 @@ async def supervise_process(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     *,
     state_quota: StateQuota | None = None,
+    state_dir: Path | None = None,
 ) -> AsyncIterator[RunningBox]:
-    """Run the peer, the stderr pump and the exit watcher for a started box; reap it on every path."""
+    """Run the peer, the stderr pump and the exit watcher for a started box; reap it on every path.
+    ``state_quota``: watch the box's state dir (``state_dir``, default the spec's) against it."""
     running = RunningBox(spec, process, host, terminate, max_line_bytes)
     try:
         async with _unwrapped(), anyio.create_task_group() as tg:
@@ -403,7 +420,9 @@ async def supervise_process(
             tg.start_soon(running._watch_exit, name="box exit")
             tg.start_soon(running._watch_kill, name="box kill")
             if state_quota is not None:
-                tg.start_soon(running._watch_state, state_quota, name="box state quota")
+                tg.start_soon(
+                    running._watch_state, state_quota, state_dir or spec.state_dir, name="box state quota"
+                )
             try:
                 yield running
             except BaseException:

@@ -27,19 +27,29 @@ from impyard import paths
 from impyard.backends.base import BoxHost, BoxSpec, BoxStartError, RunningBox, supervise_process
 from impyard.backends.engine import Engine, EngineError
 from impyard.backends.mounts import claimed_mount
+from impyard.backends.plan import (
+    LABEL_BOX,
+    LABEL_CHANNEL,
+    LABEL_HOME,
+    LABEL_IMP,
+    LABEL_ROLE,
+    LABEL_RUN,
+    BoxPlan,
+    box_name,
+    box_plan,
+)
 from impyard.backends.runflags import create_request
 from impyard.backends.runtimes import RuntimeChoice, resolve_runtime, runtime_choice, runtime_words
 from impyard.backends.statedir import StateQuota, measure_state_dir, prepare_state_dir
+from impyard.backends.stateroot import STATE_MOUNT, StateRoot, StateVolume, state_root
+
+__all__ = [  # the labels and the mount point are the plan's; named here too, where callers have found them
+    "LABEL_BOX", "LABEL_CHANNEL", "LABEL_HOME", "LABEL_IMP", "LABEL_ROLE", "LABEL_RUN", "STATE_MOUNT",
+    "BOX_UID", "DockerBackend", "DockerLimits", "box_user", "container_name", "docker_argv", "run_argv",
+]  # fmt: skip
 
 log = logging.getLogger("impyard.box")
 
-LABEL_BOX = "org.impyard.box"
-LABEL_HOME = "org.impyard.home"
-LABEL_IMP = "org.impyard.imp"
-LABEL_CHANNEL = "org.impyard.channel"
-LABEL_RUN = "org.impyard.run"
-LABEL_ROLE = "org.impyard.role"  # session | task: a chat supervisor never reaps the scheduler's boxes
-STATE_MOUNT = "/state"
 BOX_UID = 10001  # the non-root user boxes run as when the host runs as root
 DOCKER_API_TIMEOUT_S = 10
 
@@ -73,9 +83,7 @@ def box_user() -> str:
 
 
 def container_name(spec: BoxSpec) -> str:
-    return (
-        f"impyard-{paths.safe_name(spec.imp, 24)}-{paths.safe_name(spec.channel_id, 24)}-{spec.run_id[:12]}"
-    )
+    return box_name(spec)
 
 
 def run_argv(
@@ -89,13 +97,26 @@ def run_argv(
     role: str = "session",
     runtime: str | None = None,
     docker_bin: str = "docker",
+    state: StateVolume | None = None,
 ) -> list[str]:
     """The full ``docker run`` command line of a box: every lockdown flag, one rw mount, and its OCI runtime
-    (``runtime``; None: the engine's default)."""
+    (``runtime``; None: the engine's default). ``state``: the box's state volume under the state root (None:
+    ``spec.state_dir`` under the default root, the same directory)."""
+    volume = state or StateRoot(paths.home() / "imps").volume(spec.state_dir)
+    plan = box_plan(
+        spec, image, limits=limits, home_id=home_id, user=user, state=volume, command=command, role=role,
+        runtime=runtime,
+    )  # fmt: skip
+    return docker_argv(plan, docker_bin)
+
+
+def docker_argv(plan: BoxPlan, docker_bin: str = "docker") -> list[str]:
+    """A plan as ``docker run`` flags: the lockdown every box gets, then what the plan says."""
+    limits = plan.limits
     argv = [
         docker_bin, "run", "-i", "--rm", "--init",
-        *(["--runtime", runtime] if runtime else []),
-        "--name", container_name(spec),
+        *(["--runtime", plan.runtime] if plan.runtime else []),
+        "--name", plan.name,
         "--network", "none",
         "--read-only",
         "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={limits.tmpfs_size}",
@@ -107,21 +128,16 @@ def run_argv(
         "--cpus", f"{limits.cpus:g}",
         "--ulimit", f"nofile={limits.nofile}:{limits.nofile}",
         "--ulimit", f"fsize={limits.state_quota.max_bytes}:{limits.state_quota.max_bytes}",
-        "--user", user,
+        "--user", plan.user,
         "--log-driver", "none",
-        "--label", f"{LABEL_BOX}=1",
-        "--label", f"{LABEL_HOME}={home_id}",
-        "--label", f"{LABEL_IMP}={spec.imp}",
-        "--label", f"{LABEL_CHANNEL}={spec.channel_id}",
-        "--label", f"{LABEL_RUN}={spec.run_id}",
-        "--label", f"{LABEL_ROLE}={role}",
-        "--mount", f"type=bind,source={spec.state_dir},target={STATE_MOUNT}",
-        "--env", f"IMPYARD_STATE_DIR={STATE_MOUNT}",
+        *(arg for key, value in plan.labels.items() for arg in ("--label", f"{key}={value}")),
+        "--mount", f"type=bind,source={plan.state.path},target={STATE_MOUNT}",
+        *(arg for key, value in plan.env.items() for arg in ("--env", f"{key}={value}")),
     ]  # fmt: skip
-    if command:
-        argv += ["--entrypoint", command[0], image, *command[1:]]
+    if plan.command:
+        argv += ["--entrypoint", plan.command[0], plan.image, *plan.command[1:]]
     else:
-        argv.append(image)
+        argv.append(plan.image)
     return argv
 
 
@@ -136,9 +152,12 @@ class DockerBackend:
         home_id: str | None = None,
         role: str = "session",
         runtime: str | RuntimeChoice = "auto",
+        state_root: StateRoot | None = None,
     ) -> None:
         """``runtime``: the imp's ``[box] runtime`` (``IMPYARD_BOX_RUNTIME``, when set, overrides it), or a
-        ``RuntimeChoice`` already made (the environment is then not read)."""
+        ``RuntimeChoice`` already made (the environment is then not read). ``state_root``: under which every
+        box's /state must lie (None: ``IMPYARD_STATE_ROOT``, read at each start, else IMPYARD_HOME/imps)."""
+        self.state_root = state_root
         self._image = image
         self.role = role
         self.runtime_choice = runtime if isinstance(runtime, RuntimeChoice) else runtime_choice(runtime)
@@ -252,17 +271,22 @@ class DockerBackend:
     async def open(
         self, spec: BoxSpec, host: BoxHost, *, command: list[str] | None = None
     ) -> AsyncIterator[RunningBox]:
+        # Issue 21: the box's /state is a name under the state root, or no box starts.
+        volume = (self.state_root or state_root()).volume(spec.state_dir)
         # Issue 22: claimed before the state dir is touched; refused while a running box's /state overlaps it.
-        async with claimed_mount(spec), self._open_claimed(spec, host, command) as running:
+        async with (
+            claimed_mount(spec, mount=volume.path),
+            self._open_claimed(spec, host, command, volume) as running,
+        ):
             yield running
 
     @asynccontextmanager
     async def _open_claimed(
-        self, spec: BoxSpec, host: BoxHost, command: list[str] | None
+        self, spec: BoxSpec, host: BoxHost, command: list[str] | None, volume: StateVolume
     ) -> AsyncIterator[RunningBox]:
         await anyio.to_thread.run_sync(self.preflight)
         user = box_user()
-        await anyio.to_thread.run_sync(self.prepare_state_dir, spec.state_dir, user)
+        await anyio.to_thread.run_sync(self.prepare_state_dir, volume.path, user)
         name = container_name(spec)
         argv = run_argv(
             spec,
@@ -273,6 +297,7 @@ class DockerBackend:
             command=command,
             role=self.role,
             runtime=self.runtime,
+            state=volume,
         )
         log.info(
             "box %s/%s starting as %s under runtime %s (asked: %s)",
@@ -288,7 +313,7 @@ class DockerBackend:
             await process.remove()  # nothing to do once the engine has removed it (--rm)
 
         async with supervise_process(
-            spec, process, host, terminate, state_quota=self.limits.state_quota
+            spec, process, host, terminate, state_quota=self.limits.state_quota, state_dir=volume.path
         ) as running:
             yield running
 

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -67,12 +68,13 @@ class MountClaim:
         self._fd: int | None = fd
 
     @classmethod
-    def take(cls, spec: BoxSpec, claims_dir: Path | None = None) -> MountClaim:
-        """Claim ``spec.state_dir``; ``BoxStartError`` naming the running box whose mount overlaps it.
+    def take(cls, spec: BoxSpec, claims_dir: Path | None = None, *, mount: Path | None = None) -> MountClaim:
+        """Claim ``mount`` (default ``spec.state_dir``); ``BoxStartError`` naming the running box whose mount
+        overlaps it.
 
         Blocking (a few small files): call it from a worker thread."""
         directory = claims_dir or paths.home() / CLAIMS_DIR
-        mount = spec.state_dir.resolve()
+        mount = (mount or spec.state_dir).resolve()
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             guard = os.open(directory / _GUARD, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -151,9 +153,12 @@ def _read(fd: int) -> Claimed | None:
 
 
 @asynccontextmanager
-async def claimed_mount(spec: BoxSpec, claims_dir: Path | None = None) -> AsyncIterator[MountClaim]:
-    """Hold ``spec``'s writable mount for the block (a backend's ``open``, around the box's whole life)."""
-    claim = await anyio.to_thread.run_sync(MountClaim.take, spec, claims_dir)
+async def claimed_mount(
+    spec: BoxSpec, claims_dir: Path | None = None, *, mount: Path | None = None
+) -> AsyncIterator[MountClaim]:
+    """Hold ``spec``'s writable mount (``mount``, default its state dir) for the block (a backend's ``open``,
+    around the box's whole life)."""
+    claim = await anyio.to_thread.run_sync(partial(MountClaim.take, spec, claims_dir, mount=mount))
     try:
         yield claim
     finally:

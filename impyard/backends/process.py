@@ -20,6 +20,7 @@ import box
 from impyard.backends.base import BoxHost, BoxSpec, RunningBox, kill_process, supervise_process
 from impyard.backends.mounts import claimed_mount
 from impyard.backends.statedir import mark_foreign_writer
+from impyard.backends.stateroot import StateRoot, state_root
 
 log = logging.getLogger("impyard.box")
 
@@ -57,25 +58,31 @@ def box_environment(state_dir: Path) -> dict[str, str]:
 class ProcessBackend:
     name = "process"
 
-    def __init__(self, *, command: list[str] | None = None, warn: bool = True) -> None:
+    def __init__(
+        self, *, command: list[str] | None = None, warn: bool = True, state_root: StateRoot | None = None
+    ) -> None:
+        """``state_root``: under which every box's state dir must lie (None: ``IMPYARD_STATE_ROOT``, read at
+        each start, else IMPYARD_HOME/imps)."""
         self.command = command or box_command()
         self._warned = not warn
+        self.state_root = state_root
 
     @asynccontextmanager
     async def open(self, spec: BoxSpec, host: BoxHost) -> AsyncIterator[RunningBox]:
         if not self._warned:
             log.warning(NO_LOCKDOWN_WARNING)
             self._warned = True
-        async with claimed_mount(spec):  # issue 22: never beside a running box whose /state overlaps this one
-            spec.state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir = (self.state_root or state_root()).volume(spec.state_dir).path  # issue 21: under the root
+        async with claimed_mount(spec, mount=state_dir):  # issue 22: never beside a box whose /state overlaps
+            state_dir.mkdir(parents=True, exist_ok=True)
             if os.getuid() == 0:
                 mark_foreign_writer(
-                    spec.state_dir
+                    state_dir
                 )  # root-owned files may follow: the next Docker box repairs once
             # Its own session: a Ctrl-C meant for the host never reaches the box (the host's shutdown
             # gives running turns their deadline, then closes the box).
             process = await anyio.open_process(
-                self.command, env=box_environment(spec.state_dir), cwd=BOX_WORKDIR, start_new_session=True
+                self.command, env=box_environment(state_dir), cwd=BOX_WORKDIR, start_new_session=True
             )
 
             async def terminate() -> None:

@@ -21,6 +21,7 @@ from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.outside import observe_outside
 from impyard.backends.runtimes import RUNTIME_ENV, RUNTIME_SETTINGS, RuntimeChoice, RuntimeSetting
+from impyard.backends.stateroot import state_root
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.lockdown import LockdownCheck, evaluate
@@ -140,11 +141,16 @@ def check_command(backend: str, runtime: str | None, out: Output) -> None:
     if isinstance(chosen, DockerBackend) and runtime is not None:
         chosen.runtime_choice = RuntimeChoice(cast(RuntimeSetting, runtime), "--runtime")
     limits = chosen.limits if isinstance(chosen, DockerBackend) else DockerLimits()
-    with tempfile.TemporaryDirectory(prefix="impyard-check-") as tmp:
-        try:
+    try:
+        root = (
+            state_root()
+        )  # a box mounts nothing outside an enforced state root: the probe's state lies in it
+        if root.strict:
+            root.path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".box-check-", dir=root.path if root.strict else None) as tmp:
             seen = anyio.run(probe, chosen, Path(tmp) / "state")
-        except BoxError as exc:
-            raise CliError(f"the box did not start: {exc}") from exc
+    except (BoxError, OSError) as exc:
+        raise CliError(f"the box did not start: {exc}") from exc
     checks = evaluate(
         seen.inside,
         memory=limits.memory,

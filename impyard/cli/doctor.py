@@ -25,6 +25,7 @@ from impyard.backends import BoxStartError
 from impyard.backends.base import BoxSpec
 from impyard.backends.docker import DockerBackend
 from impyard.backends.runtimes import RuntimeChoice, runtime_choice
+from impyard.backends.stateroot import STATE_ROOT_ENV, state_root
 from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
@@ -86,7 +87,7 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
       impyard doctor
       impyard doctor --no-model-call --json
     """
-    findings = [_state_finding()]
+    findings = [_state_finding(), _state_root_finding()]
     policy, policy_row = _policy()
     findings.append(policy_row)
     imps, imp_rows = _imps(policy)
@@ -150,6 +151,17 @@ def _state_finding() -> Finding:
     except OSError:
         free = None
     return state_finding(str(home), None, free)
+
+
+def _state_root_finding() -> Finding:
+    """Where boxes' /state lies (``IMPYARD_STATE_ROOT``, issue 21); a bad value stops every box."""
+    try:
+        root = state_root()
+    except BoxStartError as exc:
+        return Finding(
+            "Box state root", "fail", str(exc), f"set {STATE_ROOT_ENV} to an absolute path, or unset it"
+        )
+    return Finding("Box state root", "ok", root.describe())
 
 
 # ------------------------------------------------------------------ the policy and the imps

@@ -10,6 +10,7 @@ import click
 from anyio.abc import TaskStatus
 
 from impyard.backends import BoxError
+from impyard.backends.stateroot import state_root
 from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.db import DatabaseError
@@ -106,6 +107,10 @@ def supervise_command(concurrency: int, once: bool, backend: str | None, memory_
     """
     if not UpstreamConfig.from_env().api_key:
         raise CliError(NO_KEY)
+    try:
+        state_root()  # a bad IMPYARD_STATE_ROOT is refused before anything starts
+    except BoxError as exc:
+        raise CliError(str(exc)) from exc
     for name in TRANSITION_LOGGERS:
         logger = logging.getLogger(name)
         if logger.getEffectiveLevel() > logging.INFO:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from impyard.backends import BoxBackend
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerLimits
+from impyard.backends.stateroot import StateRoot
 from impyard.imps import ImpStore
 
 BackendFor = Callable[[str], BoxBackend]
@@ -15,9 +16,14 @@ BackendFor = Callable[[str], BoxBackend]
 class BackendChooser:
     """Each imp's backend from its ``[box]`` settings (or an override); boxes labelled as task boxes."""
 
-    def __init__(self, imps: ImpStore, override: str | None = None) -> None:
+    def __init__(
+        self, imps: ImpStore, override: str | None = None, *, state_root: StateRoot | None = None
+    ) -> None:
+        """``state_root``: under which every task box's /state lies (None: ``IMPYARD_STATE_ROOT``, else
+        IMPYARD_HOME/imps, read at each start)."""
         self.imps = imps
         self.override = override
+        self.state_root = state_root
         self._chosen: dict[tuple[str, DockerLimits, str], BoxBackend] = {}
 
     def __call__(self, imp: str) -> BoxBackend:
@@ -29,5 +35,6 @@ class BackendChooser:
                 limits=key[1],
                 role="task",
                 runtime=key[2],
+                state_root=self.state_root,
             )
         return self._chosen[key]

@@ -48,7 +48,6 @@ from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskS
 from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend
-from impyard.backends.process import ProcessBackend
 from impyard.clock import Clock, iso
 from impyard.db import Database
 from impyard.gate_pump import GatePump
@@ -145,7 +144,7 @@ class Supervisor:
                 continue  # another live supervisor may be running it
             run = await self.db.run(self.tasks.run, task.run_id) if task.run_id else None
             box_pid = run.box_pid if run else None
-            await remove_orphan_box(task, box_pid, self.imps.state_dir(task.imp), self.backend_for)
+            await remove_orphan_box(task, box_pid, self.imps.box_state_dir(task.imp), self.backend_for)
             facts = await self.db.run(self.tasks.run_facts, task.run_id) if task.run_id else None
             action, reason = reclaim_decision(
                 attempts=task.attempts,
@@ -170,7 +169,7 @@ class Supervisor:
         live = {task.run_id for task in await self.db.run(self.tasks.running) if task.run_id}
         since = self.clock.now() - SWEEP_WINDOW
         runs = await self.db.run(self.tasks.box_runs_since, since)
-        state_dirs = {imp: self.imps.state_dir(imp) for _, imp, _ in runs}
+        state_dirs = {imp: self.imps.box_state_dir(imp) for _, imp, _ in runs}
         killed = await anyio.to_thread.run_sync(sweep_process_boxes, runs, live, state_dirs)
         dockers: dict[int, DockerBackend] = {}
         for imp in await anyio.to_thread.run_sync(self.imps.names):
@@ -394,8 +393,8 @@ class Supervisor:
                         async with backend.open(spec, self.gateway) as box:
                             handle.box = box
                             self.started += 1
-                            if isinstance(backend, ProcessBackend):
-                                await self.db.run(self.tasks.record_pid, task.run_id, box.process.pid)
+                            if box.host_pid is not None:  # a process box; an engine's box has no pid of ours
+                                await self.db.run(self.tasks.record_pid, task.run_id, box.host_pid)
                             init = await self._init_params(
                                 task, config, spec
                             )  # the box's scopes: once it runs
