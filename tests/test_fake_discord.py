@@ -7,6 +7,7 @@ import io
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import discord
 import pytest
 from discord import app_commands
@@ -557,3 +558,130 @@ async def test_new_thread_channel_reaches_the_client(fake: FakeDiscord) -> None:
         assert isinstance(message.channel, discord.Thread)
         await message.channel.send("answered in the thread")
     assert [m.content for m in fake.messages(1_004)] == ["answered in the thread"]
+
+
+# --- shards -----------------------------------------------------------------------------------------------
+
+EVEN_GUILD = 2_000 << 22  # (id >> 22) % 2 == 0: shard 0 of 2
+ODD_GUILD = 2_001 << 22  # shard 1 of 2
+EVEN_CHAN = 3_001
+ODD_CHAN = 3_002
+
+
+def make_sharded_fake(**kwargs: Any) -> FakeDiscord:
+    guilds = [
+        FakeGuild(EVEN_GUILD, "even", owner_id=ALICE.id, channels=[FakeChannel(EVEN_CHAN, "general")],
+                  members=[member(ALICE), member(BOB)]),
+        FakeGuild(ODD_GUILD, "odd", owner_id=BOB.id, channels=[FakeChannel(ODD_CHAN, "general")],
+                  members=[member(ALICE), member(BOB)]),
+    ]  # fmt: skip
+    return FakeDiscord(guilds=guilds, dms=[FakeChannel.dm(DM, CAROL)], **kwargs)
+
+
+def sharded_client(shard_id: int | None, shard_count: int | None) -> tuple[discord.Client, list[int]]:
+    """A client on one shard, and the channels of every message it is sent, in order."""
+    client = discord.Client(intents=discord.Intents.default(), shard_id=shard_id, shard_count=shard_count)
+    heard: list[int] = []
+
+    async def on_message(message: discord.Message) -> None:
+        heard.append(message.channel.id)
+
+    client.event(on_message)
+    return client, heard
+
+
+async def heard_all(done: Any) -> None:
+    """Until the clients' handlers (which the fake does not see) have run."""
+    with anyio.fail_after(WAIT_S):
+        while not done():
+            await anyio.sleep(0.01)
+
+
+async def test_each_shard_gets_only_its_guilds_and_dms_go_to_shard_zero() -> None:
+    async with make_sharded_fake() as fake:
+        zero, zero_heard = sharded_client(0, 2)
+        one, one_heard = sharded_client(1, 2)
+        async with fake.connected(zero), fake.connected(one):
+            assert [g.id for g in zero.guilds] == [EVEN_GUILD] and [g.id for g in one.guilds] == [ODD_GUILD]
+            assert sorted(i.shard for i in fake.identifies if i.shard) == [(0, 2), (1, 2)]
+            assert fake.shards_connected == [(0, 2), (1, 2)]
+            for channel in (ODD_CHAN, DM, EVEN_CHAN, ODD_CHAN):
+                fake.post_message(channel, CAROL if channel == DM else ALICE, "hello")
+            await heard_all(lambda: len(zero_heard) == 2 and len(one_heard) == 2)
+            interacted = one.wait_for("interaction", timeout=WAIT_S)
+            fake.invoke_command("ping", user=ALICE, channel_id=ODD_CHAN, require_registered=False)
+            assert (await interacted).guild_id == ODD_GUILD
+            in_dm = zero.wait_for("interaction", timeout=WAIT_S)
+            fake.invoke_command("ping", user=CAROL, channel_id=DM, require_registered=False)
+            assert (await in_dm).channel_id == DM
+            await one.change_presence(activity=discord.CustomActivity(name="on shard one"))
+            await fake.wait_for(lambda: fake.presence_updates)
+            fake.post_message(EVEN_CHAN, ALICE, "last")  # events to one session arrive in order
+            await heard_all(lambda: len(zero_heard) == 3)
+        assert zero_heard == [DM, EVEN_CHAN, EVEN_CHAN] and one_heard == [ODD_CHAN, ODD_CHAN]
+        assert [(p.shard, p.custom_status) for p in fake.presence_updates] == [((1, 2), "on shard one")]
+
+
+async def test_an_unsharded_client_still_gets_every_guild_and_the_dms() -> None:
+    async with make_sharded_fake() as fake:
+        client, heard = sharded_client(None, None)
+        async with fake.connected(client):
+            assert sorted(g.id for g in client.guilds) == [EVEN_GUILD, ODD_GUILD]
+            fake.post_message(ODD_CHAN, ALICE, "hello")
+            fake.post_message(DM, CAROL, "psst")
+            await heard_all(lambda: len(heard) == 2)
+        assert heard == [ODD_CHAN, DM] and fake.identifies[0].shard is None
+
+
+@pytest.mark.parametrize(("shard_id", "shard_count"), [(2, 2), (5, 2), (0, 0), (-1, 2)])
+async def test_an_invalid_shard_is_refused_with_4010(shard_id: int, shard_count: int) -> None:
+    async with make_sharded_fake() as fake:
+        client, _ = sharded_client(shard_id, shard_count)
+        with pytest.raises(discord.ConnectionClosed) as closed:
+            async with fake.connected(client):
+                pytest.fail("connected as an invalid shard")
+        assert closed.value.code == 4010
+        (identify,) = fake.identifies
+        assert identify.close_code == 4010 and not identify.accepted and fake.sessions_connected == 0
+
+
+@pytest.mark.parametrize("shard", [["0", "2"], [0], [0, 2, 1], [True, 2], "0/2", {"id": 0}])
+async def test_a_shard_field_of_another_shape_is_refused_with_4010(shard: Any) -> None:
+    import aiohttp
+
+    async with make_sharded_fake() as fake, aiohttp.ClientSession() as http:
+        async with http.ws_connect(fake.gateway_url + "?v=10&encoding=json") as ws:
+            hello = await ws.receive_json()
+            assert hello["op"] == 10
+            identify = {"token": fake.token, "intents": 513, "properties": {}, "shard": shard}
+            await ws.send_json({"op": 2, "d": identify})
+            assert (await ws.receive()).type == aiohttp.WSMsgType.CLOSE
+            assert ws.close_code == 4010
+    assert [i.close_code for i in fake.identifies] == [4010]
+
+
+async def test_too_many_guilds_for_one_session_is_refused_with_4011_until_sharded() -> None:
+    async with make_sharded_fake(max_guilds_per_shard=1) as fake:
+        unsharded, _ = sharded_client(None, None)
+        with pytest.raises(discord.ConnectionClosed) as closed:
+            async with fake.connected(unsharded):
+                pytest.fail("one session held two guilds past the limit")
+        assert closed.value.code == 4011
+        sharded, _ = sharded_client(1, 2)
+        async with fake.connected(sharded):
+            assert [g.id for g in sharded.guilds] == [ODD_GUILD]
+        assert [i.close_code for i in fake.identifies] == [4011, None]
+
+
+async def test_gateway_bot_recommends_a_shard_per_thousand_guilds() -> None:
+    many = [FakeGuild((n + 1) << 22, f"g{n}") for n in range(1_001)]
+    async with FakeDiscord(guilds=many) as fake, make_fake() as small:
+        for running, shards in ((fake, 2), (small, 1)):
+            client = make_client()
+            with running.patch_discord():
+                await client.login(running.token)
+                try:
+                    recommended, url, _limits = await client.http.get_bot_gateway()
+                finally:
+                    await client.close()
+            assert (recommended, url) == (shards, running.gateway_url)

@@ -11,6 +11,7 @@ from impyard.backends import BoxError
 from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.db import DatabaseError
+from impyard.discord.shards import SHARD_FORMAT, Shard, ShardError
 from impyard.imps import ImpError
 from impyard.instance import AlreadyRunning
 from impyard.policy import PolicyError
@@ -19,6 +20,18 @@ NO_KEY = (
     "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
     "OPENAI_BASE_URL=http://host:port/v1), then run impyard serve again"
 )
+
+
+def parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) -> Shard | None:
+    """``--shard I/N`` → a Shard; a value Discord would refuse is a usage error naming the format."""
+    if value is None:
+        return None
+    try:
+        return Shard.parse(value)
+    except ShardError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
 HOST_LOGGERS = ("impyard.serve", "impyard.discord", "impyard.posts", "impyard.supervisor", "impyard.tasks")
 
 
@@ -44,14 +57,22 @@ def configure_logs(as_json: bool) -> None:
     "--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
     help="Override the imps' [box] backend (process has no lockdown).",
 )  # fmt: skip
+@click.option(
+    "--shard", "shard", metavar="I/N", callback=parse_shard,
+    help=f"Serve one Discord shard: {SHARD_FORMAT}. Each host of N serves its own (DMs arrive on shard 0).",
+)  # fmt: skip
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line (ts, level, logger, message).")
-def serve_command(imps: tuple[str, ...], supervise: bool, backend: str | None, log_json: bool) -> None:
+def serve_command(
+    imps: tuple[str, ...], supervise: bool, backend: str | None, shard: Shard | None, log_json: bool
+) -> None:
     """Run the imps' Discord bots: chat in channels and DMs, slash commands, approval cards.
 
     \b
     With no IMP, every imp whose Discord token is set is served (one bot each).
     One host per IMPYARD_HOME; SIGINT or SIGTERM stops it cleanly (running turns
     finish, every box is closed). The walkthrough is docs/discord.md.
+    Several hosts split the servers as Discord shards, each with its own home:
+    --shard 0/2 on one, --shard 1/2 on the other.
     Example:
       export OPENAI_API_KEY=sk-...
       export IMPYARD_DISCORD_TOKEN_PIP=...
@@ -64,7 +85,7 @@ def serve_command(imps: tuple[str, ...], supervise: bool, backend: str | None, l
         raise CliError(NO_KEY)
     configure_logs(log_json)
     try:
-        anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise))
+        anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise, shard=shard))
     except (DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError) as exc:
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:

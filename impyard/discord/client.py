@@ -25,6 +25,7 @@ import yarl
 from discord import app_commands
 
 from impyard.discord.inbound import forget_deleted
+from impyard.discord.shards import Shard
 from impyard.errors import ImpyardError
 from impyard.imps import ImpConfig
 
@@ -105,12 +106,16 @@ def describe_intents(intents: discord.Intents) -> str:
 class ImpClient(discord.Client):
     """The bot of one imp: its command tree, its approval buttons, its inbound queue."""
 
-    def __init__(self, config: ImpConfig, settings: DiscordSettings, **options: Any) -> None:
+    def __init__(
+        self, config: ImpConfig, settings: DiscordSettings, *, shard: Shard | None = None, **options: Any
+    ) -> None:
         discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = (
             False  # imps have no voice: no warning about it
         )
         if config.discord.application_id:  # else discord.py learns it at login
             options["application_id"] = int(config.discord.application_id)
+        if shard is not None:  # IDENTIFY carries [id, count]; unsharded, it carries no shard at all
+            options.update(shard_id=shard.id, shard_count=shard.count)
         super().__init__(
             intents=wanted_intents(),
             guild_ready_timeout=settings.guild_ready_timeout_s,
@@ -123,6 +128,7 @@ class ImpClient(discord.Client):
         self.imp = config.name
         self.config = config
         self.settings = settings
+        self.shard = shard
         from impyard.discord.commands import build_tree  # the tree's callbacks need this class
 
         self.tree: app_commands.CommandTree[ImpClient] = build_tree(self)
@@ -161,9 +167,14 @@ class ImpClient(discord.Client):
             )  # fmt: skip
         user = self.user
         log.info(
-            "imp %s: logged in as %s (id %s); intents: %s",
-            self.imp, user, user.id if user else "?", describe_intents(self.intents),
+            "imp %s: logged in as %s (id %s)%s; intents: %s",
+            self.imp, user, user.id if user else "?", self.shard_words, describe_intents(self.intents),
         )  # fmt: skip
+
+    @property
+    def shard_words(self) -> str:
+        """`` on shard 1/2`` for a sharded bot, else nothing: for log lines."""
+        return f" on shard {self.shard}" if self.shard is not None else ""
 
     async def point_gateway(self) -> None:
         """With a custom API base, connect to the gateway that API names (a plain Client would use Discord's)."""

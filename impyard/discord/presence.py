@@ -9,6 +9,7 @@ machine: it never delays a turn and never fails one.
 Discord limits gateway sends, so updates are spaced (``min_interval_s`` per bot) and the latest wanted
 status wins: five quick turns in five channels make at most one or two updates, ending on the last
 channel. The updates are made by one worker task that the Discord host runs in its own task group.
+A sharded bot's status goes out on its own shard's connection, so it shows in that shard's servers.
 """
 
 from __future__ import annotations
@@ -128,4 +129,8 @@ class PresenceService:
             log.warning("could not update the Discord status of imp %s: %s", imp, exc)
             return  # tried again when the next update is due
         self._shown[imp] = target
-        log.info("imp %s status: %s", imp, target or "(cleared)")
+        count = getattr(
+            client, "shard_count", None
+        )  # a sharded bot's status shows in its shard's servers only
+        shard = f" (shard {client.shard_id}/{count})" if count is not None else ""
+        log.info("imp %s status%s: %s", imp, shard, target or "(cleared)")

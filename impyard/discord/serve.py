@@ -11,6 +11,11 @@ imp's conversation is thought over once) runs beside whatever ``impyard supervis
 (SIGINT/SIGTERM, or a bot's connection failing for good): running turns get their grace, every box
 is closed, the bots disconnect. An imp with ``[discord] presence = true`` shows what it is doing as its
 bot's status after each answered turn (``impyard.discord.presence``, a worker in this host's task group).
+
+With ``shard`` (``impyard serve --shard I/N``) every bot connects as that Discord shard and so gets the events
+of its shard's servers only, and DMs only on shard 0 (``impyard.discord.shards``); each host of a sharded
+set runs with its own home, so what a restart left unanswered is its own shard's. Slash commands are
+synced by ``impyard discord sync``, never here, so sharded hosts never race to sync them.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from impyard.discord.client import DiscordSettings, DiscordSetupError, ImpClient
 from impyard.discord.commands import CommandHost
 from impyard.discord.inbound import bot_role_ids, skip_reason, to_inbound
 from impyard.discord.presence import PresenceService
+from impyard.discord.shards import Shard
 from impyard.discord.surface import DiscordSurface
 from impyard.failure_words import failure_line
 from impyard.imps import ImpConfig, ImpStore
@@ -53,6 +59,13 @@ log = logging.getLogger("impyard.serve")
 READY_TIMEOUT_S = 60.0  # login is done by then: this is the gateway handshake and the guild list
 SUPERVISOR_STOP_S = 30.0  # the task loop's own grace (10 s by default) and then some
 INBOUND_QUEUE = 1_000  # per imp; a message beyond it is dropped with a warning (Discord keeps it)
+SHARD_CLOSES = {  # the gateway's close codes about sharding, in words with the fix
+    4010: "Discord refused shard {shard} of imp {imp} as invalid: give --shard I/N with I below N",
+    4011: (
+        "Discord requires sharding for imp {imp}: its bot is in more servers than one connection may hold "
+        "(2,500); run several hosts, each with impyard serve --shard I/N (docs/discord.md)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -93,13 +106,13 @@ def pick_imps(store: ImpStore, names: Sequence[str] | None) -> list[ImpConfig]:
 
 
 async def login_all(
-    store: ImpStore, configs: Sequence[ImpConfig], settings: DiscordSettings
+    store: ImpStore, configs: Sequence[ImpConfig], settings: DiscordSettings, shard: Shard | None = None
 ) -> dict[str, ImpClient]:
     """Log every imp's bot in (REST only); on any failure, close the ones already in and raise."""
     clients: dict[str, ImpClient] = {}
     try:
         for config in configs:
-            client = ImpClient(config, settings)
+            client = ImpClient(config, settings, shard=shard)
             clients[config.name] = client
             await client.login_checked(store.discord_token(config), config.token_source())
     except BaseException:
@@ -176,11 +189,15 @@ class DiscordHost:
     # ------------------------------------------------------------ the Bridge (called by the clients)
 
     def ready(self, client: ImpClient) -> None:
-        guilds = (
-            ", ".join(f"{g.name} ({g.id})" for g in client.guilds)
-            or "none yet: invite the bot (docs/discord.md, step 3)"
+        nothing = (
+            "none yet: invite the bot (docs/discord.md, step 3)"
+            if client.shard is None
+            else "none on this shard"
         )
-        log.info("imp %s is on Discord as %s; servers: %s", client.imp, client.user, guilds)
+        guilds = ", ".join(f"{g.name} ({g.id})" for g in client.guilds) or nothing
+        log.info(
+            "imp %s is on Discord as %s%s; servers: %s", client.imp, client.user, client.shard_words, guilds
+        )
         self._ready[client.imp].set()
 
     def message(self, client: ImpClient, message: discord.Message) -> None:
@@ -272,7 +289,9 @@ class DiscordHost:
                 "https://discord.com/developers/applications → your app → Bot → Privileged Gateway Intents"
             )
         except (discord.ConnectionClosed, discord.GatewayNotFound, discord.HTTPException, OSError) as exc:
-            self._fail(f"imp {client.imp}: the Discord gateway connection failed: {exc}")
+            code = exc.code if isinstance(exc, discord.ConnectionClosed) else None
+            why = SHARD_CLOSES.get(code or 0, "").format(imp=client.imp, shard=client.shard)
+            self._fail(why or f"imp {client.imp}: the Discord gateway connection failed: {exc}")
         else:
             if not self._closing:
                 self._fail(f"imp {client.imp}: the Discord gateway connection ended")
@@ -303,6 +322,14 @@ class DiscordHost:
             await client.close()
 
 
+def shard_scope(shard: Shard | None) -> str:
+    """What a sharded host serves, for its status line (nothing when unsharded: it serves everything)."""
+    if shard is None:
+        return ""
+    dms = ", and direct messages" if shard.gets_direct_messages else "; direct messages go to shard 0"
+    return f" as shard {shard} (the servers of shard {shard.id}{dms})"
+
+
 def only_error(group: BaseExceptionGroup[Any]) -> BaseException:
     """The one exception inside nested task-group wrappers (so callers see a DiscordSetupError), else the group."""
     error: BaseException = group
@@ -318,7 +345,7 @@ async def open_discord_host(
     """Everything ``impyard serve`` runs, connected and ready; closed (gracefully) when the block ends.
 
     Options: ``backend``, ``clock``, ``backends`` (imp → BoxBackend, for tests), ``settings``
-    (DiscordSettings), ``supervise``, ``supervisor_settings``, ``lock``, ``ready_timeout_s``.
+    (DiscordSettings), ``supervise``, ``supervisor_settings``, ``lock``, ``ready_timeout_s``, ``shard``.
     """
     try:
         async with _open_discord_host(imp_names, **options) as host:
@@ -339,6 +366,7 @@ async def _open_discord_host(
     supervisor_settings: SupervisorSettings | None = None,
     lock: bool = True,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    shard: Shard | None = None,
 ) -> AsyncIterator[DiscordHost]:
     settings = settings or DiscordSettings.from_env()
     settings.apply()
@@ -347,7 +375,7 @@ async def _open_discord_host(
     with InstanceLock(home(), "serve") if lock else nullcontext():
         tokens = [token for config in configs if (token := store.discord_token(config))]
         async with redacted_logs(tokens):
-            clients = await login_all(store, configs, settings)
+            clients = await login_all(store, configs, settings, shard)
             try:
                 await next(iter(clients.values())).point_gateway()
                 surface = DiscordSurface(clients)
@@ -400,8 +428,9 @@ async def _open_discord_host(
 
                         tg.start_soon(run_supervisor, name="supervisor" if supervise else "departures")
                         log.info(
-                            "serving %s on Discord%s",
+                            "serving %s on Discord%s%s",
                             ", ".join(clients),
+                            shard_scope(shard),
                             " with the task supervisor" if supervise else "",
                         )
                         try:

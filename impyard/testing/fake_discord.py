@@ -42,8 +42,17 @@ is mentioned, or when the bot wrote it); GUILD_MEMBERS (without it GUILD_CREATE 
 2000 characters per message; 10 files of 10 MiB; empty messages; one acknowledgement per interaction
 within 3 s; command names and descriptions. It does not check channel permissions.
 
+Shards, like Discord: IDENTIFY's ``shard`` ``[shard_id, num_shards]`` (discord.py sends it when a ``Client``
+has ``shard_id`` and ``shard_count``) must be two integers with ``0 <= shard_id < num_shards``, else the
+connection is closed with 4010 (invalid shard); a session that would hold more than
+``max_guilds_per_shard`` guilds (Discord: 2500) is closed with 4011 (sharding required). A sharded session
+gets only its guilds — ``(guild_id >> 22) % num_shards == shard_id`` — in READY, GUILD_CREATE, messages,
+channel events and interactions; events without a guild (DMs, and commands run in DMs) go to shard 0 only.
+``GET /gateway/bot`` recommends one shard per thousand guilds (:attr:`FakeDiscord.recommended_shards`).
+
 Records: :attr:`FakeDiscord.rest_calls` (every REST call, Authorization value removed), messages the bots
-post, typing calls, interaction responses, registered commands, gateway connects, IDENTIFYs and RESUMEs.
+post, typing calls, interaction responses, registered commands, gateway connects, IDENTIFYs (with their
+shard) and RESUMEs, presence updates (with the shard they came on); :attr:`FakeDiscord.shards_connected`.
 """
 
 from __future__ import annotations
@@ -118,6 +127,8 @@ MAX_FILES_PER_MESSAGE = 10
 ATTACHMENT_SIZE_LIMIT_BYTES = 10 * 1024 * 1024
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # above Discord's limit, so oversized uploads get Discord's own 413
 REPLAY_BUFFER_EVENTS = 2000  # dispatches kept per session for RESUME
+MAX_GUILDS_PER_SHARD = 2500  # Discord: a session past this is closed with 4011, sharding required
+GUILDS_PER_RECOMMENDED_SHARD = 1000  # GET /gateway/bot recommends about one shard per thousand guilds
 SHUTDOWN_TIMEOUT_S = 2.0
 DEFAULT_WAIT_S = 5.0
 
@@ -220,6 +231,8 @@ CLOSE_DECODE_ERROR = 4002
 CLOSE_NOT_AUTHENTICATED = 4003
 CLOSE_AUTHENTICATION_FAILED = 4004
 CLOSE_ALREADY_AUTHENTICATED = 4005
+CLOSE_INVALID_SHARD = 4010
+CLOSE_SHARDING_REQUIRED = 4011
 CLOSE_INVALID_INTENTS = 4013
 CLOSE_DISALLOWED_INTENTS = 4014
 
@@ -573,6 +586,7 @@ class Identify:
     accepted: bool
     close_code: int | None
     at: float
+    shard: tuple[int, int] | None = None  # [shard_id, num_shards] as sent (when it was a pair of ints)
 
 
 @dataclass(frozen=True)
@@ -584,6 +598,7 @@ class PresenceUpdate:
     activities: list[dict[str, Any]]
     afk: bool | None
     at: float
+    shard: tuple[int, int] | None = None  # the shard of the session it came on (None: unsharded)
 
     @property
     def custom_status(self) -> str | None:
@@ -671,7 +686,7 @@ class _Session:
     id: str
     bot: FakeBot
     intents: int
-    shard: list[int] | None
+    shard: tuple[int, int] | None  # (shard_id, num_shards); None: unsharded, every guild and the DMs
     seq: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     connection: _Connection | None = None
@@ -731,6 +746,36 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
+def _shard_of_identify(d: Mapping[str, Any]) -> tuple[tuple[int, int] | None, bool]:
+    """IDENTIFY's ``shard``: (the pair or None when absent, whether Discord takes it).
+
+    Discord takes ``[shard_id, num_shards]`` with ``0 <= shard_id < num_shards``; anything else in the
+    field is an invalid shard (close 4010).
+    """
+    raw = d.get("shard")
+    if raw is None:
+        return None, True
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in raw)
+    ):
+        return None, False
+    shard_id, count = raw
+    return (shard_id, count), 0 <= shard_id < count
+
+
+def _on_shard(shard: tuple[int, int] | None, guild_id: int | None) -> bool:
+    """Whether a session of ``shard`` gets a guild's events; ``guild_id`` None (a DM, or any event without a
+    guild) goes to shard 0 only. Discord's rule: ``(guild_id >> 22) % num_shards == shard_id``."""
+    if shard is None:
+        return True
+    shard_id, count = shard
+    if guild_id is None:
+        return shard_id == 0
+    return (guild_id >> 22) % count == shard_id
+
+
 def _user_of(who: FakeUser | FakeMember) -> FakeUser:
     return who.user if isinstance(who, FakeMember) else who
 
@@ -757,6 +802,7 @@ class FakeDiscord:
         gateway_compression: bool = False,
         heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS,
         interaction_ack_deadline_s: float | None = INTERACTION_ACK_DEADLINE_S,
+        max_guilds_per_shard: int = MAX_GUILDS_PER_SHARD,
         clock: Callable[[], float] = time.time,
         host: str = "127.0.0.1",
     ) -> None:
@@ -774,6 +820,7 @@ class FakeDiscord:
         self.gateway_compression = gateway_compression
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.interaction_ack_deadline_s = interaction_ack_deadline_s
+        self.max_guilds_per_shard = max_guilds_per_shard
         self.ack_heartbeats = True  # set False to play a zombie connection
         self.host = host
         self._clock = clock
@@ -1008,7 +1055,12 @@ class FakeDiscord:
         await client.wait_until_ready()
         assert client.user is not None
         bot = self._bot_by_user_id(client.user.id)
-        expected = set(self._guilds) if bot is not None else set()
+        shard = (
+            (client.shard_id, client.shard_count)
+            if client.shard_id is not None and client.shard_count is not None
+            else None
+        )
+        expected = {g for g in self._guilds if _on_shard(shard, g)} if bot is not None else set()
         # A GUILD_CREATE that lands after on_ready is announced as guild_available rather than folded in.
         while missing := {g for g in expected if client.get_guild(g) is None}:
             await client.wait_for("guild_available", check=lambda g, wanted=missing: g.id in wanted)
@@ -1139,6 +1191,22 @@ class FakeDiscord:
         """Gateway sessions with a live, identified or resumed connection."""
         with self._lock:
             return sum(1 for s in self._sessions.values() if s.connection is not None)
+
+    @property
+    def recommended_shards(self) -> int:
+        """What GET /gateway/bot recommends: about one shard per thousand guilds, at least one."""
+        with self._lock:
+            return max(1, -(-len(self._guilds) // GUILDS_PER_RECOMMENDED_SHARD))
+
+    @property
+    def shards_connected(self) -> list[tuple[int, int] | None]:
+        """The shard of each session with a live connection (None: unsharded), sorted."""
+        with self._lock:
+            shards = [s.shard for s in self._sessions.values() if s.connection is not None]
+        return sorted(shards, key=lambda shard: (-1, 0) if shard is None else shard)
+
+    def _guilds_on(self, shard: tuple[int, int] | None) -> int:
+        return sum(1 for guild_id in self._guilds if _on_shard(shard, guild_id))
 
     # --- configuration at runtime -----------------------------------------------------------------------
 
@@ -1408,10 +1476,17 @@ class FakeDiscord:
         return record
 
     def dispatch(self, event: str, data: Mapping[str, Any], *, bot_user_id: int | None = None) -> None:
-        """Send a raw DISPATCH to every session (or one bot's) — for events this fake does not model."""
+        """Send a raw DISPATCH to every session (or one bot's) — for events this fake does not model.
+
+        Like Discord, a sharded session gets it only when its ``guild_id`` is on its shard, or, without
+        a ``guild_id``, when it is shard 0.
+        """
+        guild_id = _as_int(data.get("guild_id"))
         with self._lock:
             for session in list(self._sessions.values()):
-                if bot_user_id is None or session.bot.user.id == bot_user_id:
+                if (bot_user_id is None or session.bot.user.id == bot_user_id) and _on_shard(
+                    session.shard, guild_id
+                ):
                     self._dispatch_to(session, event, copy.deepcopy(dict(data)))
         self._notify()
 
@@ -1752,7 +1827,7 @@ class FakeDiscord:
             200,
             {
                 "url": self.gateway_url,
-                "shards": 1,
+                "shards": self.recommended_shards,
                 "session_start_limit": {
                     "total": 1000,
                     "remaining": 999,
@@ -2335,9 +2410,9 @@ class FakeDiscord:
         )
         self._interactions[interaction_id] = interaction
         self._interactions_by_token[token] = interaction
-        sessions = [s for s in self._sessions.values() if s.bot == bot]
+        sessions = [s for s in self._sessions.values() if s.bot == bot and _on_shard(s.shard, state.guild_id)]
         live = [s for s in sessions if s.connection is not None] or sessions
-        if live:  # Discord sends an interaction to one session of the application
+        if live:  # Discord sends an interaction to one session of the application: one of the guild's shard
             self._dispatch_to(max(live, key=lambda s: s.created_at), "INTERACTION_CREATE", payload)
         return interaction
 
@@ -2873,6 +2948,7 @@ class FakeDiscord:
                 activities=[dict(a) for a in activities],
                 afk=d.get("afk") if isinstance(d.get("afk"), bool) else None,
                 at=self._clock(),
+                shard=session.shard,
             )
         )
 
@@ -2889,6 +2965,11 @@ class FakeDiscord:
             close = (CLOSE_INVALID_INTENTS, "Invalid intent(s).")
         elif intents & PRIVILEGED_INTENTS & ~bot.privileged_intents:
             close = (CLOSE_DISALLOWED_INTENTS, "Disallowed intent(s).")
+        shard, shard_ok = _shard_of_identify(d)
+        if close is None and not shard_ok:
+            close = (CLOSE_INVALID_SHARD, "Invalid shard.")
+        elif close is None and self._guilds_on(shard) > self.max_guilds_per_shard:
+            close = (CLOSE_SHARDING_REQUIRED, "Sharding required.")
         self.identifies.append(
             Identify(
                 token_valid=bot is not None,
@@ -2898,19 +2979,19 @@ class FakeDiscord:
                 accepted=close is None,
                 close_code=close[0] if close else None,
                 at=time.monotonic(),
+                shard=shard,
             )
         )
         if close is not None or bot is None or not isinstance(intents, int):
             self._close(conn, *(close or (CLOSE_AUTHENTICATION_FAILED, "Authentication failed.")))
             return
-        shard = d.get("shard") if isinstance(d.get("shard"), list) else None
         session = _Session(id=secrets.token_hex(16), bot=bot, intents=intents, shard=shard)
         self._sessions[session.id] = session
         session.connection, conn.session = conn, session
         ready: dict[str, Any] = {
             "v": API_VERSION,
             "user": {**bot.user.payload(), "verified": True, "mfa_enabled": False},
-            "guilds": [{"id": str(g), "unavailable": True} for g in self._guilds],
+            "guilds": [{"id": str(g), "unavailable": True} for g in self._guilds if _on_shard(shard, g)],
             "session_id": session.id,
             "session_type": "normal",
             "resume_gateway_url": self.resume_gateway_url,
@@ -2924,10 +3005,11 @@ class FakeDiscord:
             "_trace": ["fake-discord"],
         }
         if shard is not None:
-            ready["shard"] = shard
+            ready["shard"] = list(shard)
         self._dispatch_to(session, "READY", ready)
         for guild in self._guilds.values():
-            self._dispatch_to(session, "GUILD_CREATE", self._guild_create_payload(guild, session))
+            if _on_shard(shard, guild.config.id):
+                self._dispatch_to(session, "GUILD_CREATE", self._guild_create_payload(guild, session))
 
     def _resume(self, conn: _Connection, d: dict[str, Any]) -> None:
         session = self._sessions.get(str(d.get("session_id")))
@@ -2999,8 +3081,11 @@ class FakeDiscord:
         guild_id: int | None,
         dm_state: _ChannelState | None = None,
     ) -> None:
-        """Send an event to every session that would get it (guild events to all bots; DM events to its bot)."""
+        """Send an event to every session that would get it: a guild's events to every bot's session of the
+        guild's shard; DM events to its bot's shard 0."""
         for session in list(self._sessions.values()):
+            if not _on_shard(session.shard, guild_id):
+                continue
             if guild_id is None:
                 if dm_state is None or self._dm_bot_id(dm_state) != session.bot.user.id:
                     continue

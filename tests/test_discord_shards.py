@@ -1,0 +1,271 @@
+"""Hosts as Discord shards (issue 21): ``impyard serve --shard I/N`` on two homes splits the servers between them.
+
+Real parts: two ``impyard serve`` processes, each with its own IMPYARD_HOME (SQLite) and its own fake OpenAI,
+both on one loopback fake Discord that routes by shard as Discord does. A shared database comes later in
+issue 21; here every host keeps its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from impyard.channels import ChannelInfo
+from impyard.cli import cli
+from impyard.discord.serve import shard_scope
+from impyard.discord.shards import Shard, ShardError, shard_of
+from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
+from impyard.testing.fake_openai import FakeOpenAI, envelope
+from tests.discord_yard import (
+    model_fixture,  # noqa: F401 - the `model` fixture
+    serving,
+)
+
+IMPYARD = str(Path(sys.executable).parent / "impyard")
+EVEN_GUILD = 2_000 << 22  # (id >> 22) % 2 == 0: shard 0 of 2
+ODD_GUILD = 2_001 << 22  # shard 1 of 2
+EVEN_A, EVEN_B, ODD_A, ODD_B = 3_001, 3_002, 3_003, 3_004
+DM = 3_100
+ALICE = FakeUser(2_001, "alice")
+CAROL = FakeUser(2_003, "carol")
+TOKEN = "pip-token-0123456789"
+START_S = 60.0
+
+
+# ------------------------------------------------------------------ the rule and the option
+
+
+@pytest.mark.parametrize(
+    ("guild_id", "count", "shard"),
+    [
+        (EVEN_GUILD, 2, 0),
+        (ODD_GUILD, 2, 1),
+        (EVEN_GUILD, 1, 0),
+        (ODD_GUILD, 1, 0),
+        (5 << 22 | 4_194_303, 3, 2),
+    ],
+)
+def test_a_guild_belongs_to_the_shard_of_its_timestamp_bits(guild_id: int, count: int, shard: int) -> None:
+    assert shard_of(guild_id, count) == shard
+    assert [Shard(i, count).covers(guild_id) for i in range(count)] == [i == shard for i in range(count)]
+
+
+def test_direct_messages_belong_to_shard_zero() -> None:
+    assert Shard(0, 3).covers(None) and not Shard(1, 3).covers(None) and not Shard(2, 3).covers(None)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("2/2", "shard 2 is not below the shard count 2"),
+        ("7/3", "shard 7 is not below the shard count 3"),
+        ("0/0", "the shard count must be at least 1 (got 0)"),
+        ("two", "'two' is not a shard: write I/N"),
+        ("1", "'1' is not a shard: write I/N"),
+        ("-1/2", "'-1/2' is not a shard: write I/N"),
+        ("1/2/3", "'1/2/3' is not a shard: write I/N"),
+        ("", "'' is not a shard: write I/N"),
+        ("1/9999999", "'1/9999999' is not a shard: write I/N"),
+    ],
+)
+def test_a_shard_discord_would_refuse_is_a_usage_error(text: str, error: str) -> None:
+    with pytest.raises(ShardError, match=re.escape(error)):
+        Shard.parse(text)
+    result = CliRunner().invoke(cli, ["serve", "pip", "--shard", text])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"Invalid value for '--shard': {error}" in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "shard"), [("0/2", Shard(0, 2)), (" 1 / 2 ", Shard(1, 2)), ("0/1", Shard(0, 1))]
+)
+def test_a_shard_is_written_i_of_n(text: str, shard: Shard) -> None:
+    assert Shard.parse(text) == shard and str(shard) == text.replace(" ", "")
+
+
+def test_the_status_line_says_what_a_shard_serves() -> None:
+    assert shard_scope(None) == ""
+    assert shard_scope(Shard(0, 2)) == " as shard 0/2 (the servers of shard 0, and direct messages)"
+    assert shard_scope(Shard(1, 2)) == " as shard 1/2 (the servers of shard 1; direct messages go to shard 0)"
+
+
+# ------------------------------------------------------------------ one host, in process
+
+
+@pytest.mark.anyio
+async def test_without_shard_identify_carries_none(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
+    async with serving(monkeypatch, model) as yard:
+        assert yard.fake.shards_connected == [None]
+    (plain,) = yard.fake.identifies
+    assert plain.shard is None and plain.accepted
+
+
+@pytest.mark.anyio
+async def test_with_shard_identify_carries_it_and_the_log_says_so(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "impyard")
+    async with serving(monkeypatch, model, shard=Shard(1, 2)) as yard:
+        assert yard.fake.shards_connected == [(1, 2)]
+    (sharded,) = yard.fake.identifies
+    assert sharded.shard == (1, 2) and sharded.accepted
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(
+        line.startswith("serving pip on Discord as shard 1/2 (the servers of shard 1;") for line in lines
+    )
+    assert any(
+        "on shard 1/2; servers: none on this shard" in line for line in lines
+    )  # its one guild is shard 0's
+    assert any("logged in as" in line and "on shard 1/2; intents:" in line for line in lines)
+
+
+@pytest.mark.anyio
+async def test_a_sharded_bot_shows_its_status_on_its_own_shard(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.discord_yard import ALICE as MEMBER
+    from tests.discord_yard import GENERAL, OWNERS
+
+    caplog.set_level(logging.INFO, "impyard")
+    pip = {"discord": {"owner_channel": str(OWNERS), "presence": True}}
+    async with serving(monkeypatch, model, shard=Shard(0, 2), pip=pip) as yard:  # its guild is shard 0's
+        asked = yard.fake.post_message(GENERAL, MEMBER, "hi pip")
+        await yard.answered(asked.id)
+        (update,) = await yard.fake.wait_for(lambda: yard.fake.presence_updates)
+    assert (update.shard, update.custom_status) == ((0, 2), "talking in #general")
+    assert "imp pip status (shard 0/2): talking in #general" in [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.anyio
+async def test_a_shard_discord_refuses_stops_serve_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
+    from impyard.discord.client import DiscordSetupError
+
+    with pytest.raises(DiscordSetupError) as refused:
+        async with serving(monkeypatch, model, fake_kwargs={"max_guilds_per_shard": 0}):
+            pytest.fail("served past the guild limit of one connection")
+    assert "Discord requires sharding for imp pip" in str(refused.value)
+    assert "--shard I/N" in str(refused.value)
+
+
+# ------------------------------------------------------------------ two hosts, two processes
+
+
+def make_fake() -> FakeDiscord:
+    people = [member(ALICE), member(CAROL)]
+    guilds = [
+        FakeGuild(EVEN_GUILD, "even", owner_id=ALICE.id, members=people,
+                  channels=[FakeChannel(EVEN_A, "even-a"), FakeChannel(EVEN_B, "even-b")]),
+        FakeGuild(ODD_GUILD, "odd", owner_id=ALICE.id, members=people,
+                  channels=[FakeChannel(ODD_A, "odd-a"), FakeChannel(ODD_B, "odd-b")]),
+    ]  # fmt: skip
+    return FakeDiscord(TOKEN, guilds=guilds, dms=[FakeChannel.dm(DM, CAROL)])
+
+
+def prepare_home(home: Path) -> None:
+    """pip, trusted in every channel of both servers: which host answers is the shards' doing alone."""
+    env = {"IMPYARD_HOME": str(home)}
+    runner = CliRunner()
+    added = runner.invoke(cli, ["imp", "add", "pip", "--persona", "You are Pip."], env=env)
+    assert added.exit_code == 0, added.output
+    for channel in (EVEN_A, EVEN_B, ODD_A, ODD_B):
+        assert runner.invoke(cli, ["channel", "trust", str(channel)], env=env).exit_code == 0
+
+
+@contextmanager
+def serve_process(home: Path, shard: str, model: FakeOpenAI, fake: FakeDiscord) -> Iterator[Path]:
+    """``impyard serve pip --shard I/N`` as a process of its own; yields its log file; SIGTERM after."""
+    log = home.parent / f"serve-{shard.replace('/', '-')}.log"
+    env = {
+        **os.environ, "IMPYARD_HOME": str(home), "OPENAI_API_KEY": str(model.api_key), "OPENAI_BASE_URL": model.base_url,
+        "IMPYARD_DISCORD_TOKEN_PIP": TOKEN, "IMPYARD_DISCORD_API_BASE": fake.api_base,
+        "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05",
+    }  # fmt: skip
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            [IMPYARD, "serve", "pip", "--backend", "process", "--shard", shard],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            yield log
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(timeout=START_S) == 0, log.read_text()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def wait_for_line(log: Path, text: str, timeout: float = START_S) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {text!r} in {log.name}:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def test_two_hosts_as_two_shards_answer_every_message_exactly_once(tmp_path: Path) -> None:
+    asked: dict[int, int] = {}  # message id → the shard whose host must answer it
+    with make_fake() as fake, FakeOpenAI() as model0, FakeOpenAI() as model1:
+        for shard, model in ((0, model0), (1, model1)):
+            model.script(envelope(answer=f"pip of shard {shard}"))
+            prepare_home(tmp_path / f"home{shard}")
+        with (
+            serve_process(tmp_path / "home0", "0/2", model0, fake) as log0,
+            serve_process(tmp_path / "home1", "1/2", model1, fake) as log1,
+        ):
+            wait_for_line(log0, "serving pip on Discord as shard 0/2")
+            wait_for_line(log1, "serving pip on Discord as shard 1/2")
+            assert fake.shards_connected == [(0, 2), (1, 2)]
+            for channel, author, shard in (
+                (EVEN_A, ALICE, 0), (ODD_A, ALICE, 1), (DM, CAROL, 0), (EVEN_B, CAROL, 0), (ODD_B, CAROL, 1),
+            ):  # fmt: skip
+                asked[fake.post_message(channel, author, "hello pip").id] = shard
+            fake.wait_for_sync(
+                lambda: sum(len(fake.messages(c)) for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM)) >= len(asked),
+                timeout=START_S,
+            )
+        # Both hosts have stopped (their running turns finished): every reply there will be is here.
+        replies = [m for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM) for m in fake.messages(c)]
+        answered = {m.reference_id: m.content for m in replies}
+        assert len(replies) == len(asked) and set(answered) == set(asked)  # each exactly once
+        assert {m.author_id for m in replies} == {fake.bot_user.id}
+        assert answered == {message: f"pip of shard {shard}" for message, shard in asked.items()}
+        assert [i.shard for i in fake.identifies] in ([(0, 2), (1, 2)], [(1, 2), (0, 2)])
+        logs = {0: log0.read_text(), 1: log1.read_text()}
+    assert "on shard 0/2; servers: even" in logs[0] and "on shard 1/2; servers: odd" in logs[1]
+    for message, shard in asked.items():
+        assert f"message={message} " in logs[shard] and f"message={message} " not in logs[1 - shard]
+    assert TOKEN not in logs[0] + logs[1]
+
+
+@pytest.mark.parametrize(
+    ("info", "owners"),
+    [
+        (ChannelInfo("1", kind="guild", guild_id=str(EVEN_GUILD)), [0]),
+        (ChannelInfo("2", kind="guild", guild_id=str(ODD_GUILD)), [1]),
+        (ChannelInfo("3", kind="dm"), [0]),
+        (ChannelInfo("4", kind="guild", guild_id=None), [0]),  # its server unknown: shard 0's, like a DM
+        (None, [0]),
+        (ChannelInfo("terminal:pip", surface="terminal", kind="terminal"), [0, 1]),
+        (ChannelInfo("task:pip", surface="log", kind="task"), [0, 1]),
+    ],
+)
+def test_a_channel_is_the_shard_of_its_server_and_dms_are_shard_zero(
+    info: ChannelInfo | None, owners: list[int]
+) -> None:
+    assert [i for i in range(2) if Shard(i, 2).owns_channel(info)] == owners
