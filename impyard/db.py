@@ -1,14 +1,23 @@
-"""The host's one SQLite database (docs/architecture.md): WAL mode, under IMPYARD_HOME, migrated at open.
+"""The host's one database (docs/storage.md): SQLite under IMPYARD_HOME by default, or PostgreSQL when
+``IMPYARD_DATABASE_URL`` names one (impyard.dburl); migrated at open.
 
-Adding a table is one entry at the end of ``MIGRATIONS``: the next version
-number, a name, and the SQL. A migration runs once, inside ``BEGIN IMMEDIATE``
-together with the ``PRAGMA user_version`` bump, so two processes opening the
-same database never apply it twice and a failed migration leaves nothing behind.
+Two ways in, side by side while the stores move over (issue 21):
 
-Connections are per thread (sqlite3 objects must not be shared across
-threads). Async code reaches the database through ``await db.run(fn, ...)``,
-which runs ``fn`` in one of the database's worker threads: a ``BEGIN IMMEDIATE``
-may wait on another writer (busy timeout) and must never block the event loop.
+* **The engine** (``db.engine``, ``db.write(fn)``, ``db.read(fn)``, ``db.begin()``): SQLAlchemy Core on either
+  engine, for stores ported to portable SQL (the tables are in impyard.tables). ``db.write(fn)`` runs
+  ``fn(connection)`` in a transaction whose check-then-write is atomic: ``BEGIN IMMEDIATE`` on SQLite,
+  SERIALIZABLE on PostgreSQL, where it is retried on a serialization failure or deadlock, so ``fn`` must do
+  nothing but database work (it may run more than once).
+* **The legacy sqlite3 connection** (``db.transaction()``, ``db.query``, ``db.execute``, ``db.connection()``):
+  SQLite only, per thread, what the stores not yet ported use. On PostgreSQL it raises ``NotPortedError``.
+
+The schema has one history for both engines: Alembic revisions in impyard/migrations. ``MIGRATIONS`` is the
+frozen legacy list (append no more): a home it built (``PRAGMA user_version`` 1-10) is brought to 10 by it and
+stamped at Alembic's baseline, all inside one ``BEGIN IMMEDIATE``; a fresh database is built by Alembic. Two
+processes opening the same database never both migrate (SQLite: the write lock; PostgreSQL: an advisory lock).
+
+Async code reaches the database through ``await db.run(fn, ...)``, which runs ``fn`` in one of the database's
+worker threads: a transaction may wait on another writer and must never block the event loop.
 """
 
 from __future__ import annotations
@@ -16,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import queue
+import random
 import sqlite3
+import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,13 +37,29 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from impyard import dburl, migrations
+from impyard.dburl import DB_FILENAME, DatabaseUrl, DatabaseUrlError
 from impyard.errors import ImpyardError
 from impyard.paths import home
 
-DB_FILENAME = "impyard.db"
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another writer's transaction
 MAX_WORKERS = 16  # database worker threads at most: a new one only while every one is busy
+CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long opening a connection may take before it is an error
+WRITE_ATTEMPTS = 8  # PostgreSQL: runs of a write function before a serialization failure is the caller's
+RETRY_BASE_S = 0.005  # first backoff between runs; doubles, with full jitter, up to RETRY_MAX_S
+RETRY_MAX_S = 0.25
+RETRY_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+MIGRATION_LOCK_KEY = 0x696D7079617264  # pg_advisory_xact_lock key of "the migrator": b"impyard"
+LEGACY_VERSION = 10  # the last legacy user_version: Alembic's baseline (impyard.migrations.BASELINE)
+SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",  # safe with WAL; a crash loses at most the last commit
+    "PRAGMA foreign_keys=ON",
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -107,7 +135,8 @@ class Migration:
     sql: str
 
 
-# Append only; never edit a migration that has shipped. Versions are 1, 2, 3, ... in order.
+# Frozen (issue 21): the history before Alembic, kept to bring an older home to version 10 (then stamped at
+# Alembic's baseline). Never edit it and append nothing: a schema change is an Alembic revision now.
 MIGRATIONS: list[Migration] = [
     Migration(
         1,
@@ -541,8 +570,15 @@ MIGRATIONS: list[Migration] = [
 ]
 
 
+LEGACY_MIGRATIONS = MIGRATIONS
+
+
 class DatabaseError(ImpyardError):
     """The database cannot be opened or migrated; the message says what to do."""
+
+
+class NotPortedError(DatabaseError):
+    """Code that speaks SQLite's own dialect (the legacy connection) was asked to run on PostgreSQL."""
 
 
 def default_path() -> Path:
@@ -564,29 +600,165 @@ def split_statements(sql: str) -> list[str]:
     return statements
 
 
-class Database:
-    """One SQLite file; one connection per thread; explicit transactions only."""
+def _caller() -> str:
+    """The function outside this module that reached for the legacy connection: named in NotPortedError."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "this command"
+    return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}"
 
-    def __init__(self, path: Path, migrations: Sequence[Migration] = MIGRATIONS) -> None:
-        self.path = Path(path)
+
+def is_retryable(exc: BaseException) -> bool:
+    """A PostgreSQL serialization failure or deadlock: the transaction did nothing and may simply run again."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) in RETRY_SQLSTATES
+
+
+def _sqlite_engine(path: Path) -> Engine:
+    """SQLAlchemy on the SQLite file, with the pysqlite recipe for real transactions: the driver's own BEGIN is
+    off (isolation_level=None) and each transaction starts with our BEGIN: IMMEDIATE (the write lock up front, so
+    check-then-write is atomic), or DEFERRED and query_only for a read (``impyard_begin`` execution option)."""
+    engine = sa.create_engine(
+        sa.URL.create("sqlite+pysqlite", database=str(path)),
+        connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+        poolclass=sa.QueuePool,
+        pool_size=4,
+        max_overflow=MAX_WORKERS + 4,
+    )
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        for pragma in SQLITE_PRAGMAS:
+            dbapi_connection.execute(pragma)
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        mode = connection.get_execution_options().get("impyard_begin", "IMMEDIATE")
+        # A read refuses to write, as PostgreSQL's READ ONLY does: a store tested here behaves the same there.
+        connection.exec_driver_sql(f"PRAGMA query_only = {1 if mode == 'DEFERRED' else 0}")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def _postgresql_engine(target: DatabaseUrl) -> Engine:
+    return sa.create_engine(
+        target.url,
+        pool_pre_ping=True,  # a server restart costs one failed ping, not a failed turn
+        pool_size=4,
+        max_overflow=MAX_WORKERS + 4,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "impyard"},
+    )
+
+
+class Database:
+    """The host database: a SQLAlchemy engine for ported stores, and (SQLite only) one legacy sqlite3 connection
+    per thread with explicit transactions for the rest."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        migrations: Sequence[Migration] = MIGRATIONS,
+        *,
+        url: DatabaseUrl | None = None,
+    ) -> None:
+        if url is None:
+            if path is None:
+                raise TypeError("Database needs a path or a url")
+            url = dburl.sqlite_url(Path(path))
+        self.url = url
+        self.dialect: dburl.Dialect = url.dialect
+        self._path = url.path
         self._migrations = tuple(migrations)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
 
-    # ------------------------------------------------------------ connections
+    @property
+    def path(self) -> Path:
+        """The SQLite file (a PostgreSQL database has none)."""
+        if self._path is None:
+            raise NotPortedError(f"{_caller()} needs a SQLite file, and the database is {self.url.where()}")
+        return self._path
+
+    # ------------------------------------------------------------ the engine (both dialects)
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (created on first use; its pool is shared by every thread)."""
+        if self._engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    self._engine = (
+                        _sqlite_engine(self.path)
+                        if self.dialect == "sqlite"
+                        else _postgresql_engine(self.url)
+                    )
+        return self._engine
+
+    @contextmanager
+    def begin(self, *, read_only: bool = False) -> Iterator[Connection]:
+        """One transaction on the engine, committed when the block ends (rolled back when it raises); no retry.
+
+        A write (the default) is atomic check-then-write: SQLite ``BEGIN IMMEDIATE``; PostgreSQL SERIALIZABLE,
+        where COMMIT may still fail with a serialization error: use ``write(fn)``, which runs it again. A read is
+        one consistent snapshot that refuses to write: SQLite ``BEGIN DEFERRED`` with ``query_only``; PostgreSQL
+        REPEATABLE READ, READ ONLY."""
+        with self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn.execution_options(
+                    isolation_level="REPEATABLE READ" if read_only else "SERIALIZABLE",
+                    postgresql_readonly=read_only,
+                )
+            else:
+                conn.execution_options(impyard_begin="DEFERRED" if read_only else "IMMEDIATE")
+            with conn.begin():
+                yield conn
+
+    def write(self, fn: Callable[[Connection], T], *, attempts: int = WRITE_ATTEMPTS) -> T:
+        """``fn(conn)`` in a write transaction (``begin()``), committed; its result.
+
+        On PostgreSQL a serialization failure or deadlock rolls it back and runs ``fn`` again on a fresh
+        transaction (up to ``attempts`` runs, with a short random backoff): so ``fn`` must do nothing but database
+        work through ``conn`` — no sending, no clock-dependent side effect, no state kept across runs. On SQLite
+        the write lock is taken up front and ``fn`` runs once."""
+        for attempt in range(1, attempts + 1):
+            try:
+                with self.begin() as conn:
+                    return fn(conn)
+            except DBAPIError as exc:
+                if attempt >= attempts or not is_retryable(exc):
+                    raise
+            time.sleep(random.uniform(0, min(RETRY_MAX_S, RETRY_BASE_S * 2**attempt)))
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` in a read-only snapshot (``begin(read_only=True)``); its result."""
+        with self.begin(read_only=True) as conn:
+            return fn(conn)
+
+    # ------------------------------------------------------------ the legacy sqlite3 connection (SQLite only)
 
     def connection(self) -> sqlite3.Connection:
         """This thread's connection (created on first use)."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            if self.dialect != "sqlite":
+                raise NotPortedError(
+                    f"{_caller()} does not run on PostgreSQL yet (issue 21: its store still speaks SQLite's own "
+                    f"SQL); unset {dburl.ENV} to use the SQLite file under IMPYARD_HOME"
+                )
             conn = sqlite3.connect(
                 self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; a crash loses at most the last commit
-            conn.execute("PRAGMA foreign_keys=ON")
+            for pragma in SQLITE_PRAGMAS:
+                conn.execute(pragma)
             self._local.conn = conn
             with self._all_lock:
                 self._all.append(conn)
@@ -613,6 +785,8 @@ class Database:
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         """One statement in autocommit mode."""
         return self.connection().execute(sql, params)
+
+    # ------------------------------------------------------------ both
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run blocking database work in a worker thread (that thread's own connection).
@@ -642,49 +816,186 @@ class Database:
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.dispose()
 
     # ------------------------------------------------------------ schema
 
     @property
     def version(self) -> int:
-        return int(self.connection().execute("PRAGMA user_version").fetchone()[0])
+        """The schema version as a number: SQLite's ``user_version`` (10 at Alembic's baseline, one more for each
+        revision past it, so an impyard from before Alembic refuses a newer file); the same count on PostgreSQL."""
+        if self.dialect == "sqlite":
+            return int(self.connection().execute("PRAGMA user_version").fetchone()[0])
+        revision = self.revision
+        known = migrations.position(revision) if revision else None
+        return 0 if known is None else LEGACY_VERSION + known
+
+    @property
+    def revision(self) -> str | None:
+        """The Alembic revision the database is at (None: not under Alembic yet)."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.begin(read_only=True) as conn:
+            return MigrationContext.configure(conn).get_current_revision()
 
     def migrate(self) -> int:
-        """Apply the migrations this file lacks; returns the schema version."""
+        """Bring the schema to the newest revision (see the module's docstring); returns ``version``."""
         expected = list(range(1, len(self._migrations) + 1))
         if [m.version for m in self._migrations] != expected:
             raise DatabaseError("migrations must be numbered 1, 2, 3, ... in order")
-        for migration in self._migrations:
-            with self.transaction() as conn:
-                current = int(conn.execute("PRAGMA user_version").fetchone()[0])
-                if current >= migration.version:
-                    continue
-                if current != migration.version - 1:
-                    raise DatabaseError(
-                        f"{self.path}: schema version {current} cannot take migration {migration.version}"
-                    )
-                for statement in split_statements(migration.sql):
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {int(migration.version)}")
-        version = self.version
-        if version > len(self._migrations):
+        if self.dialect == "sqlite":
+            with self.engine.connect() as conn:
+                conn.execution_options(impyard_begin="IMMEDIATE")  # the write lock: one migrator at a time
+                with conn.begin():
+                    self._migrate_sqlite(conn)
+        else:
+            with self.engine.connect() as conn, conn.begin():
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+                self._migrate_postgresql(conn)
+        return self.version
+
+    def _migrate_sqlite(self, conn: Connection) -> None:
+        version = int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+        tables = set(sa.inspect(conn).get_table_names()) - {"sqlite_sequence"}
+        managed = "alembic_version" in tables
+        # A fresh file: Alembic builds it (unless the list given stops short of the baseline: a test's older impyard).
+        if not tables and version == 0 and len(self._migrations) >= LEGACY_VERSION:
+            _build_fresh_sqlite(conn)
+            self._mirror_version(conn)
+            version, managed = self._mirrored(), True
+        if not managed and version > len(self._migrations):
             raise DatabaseError(
-                f"{self.path} has schema version {version}, newer than this impyard knows "
+                f"{self._path} has schema version {version}, newer than this impyard knows "
                 f"({len(self._migrations)}); upgrade impyard"
             )
-        return version
+        for migration in self._migrations[version:]:  # a legacy home, brought to 10 by the frozen list
+            for statement in split_statements(migration.sql):
+                conn.exec_driver_sql(statement)
+            conn.exec_driver_sql(f"PRAGMA user_version = {int(migration.version)}")
+            version = migration.version
+        if not managed and version >= LEGACY_VERSION:
+            migrations.stamp(conn, migrations.BASELINE)
+            managed = True
+        if managed and self._upgrade(conn):
+            self._mirror_version(conn)
+
+    def _migrate_postgresql(self, conn: Connection) -> None:
+        tables = set(sa.inspect(conn).get_table_names())
+        if not tables:
+            migrations.upgrade(conn)
+        elif "alembic_version" not in tables:
+            raise DatabaseError(
+                f"{self.url.where()} has tables but no impyard migration history: give impyard a database of "
+                "its own (createdb impyard)"
+            )
+        else:
+            self._upgrade(conn)
+
+    def _upgrade(self, conn: Connection) -> bool:
+        """Alembic from the database's revision to the head; True when it moved. Refuses a newer database."""
+        from alembic.runtime.migration import MigrationContext
+
+        current = MigrationContext.configure(conn).get_current_revision()
+        head = migrations.head()
+        if current == head:
+            return False
+        if current is not None and migrations.position(current) is None:
+            raise DatabaseError(
+                f"{self.url.where()} has schema revision {current}, newer than this impyard knows ({head}); "
+                "upgrade impyard"
+            )
+        migrations.upgrade(conn)
+        return True
+
+    def _mirror_version(self, conn: Connection) -> None:
+        """SQLite: user_version follows Alembic, so an impyard from before Alembic refuses a newer file."""
+        conn.exec_driver_sql(f"PRAGMA user_version = {self._mirrored()}")
+
+    @staticmethod
+    def _mirrored() -> int:
+        return LEGACY_VERSION + (migrations.position(migrations.head()) or 0)
 
 
-def open_database(path: Path | None = None) -> Database:
-    """Open (creating and migrating as needed) the host database; default IMPYARD_HOME/impyard.db."""
-    path = Path(path) if path is not None else default_path()
+# The statements Alembic ran to build a fresh SQLite file, by (history, head): the next fresh file of this process
+# gets them again, as SQL. Building the revisions' SQLAlchemy objects is most of what a new file costs, and
+# the tests make thousands.
+_FRESH_SQLITE: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+
+
+def _build_fresh_sqlite(conn: Connection) -> None:
+    key = (str(migrations.HERE), migrations.head())
+    recorded = _FRESH_SQLITE.get(key)
+    if recorded is not None:
+        for statement, parameters in recorded:
+            conn.exec_driver_sql(statement, parameters)
+        return
+    statements: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool) -> None:
+        statements.append((statement, parameters))
+
+    sa.event.listen(conn, "before_cursor_execute", record)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        db = Database(path)
+        migrations.upgrade(conn)
+    finally:
+        sa.event.remove(conn, "before_cursor_execute", record)
+    _FRESH_SQLITE[key] = statements
+
+
+def open_database(
+    path: Path | None = None, *, url: DatabaseUrl | str | None = None, engine_only: bool = False
+) -> Database:
+    """Open (creating and migrating as needed) the host database: ``path`` (a SQLite file), else ``url``, else
+    ``IMPYARD_DATABASE_URL``, else IMPYARD_HOME/impyard.db.
+
+    ``engine_only``: the caller reaches the database only through the engine (``write``/``read``/``begin``), as
+    a ported store does; only such a caller may open PostgreSQL. Everyone else is refused there, in one line, at
+    open (where every command already reports a ``DatabaseError``), rather than failing half-way through."""
+    try:
+        if path is not None:
+            target = dburl.sqlite_url(Path(path))
+        elif isinstance(url, str):
+            target = dburl.parse(url)
+        else:
+            target = url if url is not None else dburl.from_env()
+    except DatabaseUrlError as exc:
+        raise DatabaseError(str(exc)) from None
+    if target.dialect == "postgresql" and not engine_only:
+        raise NotPortedError(
+            f"{dburl.ENV} names PostgreSQL ({target.where()}), but impyard's stores do not run on PostgreSQL yet "
+            f"(issue 21: only its schema and migrations do); unset {dburl.ENV} to use the SQLite file under "
+            "IMPYARD_HOME"
+        )
+    db = Database(url=target)
+    try:
+        if target.path is not None:
+            target.path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            _reach(db)
         db.migrate()
-    except (OSError, sqlite3.Error) as exc:
-        raise DatabaseError(f"cannot open the database {path}: {exc}") from exc
+    except DatabaseError:
+        db.close()
+        raise
+    except (OSError, sqlite3.Error, SQLAlchemyError) as exc:
+        db.close()
+        raise DatabaseError(f"cannot open {target.where()}: {_reason(target, exc)}") from None
     return db
+
+
+def _reach(db: Database) -> None:
+    """Open one connection to the server: a wrong password, host or database name is its own one-line error."""
+    try:
+        with db.engine.connect():
+            pass
+    except DBAPIError as exc:
+        raise DatabaseError(dburl.connect_problem(db.url, exc)) from None
+
+
+def _reason(target: DatabaseUrl, exc: BaseException) -> str:
+    return dburl.scrub(str(getattr(exc, "orig", None) or exc), target.password)
 
 
 class AsyncView:

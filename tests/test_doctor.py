@@ -393,3 +393,20 @@ def test_model_uses_follow_the_box() -> None:
         ("filter", "/chat/completions", "c"), ("summary", "/chat/completions", "a"),
         ("embedding", "/embeddings", "text-embedding-3-small"),
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "shown"),
+    [
+        ("", "ok", "impyard.db (schema version"),
+        ("mysql://root:sekrit@db/impyard", "fail", "has the scheme 'mysql'"),
+        ("postgresql://imp:sekrit@127.0.0.1:1/impyard", "fail", "database 'impyard' on 127.0.0.1:1"),
+    ],
+)
+def test_the_database_row_names_where_the_store_is_never_the_password(url: str, status: str, shown: str) -> None:
+    """Issue 21: IMPYARD_DATABASE_URL in doctor — a bad or unreachable URL fails the row in one line, without
+    the password."""
+    _, rows = doctor("--no-model-call", env={"IMPYARD_DATABASE_URL": url})
+    row = rows["Database"]
+    assert row["status"] == status and shown in row["detail"], row
+    assert "sekrit" not in json.dumps(rows)

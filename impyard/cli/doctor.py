@@ -20,7 +20,7 @@ from rich.table import Table
 
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
-from impyard import paths
+from impyard import dburl, paths
 from impyard.backends import BoxStartError
 from impyard.backends.base import BoxSpec
 from impyard.backends.docker import DockerBackend
@@ -32,6 +32,7 @@ from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
 from impyard.cli.policy import home_database
 from impyard.clock import SystemClock
 from impyard.db import Database, DatabaseError, open_database
+from impyard.dburl import DatabaseUrlError
 from impyard.doctor import (
     PROBE_MAX_TOKENS,
     PROBE_SCHEMA,
@@ -87,7 +88,7 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
       impyard doctor
       impyard doctor --no-model-call --json
     """
-    findings = [_state_finding(), _state_root_finding()]
+    findings = [_state_finding(), _database_finding(), _state_root_finding()]
     policy, policy_row = _policy()
     findings.append(policy_row)
     imps, imp_rows = _imps(policy)
@@ -151,6 +152,23 @@ def _state_finding() -> Finding:
     except OSError:
         free = None
     return state_finding(str(home), None, free)
+
+
+def _database_finding() -> Finding:
+    """The host database (``IMPYARD_DATABASE_URL``, issue 21): where it is (never the password) and whether it
+    opens and migrates; a bad URL, a wrong password or an unreachable server is the row's one line."""
+    try:
+        where = dburl.from_env().redacted()
+    except DatabaseUrlError as exc:
+        return Finding("Database", "fail", str(exc), f"fix {dburl.ENV}, or unset it")
+    try:
+        db = open_database()
+    except DatabaseError as exc:
+        return Finding("Database", "fail", exc.user_message(), f"fix {dburl.ENV}, or unset it")
+    try:
+        return Finding("Database", "ok", f"{where} (schema version {db.version})")
+    finally:
+        db.close()
 
 
 def _state_root_finding() -> Finding:
