@@ -20,7 +20,10 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
 A task box runs ``task.run`` inside its ceiling; the host attests the result
 (``impyard.tasks.attest``). At start, tasks a dead supervisor left ``running``
 are reclaimed: their boxes removed (``impyard.supervisor.orphans``), then
-requeued or ended by ``reclaim_decision``. Task kinds are opaque here (the box
+requeued or ended by ``reclaim_decision``. Beside the ticks, finished tasks' state dirs past the retention
+are pruned (``impyard.supervisor.pruning``) in a task of their own, so a pass never holds up a tick: every
+``prune_every_s`` (300 s), again soon while a backlog lasts, at most ``prune_batch`` dirs a pass; ``once``
+prunes one pass before its ticks. Task kinds are opaque here (the box
 decides what a kind means), except that a ``depart`` or ``reflect`` task's box remembers in
 the scopes of its channel and knows that channel's real kind, and a ``sleep`` task's box works in
 its task's one scope (``Task.scope``). After a sleep the database is compacted when it pays.
@@ -28,7 +31,7 @@ its task's one scope (``Task.scope``). After a sleep the database is compacted w
 A supervisor limited to some kinds (``SupervisorSettings.kinds``: ``impyard chat``
 and ``impyard serve`` without ``--supervise`` run one for ``depart``) runs beside
 ``impyard supervise`` without its lock: it fires no schedules and queues no
-follow-ups, runs no memory clock, dispatches only its kinds (and only its imps' tasks, when
+follow-ups, runs no memory clock, prunes no state dirs, dispatches only its kinds (and only its imps' tasks, when
 ``SupervisorSettings.imps`` names some: ``impyard memory night``), and at start reclaims only
 tasks of its kinds that ran past their ceiling (which no live supervisor can still be running).
 """
@@ -48,8 +51,10 @@ from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskS
 from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend
+from impyard.backends.stateroot import state_root
 from impyard.clock import Clock, iso
 from impyard.db import Database
+from impyard.durations import format_duration
 from impyard.gate_pump import GatePump
 from impyard.gateway import Gateway
 from impyard.imps import ImpConfig, ImpConfigError, ImpError, ImpStore
@@ -71,6 +76,7 @@ from impyard.supervisor.orphans import (
     sweep_docker_boxes,
     sweep_process_boxes,
 )
+from impyard.supervisor.pruning import MAX_PRUNE_FAILURES, prune_task_state
 from impyard.supervisor.settings import READY_BATCH, STALE_RUN_MARGIN_S, SupervisorSettings
 from impyard.tasks import (
     RunEnd,
@@ -122,6 +128,9 @@ class Supervisor:
         self._wake = anyio.Event()
         self._departures_scanned: datetime | None = None
         self._memory_ticked: datetime | None = None
+        self._prune_failed: set[tuple[str, str]] = (
+            set()
+        )  # (imp, dir) that could not be removed: not tried again
 
     # ------------------------------------------------------------ reclaim (at start)
 
@@ -262,6 +271,54 @@ class Supervisor:
             if handle is not None and not handle.scope.cancel_called:
                 log.info("task %s: cancel requested; killing its box", task_id)
                 handle.scope.cancel()
+
+    # ------------------------------------------------------------ pruning finished tasks' state
+
+    async def _prune_forever(self) -> None:
+        """Prune a pass every ``prune_every_s``, or after a tick's time while a backlog lasts."""
+        while True:
+            backlog = await self._prune_task_state()
+            await anyio.sleep(self.settings.tick_s if backlog else self.settings.prune_every_s)
+
+    async def _prune_task_state(self) -> bool:
+        """One pass (``impyard.supervisor.pruning``): remove at most ``prune_batch`` state dirs of tasks finished
+        more than the retention ago; whether a backlog is left. A failing pass is logged; the next one comes."""
+        retention = self.settings.task_state_retention
+        if retention is None:
+            return False
+        try:
+            return await self._prune_pass(retention)
+        except Exception:
+            log.exception("supervise: pruning task state failed; going on")
+            return False
+
+    async def _prune_pass(self, retention: timedelta) -> bool:
+        root = state_root(
+            home=self.imps.home
+        ).path  # a relative IMPYARD_STATE_ROOT raises: nothing is removed
+        report = await prune_task_state(
+            root,
+            lambda ids: self.db.run(self.tasks.by_ids, ids),
+            set(self.running),
+            now=self.clock.now(),
+            retention=retention,
+            limit=self.settings.prune_batch,
+            skip=self._prune_failed,
+        )
+        if len(self._prune_failed) < MAX_PRUNE_FAILURES:
+            self._prune_failed.update((entry.imp, entry.name) for entry in report.failed)
+        backlog = report.backlog and report.removed > 0  # all failed: no spinning on them
+        if report.removed or report.failed:
+            log.info(
+                "pruned %d task state dir(s) past the retention of %s%s%s",
+                report.removed,
+                format_duration(retention),
+                f"; {len(report.failed)} could not be removed (not tried again until restart)"
+                if report.failed
+                else "",
+                "; more soon" if backlog else "",
+            )
+        return backlog
 
     async def _dispatch(self, tg: TaskGroup) -> None:
         free = self.settings.concurrency - len(self.running)
@@ -455,6 +512,8 @@ class Supervisor:
         """Reclaim, then tick until ``stop`` (or, with ``once``, until nothing is running or ready)."""
         stop = stop or anyio.Event()
         await self.reclaim()
+        if once and self.settings.prunes:
+            await self._prune_task_state()  # one bounded pass per `supervise --once` (a cron job)
         log.info(
             "supervising%s: concurrency %d, tick %.2f s%s",
             f" {', '.join(sorted(self.settings.kinds))} tasks only" if self.settings.kinds is not None else "",
@@ -463,6 +522,8 @@ class Supervisor:
         )  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._wake_on_stop, stop)
+            if not once and self.settings.prunes:
+                tg.start_soon(self._prune_forever, name="prune task state")
             while not stop.is_set():
                 self._wake = anyio.Event()
                 await self.tick(tg)

@@ -1,10 +1,15 @@
 """The supervisor's settings: concurrency, tick, attempts, ceilings, the kinds (and imps) it runs, the memory
-clock's cadence, and their bounds."""
+clock's cadence, how long a finished task's state dir is kept, and their bounds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
 
+from impyard.durations import DurationError, format_duration, parse_duration
+from impyard.errors import ImpyardError
 from impyard.tasks import KIND_PATTERN
 
 DEFAULT_CONCURRENCY = 3
@@ -21,6 +26,49 @@ MEMORY_TICK_S = 30.0  # how often the memory clock ticks every memory imp (mecha
 MIN_MEMORY_TICK_S = 1.0
 MAX_MEMORY_TICK_S = 600.0  # the clock's timers are 600 s: a slower tick would blur them
 BLOCKED_RECHECK_S = 5.0  # issue 19 #6: a task held for a broken imp.toml looks at the file again this often
+# A finished task's own /state (its call log and scratch) is removed this long after it finished.
+TASK_STATE_RETENTION = timedelta(days=7)
+MIN_TASK_STATE_RETENTION = timedelta(hours=1)  # a task's state is evidence for a report: never gone at once
+MAX_TASK_STATE_RETENTION = timedelta(days=3650)  # longer is "off"
+TASK_STATE_RETENTION_ENV = "IMPYARD_TASK_STATE_RETENTION"  # the operator's key: "7d", "36h", or "off"
+RETENTION_OFF = ("off", "never")
+# How often finished tasks' state dirs are looked for (a tick later again while a backlog lasts).
+PRUNE_EVERY_S = 300.0
+# State dirs removed at most per pass (about 0.3 s of a worker thread): a backlog drains in bounded steps.
+PRUNE_BATCH = 1_000
+
+
+class SettingsError(ImpyardError, ValueError):
+    """A supervisor setting the operator wrote that cannot be used; the message names it and says what to write."""
+
+
+def task_state_retention_from_env(environ: Mapping[str, str] | None = None) -> timedelta | None:
+    """``IMPYARD_TASK_STATE_RETENTION``: how long a finished task's state dir is kept (default 7 days); ``off``
+    (or ``never``) keeps them all. ``SettingsError`` naming the variable for anything else."""
+    raw = (os.environ if environ is None else environ).get(TASK_STATE_RETENTION_ENV, "").strip()
+    if not raw:
+        return TASK_STATE_RETENTION
+    if raw.lower() in RETENTION_OFF:
+        return None
+    try:
+        value = parse_duration(raw, what=TASK_STATE_RETENTION_ENV)
+    except DurationError as exc:
+        raise SettingsError(f"{exc}, or off to keep every task's state") from None
+    problem = retention_problem(value)
+    if problem is not None:
+        raise SettingsError(f"{TASK_STATE_RETENTION_ENV} {raw[:40]!r}: {problem}")
+    return value
+
+
+def retention_problem(value: timedelta) -> str | None:
+    """Why ``value`` cannot be the task state retention, or None."""
+    if not MIN_TASK_STATE_RETENTION <= value <= MAX_TASK_STATE_RETENTION:
+        return (
+            f"the task state retention must be from {format_duration(MIN_TASK_STATE_RETENTION)} to "
+            f"{format_duration(MAX_TASK_STATE_RETENTION)} (got {format_duration(value)}); write off to keep "
+            "every task's state"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -43,6 +91,11 @@ class SupervisorSettings:
     memory_tick_s: float = MEMORY_TICK_S
     # A task whose imp.toml is broken is held (issue 19 #6) and looked at again this often.
     blocked_recheck_s: float = BLOCKED_RECHECK_S
+    # A finished task's state dir is removed this long after it finished (None: never); only the supervisor of
+    # every kind prunes (impyard.supervisor.pruning). The operator sets it with IMPYARD_TASK_STATE_RETENTION.
+    task_state_retention: timedelta | None = field(default_factory=task_state_retention_from_env)
+    prune_every_s: float = PRUNE_EVERY_S
+    prune_batch: int = PRUNE_BATCH
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
@@ -65,6 +118,20 @@ class SupervisorSettings:
             raise ValueError(
                 f"memory_tick_s must be from {MIN_MEMORY_TICK_S:g} to {MAX_MEMORY_TICK_S:g} s (got {self.memory_tick_s:g})"
             )
+        if self.task_state_retention is not None:
+            problem = retention_problem(self.task_state_retention)
+            if problem is not None:
+                raise SettingsError(problem)
+        if self.prune_every_s <= 0:
+            raise ValueError("prune_every_s must be more than 0")
+        if self.prune_batch < 1:
+            raise ValueError("prune_batch must be at least 1")
+
+    @property
+    def prunes(self) -> bool:
+        """Whether this supervisor prunes finished tasks' state dirs: only the supervisor of every kind and
+        every imp (one per home, under its lock), and only while a retention is set."""
+        return self.kinds is None and self.imps is None and self.task_state_retention is not None
 
     def runs(self, kind: str) -> bool:
         """Whether this supervisor runs tasks of ``kind``."""

@@ -23,6 +23,7 @@ log = logging.getLogger("impyard.tasks")
 
 MAX_BOX_SUMMARY_CHARS = 2_000  # what is kept of the box's own report
 JOURNAL_ENTRIES = 10
+ID_CHUNK = 500  # ids per `IN (...)` query: well under SQLite's bound on parameters
 
 
 def log_transition(task_id: str, imp: str, old: str, new: str, **fields: object) -> None:
@@ -102,6 +103,16 @@ class TaskStore(Store):
         if not rows:
             raise TaskError(f"no task {task_id!r}; `impyard task ls` lists them")
         return row_to_task(rows[0])
+
+    def by_ids(self, task_ids: Collection[str]) -> dict[str, Task]:
+        """The tasks of ``task_ids`` that exist, by id (one query per ``ID_CHUNK`` ids; the rest are absent)."""
+        ids = sorted(set(task_ids))
+        found: dict[str, Task] = {}
+        for start in range(0, len(ids), ID_CHUNK):
+            chunk = ids[start : start + ID_CHUNK]
+            rows = self.db.query(f"SELECT * FROM tasks WHERE id IN ({', '.join('?' for _ in chunk)})", chunk)
+            found.update((row["id"], row_to_task(row)) for row in rows)
+        return found
 
     def latest(
         self, *, imp: str | None = None, states: Collection[str] | None = None, limit: int = 100
