@@ -20,6 +20,7 @@ from impyard.clock import FixedClock, SystemClock
 from impyard.db import open_database
 from impyard.imps import ImpStore
 from impyard.instance import SUPERVISE_LOCK_FILENAME
+from impyard.paths import box_dir_name
 from impyard.tasks import TaskRequest, TaskStore
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 
@@ -56,6 +57,11 @@ def one_line_error(result: Result, *needles: str) -> None:
 # --- impyard task ---------------------------------------------------------------------------------------
 
 
+def pip_home_state(task_id: str) -> Path:
+    """Where a task of pip's has its own /state (issue 22), pruned after the retention."""
+    return Path(os.environ["IMPYARD_HOME"]) / "imps" / "pip" / "state" / "tasks" / box_dir_name(task_id)
+
+
 def test_task_add_ls_show_cancel(pip: str) -> None:
     added = run(
         "task",
@@ -81,6 +87,12 @@ def test_task_add_ls_show_cancel(pip: str) -> None:
     shown = run("task", "show", task["id"])
     assert f"task {task['id']}: queued" in shown.output and "Summarise the week" in shown.output
     assert "audit trail: none yet" in shown.output
+    state_dir = pip_home_state(task["id"])
+    assert (
+        f"state      {state_dir} (not there: pruned, or never made)   removed 7d after it finished"
+        in shown.output
+    )
+    assert json.loads(run("task", "show", task["id"], "--json").output)["state_dir"] == str(state_dir)
     cancelled = run("task", "cancel", task["id"])
     assert cancelled.exit_code == 0 and f"cancelled {task['id']}" in cancelled.output
     one_line_error(run("task", "cancel", task["id"]), "already cancelled")

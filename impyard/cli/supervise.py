@@ -26,6 +26,7 @@ from impyard.supervisor import (
     SupervisorSettings,
     open_supervisor,
 )
+from impyard.supervisor.settings import SettingsError, task_state_retention_from_env
 
 NO_KEY = (
     "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
@@ -108,8 +109,9 @@ def supervise_command(concurrency: int, once: bool, backend: str | None, memory_
     if not UpstreamConfig.from_env().api_key:
         raise CliError(NO_KEY)
     try:
-        state_root()  # a bad IMPYARD_STATE_ROOT is refused before anything starts
-    except BoxError as exc:
+        state_root()  # a bad IMPYARD_STATE_ROOT or IMPYARD_TASK_STATE_RETENTION is refused before anything starts
+        task_state_retention_from_env()
+    except (BoxError, SettingsError) as exc:
         raise CliError(str(exc)) from exc
     for name in TRANSITION_LOGGERS:
         logger = logging.getLogger(name)

@@ -14,6 +14,7 @@ from impyard.clock import SystemClock
 from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
 from impyard.imps import ImpError, ImpStore
+from impyard.supervisor.settings import task_state_retention_from_env
 from impyard.tasks import TASK_STATES, Task, TaskError, TaskRequest, TaskStore
 
 
@@ -198,6 +199,7 @@ def describe(store: TaskStore, task: Task, now: datetime) -> str:
         )
     if task.prompt:
         lines.append("  prompt     " + task.prompt.strip().replace("\n", "\n             "))
+    lines.append(f"  state      {state_line(task)}")
     runs = store.runs(task.id)
     if runs:
         lines.append("runs:")
@@ -224,6 +226,18 @@ def describe(store: TaskStore, task: Task, now: datetime) -> str:
     return "\n".join(lines)
 
 
+def state_line(task: Task) -> str:
+    """Where the task's own /state (its box's call log and scratch) is, and when the supervisor removes it."""
+    path = ImpStore().task_state_dir(task.imp, task.id)
+    retention = task_state_retention_from_env()
+    kept = (
+        "kept"
+        if retention is None
+        else f"removed {format_duration(int(retention.total_seconds()))} after it finished"
+    )
+    return f"{path}" + ("" if path.is_dir() else " (not there: pruned, or never made)") + f"   {kept}"
+
+
 @task_group.command("show")
 @click.argument("task_id")
 @output_options
@@ -239,6 +253,7 @@ def show_command(task_id: str, out: Output) -> None:
         task = store.get(task_id)
         if out.as_json:
             data = task.to_json(now)
+            data["state_dir"] = str(ImpStore().task_state_dir(task.imp, task.id))
             data["runs"] = [run.to_json() for run in store.runs(task.id)]
             data["gates"] = [gate.to_json() for gate in store.gates_of(task.id)]
             data["audit"] = [record.to_json() for record in store.audit_trail(task.id)]
