@@ -415,3 +415,16 @@ responder_imports = Table(
     Column("skipped", Integer, nullable=False),
     Column("imported_at", Text, nullable=False),
 )  # fmt: skip
+
+# --- one holder at a time (revision 0002) -------------------------------------------------------------------
+
+leases = Table(
+    "leases", metadata,
+    Column("name", Text, primary_key=True, nullable=False),  # shard:I/N, channel:<id>, host:<hostname>/<pid>
+    Column("holder", Text, nullable=False),  # liveness.Holder as text: host/boot/pid/start
+    Column("token", BIG, nullable=False),  # the fencing token: one more at every change of holder, never less
+    Column("acquired_at", Text, nullable=False),
+    Column("renewed_at", Text, nullable=False),
+    Column("expires_at", Text, nullable=False),  # a released lease keeps its row, expiring at its release
+    Column("detail", Text, nullable=False, server_default=text("'{}'")),  # JSON: what the holder says of itself
+)  # fmt: skip

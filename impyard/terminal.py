@@ -41,7 +41,9 @@ from impyard.clock import Clock, SystemClock
 from impyard.conversation import Routed
 from impyard.failure_words import FAILURE_WORDS, REFUSED_WORDS
 from impyard.inbound import MAX_TERMINAL_CHARS, Inbound
+from impyard.leases import HostCard, LeaseKeeper, hold_host
 from impyard.memory.departures import depart_now, wait_finished
+from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
 from impyard.supervisor import DEPARTURES_ONLY, Supervisor, SupervisorSettings, open_supervisor
 from impyard.surfaces import OutgoingFile
@@ -100,6 +102,11 @@ class ChatSurface:
         self.console.set_status(stage_line(self.imp, stage, self.queued))
 
 
+def terminal_channel(user: str) -> str:
+    """The terminal channel of a user: one chat holds it at a time, across every home on the database."""
+    return f"terminal:{user}"
+
+
 class Chat:
     """One conversation in the terminal: reads lines, sends messages, answers commands, explains turns."""
 
@@ -115,7 +122,7 @@ class Chat:
         self.runtime = runtime
         self.imp = imp
         self.user = user
-        self.channel_id = f"terminal:{user}"
+        self.channel_id = terminal_channel(user)
         self.person_id = f"terminal:{user}"  # the person's id in the host's history and the imp's memory
         self.left = False  # /quit or the end of input: the person left (a departure); Ctrl-C is not one
         self.console = console
@@ -297,10 +304,31 @@ async def run_chat(
 ) -> None:
     """``backends``: each imp's backend, for its sessions and its tasks (tests); ``departures``: the settings of
     the chat's departures loop (its kinds are always ``depart`` alone)."""
-    console = open_console(stdin, out)
     clock = SystemClock()
     user = getpass.getuser()
     settings = replace(departures or SupervisorSettings(), kinds=DEPARTURES_ONLY)
+    card = HostCard("chat", str(home()))
+    # Issue 21: one chat per terminal channel on the database (LeaseHeld names the holder, before anything
+    # starts), and this process's own record for `impyard hosts`.
+    async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
+        console = open_console(stdin, out)
+        await _chat(imp, console, clock, user, settings, card, keeper, backend, log_path, backends)
+    if keeper.lost_error is not None:
+        raise keeper.lost_error  # after every box closed: the chat exits 1, naming the lease and its taker
+
+
+async def _chat(
+    imp: str,
+    console: Console,
+    clock: Clock,
+    user: str,
+    settings: SupervisorSettings,
+    card: HostCard,
+    keeper: LeaseKeeper,
+    backend: str | None,
+    log_path: Path | None,
+    backends: Mapping[str, BoxBackend] | None,
+) -> None:
     async with console:
         surface = ChatSurface(imp, console)
         async with (
@@ -330,6 +358,15 @@ async def run_chat(
                             tg.cancel_scope.cancel()
                             return
 
+                def lease_lost(why: str) -> None:
+                    log.error("%s; stopping", why)
+                    console.say(f"(impyard) {why}; stopping")
+                    tg.cancel_scope.cancel()
+
+                keeper.on_lost = lease_lost
+                card.warm_boxes = lambda: len(runtime.sessions.sessions)
+                if keeper.lost is not None:
+                    lease_lost(keeper.lost)
                 tg.start_soon(stop_on_signal)
                 tg.start_soon(partial(departing.run, stop=anyio.Event()), name="departures")
                 chat = Chat(runtime, imp, user, console, surface, clock)

@@ -18,6 +18,7 @@ from impyard.cli.discord import discord_group
 from impyard.cli.doctor import doctor_command
 from impyard.cli.errors import ImpyardGroup
 from impyard.cli.history import history_group
+from impyard.cli.hosts import hosts_command
 from impyard.cli.imp import imp_group
 from impyard.cli.memory import memory_group
 from impyard.cli.policy import policy_group
@@ -60,6 +61,7 @@ cli.add_command(schedule_group)
 cli.add_command(supervise_command)
 cli.add_command(serve_command)
 cli.add_command(discord_group)
+cli.add_command(hosts_command)
 
 
 def main() -> None:

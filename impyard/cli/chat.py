@@ -17,6 +17,7 @@ from impyard.db import DatabaseError
 from impyard.imp_config import new_imp_settings
 from impyard.imps import ImpError, ImpStore
 from impyard.instance import AlreadyRunning, InstanceLock
+from impyard.leases import LeaseHeld, LeaseLost
 from impyard.paths import home
 from impyard.policy import PolicyError
 
@@ -102,6 +103,8 @@ def chat_command(imp: str | None, backend: str | None) -> None:
         DatabaseError,
         AlreadyRunning,
         BoxError,
+        LeaseHeld,
+        LeaseLost,
     ) as exc:  # other ImpyardErrors: the root
         raise CliError(str(exc)) from exc
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from impyard.db import DatabaseError
 from impyard.discord.shards import SHARD_FORMAT, Shard, ShardError
 from impyard.imps import ImpError
 from impyard.instance import AlreadyRunning
+from impyard.leases import LeaseHeld, LeaseLost
 from impyard.policy import PolicyError
 
 NO_KEY = (
@@ -72,7 +73,9 @@ def serve_command(
     One host per IMPYARD_HOME; SIGINT or SIGTERM stops it cleanly (running turns
     finish, every box is closed). The walkthrough is docs/discord.md.
     Several hosts split the servers as Discord shards, each with its own home:
-    --shard 0/2 on one, --shard 1/2 on the other.
+    --shard 0/2 on one, --shard 1/2 on the other. A shard has one host at a
+    time: a second host of the same shard on the same database is refused,
+    naming the holder's host and pid (impyard hosts lists them).
     Example:
       export OPENAI_API_KEY=sk-...
       export IMPYARD_DISCORD_TOKEN_PIP=...
@@ -86,7 +89,9 @@ def serve_command(
     configure_logs(log_json)
     try:
         anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise, shard=shard))
-    except (DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError) as exc:
+    except (
+        DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, LeaseHeld, LeaseLost,
+    ) as exc:  # fmt: skip
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:
         pass

@@ -1,8 +1,9 @@
 """``impyard serve``: every configured imp's Discord bot, the session manager and the gateway in one process.
 
 Start, in order, so that nothing runs when something is wrong: the instance lock (one host per
-``IMPYARD_HOME``), the imps and their tokens (read on the host; a missing or rejected token stops
-here with the fix), login (REST only), the runtime (policy, database, gateway, sessions, the gate
+``IMPYARD_HOME``), the leases (``impyard.leases``: the shard's, one holder at a time across hosts, and the
+host's own record for ``impyard hosts``; a lost lease stops the host, exit 1), the imps and their tokens
+(read on the host; a missing or rejected token stops here with the fix), login (REST only), the runtime (policy, database, gateway, sessions, the gate
 pump), then each bot's gateway connection. Inbound messages queue per imp and are routed in arrival
 order by one worker per imp, owned by this host's task group. With ``--supervise`` the task loop of
 ``impyard supervise`` runs here too, posting through the same bots (its ``task:<imp>`` log goes to
@@ -48,6 +49,7 @@ from impyard.discord.surface import DiscordSurface
 from impyard.failure_words import failure_line
 from impyard.imps import ImpConfig, ImpStore
 from impyard.instance import InstanceLock
+from impyard.leases import HostCard, hold_host
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import SessionKey
@@ -372,7 +374,13 @@ async def _open_discord_host(
     settings.apply()
     store = ImpStore()
     configs = pick_imps(store, imp_names)
-    with InstanceLock(home(), "serve") if lock else nullcontext():
+    card = HostCard("serve", str(home()), str(shard) if shard is not None else None)
+    async with AsyncExitStack() as held:
+        held.enter_context(InstanceLock(home(), "serve") if lock else nullcontext())
+        # Issue 21: one holder per shard (LeaseHeld names it, before any login), and this host's own record.
+        keeper = await held.enter_async_context(
+            hold_host(card, [f"shard:{shard}"] if shard is not None else [])
+        )
         tokens = [token for config in configs if (token := store.discord_token(config))]
         async with redacted_logs(tokens):
             clients = await login_all(store, configs, settings, shard)
@@ -390,6 +398,10 @@ async def _open_discord_host(
                     cards.bind(runtime.gateway)
                     runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
                     host = DiscordHost(runtime, clients, surface, cards)
+                    card.warm_boxes = lambda: len(runtime.sessions.sessions)
+                    keeper.on_lost = host._fail  # a lost lease stops this host: its boxes close, it exits 1
+                    if keeper.lost is not None:
+                        host._fail(keeper.lost)
                     showing = [c.name for c in configs if c.discord.presence]  # off by default
                     if showing:
                         host.presence = PresenceService(clients, runtime.channels, showing)

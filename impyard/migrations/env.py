@@ -10,10 +10,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-config = context.config
-
 
 def run() -> None:
+    config = context.config
     connection = config.attributes.get("connection")
     target_metadata = config.attributes.get("target_metadata")
     if connection is not None:
@@ -29,4 +28,5 @@ def run() -> None:
     engine.dispose()
 
 
-run()
+if hasattr(context, "config"):  # run by Alembic; a plain import (a walk over impyard's modules) does nothing
+    run()
