@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -50,7 +51,8 @@ class UpstreamUnreachable(ImpyardError):
 class UpstreamConfig:
     """Where the model API is and the key for it. The key never leaves the host process, and neither do
     the credentials a base URL may carry (``http://user:password@proxy/v1?key=…``, issue 11 #9): messages
-    show ``display_url``, requests go to ``endpoint`` with the userinfo as an auth header."""
+    show ``display_url``, requests go to ``endpoint`` with the userinfo as an auth header. Each form is worked
+    out once per config (``cached_property``): a model call reads them all (issue 18)."""
 
     base_url: str = field(default=OPENAI_DEFAULT_BASE_URL, repr=False)
     api_key: str | None = field(default=None, repr=False)
@@ -66,28 +68,28 @@ class UpstreamConfig:
     def __repr__(self) -> str:
         return f"UpstreamConfig(base_url={self.display_url!r}, api_key={'set' if self.api_key else None})"
 
-    @property
+    @cached_property
     def display_url(self) -> str:
         """The base URL as it may be shown: userinfo and query values replaced by [redacted]."""
         return redact_url(self.base_url)
 
-    @property
+    @cached_property
     def secrets(self) -> list[str]:
         """Everything of this config that must never be shown: the key, the URL's userinfo and query."""
         return [*([self.api_key] if self.api_key else []), *url_secrets(self.base_url)]
 
-    @property
+    @cached_property
     def endpoint(self) -> str:
         """The base URL without userinfo, query or fragment: what request paths are appended to."""
         parts = urlsplit(self.base_url)
         host = parts.netloc.rpartition("@")[2]
         return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
 
-    @property
+    @cached_property
     def query(self) -> str:
         return urlsplit(self.base_url).query
 
-    @property
+    @cached_property
     def credentials(self) -> tuple[str, str] | None:
         """The base URL's userinfo, sent as HTTP Basic auth (as the HTTP client did with it in the URL)."""
         parts = urlsplit(self.base_url)

@@ -105,16 +105,17 @@ class _Workers:
 
     def __init__(self, limit: int = MAX_WORKERS) -> None:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
+        self._idle = 0  # workers done with a job and waiting for the next (a plain count: a Semaphore is Python)
         self._lock = threading.Lock()
         self._limit = limit
         self.started = 0
 
     def submit(self, job: _Job) -> None:
         self._jobs.put(job)
-        if self._idle.acquire(blocking=False):
-            return  # an idle worker takes it
         with self._lock:
+            if self._idle:
+                self._idle -= 1
+                return  # an idle worker takes it
             if self.started < self._limit:
                 self.started += 1
                 threading.Thread(target=self._work, name=f"impyard-db-{self.started}", daemon=True).start()
@@ -122,7 +123,8 @@ class _Workers:
     def _work(self) -> None:
         while True:
             self._jobs.get()()
-            self._idle.release()
+            with self._lock:
+                self._idle += 1
 
 
 _WORKERS = _Workers()
