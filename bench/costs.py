@@ -5,6 +5,8 @@ session adds (the box, its shim and init, any client process), read from /proc a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from bench.env import rss_kib
 from impyard.backends import RunningBox
 from impyard.backends.docker import DockerBackend, container_name
 from impyard.backends.engine import AttachedBox
+from impyard.db import Database
 
 PROC = Path("/proc")
 CGROUP = Path("/sys/fs/cgroup")
@@ -200,3 +203,25 @@ class CpuMeter:
             f"{key}_cpu_ms_per_turn": round(value * 1000 / max(1, turns), 3)
             for key, value in self.totals.items()
         }
+
+
+@dataclass
+class TripCounter:
+    """Trips to the database's worker threads (``Database.run`` calls: a job handed to a worker thread and its
+    answer woken back onto the event loop), counted while ``installed`` (issue 18: one trip per turn phase)."""
+
+    trips: int = 0
+
+    @contextmanager
+    def installed(self) -> Iterator[TripCounter]:
+        original: Callable[..., Any] = Database.run
+
+        async def counted(db: Database, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            self.trips += 1
+            return await original(db, fn, *args, **kwargs)
+
+        Database.run = counted  # type: ignore[method-assign, assignment]
+        try:
+            yield self
+        finally:
+            Database.run = original  # type: ignore[method-assign]

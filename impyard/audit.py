@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -98,10 +99,18 @@ class AuditRecord:
     id: int | None = field(default=None, compare=False)
     # Not a column: the row is written later by whoever finishes the act (a model call its box left, issue 19 #4).
     deferred: bool = field(default=False, compare=False, repr=False)
+    # Not a column: when the request came in (time.perf_counter), for a row written in the trip that ends the act
+    # (issue 18), before the gateway's own end of the request: its latency is measured up to that trip.
+    started: float | None = field(default=None, compare=False, repr=False)
+
+    def finish_latency(self) -> None:
+        """``latency_ms`` from ``started`` to now (nothing when it was not started)."""
+        if self.started is not None:
+            self.latency_ms = round((time.perf_counter() - self.started) * 1000, 3)
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
-        del data["deferred"]
+        del data["deferred"], data["started"]
         data["at"] = iso(self.at) if self.at else None
         data["cost_usd"] = self.cost_micros / 1_000_000
         return data
@@ -111,6 +120,7 @@ _COLUMNS = (
     "at", "imp", "run_id", "channel_id", "method", "purpose", "verdict", "rule", "reason",
     "cost_micros", "gate_id", "latency_ms", "detail",
 )  # fmt: skip
+_INSERT = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 
 
 class AuditLog(Store):
@@ -122,13 +132,12 @@ class AuditLog(Store):
     def write(self, record: AuditRecord, conn: sqlite3.Connection | None = None) -> None:
         """Append one row (inside the caller's transaction when ``conn`` is given)."""
         record.at = record.at or self.clock.now()
-        clean = {name: redact(str(value), self.secrets)[:MAX_FIELD_CHARS] for name, value in asdict(record).items()
-                 if isinstance(value, str)}  # fmt: skip
-        values = {**asdict(record), **clean, "at": iso(record.at)}
-        (conn or self.db.connection()).execute(
-            f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})",
-            [values[name] for name in _COLUMNS],
-        )
+        values = {name: getattr(record, name) for name in _COLUMNS}  # the row's columns, nothing deep-copied
+        for name, value in values.items():
+            if isinstance(value, str):
+                values[name] = redact(value, self.secrets)[:MAX_FIELD_CHARS]
+        values["at"] = iso(record.at)
+        (conn or self.db.connection()).execute(_INSERT, [values[name] for name in _COLUMNS])
 
     def tail(self, n: int = 20, imp: str | None = None) -> list[AuditRecord]:
         """The last ``n`` rows (oldest first), optionally for one imp."""

@@ -16,14 +16,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import anyio
 
 from box.protocol.memory import PresenceEntry
-from box.protocol.models import BoxInitParams, DeliverResult, Message, SessionInfo
+from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, Message, SessionInfo
 from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend
 from impyard.channels import ChannelStore
@@ -45,12 +44,12 @@ from impyard.inbound import (
     bounded,
     clean_content,
 )
-from impyard.memory.scopes import presence
+from impyard.memory.scopes import presence, scopes_of
 from impyard.memory.scopes import resolve as resolve_scopes
 from impyard.sessions import Delivery, SessionKey, SessionManager, SessionSettings, TurnHandle
 from impyard.surfaces import Surface, surface_of
 from impyard.typing_indicator import TypingIndicator
-from impyard.wake import WakeFacts, decide_wake
+from impyard.wake import WakeDecision, WakeFacts, decide_wake
 
 __all__ = [
     "MAX_ATTACHMENTS",
@@ -73,6 +72,19 @@ RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refus
 # Seed 003: a side-effect consumer of finished turns (the Discord presence). Called once per turn after its
 # outcome is recorded; it must return at once (hand work to its own task) and never raise.
 TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
+
+
+STORAGE_ERRORS = (sqlite3.Error, DatabaseError, OSError)  # the host's own storage failed (issue 19 #1)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What routing's one database trip did: ``failed`` set when keeping the message (no ``decision`` yet) or its
+    wake failed; ``recent`` (the channel's window) only for a message that woke the imp and was kept so."""
+
+    decision: WakeDecision | None = None
+    recent: list[HistoryEntry] | None = None
+    failed: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -132,23 +144,40 @@ class Conversations:
         if not content and not attachments:
             return Routed("ignored")
         message = message.model_copy(update={"content": content, "attachments": attachments})
+        # Issue 18: the whole of routing's storage is one trip to a database worker (_keep), not four.
+        kept = await self.history.db.run(self._keep, imp, inbound, message)
+        if kept.failed is not None:
+            # Issue 19 #1: persisted before routing, or refused in so many words — never half-kept, never a crash.
+            what = "keep message" if kept.decision is None else f"wake {imp} for"
+            log.warning("could not %s %s in %s: %s", what, message.id, inbound.channel_id, kept.failed)
+            return Routed("unsaved")
+        if kept.recent is None:
+            return Routed("ambient")
+        assert kept.decision is not None
+        return await self._to_session(
+            imp, inbound.channel_id, inbound.channel_kind, message, addressed=kept.decision.addressed,
+            recent=kept.recent,
+        )  # fmt: skip
+
+    def _keep(self, imp: str, inbound: Inbound, message: Message) -> _Kept:
+        """Blocking, on a database worker: the channel seen, the message kept (woken or not), the wake rule, and
+        for a wake its row and the channel's recent history. The message and its wake stay two transactions: a
+        wake that cannot be written leaves the message kept, explicitly not answered."""
         try:
-            channel = await self.channels.aio.seen(
+            channel = self.channels.seen(
                 inbound.channel_id,
                 surface=inbound.surface,
                 kind=inbound.channel_kind,
                 name=inbound.channel_name,
                 guild_id=inbound.guild_id,
             )
-            await self.history.aio.record(inbound.channel_id, message)  # before routing, woken or not
-        except (sqlite3.Error, DatabaseError, OSError) as exc:
-            # Issue 19 #1: persisted before routing, or refused in so many words — never half-kept, never a crash.
-            log.warning("could not keep message %s in %s: %s", message.id, inbound.channel_id, exc)
-            return Routed("unsaved")
+            self.history.record(inbound.channel_id, message)  # before routing, woken or not
+        except STORAGE_ERRORS as exc:
+            return _Kept(failed=exc)
         decision = decide_wake(
             WakeFacts(
                 is_dm=inbound.channel_kind in ("dm", "terminal"),
-                mode=channel.mode,
+                mode=channel.mode,  # type: ignore[arg-type]  # a ChannelMode, as the store keeps it
                 mentions_imp=inbound.mentions_imp,
                 mentions_imp_role=inbound.mentions_imp_role,
                 replies_to_imp=inbound.replies_to_imp,
@@ -156,25 +185,31 @@ class Conversations:
             )
         )
         if not decision.wake:
-            return Routed("ambient")
+            return _Kept(decision)
         try:
-            await self.history.aio.record_wake(imp, inbound.channel_id, message.id)
-        except (sqlite3.Error, DatabaseError, OSError) as exc:  # kept in the history, explicitly not answered
-            log.warning("could not wake %s for %s in %s: %s", imp, message.id, inbound.channel_id, exc)
-            return Routed("unsaved")
-        return await self._to_session(
-            imp, inbound.channel_id, inbound.channel_kind, message, addressed=decision.addressed
-        )
+            self.history.record_wake(imp, inbound.channel_id, message.id)
+        except STORAGE_ERRORS as exc:  # kept in the history, explicitly not answered
+            return _Kept(decision, failed=exc)
+        return _Kept(decision, recent=self.history.recent(inbound.channel_id, imp=imp))
 
     async def receive(self, imp: str, inbound: Inbound) -> RouteOutcome:
         """``route`` for a surface that does not wait for the turn (Discord): only the outcome."""
         return (await self.route(imp, inbound)).outcome
 
     async def _to_session(
-        self, imp: str, channel_id: str, kind: str, message: Message, *, addressed: bool
+        self,
+        imp: str,
+        channel_id: str,
+        kind: str,
+        message: Message,
+        *,
+        addressed: bool,
+        recent: list[HistoryEntry] | None = None,
     ) -> Routed:
+        """``recent``: the channel's window as routing read it (None: read it here, after a restart)."""
         assert self.sessions is not None, "attach a SessionManager first"
-        recent = await self.history.aio.recent(channel_id, imp=imp)
+        if recent is None:
+            recent = await self.history.aio.recent(channel_id, imp=imp)
         framing = decide_framing(
             channel_kind=kind,
             addressed=addressed,
@@ -287,12 +322,17 @@ class Conversations:
         if config is None or not config.memory.enabled:
             return []
         db = self.channels.db
-        scopes = await resolve_scopes(db, key.imp, key.channel_id)
-        if scopes is None:
-            return []
-        return await db.run(
-            partial(presence, db, key.imp, channel_id=key.channel_id, person_id=message.author.id, scopes=scopes, now=now)
-        )  # fmt: skip
+
+        def present() -> list[PresenceEntry]:
+            """One trip a turn (issue 18): the session's scopes, then who else is talking in them."""
+            scopes = scopes_of(db, key.imp, key.channel_id)
+            if scopes is None:
+                return []
+            return presence(
+                db, key.imp, channel_id=key.channel_id, person_id=message.author.id, scopes=scopes, now=now
+            )
+
+        return await db.run(present)
 
     def state_dir_for(self, key: SessionKey) -> Path:
         return self.imps.session_state_dir(key.imp, key.channel_id)

@@ -66,11 +66,12 @@ from impyard.broker import (
     UpstreamUnreachable,
     encode_body,
 )
-from impyard.channels import ChannelStore
+from impyard.channels import ChannelInfo, ChannelStore
 from impyard.clock import Clock, SystemClock
 from impyard.db import Database, DatabaseError
 from impyard.fetch import FetchFailed, FetchRefused, HttpFetcher
 from impyard.gates import Approver, Gate, GateStore
+from impyard.history_surface import HistorySurface
 from impyard.judge import (
     RequestFacts,
     decode_file,
@@ -188,6 +189,16 @@ class _Plan:
     reservation: Reservation | None = None  # model.request, committed: the budget held for the call
 
 
+@dataclass(frozen=True)
+class _SendFacts:
+    """What a ``discord.send`` decision reads of the database (one trip): the session channel's trust, the clean
+    approvals of this imp for the target, and the target channel as known (None: unknown, or not needed)."""
+
+    own_trusted: bool
+    clean_approvals: int
+    target: ChannelInfo | None
+
+
 @dataclass(eq=False)
 class _UpstreamCall:
     """One model call in flight: the handler waits on ``done``; ``orphaned`` once its box went away."""
@@ -203,7 +214,6 @@ class _UpstreamCall:
     error: RpcError | None = None
     orphaned: bool = False
     detached: bool = False  # runs in the gateway's task group
-    started: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True)
@@ -308,6 +318,13 @@ class Gateway:
         self._history_loads: dict[str, int] = {}  # per box (run id): loads not yet audited with a commit
         self._calls: TaskGroup | None = None  # set while ``running``
         self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
+        self._handlers: dict[str, Callable[[BoxSpec, Any, AuditRecord], Awaitable[BaseModel]]] = {
+            "model.request": self._model_request,
+            "discord.send": self._discord_send,
+            "http.fetch": self._http_fetch,
+            "history.load": self._history_load,
+            "history.commit": self._history_commit,
+        }
         if settle_abandoned:
             self.settle_orphans()
 
@@ -406,17 +423,21 @@ class Gateway:
         )
         return bool(rows)
 
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool | None = None) -> None:
+        """The box's ``turn.stage``. ``woken``: whether the host woke ``spec.imp`` for that message in the box's
+        channel, where the caller knows it (the session that handed the box the message); None: looked up."""
+        if self.memory is not None and params.stage == "context":
+            if woken is None:
+                woken = await self._woken(spec, params.message_id)
+            if woken:
+                await self._write_memory_row(self.memory.stage(spec, params.stage, params.message_id))
+        if self.on_stage is not None:
+            await self.on_stage(spec, params)
+
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         if method == "turn.stage":
             assert isinstance(params, TurnStageParams)
-            if (
-                self.memory is not None
-                and params.stage == "context"
-                and await self._woken(spec, params.message_id)
-            ):
-                await self._write_memory_row(self.memory.stage(spec, params.stage, params.message_id))
-            if self.on_stage is not None:
-                await self.on_stage(spec, params)
+            await self.turn_stage(spec, params)
             return None
         if method.startswith("memory."):
             return await self._memory(spec, method, params)
@@ -431,18 +452,13 @@ class Gateway:
                 "box %s/%s: %s%s", spec.imp, spec.channel_id, printable(params.message), f" [{fields}]" if fields else "",
             )  # fmt: skip
             return None
-        handlers: dict[str, Callable[[BoxSpec, Any, AuditRecord], Awaitable[BaseModel]]] = {
-            "model.request": self._model_request,
-            "discord.send": self._discord_send,
-            "http.fetch": self._http_fetch,
-            "history.load": self._history_load,
-            "history.commit": self._history_commit,
-        }
-        handler = handlers.get(method)
+        handler = self._handlers.get(method)
         if handler is None:
             raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method[:80]}")
-        record = AuditRecord(imp=spec.imp, method=method, run_id=spec.run_id, channel_id=spec.channel_id)
         started = time.perf_counter()
+        record = AuditRecord(
+            imp=spec.imp, method=method, run_id=spec.run_id, channel_id=spec.channel_id, started=started
+        )
         try:
             return await handler(spec, params, record)
         except RpcError as exc:
@@ -456,14 +472,14 @@ class Gateway:
                 raise storage_failed() from None
             raise RpcError(ErrorCode.INTERNAL_ERROR, "internal error in the host's gateway") from None
         finally:
-            record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
-            with anyio.CancelScope(shield=True):
-                try:
-                    if not record.deferred:
+            if not record.deferred:  # not written yet with the request's last write (issue 18): written now
+                record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+                with anyio.CancelScope(shield=True):
+                    try:
                         await self.db.run(self.audit.write, record)
-                except STORAGE_ERRORS as exc:  # a full disk: the request is refused, in so many words
-                    log.error("could not audit %s for %s: %s", method, spec.imp, exc)
-                    raise storage_failed() from None
+                    except STORAGE_ERRORS as exc:  # a full disk: the request is refused, in so many words
+                        log.error("could not audit %s for %s: %s", method, spec.imp, exc)
+                        raise storage_failed() from None
 
     async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision:
         """The decision ``serve`` would take on this request now, without acting on it (issue 12): every check
@@ -637,6 +653,8 @@ class Gateway:
             plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
         )
         call = _UpstreamCall(spec, params, plan, plan.reservation, decision.estimate_micros, record)
+        # The call writes its row in the trip that settles it (issue 18), whatever becomes of its caller.
+        record.deferred = True
         if self._calls is None:  # no task group (a gateway used without ``running``): cut with its caller
             await self._run_call(call)
         else:
@@ -649,7 +667,7 @@ class Gateway:
                 await call.done.wait()
             except anyio.get_cancelled_exc_class():
                 if not call.done.is_set():
-                    call.orphaned = record.deferred = True  # _run_call writes the audit row when it ends
+                    call.orphaned = True  # the box is gone: the row says so
                 raise
         if call.error is not None:
             raise call.error
@@ -706,25 +724,31 @@ class Gateway:
                     call.spec.imp, params.path, model, cost, estimate,
                 )  # fmt: skip
                 record.detail += f"; OVER RESERVATION: the upstream reported {cost} micro-USD, {estimate} reserved and charged"
+            if call.error is not None:
+                record.reason = record.reason or call.error.message
             with anyio.CancelScope(shield=True):
                 try:
-                    await self.db.run(self.ledger.settle, call.reservation, cost)
+                    await self.db.run(self._settle_and_audit, call, cost)
+                except STORAGE_ERRORS as exc:
+                    # A full disk: the box is told so, in so many words (issue 19 #1).
+                    log.error("could not settle or audit %s for %s: %s", record.method, record.imp, exc)
+                    call.error = storage_failed()
                 finally:
                     call.done.set()
                     self._detached.discard(call)
-                    if call.orphaned:  # the box is gone: this call's row is written here, once it is settled
-                        if record.verdict != "interrupted":
-                            record.detail += (
-                                "; the box ended before the answer came: finished and settled for it"
-                            )
-                        record.latency_ms = round((time.perf_counter() - call.started) * 1000, 3)
-                        await self._audit_quietly(record)
 
-    async def _audit_quietly(self, record: AuditRecord) -> None:
+    def _settle_and_audit(self, call: _UpstreamCall, cost: int) -> None:
+        """Blocking, one trip to a database worker (issue 18): the reservation settled at the measured cost, then
+        the call's audit row (two statements: a row that cannot be written never leaves the budget held)."""
+        record = call.record
         try:
-            await self.db.run(self.audit.write, record)
-        except STORAGE_ERRORS as exc:
-            log.error("could not audit %s for %s: %s", record.method, record.imp, exc)
+            self.ledger.settle(call.reservation, cost)
+        finally:
+            # Whether its box is gone is read here, once settled: a box cut while it settled is said to be too.
+            if call.orphaned and record.verdict != "interrupted":
+                record.detail += "; the box ended before the answer came: finished and settled for it"
+            record.finish_latency()
+            self.audit.write(record)
 
     # ------------------------------------------------------------ history.* (issue 22)
 
@@ -792,19 +816,28 @@ class Gateway:
         limited = self._rate(rule, (spec.imp, params.channel_id), commit=commit)
         if limited is not None:
             return limited
+        seen = await self.db.run(self._send_facts, spec, params.channel_id)  # one trip (issue 18)
         trust = decide_trust(
             target_is_own=params.channel_id == spec.channel_id,
-            own_trusted=await self.db.run(self.channels.is_trusted, spec.channel_id),
+            own_trusted=seen.own_trusted,
             rule_trust=rule.trust,
             settings=self.policy.trust_for(SEND_ACT),
-            clean_approvals=await self.db.run(self.earned.count, spec.imp, SEND_ACT, params.channel_id),
+            clean_approvals=seen.clean_approvals,
         )
         if trust.mode == "gate":
             return Decision("gated", rule.name, "allowed", trust=trust)
-        unreachable = await self._unreachable(params.channel_id)
+        unreachable = self._unreachable_refusal(params.channel_id, seen.target)
         if unreachable is not None:
             return Decision("unreachable", rule.name, unreachable.message, unreachable, trust=trust)
         return Decision("allowed", rule.name, "allowed", trust=trust)
+
+    def _send_facts(self, spec: BoxSpec, target: str) -> _SendFacts:
+        """Blocking: what a send's decision reads of the database, in one trip (issue 18)."""
+        return _SendFacts(
+            own_trusted=self.channels.is_trusted(spec.channel_id),
+            clean_approvals=self.earned.count(spec.imp, SEND_ACT, target),
+            target=self.channels.info(target) if self.surfaces is not None else None,
+        )
 
     async def _discord_send(
         self, spec: BoxSpec, params: DiscordSendParams, record: AuditRecord
@@ -817,16 +850,17 @@ class Gateway:
         self._enforce(decision, record)
         if decision.verdict == "gated":
             assert decision.trust is not None
-            own = await self.db.run(self.channels.info, spec.channel_id)
-            # Admins of the guild the post lands in decide it (issue 11 #5); a channel the host never saw has none.
-            target = (
-                own
-                if params.channel_id == spec.channel_id
-                else await self.db.run(self.channels.info, params.channel_id)
-            )
             reason = decision.trust.why
-            gate = await self.db.run(
-                lambda: self.gates.open(
+            payload = params.model_dump(mode="json")
+            deadline = timedelta(hours=self.policy.gates.deadline_hours)
+
+            def open_gate() -> Gate:  # one trip (issue 18): both channels read, the gate opened
+                own = self.channels.info(spec.channel_id)
+                # Admins of the guild the post lands in decide it (issue 11 #5); a channel the host never saw has none.
+                target = (
+                    own if params.channel_id == spec.channel_id else self.channels.info(params.channel_id)
+                )
+                return self.gates.open(
                     imp=spec.imp,
                     run_id=spec.run_id,
                     session_channel=spec.channel_id,
@@ -834,11 +868,12 @@ class Gateway:
                     target_guild=target.guild_id if target else None,
                     act=SEND_ACT,
                     target=params.channel_id,
-                    payload=params.model_dump(mode="json"),
+                    payload=payload,
                     reason=reason,
-                    deadline=timedelta(hours=self.policy.gates.deadline_hours),
+                    deadline=deadline,
                 )
-            )
+
+            gate = await self.db.run(open_gate)
             record.verdict, record.gate_id = "gated", gate.id
             await self._gate_opened(gate)
             return DiscordSendResult(status="pending", gate_id=gate.id)
@@ -850,12 +885,17 @@ class Gateway:
         """Whether this host's surface posts in ``channel_id`` (a supervisor without Discord does not)."""
         if self.surfaces is None:
             return True
-        info = await self.db.run(self.channels.info, channel_id)
-        return surface_of(channel_id, info.surface if info else None) in self.surfaces
+        return self._reaches(channel_id, await self.db.run(self.channels.info, channel_id))
 
-    async def _unreachable(self, channel_id: str) -> RpcError | None:
+    def _reaches(self, channel_id: str, info: ChannelInfo | None) -> bool:
+        """``reaches``, given what the host knows of the channel (``info``)."""
+        return (
+            self.surfaces is None or surface_of(channel_id, info.surface if info else None) in self.surfaces
+        )
+
+    def _unreachable_refusal(self, channel_id: str, info: ChannelInfo | None) -> RpcError | None:
         """The refusal of a post into a channel this host's surface does not reach; None when it does."""
-        if await self.reaches(channel_id):
+        if self._reaches(channel_id, info):
             return None
         where = surface_of(channel_id)
         reason = (
@@ -872,11 +912,32 @@ class Gateway:
     async def _deliver(
         self, params: DiscordSendParams, imp: str, record: AuditRecord | None = None
     ) -> list[str]:
+        """Post through the surface. With ``record`` (a box's send), the request's audit row is written in the
+        trip that keeps the post in the history, where the surface keeps one (issue 18); else ``serve`` writes it."""
         files = [OutgoingFile(item.filename, decode_file(item.data_b64)) for item in params.files]
+        surface = self.surface
+
+        def audited(ids: list[str]) -> None:  # blocking, on the history's trip
+            assert record is not None
+            record.detail += f"; message ids {ids}"
+            record.verdict = "allowed"
+            self._write_now(record)
+
         try:
-            ids = await self.surface.send(
-                params.channel_id, params.content, params.reply_to, files, params.kind, imp=imp
-            )
+            if record is not None and isinstance(surface, HistorySurface):
+                ids = await surface.send(
+                    params.channel_id,
+                    params.content,
+                    params.reply_to,
+                    files,
+                    params.kind,
+                    imp=imp,
+                    then=audited,
+                )
+            else:
+                ids = await surface.send(
+                    params.channel_id, params.content, params.reply_to, files, params.kind, imp=imp
+                )
         except SurfaceError as exc:
             if record is not None:
                 record.verdict = "unreachable"
@@ -885,9 +946,16 @@ class Gateway:
                 f"the message could not be delivered: {exc}",
                 {"reason": str(exc)},
             ) from None
-        if record is not None:
+        if record is not None and not record.deferred:
             record.detail += f"; message ids {ids}"
         return ids
+
+    def _write_now(self, record: AuditRecord) -> None:
+        """Blocking, inside the trip of the request's last write: its audit row joins that trip (issue 18), so
+        ``serve`` writes none after it. Its latency is measured up to here."""
+        record.finish_latency()
+        self.audit.write(record)
+        record.deferred = True
 
     # ------------------------------------------------------------ gates
 

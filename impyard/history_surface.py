@@ -47,16 +47,29 @@ class HistorySurface:
         kind: str,
         *,
         imp: str = "",
+        then: Callable[[list[str]], None] | None = None,
     ) -> list[str]:
+        """Post, then keep the post in the history. ``then`` (blocking, given the message ids) runs on the same
+        trip to a database worker right after the post is kept: the gateway's audit row joins it (issue 18)."""
         imp = imp or self.default_imp
         ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp)  # type: ignore[arg-type]
+        message: Message | None = None
         if kind in ("reply", "other") and ids and imp:
             message = Message(
                 id=ids[0], author=Author(id=self.imp_user_id(imp), name=imp, bot=True), content=content,
                 created_at=self.clock.now(), reply_to=ReplyRef(id=reply_to) if reply_to else None,
                 attachments=[_sent_file(item) for item in files if isinstance(item, OutgoingFile)],
             )  # fmt: skip  # the message it answers: recovery never answers it twice (issue 19 #2)
-            await self.history.aio.record(channel_id, message, from_imp=imp)
+        if message is None and then is None:
+            return ids
+
+        def keep() -> None:  # two transactions, one trip: the post is kept even when ``then`` fails
+            if message is not None:
+                self.history.record(channel_id, message, from_imp=imp)
+            if then is not None:
+                then(ids)
+
+        await self.history.db.run(keep)
         return ids
 
     async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:

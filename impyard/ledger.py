@@ -222,26 +222,12 @@ class Ledger(Store):
     def _check(self, conn: sqlite3.Connection, imp: str, estimate_micros: int, now: datetime) -> None:
         """Every window must take the estimate on top of what is spent and reserved, else BudgetExhausted."""
         day, month = day_key(now), month_key(now)
+        mine, fleet = self.limits(imp, conn), self.limits(ALL_IMPS, conn)  # each scope's limits read once
         checks = (
-            (
-                f"imp:{imp}/day",
-                self.limits(imp, conn).daily,
-                dict(imp=imp, day=day),
-                seconds_to_next_day(now),
-            ),
-            (
-                f"imp:{imp}/month",
-                self.limits(imp, conn).monthly,
-                dict(imp=imp, day=None),
-                seconds_to_next_month(now),
-            ),
-            ("all/day", self.limits(ALL_IMPS, conn).daily, dict(imp=None, day=day), seconds_to_next_day(now)),
-            (
-                "all/month",
-                self.limits(ALL_IMPS, conn).monthly,
-                dict(imp=None, day=None),
-                seconds_to_next_month(now),
-            ),
+            (f"imp:{imp}/day", mine.daily, dict(imp=imp, day=day), seconds_to_next_day(now)),
+            (f"imp:{imp}/month", mine.monthly, dict(imp=imp, day=None), seconds_to_next_month(now)),
+            ("all/day", fleet.daily, dict(imp=None, day=day), seconds_to_next_day(now)),
+            ("all/month", fleet.monthly, dict(imp=None, day=None), seconds_to_next_month(now)),
         )
         for name, limit, where, retry_after in checks:
             if limit is None:

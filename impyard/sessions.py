@@ -18,7 +18,7 @@ that the caller may await for that message's outcome; nobody else keeps it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -166,10 +166,19 @@ class SessionBoxHost:
     logs the box's ``log`` lines, with the box's ``turn.stage`` handed to the session's own observer first.
     (The gateway still hears the stage: its per-turn bookkeeping counts turns per box, not per session.)"""
 
-    def __init__(self, gateway: BoxHost, observer: TurnObserver, key: SessionKey) -> None:
+    def __init__(
+        self,
+        gateway: BoxHost,
+        observer: TurnObserver,
+        key: SessionKey,
+        in_turn: Callable[[], Collection[str]] = frozenset,
+    ) -> None:
+        """``in_turn``: the ids of the messages the session handed its box for the turn now running (each one a
+        message the host woke the imp for in this channel)."""
         self.gateway = gateway
         self.observer = observer
         self.key = key
+        self.in_turn = in_turn
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         if method == STAGE_METHOD:
@@ -178,6 +187,11 @@ class SessionBoxHost:
                 await self.observer.stage(params)
             except Exception as exc:  # noqa: BLE001 - the indicator is cosmetic; the turn goes on
                 log.debug("session %s: observing stage %s failed: %s", self.key, params.stage, exc)
+            turn_stage = getattr(self.gateway, "turn_stage", None)
+            if turn_stage is not None and params.message_id in self.in_turn():
+                # The session knows this message woke the imp: the gateway need not look it up (issue 18).
+                await turn_stage(spec, params, woken=True)
+                return None
         return await self.gateway.serve(spec, method, params)
 
     async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
@@ -442,7 +456,9 @@ class SessionManager:
     async def _box_lifetime(self, session: ChannelSession) -> None:
         key = session.key
         spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.plan.state_dir_for(key))
-        host = SessionBoxHost(self.host, session.observer, key)
+        host = SessionBoxHost(
+            self.host, session.observer, key, lambda: [item.delivery.message.id for item in session.in_turn]
+        )
         async with self.plan.backend_for(key.imp).open(spec, host) as box:
             session.box = box
             session.boxes_started += 1

@@ -158,6 +158,7 @@ async def _answered_normally(tmp_path: Path, fake: FakeOpenAI) -> int:
         await h.gateway.aclose()
         h.db.close()
         fake.clear()
+        fake.clear_rules()  # the next call is answered by its own rule (``clear`` keeps rules: this one would win)
 
 
 async def test_a_call_whose_box_died_mid_call_is_finished_and_charged_what_it_cost(

@@ -1,0 +1,186 @@
+"""Issue 18: what one warm turn costs in trips to the database's worker threads, per phase of the turn.
+
+Each ``Database.run`` is one trip: a job handed to a worker thread and its answer woken back onto the event
+loop. Every phase of a turn does its storage in one trip (or two where a decision must be read before an act
+and the act kept after it), so the host's CPU per turn does not grow with how many store methods a phase calls.
+The counts are asserted, never the time they take (a timing target belongs in the benchmark).
+
+Real parts: the process backend's box (the real box program), the gateway with the loopback fake OpenAI, the
+host's surface wrapper that keeps the imp's posts in the history, SQLite under a temporary IMPYARD_HOME.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextvars import ContextVar
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from box.protocol.models import Author, Message
+from impyard.backends import BoxSpec
+from impyard.backends.process import ProcessBackend
+from impyard.clock import FixedClock
+from impyard.conversation import Inbound
+from impyard.db import Database
+from impyard.gateway import Gateway
+from impyard.imps import ImpStore
+from impyard.runtime import Runtime, open_runtime
+from impyard.surfaces import RecordingSurface
+from impyard.testing.fake_openai import FakeOpenAI, envelope
+
+pytestmark = pytest.mark.anyio
+
+CHANNEL = "4242"
+HOST = "host"  # trips made outside any box request: routing, and recording the turn's outcome
+
+# The ceilings, per phase of one warm turn. Before issue 18's batching: routing 4, model.request 3, discord.send 5,
+# history.load 1, history.commit 1, turn.stage 1, the outcome 1: 16 in all.
+ROUTING = 1  # the channel seen, the message kept, the wake rule, its wake row and the recent history
+PER_REQUEST = {
+    "model.request": 2,  # reserve (check-and-debit, atomic); settle + the call's audit row
+    "discord.send": 2,  # the decision's reads (trust, earned count, target); the post kept + its audit row
+    "history.load": 1,
+    "history.commit": 1,  # the lines, the counter and the audit row: one transaction
+}
+NONE = ("turn.stage",)  # the session knows which messages it handed its box: nothing to look up
+OUTSIDE_REQUESTS = 2  # routing, and the turn's outcome
+PER_TURN = 8
+
+_PHASE: ContextVar[str] = ContextVar("phase", default=HOST)
+
+
+class TripCounter:
+    """Counts ``Database.run`` calls, each under the box request being served when it was made (a task the
+    gateway spawns for a request, such as a model call in flight, inherits it), else under ``HOST``."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def wrap_run(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        async def counted(db: Database, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            self.counts[_PHASE.get()] += 1
+            return await run(db, fn, *args, **kwargs)
+
+        return counted
+
+    @staticmethod
+    def wrap_serve(serve: Callable[..., Any]) -> Callable[..., Any]:
+        async def serving(gateway: Gateway, spec: BoxSpec, method: str, params: BaseModel) -> Any:
+            token = _PHASE.set(method)
+            try:
+                return await serve(gateway, spec, method, params)
+            finally:
+                _PHASE.reset(token)
+
+        return serving
+
+    def take(self) -> Counter[str]:
+        taken, self.counts = self.counts, Counter()
+        return taken
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        monkeypatch.setenv("OPENAI_API_KEY", str(server.api_key))
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        server.script(envelope(answer="hello there", answer_needed=True))
+        yield server
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock()
+
+
+@pytest.fixture
+async def runtime(fake: FakeOpenAI, clock: FixedClock, tmp_path: Path) -> AsyncIterator[Runtime]:
+    ImpStore().add("pip", "You are Pip.")
+    async with open_runtime(
+        ["pip"],
+        RecordingSurface(),
+        clock=clock,
+        backends={"pip": ProcessBackend(warn=False)},
+        surfaces=("discord", "terminal"),
+        pump_period_s=None,  # no gate pump: its own trips are not a turn's
+    ) as rt:
+        yield rt
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> TripCounter:
+    counter = TripCounter()
+    monkeypatch.setattr(Database, "run", counter.wrap_run(Database.run))
+    monkeypatch.setattr(Gateway, "serve", counter.wrap_serve(Gateway.serve))
+    return counter
+
+
+def dm(n: int, clock: FixedClock) -> Inbound:
+    """A direct message: it always wakes the imp, and the DM is trusted, so the reply goes out at once."""
+    message = Message(
+        id=f"m{n}", author=Author(id="ann", name="ann"), content=f"hi, message {n}",
+        created_at=clock.now() + timedelta(seconds=n),
+    )  # fmt: skip
+    return Inbound(
+        surface="discord", channel_id=CHANNEL, channel_kind="dm", message=message, channel_name="ann"
+    )
+
+
+async def turn(rt: Runtime, n: int, clock: FixedClock, trips: TripCounter) -> tuple[int, Counter[str]]:
+    """One turn through the whole host: (trips while routing, every trip of the turn by phase)."""
+    trips.take()
+    assert await rt.conversations.receive("pip", dm(n, clock)) in ("started", "queued")
+    routing = sum(trips.counts.values())  # receive returns once the message is handed to its session
+    with anyio.fail_after(30):
+        await rt.conversations.wait_finished(f"m{n}")
+    counts = trips.take()
+    assert rt.history.outcome("pip", CHANNEL, f"m{n}") == "sent"  # answered: a turn that ran to its end
+    return routing, counts
+
+
+async def test_a_warm_turn_makes_one_database_trip_per_phase(
+    runtime: Runtime, clock: FixedClock, trips: TripCounter
+) -> None:
+    rt = runtime
+    await turn(rt, 1, clock, trips)  # the box starts: its init reads are not a warm turn's
+    routing, counts = await turn(rt, 2, clock, trips)
+    assert set(counts) >= {HOST, *PER_REQUEST}, counts  # every phase of a turn ran, and was counted
+    assert routing == ROUTING, counts
+    for method, ceiling in PER_REQUEST.items():
+        assert counts[method] <= ceiling, (method, counts)
+    assert not [method for method in NONE if counts[method]], counts
+    assert counts[HOST] <= OUTSIDE_REQUESTS, counts
+    assert sum(counts.values()) <= PER_TURN, counts
+
+
+async def test_every_warm_turn_costs_the_same(
+    runtime: Runtime, clock: FixedClock, trips: TripCounter
+) -> None:
+    """Trips do not grow with the history, the ledger or the audit log: turn 2 and turn 6 cost the same."""
+    rt = runtime
+    await turn(rt, 1, clock, trips)
+    seen = [await turn(rt, n, clock, trips) for n in range(2, 7)]
+    assert all(seen_one == seen[0] for seen_one in seen), seen
+
+
+async def test_a_message_that_wakes_nobody_costs_one_trip(
+    runtime: Runtime, clock: FixedClock, trips: TripCounter
+) -> None:
+    """Kept in the history, not answered (a guild channel in mention mode, no mention): one trip, no turn."""
+    rt = runtime
+    rt.channels.set_mode("77", "mention")
+    message = Message(
+        id="quiet", author=Author(id="ann", name="ann"), content="just talking", created_at=clock.now()
+    )
+    ambient = Inbound(
+        surface="discord", channel_id="77", channel_kind="guild", message=message, channel_name="g"
+    )
+    assert await rt.conversations.receive("pip", ambient) == "ambient"
+    assert trips.take() == Counter({HOST: 1})
+    assert [m.id for m in rt.history.recent("77")] == ["quiet"]  # kept all the same
