@@ -25,7 +25,7 @@ from box.protocol.memory import PresenceEntry
 from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, Message, SessionInfo
 from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend
-from impyard.channels import ChannelStore
+from impyard.channels import ChannelInfo, ChannelStore
 from impyard.clock import Clock
 from impyard.db import DatabaseError
 from impyard.failure_words import missed_line
@@ -238,14 +238,17 @@ class Conversations:
             )
         return Routed(handle.outcome, handle if handle.accepted else None)
 
-    async def recover(self, reaches: Collection[str] | None = None) -> int:
+    async def recover(
+        self, reaches: Collection[str] | None = None, owns: Callable[[ChannelInfo | None], bool] | None = None
+    ) -> int:
         """After a restart: answer woken messages that are still fresh; the stale ones are marked missed and
-        mentioned to their person once (issue 19 #5), where this host's surface ``reaches`` (None: any)."""
+        mentioned to their person once (issue 19 #5), where this host's surface ``reaches`` (None: any) and, for a
+        host serving one Discord shard, in the channels ``owns`` says are its shard's (issue 21)."""
         before = await self.history.aio.unfinished()
         # Issue 19 #5: a channel this host cannot post to is left to the host that can (`serve` for Discord, a
         # terminal chat for its own): it answers or mentions them when it starts, instead of them being marked
-        # missed here and never told.
-        elsewhere = {w.channel_id for w in before if not await self._reaches(w.channel_id, reaches)}
+        # missed here and never told. Issue 21: so is another shard's channel, to the host serving that shard.
+        elsewhere = {w.channel_id for w in before if not await self._reaches(w.channel_id, reaches, owns)}
         fresh = await self.history.aio.triage(skip_channels=elsewhere)  # the stale ones marked missed
         answered = {(wake.imp, wake.channel_id, wake.message.id) for wake in fresh}
         missed = [
@@ -269,11 +272,18 @@ class Conversations:
             resumed += 1
         return resumed
 
-    async def _reaches(self, channel_id: str, reaches: Collection[str] | None) -> bool:
-        if reaches is None:
+    async def _reaches(
+        self,
+        channel_id: str,
+        reaches: Collection[str] | None,
+        owns: Callable[[ChannelInfo | None], bool] | None = None,
+    ) -> bool:
+        if reaches is None and owns is None:
             return True
         info = await self.channels.aio.info(channel_id)
-        return surface_of(channel_id, info.surface if info else None) in reaches
+        if reaches is not None and surface_of(channel_id, info.surface if info else None) not in reaches:
+            return False
+        return owns is None or owns(info)
 
     async def _mention_missed(self, missed: Sequence[PendingWake]) -> None:
         """One notice per person and channel for messages marked missed just now (they were marked before

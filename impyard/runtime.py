@@ -9,7 +9,7 @@ session manager hands to that session's observer (the typing indicator).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -19,7 +19,7 @@ from impyard.backends import BoxBackend
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend
 from impyard.backends.stateroot import state_root
-from impyard.channels import ChannelStore
+from impyard.channels import ChannelInfo, ChannelStore
 from impyard.clock import Clock
 from impyard.conversation import Conversations
 from impyard.db import Database
@@ -79,12 +79,15 @@ async def open_runtime(
     on_gate: GateCallback | None = None,
     imp_user_ids: Mapping[str, str] | None = None,
     pump_period_s: float | None = GATE_PUMP_S,
+    owns_channel: Callable[[ChannelInfo | None], bool] | None = None,
 ) -> AsyncIterator[Runtime]:
     """The host (``impyard.host``) plus conversation and sessions for ``imp_names``; the gate pump runs inside.
 
     ``surfaces``: where ``surface`` posts; ``on_gate`` hears of every gate opened (approval cards);
     ``imp_user_ids``: each imp's user id on the surface; ``pump_period_s``: how often the gate pump runs
-    (None: never by itself — the caller drives ``runtime.host.pump.run_once()``, as tests do).
+    (None: never by itself — the caller drives ``runtime.host.pump.run_once()``, as tests do);
+    ``owns_channel``: for a host serving one Discord shard, which channels' unanswered messages are its own to
+    answer after a restart (issue 21; None: every channel this host's surfaces reach).
     """
     store = ImpStore()
     configs = {name: store.get(name) for name in imp_names}  # an unknown or broken imp stops here
@@ -103,7 +106,7 @@ async def open_runtime(
             runtime = Runtime(
                 host, host.db, host.gateway, conversations, sessions, host.channels, host.history, chosen
             )
-            resumed = await conversations.recover(reaches=host.surfaces)  # missed ones mentioned once
+            resumed = await conversations.recover(reaches=host.surfaces, owns=owns_channel)  # missed ones mentioned once
             if resumed:
                 log.info("answering %d message(s) left unanswered by the last run", resumed)
             async with anyio.create_task_group() as tg:

@@ -14,6 +14,7 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Author, Message
 from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
+from impyard.discord.shards import Shard
 from impyard.failure_words import WORDS, words_for
 from impyard.gateway import storage_failed
 from impyard.imps import ImpStore
@@ -180,3 +181,43 @@ async def test_messages_missed_across_a_restart_are_mentioned_exactly_once(fake:
         assert rt.history.outcome("pip", CHANNEL, "m1") == "missed"  # untouched: marked by the Discord host
     assert [(s.channel_id, s.kind) for s in surface.sent] == [("terminal:ann", "notice")]
     assert "I missed your message from" in surface.sent[0].content
+
+
+async def test_after_a_restart_a_shard_host_answers_only_its_own_shards_channels(fake: FakeOpenAI) -> None:
+    """Issue 21: hosts serving two shards of one database each recover the messages of their own shard's
+    servers (and shard 0 the DMs); another shard's are left, unmarked, to the host that serves it."""
+    ImpStore().add("pip", "You are Pip.")
+    clock = FixedClock()
+    backend = ProcessBackend(warn=False)
+    surface = RecordingSurface()
+    stale = clock.now() - timedelta(minutes=30)
+    even, odd = str(2_000 << 22), str(2_001 << 22)  # servers of shard 0 and shard 1 of 2
+
+    def start(shard: Shard | None):  # type: ignore[no-untyped-def]
+        return open_runtime(
+            ["pip"], surface, clock=clock, backends={"pip": backend}, surfaces=("discord",),
+            owns_channel=shard.owns_channel if shard is not None else None,
+        )  # fmt: skip
+
+    async with start(None) as rt:
+        rt.channels.seen("even-c", surface="discord", kind="guild", guild_id=even)
+        rt.channels.seen("odd-c", surface="discord", kind="guild", guild_id=odd)
+        rt.channels.seen("dm-c", surface="discord", kind="dm")
+        for n, channel in enumerate(("even-c", "odd-c", "dm-c")):
+            msg = Message(id=f"m{n}", author=Author(id="ann", name="ann"), content="q", created_at=stale)
+            rt.history.record(channel, msg)
+            rt.history.record_wake("pip", channel, msg.id)
+    async with start(Shard(1, 2)) as rt:
+        assert [rt.history.outcome("pip", c, f"m{n}") for n, c in enumerate(("even-c", "odd-c", "dm-c"))] == [
+            None,
+            "missed",
+            None,
+        ]
+    assert [s.channel_id for s in surface.sent] == ["odd-c"]
+    async with start(Shard(0, 2)) as rt:
+        assert [rt.history.outcome("pip", c, f"m{n}") for n, c in enumerate(("even-c", "odd-c", "dm-c"))] == [
+            "missed",
+            "missed",
+            "missed",
+        ]
+    assert sorted(s.channel_id for s in surface.sent) == ["dm-c", "even-c", "odd-c"]  # each mentioned once

@@ -394,6 +394,7 @@ async def _open_discord_host(
                 async with open_runtime(
                     list(clients), surface, backend=backend, clock=clock, backends=dict(backends) if backends else None,
                     surfaces=(SURFACE_DISCORD, SURFACE_LOG), on_gate=cards.gate_opened, imp_user_ids=user_ids,
+                    owns_channel=shard.owns_channel if shard is not None else None,  # another shard's: not ours
                 ) as runtime:  # fmt: skip
                     cards.bind(runtime.gateway)
                     runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
