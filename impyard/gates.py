@@ -3,8 +3,11 @@
 A gate moves ``pending`` → ``approved`` | ``denied`` | ``expired``, and an
 approved gate ``approved`` → ``executing`` → ``executed`` | ``failed``. Every
 move is one conditional UPDATE (``WHERE state = <expected>``) whose rowcount
-is checked, inside ``BEGIN IMMEDIATE``: of two concurrent approvals exactly
-one wins, and of two executors exactly one claims the gate. A crash between
+is checked, inside ``Database.write`` (SQLite ``BEGIN IMMEDIATE``; PostgreSQL
+SERIALIZABLE, run again on a conflict, when the loser's UPDATE then matches no
+row): of two concurrent approvals exactly one wins, and of two executors, in
+one process or on two hosts sharing the database, exactly one claims the gate
+(issue 21, "Exactly once across hosts"). A crash between
 ``executing`` and the outcome leaves the gate ``executing`` (at most once,
 visibly), never re-sent. Each transition writes its audit row in the same
 transaction.
@@ -23,17 +26,22 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from sqlalchemy import ColumnElement, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
 from box.protocol.models import DiscordSendParams
-from impyard.audit import AuditLog, AuditRecord
+from impyard.audit import MAX_FIELD_CHARS, AuditLog, AuditRecord, redact
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
+from impyard.tables import audit as audit_table
+from impyard.tables import earned_trust, gates
 from impyard.trust import EarnedTrust
 
 GateState = Literal["pending", "approved", "denied", "expired", "executing", "executed", "failed"]
@@ -145,7 +153,7 @@ def freeze(payload: dict[str, Any]) -> tuple[str, str]:
     return text, hashlib.sha256(text.encode()).hexdigest()
 
 
-def _row_to_gate(row: sqlite3.Row) -> Gate:
+def row_to_gate(row: Mapping[Any, Any]) -> Gate:
     def when(name: str) -> datetime | None:
         return parse_iso(row[name]) if row[name] else None
 
@@ -173,6 +181,19 @@ def _row_to_gate(row: sqlite3.Row) -> Gate:
     )
 
 
+_AUDIT_COLUMNS = tuple(column.name for column in audit_table.columns if column.name != "id")
+
+
+def _bytewise(column: ColumnElement[str], dialect: str) -> ColumnElement[str]:
+    """Text ordered byte by byte on both engines (ISO times and ids): PostgreSQL's collation is not SQLite's."""
+    return column.collate("C") if dialect == "postgresql" else column
+
+
+def _gate_row(conn: Connection, gate_id: str) -> Gate | None:
+    row = conn.execute(select(gates).where(gates.c.id == gate_id)).mappings().first()
+    return None if row is None else row_to_gate(row)
+
+
 class GateStore(Store):
     def __init__(
         self, db: Database, clock: Clock, audit: AuditLog, earned: EarnedTrust | None = None
@@ -185,27 +206,26 @@ class GateStore(Store):
     # ------------------------------------------------------------ reading
 
     def get(self, gate_id: str) -> Gate:
-        rows = self.db.query("SELECT * FROM gates WHERE id = ?", (gate_id,))
-        if not rows:
+        gate = self.db.read(lambda conn: _gate_row(conn, gate_id))
+        if gate is None:
             raise GateError("not_found", f"no gate {gate_id!r}; `impyard approvals ls` lists them")
-        return _row_to_gate(rows[0])
+        return gate
 
     def latest(self, states: Collection[str] | None = None, limit: int = 100) -> list[Gate]:
         """The newest gates first (only those in ``states``, when given), at most ``limit``."""
-        sql = "SELECT * FROM gates"
-        args: list[object] = []
+        query = select(gates)
         if states:
-            sql += f" WHERE state IN ({', '.join('?' for _ in states)})"
-            args.extend(states)
-        sql += " ORDER BY created_at DESC, id LIMIT ?"
-        args.append(limit)
-        return [_row_to_gate(row) for row in self.db.query(sql, args)]
+            query = query.where(gates.c.state.in_(sorted(states)))
+        query = query.order_by(
+            _bytewise(gates.c.created_at, self.db.dialect).desc(), _bytewise(gates.c.id, self.db.dialect)
+        ).limit(max(0, limit))
+        return self.db.read(lambda conn: [row_to_gate(row) for row in conn.execute(query).mappings()])
 
-    # ------------------------------------------------------------ transitions
+    # ------------------------------------------------------------ transitions (inside ``Database.write``)
 
     def _transition(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         gate: Gate,
         expected: str,
         new: GateState,
@@ -213,13 +233,14 @@ class GateStore(Store):
         note: str = "",
         **columns: Any,
     ) -> bool:
-        sets = ", ".join(["state = ?", *(f"{name} = ?" for name in columns)])
-        cursor = conn.execute(
-            f"UPDATE gates SET {sets} WHERE id = ? AND state = ?", [new, *columns.values(), gate.id, expected]
+        """``expected`` → ``new`` as one conditional UPDATE: its rowcount decides who moved it (exactly once)."""
+        moved = conn.execute(
+            update(gates).where(gates.c.id == gate.id, gates.c.state == expected).values(state=new, **columns)
         )
-        if cursor.rowcount != 1:
+        if moved.rowcount != 1:
             return False
-        self.audit.write(
+        self._audit(
+            conn,
             AuditRecord(
                 imp=gate.imp,
                 method="gate",
@@ -230,9 +251,35 @@ class GateStore(Store):
                 reason=note,
                 detail=f"{gate.act} to {gate.target}",
             ),
-            conn,
         )
         return True
+
+    def _audit(self, conn: Connection, record: AuditRecord) -> None:
+        """The transition's audit row, in its transaction, redacted as ``AuditLog.write`` does (its legacy
+        connection cannot join an engine transaction; see /tmp/s6/wish-P2.md)."""
+        values: dict[str, Any] = {name: getattr(record, name) for name in _AUDIT_COLUMNS}
+        for name, value in values.items():
+            if isinstance(value, str):
+                values[name] = redact(value, self.audit.secrets)[:MAX_FIELD_CHARS]
+        values["at"] = iso(record.at or self.clock.now())
+        conn.execute(insert(audit_table).values(**values))
+
+    def _count_decision(self, conn: Connection, gate: Gate, *, approved: bool) -> None:
+        """Earned trust, in the decision's transaction: one more clean approval, or back to zero on a denial."""
+        dialect_insert = postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert
+        row = dialect_insert(earned_trust).values(
+            imp=gate.imp, act=gate.act, target=gate.target, clean_approvals=1 if approved else 0,
+            updated_at=iso(self.clock.now()),
+        )  # fmt: skip
+        conn.execute(
+            row.on_conflict_do_update(
+                index_elements=[earned_trust.c.imp, earned_trust.c.act, earned_trust.c.target],
+                set_={
+                    "clean_approvals": earned_trust.c.clean_approvals + 1 if approved else 0,
+                    "updated_at": row.excluded.updated_at,
+                },
+            )
+        )
 
     def open(
         self,
@@ -254,14 +301,12 @@ class GateStore(Store):
         gate_id = f"g-{secrets.token_hex(6)}"
         if target == session_channel:
             target_guild = origin_guild
-        with self.db.transaction() as conn:
-            conn.execute(
-                """INSERT INTO gates (id, imp, run_id, session_channel, origin_guild, target_guild, act, target,
-                     payload, payload_sha256, reason, state, created_at, deadline)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)""",
-                (gate_id, imp, run_id, session_channel, origin_guild, target_guild, act, target, text, digest,
-                 reason, iso(now), iso(now + deadline)),
-            )  # fmt: skip
+        row = insert(gates).values(
+            id=gate_id, imp=imp, run_id=run_id, session_channel=session_channel, origin_guild=origin_guild,
+            target_guild=target_guild, act=act, target=target, payload=text, payload_sha256=digest, reason=reason,
+            state="pending", created_at=iso(now), deadline=iso(now + deadline),
+        )  # fmt: skip
+        self.db.write(lambda conn: conn.execute(row))
         return self.get(gate_id)
 
     def learn_target_guild(self, gate_id: str, guild_id: str) -> Gate:
@@ -269,36 +314,45 @@ class GateStore(Store):
 
         Only fills a gap: a guild already recorded, or the session's own channel's, is never changed.
         """
-        self.db.execute(
-            "UPDATE gates SET target_guild = ? WHERE id = ? AND target_guild IS NULL AND target != session_channel",
-            (guild_id, gate_id),
+        fill = (
+            update(gates)
+            .where(
+                gates.c.id == gate_id,
+                gates.c.target_guild.is_(None),
+                gates.c.target != gates.c.session_channel,
+            )
+            .values(target_guild=guild_id)
         )
+        self.db.write(lambda conn: conn.execute(fill))
         return self.get(gate_id)
 
     def expire_due(self) -> list[Gate]:
         """Move every pending gate past its deadline to ``expired``."""
         now = iso(self.clock.now())
-        expired = []
-        with self.db.transaction() as conn:
-            rows = conn.execute(
-                "SELECT * FROM gates WHERE state = 'pending' AND deadline <= ?", (now,)
-            ).fetchall()
-            for row in rows:
-                gate = _row_to_gate(row)
-                if self._transition(conn, gate, "pending", "expired", note="deadline passed", decided_at=now):
-                    expired.append(gate.id)
-        return [self.get(gate_id) for gate_id in expired]
+
+        def expire(conn: Connection) -> list[str]:
+            due = conn.execute(
+                select(gates).where(gates.c.state == "pending", gates.c.deadline <= now)
+                .order_by(_bytewise(gates.c.deadline, self.db.dialect), _bytewise(gates.c.id, self.db.dialect))
+            ).mappings()  # fmt: skip
+            return [
+                gate.id
+                for gate in map(row_to_gate, due.all())
+                if self._transition(conn, gate, "pending", "expired", note="deadline passed", decided_at=now)
+            ]
+
+        return [self.get(gate_id) for gate_id in self.db.write(expire)]
 
     def decide(
         self, gate_id: str, approver: Approver, *, approve: bool, owners: Collection[str] = (), note: str = ""
     ) -> Gate:
         """Approve or deny a pending gate; raises GateError (nothing changes) when that is not possible."""
         now = self.clock.now()
-        with self.db.transaction() as conn:
-            row = conn.execute("SELECT * FROM gates WHERE id = ?", (gate_id,)).fetchone()
-            if row is None:
+
+        def decision(conn: Connection) -> Gate | None:  # None: it expired (committed); may run more than once
+            gate = _gate_row(conn, gate_id)
+            if gate is None:
                 raise GateError("not_found", f"no gate {gate_id!r}; `impyard approvals ls` lists them")
-            gate = _row_to_gate(row)
             allowed, why = may_decide(approver, gate, owners)
             if not allowed:
                 raise GateError("not_authorised", f"{approver.label} may not decide {gate_id}: {why}")
@@ -308,36 +362,37 @@ class GateStore(Store):
                 self._transition(
                     conn, gate, "pending", "expired", note="deadline passed", decided_at=iso(now)
                 )
-                expired = True
-            else:
-                expired = False
-                new: GateState = "approved" if approve else "denied"
-                if not self._transition(
-                    conn, gate, "pending", new, note=note or f"by {approver.label} ({why})",
-                    decided_at=iso(now), decided_by=approver.label, decision_note=note or None,
-                ):  # fmt: skip
-                    raise GateError("not_pending", f"gate {gate_id} was decided by someone else first")
-                if approve:
-                    self.earned.record_approval(conn, gate.imp, gate.act, gate.target)
-                else:
-                    self.earned.record_denial(
-                        conn, gate.imp, gate.act, gate.target
-                    )  # one denial resets earned trust
-        if expired:  # committed above: the deadline passing is a fact even though the decision fails
+                return None
+            new: GateState = "approved" if approve else "denied"
+            if not self._transition(
+                conn, gate, "pending", new, note=note or f"by {approver.label} ({why})",
+                decided_at=iso(now), decided_by=approver.label, decision_note=note or None,
+            ):  # fmt: skip
+                raise GateError("not_pending", f"gate {gate_id} was decided by someone else first")
+            self._count_decision(conn, gate, approved=approve)  # one denial resets earned trust
+            return gate
+
+        if (
+            self.db.write(decision) is None
+        ):  # committed: the deadline passing is a fact though the decision fails
+            deadline = self.get(gate_id).deadline
             raise GateError(
-                "expired", f"gate {gate_id} expired at {iso(gate.deadline)}; it can no longer be decided"
+                "expired", f"gate {gate_id} expired at {iso(deadline)}; it can no longer be decided"
             )
         return self.get(gate_id)
 
     def claim(self, gate_id: str) -> Gate | None:
         """approved → executing; None when another executor has it (or it is not approved)."""
-        with self.db.transaction() as conn:
-            row = conn.execute("SELECT * FROM gates WHERE id = ?", (gate_id,)).fetchone()
-            if row is None:
+
+        def claim_it(conn: Connection) -> Gate | None:
+            gate = _gate_row(conn, gate_id)
+            if gate is None or not self._transition(conn, gate, "approved", "executing", note="executing"):
                 return None
-            gate = _row_to_gate(row)
-            if not self._transition(conn, gate, "approved", "executing", note="executing"):
-                return None
+            return gate
+
+        gate = self.db.write(claim_it)
+        if gate is None:
+            return None
         text, digest = freeze(gate.payload)
         if digest != gate.payload_sha256:
             self.finish(gate_id, error="the frozen payload does not match its hash; not executed")
@@ -348,8 +403,11 @@ class GateStore(Store):
 
     def finish(self, gate_id: str, *, message_ids: list[str] | None = None, error: str | None = None) -> Gate:
         now = iso(self.clock.now())
-        with self.db.transaction() as conn:
-            gate = _row_to_gate(conn.execute("SELECT * FROM gates WHERE id = ?", (gate_id,)).fetchone())
+
+        def outcome(conn: Connection) -> None:
+            gate = _gate_row(conn, gate_id)
+            if gate is None:
+                raise GateError("not_found", f"no gate {gate_id!r}; `impyard approvals ls` lists them")
             if error is None:
                 self._transition(
                     conn, gate, "executing", "executed", note=f"message ids {message_ids or []}",
@@ -357,6 +415,8 @@ class GateStore(Store):
                 )  # fmt: skip
             else:
                 self._transition(conn, gate, "executing", "failed", note=error, executed_at=now, error=error)
+
+        self.db.write(outcome)
         return self.get(gate_id)
 
     def approved_waiting(self) -> list[Gate]:

@@ -12,30 +12,37 @@ functions of plain values, so their tests are tables on a fixed clock:
   ``skip`` (only a run that is due right now), ``once`` (one run for the lot;
   the default) or ``all`` (every missed run, bounded).
 
-``ScheduleStore`` keeps schedules in the host database and turns due fires
-into queued tasks: the tasks and the schedule's new ``next_run`` are written
-in one transaction, and a (schedule, scheduled time) pair is unique, so a fire
-is enqueued exactly once.
+``ScheduleStore`` keeps schedules in the host database (SQLite or PostgreSQL,
+docs/storage.md) and turns due fires into queued tasks: the tasks and the
+schedule's new ``next_run`` are written in one transaction, whose conditional
+UPDATE of ``next_run`` claims the fire, and a (schedule, scheduled time) pair is
+unique, so a fire is enqueued exactly once, however many supervisors (hosts)
+share the database (issue 21).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Connection
 
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.errors import ImpyardError
 from impyard.imps import ImpStore
-from impyard.tasks import Task, TaskRequest, TaskStore, validate_request
+from impyard.tables import schedules
+from impyard.tables import tasks as tasks_table
+from impyard.tasks import Task, TaskRequest, TaskStore, ValidTask, log_transition, validate_request
+from impyard.tasks.sql import bytewise, ensure_task_channel, insert_task, tasks_by_id
 
 log = logging.getLogger("impyard.schedules")
 
@@ -328,7 +335,7 @@ class Schedule:
         }
 
 
-def _row_to_schedule(row: sqlite3.Row) -> Schedule:
+def _row_to_schedule(row: Mapping[Any, Any]) -> Schedule:
     every = timedelta(seconds=row["every_s"]) if row["every_s"] is not None else None
     return Schedule(
         id=row["id"],
@@ -347,6 +354,26 @@ def _row_to_schedule(row: sqlite3.Row) -> Schedule:
         fired=row["fired"],
         created_at=parse_iso(row["created_at"]),
     )
+
+
+@dataclass(frozen=True)
+class _Fired:
+    """What one fire of a schedule did, for the log lines written once it is committed."""
+
+    task_ids: tuple[str, ...] = ()
+    dropped: int = 0  # fires not queued: too many of the schedule's tasks still queued or running
+    backlog: int = 0
+    missed: int = 0  # fires the missed-run policy dropped
+    policy: MissedPolicy = DEFAULT_MISSED
+
+
+def _schedule_row(conn: Connection, schedule_id: str) -> Schedule | None:
+    row = conn.execute(select(schedules).where(schedules.c.id == schedule_id)).mappings().first()
+    return None if row is None else _row_to_schedule(row)
+
+
+def _not_found(schedule_id: str) -> ScheduleError:
+    return ScheduleError(f"no schedule {schedule_id!r}; `impyard schedule ls` lists them")
 
 
 class ScheduleStore(Store):
@@ -384,17 +411,19 @@ class ScheduleStore(Store):
         )  # fmt: skip
         next_run = first_run(trigger, now, now=request.now)
         schedule_id = f"s-{secrets.token_hex(4)}"
-        with self.db.transaction() as conn:
-            self.tasks.ensure_channel(conn, task.channel_id)
-            conn.execute(
-                """INSERT INTO schedules (id, imp, kind, prompt, channel_id, ceiling_s, wake_on_resolve, briefing,
-                     every_s, cron, tz, missed, anchor, next_run, created_at, updated_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (schedule_id, task.imp, task.kind, task.prompt, task.channel_id, task.ceiling_s,
-                 int(task.wake_on_resolve), int(task.briefing),
-                 trigger.every.total_seconds() if trigger.every else None, trigger.cron, trigger.tz, missed,
-                 iso(trigger.anchor or now), iso(next_run), iso(now), iso(now)),
-            )  # fmt: skip
+        row = insert(schedules).values(
+            id=schedule_id, imp=task.imp, kind=task.kind, prompt=task.prompt, channel_id=task.channel_id,
+            ceiling_s=task.ceiling_s, wake_on_resolve=int(task.wake_on_resolve), briefing=int(task.briefing),
+            every_s=trigger.every.total_seconds() if trigger.every else None, cron=trigger.cron, tz=trigger.tz,
+            missed=missed, anchor=iso(trigger.anchor or now), next_run=iso(next_run), created_at=iso(now),
+            updated_at=iso(now),
+        )  # fmt: skip
+
+        def add_it(conn: Connection) -> None:
+            ensure_task_channel(conn, task.channel_id, now)
+            conn.execute(row)
+
+        self.db.write(add_it)
         schedule = self.get(schedule_id)
         log.info(
             "schedule %s added: imp=%s %s next_run=%s",
@@ -408,47 +437,60 @@ class ScheduleStore(Store):
     # ------------------------------------------------------------ reading
 
     def get(self, schedule_id: str) -> Schedule:
-        rows = self.db.query("SELECT * FROM schedules WHERE id = ?", (schedule_id,))
-        if not rows:
-            raise ScheduleError(f"no schedule {schedule_id!r}; `impyard schedule ls` lists them")
-        return _row_to_schedule(rows[0])
+        schedule = self.db.read(lambda conn: _schedule_row(conn, schedule_id))
+        if schedule is None:
+            raise _not_found(schedule_id)
+        return schedule
 
     def all_for(self, imp: str | None = None) -> list[Schedule]:
         """Every schedule (of ``imp``, when given), the next to run first."""
-        sql, args = "SELECT * FROM schedules", []
+        dialect = self.db.dialect
+        query = select(schedules).order_by(
+            bytewise(schedules.c.next_run, dialect), bytewise(schedules.c.id, dialect)
+        )
         if imp is not None:
-            sql += " WHERE imp = ?"
-            args.append(imp)
-        return [_row_to_schedule(row) for row in self.db.query(sql + " ORDER BY next_run, id", args)]
+            query = query.where(schedules.c.imp == imp)
+        return self.db.read(lambda conn: [_row_to_schedule(row) for row in conn.execute(query).mappings()])
 
     # ------------------------------------------------------------ operator changes
 
     def remove(self, schedule_id: str) -> Schedule:
-        schedule = self.get(schedule_id)
-        self.db.execute(
-            "DELETE FROM schedules WHERE id = ?", (schedule_id,)
-        )  # its queued tasks stay (they are tasks)
+        def remove_it(conn: Connection) -> Schedule:
+            schedule = _schedule_row(conn, schedule_id)
+            if schedule is None:
+                raise _not_found(schedule_id)
+            conn.execute(delete(schedules).where(schedules.c.id == schedule_id))  # its queued tasks stay
+            return schedule
+
+        schedule = self.db.write(remove_it)
         log.info("schedule %s removed", schedule_id)
         return schedule
 
     def pause(self, schedule_id: str) -> Schedule:
-        self.get(schedule_id)
-        self.db.execute(
-            "UPDATE schedules SET paused = 1, updated_at = ? WHERE id = ?",
-            (iso(self.clock.now()), schedule_id),
-        )
+        now = iso(self.clock.now())
+        paused = update(schedules).where(schedules.c.id == schedule_id).values(paused=1, updated_at=now)
+        if self.db.write(lambda conn: conn.execute(paused).rowcount) != 1:
+            raise _not_found(schedule_id)
         log.info("schedule %s paused", schedule_id)
         return self.get(schedule_id)
 
     def resume(self, schedule_id: str) -> Schedule:
         """Resume from now on: fires that fell in the pause are not made up for."""
-        schedule = self.get(schedule_id)
         now = self.clock.now()
-        next_run = schedule.next_run if schedule.next_run > now else next_after(schedule.trigger, now)
-        self.db.execute(
-            "UPDATE schedules SET paused = 0, next_run = ?, updated_at = ? WHERE id = ?",
-            (iso(next_run), iso(now), schedule_id),
-        )
+
+        def resume_it(conn: Connection) -> datetime:
+            schedule = _schedule_row(conn, schedule_id)
+            if schedule is None:
+                raise _not_found(schedule_id)
+            next_run = schedule.next_run if schedule.next_run > now else next_after(schedule.trigger, now)
+            conn.execute(
+                update(schedules)
+                .where(schedules.c.id == schedule_id)
+                .values(paused=0, next_run=iso(next_run), updated_at=iso(now))
+            )
+            return next_run
+
+        next_run = self.db.write(resume_it)
         log.info("schedule %s resumed; next run %s", schedule_id, iso(next_run))
         return self.get(schedule_id)
 
@@ -457,68 +499,99 @@ class ScheduleStore(Store):
     def fire_due(self) -> list[Task]:
         """Queue a task for each due fire of every active schedule; one transaction per schedule."""
         now = self.clock.now()
-        due = self.db.query(
-            "SELECT id FROM schedules WHERE paused = 0 AND next_run <= ? ORDER BY next_run", (iso(now),)
+        due = (
+            select(schedules.c.id)
+            .where(schedules.c.paused == 0, schedules.c.next_run <= iso(now))
+            .order_by(
+                bytewise(schedules.c.next_run, self.db.dialect), bytewise(schedules.c.id, self.db.dialect)
+            )
         )
         queued: list[Task] = []
-        for row in due:
-            queued.extend(self._fire(row["id"], now))
+        for schedule_id in self.db.read(lambda conn: list(conn.scalars(due))):
+            queued.extend(self._fire(schedule_id, now))
         return queued
 
-    def _fire(self, schedule_id: str, now: datetime) -> list[Task]:
+    def _claim_fire(self, conn: Connection, schedule_id: str, now: datetime) -> _Fired | None:
+        """One due schedule's fire, claimed by exactly one supervisor (issue 21, "Exactly once across hosts"):
+        the due row is locked (PostgreSQL: FOR UPDATE SKIP LOCKED, so another host passes it by; SQLite: the
+        write lock) and its ``next_run`` moved by a conditional UPDATE that matches only the ``next_run`` read, so
+        of two supervisors one queues the fire and the other finds it gone. None: not due (any more)."""
+        row = conn.execute(
+            select(schedules)
+            .where(schedules.c.id == schedule_id, schedules.c.paused == 0, schedules.c.next_run <= iso(now))
+            .with_for_update(skip_locked=True)
+        ).mappings().first()  # fmt: skip
+        if row is None:
+            return None  # removed, paused, or being fired or fired by someone else meanwhile
+        schedule = _row_to_schedule(row)
+        runs = due_runs(schedule.trigger, schedule.next_run, now, schedule.missed)
+        claimed = conn.execute(
+            update(schedules)
+            .where(schedules.c.id == schedule.id, schedules.c.next_run == row["next_run"])
+            .values(next_run=iso(runs.next_run), updated_at=iso(now))
+        )
+        if claimed.rowcount != 1:
+            return None
+        backlog = conn.execute(
+            select(func.count())
+            .select_from(tasks_table)
+            .where(tasks_table.c.schedule_id == schedule.id, tasks_table.c.state.in_(("queued", "running")))
+        ).scalar_one()
+        room = max(0, MAX_QUEUED_PER_SCHEDULE - backlog)
+        task = ValidTask(
+            imp=schedule.imp, kind=schedule.kind, prompt=schedule.prompt, person=None, origin="schedule",
+            channel_id=schedule.channel_id, ceiling_s=schedule.ceiling_s, wake_on_resolve=schedule.wake_on_resolve,
+            briefing=schedule.briefing,
+        )  # fmt: skip
         task_ids: list[str] = []
-        with self.db.transaction() as conn:
-            row = conn.execute(
-                "SELECT * FROM schedules WHERE id = ? AND paused = 0 AND next_run <= ?",
-                (schedule_id, iso(now)),
-            ).fetchone()
-            if row is None:
-                return []  # removed, paused or fired by someone else meanwhile
-            schedule = _row_to_schedule(row)
-            runs = due_runs(schedule.trigger, schedule.next_run, now, schedule.missed)
-            backlog = conn.execute(
-                "SELECT COUNT(*) FROM tasks WHERE schedule_id = ? AND state IN ('queued', 'running')",
-                (schedule.id,),
-            ).fetchone()[0]
-            room = max(0, MAX_QUEUED_PER_SCHEDULE - backlog)
-            if len(runs.fire) > room:
-                log.warning(
-                    "schedule %s: %d run(s) still queued or running; %d fire(s) dropped so the queue does not grow",
-                    schedule.id, backlog, len(runs.fire) - room,
-                )  # fmt: skip
-            for when in runs.fire[len(runs.fire) - room :] if room else ():
-                task_id = self.tasks.insert(
-                    conn,
-                    TaskRequest(
-                        imp=schedule.imp, prompt=schedule.prompt, kind=schedule.kind, channel_id=schedule.channel_id,
-                        ceiling=schedule.ceiling_s, origin="schedule", wake_on_resolve=schedule.wake_on_resolve,
-                        briefing=schedule.briefing,
-                    ),
-                    schedule_id=schedule.id,
-                    scheduled_for=when,
-                    not_before=now,
-                )  # fmt: skip
-                if task_id is not None:
-                    task_ids.append(task_id)
-            if runs.missed and schedule.missed != "all":
-                log.info(
-                    "schedule %s: %d missed run(s) dropped by its missed-run policy %r",
-                    schedule.id,
-                    runs.missed,
-                    schedule.missed,
-                )
+        for when in runs.fire[len(runs.fire) - room :] if room else ():
+            task_id = f"t-{secrets.token_hex(5)}"
+            if insert_task(
+                conn, task, task_id=task_id, now=now, schedule_id=schedule.id, scheduled_for=when,
+                not_before=now,
+            ):  # fmt: skip
+                task_ids.append(task_id)
+        if task_ids:
             conn.execute(
-                """UPDATE schedules SET next_run = ?, last_fired = CASE WHEN ? > 0 THEN ? ELSE last_fired END,
-                     fired = fired + ?, updated_at = ? WHERE id = ?""",
-                (iso(runs.next_run), len(task_ids), iso(now), len(task_ids), iso(now), schedule.id),
+                update(schedules)
+                .where(schedules.c.id == schedule.id)
+                .values(last_fired=iso(now), fired=schedules.c.fired + len(task_ids))
+            )
+        return _Fired(tuple(task_ids), max(0, len(runs.fire) - room), backlog, runs.missed, schedule.missed)
+
+    def _fire(self, schedule_id: str, now: datetime) -> list[Task]:
+        fired = self.db.write(lambda conn: self._claim_fire(conn, schedule_id, now))
+        if fired is None:
+            return []
+        if fired.dropped:
+            log.warning(
+                "schedule %s: %d run(s) still queued or running; %d fire(s) dropped so the queue does not grow",
+                schedule_id, fired.backlog, fired.dropped,
             )  # fmt: skip
-        tasks = [self.tasks.get(task_id) for task_id in task_ids]
-        for task in tasks:
+        if fired.missed and fired.policy != "all":
+            log.info(
+                "schedule %s: %d missed run(s) dropped by its missed-run policy %r",
+                schedule_id,
+                fired.missed,
+                fired.policy,
+            )
+        found = self.db.read(lambda conn: tasks_by_id(conn, fired.task_ids))
+        queued = [found[task_id] for task_id in fired.task_ids]
+        for task in queued:
+            log_transition(
+                task.id,
+                task.imp,
+                "new",
+                "queued",
+                kind=task.kind,
+                origin=task.origin,
+                channel=task.channel_id,
+            )
             log.info(
                 "task %s queued by schedule %s (scheduled for %s)", task.id, schedule_id,
                 iso(task.scheduled_for) if task.scheduled_for else "?",
             )  # fmt: skip
-        return tasks
+        return queued
 
 
 def describe_next(schedule: Schedule) -> str:

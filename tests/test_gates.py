@@ -11,8 +11,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
 from box.protocol.models import DiscordSendParams, DiscordSendResult
+from impyard import tables
 from impyard.backends import BoxSpec
 from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
@@ -48,10 +50,10 @@ class Setup:
         return result.gate_id
 
     def transitions(self, gate_id: str) -> list[str]:
-        rows = self.db.query(
-            "SELECT verdict FROM audit WHERE method = 'gate' AND gate_id = ? ORDER BY id", (gate_id,)
+        query = sa.select(tables.audit.c.verdict).where(
+            tables.audit.c.method == "gate", tables.audit.c.gate_id == gate_id
         )
-        return [row[0] for row in rows]
+        return self.db.read(lambda conn: list(conn.scalars(query.order_by(tables.audit.c.id))))
 
 
 def make_setup(tmp_path: Path, policy: Policy | None = None) -> Setup:
@@ -167,7 +169,8 @@ async def test_concurrent_approvals_in_threads_have_exactly_one_winner(s: Setup)
         thread.join()
     assert outcomes.count("won") == 1 and outcomes.count("not_pending") == 19
     assert s.transitions(gate_id) == ["approved"]
-    assert s.db.query("SELECT clean_approvals FROM earned_trust")[0][0] == 1  # counted once
+    counted = s.db.read(lambda conn: list(conn.scalars(sa.select(tables.earned_trust.c.clean_approvals))))
+    assert counted == [1]  # counted once
 
 
 async def test_approving_twice_concurrently_sends_exactly_once(s: Setup) -> None:
@@ -251,9 +254,12 @@ async def test_a_failed_execution_is_recorded_not_retried(s: Setup) -> None:
 
 async def test_a_tampered_payload_is_not_executed(s: Setup) -> None:
     gate_id = await s.gated_send("original")
-    s.db.execute(
-        "UPDATE gates SET payload = replace(payload, 'original', 'tampered') WHERE id = ?", (gate_id,)
+    tamper = (
+        sa.update(tables.gates)
+        .where(tables.gates.c.id == gate_id)
+        .values(payload=sa.func.replace(tables.gates.c.payload, "original", "tampered"))
     )
+    s.db.write(lambda conn: conn.execute(tamper))
     s.gateway.gates.decide(gate_id, OPERATOR, approve=True)
     with pytest.raises(GateError) as caught:
         await s.gateway.execute(gate_id)
@@ -278,9 +284,8 @@ async def test_earned_trust_promotes_after_n_clean_approvals_and_a_denial_resets
         s.spec, "discord.send", DiscordSendParams(channel_id="guild-chat", content="alone")
     )
     assert isinstance(auto, DiscordSendResult) and auto.status == "delivered"
-    assert (
-        "earned (3 clean approvals)" in s.db.query("SELECT detail FROM audit ORDER BY id DESC LIMIT 1")[0][0]
-    )
+    last = sa.select(tables.audit.c.detail).order_by(tables.audit.c.id.desc()).limit(1)
+    assert "earned (3 clean approvals)" in s.db.read(lambda conn: conn.execute(last).scalar_one())
     # earned per imp + act + target: the same imp in another untrusted channel starts from zero
     DbChannelTrust(s.db, s.clock).upsert(ChannelInfo("guild-other", kind="guild", guild_id="g1"))
     other = BoxSpec("pip", "guild-other", s.spec.state_dir)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import queue
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from impyard.clock import FixedClock
-from impyard.db import Database
+from impyard.db import Database, open_database
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.imps import ImpNotFound, ImpStore
 from impyard.schedules import (
@@ -26,13 +31,14 @@ from impyard.schedules import (
     parse_timezone,
     recent_fires,
 )
+from impyard.tables import channels, schedules, tasks
 from impyard.tasks import TaskError, TaskStore
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # a Monday
 
 
 def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc,arg-type]
 
 
 def every(interval: str, anchor: datetime = T0) -> Trigger:
@@ -222,14 +228,26 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
+def db(any_engine_db: Database) -> Database:
+    """The store's tests run on SQLite and on PostgreSQL (issue 21)."""
+    return any_engine_db
+
+
+@pytest.fixture
 def store(db: Database, clock: FixedClock, impyard_home: Path) -> ScheduleStore:
     imps = ImpStore()
     imps.add("pip")
     return ScheduleStore(db, clock, TaskStore(db, clock, imps), imps)
 
 
+def count(db: Database, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
+    return db.read(
+        lambda conn: conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one()
+    )
+
+
 def counts(db: Database) -> tuple[int, int]:
-    return (db.query("SELECT COUNT(*) FROM schedules")[0][0], db.query("SELECT COUNT(*) FROM tasks")[0][0])
+    return count(db, schedules), count(db, tasks)
 
 
 @pytest.mark.parametrize(
@@ -328,5 +346,73 @@ def test_a_schedule_that_cannot_keep_up_stops_growing_the_queue(
 def test_the_default_channel_is_the_imps_trusted_task_log(store: ScheduleStore, db: Database) -> None:
     schedule = store.add(ScheduleRequest("pip", "x", every="1h"))
     assert schedule.channel_id == "task:pip"
-    [row] = db.query("SELECT kind, surface FROM channels WHERE channel_id = 'task:pip'")
-    assert (row["kind"], row["surface"]) == ("terminal", "terminal")
+    query = sa.select(channels.c.kind, channels.c.surface).where(channels.c.channel_id == "task:pip")
+    assert db.read(lambda conn: tuple(conn.execute(query).one())) == ("terminal", "terminal")
+
+
+# --- two supervisors (two processes, as on two hosts) race for the same due fires (issue 21) -----------------
+
+RACE_ROUNDS = 50  # schedules raced per test: enough that the two processes overlap in some of them
+RACE_WAIT_S = 60.0  # how long the test waits for a worker's answer before it is a failure
+
+
+def reopen_args(db: Database) -> dict[str, Any]:
+    """How another process opens the same database (the URL holds the test server's password)."""
+    if db.url.path is not None:
+        return {"path": str(db.url.path)}
+    return {"url": db.url.url.render_as_string(hide_password=False)}
+
+
+def fire_when_told(where: dict[str, Any], told: Any, results: Any, barrier: Any) -> None:
+    """A worker process, a supervisor of its own: each time it is told, fire whatever is due, with the other."""
+    path = where.get("path")
+    db = open_database(None if path is None else Path(path), url=where.get("url"), engine_only=True)
+    clock = FixedClock(T0)
+    store = ScheduleStore(db, clock, TaskStore(db, clock))
+    try:
+        while (schedule_id := told.get()) is not None:
+            barrier.wait()  # both processes fire together
+            results.put((schedule_id, [(task.schedule_id, task.id) for task in store.fire_due()]))
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def supervisors(db: Database) -> Iterator[tuple[list[Any], Any]]:
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: nothing of this process is shared
+    barrier, results = context.Barrier(2), context.Queue()
+    inboxes = [context.Queue(), context.Queue()]
+    workers = [
+        context.Process(target=fire_when_told, args=(reopen_args(db), inbox, results, barrier))
+        for inbox in inboxes
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        yield inboxes, results
+    finally:
+        for inbox in inboxes:
+            inbox.put(None)
+        for worker in workers:
+            worker.join(timeout=RACE_WAIT_S)
+            if worker.is_alive():
+                worker.kill()
+
+
+def test_a_due_fire_raced_by_two_supervisors_is_queued_once(
+    store: ScheduleStore, db: Database, supervisors: tuple[list[Any], Any]
+) -> None:
+    inboxes, results = supervisors
+    for _ in range(RACE_ROUNDS):
+        schedule = store.add(ScheduleRequest("pip", "x", every="1h", now=True))  # due now, and only it
+        for inbox in inboxes:
+            inbox.put(schedule.id)
+        try:
+            answers = [results.get(timeout=RACE_WAIT_S) for _ in inboxes]
+        except queue.Empty:
+            pytest.fail("a racing supervisor did not answer (it died or hung)")
+        queued = [task for _, fired in answers for task in fired]
+        assert [schedule_id for schedule_id, _ in queued] == [schedule.id], answers  # one of them queued it
+        assert count(db, tasks, tasks.c.schedule_id == schedule.id) == 1
+        fired = store.get(schedule.id)
+        assert fired.fired == 1 and fired.next_run == T0 + timedelta(hours=1)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import queue
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from impyard.audit import AuditLog, AuditRecord
+from impyard import tables
+from impyard.audit import AuditLog
 from impyard.clock import FixedClock
-from impyard.db import Database
+from impyard.db import Database, open_database
 from impyard.gates import Approver, Gate, GateStore
 from impyard.imps import ImpNameError, ImpNotFound, ImpStore
 from impyard.ledger import ALL_IMPS, BudgetRow
@@ -41,6 +48,12 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
+def db(any_engine_db: Database) -> Database:
+    """The store's tests run on SQLite and on PostgreSQL (issue 21)."""
+    return any_engine_db
+
+
+@pytest.fixture
 def store(db: Database, clock: FixedClock, impyard_home: Path) -> TaskStore:
     imps = ImpStore()
     imps.add("pip")
@@ -48,8 +61,12 @@ def store(db: Database, clock: FixedClock, impyard_home: Path) -> TaskStore:
     return TaskStore(db, clock, imps)
 
 
+def count(db: Database, table: sa.Table) -> int:
+    return db.read(lambda conn: conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
+
+
 def task_count(db: Database) -> int:
-    return int(db.query("SELECT COUNT(*) FROM tasks")[0][0])
+    return count(db, tables.tasks)
 
 
 # --- validation: every bad input refused, nothing written --------------------------------------------
@@ -82,7 +99,7 @@ def test_bad_tasks_are_refused_and_nothing_is_written(
     with pytest.raises(error, match=message):
         store.add(request_)
     assert task_count(db) == 0
-    assert db.query("SELECT COUNT(*) FROM channels")[0][0] == 0
+    assert count(db, tables.channels) == 0
 
 
 @pytest.mark.parametrize(
@@ -375,13 +392,16 @@ def test_the_briefing_is_bounded_and_composed_before_the_task() -> None:
 
 
 def test_run_facts_come_from_the_audit_not_the_box(store: TaskStore, db: Database, clock: FixedClock) -> None:
-    audit = AuditLog(db, clock, [])
-    for method, verdict, cost in (("model.request", "allowed", 300), ("discord.send", "allowed", 0),
-                                  ("model.request", "budget_exhausted", 0), ("http.fetch", "denied", 0)):  # fmt: skip
-        audit.write(AuditRecord(imp="pip", method=method, verdict=verdict, run_id="run-9", cost_micros=cost))
-    audit.write(
-        AuditRecord(imp="pip", method="model.request", verdict="allowed", run_id="other-run", cost_micros=999)
-    )
+    rows = [("model.request", "allowed", "run-9", 300), ("discord.send", "allowed", "run-9", 0),
+            ("model.request", "budget_exhausted", "run-9", 0), ("http.fetch", "denied", "run-9", 0),
+            ("model.request", "allowed", "other-run", 999)]  # fmt: skip
+    db.write(
+        lambda conn: conn.execute(
+            sa.insert(tables.audit),
+            [{"at": "2026-04-10T12:00:00.000000+00:00", "imp": "pip", "method": method, "verdict": verdict,
+              "run_id": run_id, "cost_micros": cost} for method, verdict, run_id, cost in rows],
+        )
+    )  # fmt: skip
     facts = store.run_facts("run-9")
     assert (facts.model_calls, facts.cost_micros, facts.sent, facts.refused, facts.budget_refused) == (
         1,
@@ -391,3 +411,78 @@ def test_run_facts_come_from_the_audit_not_the_box(store: TaskStore, db: Databas
         True,
     )
     assert facts.acted
+
+
+# --- two supervisors (two processes, as on two hosts) race for the same queued tasks (issue 21) -------------
+
+RACE_ROUNDS = 50  # tasks raced per test: enough that the two processes overlap in some of them
+RACE_WAIT_S = 60.0  # how long the test waits for a worker's answer before it is a failure
+
+
+def reopen_args(db: Database) -> dict[str, Any]:
+    """How another process opens the same database (the URL holds the test server's password)."""
+    if db.url.path is not None:
+        return {"path": str(db.url.path)}
+    return {"url": db.url.url.render_as_string(hide_password=False)}
+
+
+def claim_and_finish(where: dict[str, Any], told: Any, results: Any, barrier: Any) -> None:
+    """A worker process, a supervisor of its own: claim each task it is told of and, if it is its, finish it."""
+    path = where.get("path")
+    db = open_database(None if path is None else Path(path), url=where.get("url"), engine_only=True)
+    store = TaskStore(db, FixedClock(NOW))
+    try:
+        while (task_id := told.get()) is not None:
+            run_id = f"run-{os.getpid()}-{task_id}"
+            barrier.wait()  # both processes claim together
+            claimed = store.claim(task_id, run_id, "process") is not None
+            if claimed:
+                store.finish(task_id, run_id, Attestation("done", "done"), RunEnd("done", run_id))
+            results.put((task_id, claimed))
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def supervisors(db: Database) -> Iterator[tuple[list[Any], Any]]:
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: nothing of this process is shared
+    barrier, results = context.Barrier(2), context.Queue()
+    inboxes = [context.Queue(), context.Queue()]
+    workers = [
+        context.Process(target=claim_and_finish, args=(reopen_args(db), inbox, results, barrier))
+        for inbox in inboxes
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        yield inboxes, results
+    finally:
+        for inbox in inboxes:
+            inbox.put(None)
+        for worker in workers:
+            worker.join(timeout=RACE_WAIT_S)
+            if worker.is_alive():
+                worker.kill()
+
+
+def test_a_queued_task_raced_by_two_supervisors_runs_once(
+    store: TaskStore, supervisors: tuple[list[Any], Any]
+) -> None:
+    inboxes, results = supervisors
+    for _ in range(RACE_ROUNDS):
+        task = store.add(TaskRequest("pip", "x"))
+        for inbox in inboxes:
+            inbox.put(task.id)
+        try:
+            answers = [results.get(timeout=RACE_WAIT_S) for _ in inboxes]
+        except queue.Empty:
+            pytest.fail("a racing supervisor did not answer (it died or hung)")
+        assert sorted(claimed for _, claimed in answers) == [False, True], answers  # exactly one claims it
+        done = store.get(task.id)
+        [run] = store.runs(task.id)
+        assert (done.state, done.attempts, done.run_id, done.box_summary) == (
+            "done",
+            1,
+            run.run_id,
+            run.run_id,
+        )

@@ -4,8 +4,9 @@ A task moves ``queued → running → done | failed | needs_review | cancelled``
 a running task whose imp is over budget goes back to ``queued`` for the next
 budget window, and a ``needs_review`` task waiting on its gates becomes
 ``done`` or ``failed`` when they are decided. Every move is one conditional
-UPDATE (``WHERE state = <expected>``) inside ``BEGIN IMMEDIATE`` and is logged
-as ``task <id> <from> -> <to>`` with its fields.
+UPDATE (``WHERE state = <expected>``) in one ``Database.write`` (SQLite or
+PostgreSQL: of two supervisors sharing the database, one claims a task) and is
+logged, once committed, as ``task <id> <from> -> <to>`` with its fields.
 
 The state is **attested by the host** (``attest``, a pure rule) from what
 actually happened: how the box run ended (answer, ceiling, death), the audit
@@ -24,7 +25,8 @@ run only some kinds: ``ready(kinds=…)``); a box that does not know a kind answ
 handed to the box as ``TaskSpec.args``).
 
 Modules: ``states`` (the lifecycle), ``request`` (validation), ``attestation`` (the pure rules),
-``prompts`` (prompt text), ``rows`` (the row types), ``store`` (``TaskStore``).
+``prompts`` (prompt text), ``rows`` (the row types), ``sql`` (queueing a task in portable SQL, shared with the
+schedules), ``store`` (``TaskStore``).
 """
 
 from impyard.tasks.attestation import (

@@ -1,9 +1,10 @@
-"""The task rows as read from the store (``Task``, ``TaskRun``), built from SQLite rows."""
+"""The task rows as read from the store (``Task``, ``TaskRun``), built from a row's columns by name (SQLAlchemy's
+``RowMapping``, on either engine)."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from impyard.clock import iso, parse_iso
 from impyard.tasks.request import Origin, TaskArg
 from impyard.tasks.states import TaskState
+
+Row = Mapping[Any, Any]  # the columns of one row, by name
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class TaskRun:
         }
 
 
-def _when(row: sqlite3.Row, name: str) -> datetime | None:
+def _when(row: Row, name: str) -> datetime | None:
     return parse_iso(row[name]) if row[name] else None
 
 
@@ -133,7 +136,7 @@ def _args(text: str | None) -> dict[str, TaskArg]:
     return value if isinstance(value, dict) else {}
 
 
-def row_to_task(row: sqlite3.Row) -> Task:
+def row_to_task(row: Row) -> Task:
     return Task(
         id=row["id"],
         imp=row["imp"],
@@ -167,7 +170,7 @@ def row_to_task(row: sqlite3.Row) -> Task:
     )
 
 
-def row_to_run(row: sqlite3.Row) -> TaskRun:
+def row_to_run(row: Row) -> TaskRun:
     return TaskRun(
         run_id=row["run_id"],
         task_id=row["task_id"],
