@@ -139,7 +139,7 @@ def seed(
     ages = rng.uniform(0, 180 * 86_400, n)
     intensity = rng.uniform(0.05, 1.0, n)
     valence = rng.uniform(-1.0, 1.0, n)
-    with store.db.transaction() as conn:
+    with store.db.begin() as conn:
         gen = store._bump(conn, imp, scope)
         for i in range(n):
             author = NAMES[i % len(NAMES)]

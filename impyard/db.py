@@ -105,7 +105,9 @@ class _Workers:
 
     def __init__(self, limit: int = MAX_WORKERS) -> None:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._idle = 0  # workers done with a job and waiting for the next (a plain count: a Semaphore is Python)
+        self._idle = (
+            0  # workers done with a job and waiting for the next (a plain count: a Semaphore is Python)
+        )
         self._lock = threading.Lock()
         self._limit = limit
         self.started = 0
@@ -620,8 +622,7 @@ def is_retryable(exc: BaseException) -> bool:
 
 def _sqlite_engine(path: Path) -> Engine:
     """SQLAlchemy on the SQLite file, with the pysqlite recipe for real transactions: the driver's own BEGIN is
-    off (isolation_level=None) and each transaction starts with our BEGIN: IMMEDIATE (the write lock up front, so
-    check-then-write is atomic), or DEFERRED and query_only for a read (``impyard_begin`` execution option)."""
+    off (isolation_level=None) and each transaction starts with our BEGIN (``_sqlite_begin``)."""
     engine = sa.create_engine(
         sa.URL.create("sqlite+pysqlite", database=str(path)),
         connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
@@ -636,14 +637,24 @@ def _sqlite_engine(path: Path) -> Engine:
         for pragma in SQLITE_PRAGMAS:
             dbapi_connection.execute(pragma)
 
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(connection: Connection) -> None:
-        mode = connection.get_execution_options().get("impyard_begin", "IMMEDIATE")
-        # A read refuses to write, as PostgreSQL's READ ONLY does: a store tested here behaves the same there.
-        connection.exec_driver_sql(f"PRAGMA query_only = {1 if mode == 'DEFERRED' else 0}")
-        connection.exec_driver_sql(f"BEGIN {mode}")
-
     return engine
+
+
+def _sqlite_begin(conn: Connection, read_only: bool) -> None:
+    """Start ``conn``'s transaction on SQLite: ``BEGIN IMMEDIATE`` for a write (the write lock up front, so
+    check-then-write is atomic), ``BEGIN DEFERRED`` with ``query_only`` for a read, which refuses to write as
+    PostgreSQL's READ ONLY does (a store tested here behaves the same there).
+
+    Straight on the driver's connection, and not in a ``begin`` event: an engine with a connection event
+    dispatches events on every statement, which cost more than the statements (issue 18). SQLAlchemy's own
+    begin is a no-op on pysqlite, and its commit or rollback ends this transaction. The pragma is set only when
+    the mode changes on that connection."""
+    fairy = conn.connection
+    driver: Any = fairy.driver_connection
+    if fairy.info.get("impyard_query_only") is not read_only:
+        driver.execute(f"PRAGMA query_only = {1 if read_only else 0}")
+        fairy.info["impyard_query_only"] = read_only
+    driver.execute("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")
 
 
 def _postgresql_engine(target: DatabaseUrl) -> Engine:
@@ -718,7 +729,7 @@ class Database:
                     postgresql_readonly=read_only,
                 )
             else:
-                conn.execution_options(impyard_begin="DEFERRED" if read_only else "IMMEDIATE")
+                _sqlite_begin(conn, read_only)
             with conn.begin():
                 yield conn
 
@@ -849,10 +860,8 @@ class Database:
         if [m.version for m in self._migrations] != expected:
             raise DatabaseError("migrations must be numbered 1, 2, 3, ... in order")
         if self.dialect == "sqlite":
-            with self.engine.connect() as conn:
-                conn.execution_options(impyard_begin="IMMEDIATE")  # the write lock: one migrator at a time
-                with conn.begin():
-                    self._migrate_sqlite(conn)
+            with self.begin() as conn:  # BEGIN IMMEDIATE, the write lock: one migrator at a time
+                self._migrate_sqlite(conn)
         else:
             with self.engine.connect() as conn, conn.begin():
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))

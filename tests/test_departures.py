@@ -15,7 +15,7 @@ import sqlite3
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -108,6 +108,11 @@ def talk(
     MemoryStore(db, clock.now).scoped(imp, scopes, channel).conversation_put(person, state)
 
 
+def due_in(db: Database, now: datetime, imps: Collection[str], **options: Any) -> list[Due]:
+    """``due`` in one read snapshot of the host database."""
+    return db.read(lambda conn: due(conn, now, imps, **options))
+
+
 def departure_rows(db: Database) -> list[tuple[str, str, str, str, str | None]]:
     rows = db.query(
         "SELECT imp, channel_id, person, last_input_at, task_id FROM memory_departures ORDER BY last_input_at"
@@ -126,9 +131,8 @@ def test_m103_a_person_has_left_only_after_more_than_1800_s_without_input(
     db: Database, imps: ImpStore, channels: ChannelStore
 ) -> None:
     talk(db, "pip", GUILD_CHANNEL, ANN, T0)
-    conn = db.connection()
-    assert due(conn, T0 + timedelta(seconds=1800), {"pip"}) == []  # mechanism 10: still present at 1800 s
-    assert due(conn, T0 + timedelta(seconds=1801), {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
+    assert due_in(db, T0 + timedelta(seconds=1800), {"pip"}) == []  # mechanism 10: still present at 1800 s
+    assert due_in(db, T0 + timedelta(seconds=1801), {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
 
 
 def test_m103_the_last_input_is_the_latest_message_that_woke_the_imp_there(
@@ -142,7 +146,7 @@ def test_m103_the_last_input_is_the_latest_message_that_woke_the_imp_there(
         Message(id="m-aside", author=Author(id=ANN, name="Ann"), content="hm", created_at=later),
     )
     now = T0 + timedelta(minutes=10, seconds=1801)
-    assert due(db.connection(), now, {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0 + timedelta(minutes=10))]
+    assert due_in(db, now, {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0 + timedelta(minutes=10))]
 
 
 def test_m103_trimmed_history_falls_back_to_the_conversations_own_last_input(
@@ -152,10 +156,10 @@ def test_m103_trimmed_history_falls_back_to_the_conversations_own_last_input(
     db.execute("DELETE FROM history")  # trimmed away
     saved_later = T0 + timedelta(hours=1)
     db.execute("UPDATE memory_conversations SET updated_at = ?", (saved_later.isoformat(),))
-    assert due(db.connection(), T0 + timedelta(seconds=1801), {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
+    assert due_in(db, T0 + timedelta(seconds=1801), {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
     db.execute("UPDATE memory_conversations SET state = '{}'")  # no last input saved either: the save time
-    assert due(db.connection(), T0 + timedelta(seconds=1801), {"pip"}) == []
-    assert due(db.connection(), saved_later + timedelta(seconds=1801), {"pip"}) == [
+    assert due_in(db, T0 + timedelta(seconds=1801), {"pip"}) == []
+    assert due_in(db, saved_later + timedelta(seconds=1801), {"pip"}) == [
         Due("pip", GUILD_CHANNEL, ANN, saved_later)
     ]
 
@@ -167,7 +171,7 @@ def test_m103_a_conversation_the_box_marked_departed_is_not_departed_again(
     state = {"version": 1, "person": "Ann", "person_id": ANN, "last_input_at": T0.isoformat(),
              "departed_at": (T0 + timedelta(seconds=5)).isoformat()}  # fmt: skip
     db.execute("UPDATE memory_conversations SET state = ?", (json.dumps(state),))
-    assert due(db.connection(), T0 + timedelta(hours=1), {"pip"}) == []
+    assert due_in(db, T0 + timedelta(hours=1), {"pip"}) == []
 
 
 def test_m103_only_memory_imps_depart_and_only_recent_talk(
@@ -178,9 +182,9 @@ def test_m103_only_memory_imps_depart_and_only_recent_talk(
     talk(db, "ghost", GUILD_CHANNEL, BOB, T0, name="Bob")  # an imp that no longer exists
     assert memory_imps(imps) == frozenset({"pip"})
     now = T0 + timedelta(hours=1)
-    assert due(db.connection(), now, memory_imps(imps)) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
-    assert due(db.connection(), T0 + timedelta(days=7), {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
-    assert due(db.connection(), T0 + timedelta(days=7, seconds=1), {"pip"}) == []  # older talk never departs
+    assert due_in(db, now, memory_imps(imps)) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
+    assert due_in(db, T0 + timedelta(days=7), {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
+    assert due_in(db, T0 + timedelta(days=7, seconds=1), {"pip"}) == []  # older talk never departs
 
 
 # ------------------------------------------------------------------ exactly once
@@ -194,7 +198,7 @@ def test_m103_a_departure_is_queued_exactly_once_across_scans(
     tasks = TaskStore(db, FixedClock(now), imps)
     [(item, task_id)] = queue_due(db, tasks, now, {"pip"})
     assert item == Due("pip", GUILD_CHANNEL, ANN, T0)
-    assert due(db.connection(), now, {"pip"}) == []  # departed: no longer due
+    assert due_in(db, now, {"pip"}) == []  # departed: no longer due
     assert queue_due(db, tasks, now, {"pip"}) == []  # a second scan
     assert queue_due(db, tasks, now + timedelta(hours=2), {"pip"}) == []  # a later one
     [task] = depart_tasks(tasks)
@@ -291,7 +295,7 @@ def test_m103_a_stretch_departed_at_a_later_input_is_never_queued_again(
     """A scan that read the conversation before /quit departed it (at a later last input) queues nothing: the
     check is made again inside the transaction that would write the departure."""
     talk(db, "pip", GUILD_CHANNEL, ANN, T0)
-    stale_view = due(db.connection(), T0 + timedelta(hours=1), {"pip"})  # what a slow scanner read …
+    stale_view = due_in(db, T0 + timedelta(hours=1), {"pip"})  # what a slow scanner read …
     talk(db, "pip", GUILD_CHANNEL, ANN, T0 + timedelta(minutes=5))
     tasks = TaskStore(db, FixedClock(T0 + timedelta(minutes=6)), imps)
     assert depart_now(db, tasks, "pip", GUILD_CHANNEL, ANN) is not None  # … before /quit departed it

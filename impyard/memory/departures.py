@@ -10,8 +10,8 @@ channel (``wakes``); where the history was trimmed, the time the conversation it
 else the time it was last saved.
 
 **Exactly once.** A departure is a row of ``memory_departures`` keyed by the stretch of talk it ends: (imp,
-channel, person, last input). The row and its task are written in one transaction, the row with
-``INSERT OR IGNORE``: a second scan, a second host on the same database or a restart inserts nothing, so
+channel, person, last input). The row and its task are written in one transaction (``db.write``), the row
+with ``ON CONFLICT DO NOTHING``: a second scan, a second host on the same database or a restart inserts nothing, so
 queues nothing. A stretch already departed at a later (or the same) last input is not departed again; a new
 message starts a new stretch, which departs in its turn. Only memory imps depart, and only conversations
 whose last input is at most ``LOOKBACK`` old (turning memory on never makes an imp reflect on every
@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+from sqlalchemy import ColumnElement, bindparam, func, select, update
+from sqlalchemy.engine import Connection, RowMapping
 
 from box.memory.laws import DEFAULTS
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
 from impyard.imps import ImpConfig, ImpStore
+from impyard.memory.sql import bytewise, per_dialect, upsert
+from impyard.tables import history, memory_conversations, memory_departures, wakes
 from impyard.tasks import (
     FINISHED_STATES,
     Task,
@@ -80,15 +83,49 @@ def _when(value: Any) -> datetime | None:
         return None
 
 
-_CONVERSATIONS_SQL = """
-    SELECT c.imp, c.channel_id, c.person, c.state, c.updated_at,
-      (SELECT MAX(h.created_at) FROM history h
-         JOIN wakes w ON w.imp = c.imp AND w.channel_id = h.channel_id AND w.message_id = h.message_id
-        WHERE h.channel_id = c.channel_id AND h.author_id = c.person AND h.from_imp IS NULL) AS heard,
-      (SELECT MAX(d.last_input_at) FROM memory_departures d
-        WHERE d.imp = c.imp AND d.channel_id = c.channel_id AND d.person = c.person) AS departed
-    FROM memory_conversations c
-"""
+_C, _DEP = memory_conversations, memory_departures
+_HEARD = (
+    select(func.max(history.c.created_at))
+    .select_from(
+        history.join(
+            wakes,
+            (wakes.c.imp == _C.c.imp) & (wakes.c.channel_id == history.c.channel_id)
+            & (wakes.c.message_id == history.c.message_id),
+        )
+    )
+    .where(history.c.channel_id == _C.c.channel_id, history.c.author_id == _C.c.person, history.c.from_imp.is_(None))
+    .scalar_subquery()
+)  # fmt: skip
+_DEPARTED = (
+    select(func.max(_DEP.c.last_input_at))
+    .where(_DEP.c.imp == _C.c.imp, _DEP.c.channel_id == _C.c.channel_id, _DEP.c.person == _C.c.person)
+    .scalar_subquery()
+)
+_CONVERSATIONS = select(
+    _C.c.imp, _C.c.channel_id, _C.c.person, _C.c.state, _C.c.updated_at, _HEARD.label("heard"),
+    _DEPARTED.label("departed"),
+)  # fmt: skip
+_LATER = select(_DEP.c.imp).where(
+    _DEP.c.imp == bindparam("imp"), _DEP.c.channel_id == bindparam("channel_id"), _DEP.c.person == bindparam("person"),
+    bytewise(_DEP.c.last_input_at) >= bindparam("last"),
+)  # fmt: skip
+_TASK_OF = update(_DEP).where(
+    _DEP.c.imp == bindparam("k_imp"), _DEP.c.channel_id == bindparam("k_channel_id"),
+    _DEP.c.person == bindparam("k_person"), _DEP.c.last_input_at == bindparam("k_last"),
+)  # fmt: skip
+
+
+@per_dialect
+def _RECORD(dialect: str) -> Any:  # noqa: N802 - a statement
+    """The departure's row, once per stretch of talk (its key): a second insert does nothing (rowcount 0)."""
+    return (
+        upsert(dialect)(_DEP)
+        .values(
+            imp=bindparam("imp"), channel_id=bindparam("channel_id"), person=bindparam("person"),
+            last_input_at=bindparam("last"), task_id=None, queued_at=bindparam("queued_at"),
+        )
+        .on_conflict_do_nothing(index_elements=[_DEP.c.imp, _DEP.c.channel_id, _DEP.c.person, _DEP.c.last_input_at])
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,7 +134,7 @@ class _Talk:
     departed: bool  # already departed at this last input or a later one
 
 
-def _talk(row: sqlite3.Row) -> _Talk:
+def _talk(row: RowMapping) -> _Talk:
     try:
         state = json.loads(row["state"])
     except ValueError:
@@ -109,12 +146,12 @@ def _talk(row: sqlite3.Row) -> _Talk:
     return _Talk(Due(row["imp"], row["channel_id"], row["person"], last), departed)
 
 
-def _talks(conn: sqlite3.Connection, where: str, args: Sequence[object]) -> list[_Talk]:
-    return [_talk(row) for row in conn.execute(f"{_CONVERSATIONS_SQL} WHERE {where}", list(args)).fetchall()]
+def _talks(conn: Connection, *where: ColumnElement[bool]) -> list[_Talk]:
+    return [_talk(row) for row in conn.execute(_CONVERSATIONS.where(*where)).mappings()]
 
 
 def due(
-    conn: sqlite3.Connection,
+    conn: Connection,
     now: datetime,
     imps: Collection[str],
     *,
@@ -128,7 +165,7 @@ def due(
         return []
     names = sorted(imps)
     found = []
-    for talk in _talks(conn, f"c.imp IN ({', '.join('?' for _ in names)})", names):
+    for talk in _talks(conn, _C.c.imp.in_(names)):
         age = (now - talk.due.last_input_at).total_seconds()
         if not talk.departed and stale_s < age <= lookback.total_seconds():
             found.append(talk.due)
@@ -160,26 +197,22 @@ def queue(db: Database, tasks: TaskStore, item: Due) -> str | None:
         )
         request = None
     last = iso(item.last_input_at)
-    with db.transaction() as conn:
-        later = conn.execute(
-            "SELECT 1 FROM memory_departures WHERE imp = ? AND channel_id = ? AND person = ? AND last_input_at >= ?",
-            (item.imp, item.channel_id, item.person_id, last),
-        ).fetchone()
-        if later is not None:
+    key = {"imp": item.imp, "channel_id": item.channel_id, "person": item.person_id, "last": last}
+    queued_at = iso(tasks.clock.now())
+
+    def write(conn: Connection) -> str | None:  # database work only: PostgreSQL may run it again
+        if conn.execute(_LATER, key).first() is not None:
             return None
-        inserted = conn.execute(
-            "INSERT OR IGNORE INTO memory_departures (imp, channel_id, person, last_input_at, task_id, queued_at)"
-            " VALUES (?, ?, ?, ?, NULL, ?)",
-            (item.imp, item.channel_id, item.person_id, last, iso(tasks.clock.now())),
-        ).rowcount
+        inserted = conn.execute(_RECORD(conn.dialect.name), {**key, "queued_at": queued_at}).rowcount
         if inserted != 1 or request is None:  # mechanism 103: exactly once per stretch of talk
             return None
         task_id = tasks.insert(conn, request)
-        conn.execute(
-            "UPDATE memory_departures SET task_id = ? WHERE imp = ? AND channel_id = ? AND person = ?"
-            " AND last_input_at = ?",
-            (task_id, item.imp, item.channel_id, item.person_id, last),
-        )
+        conn.execute(_TASK_OF.values(task_id=task_id), {f"k_{name}": value for name, value in key.items()})
+        return task_id
+
+    task_id = db.write(write)
+    if task_id is None:
+        return None
     log.info(
         "departure of %s from %s (%s), last input %s: task %s",
         item.person_id,
@@ -201,7 +234,7 @@ def queue_due(
 ) -> list[tuple[Due, str]]:
     """One scan (blocking): every departure due now, queued exactly once; returns what this call queued."""
     queued = []
-    for item in due(db.connection(), now, imps, stale_s=stale_s):
+    for item in db.read(lambda conn: due(conn, now, imps, stale_s=stale_s)):
         task_id = queue(db, tasks, item)
         if task_id is not None:
             queued.append((item, task_id))
@@ -217,8 +250,8 @@ def depart_now(
     there is no conversation, or its stretch of talk has departed already."""
     if not memory:
         return None
-    talks = _talks(
-        db.connection(), "c.imp = ? AND c.channel_id = ? AND c.person = ?", (imp, channel_id, person_id)
+    talks = db.read(
+        lambda conn: _talks(conn, _C.c.imp == imp, _C.c.channel_id == channel_id, _C.c.person == person_id)
     )
     if not talks or talks[0].departed:
         return None

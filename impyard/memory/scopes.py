@@ -22,15 +22,20 @@ so nothing the operator said in the terminal can reach a channel the host knows 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection
 
 from box.memory.laws import DEFAULTS
 from box.protocol.memory import PresenceEntry, SessionMemory
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
+from impyard.memory.sql import bytewise
+from impyard.tables import channels, history, wakes
 
 TERMINAL = "terminal"
 PRESENCE_LOOKBACK = timedelta(days=1)  # a stretch of talk is traced back at most this far for joined_at
@@ -88,37 +93,70 @@ def decide(
 # ------------------------------------------------------------------ facts from the host database
 
 
-def dm_partner(conn: sqlite3.Connection, channel_id: str) -> str | None:
+_DM_PARTNER = (
+    select(history.c.author_id)
+    .where(
+        history.c.channel_id == bindparam("channel_id"),
+        history.c.from_imp.is_(None),
+        history.c.author_bot == 0,
+    )
+    .order_by(history.c.seq.desc())
+    .limit(1)
+)
+_GUILDS_OF = (
+    select(channels.c.guild_id)
+    .distinct()
+    .select_from(history.join(channels, channels.c.channel_id == history.c.channel_id))
+    .where(
+        history.c.author_id == bindparam("person_id"), history.c.from_imp.is_(None), channels.c.kind == "guild",
+        channels.c.guild_id.is_not(None),
+    )
+)  # fmt: skip
+_CHANNEL = select(channels.c.kind, channels.c.guild_id).where(
+    channels.c.channel_id == bindparam("channel_id")
+)
+_PRESENCE = (
+    select(
+        wakes.c.channel_id, history.c.author_id, history.c.author_name, history.c.created_at, channels.c.kind,
+        channels.c.name, channels.c.guild_id,
+    )
+    .select_from(
+        wakes.join(history, (history.c.channel_id == wakes.c.channel_id) & (history.c.message_id == wakes.c.message_id))
+        .join(channels, channels.c.channel_id == wakes.c.channel_id)
+    )
+    .where(
+        wakes.c.imp == bindparam("imp"), history.c.from_imp.is_(None),
+        bytewise(history.c.created_at) >= bindparam("since"),
+    )
+    .order_by(bytewise(history.c.created_at), history.c.seq)
+)  # fmt: skip
+
+
+def dm_partner(conn: Connection, channel_id: str) -> str | None:
     """The person on the other side of a DM: the latest author there who is not an imp."""
-    row = conn.execute(
-        "SELECT author_id FROM history WHERE channel_id = ? AND from_imp IS NULL AND author_bot = 0"
-        " ORDER BY seq DESC LIMIT 1",
-        (channel_id,),
-    ).fetchone()
+    row = conn.execute(_DM_PARTNER, {"channel_id": channel_id}).first()
     return str(row[0]) if row else None
 
 
-def guilds_of(conn: sqlite3.Connection, person_id: str) -> list[str]:
+def guilds_of(conn: Connection, person_id: str) -> list[str]:
     """The guilds in whose channels ``person_id`` has spoken (as far as the host's history goes)."""
-    rows = conn.execute(
-        "SELECT DISTINCT c.guild_id FROM history h JOIN channels c ON c.channel_id = h.channel_id"
-        " WHERE h.author_id = ? AND h.from_imp IS NULL AND c.kind = 'guild' AND c.guild_id IS NOT NULL",
-        (person_id,),
-    ).fetchall()
-    return sorted(str(r[0]) for r in rows)
+    return sorted(str(r[0]) for r in conn.execute(_GUILDS_OF, {"person_id": person_id}))
 
 
 def scopes_of(db: Database, imp: str, channel_id: str) -> SessionScopes | None:
     """The scopes of ``imp``'s session in ``channel_id``, from the channels table and history (blocking)."""
     del imp  # scopes depend on the channel and its people, the same for every imp; the store keys by imp
-    conn = db.connection()
-    row = conn.execute("SELECT kind, guild_id FROM channels WHERE channel_id = ?", (channel_id,)).fetchone()
-    if row is None:
-        return None
-    kind, guild_id = str(row[0]), row[1]
-    partner = dm_partner(conn, channel_id) if kind == "dm" else None
-    guilds = guilds_of(conn, partner) if partner else []
-    return decide(kind, channel_id, guild_id, partner, guilds)
+
+    def read(conn: Connection) -> SessionScopes | None:
+        row = conn.execute(_CHANNEL, {"channel_id": channel_id}).first()
+        if row is None:
+            return None
+        kind, guild_id = str(row[0]), row[1]
+        partner = dm_partner(conn, channel_id) if kind == "dm" else None
+        guilds = guilds_of(conn, partner) if partner else []
+        return decide(kind, channel_id, guild_id, partner, guilds)
+
+    return db.read(read)
 
 
 async def resolve(db: Database, imp: str, channel_id: str) -> SessionScopes | None:
@@ -156,15 +194,9 @@ def presence(
     a guild session never learns that a DM is going on. The session's own conversation (``channel_id``
     with ``person_id``) is left out. Newest first, at most 20.
     """
-    conn = db.connection()
-    rows = conn.execute(
-        "SELECT w.channel_id, h.author_id, h.author_name, h.created_at, c.kind, c.name, c.guild_id"
-        " FROM wakes w JOIN history h ON h.channel_id = w.channel_id AND h.message_id = w.message_id"
-        " JOIN channels c ON c.channel_id = w.channel_id"
-        " WHERE w.imp = ? AND h.from_imp IS NULL AND h.created_at >= ? ORDER BY h.created_at",
-        (imp, iso(now - PRESENCE_LOOKBACK)),
-    ).fetchall()
-    talks: dict[tuple[str, str], list[sqlite3.Row]] = {}
+    params = {"imp": imp, "since": iso(now - PRESENCE_LOOKBACK)}
+    rows = db.read(lambda conn: conn.execute(_PRESENCE, params).all())
+    talks: dict[tuple[str, str], list[Any]] = {}  # rows of _PRESENCE
     for row in rows:
         talks.setdefault((str(row[0]), str(row[1])), []).append(row)
     entries: list[PresenceEntry] = []

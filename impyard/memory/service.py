@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol import memory as mem
@@ -236,7 +236,7 @@ class MemoryService:
         except (MemoryInvalid, VectorError) as exc:
             tally.refused["invalid"] += 1
             raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params for {method}: {exc}") from None
-        except (sqlite3.Error, DatabaseError, OSError) as exc:
+        except (SQLAlchemyError, DatabaseError, OSError) as exc:
             tally.refused["error"] += 1
             log.warning(
                 "memory store unavailable for %s/%s on %s: %s", spec.imp, spec.channel_id, method, exc

@@ -25,24 +25,45 @@ constructs of its own kind there (75, 82); the slot is kept per imp **and scope*
 changed only through the pure law of ``box.memory.slot`` (84-88); learned rules are per imp, shared by
 every scope, and name no one (90-98).
 
-The SQL is kept portable, for PostgreSQL later (docs/architecture.md, "State"): uuid4-hex ids, ISO-8601 UTC text times, no SQLite-only
-functions; ``LIKE`` is only a prefilter (both sides lowercased in Python) before a whole-word check.
+The SQL is SQLAlchemy Core over ``impyard.tables`` (docs/storage.md), the same on SQLite and PostgreSQL:
+reads in ``db.read`` snapshots, writes in ``db.write`` functions that do database work only (PostgreSQL may run
+one again after a serialization failure; caches are touched only after it returns). uuid4-hex ids and
+fixed-width ISO-8601 UTC text times; text that is ordered is ordered byte by byte (``bytewise``); ``LIKE`` is
+only a prefilter (both sides lowercased in Python) before a whole-word check. Statements of a fixed shape are
+built once, with bind parameters, so SQLAlchemy's compiled cache serves every turn (issue 18).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import threading
 import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Literal
+from functools import partial
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    and_,
+    bindparam,
+    case,
+    delete,
+    false,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    union,
+    update,
+)
+from sqlalchemy.engine import Connection, RowMapping
 
 from box.memory import laws
 from box.memory import slot as slot_law
@@ -76,17 +97,36 @@ from impyard.memory.cache import (
     VectorCache,
 )
 from impyard.memory.scopes import SessionScopes, dm_scope
+from impyard.memory.sql import bytewise, per_dialect, upsert
 from impyard.memory.vectors import normalised, pack, unpack, unpack_many
+from impyard.tables import (
+    memory_conversations,
+    memory_departures,
+    memory_dispositions,
+    memory_episodes,
+    memory_forgotten_messages,
+    memory_generations,
+    memory_records,
+    memory_slots,
+    memory_wakefulness,
+)
 
 Clock = Callable[[], datetime]
+_T = TypeVar("_T")
 SELF = "Self"  # the author of a given record (mechanism 115)
 _WORD = re.compile(r"\w+")
 
-_RECORD_COLUMNS = (
-    "id, kind, construct_kind, origin, author, author_id, feeling, conclusion, valence, intensity,"
-    " happened_at, last_felt, dims, vector, scope, gen, statement"
-)
-_EPISODE_COLUMNS = "id, record_id, author, author_id, message_id, as_happened, told, channel_id, happened_at"
+_R, _E, _G = memory_records, memory_episodes, memory_generations
+_C, _S, _D = memory_conversations, memory_slots, memory_dispositions
+_RECORD_NAMES = (
+    "id", "kind", "construct_kind", "origin", "author", "author_id", "feeling", "conclusion", "valence", "intensity",
+    "happened_at", "last_felt", "dims", "vector", "scope", "gen", "statement",
+)  # fmt: skip
+_EPISODE_NAMES = (
+    "id", "record_id", "author", "author_id", "message_id", "as_happened", "told", "channel_id", "happened_at",
+)  # fmt: skip
+_RECORD_COLUMNS = tuple(_R.c[name] for name in _RECORD_NAMES)
+_EPISODE_COLUMNS = tuple(_E.c[name] for name in _EPISODE_NAMES)
 
 
 class MemoryStoreError(ImpyardError):
@@ -118,7 +158,7 @@ def record_text(conclusion: str, statement: str | None = None) -> str:
     return (f"{statement} {conclusion}" if statement else conclusion).lower()
 
 
-def _row_text(row: sqlite3.Row) -> str:
+def _row_text(row: RowMapping) -> str:
     """A row's text for a whole-word name check: its conclusion, after a construct's statement."""
     statement = row["statement"]
     return f"{statement} {row['conclusion']}" if statement else str(row["conclusion"])
@@ -134,7 +174,7 @@ def clean_rule(rule: str) -> str:
     return text
 
 
-def _disposition(row: sqlite3.Row) -> DispositionView:
+def _disposition(row: RowMapping) -> DispositionView:
     return DispositionView(
         id=row["id"], rule=row["rule"], weight=float(row["weight"]), count=int(row["count"]),
         updated_at=parse_iso(row["updated_at"]),
@@ -142,23 +182,15 @@ def _disposition(row: sqlite3.Row) -> DispositionView:
 
 
 def _dispositions(
-    conn: sqlite3.Connection, imp: str, limit: int | None, *, active_only: bool
+    conn: Connection, imp: str, limit: int | None, *, active_only: bool
 ) -> list[DispositionView]:
     """Mechanisms 94, 98-99: the imp's rules, strongest |weight| first (ties: the most recently learned);
     ``active_only``: only |weight| above ``laws.DORMANT_WEIGHT``."""
-    active = " AND abs(weight) > ?" if active_only else ""
-    rows = conn.execute(
-        f"SELECT {_DISPOSITION_COLUMNS} FROM memory_dispositions WHERE imp = ?{active}"
-        " ORDER BY abs(weight) DESC, updated_at DESC, created_at DESC, id"
-        + ("" if limit is None else f" LIMIT {int(limit)}"),
-        [imp, *([laws.DORMANT_WEIGHT] if active_only else [])],
-    ).fetchall()
-    return [_disposition(row) for row in rows]
-
-
-def _marks(values: Sequence[object]) -> str:
-    """``?, ?, …`` for an ``IN (…)``; a never-true ``NULL`` for none (``x IN (NULL)`` matches no row)."""
-    return ", ".join("?" for _ in values) or "NULL"
+    statement = _DISPOSITIONS[active_only]
+    if limit is not None:
+        statement = statement.limit(bindparam("limit"))
+    params = {"imp": imp, "dormant": laws.DORMANT_WEIGHT, "limit": limit}
+    return [_disposition(row) for row in conn.execute(statement, params).mappings()]
 
 
 def like_pattern(name: str) -> str:
@@ -167,12 +199,24 @@ def like_pattern(name: str) -> str:
     return f"%{escaped}%"
 
 
+WRITE_ATTEMPTS = (
+    40  # runs of a write on PostgreSQL before a serialization failure is the caller's (``_write``)
+)
 MAX_CACHED_COUNTS = 10_000  # (imp, scope) totals kept between writes
 MAX_RULES = 1_000  # learned rules kept per imp: past it the weakest goes (dormant first, then oldest)
 MAX_CONVERSATIONS_PER_CHANNEL = (
     200  # people whose conversation state a channel keeps (the most recently saved)
 )
-_DISPOSITION_COLUMNS = "id, rule, weight, count, created_at, updated_at"
+_DISPOSITION_NAMES = ("id", "rule", "weight", "count", "created_at", "updated_at")
+_DISPOSITIONS = {
+    active_only: select(*(_D.c[name] for name in _DISPOSITION_NAMES))
+    .where(_D.c.imp == bindparam("imp"), *([func.abs(_D.c.weight) > bindparam("dormant")] if active_only else []))
+    .order_by(
+        func.abs(_D.c.weight).desc(), bytewise(_D.c.updated_at).desc(), bytewise(_D.c.created_at).desc(),
+        bytewise(_D.c.id),
+    )
+    for active_only in (False, True)
+}  # fmt: skip
 FORGOTTEN_MESSAGE_KEEP = timedelta(days=7)  # a deleted message's mark outlives any turn that could still end
 
 
@@ -231,14 +275,38 @@ class _Reach:
     imp: str
     scopes: tuple[str, ...] | None
 
-    def clause(self, alias: str = "") -> tuple[str, list[Any]]:
-        prefix = f"{alias}." if alias else ""
-        if self.scopes is None:
-            return f"{prefix}imp = ?", [self.imp]
-        if not self.scopes:
-            return "1 = 0", []
-        marks = ", ".join("?" for _ in self.scopes)
-        return f"{prefix}imp = ? AND {prefix}scope IN ({marks})", [self.imp, *self.scopes]
+    @property
+    def shape(self) -> str:
+        """What the clause looks like (statements are kept per shape): every scope, some, or none."""
+        return "all" if self.scopes is None else "some" if self.scopes else "none"
+
+    @staticmethod
+    def criterion(table: Table, shape: str) -> ColumnElement[bool]:
+        """The one scope filter, with the bind parameters ``reach_imp`` and ``reach_scopes`` (``params``)."""
+        if shape == "none":
+            return false()
+        imp = table.c.imp == bindparam("reach_imp")
+        if shape == "all":
+            return imp
+        return and_(imp, table.c.scope.in_(bindparam("reach_scopes", expanding=True)))
+
+    def where(self, table: Table) -> ColumnElement[bool]:
+        return self.criterion(table, self.shape)
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        return {"reach_imp": self.imp, "reach_scopes": list(self.scopes or ()), **more}
+
+
+_BUILT: dict[tuple[str, str], Any] = {}
+
+
+def _per_reach(name: str, reach: _Reach, build: Callable[[str], Any]) -> Any:
+    """A statement of a fixed shape, built once per reach shape (``_Reach.criterion``) and kept."""
+    key = (name, reach.shape)
+    statement = _BUILT.get(key)
+    if statement is None:
+        statement = _BUILT[key] = build(reach.shape)
+    return statement
 
 
 # ------------------------------------------------------------------ the night's rules (pure; issue 15)
@@ -324,7 +392,7 @@ def forgets(
 
 
 def _chunks(ids: Sequence[str]) -> Iterator[list[str]]:
-    """``ids`` in lists of ``_CHUNK``: one ``IN (…)`` each, well under any SQLite's bound on variables."""
+    """``ids`` in lists of ``_CHUNK``: one ``IN (…)`` each, well under either engine's bound on parameters."""
     for start in range(0, len(ids), _CHUNK):
         yield list(ids[start : start + _CHUNK])
 
@@ -389,7 +457,271 @@ class MemoryStats:
     database_bytes: int
 
 
+# ------------------------------------------------------------------ statements of a fixed shape (built once)
+
+_GENERATION = select(_G.c.version, _G.c.deletes).where(
+    _G.c.imp == bindparam("imp"), _G.c.scope == bindparam("scope")
+)
+_SCOPES_OF = select(_G.c.scope).where(_G.c.imp == bindparam("imp"))
+_GENERATIONS = select(_G.c.scope, _G.c.version, _G.c.deletes).where(
+    _G.c.imp == bindparam("imp"), _G.c.scope.in_(bindparam("scopes", expanding=True))
+)
+
+
+def _loader_rows(since: bool) -> tuple[Any, Any]:
+    """The cache loader's two reads: every vector row of (imp, scope, dims), or those written after ``since``."""
+    records = select(
+        _R.c.id, _R.c.kind, _R.c.valence, _R.c.intensity, _R.c.last_felt, _R.c.mention_text, _R.c.vector
+    ).where(
+        _R.c.imp == bindparam("imp"), _R.c.scope == bindparam("scope"), _R.c.dims == bindparam("dims"),
+        _R.c.vector.is_not(None), *([_R.c.gen > bindparam("since")] if since else []),
+    )  # fmt: skip
+    episodes = select(_E.c.id, _E.c.record_id, _E.c.as_happened, _E.c.vector).where(
+        _E.c.imp == bindparam("imp"), _E.c.scope == bindparam("scope"), _E.c.dims == bindparam("dims"),
+        _E.c.vector.is_not(None), *([_E.c.gen > bindparam("since")] if since else []),
+    )  # fmt: skip
+    return records, episodes
+
+
+_LOADER_ROWS = {since: _loader_rows(since) for since in (False, True)}
+
+
+@per_dialect
+def _BUMP(dialect: str) -> Any:  # noqa: N802 - a statement
+    """The scope's next generation, in one statement: created at 1, else moved on by one (RETURNING it)."""
+    statement = upsert(dialect)(_G).values(
+        imp=bindparam("imp"), scope=bindparam("scope"), version=1, deletes=bindparam("deletes")
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[_G.c.imp, _G.c.scope],
+        set_={"version": _G.c.version + 1, "deletes": _G.c.deletes + statement.excluded.deletes},
+    ).returning(_G.c.version)
+
+
+@per_dialect
+def _MARK_FORGOTTEN(dialect: str) -> Any:  # noqa: N802 - a statement
+    return (
+        upsert(dialect)(memory_forgotten_messages)
+        .values(
+            channel_id=bindparam("channel_id"),
+            message_id=bindparam("message_id"),
+            forgotten_at=bindparam("at"),
+        )
+        .on_conflict_do_nothing(index_elements=["channel_id", "message_id"])
+    )
+
+
+@per_dialect
+def _SAVE_CONVERSATION(dialect: str) -> Any:  # noqa: N802 - a statement
+    statement = upsert(dialect)(_C).values(
+        imp=bindparam("imp"), scope=bindparam("scope"), channel_id=bindparam("channel_id"),
+        person=bindparam("person"), state=bindparam("state"), updated_at=bindparam("at"),
+    )  # fmt: skip
+    return statement.on_conflict_do_update(
+        index_elements=[_C.c.imp, _C.c.channel_id, _C.c.person],
+        set_={
+            "scope": statement.excluded.scope,
+            "state": statement.excluded.state,
+            "updated_at": statement.excluded.updated_at,
+        },
+    )
+
+
+_kept = (
+    select(_C.c.person)
+    .where(_C.c.imp == bindparam("imp"), _C.c.channel_id == bindparam("channel_id"))
+    .order_by(bytewise(_C.c.updated_at).desc(), (_C.c.person == bindparam("person")).desc())
+    .limit(bindparam("keep"))
+)
+# The channel's most recently saved people are kept; the portable form of a LIMIT in a DELETE: NOT IN (SELECT …).
+_TRIM_CONVERSATIONS = delete(_C).where(
+    _C.c.imp == bindparam("imp"), _C.c.channel_id == bindparam("channel_id"), _C.c.person.not_in(_kept)
+)
+_INSERT_RECORD = insert(_R)
+_INSERT_EPISODE = insert(_E)
+_INSERT_SLOT = insert(_S)
+_REFEEL = (
+    update(_R)
+    .where(_R.c.id == bindparam("rid"))
+    .values(intensity=bindparam("intensity"), last_felt=bindparam("at"), gen=bindparam("gen"))
+)
+_EPISODE_OWNER = select(_E.c.record_id, _E.c.imp, _E.c.scope).where(_E.c.id == bindparam("eid"))
+_DELETE_EPISODE = delete(_E).where(_E.c.id == bindparam("eid"))
+_EPISODES_LEFT = select(func.count()).select_from(_E).where(_E.c.record_id == bindparam("rid"))
+_RECORD_OWNER = select(_R.c.imp, _R.c.scope).where(_R.c.id == bindparam("rid"))
+_DELETE_EPISODES_OF = delete(_E).where(_E.c.record_id == bindparam("rid"))
+_DELETE_RECORD = delete(_R).where(_R.c.id == bindparam("rid"))
+_TWINS = (
+    select(_R.c.id, _R.c.intensity, _R.c.valence, _R.c.last_felt, _R.c.statement, _R.c.vector)
+    .where(
+        _R.c.imp == bindparam("imp"), _R.c.scope == bindparam("scope"), _R.c.kind == "construct",
+        _R.c.construct_kind == bindparam("construct_kind"), _R.c.dims == bindparam("dims"), _R.c.vector.is_not(None),
+    )
+    .order_by(bytewise(_R.c.last_felt).desc(), _R.c.gen.desc())
+)  # fmt: skip
+_found = _R.alias("r")
+_HELD = (
+    select(_S.c.record_id, _S.c.activated_at, _found.c.id.label("found"), _found.c.construct_kind, _found.c.intensity)
+    .select_from(
+        _S.outerjoin(
+            _found,
+            and_(
+                _found.c.id == _S.c.record_id, _found.c.imp == _S.c.imp, _found.c.scope == _S.c.scope,
+                _found.c.kind == "construct",
+            ),
+        )
+    )
+    .where(_S.c.imp == bindparam("imp"), _S.c.scope == bindparam("scope"))
+)  # fmt: skip
+_SLOT_VIEW = (
+    select(_S.c.record_id, _S.c.activated_at, _found.c.construct_kind, _found.c.intensity)
+    .select_from(
+        _S.join(
+            _found,
+            and_(_found.c.id == _S.c.record_id, _found.c.imp == _S.c.imp, _found.c.scope == _S.c.scope),
+        )
+    )
+    .where(_S.c.imp == bindparam("imp"), _S.c.scope == bindparam("scope"))
+)
+_SLOT_SCOPES = select(_S.c.scope).distinct().where(_S.c.imp == bindparam("imp"))
+_CLEAR_SLOT = delete(_S).where(_S.c.imp == bindparam("imp"), _S.c.scope == bindparam("scope"))
+_CONSTRUCT = select(_R.c.construct_kind, _R.c.intensity).where(
+    _R.c.id == bindparam("rid"), _R.c.imp == bindparam("imp"), _R.c.scope == bindparam("scope"),
+    _R.c.kind == "construct",
+)  # fmt: skip
+_SCOPE_COUNT = (
+    select(func.count()).select_from(_R).where(_R.c.imp == bindparam("imp"), _R.c.scope == bindparam("scope"))
+)
+_FORGOTTEN = select(literal(1)).where(
+    memory_forgotten_messages.c.channel_id == bindparam("channel_id"),
+    memory_forgotten_messages.c.message_id == bindparam("message_id"),
+)
+_TABLES = {table.name: table for table in (_R, _E, _C, _S, _D)}
+_ANY_OF_IMP = {table: select(literal(1)).select_from(_TABLES[table]).where(
+    _TABLES[table].c.imp == bindparam("imp")).limit(1) for table in _IMP_TABLES}  # fmt: skip
+_SCOPE_OF_RECORD = select(_R.c.scope).where(_R.c.id == bindparam("rid"))
+_UPDATE_RULE = update(_D).where(_D.c.id == bindparam("rid"))
+_NAMED_RULE = select(_D.c.id, _D.c.rule, _D.c.weight).where(
+    _D.c.id == bindparam("rid"), _D.c.imp == bindparam("imp")
+)
+_RULES_OF = select(func.count()).select_from(_D).where(_D.c.imp == bindparam("imp"))
+_weakest = (
+    select(_D.c.id)
+    .where(_D.c.imp == bindparam("imp"), _D.c.id != bindparam("rid"))
+    .order_by(
+        func.abs(_D.c.weight) > bindparam("dormant"), func.abs(_D.c.weight), bytewise(_D.c.updated_at),
+        bytewise(_D.c.created_at), bytewise(_D.c.id),
+    )
+    .limit(bindparam("excess"))
+)  # fmt: skip
+_TRIM_RULES = delete(_D).where(_D.c.id.in_(_weakest))  # the weakest go: dormant first, then smallest |weight|
+
+
+def _records_stmt(shape: str) -> Any:
+    return select(*_RECORD_COLUMNS).where(_Reach.criterion(_R, shape))
+
+
+_NEWEST_FILTERS: dict[str, tuple[ColumnElement[bool], ...]] = {
+    "any": (),
+    "kinds": (_R.c.kind.in_(bindparam("kinds", expanding=True)),),
+    "construct": (_R.c.kind == "construct", _R.c.construct_kind == bindparam("construct_kind")),
+}
+
+
+def _newest_stmt(filter_: str) -> Callable[[str], Any]:
+    """The most recently felt records of one scope (its index: imp, scope, last_felt, gen), filtered."""
+
+    def build(shape: str) -> Any:
+        return (
+            _records_stmt(shape)
+            .where(*_NEWEST_FILTERS[filter_])
+            .order_by(bytewise(_R.c.last_felt).desc(), _R.c.gen.desc())
+            .limit(bindparam("k"))
+        )
+
+    return build
+
+
+_NEWEST = {filter_: _newest_stmt(filter_) for filter_ in _NEWEST_FILTERS}
+
+
+def _about_stmt(shape: str) -> Any:
+    return (
+        _records_stmt(shape)
+        .where(
+            _R.c.kind.in_(bindparam("kinds", expanding=True)),
+            or_(
+                _R.c.author == bindparam("person"), _R.c.author_id == bindparam("person"),
+                _R.c.mention_text.like(bindparam("pattern"), escape="\\"),
+            ),
+        )
+        .order_by(_R.c.intensity.desc(), bytewise(_R.c.last_felt).desc(), bytewise(_R.c.id))
+    )  # fmt: skip
+
+
+def _rows_by_id(shape: str) -> Any:
+    """The rows of ``ids`` within the reach: looked up by id first (a scope scan would be slow on SQLite)."""
+    ids = select(_R).where(_R.c.id.in_(bindparam("ids", expanding=True))).limit(bindparam("n")).subquery("r")
+    return select(*(ids.c[name] for name in _RECORD_NAMES)).where(_Reach.criterion(ids, shape))  # type: ignore[arg-type]
+
+
+def _newest_episodes(shape: str) -> Any:
+    """Each named record's newest ``per`` episodes within the reach, in one query (newest first). Ranked by
+    record id first (its index), the reach checked outside: an episode is always in its record's scope."""
+    rank = (
+        func.row_number()
+        .over(
+            partition_by=_E.c.record_id,
+            order_by=(bytewise(_E.c.happened_at).desc(), _E.c.gen.desc(), bytewise(_E.c.id)),
+        )
+        .label("rank")
+    )
+    ranked = (
+        select(*_EPISODE_COLUMNS, _E.c.imp, _E.c.scope, rank)
+        .where(_E.c.record_id.in_(bindparam("ids", expanding=True)))
+        .subquery("e")
+    )
+    return (
+        select(*(ranked.c[name] for name in _EPISODE_NAMES))
+        .where(ranked.c.rank <= bindparam("per"), _Reach.criterion(ranked, shape))  # type: ignore[arg-type]
+        .order_by(ranked.c.record_id, ranked.c.rank)
+    )
+
+
+def _episode_by_id(shape: str) -> Any:
+    return select(*_EPISODE_COLUMNS).where(_E.c.id == bindparam("eid"), _Reach.criterion(_E, shape))
+
+
+def _refeel_row(shape: str) -> Any:
+    return select(_R.c.intensity, _R.c.valence, _R.c.last_felt, _R.c.scope).where(
+        _R.c.id == bindparam("rid"), _Reach.criterion(_R, shape)
+    )
+
+
+def _conversation(shape: str) -> Any:
+    return select(_C.c.state, _C.c.updated_at).where(
+        _Reach.criterion(_C, shape),
+        _C.c.channel_id == bindparam("channel_id"),
+        _C.c.person == bindparam("person"),
+    )
+
+
 # ------------------------------------------------------------------ the store
+
+
+class _Seen(Loader):
+    """The store as the cache's loader, with the generations of one search already read (one read, not one per
+    scope); the rows still come from the store."""
+
+    def __init__(self, store: MemoryStore, imp: str, seen: dict[str, Generation]) -> None:
+        self.store, self.imp, self.seen = store, imp, seen
+
+    def generation(self, imp: str, scope: str) -> Generation:
+        found = self.seen.get(scope) if imp == self.imp else None
+        return found if found is not None else self.store.generation(imp, scope)
+
+    def rows(self, imp: str, scope: str, dims: int, since: int | None) -> tuple[RecordRows, EpisodeRows]:
+        return self.store.rows(imp, scope, dims, since)
 
 
 class MemoryStore(Store, Loader):
@@ -404,6 +736,11 @@ class MemoryStore(Store, Loader):
         ] = {}  # (imp, scope) -> (generation, count)
         self._counts_lock = threading.Lock()
 
+    def _write(self, fn: Callable[[Connection], _T]) -> _T:
+        """``db.write(fn)`` with more runs than the default: every write of a scope moves its one generation row,
+        so its writers queue on that row, and on PostgreSQL (SERIALIZABLE) the one that waited runs again."""
+        return self.db.write(fn, attempts=WRITE_ATTEMPTS)
+
     def scoped(self, imp: str, scopes: SessionScopes, channel_id: str) -> ScopedMemory:
         """The session's view: the only way a box's request reaches the store."""
         return ScopedMemory(self, imp, scopes, channel_id)
@@ -411,78 +748,61 @@ class MemoryStore(Store, Loader):
     # ------------------------------------------------------------ the cache's loader
 
     def generation(self, imp: str, scope: str) -> Generation:
-        row = (
-            self.db.connection()
-            .execute(
-                "SELECT version, deletes FROM memory_generations WHERE imp = ? AND scope = ?", (imp, scope)
-            )
-            .fetchone()
-        )
+        row = self.db.read(lambda conn: conn.execute(_GENERATION, {"imp": imp, "scope": scope}).first())
         return Generation(int(row[0]), int(row[1])) if row else Generation()
 
+    @staticmethod
+    def _generations(conn: Connection, imp: str, scopes: Sequence[str]) -> dict[str, Generation]:
+        """The generations of ``scopes`` (one query; a scope never written is at ``Generation()``)."""
+        found = dict.fromkeys(scopes, Generation())
+        for row in conn.execute(_GENERATIONS, {"imp": imp, "scopes": list(found)}):
+            found[str(row[0])] = Generation(int(row[1]), int(row[2]))
+        return found
+
     def rows(self, imp: str, scope: str, dims: int, since: int | None) -> tuple[RecordRows, EpisodeRows]:
-        conn = self.db.connection()
-        after = "" if since is None else " AND gen > ?"
-        args: list[Any] = [imp, scope, dims] + ([] if since is None else [since])
-        records = RecordRows()
-        for row in conn.execute(
-            "SELECT id, kind, valence, intensity, last_felt, mention_text, vector FROM memory_records"
-            " WHERE imp = ? AND scope = ? AND dims = ? AND vector IS NOT NULL" + after,
-            args,
-        ):
-            records.ids.append(row[0])
-            records.construct.append(row[1] == "construct")
-            records.valence.append(float(row[2]))
-            records.intensity.append(float(row[3]))
-            records.last_felt_s.append(parse_iso(row[4]).timestamp())
-            records.texts.append(row[5])
-            records.blobs.append(row[6])
-        episodes = EpisodeRows()
-        for row in conn.execute(
-            "SELECT id, record_id, as_happened, vector FROM memory_episodes"
-            " WHERE imp = ? AND scope = ? AND dims = ? AND vector IS NOT NULL" + after,
-            args,
-        ):
-            episodes.ids.append(row[0])
-            episodes.record_ids.append(row[1])
-            episodes.texts.append(str(row[2]).lower())
-            episodes.blobs.append(row[3])
-        return records, episodes
+        record_sql, episode_sql = _LOADER_ROWS[since is not None]
+        params = {"imp": imp, "scope": scope, "dims": dims, "since": since}
+
+        def read(conn: Connection) -> tuple[RecordRows, EpisodeRows]:
+            records = RecordRows()
+            for row in conn.execute(record_sql, params):
+                records.ids.append(row[0])
+                records.construct.append(row[1] == "construct")
+                records.valence.append(float(row[2]))
+                records.intensity.append(float(row[3]))
+                records.last_felt_s.append(parse_iso(row[4]).timestamp())
+                records.texts.append(row[5])
+                records.blobs.append(bytes(row[6]))
+            episodes = EpisodeRows()
+            for row in conn.execute(episode_sql, params):
+                episodes.ids.append(row[0])
+                episodes.record_ids.append(row[1])
+                episodes.texts.append(str(row[2]).lower())
+                episodes.blobs.append(bytes(row[3]))
+            return records, episodes
+
+        return self.db.read(read)
 
     # ------------------------------------------------------------ shared by the scoped view and the operator
 
-    def _bump(self, conn: sqlite3.Connection, imp: str, scope: str, *, deleted: bool = False) -> int:
+    @staticmethod
+    def _bump(conn: Connection, imp: str, scope: str, *, deleted: bool = False) -> int:
         """The scope's next generation (inside the caller's write transaction)."""
-        conn.execute(
-            "INSERT INTO memory_generations (imp, scope, version, deletes) VALUES (?, ?, 0, 0)"
-            " ON CONFLICT (imp, scope) DO NOTHING",
-            (imp, scope),
-        )
-        conn.execute(
-            "UPDATE memory_generations SET version = version + 1, deletes = deletes + ?"
-            " WHERE imp = ? AND scope = ?",
-            (1 if deleted else 0, imp, scope),
-        )
-        row = conn.execute(
-            "SELECT version FROM memory_generations WHERE imp = ? AND scope = ?", (imp, scope)
-        ).fetchone()
-        return int(row[0])
+        params = {"imp": imp, "scope": scope, "deletes": 1 if deleted else 0}
+        return int(conn.execute(_BUMP(conn.dialect.name), params).scalar_one())
 
-    def _scopes_of(self, imp: str) -> list[str]:
-        rows = (
-            self.db.connection()
-            .execute("SELECT scope FROM memory_generations WHERE imp = ? ORDER BY scope", (imp,))
-            .fetchall()
-        )
-        return [str(r[0]) for r in rows]
+    def _scopes_of(self, conn: Connection, imp: str) -> list[str]:
+        return sorted(str(r[0]) for r in conn.execute(_SCOPES_OF, {"imp": imp}))
 
     def _view(
-        self, row: sqlite3.Row, now: datetime, with_vector: bool, *, operator: bool = False
+        self, row: RowMapping, now: datetime, with_vector: bool, *, operator: bool = False
     ) -> RecordView:
         """The row as a box sees it; for the operator (``operator``), a ``StoredRecord`` with its scope."""
         last_felt = parse_iso(row["last_felt"])
         valence, intensity = float(row["valence"]), float(row["intensity"])
-        vector = unpack(int(row["dims"]), row["vector"]).tolist() if with_vector and row["vector"] else None
+        vector = (
+            unpack(int(row["dims"]), bytes(row["vector"])).tolist() if with_vector and row["vector"] else None
+        )
         fields: dict[str, Any] = dict(
             id=row["id"],
             kind=row["kind"],
@@ -503,7 +823,7 @@ class MemoryStore(Store, Loader):
         return StoredRecord(scope=row["scope"], **fields) if operator else RecordView(**fields)
 
     @staticmethod
-    def _episode(row: sqlite3.Row) -> EpisodeView:
+    def _episode(row: RowMapping) -> EpisodeView:
         return EpisodeView(
             id=row["id"],
             record_id=row["record_id"],
@@ -516,93 +836,77 @@ class MemoryStore(Store, Loader):
             happened_at=parse_iso(row["happened_at"]),
         )
 
+    @staticmethod
     def _records(
-        self,
+        conn: Connection,
         reach: _Reach,
-        where: str = "",
-        args: Sequence[Any] = (),
-        order: str = "last_felt DESC, gen DESC",
+        *where: ColumnElement[bool],
+        order: Sequence[Any] = (bytewise(_R.c.last_felt).desc(), _R.c.gen.desc()),
         limit: int | None = None,
-    ) -> Iterable[sqlite3.Row]:
-        """Record rows within ``reach`` (the one scope filter), with an extra condition and order."""
-        clause, reach_args = reach.clause()
-        sql = f"SELECT {_RECORD_COLUMNS} FROM memory_records WHERE {clause}"
-        if where:
-            sql += f" AND ({where})"
-        sql += f" ORDER BY {order}"
+    ) -> list[RowMapping]:
+        """Record rows within ``reach`` (the one scope filter), with extra conditions and an order."""
+        statement = _per_reach("records", reach, _records_stmt).where(*where).order_by(*order)
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        return self.db.connection().execute(sql, [*reach_args, *args])
+            statement = statement.limit(limit)
+        return list(conn.execute(statement, reach.params()).mappings())
 
-    def _newest(self, reach: _Reach, where: str, args: Sequence[Any], k: int) -> list[sqlite3.Row]:
-        """The ``k`` most recently felt records within ``reach``: one indexed query per scope, merged."""
-        scopes = reach.scopes if reach.scopes is not None else tuple(self._scopes_of(reach.imp))
-        rows: list[sqlite3.Row] = []
+    def _newest(
+        self, conn: Connection, reach: _Reach, filter_: str, k: int, **params: Any
+    ) -> list[RowMapping]:
+        """The ``k`` most recently felt records within ``reach`` (``_NEWEST_FILTERS``): one indexed query per
+        scope, merged."""
+        scopes = reach.scopes if reach.scopes is not None else tuple(self._scopes_of(conn, reach.imp))
+        rows: list[RowMapping] = []
         for scope in scopes:
-            rows.extend(self._records(_Reach(reach.imp, (scope,)), where, args, limit=k))
+            one = _Reach(reach.imp, (scope,))
+            statement = _per_reach(f"newest-{filter_}", one, _NEWEST[filter_])
+            rows.extend(conn.execute(statement, one.params(k=k, **params)).mappings())
         rows.sort(key=lambda r: (r["last_felt"], r["gen"]), reverse=True)
         return rows[:k]
 
-    def _records_by_id(self, reach: _Reach, ids: Sequence[str]) -> list[sqlite3.Row]:
+    @staticmethod
+    def _records_by_id(conn: Connection, reach: _Reach, ids: Sequence[str]) -> list[RowMapping]:
         """The rows of ``ids`` within ``reach`` (the ids are looked up first: a scope scan would be slow)."""
         if not ids:
             return []
-        clause, args = reach.clause("r")
-        marks = ", ".join("?" for _ in ids)
-        return (
-            self.db.connection()
-            .execute(
-                f"SELECT {_RECORD_COLUMNS} FROM (SELECT * FROM memory_records WHERE id IN ({marks})"
-                f" LIMIT {len(ids)}) AS r WHERE {clause}",
-                [*ids, *args],
-            )
-            .fetchall()
-        )
+        statement = _per_reach("by_id", reach, _rows_by_id)
+        return list(conn.execute(statement, reach.params(ids=list(ids), n=len(ids))).mappings())
 
-    def _episodes_of(self, reach: _Reach, record_id: str, limit: int) -> list[EpisodeView]:
-        """The record's newest ``limit`` episodes, newest first (mechanism 116)."""
-        if limit <= 0:
-            return []
-        clause, args = reach.clause()
-        rows = (
-            self.db.connection()
-            .execute(
-                f"SELECT {_EPISODE_COLUMNS} FROM memory_episodes WHERE record_id = ? AND {clause}"
-                f" ORDER BY happened_at DESC, gen DESC, id LIMIT {int(limit)}",
-                [record_id, *args],
-            )
-            .fetchall()
-        )
-        return [self._episode(r) for r in rows]
+    def _episodes_of(
+        self, conn: Connection, reach: _Reach, record_ids: Sequence[str], per_record: int
+    ) -> dict[str, list[EpisodeView]]:
+        """Each record's newest ``per_record`` episodes, newest first (mechanism 116), in one query."""
+        found: dict[str, list[EpisodeView]] = {}
+        if per_record <= 0 or not record_ids:
+            return found
+        statement = _per_reach("episodes", reach, _newest_episodes)
+        for row in conn.execute(statement, reach.params(ids=list(record_ids), per=per_record)).mappings():
+            found.setdefault(row["record_id"], []).append(self._episode(row))
+        return found
 
-    def _episode_by_id(self, reach: _Reach, episode_id: str) -> EpisodeView | None:
-        clause, args = reach.clause()
-        row = (
-            self.db.connection()
-            .execute(
-                f"SELECT {_EPISODE_COLUMNS} FROM memory_episodes WHERE id = ? AND {clause}",
-                [episode_id, *args],
-            )
-            .fetchone()
-        )
+    def _episode_by_id(self, conn: Connection, reach: _Reach, episode_id: str) -> EpisodeView | None:
+        statement = _per_reach("episode", reach, _episode_by_id)
+        row = conn.execute(statement, reach.params(eid=episode_id)).mappings().first()
         return self._episode(row) if row else None
 
     def _with_episodes(
         self,
+        conn: Connection,
         reach: _Reach,
         views: list[RecordView],
         per_record: int,
         hits: dict[str, str | None] | None = None,
     ) -> list[RecordView]:
         """Load each record's newest episodes; a search's hit episode goes first (mechanisms 16, 116)."""
+        if per_record <= 0:
+            return views
+        newest = self._episodes_of(conn, reach, [view.id for view in views], per_record)
         for view in views:
-            if per_record <= 0:
-                continue
-            episodes = self._episodes_of(reach, view.id, per_record)
+            episodes = newest.get(view.id, [])
             hit_id = (hits or {}).get(view.id)
             if hit_id is not None:
                 hit = next((e for e in episodes if e.id == hit_id), None) or self._episode_by_id(
-                    reach, hit_id
+                    conn, reach, hit_id
                 )
                 if hit is not None:
                     episodes = [hit, *(e for e in episodes if e.id != hit_id)]
@@ -622,43 +926,50 @@ class MemoryStore(Store, Loader):
     ) -> list[RecordView]:
         """Mechanisms 14-17, 30: the cache ranks, then the rows are read back through ``reach`` again."""
         now = self.clock()
-        scopes = reach.scopes if reach.scopes is not None else tuple(self._scopes_of(reach.imp))
+
+        def generations(conn: Connection) -> dict[str, Generation]:
+            scopes = reach.scopes if reach.scopes is not None else self._scopes_of(conn, reach.imp)
+            return self._generations(conn, reach.imp, scopes)
+
+        seen = self.db.read(generations)  # every scope's generation in one read: the cache checks them
         ranked: list[Hit] = self.cache.search(
-            self, reach.imp, scopes, vector, names, k, kinds, now.timestamp()
+            _Seen(self, reach.imp, seen), reach.imp, tuple(seen), vector, names, k, kinds, now.timestamp()
         )
         if not ranked:
             return []
-        rows = {r["id"]: r for r in self._records_by_id(reach, [h.record_id for h in ranked])}
-        views: list[RecordView] = []
-        for hit in ranked:
-            row = rows.get(hit.record_id)
-            if row is None:  # deleted since the cache saw it, or (never) outside the reach
-                continue
-            view = self._view(row, now, with_vectors, operator=operator)
-            view.score = hit.score
-            view.hit_episode = hit.hit_episode
-            views.append(view)
-        return self._with_episodes(reach, views, episodes, {h.record_id: h.hit_episode for h in ranked})
+
+        def read(conn: Connection) -> list[RecordView]:
+            rows = {r["id"]: r for r in self._records_by_id(conn, reach, [h.record_id for h in ranked])}
+            views: list[RecordView] = []
+            for hit in ranked:
+                row = rows.get(hit.record_id)
+                if row is None:  # deleted since the cache saw it, or (never) outside the reach
+                    continue
+                view = self._view(row, now, with_vectors, operator=operator)
+                view.score = hit.score
+                view.hit_episode = hit.hit_episode
+                views.append(view)
+            return self._with_episodes(
+                conn, reach, views, episodes, {h.record_id: h.hit_episode for h in ranked}
+            )
+
+        return self.db.read(read)
 
     def _about(
         self,
+        conn: Connection,
         reach: _Reach,
         person: str,
         k: int,
         exclude: Iterable[str] = (),
         kinds: Sequence[str] = BOTH_KINDS,
-    ) -> list[sqlite3.Row]:
+    ) -> list[RowMapping]:
         """Records authored by ``person`` (exact name or id) or naming them, strongest stored intensity first."""
         excluded = set(exclude)
-        kind_marks = ", ".join("?" for _ in kinds)
-        found: list[sqlite3.Row] = []
-        cursor = self._records(
-            reach,
-            f"kind IN ({kind_marks}) AND (author = ? OR author_id = ? OR mention_text LIKE ? ESCAPE '\\')",
-            [*kinds, person, person, like_pattern(person.strip().lower())],
-            order="intensity DESC, last_felt DESC, id",
-        )
-        for row in cursor:
+        found: list[RowMapping] = []
+        statement = _per_reach("about", reach, _about_stmt)
+        params = reach.params(kinds=list(kinds), person=person, pattern=like_pattern(person.strip().lower()))
+        for row in conn.execute(statement, params).mappings():
             if row["id"] in excluded:
                 continue
             if (
@@ -673,20 +984,18 @@ class MemoryStore(Store, Loader):
 
     def _refeel(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         reach: _Reach,
         items: Sequence[Restore],
         now: datetime,
         gens: dict[str, int],
     ) -> int:
-        """Mechanisms 65, 66, 69, 70: each named record in reach re-felt at ``now``; others ignored, not counted."""
-        clause, args = reach.clause()
+        """Mechanisms 65, 66, 69, 70: each named record in reach re-felt at ``now``; others ignored, not counted.
+        ``gens`` (scope -> generation bumped in this transaction) is the caller's, filled in here."""
+        statement = _per_reach("refeel", reach, _refeel_row)
         restored = 0
         for item in items:
-            row = conn.execute(
-                f"SELECT intensity, valence, last_felt, scope FROM memory_records WHERE id = ? AND {clause}",
-                [item.record_id, *args],
-            ).fetchone()
+            row = conn.execute(statement, reach.params(rid=item.record_id)).mappings().first()
             if row is None:
                 continue
             scope = str(row["scope"])
@@ -697,15 +1006,14 @@ class MemoryStore(Store, Loader):
             )
             # valence and happened_at are never written here (mechanisms 70, 117); last_felt is now, always
             conn.execute(
-                "UPDATE memory_records SET intensity = ?, last_felt = ?, gen = ? WHERE id = ?",
-                (intensity, iso(now), gens[scope], item.record_id),
+                _REFEEL, {"intensity": intensity, "at": iso(now), "gen": gens[scope], "rid": item.record_id}
             )
             restored += 1
         return restored
 
+    @staticmethod
     def _insert_record(
-        self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         *,
         imp: str,
         scope: str,
@@ -728,20 +1036,20 @@ class MemoryStore(Store, Loader):
         record_id = new_id()
         dims, blob = pack(vector) if vector is not None else (0, None)
         conn.execute(
-            "INSERT INTO memory_records (id, imp, scope, kind, construct_kind, origin, author, author_id, feeling,"
-            " conclusion, mention_text, valence, intensity, happened_at, last_felt, dims, vector, gen, created_at,"
-            " statement) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record_id, imp, scope, kind, construct_kind, origin, author, author_id, feeling, conclusion,
-                record_text(conclusion, statement), valence, intensity, iso(happened_at), iso(last_felt), dims, blob,
-                gen, iso(now), statement,
+            _INSERT_RECORD,
+            dict(
+                id=record_id, imp=imp, scope=scope, kind=kind, construct_kind=construct_kind, origin=origin,
+                author=author, author_id=author_id, feeling=feeling, conclusion=conclusion,
+                mention_text=record_text(conclusion, statement), valence=valence, intensity=intensity,
+                happened_at=iso(happened_at), last_felt=iso(last_felt), dims=dims, vector=blob, gen=gen,
+                created_at=iso(now), statement=statement,
             ),
         )  # fmt: skip
         return record_id
 
+    @staticmethod
     def _insert_episode(
-        self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         *,
         record_id: str,
         imp: str,
@@ -759,17 +1067,18 @@ class MemoryStore(Store, Loader):
         episode_id = new_id()
         dims, blob = pack(vector) if vector is not None else (0, None)
         conn.execute(
-            "INSERT INTO memory_episodes (id, record_id, imp, scope, channel_id, message_id, author, author_id,"
-            " as_happened, told, happened_at, dims, vector, gen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                episode_id, record_id, imp, scope, channel_id, message_id, author, author_id, as_happened, told,
-                iso(happened_at), dims, blob, gen,
+            _INSERT_EPISODE,
+            dict(
+                id=episode_id, record_id=record_id, imp=imp, scope=scope, channel_id=channel_id,
+                message_id=message_id, author=author, author_id=author_id, as_happened=as_happened, told=told,
+                happened_at=iso(happened_at), dims=dims, vector=blob, gen=gen,
             ),
         )  # fmt: skip
         return episode_id
 
+    @staticmethod
     def _delete(
-        self, conn: sqlite3.Connection, episode_ids: set[str], record_ids: set[str]
+        conn: Connection, episode_ids: set[str], record_ids: set[str]
     ) -> tuple[int, int, set[tuple[str, str]]]:
         """Delete episodes, then records (with their episodes), then records left without an episode.
 
@@ -778,70 +1087,56 @@ class MemoryStore(Store, Loader):
         touched: set[tuple[str, str]] = set()
         orphans: set[str] = set()
         episodes = 0
-        for episode_id in episode_ids:
-            row = conn.execute(
-                "SELECT record_id, imp, scope FROM memory_episodes WHERE id = ?", (episode_id,)
-            ).fetchone()
+        for episode_id in sorted(episode_ids):
+            row = conn.execute(_EPISODE_OWNER, {"eid": episode_id}).first()
             if row is None:
                 continue
-            conn.execute("DELETE FROM memory_episodes WHERE id = ?", (episode_id,))
+            conn.execute(_DELETE_EPISODE, {"eid": episode_id})
             episodes += 1
             orphans.add(str(row[0]))
             touched.add((str(row[1]), str(row[2])))
-        for record_id in orphans - record_ids:
-            left = conn.execute(
-                "SELECT COUNT(*) FROM memory_episodes WHERE record_id = ?", (record_id,)
-            ).fetchone()[0]
-            if not left:
+        for record_id in sorted(orphans - record_ids):
+            if not conn.execute(_EPISODES_LEFT, {"rid": record_id}).scalar_one():
                 record_ids = record_ids | {record_id}
         records = 0
-        for record_id in record_ids:
-            row = conn.execute("SELECT imp, scope FROM memory_records WHERE id = ?", (record_id,)).fetchone()
-            if row is None:
+        for record_id in sorted(record_ids):
+            owner = conn.execute(_RECORD_OWNER, {"rid": record_id}).first()
+            if owner is None:
                 continue
-            episodes += conn.execute("DELETE FROM memory_episodes WHERE record_id = ?", (record_id,)).rowcount
-            conn.execute("DELETE FROM memory_records WHERE id = ?", (record_id,))
+            episodes += conn.execute(_DELETE_EPISODES_OF, {"rid": record_id}).rowcount
+            conn.execute(_DELETE_RECORD, {"rid": record_id})
             records += 1
-            touched.add((str(row[0]), str(row[1])))
+            touched.add((str(owner[0]), str(owner[1])))
         return records, episodes, touched
 
     # ------------------------------------------------------------ constructs and the slot (shared)
 
+    @staticmethod
     def _twin(
-        self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         imp: str,
         scope: str,
         construct_kind: str,
         vector: Sequence[float] | None,
-    ) -> sqlite3.Row | None:
+    ) -> RowMapping | None:
         """Mechanisms 75, 82 (subtle point 12): the construct of the same kind in ``scope`` most like
         ``vector``, if its cosine is at least ``construct_duplicate``; vectors of another length never compare."""
         if vector is None:
             return None
         query = normalised(vector)
-        rows = conn.execute(
-            "SELECT id, intensity, valence, last_felt, statement, vector FROM memory_records"
-            " WHERE imp = ? AND scope = ? AND kind = 'construct' AND construct_kind = ? AND dims = ?"
-            " AND vector IS NOT NULL ORDER BY last_felt DESC, gen DESC",
-            (imp, scope, construct_kind, int(query.size)),
-        ).fetchall()
+        params = {"imp": imp, "scope": scope, "construct_kind": construct_kind, "dims": int(query.size)}
+        rows = conn.execute(_TWINS, params).mappings().all()
         if not rows:
             return None
-        matrix = unpack_many(int(query.size), [row["vector"] for row in rows])
+        matrix = unpack_many(int(query.size), [bytes(row["vector"]) for row in rows])
         norms = np.linalg.norm(matrix, axis=1)
         cosines = (matrix @ query) / np.where(norms > 0, norms, 1.0)
         best = int(np.argmax(cosines))  # the most recently felt of equals
         return rows[best] if float(cosines[best]) >= laws.DEFAULTS.construct_duplicate else None
 
-    def _held(self, conn: sqlite3.Connection, imp: str, scope: str, now: datetime) -> list[slot_law.Held]:
+    def _held(self, conn: Connection, imp: str, scope: str, now: datetime) -> list[slot_law.Held]:
         """Mechanisms 87-88: the slot of (imp, scope) as loaded; rows that left it are deleted."""
-        rows = conn.execute(
-            "SELECT s.record_id, s.activated_at, r.id AS found, r.construct_kind, r.intensity FROM memory_slots s"
-            " LEFT JOIN memory_records r ON r.id = s.record_id AND r.imp = s.imp AND r.scope = s.scope"
-            " AND r.kind = 'construct' WHERE s.imp = ? AND s.scope = ?",
-            (imp, scope),
-        ).fetchall()
+        rows = conn.execute(_HELD, {"imp": imp, "scope": scope}).mappings().all()
         stored = [
             slot_law.Held(
                 str(row["record_id"]), str(row["construct_kind"] or "thought"), float(row["intensity"] or 0.0),
@@ -856,36 +1151,43 @@ class MemoryStore(Store, Loader):
         return held
 
     @staticmethod
-    def _write_slot(conn: sqlite3.Connection, imp: str, scope: str, held: Sequence[slot_law.Held]) -> None:
-        conn.execute("DELETE FROM memory_slots WHERE imp = ? AND scope = ?", (imp, scope))
-        conn.executemany(
-            "INSERT INTO memory_slots (imp, scope, record_id, activated_at) VALUES (?, ?, ?, ?)",
-            [(imp, scope, h.id, iso(h.activated_at)) for h in held],
-        )
+    def _write_slot(conn: Connection, imp: str, scope: str, held: Sequence[slot_law.Held]) -> None:
+        conn.execute(_CLEAR_SLOT, {"imp": imp, "scope": scope})
+        if held:
+            conn.execute(
+                _INSERT_SLOT,
+                [
+                    {"imp": imp, "scope": scope, "record_id": h.id, "activated_at": iso(h.activated_at)}
+                    for h in held
+                ],
+            )
 
     def _activated(
-        self, conn: sqlite3.Connection, imp: str, scope: str, record_id: str, now: datetime
+        self, conn: Connection, imp: str, scope: str, record_id: str, now: datetime
     ) -> list[slot_law.Held]:
         """Mechanisms 84-86: the slot after the construct ``record_id`` (in ``scope``) is brought to mind."""
         held = self._held(conn, imp, scope, now)
-        row = conn.execute(
-            "SELECT construct_kind, intensity FROM memory_records WHERE id = ? AND imp = ? AND scope = ?"
-            " AND kind = 'construct'",
-            (record_id, imp, scope),
-        ).fetchone()
+        row = conn.execute(_CONSTRUCT, {"rid": record_id, "imp": imp, "scope": scope}).first()
         if row is None:
             return held
-        new = slot_law.Held(record_id, str(row["construct_kind"]), float(row["intensity"]), now)
+        new = slot_law.Held(record_id, str(row[0]), float(row[1]), now)
         after = slot_law.activate(held, new)
         if after != held:
             self._write_slot(conn, imp, scope, after)
         return after
 
     def _entries(
-        self, imp: str, scope: str, held: Sequence[slot_law.Held], now: datetime, *, operator: bool = False
+        self,
+        conn: Connection,
+        imp: str,
+        scope: str,
+        held: Sequence[slot_law.Held],
+        now: datetime,
+        *,
+        operator: bool = False,
     ) -> list[SlotEntry]:
         """The held constructs as the box sees them (felt now), oldest activation first."""
-        rows = {r["id"]: r for r in self._records_by_id(_Reach(imp, (scope,)), [h.id for h in held])}
+        rows = {r["id"]: r for r in self._records_by_id(conn, _Reach(imp, (scope,)), [h.id for h in held])}
         return [
             SlotEntry(
                 record=self._view(rows[h.id], now, False, operator=operator), activated_at=h.activated_at
@@ -909,12 +1211,18 @@ class MemoryStore(Store, Loader):
         Each is a ``StoredRecord``: the operator sees every scope, so each view says which it is in."""
         reach = _Reach(imp, (scope,) if scope is not None else None)
         now = self.clock()
-        if person is None:
-            rows = self._newest(reach, "", (), limit)
-        else:
-            rows = self._about(reach, person, limit)
-            rows.sort(key=lambda r: (r["last_felt"], r["id"]), reverse=True)
-        return self._with_episodes(reach, [self._view(r, now, False, operator=True) for r in rows], episodes)
+
+        def read(conn: Connection) -> list[RecordView]:
+            if person is None:
+                rows = self._newest(conn, reach, "any", limit)
+            else:
+                rows = self._about(conn, reach, person, limit)
+                rows.sort(key=lambda r: (r["last_felt"], r["id"]), reverse=True)
+            return self._with_episodes(
+                conn, reach, [self._view(r, now, False, operator=True) for r in rows], episodes
+            )
+
+        return self.db.read(read)
 
     def search(
         self,
@@ -954,7 +1262,8 @@ class MemoryStore(Store, Loader):
             raise MemoryInvalid("the age is zero or more hours")
         now = now or self.clock()
         happened = now - timedelta(hours=age_hours)
-        with self.db.transaction() as conn:
+
+        def write(conn: Connection) -> str:
             gen = self._bump(conn, imp, scope)
             record_id = self._insert_record(
                 conn, imp=imp, scope=scope, gen=gen, kind="lived", construct_kind=None, origin="given",
@@ -965,7 +1274,9 @@ class MemoryStore(Store, Loader):
                 conn, record_id=record_id, imp=imp, scope=scope, gen=gen, channel_id="", message_id=None,
                 author=SELF, author_id=None, as_happened=event, told=event, happened_at=happened, vector=vector,
             )  # fmt: skip
-        return record_id
+            return record_id
+
+        return self._write(write)
 
     def forget_person(self, imp: str, ids: Sequence[str], names: Sequence[str] = ()) -> Forgotten:
         """Everything by or about a person, in every scope of ``imp`` (``/forget-me``, ``memory forget``).
@@ -983,52 +1294,54 @@ class MemoryStore(Store, Loader):
         keys = [*person.ids, *person.names]
         if not keys:
             return Forgotten()
-        clause, args = _Reach(imp, None).clause()
-        found = {"id": 0, "name": 0}
-        with self.db.transaction() as conn:
+        # The imp's own thoughts formed in a DM with them go with that DM's scope, as its lived records do.
+        dm_scopes = [dm_scope(person_id) for person_id in person.ids]
+
+        def write(conn: Connection) -> Forgotten:
+            found = {"id": 0, "name": 0}
             # SQL finds the candidates; the whole-word check is Python's (laws.mentions), portable and exact.
-            likes = " OR ".join(["mention_text LIKE ? ESCAPE '\\'"] * len(mentioned)) or "1 = 0"
+            candidates = select(_R.c.id, _R.c.author, _R.c.author_id, _R.c.conclusion, _R.c.statement).where(
+                _R.c.imp == imp,
+                or_(
+                    _R.c.author_id.in_(person.ids), _R.c.author.in_(person.names),
+                    *(_R.c.mention_text.like(like_pattern(name.lower()), escape="\\") for name in mentioned),
+                ),
+            )  # fmt: skip
             records: set[str] = set()
-            for row in conn.execute(
-                f"SELECT id, author, author_id, conclusion, statement FROM memory_records WHERE {clause} AND"
-                f" (author_id IN ({_marks(person.ids)}) OR author IN ({_marks(person.names)}) OR {likes})",
-                [*args, *person.ids, *person.names, *(like_pattern(name.lower()) for name in mentioned)],
-            ):
+            for row in conn.execute(candidates).mappings():
                 if (how := person.match(row["author_id"], row["author"], _row_text(row))) is not None:
                     records.add(str(row["id"]))
                     found[how] += 1
-            # The imp's own thoughts formed in a DM with them go with that DM's scope, as its lived records do.
-            dm_scopes = [dm_scope(person_id) for person_id in person.ids]
-            for row in conn.execute(
-                f"SELECT id FROM memory_records WHERE {clause} AND kind = 'construct'"
-                f" AND scope IN ({_marks(dm_scopes)})",
-                [*args, *dm_scopes],
-            ):
-                if str(row["id"]) not in records:
-                    records.add(str(row["id"]))
+            constructs = select(_R.c.id).where(
+                _R.c.imp == imp, _R.c.kind == "construct", _R.c.scope.in_(dm_scopes)
+            )
+            for (construct_id,) in conn.execute(constructs):
+                if str(construct_id) not in records:
+                    records.add(str(construct_id))
                     found["id"] += 1
             episodes: set[str] = set()
-            for row in conn.execute(
-                f"SELECT id, author, author_id, as_happened FROM memory_episodes WHERE {clause}", args
-            ):  # every episode of the imp: their text is not lowercased for a LIKE
-                if (how := person.match(row["author_id"], row["author"], row["as_happened"])) is not None:
-                    episodes.add(str(row["id"]))
+            every = select(_E.c.id, _E.c.author, _E.c.author_id, _E.c.as_happened).where(_E.c.imp == imp)
+            # Every episode of the imp: their text is not lowercased for a LIKE.
+            for episode_id, author, author_id, as_happened in conn.execute(every):
+                if (how := person.match(author_id, author, as_happened)) is not None:
+                    episodes.add(str(episode_id))
                     found[how] += 1
             n_records, n_episodes, touched = self._delete(conn, episodes, records)
-            n_conversations = conn.execute(
-                f"DELETE FROM memory_conversations WHERE {clause} AND person IN ({_marks(keys)})",
-                [*args, *keys],
-            ).rowcount
+            n_conversations = conn.execute(delete(_C).where(_C.c.imp == imp, _C.c.person.in_(keys))).rowcount
             # Their departures name them too; with the conversations gone, no departure is queued again.
             conn.execute(
-                f"DELETE FROM memory_departures WHERE {clause} AND person IN ({_marks(keys)})", [*args, *keys]
+                delete(memory_departures).where(
+                    memory_departures.c.imp == imp, memory_departures.c.person.in_(keys)
+                )
             )
             for imp_, scope in sorted(touched):
                 self._bump(conn, imp_, scope, deleted=True)
-        return Forgotten(
-            records=n_records, episodes=n_episodes, conversations=n_conversations, by_id=found["id"],
-            by_name=found["name"], mentions_of=mentioned, author_only=tuple(n for n in names if n not in mentioned),
-        )  # fmt: skip
+            return Forgotten(
+                records=n_records, episodes=n_episodes, conversations=n_conversations, by_id=found["id"],
+                by_name=found["name"], mentions_of=mentioned, author_only=tuple(n for n in names if n not in mentioned),
+            )  # fmt: skip
+
+        return self._write(write)
 
     def forget_message(self, channel_id: str, message_id: str) -> dict[str, int]:
         """A deleted message: its episodes, for every imp; a record left with no episode goes too.
@@ -1037,90 +1350,82 @@ class MemoryStore(Store, Loader):
         keeps nothing of it when it ends: ``ScopedMemory.encode`` refuses an episode of a marked message.
         """
         now = self.clock()
-        with self.db.transaction() as conn:
+        marks = memory_forgotten_messages
+
+        def write(conn: Connection) -> dict[str, int]:
             conn.execute(
-                "INSERT INTO memory_forgotten_messages (channel_id, message_id, forgotten_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (channel_id, message_id) DO NOTHING",
-                (channel_id, message_id, iso(now)),
+                _MARK_FORGOTTEN(conn.dialect.name),
+                {"channel_id": channel_id, "message_id": message_id, "at": iso(now)},
             )
             conn.execute(
-                "DELETE FROM memory_forgotten_messages WHERE forgotten_at < ?",
-                (iso(now - FORGOTTEN_MESSAGE_KEEP),),
+                delete(marks).where(bytewise(marks.c.forgotten_at) < iso(now - FORGOTTEN_MESSAGE_KEEP))
             )
-            episodes = {
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT id FROM memory_episodes WHERE channel_id = ? AND message_id = ?",
-                    (channel_id, message_id),
-                )
-            }
+            of_message = select(_E.c.id).where(_E.c.channel_id == channel_id, _E.c.message_id == message_id)
+            episodes = {str(r[0]) for r in conn.execute(of_message)}
             n_records, n_episodes, touched = self._delete(conn, episodes, set())
             for imp, scope in sorted(touched):
                 self._bump(conn, imp, scope, deleted=True)
-        return {"records": n_records, "episodes": n_episodes}
+            return {"records": n_records, "episodes": n_episodes}
+
+        return self._write(write)
 
     def forget_imp(self, imp: str) -> dict[str, int]:
         """Everything the imp remembers, in every scope (``impyard imp rm --purge``, ``impyard memory
         delete``; mechanism 118): records, episodes, saved conversations, the slots, learned rules,
         departures, and its day's clock (``memory_wakefulness``: it starts again asleep, as a new imp). The
         scopes' generations move on (kept, not deleted), so every cache drops them."""
-        with self.db.transaction() as conn:
-            scopes = [
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT scope FROM memory_generations WHERE imp = ? UNION"
-                    " SELECT DISTINCT scope FROM memory_records WHERE imp = ?",
-                    (imp, imp),
-                )
-            ]
-            conn.execute("DELETE FROM memory_wakefulness WHERE imp = ?", (imp,))
-            slots = conn.execute("DELETE FROM memory_slots WHERE imp = ?", (imp,)).rowcount
-            episodes = conn.execute("DELETE FROM memory_episodes WHERE imp = ?", (imp,)).rowcount
-            records = conn.execute("DELETE FROM memory_records WHERE imp = ?", (imp,)).rowcount
-            conversations = conn.execute("DELETE FROM memory_conversations WHERE imp = ?", (imp,)).rowcount
-            rules = conn.execute("DELETE FROM memory_dispositions WHERE imp = ?", (imp,)).rowcount
-            departures = conn.execute("DELETE FROM memory_departures WHERE imp = ?", (imp,)).rowcount
-            for scope in scopes:
+
+        def gone(conn: Connection, table: Table) -> int:
+            return int(conn.execute(delete(table).where(table.c.imp == imp)).rowcount)
+
+        def write(conn: Connection) -> dict[str, int]:
+            scopes = union(
+                select(_G.c.scope).where(_G.c.imp == imp),
+                select(_R.c.scope).distinct().where(_R.c.imp == imp),
+            )
+            every = sorted(str(r[0]) for r in conn.execute(scopes))
+            gone(conn, memory_wakefulness)
+            counts = {
+                "slots": gone(conn, _S), "episodes": gone(conn, _E), "records": gone(conn, _R),
+                "conversations": gone(conn, _C), "rules": gone(conn, _D), "departures": gone(conn, memory_departures),
+            }  # fmt: skip
+            for scope in every:
                 self._bump(conn, imp, scope, deleted=True)
+            return counts
+
+        counts = self._write(write)
         return {
-            "records": records, "episodes": episodes, "conversations": conversations, "slots": slots,
-            "rules": rules, "departures": departures,
-        }  # fmt: skip
+            name: counts[name]
+            for name in ("records", "episodes", "conversations", "slots", "rules", "departures")
+        }
 
     def rules(self, imp: str, limit: int | None = None) -> list[DispositionView]:
         """``impyard memory rules``: what ``imp`` has learned, strongest |weight| first (dormant ones too)."""
-        return _dispositions(self.db.connection(), imp, limit, active_only=False)
+        return self.db.read(lambda conn: _dispositions(conn, imp, limit, active_only=False))
 
     def slot_view(self, imp: str, scope: str | None = None) -> list[tuple[str, SlotEntry]]:
         """``impyard memory slot``: what ``imp`` holds in mind in each scope (or ``scope``), as it would be
         loaded now (87); read only: nothing is dropped here. Each entry's record is a ``StoredRecord``."""
         now = self.clock()
-        conn = self.db.connection()
-        if scope is None:
-            scopes = [
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT DISTINCT scope FROM memory_slots WHERE imp = ? ORDER BY scope", (imp,)
+
+        def read(conn: Connection) -> list[tuple[str, SlotEntry]]:
+            if scope is None:
+                scopes = sorted(str(r[0]) for r in conn.execute(_SLOT_SCOPES, {"imp": imp}))
+            else:
+                scopes = [scope]
+            shown: list[tuple[str, SlotEntry]] = []
+            for where in scopes:
+                stored = [
+                    slot_law.Held(str(r[0]), str(r[2]), float(r[3]), parse_iso(r[1]))
+                    for r in conn.execute(_SLOT_VIEW, {"imp": imp, "scope": where})
+                ]
+                held = slot_law.loaded(stored, now)
+                shown.extend(
+                    (where, entry) for entry in self._entries(conn, imp, where, held, now, operator=True)
                 )
-            ]
-        else:
-            scopes = [scope]
-        shown: list[tuple[str, SlotEntry]] = []
-        for where in scopes:
-            rows = conn.execute(
-                "SELECT s.record_id, s.activated_at, r.construct_kind, r.intensity FROM memory_slots s"
-                " JOIN memory_records r ON r.id = s.record_id AND r.imp = s.imp AND r.scope = s.scope"
-                " WHERE s.imp = ? AND s.scope = ?",
-                (imp, where),
-            ).fetchall()
-            stored = [
-                slot_law.Held(str(r["record_id"]), str(r["construct_kind"]), float(r["intensity"]),
-                              parse_iso(r["activated_at"]))
-                for r in rows
-            ]  # fmt: skip
-            held = slot_law.loaded(stored, now)
-            shown.extend((where, entry) for entry in self._entries(imp, where, held, now, operator=True))
-        return shown
+            return shown
+
+        return self.db.read(read)
 
     def count(self, imp: str, scopes: Sequence[str] | None = None) -> int:
         """Records of every kind of ``imp`` in ``scopes`` (None: all).
@@ -1129,30 +1434,30 @@ class MemoryStore(Store, Loader):
         it is counted again only after a write or a delete moved the scope's generation (from any process).
         """
         if scopes is not None:
-            return sum(self._scope_count(imp, scope) for scope in dict.fromkeys(scopes))
-        clause, args = _Reach(imp, None).clause()
-        return int(
-            self.db.connection()
-            .execute(f"SELECT COUNT(*) FROM memory_records WHERE {clause}", args)
-            .fetchone()[0]
-        )
+            return self._scopes_count(imp, list(dict.fromkeys(scopes)))
+        statement = select(func.count()).select_from(_R).where(_R.c.imp == imp)
+        return int(self.db.read(lambda conn: conn.execute(statement).scalar_one()))
 
-    def _scope_count(self, imp: str, scope: str) -> int:
-        generation = self.generation(imp, scope)
+    def _scopes_count(self, imp: str, scopes: list[str]) -> int:
+        def read(conn: Connection) -> list[tuple[str, Generation, int]]:
+            counted = []
+            for scope, generation in self._generations(conn, imp, scopes).items():
+                with self._counts_lock:
+                    cached = self._counts.get((imp, scope))
+                if cached is not None and cached[0] == generation:
+                    count = cached[1]
+                else:
+                    count = int(conn.execute(_SCOPE_COUNT, {"imp": imp, "scope": scope}).scalar_one())
+                counted.append((scope, generation, count))
+            return counted
+
+        counted = self.db.read(read)  # one snapshot: each count is its generation's
         with self._counts_lock:
-            cached = self._counts.get((imp, scope))
-        if cached is not None and cached[0] == generation:
-            return cached[1]
-        count = int(
-            self.db.connection()
-            .execute("SELECT COUNT(*) FROM memory_records WHERE imp = ? AND scope = ?", (imp, scope))
-            .fetchone()[0]
-        )
-        with self._counts_lock:
-            if len(self._counts) >= MAX_CACHED_COUNTS:
+            if len(self._counts) + len(counted) > MAX_CACHED_COUNTS:
                 self._counts.clear()  # a bound, not a policy: counts are cheap to take again
-            self._counts[(imp, scope)] = (generation, count)
-        return count
+            for scope, generation, count in counted:
+                self._counts[(imp, scope)] = (generation, count)
+        return sum(count for _, _, count in counted)
 
     # ------------------------------------------------------------ the night (issue 15: mechanisms 107-114)
 
@@ -1164,10 +1469,15 @@ class MemoryStore(Store, Loader):
         records come too (the box marks them protected)."""
         reach = _Reach(imp, (scope,))
         now = self.clock()
-        rows = self._records(
-            reach, "happened_at >= ?", [iso(since)], order="happened_at DESC, gen DESC, id", limit=k
-        )
-        return self._with_episodes(reach, [self._view(r, now, False) for r in rows], episodes)
+
+        def read(conn: Connection) -> list[RecordView]:
+            rows = self._records(
+                conn, reach, bytewise(_R.c.happened_at) >= iso(since),
+                order=(bytewise(_R.c.happened_at).desc(), _R.c.gen.desc(), bytewise(_R.c.id)), limit=k,
+            )  # fmt: skip
+            return self._with_episodes(conn, reach, [self._view(r, now, False) for r in rows], episodes)
+
+        return self.db.read(read)
 
     def consolidate_scope(
         self, imp: str, scope: str, groups: Sequence[tuple[str, Sequence[str]]]
@@ -1178,16 +1488,17 @@ class MemoryStore(Store, Loader):
         anchor's stored intensity becomes ``combined_intensity`` (110), the members are deleted. No text,
         valence or time changes (111). ``refused`` counts each refused anchor (its whole group) and member.
         """
-        applied = absorbed_n = moved = refused = 0
-        absorbed: set[str] = set()
-        with self.db.transaction() as conn:
+        one = select(_R.c.id, _R.c.kind, _R.c.origin, _R.c.intensity).where(
+            _R.c.id == bindparam("rid"), _R.c.imp == imp, _R.c.scope == scope
+        )
+
+        def write(conn: Connection) -> ConsolidateResult:  # everything below is per run: PostgreSQL may retry
+            applied = absorbed_n = moved = refused = 0
+            absorbed: set[str] = set()
             gen: int | None = None
 
-            def row_of(record_id: str) -> sqlite3.Row | None:
-                return conn.execute(
-                    "SELECT id, kind, origin, intensity FROM memory_records WHERE id = ? AND imp = ? AND scope = ?",
-                    (record_id, imp, scope),
-                ).fetchone()
+            def row_of(record_id: str) -> RowMapping | None:
+                return conn.execute(one, {"rid": record_id}).mappings().first()
 
             for anchor_id, member_ids in groups:
                 anchor = row_of(anchor_id)  # an anchor absorbed earlier in this call is gone: refused
@@ -1197,7 +1508,7 @@ class MemoryStore(Store, Loader):
                     refused += 1
                     continue
                 strength = float(anchor["intensity"])
-                members: list[sqlite3.Row] = []
+                members: list[RowMapping] = []
                 for member_id in member_ids:
                     member = row_of(member_id)
                     if member is None or member_refusal(
@@ -1213,24 +1524,19 @@ class MemoryStore(Store, Loader):
                 if gen is None:
                     gen = self._bump(conn, imp, scope, deleted=True)
                 ids = [str(m["id"]) for m in members]
-                marks = _marks(ids)
-                conn.execute(
-                    "UPDATE memory_records SET intensity = ?, gen = ? WHERE id = ?",
-                    (
-                        combined_intensity([strength, *(float(m["intensity"]) for m in members)]),
-                        gen,
-                        anchor_id,
-                    ),
-                )
+                combined = combined_intensity([strength, *(float(m["intensity"]) for m in members)])
+                conn.execute(update(_R).where(_R.c.id == anchor_id).values(intensity=combined, gen=gen))
                 moved += conn.execute(
-                    f"UPDATE memory_episodes SET record_id = ?, gen = ? WHERE record_id IN ({marks})"
-                    " AND imp = ? AND scope = ?",
-                    [anchor_id, gen, *ids, imp, scope],
+                    update(_E)
+                    .where(_E.c.record_id.in_(ids), _E.c.imp == imp, _E.c.scope == scope)
+                    .values(record_id=anchor_id, gen=gen)
                 ).rowcount
-                conn.execute(f"DELETE FROM memory_records WHERE id IN ({marks})", ids)
+                conn.execute(delete(_R).where(_R.c.id.in_(ids)))
                 applied += 1
                 absorbed_n += len(ids)
-        return ConsolidateResult(groups=applied, absorbed=absorbed_n, episodes=moved, refused=refused)
+            return ConsolidateResult(groups=applied, absorbed=absorbed_n, episodes=moved, refused=refused)
+
+        return self._write(write)
 
     def forget_scope(self, imp: str, scope: str) -> tuple[int, int]:
         """Mechanisms 112-113, within ``scope`` only: every record ``forgets`` at the store's now is deleted
@@ -1246,72 +1552,60 @@ class MemoryStore(Store, Loader):
         # A prefilter only (the rule is ``forgets``): none younger than the first knot, none at the top value.
         youngest = now - timedelta(days=curve[0][0])
         top = max(value for _, value in curve)
+        prefilter = select(_R.c.id, _R.c.kind, _R.c.origin, _R.c.intensity, _R.c.last_felt).where(
+            _R.c.imp == imp,
+            _R.c.scope == scope,
+            _R.c.intensity < top,
+            bytewise(_R.c.last_felt) <= iso(youngest),
+        )
         candidates = [
-            str(row["id"])
-            for row in self.db.connection().execute(
-                "SELECT id, kind, origin, intensity, last_felt FROM memory_records"
-                " WHERE imp = ? AND scope = ? AND intensity < ? AND last_felt <= ?",
-                (imp, scope, top, iso(youngest)),
-            )
-            if forgets(row["kind"], row["origin"], float(row["intensity"]), parse_iso(row["last_felt"]), now)
+            str(row[0])
+            for row in self.db.read(lambda conn: conn.execute(prefilter).all())
+            if forgets(row[1], row[2], float(row[3]), parse_iso(row[4]), now)
         ]
+        # By id alone (the primary key): with imp and scope in the WHERE, SQLite may scan the scope.
+        again = select(
+            _R.c.id, _R.c.imp, _R.c.scope, _R.c.kind, _R.c.origin, _R.c.intensity, _R.c.last_felt
+        ).where(_R.c.id.in_(bindparam("ids", expanding=True)))
+        drop_episodes = delete(_E).where(_E.c.record_id.in_(bindparam("ids", expanding=True)))
+        drop_records = delete(_R).where(_R.c.id.in_(bindparam("ids", expanding=True)))
+
+        def write(conn: Connection, *, batch: Sequence[str]) -> tuple[int, int]:
+            doomed: list[str] = []
+            for ids in _chunks(batch):
+                doomed.extend(
+                    str(row[0])
+                    for row in conn.execute(again, {"ids": ids})
+                    if row[1] == imp
+                    and row[2] == scope
+                    and forgets(row[3], row[4], float(row[5]), parse_iso(row[6]), now)
+                )
+            records = episodes = 0
+            for ids in _chunks(doomed):
+                episodes += conn.execute(drop_episodes, {"ids": ids}).rowcount
+                records += conn.execute(drop_records, {"ids": ids}).rowcount
+            if doomed:
+                self._bump(conn, imp, scope, deleted=True)
+            return records, episodes
+
         records = episodes = 0
         for start in range(0, len(candidates), _FORGET_BATCH):
-            with self.db.transaction() as conn:
-                doomed: list[str] = []
-                for ids in _chunks(candidates[start : start + _FORGET_BATCH]):
-                    # By id alone (the primary key): with imp and scope in the WHERE, SQLite may scan the scope.
-                    doomed.extend(
-                        str(row["id"])
-                        for row in conn.execute(
-                            "SELECT id, imp, scope, kind, origin, intensity, last_felt FROM memory_records"
-                            f" WHERE id IN ({_marks(ids)})",
-                            ids,
-                        )
-                        if row["imp"] == imp
-                        and row["scope"] == scope
-                        and forgets(
-                            row["kind"],
-                            row["origin"],
-                            float(row["intensity"]),
-                            parse_iso(row["last_felt"]),
-                            now,
-                        )
-                    )
-                for ids in _chunks(doomed):
-                    marks = _marks(ids)
-                    episodes += conn.execute(
-                        f"DELETE FROM memory_episodes WHERE record_id IN ({marks})", ids
-                    ).rowcount
-                    records += conn.execute(f"DELETE FROM memory_records WHERE id IN ({marks})", ids).rowcount
-                if doomed:
-                    self._bump(conn, imp, scope, deleted=True)
+            batch = candidates[start : start + _FORGET_BATCH]
+            gone, gone_episodes = self._write(partial(write, batch=batch))
+            records += gone
+            episodes += gone_episodes
         return records, episodes
 
     def scopes_lived_in(self, imp: str, since: datetime | None = None) -> list[str]:
         """The scopes of ``imp`` holding records (that happened at or after ``since``), the one with the
         newest such record first: where a night has something to fold or forget."""
-        after = "" if since is None else " AND happened_at >= ?"
-        rows = (
-            self.db.connection()
-            .execute(
-                f"SELECT scope, MAX(happened_at) AS newest FROM memory_records WHERE imp = ?{after}"
-                " GROUP BY scope ORDER BY newest DESC, scope",
-                [imp, *([] if since is None else [iso(since)])],
-            )
-            .fetchall()
-        )
-        return [str(row["scope"]) for row in rows]
+        return self.db.read(lambda conn: scopes_by_newest(conn, imp, since))
 
     # ------------------------------------------------------------ copy and stats (issue 15: mechanism 118)
 
     def has_memory(self, imp: str) -> bool:
         """Whether ``imp`` keeps anything at all: a record, an episode, a conversation, a rule or a slot."""
-        conn = self.db.connection()
-        return any(
-            conn.execute(f"SELECT 1 FROM {table} WHERE imp = ? LIMIT 1", (imp,)).fetchone()
-            for table in _IMP_TABLES
-        )
+        return self.db.read(lambda conn: _keeps_anything(conn, imp))
 
     def copy_imp(self, src: str, new: str) -> dict[str, int]:
         """Mechanism 118: copy everything ``src`` remembers to ``new``, in one transaction: records,
@@ -1327,140 +1621,144 @@ class MemoryStore(Store, Loader):
         def copied(old_id: str) -> str:
             return f"{old_id.split('-')[0][:64]}-{suffix}"
 
-        counts = dict.fromkeys(("records", "episodes", "conversations", "slots", "rules"), 0)
-        with self.db.transaction() as conn:
-            if any(
-                conn.execute(f"SELECT 1 FROM {table} WHERE imp = ? LIMIT 1", (new,)).fetchone()
-                for table in _IMP_TABLES
-            ):
+        def batches(conn: Connection, table: Table, names: Sequence[str]) -> Iterator[Sequence[RowMapping]]:
+            statement = select(*(table.c[name] for name in names)).where(table.c.imp == src)
+            yield from conn.execute(statement.execution_options(yield_per=_CHUNK)).mappings().partitions()
+
+        def write(conn: Connection) -> dict[str, int]:
+            counts = dict.fromkeys(("records", "episodes", "conversations", "slots", "rules"), 0)
+            if _keeps_anything(conn, new):
                 raise MemoryInvalid(
                     f"{new} already remembers something; a copy goes only into an empty memory"
                 )
             scopes = sorted(
                 {
                     str(row[0])
-                    for table in ("memory_records", "memory_conversations", "memory_slots")
-                    for row in conn.execute(f"SELECT DISTINCT scope FROM {table} WHERE imp = ?", (src,))
+                    for table in (_R, _C, _S)
+                    for row in conn.execute(select(table.c.scope).distinct().where(table.c.imp == src))
                 }
             )
             gens = {scope: self._bump(conn, new, scope) for scope in scopes}
             ids: set[str] = set()
-
-            def rows(sql: str) -> Iterable[list[sqlite3.Row]]:
-                cursor = self.db.connection().cursor().execute(sql, (src,))
-                while batch := cursor.fetchmany(_CHUNK):
-                    yield batch
-
-            for batch in rows(
-                f"SELECT {_RECORD_COLUMNS}, mention_text, created_at FROM memory_records WHERE imp = ?"
-            ):
+            record_names = (*_RECORD_NAMES, "mention_text", "created_at")
+            for batch in batches(conn, _R, record_names):
                 ids.update(str(r["id"]) for r in batch)
-                counts["records"] += conn.executemany(
-                    "INSERT INTO memory_records (id, imp, scope, kind, construct_kind, origin, author, author_id,"
-                    " feeling, conclusion, mention_text, valence, intensity, happened_at, last_felt, dims, vector,"
-                    " gen, created_at, statement) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            copied(r["id"]), new, r["scope"], r["kind"], r["construct_kind"], r["origin"], r["author"],
-                            r["author_id"], r["feeling"], r["conclusion"], r["mention_text"], r["valence"],
-                            r["intensity"], r["happened_at"], r["last_felt"], r["dims"], r["vector"], gens[r["scope"]],
-                            r["created_at"], r["statement"],
-                        )
-                        for r in batch
-                    ],
-                ).rowcount  # fmt: skip
-            for batch in rows(
-                f"SELECT {_EPISODE_COLUMNS}, scope, dims, vector FROM memory_episodes WHERE imp = ?"
-            ):
+                conn.execute(
+                    _INSERT_RECORD,
+                    [{**r, "id": copied(r["id"]), "imp": new, "gen": gens[r["scope"]]} for r in batch],
+                )
+                counts["records"] += len(batch)
+            for batch in batches(conn, _E, (*_EPISODE_NAMES, "scope", "dims", "vector")):
                 ids.update(str(r["id"]) for r in batch)
-                counts["episodes"] += conn.executemany(
-                    "INSERT INTO memory_episodes (id, record_id, imp, scope, channel_id, message_id, author,"
-                    " author_id, as_happened, told, happened_at, dims, vector, gen)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                conn.execute(
+                    _INSERT_EPISODE,
                     [
-                        (
-                            copied(r["id"]), copied(r["record_id"]), new, r["scope"], r["channel_id"], r["message_id"],
-                            r["author"], r["author_id"], r["as_happened"], r["told"], r["happened_at"], r["dims"],
-                            r["vector"], gens[r["scope"]],
-                        )
+                        {**r, "id": copied(r["id"]), "record_id": copied(r["record_id"]), "imp": new,
+                         "gen": gens[r["scope"]]}
                         for r in batch
                     ],
-                ).rowcount  # fmt: skip
-            for batch in rows(
-                "SELECT scope, channel_id, person, state, updated_at FROM memory_conversations WHERE imp = ?"
-            ):
-                counts["conversations"] += conn.executemany(
-                    "INSERT INTO memory_conversations (imp, scope, channel_id, person, state, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
+                )  # fmt: skip
+                counts["episodes"] += len(batch)
+            for batch in batches(conn, _C, ("scope", "channel_id", "person", "state", "updated_at")):
+                conn.execute(
+                    insert(_C),
                     [
-                        (new, r["scope"], r["channel_id"], r["person"],
-                         json.dumps(_renamed(json.loads(r["state"]), ids, copied), ensure_ascii=False,
-                                    separators=(",", ":")), r["updated_at"])
+                        {**r, "imp": new, "state": json.dumps(_renamed(json.loads(r["state"]), ids, copied),
+                                                              ensure_ascii=False, separators=(",", ":"))}
                         for r in batch
                     ],
-                ).rowcount  # fmt: skip
-            for batch in rows("SELECT scope, record_id, activated_at FROM memory_slots WHERE imp = ?"):
-                counts["slots"] += conn.executemany(
-                    "INSERT INTO memory_slots (imp, scope, record_id, activated_at) VALUES (?, ?, ?, ?)",
-                    [(new, r["scope"], copied(r["record_id"]), r["activated_at"]) for r in batch],
-                ).rowcount
-            for batch in rows(f"SELECT {_DISPOSITION_COLUMNS} FROM memory_dispositions WHERE imp = ?"):
-                counts["rules"] += conn.executemany(
-                    "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (copied(r["id"]), new, r["rule"], r["weight"], r["count"], r["created_at"], r["updated_at"])
-                        for r in batch
-                    ],
-                ).rowcount  # fmt: skip
-        return counts
+                )  # fmt: skip
+                counts["conversations"] += len(batch)
+            for batch in batches(conn, _S, ("scope", "record_id", "activated_at")):
+                conn.execute(
+                    _INSERT_SLOT, [{**r, "imp": new, "record_id": copied(r["record_id"])} for r in batch]
+                )
+                counts["slots"] += len(batch)
+            for batch in batches(conn, _D, _DISPOSITION_NAMES):
+                conn.execute(insert(_D), [{**r, "id": copied(r["id"]), "imp": new} for r in batch])
+                counts["rules"] += len(batch)
+            return counts
+
+        return self._write(write)
 
     def stats(self, imp: str) -> MemoryStats:
         """``impyard memory stats``: per scope records, episodes, constructs, given records and slot
         entries; the learned rules and saved conversations; the clock's state (``memory_wakefulness``);
-        the host database's size on disk (every imp's memory is in it, with the rest of the host's)."""
-        conn = self.db.connection()
-        per: dict[str, dict[str, int]] = {}
+        the host database's size (on disk for SQLite; every imp's memory is in it, with the rest of the host's)."""
 
-        def add(sql: str, *names: str) -> None:
-            for row in conn.execute(sql, (imp,)):
-                counted = per.setdefault(str(row[0]), dict.fromkeys(_SCOPE_COUNTS, 0))
-                for index, name in enumerate(names, start=1):
-                    counted[name] = int(row[index] or 0)
+        def read(conn: Connection) -> MemoryStats:
+            per: dict[str, dict[str, int]] = {}
 
-        add(
-            "SELECT scope, COUNT(*), SUM(CASE WHEN kind = 'construct' THEN 1 ELSE 0 END),"
-            " SUM(CASE WHEN origin = 'given' THEN 1 ELSE 0 END) FROM memory_records WHERE imp = ? GROUP BY scope",
-            "records", "constructs", "given",
-        )  # fmt: skip
-        add("SELECT scope, COUNT(*) FROM memory_episodes WHERE imp = ? GROUP BY scope", "episodes")
-        add("SELECT scope, COUNT(*) FROM memory_conversations WHERE imp = ? GROUP BY scope", "conversations")
-        add("SELECT scope, COUNT(*) FROM memory_slots WHERE imp = ? GROUP BY scope", "slot")
-        rules = conn.execute(
-            "SELECT COUNT(*), SUM(CASE WHEN abs(weight) > ? THEN 1 ELSE 0 END) FROM memory_dispositions"
-            " WHERE imp = ?",
-            (laws.DORMANT_WEIGHT, imp),
-        ).fetchone()
-        clock = conn.execute(
-            "SELECT awake, woke_at, slept_at, last_activity_at, last_reflection_at, last_sleep_at,"
-            " last_consolidation_at FROM memory_wakefulness WHERE imp = ?",
-            (imp,),
-        ).fetchone()
-        size = sum(
-            path.stat().st_size
-            for path in (self.db.path, self.db.path.with_name(self.db.path.name + "-wal"))
-            if path.exists()
-        )
-        return MemoryStats(
-            imp=imp,
-            scopes=[ScopeStats(scope=scope, **per[scope]) for scope in sorted(per)],
-            rules=int(rules[0] or 0),
-            active_rules=int(rules[1] or 0),
-            clock=None if clock is None else Wakefulness(
-                awake=bool(clock["awake"]), **{k: _when(clock[k]) for k in Wakefulness.TIMES},
-            ),
-            database_bytes=size,
-        )  # fmt: skip
+            def add(statement: Any, *names: str) -> None:
+                for row in conn.execute(statement):
+                    counted = per.setdefault(str(row[0]), dict.fromkeys(_SCOPE_COUNTS, 0))
+                    for index, name in enumerate(names, start=1):
+                        counted[name] = int(row[index] or 0)
+
+            def counted(condition: ColumnElement[bool]) -> Any:
+                return func.sum(case((condition, 1), else_=0))
+
+            add(
+                select(_R.c.scope, func.count(), counted(_R.c.kind == "construct"), counted(_R.c.origin == "given"))
+                .where(_R.c.imp == imp).group_by(_R.c.scope),
+                "records", "constructs", "given",
+            )  # fmt: skip
+            for table, name in ((_E, "episodes"), (_C, "conversations"), (_S, "slot")):
+                add(
+                    select(table.c.scope, func.count()).where(table.c.imp == imp).group_by(table.c.scope),
+                    name,
+                )
+            rules = conn.execute(
+                select(func.count(), counted(func.abs(_D.c.weight) > laws.DORMANT_WEIGHT)).where(
+                    _D.c.imp == imp
+                )
+            ).one()
+            w = memory_wakefulness
+            clock = conn.execute(
+                select(w.c.awake, *(w.c[k] for k in Wakefulness.TIMES)).where(w.c.imp == imp)
+            ).first()
+            if conn.dialect.name == "postgresql":
+                size = int(conn.execute(select(func.pg_database_size(func.current_database()))).scalar_one())
+            else:
+                size = sum(
+                    path.stat().st_size
+                    for path in (self.db.path, self.db.path.with_name(self.db.path.name + "-wal"))
+                    if path.exists()
+                )
+            return MemoryStats(
+                imp=imp,
+                scopes=[ScopeStats(scope=scope, **per[scope]) for scope in sorted(per)],
+                rules=int(rules[0] or 0),
+                active_rules=int(rules[1] or 0),
+                clock=None if clock is None else Wakefulness(
+                    awake=bool(clock[0]), **{k: _when(clock[i]) for i, k in enumerate(Wakefulness.TIMES, start=1)},
+                ),
+                database_bytes=size,
+            )  # fmt: skip
+
+        return self.db.read(read)
+
+
+def _keeps_anything(conn: Connection, imp: str) -> bool:
+    return any(conn.execute(_ANY_OF_IMP[table], {"imp": imp}).first() for table in _IMP_TABLES)
+
+
+def scopes_by_newest(
+    conn: Connection, imp: str, since: datetime | None = None, limit: int | None = None
+) -> list[str]:
+    """The scopes of ``imp`` with records (that happened at or after ``since``), the newest record first
+    (ties: by scope, byte order); at most ``limit``. Shared with the imp's clock (``wakefulness``)."""
+    newest = func.max(_R.c.happened_at).label("newest")
+    statement = (
+        select(_R.c.scope, newest)
+        .where(_R.c.imp == imp, *([] if since is None else [bytewise(_R.c.happened_at) >= iso(since)]))
+        .group_by(_R.c.scope)
+    )
+    rows = [(str(row[1]), str(row[0])) for row in conn.execute(statement)]
+    rows.sort(key=lambda item: item[1].encode())  # ties: by scope, byte order (the sort below is stable)
+    rows.sort(key=lambda item: item[0].encode(), reverse=True)
+    scopes = [scope for _, scope in rows]
+    return scopes if limit is None else scopes[: max(0, limit)]
 
 
 # ------------------------------------------------------------------ the session's view
@@ -1492,15 +1790,26 @@ class ScopedMemory:
     ) -> list[RecordView]:
         return self.store._search(self._reach, vector, names, k, kinds, episodes, with_vectors)
 
+    def _read_views(
+        self, rows_of: Callable[[Connection], list[RowMapping]], episodes: int, with_vectors: bool
+    ) -> list[RecordView]:
+        """Rows read in one snapshot, as views with their newest episodes."""
+        store, now = self.store, self.store.clock()
+
+        def read(conn: Connection) -> list[RecordView]:
+            views = [store._view(r, now, with_vectors) for r in rows_of(conn)]
+            return store._with_episodes(conn, self._reach, views, episodes)
+
+        return store.db.read(read)
+
     def recent(
         self, k: int = 5, kinds: Sequence[str] = ("lived",), episodes: int = 3, with_vectors: bool = False
     ) -> list[RecordView]:
         """Mechanisms 32, 92, 115: the ``k`` most recently felt records of ``kinds``."""
-        marks = ", ".join("?" for _ in kinds)
-        now = self.store.clock()
-        rows = self.store._newest(self._reach, f"kind IN ({marks})", list(kinds), k)
-        return self.store._with_episodes(
-            self._reach, [self.store._view(r, now, with_vectors) for r in rows], episodes
+        return self._read_views(
+            lambda conn: self.store._newest(conn, self._reach, "kinds", k, kinds=list(kinds)),
+            episodes,
+            with_vectors,
         )
 
     def about(
@@ -1513,28 +1822,25 @@ class ScopedMemory:
         with_vectors: bool = False,
     ) -> list[RecordView]:
         """Mechanism 28 (aboutPerson): by or naming ``person``, strongest stored intensity first."""
-        now = self.store.clock()
-        rows = self.store._about(self._reach, person, k, exclude, kinds)
-        return self.store._with_episodes(
-            self._reach, [self.store._view(r, now, with_vectors) for r in rows], episodes
+        return self._read_views(
+            lambda conn: self.store._about(conn, self._reach, person, k, exclude, kinds),
+            episodes,
+            with_vectors,
         )
 
     def constructs(self, construct_kind: ConstructKind, k: int = 3, episodes: int = 0) -> list[RecordView]:
         """Mechanism 27 (ownOfKind): the ``k`` most recently felt constructs of one kind."""
-        now = self.store.clock()
-        rows = self.store._newest(
-            self._reach, "kind = 'construct' AND construct_kind = ?", [construct_kind], k
-        )
-        return self.store._with_episodes(
-            self._reach, [self.store._view(r, now, False) for r in rows], episodes
+        return self._read_views(
+            lambda conn: self.store._newest(conn, self._reach, "construct", k, construct_kind=construct_kind),
+            episodes,
+            False,
         )
 
     def episodes(self, record_ids: Sequence[str], per_record: int = 3) -> list[EpisodeView]:
         """Each named record's newest episodes, newest first; a record outside the scopes gives nothing."""
-        found: list[EpisodeView] = []
-        for record_id in dict.fromkeys(record_ids):
-            found.extend(self.store._episodes_of(self._reach, record_id, per_record))
-        return found
+        ids = list(dict.fromkeys(record_ids))
+        newest = self.store.db.read(lambda conn: self.store._episodes_of(conn, self._reach, ids, per_record))
+        return [episode for record_id in ids for episode in newest.get(record_id, [])]
 
     def encode(self, params: EncodeParams) -> tuple[str, str]:
         """Mechanisms 61-66: keep one moment, atomically: a new record or a join, its episode, the restores.
@@ -1545,15 +1851,15 @@ class ScopedMemory:
         turn kept nothing of it, whichever of the two came first.
         """
         now = self.store.clock()
-        store, writes = self.store, self.scopes.writes
+        store, writes, reach = self.store, self.scopes.writes, self._reach
         message_id = params.episode.message_id
-        with store.db.transaction() as conn:
+
+        def write(conn: Connection) -> tuple[str, str]:
             if (
                 message_id is not None
                 and conn.execute(
-                    "SELECT 1 FROM memory_forgotten_messages WHERE channel_id = ? AND message_id = ?",
-                    (self.channel_id, message_id),
-                ).fetchone()
+                    _FORGOTTEN, {"channel_id": self.channel_id, "message_id": message_id}
+                ).first()
             ):
                 raise MemoryForgotten(
                     f"memory.encode: message {message_id[:40]!r} was deleted; nothing of it is kept"
@@ -1569,11 +1875,10 @@ class ScopedMemory:
                 )  # fmt: skip
             else:
                 assert params.join is not None
-                clause, args = self._reach.clause()
-                row = conn.execute(
-                    f"SELECT scope FROM memory_records WHERE id = ? AND {clause}", [params.join, *args]
-                ).fetchone()
-                if row is None or row["scope"] != writes:
+                scope = conn.execute(
+                    _per_reach("scope_of", reach, _scope_in_reach), reach.params(rid=params.join)
+                ).scalar()
+                if scope != writes:
                     raise MemoryDenied(
                         f"memory.encode: no record {params.join[:40]!r} to join in this conversation's scope"
                     )
@@ -1584,14 +1889,15 @@ class ScopedMemory:
                 message_id=episode.message_id, author=episode.author, author_id=episode.author_id,
                 as_happened=episode.as_happened, told=episode.told, happened_at=now, vector=episode.vector,
             )  # fmt: skip
-            store._refeel(conn, self._reach, params.restore, now, gens)
-        return record_id, episode_id
+            store._refeel(conn, reach, params.restore, now, gens)
+            return record_id, episode_id
+
+        return store._write(write)
 
     def restore(self, items: Sequence[Restore]) -> int:
         """Re-feel records in this session's scopes; returns how many were (others are ignored)."""
         now = self.store.clock()
-        with self.store.db.transaction() as conn:
-            return self.store._refeel(conn, self._reach, items, now, {})
+        return self.store._write(lambda conn: self.store._refeel(conn, self._reach, items, now, {}))
 
     # ------------------------------------------------------------ constructs and the slot (issue 14)
 
@@ -1606,7 +1912,8 @@ class ScopedMemory:
         """
         now = self.store.clock()
         store, writes = self.store, self.scopes.writes
-        with store.db.transaction() as conn:
+
+        def write(conn: Connection) -> tuple[str, bool, str | None, list[SlotEntry]]:
             gen = store._bump(conn, self.imp, writes)
             twin = store._twin(conn, self.imp, writes, params.construct_kind, params.vector)
             previous: str | None = None
@@ -1619,10 +1926,7 @@ class ScopedMemory:
                     )
                 else:  # mechanism 82: +0.1 on the stored intensity, no settling first
                     intensity = min(1.0, stored + laws.DEFAULTS.construct_reinforcement)
-                conn.execute(
-                    "UPDATE memory_records SET intensity = ?, last_felt = ?, gen = ? WHERE id = ?",
-                    (intensity, iso(now), gen, record_id),
-                )
+                conn.execute(_REFEEL, {"intensity": intensity, "at": iso(now), "gen": gen, "rid": record_id})
             else:
                 record_id = store._insert_record(
                     conn, imp=self.imp, scope=writes, gen=gen, kind="construct",
@@ -1635,22 +1939,29 @@ class ScopedMemory:
                 held = store._activated(conn, self.imp, writes, record_id, now)
             else:
                 held = store._held(conn, self.imp, writes, now)
-            entries = store._entries(self.imp, writes, held, now)
-        return record_id, twin is None, previous, entries
+            entries = store._entries(conn, self.imp, writes, held, now)
+            return record_id, twin is None, previous, entries
+
+        return store._write(write)
 
     def slot(self) -> list[SlotEntry]:
         """Mechanisms 87-88: the writes scope's slot as loaded now, oldest activation first; what left it
         (a week unrefreshed, deleted, over size) is dropped from the stored slot."""
         now = self.store.clock()
-        with self.store.db.transaction() as conn:
-            held = self.store._held(conn, self.imp, self.scopes.writes, now)
-            return self.store._entries(self.imp, self.scopes.writes, held, now)
+        store, writes = self.store, self.scopes.writes
+
+        def write(conn: Connection) -> list[SlotEntry]:
+            held = store._held(conn, self.imp, writes, now)
+            return store._entries(conn, self.imp, writes, held, now)
+
+        return store._write(write)
 
     def slot_refresh(self, record_ids: Sequence[str]) -> list[SlotEntry]:
         """Mechanism 86: held constructs brought to mind again get activated now; other ids are ignored."""
         now = self.store.clock()
         store, writes = self.store, self.scopes.writes
-        with store.db.transaction() as conn:
+
+        def write(conn: Connection) -> list[SlotEntry]:
             held = store._held(conn, self.imp, writes, now)
             after = list(held)
             for record_id in dict.fromkeys(record_ids):
@@ -1659,13 +1970,15 @@ class ScopedMemory:
                     after = slot_law.activate(after, slot_law.Held(twin.id, twin.kind, twin.intensity, now))
             if after != held:
                 store._write_slot(conn, self.imp, writes, after)
-            return store._entries(self.imp, writes, after, now)
+            return store._entries(conn, self.imp, writes, after, now)
+
+        return store._write(write)
 
     # ------------------------------------------------------------ dispositions (issue 14; per imp, every scope)
 
     def dispositions(self, k: int = 100, active_only: bool = False) -> list[DispositionView]:
         """Mechanisms 94, 98-99: the ``k`` strongest rules by |weight|; ``active_only`` leaves dormant ones out."""
-        return _dispositions(self.store.db.connection(), self.imp, k, active_only=active_only)
+        return self.store.db.read(lambda conn: _dispositions(conn, self.imp, k, active_only=active_only))
 
     def learn(self, params: LearnParams) -> LearnResult:
         """Mechanisms 95-97, atomically: ``same`` is counted (and takes this text and weight only if this one
@@ -1673,13 +1986,10 @@ class ScopedMemory:
         A rule named must be this imp's (else ``MemoryDenied``). At most ``MAX_RULES`` are kept per imp."""
         rule = clean_rule(params.rule)
         now = iso(self.store.clock())
-        with self.store.db.transaction() as conn:
 
-            def named(rule_id: str) -> sqlite3.Row:
-                row = conn.execute(
-                    "SELECT id, rule, weight FROM memory_dispositions WHERE id = ? AND imp = ?",
-                    (rule_id, self.imp),
-                ).fetchone()
+        def write(conn: Connection) -> LearnResult:
+            def named(rule_id: str) -> RowMapping:
+                row = conn.execute(_NAMED_RULE, {"rid": rule_id, "imp": self.imp}).mappings().first()
                 if row is None:
                     raise MemoryDenied(f"memory.dispositions.learn: no rule {rule_id[:40]!r} of this imp")
                 return row
@@ -1690,53 +2000,50 @@ class ScopedMemory:
                     old["rule"], float(old["weight"]), rule, params.weight, params.avoidance_weight
                 )
                 conn.execute(
-                    "UPDATE memory_dispositions SET rule = ?, weight = ?, count = count + 1, updated_at = ?"
-                    " WHERE id = ?",
-                    (text, weight, now, params.same),
+                    _UPDATE_RULE.values(rule=text, weight=weight, count=_D.c.count + 1, updated_at=now),
+                    {"rid": params.same},
                 )
                 return LearnResult(id=params.same, action="replaced" if replaced else "counted")
             weakened: str | None = None
             if params.contradicts is not None:  # mechanism 97: toward 0 by |new w|, never past it
                 old = named(params.contradicts)
                 conn.execute(
-                    "UPDATE memory_dispositions SET weight = ?, updated_at = ? WHERE id = ?",
-                    (laws.weakened(float(old["weight"]), params.weight), now, params.contradicts),
+                    _UPDATE_RULE.values(
+                        weight=laws.weakened(float(old["weight"]), params.weight), updated_at=now
+                    ),
+                    {"rid": params.contradicts},
                 )
                 weakened = params.contradicts
             rule_id = new_id()
             conn.execute(
-                "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, 1, ?, ?)",
-                (rule_id, self.imp, rule, params.weight, now, now),
+                insert(_D),
+                dict(
+                    id=rule_id,
+                    imp=self.imp,
+                    rule=rule,
+                    weight=params.weight,
+                    count=1,
+                    created_at=now,
+                    updated_at=now,
+                ),
             )
-            excess = (
-                conn.execute(
-                    "SELECT COUNT(*) FROM memory_dispositions WHERE imp = ?", (self.imp,)
-                ).fetchone()[0]
-                - MAX_RULES
-            )
+            excess = int(conn.execute(_RULES_OF, {"imp": self.imp}).scalar_one()) - MAX_RULES
             if excess > 0:  # the weakest go: dormant ones first, then the smallest |weight|, oldest first
                 conn.execute(
-                    "DELETE FROM memory_dispositions WHERE id IN (SELECT id FROM memory_dispositions"
-                    " WHERE imp = ? AND id != ? ORDER BY abs(weight) > ?, abs(weight), updated_at, created_at, id"
-                    f" LIMIT {int(excess)})",
-                    (self.imp, rule_id, laws.DORMANT_WEIGHT),
+                    _TRIM_RULES,
+                    {"imp": self.imp, "rid": rule_id, "dormant": laws.DORMANT_WEIGHT, "excess": excess},
                 )
             return LearnResult(id=rule_id, action="added", weakened=weakened)
 
+        return self.store._write(write)
+
     def conversation_get(self, person: str) -> tuple[dict[str, Any] | None, datetime | None]:
-        clause, args = self._reach.clause()
-        row = (
-            self.store.db.connection()
-            .execute(
-                f"SELECT state, updated_at FROM memory_conversations WHERE {clause} AND channel_id = ? AND person = ?",
-                [*args, self.channel_id, person],
-            )
-            .fetchone()
-        )
+        statement = _per_reach("conversation", self._reach, _conversation)
+        params = self._reach.params(channel_id=self.channel_id, person=person)
+        row = self.store.db.read(lambda conn: conn.execute(statement, params).first())
         if row is None:
             return None, None
-        return json.loads(row["state"]), parse_iso(row["updated_at"])
+        return json.loads(row[0]), parse_iso(row[1])
 
     def conversation_put(self, person: str, state: dict[str, Any]) -> None:
         """Save the conversation's state in the writes scope (at most 256 KiB of JSON).
@@ -1747,20 +2054,16 @@ class ScopedMemory:
         256 KiB per channel, however many it invents.
         """
         text = conversation_json(state)
-        now = self.store.clock()
-        with self.store.db.transaction() as conn:
-            conn.execute(
-                "INSERT INTO memory_conversations (imp, scope, channel_id, person, state, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (imp, channel_id, person) DO UPDATE SET"
-                " scope = excluded.scope, state = excluded.state, updated_at = excluded.updated_at",
-                (self.imp, self.scopes.writes, self.channel_id, person, text, iso(now)),
-            )
-            conn.execute(
-                "DELETE FROM memory_conversations WHERE imp = ? AND channel_id = ? AND person NOT IN ("
-                " SELECT person FROM memory_conversations WHERE imp = ? AND channel_id = ?"
-                " ORDER BY updated_at DESC, person = ? DESC LIMIT ?)",
-                (self.imp, self.channel_id, self.imp, self.channel_id, person, MAX_CONVERSATIONS_PER_CHANNEL),
-            )
+        params = {
+            "imp": self.imp, "scope": self.scopes.writes, "channel_id": self.channel_id, "person": person,
+            "state": text, "at": iso(self.store.clock()), "keep": MAX_CONVERSATIONS_PER_CHANNEL,
+        }  # fmt: skip
+
+        def write(conn: Connection) -> None:
+            conn.execute(_SAVE_CONVERSATION(conn.dialect.name), params)
+            conn.execute(_TRIM_CONVERSATIONS, params)
+
+        self.store._write(write)
 
     # ------------------------------------------------------------ the night (issue 15; the writes scope only)
 
@@ -1775,6 +2078,10 @@ class ScopedMemory:
     def forget(self) -> tuple[int, int]:
         """Mechanisms 112-113: the forgetting curve over the writes scope; returns (records, episodes)."""
         return self.store.forget_scope(self.imp, self.scopes.writes)
+
+
+def _scope_in_reach(shape: str) -> Any:
+    return select(_R.c.scope).where(_R.c.id == bindparam("rid"), _Reach.criterion(_R, shape))
 
 
 def conversation_json(state: dict[str, Any]) -> str:

@@ -14,7 +14,8 @@ since the last one and runs the state machine, and what falls due becomes a task
   (forgetting needs no model).
 
 ``activity`` and ``tick`` are the pure rules. ``step`` is one imp's tick on the database: its state, the
-activity it takes in and the tasks it queues are read and written in ONE transaction, so a crash never
+activity it takes in and the tasks it queues are read and written in ONE transaction (``db.write``: pure
+database work, run again on PostgreSQL after a serialization failure; the log line comes after it), so a crash never
 runs a sleep twice and never loses one (the state says ``consolidated`` as soon as the sleep is queued; an
 imp over budget has its task deferred by the supervisor's dispatch, never queued again). ``queue_night``
 is ``impyard memory night`` (114): a sleep now, whatever the clock. New imps start asleep with nothing to
@@ -28,11 +29,18 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection
 
 from box.memory.laws import DEFAULTS, Params
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
+from impyard.memory.sql import bytewise, execute, per_dialect, upsert
+from impyard.memory.store import scopes_by_newest
+from impyard.tables import history, memory_wakefulness, wakes
+from impyard.tables import tasks as task_rows
 from impyard.tasks import TaskError, TaskRequest, TaskStore, ValidTask, default_channel, validate_request
 
 log = logging.getLogger("impyard.memory.wakefulness")
@@ -135,11 +143,25 @@ def _when(value: object) -> datetime | None:
     return parse_iso(value) if isinstance(value, str) and value else None
 
 
-def load(conn: sqlite3.Connection, imp: str) -> Wakefulness:
+_W = memory_wakefulness
+_LOAD = select(_W).where(_W.c.imp == bindparam("imp"))
+
+
+@per_dialect
+def _SAVE(dialect: str) -> Any:  # noqa: N802 - a statement
+    statement = upsert(dialect)(_W)
+    names = (*_FLAGS, *_TIMES, "last_channel", "updated_at")
+    return statement.on_conflict_do_update(
+        index_elements=[_W.c.imp], set_={name: statement.excluded[name] for name in names}
+    )
+
+
+def load(conn: Connection | sqlite3.Connection, imp: str) -> Wakefulness:
     """The imp's state; ``ASLEEP`` when the clock has never seen it."""
-    row = conn.execute("SELECT * FROM memory_wakefulness WHERE imp = ?", (imp,)).fetchone()
-    if row is None:
+    rows = execute(conn, _LOAD, {"imp": imp})
+    if not rows:
         return ASLEEP
+    row = rows[0]
     return Wakefulness(
         awake=bool(row["awake"]),
         woke_at=_when(row["woke_at"]),
@@ -155,19 +177,15 @@ def load(conn: sqlite3.Connection, imp: str) -> Wakefulness:
     )
 
 
-def save(conn: sqlite3.Connection, imp: str, state: Wakefulness, now: datetime) -> None:
-    """Write the imp's state (in the caller's transaction)."""
-    names = (*_FLAGS, *_TIMES, "last_channel")
-    values = [
-        *(int(getattr(state, name)) for name in _FLAGS),
-        *(iso(when) if (when := getattr(state, name)) else None for name in _TIMES),
-        state.last_channel,
-    ]
-    conn.execute(
-        f"INSERT INTO memory_wakefulness (imp, {', '.join(names)}, updated_at)"
-        f" VALUES (?, {', '.join('?' for _ in names)}, ?) ON CONFLICT (imp) DO UPDATE SET "
-        + ", ".join(f"{name} = excluded.{name}" for name in (*names, "updated_at")),
-        (imp, *values, iso(now)),
+def save(conn: Connection | sqlite3.Connection, imp: str, state: Wakefulness, now: datetime) -> None:
+    """Write the imp's state (in the caller's transaction). Flags are 0/1 integers on both engines."""
+    values: dict[str, Any] = {name: int(getattr(state, name)) for name in _FLAGS}
+    values.update({name: iso(when) if (when := getattr(state, name)) else None for name in _TIMES})
+    dialect = "sqlite" if isinstance(conn, sqlite3.Connection) else conn.dialect.name
+    execute(
+        conn,
+        _SAVE(dialect),
+        {"imp": imp, **values, "last_channel": state.last_channel, "updated_at": iso(now)},
     )
 
 
@@ -180,29 +198,42 @@ class Activity:
     channel_id: str
 
 
-_WAKES_SQL = """
-    SELECT h.created_at AS at, w.channel_id AS channel_id FROM wakes w
-      JOIN history h ON h.channel_id = w.channel_id AND h.message_id = w.message_id
-     WHERE w.imp = ? AND h.created_at > ? ORDER BY h.created_at {order} LIMIT 1
-"""
-_DEPARTURES_SQL = """
-    SELECT finished_at AS at, channel_id FROM tasks
-     WHERE imp = ? AND kind = 'depart' AND state IN ('done', 'failed', 'needs_review') AND finished_at > ?
-     ORDER BY finished_at {order} LIMIT 1
-"""
+_heard = bytewise(history.c.created_at)
+_finished = bytewise(task_rows.c.finished_at)
+_WAKES = (
+    select(history.c.created_at.label("at"), wakes.c.channel_id)
+    .select_from(
+        wakes.join(
+            history,
+            (history.c.channel_id == wakes.c.channel_id) & (history.c.message_id == wakes.c.message_id),
+        )
+    )
+    .where(wakes.c.imp == bindparam("imp"), _heard > bindparam("since"))
+    .limit(1)
+)
+_DEPARTURES = (
+    select(task_rows.c.finished_at.label("at"), task_rows.c.channel_id)
+    .where(
+        task_rows.c.imp == bindparam("imp"), task_rows.c.kind == "depart", task_rows.c.state.in_(("done", "failed", "needs_review")),
+        _finished > bindparam("since"),
+    )
+    .limit(1)
+)  # fmt: skip
+_ACTIVITY = (
+    _WAKES.order_by(_heard.asc()), _WAKES.order_by(_heard.desc()),
+    _DEPARTURES.order_by(_finished.asc()), _DEPARTURES.order_by(_finished.desc()),
+)  # fmt: skip
 
 
-def activities(conn: sqlite3.Connection, imp: str, after: datetime | None) -> list[Activity]:
+def activities(conn: Connection | sqlite3.Connection, imp: str, after: datetime | None) -> list[Activity]:
     """The imp's first and latest activity after ``after`` (all of it when None), oldest first: a message
     that woke it, or a departure it thought over (mechanism 104). Reflections and sleeps are never activity.
     The first one matters when the imp was asleep (it woke then); the latest, for the silence and its channel."""
     found: list[Activity] = []
-    since = iso(after) if after is not None else ""
-    for sql in (_WAKES_SQL, _DEPARTURES_SQL):
-        for order in ("ASC", "DESC"):
-            row = conn.execute(sql.format(order=order), (imp, since)).fetchone()
-            if row is not None:
-                found.append(Activity(parse_iso(row["at"]), row["channel_id"]))
+    params = {"imp": imp, "since": iso(after) if after is not None else ""}
+    for statement in _ACTIVITY:
+        for row in execute(conn, statement, params):
+            found.append(Activity(parse_iso(row["at"]), row["channel_id"]))
     if not found:
         return []
     first = min(found, key=lambda item: item.at)
@@ -213,24 +244,14 @@ def activities(conn: sqlite3.Connection, imp: str, after: datetime | None) -> li
 # ------------------------------------------------------------------ the tasks a tick queues
 
 
-def lived_in_scopes(conn: sqlite3.Connection, imp: str, since: datetime, limit: int) -> list[str]:
+def lived_in_scopes(conn: Connection, imp: str, since: datetime, limit: int) -> list[str]:
     """The scopes with records that happened at or after ``since``, the newest activity first."""
-    rows = conn.execute(
-        "SELECT scope, MAX(happened_at) AS newest FROM memory_records WHERE imp = ? AND happened_at >= ?"
-        " GROUP BY scope ORDER BY newest DESC, scope LIMIT ?",
-        (imp, iso(since), max(0, limit)),
-    ).fetchall()
-    return [str(row["scope"]) for row in rows]
+    return scopes_by_newest(conn, imp, since, limit)
 
 
-def scopes_with_records(conn: sqlite3.Connection, imp: str) -> list[str]:
+def scopes_with_records(conn: Connection, imp: str) -> list[str]:
     """Every scope in which the imp has a record, the newest record first."""
-    rows = conn.execute(
-        "SELECT scope, MAX(happened_at) AS newest FROM memory_records WHERE imp = ? GROUP BY scope"
-        " ORDER BY newest DESC, scope",
-        (imp,),
-    ).fetchall()
-    return [str(row["scope"]) for row in rows]
+    return scopes_by_newest(conn, imp)
 
 
 def reflect_request(imp: str, channel_id: str | None) -> ValidTask:
@@ -258,12 +279,14 @@ def sleep_request(imp: str, scope: str, since: datetime, *, consolidate: bool) -
     )  # fmt: skip
 
 
-def _queued(conn: sqlite3.Connection, imp: str, kind: str) -> list[tuple[str, str | None]]:
+_QUEUED = select(task_rows.c.id, task_rows.c.scope).where(
+    task_rows.c.imp == bindparam("imp"), task_rows.c.kind == bindparam("kind"), task_rows.c.state == "queued"
+)
+
+
+def _queued(conn: Connection, imp: str, kind: str) -> list[tuple[str, str | None]]:
     """The imp's tasks of ``kind`` still waiting to run (an imp over budget has them deferred): (id, scope)."""
-    rows = conn.execute(
-        "SELECT id, scope FROM tasks WHERE imp = ? AND kind = ? AND state = 'queued'", (imp, kind)
-    ).fetchall()
-    return [(str(row["id"]), row["scope"]) for row in rows]
+    return [(str(row[0]), row[1]) for row in conn.execute(_QUEUED, {"imp": imp, "kind": kind})]
 
 
 @dataclass(frozen=True)
@@ -277,7 +300,7 @@ class Step:
     forget: tuple[str, ...] = ()
 
 
-def _insert(conn: sqlite3.Connection, tasks: TaskStore, request: ValidTask) -> str:
+def _insert(conn: Connection, tasks: TaskStore, request: ValidTask) -> str:
     task_id = tasks.insert(conn, request)
     assert task_id is not None  # a fresh id: nothing to collide with
     return task_id
@@ -287,7 +310,8 @@ def step(db: Database, tasks: TaskStore, imp: str, now: datetime, params: Params
     """One tick of ``imp`` (blocking): take in its activity, run the rules, write the state and queue what is
     due, all in one transaction. A reflection already waiting to run covers a new one; a sleep task already
     waiting in a scope (deferred: the imp is over budget) covers that scope, from its earlier waking."""
-    with db.transaction() as conn:
+
+    def write(conn: Connection) -> Step:  # database work only: PostgreSQL may run it again
         before = load(conn, imp)
         state = before
         for item in activities(conn, imp, state.last_activity_at):
@@ -309,12 +333,16 @@ def step(db: Database, tasks: TaskStore, imp: str, now: datetime, params: Params
             forget = [scope for scope in scopes_with_records(conn, imp) if scope not in lived]
         if state != before:
             save(conn, imp, state, now)
+        return Step(state, actions, tuple(queued), tuple(forget))
+
+    done = db.write(write)
+    state, actions, queued = done.state, done.actions, done.queued
     if actions:
         log.info(
             "memory clock: %s %s (%s); tasks %s", imp, " and ".join(actions),
             "awake" if state.awake else "asleep", ", ".join(queued) or "none",
         )  # fmt: skip
-    return Step(state, actions, tuple(queued), tuple(forget))
+    return done
 
 
 def queue_night(
@@ -325,7 +353,8 @@ def queue_night(
     records since the imp woke (24 h ago when the clock never saw it wake) if ``consolidate``, in one
     transaction. The clock's own state is left as it is, but for the times of the last sleep and folding.
     Returns ([(scope, task id)], the scopes left to the host, since)."""
-    with db.transaction() as conn:
+
+    def write(conn: Connection) -> tuple[list[tuple[str, str]], list[str], datetime]:
         state = load(conn, imp)
         since = state.woke_at or now - NIGHT_LOOKBACK
         scopes = scopes_with_records(conn, imp)
@@ -340,7 +369,9 @@ def queue_night(
                 last_consolidation_at=now if consolidate else state.last_consolidation_at,
             )
             save(conn, imp, state, now)
-    return queued, scopes[MAX_NIGHT_SCOPES:], since
+        return queued, scopes[MAX_NIGHT_SCOPES:], since
+
+    return db.write(write)
 
 
 def forget_scopes(forget_scope: ForgetScope, imp: str, scopes: Sequence[str]) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from box.protocol import memory as mem
 from impyard.backends.base import BoxSpec
@@ -81,6 +82,21 @@ def moment(
         ),
         restore=restore or [],
     )
+
+
+def rows(db: Database, sql: str, **params: object) -> list[dict[str, object]]:
+    """A portable query's rows as dicts, on either engine (a read snapshot)."""
+    return db.read(lambda conn: [dict(row) for row in conn.execute(text(sql), params).mappings()])
+
+
+def one(db: Database, sql: str, **params: object) -> object:
+    """A portable query's one value (``SELECT COUNT(*) …``)."""
+    return db.read(lambda conn: conn.execute(text(sql), params).scalar_one())
+
+
+def write(db: Database, sql: str, **params: object) -> None:
+    """A portable statement, committed (a test's own setup or damage)."""
+    db.write(lambda conn: conn.execute(text(sql), params))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,11 +10,17 @@ import pytest
 from box.memory import laws
 from box.protocol.memory import Restore
 from impyard.clock import FixedClock
-from impyard.db import open_database
+from impyard.db import Database, open_database
 from impyard.memory.cache import VectorCache, felt_now
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
-from tests.memory.conftest import GUILD, IMP, T0, axis, moment
+from tests.memory.conftest import GUILD, IMP, T0, axis, moment, rows
+
+
+@pytest.fixture
+def mdb(any_engine_db: Database) -> Database:
+    """The cache follows the store on SQLite and on PostgreSQL alike: this module runs on both."""
+    return any_engine_db
 
 
 @pytest.mark.parametrize(
@@ -92,9 +97,8 @@ def test_the_cache_evicts_least_recently_used_and_never_holds_more_than_its_boun
     assert len(hits) == 5 and tiny.keys() == [] and tiny.nbytes == 0
 
 
-def test_the_cache_follows_writes_and_deletes_of_another_process(tmp_path: Path, clock: FixedClock) -> None:
-    path = tmp_path / "shared.db"
-    db_a, db_b = open_database(path), open_database(path)
+def test_the_cache_follows_writes_and_deletes_of_another_process(mdb: Database, clock: FixedClock) -> None:
+    db_a, db_b = (open_database(url=mdb.url, engine_only=True) for _ in range(2))  # two hosts, one database
     try:
         a = MemoryStore(db_a, clock.now, VectorCache(1 << 26))
         b = MemoryStore(db_b, clock.now, VectorCache(1 << 26))
@@ -145,8 +149,8 @@ def test_m14_m16_the_ranking_equals_scoring_every_record_and_episode_one_by_one(
             scoped.encode(moment("", join=record, author=who, episode_vector=rng.standard_normal(8).tolist()))
     clock.advance(days=2)
     now = clock.now()
-    records = {r["id"]: r for r in store.db.query("SELECT * FROM memory_records")}
-    episodes = store.db.query("SELECT * FROM memory_episodes")
+    records = {r["id"]: r for r in rows(store.db, "SELECT * FROM memory_records")}
+    episodes = rows(store.db, "SELECT * FROM memory_episodes")
 
     def vec(row: object) -> list[float]:
         from impyard.memory.vectors import unpack

@@ -15,12 +15,19 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import open_database
+from impyard.db import Database, open_database
 from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
-from tests.memory.conftest import DM, GUILD, IMP, axis, embed, moment
+from tests.memory.conftest import DM, GUILD, IMP, axis, embed, moment, one, rows, write
+
+
+@pytest.fixture
+def mdb(any_engine_db: Database) -> Database:
+    """The service's rules hold on SQLite and on PostgreSQL alike: this module runs on both."""
+    return any_engine_db
+
 
 pytestmark = pytest.mark.anyio
 
@@ -116,9 +123,7 @@ async def test_a_hostile_guild_box_never_gets_a_dm_record(
         assert "pineapple" not in text and secret.record_id not in text and secret.episode_id not in text
     assert isinstance(answers[0], mem.RecordsResult)
     assert [r.id for r in answers[0].records] == [own.record_id] and answers[0].total == 1
-    assert (
-        store.db.query("SELECT intensity FROM memory_records WHERE id = ?", (secret.record_id,))[0][0] == 0.8
-    )
+    assert one(store.db, "SELECT intensity FROM memory_records WHERE id = :id", id=secret.record_id) == 0.8
     # The DM session sees its guild's records as well as its own.
     seen = await call(service, dm_box, "memory.search", {"vector": embed("the guild picnic"), "k": 5})
     assert isinstance(seen, mem.RecordsResult)
@@ -148,10 +153,10 @@ async def test_a_hostile_guild_box_s_night_never_reaches_a_dm_record(
     ]})  # fmt: skip
     assert folded == mem.ConsolidateResult(refused=2)
     assert await call(service, guild_box, "memory.forget", {}) == mem.ForgetResult()
-    assert [r[0] for r in store.db.query("SELECT id FROM memory_records ORDER BY scope")] == [
+    assert [r["id"] for r in rows(store.db, "SELECT id FROM memory_records ORDER BY scope")] == [
         secret.record_id, own.record_id,
     ]  # fmt: skip
-    assert len(store.db.query("SELECT id FROM memory_episodes")) == 2
+    assert one(store.db, "SELECT COUNT(*) FROM memory_episodes") == 2
     assert await call(service, dm_box, "memory.forget", {}) == mem.ForgetResult(forgotten=1, episodes=1)
 
 
@@ -266,8 +271,9 @@ async def test_a_conversation_state_over_its_bound_is_invalid(
 async def test_the_store_unavailable_is_an_internal_error_that_says_so(
     service: MemoryService, guild_box: BoxSpec, store: MemoryStore
 ) -> None:
-    store.db.execute("DROP TABLE memory_episodes")
-    store.db.execute("DROP TABLE memory_records")
+    write(store.db, "DROP TABLE memory_slots")
+    write(store.db, "DROP TABLE memory_episodes")
+    write(store.db, "DROP TABLE memory_records")
     error = await refused(service, guild_box, "memory.recent", {})
     assert error.code == ErrorCode.INTERNAL_ERROR and "memory store is unavailable" in error.message
     assert "memory_records" not in error.message
@@ -334,10 +340,9 @@ async def test_a_vector_of_too_many_dimensions_is_refused_by_the_model() -> None
 
 
 async def test_two_hosts_writing_at_once_lose_nothing_and_both_caches_see_all(
-    tmp_path: Path, clock: FixedClock
+    mdb: Database, clock: FixedClock
 ) -> None:
-    path = tmp_path / "shared.db"
-    dbs = [open_database(path), open_database(path)]
+    dbs = [open_database(url=mdb.url, engine_only=True) for _ in range(2)]  # two hosts on one database
     try:
         services = [
             MemoryService(MemoryStore(d, clock.now, VectorCache(1 << 26)), max_requests_per_turn=10_000)
@@ -363,8 +368,8 @@ async def test_two_hosts_writing_at_once_lose_nothing_and_both_caches_see_all(
         async with anyio.create_task_group() as tg:
             for service, spec in zip(services, specs, strict=True):
                 tg.start_soon(write, service, spec)
-        assert dbs[0].query("SELECT COUNT(*) FROM memory_records")[0][0] == 400
-        assert dbs[0].query("SELECT COUNT(*) FROM memory_episodes")[0][0] == 400
+        assert one(dbs[0], "SELECT COUNT(*) FROM memory_records") == 400
+        assert one(dbs[0], "SELECT COUNT(*) FROM memory_episodes") == 400
         for service, spec in zip(services, specs, strict=True):
             found = await call(service, spec, "memory.search", {"vector": axis(0), "k": 50})
             assert isinstance(found, mem.RecordsResult) and found.total == 400
@@ -406,4 +411,4 @@ async def test_only_a_nights_box_folds_or_forgets(service: MemoryService, store:
         service, chat, "memory.night", {"since": "2000-01-01T00:00:00Z"}
     )  # reading is not folding
     assert isinstance(night, mem.RecordsResult) and len(night.records) == 1
-    assert len(store.db.query("SELECT id FROM memory_records")) == 1
+    assert one(store.db, "SELECT COUNT(*) FROM memory_records") == 1

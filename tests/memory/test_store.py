@@ -6,6 +6,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from box.protocol import memory as mem
 from impyard.clock import FixedClock, iso
@@ -21,7 +22,13 @@ from impyard.memory.store import (
     StoredRecord,
     mentions_are_forgettable,
 )
-from tests.memory.conftest import DM, GUILD, IMP, T0, axis, embed, moment
+from tests.memory.conftest import DM, GUILD, IMP, T0, axis, embed, moment, one, rows, write
+
+
+@pytest.fixture
+def mdb(any_engine_db: Database) -> Database:
+    """The store's rules hold on SQLite and on PostgreSQL alike: this module runs on both."""
+    return any_engine_db
 
 
 @pytest.fixture
@@ -35,11 +42,12 @@ def dm(store: MemoryStore) -> ScopedMemory:
 
 
 def stored(store: MemoryStore, record_id: str) -> dict[str, object]:
-    row = store.db.query(
-        "SELECT intensity, valence, happened_at, last_felt, scope, origin, author FROM memory_records WHERE id = ?",
-        (record_id,),
-    )[0]
-    return dict(row)
+    [row] = rows(
+        store.db,
+        "SELECT intensity, valence, happened_at, last_felt, scope, origin, author FROM memory_records WHERE id = :id",
+        id=record_id,
+    )
+    return row
 
 
 # ------------------------------------------------------------------ B. recall scoring
@@ -224,7 +232,7 @@ def test_a_refused_join_writes_nothing(guild: ScopedMemory, dm: ScopedMemory, st
     with pytest.raises(MemoryDenied):  # readable from the DM, but not its writes scope
         dm.encode(moment("", join=guild_record))
     assert store.count(IMP) == 2
-    assert store.db.query("SELECT COUNT(*) FROM memory_episodes")[0][0] == 2
+    assert one(store.db, "SELECT COUNT(*) FROM memory_episodes") == 2
     assert stored(store, guild_record)["intensity"] == 0.8
 
 
@@ -237,7 +245,7 @@ def test_m116_records_and_episodes_are_separate_and_episodes_load_newest_first(
     record, first = guild.encode(moment("the fair"))
     clock.advance(minutes=5)
     _, second = guild.encode(moment("", join=record))
-    tables = {r[0] for r in store.db.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables = set(store.db.read(lambda conn: sa.inspect(conn).get_table_names()))
     assert {"memory_records", "memory_episodes"} <= tables
     assert [e.id for e in guild.episodes([record])] == [second, first]
     assert {e.record_id for e in guild.episodes([record])} == {record}
@@ -246,7 +254,7 @@ def test_m116_records_and_episodes_are_separate_and_episodes_load_newest_first(
 def test_m117_a_record_has_no_event_and_its_valence_is_never_updated(
     guild: ScopedMemory, store: MemoryStore, clock: FixedClock
 ) -> None:
-    columns = {r[1] for r in store.db.query("PRAGMA table_info(memory_records)")}
+    columns = {c["name"] for c in store.db.read(lambda conn: sa.inspect(conn).get_columns("memory_records"))}
     assert "event" not in columns
     record, _ = guild.encode(moment("mixed", valence=-0.3, intensity=0.5))
     clock.advance(days=2)
@@ -333,7 +341,7 @@ def test_forget_person_takes_the_constructs_of_their_dm_and_those_naming_them(
     forgotten = store.forget_person(IMP, ["p1"], ["Pat"])
     assert (forgotten.records, forgotten.by_id, forgotten.by_name) == (2, 1, 1)
     assert [r.id for r in store.show(IMP)] == [kept]
-    assert [r[0] for r in store.db.query("SELECT record_id FROM memory_slots")] == [kept]
+    assert [r["record_id"] for r in rows(store.db, "SELECT record_id FROM memory_slots")] == [kept]
 
 
 def test_forget_imp_takes_its_rules_slots_and_departures_and_no_other_imps(
@@ -345,17 +353,18 @@ def test_forget_imp_takes_its_rules_slots_and_departures_and_no_other_imps(
     other.construct(mem.ConstructParams(construct_kind="goal", statement="finish the boat"))
     other.learn(mem.LearnParams(rule="when x → y", weight=0.5))
     for imp in (IMP, "bo"):
-        store.db.execute(
+        write(
+            store.db,
             "INSERT INTO memory_departures (imp, channel_id, person, last_input_at, queued_at)"
-            " VALUES (?, 'g1', 'p1', ?, ?)",
-            (imp, iso(clock.now()), iso(clock.now())),
-        )
+            " VALUES (:imp, 'g1', 'p1', :at, :at)",
+            imp=imp, at=iso(clock.now()),
+        )  # fmt: skip
     gone = store.forget_imp(IMP)
     assert gone == {
         "records": 1, "episodes": 0, "conversations": 0, "slots": 1, "rules": 1, "departures": 1,
     }  # fmt: skip
     for table in ("memory_records", "memory_slots", "memory_dispositions", "memory_departures"):
-        assert [r[0] for r in store.db.query(f"SELECT DISTINCT imp FROM {table}")] == ["bo"], table
+        assert [r["imp"] for r in rows(store.db, f"SELECT DISTINCT imp FROM {table}")] == ["bo"], table
 
 
 def test_forget_person_removes_a_record_left_without_episodes(
@@ -443,7 +452,7 @@ def test_a_turn_still_running_keeps_nothing_of_a_message_deleted_meanwhile(
 ) -> None:
     living, _ = guild.encode(moment("we chat", message_id="m0"))
     assert store.forget_message("g1", "m1") == {"records": 0, "episodes": 0}  # deleted before its turn ended
-    before = store.db.query("SELECT COUNT(*) AS n FROM memory_episodes")[0]["n"]
+    before = one(store.db, "SELECT COUNT(*) FROM memory_episodes")
     with pytest.raises(MemoryForgotten) as refused:
         guild.encode(moment("their address", message_id="m1"))
     felt_before = stored(store, living)["last_felt"]
@@ -454,15 +463,12 @@ def test_a_turn_still_running_keeps_nothing_of_a_message_deleted_meanwhile(
         )
     assert stored(store, living)["last_felt"] == felt_before
     assert refused.value.rule == "memory-forgotten" and isinstance(refused.value, MemoryDenied)
-    assert (
-        store.count(IMP) == 1
-        and store.db.query("SELECT COUNT(*) AS n FROM memory_episodes")[0]["n"] == before
-    )
+    assert store.count(IMP) == 1 and one(store.db, "SELECT COUNT(*) FROM memory_episodes") == before
     other_channel, _ = store.scoped(IMP, GUILD, "g2").encode(moment("same id elsewhere", message_id="m1"))
     assert other_channel  # the mark is the channel's message, not every message with that id
     clock.advance(days=8)
     store.forget_message("g1", "m-later")  # marks older than a week are dropped on the way
-    assert [r["message_id"] for r in store.db.query("SELECT message_id FROM memory_forgotten_messages")] == [
+    assert [r["message_id"] for r in rows(store.db, "SELECT message_id FROM memory_forgotten_messages")] == [
         "m-later"
     ]
 
@@ -473,7 +479,7 @@ def test_conversation_state_is_kept_per_channel_and_person_in_the_writes_scope(
     dm.conversation_put("p1", {"focus": [1, 2], "summary": "hi"})
     state, updated = dm.conversation_get("p1")
     assert state == {"focus": [1, 2], "summary": "hi"} and updated == T0
-    assert store.db.query("SELECT scope FROM memory_conversations")[0][0] == "dm:p1"
+    assert one(store.db, "SELECT scope FROM memory_conversations") == "dm:p1"
     same_channel_guild_scopes = store.scoped(IMP, GUILD, "d1")
     assert same_channel_guild_scopes.conversation_get("p1") == (None, None)
     with pytest.raises(MemoryInvalid):
@@ -497,8 +503,8 @@ def test_a_channel_keeps_the_200_most_recently_saved_conversations(
     assert guild.conversation_get("p1") == (None, None)
     assert guild.conversation_get("p0")[0] == {"n": "again"}
     assert guild.conversation_get("p200")[0] == {"n": 200} and guild.conversation_get("p2")[0] == {"n": 2}
-    rows = store.db.query("SELECT channel_id, COUNT(*) AS n FROM memory_conversations GROUP BY channel_id")
-    assert {r["channel_id"]: r["n"] for r in rows} == {"g1": 200, "g2": 1}
+    counted = rows(store.db, "SELECT channel_id, COUNT(*) AS n FROM memory_conversations GROUP BY channel_id")
+    assert {r["channel_id"]: r["n"] for r in counted} == {"g1": 200, "g2": 1}
 
 
 def test_m03_the_total_follows_writes_and_deletes_from_any_process(
@@ -510,7 +516,7 @@ def test_m03_the_total_follows_writes_and_deletes_from_any_process(
     assert guild.count() == 0
     guild.encode(moment("the kettle sang", message_id="m1"))
     assert guild.count() == 1
-    other_db = open_database(tmp_path / "memory.db")
+    other_db = open_database(url=mdb.url, engine_only=True)  # another host on the same database
     try:
         other = MemoryStore(other_db, clock.now, VectorCache(1024 * 1024))
         other.scoped(IMP, GUILD, "g2").encode(moment("the bread rose", message_id="m2"))

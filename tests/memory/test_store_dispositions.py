@@ -13,11 +13,20 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock, iso
+from impyard.db import Database
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MAX_RULES, MemoryStore
-from tests.memory.conftest import DM, GUILD, IMP
+from impyard.tables import memory_dispositions
+from tests.memory.conftest import DM, GUILD, IMP, rows
 from tests.memory.test_store_constructs import ask
+
+
+@pytest.fixture
+def mdb(any_engine_db: Database) -> Database:
+    """The store's rules hold on SQLite and on PostgreSQL alike: this module runs on both."""
+    return any_engine_db
+
 
 pytestmark = pytest.mark.anyio
 
@@ -42,8 +51,9 @@ async def rules(service: MemoryService, box: BoxSpec, **params: Any) -> list[tup
 def stored(store: MemoryStore) -> list[tuple[str, str, float, int]]:
     return [
         (r["imp"], r["rule"], round(r["weight"], 9), r["count"])
-        for r in store.db.query(
-            "SELECT imp, rule, weight, count FROM memory_dispositions ORDER BY created_at, rule"
+        for r in sorted(
+            rows(store.db, "SELECT imp, rule, weight, count, created_at FROM memory_dispositions"),
+            key=lambda r: (str(r["created_at"]), str(r["rule"]).encode()),
         )
     ]
 
@@ -225,15 +235,17 @@ async def test_past_a_thousand_rules_the_weakest_goes_dormant_first_then_oldest(
         ("weak-new", IMP, "when weak new", 0.1, 1, newer, newer),
         ("dormant", IMP, "when dormant", 0.0, 1, newer, newer),
     ]  # fmt: skip
-    store.db.connection().executemany(
-        "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        filler,
-    )
+    store.db.write(
+        lambda conn: conn.execute(
+            memory_dispositions.insert(),
+            [dict(zip(("id", "imp", "rule", "weight", "count", "created_at", "updated_at"), f, strict=True))
+             for f in filler],
+        )
+    )  # fmt: skip
     clock.advance(hours=2)
     first = await learn(service, guild_box, "when new → one", 0.1)
     second = await learn(service, guild_box, "when new → two", 0.1)
-    ids = {r[0] for r in store.db.query("SELECT id FROM memory_dispositions WHERE imp = ?", (IMP,))}
+    ids = {r["id"] for r in rows(store.db, "SELECT id FROM memory_dispositions WHERE imp = :imp", imp=IMP)}
     assert len(ids) == MAX_RULES
     assert "dormant" not in ids and "weak-old" not in ids  # the dormant one first, then the oldest weakest
     assert {"weak-new", first.id, second.id} <= ids

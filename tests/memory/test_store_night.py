@@ -20,6 +20,7 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock, iso
+from impyard.db import Database
 from impyard.memory import store as store_module
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
@@ -30,7 +31,14 @@ from impyard.memory.store import (
     forgets,
     member_refusal,
 )
-from tests.memory.conftest import DM, GUILD, IMP, T0, axis, moment
+from tests.memory.conftest import DM, GUILD, IMP, T0, axis, moment, rows
+
+
+@pytest.fixture
+def mdb(any_engine_db: Database) -> Database:
+    """The store's rules hold on SQLite and on PostgreSQL alike: this module runs on both."""
+    return any_engine_db
+
 
 pytestmark = pytest.mark.anyio
 
@@ -83,29 +91,28 @@ def thought(store: MemoryStore, statement: str, intensity: float, scopes: Sessio
 
 
 def record(store: MemoryStore, record_id: str) -> dict[str, Any] | None:
-    rows = store.db.query(
+    found = rows(
+        store.db,
         "SELECT conclusion, feeling, valence, intensity, happened_at, last_felt, scope FROM memory_records"
-        " WHERE id = ?",
-        (record_id,),
+        " WHERE id = :id",
+        id=record_id,
     )
-    return dict(rows[0]) if rows else None
+    return found[0] if found else None
 
 
 def episodes_of(store: MemoryStore, record_id: str) -> list[str]:
-    rows = store.db.query(
-        "SELECT as_happened FROM memory_episodes WHERE record_id = ? ORDER BY as_happened", (record_id,)
-    )
-    return [str(r[0]) for r in rows]
+    found = rows(store.db, "SELECT as_happened FROM memory_episodes WHERE record_id = :id", id=record_id)
+    return sorted(str(r["as_happened"]) for r in found)
 
 
 def all_episodes(store: MemoryStore) -> set[str]:
-    return {str(r[0]) for r in store.db.query("SELECT as_happened FROM memory_episodes")}
+    return {str(r["as_happened"]) for r in rows(store.db, "SELECT as_happened FROM memory_episodes")}
 
 
 def snapshot(store: MemoryStore) -> list[tuple[Any, ...]]:
-    records = store.db.query("SELECT * FROM memory_records ORDER BY id")
-    episodes = store.db.query("SELECT * FROM memory_episodes ORDER BY id")
-    return [tuple(r) for r in records] + [tuple(e) for e in episodes]
+    records = sorted(rows(store.db, "SELECT * FROM memory_records"), key=lambda r: str(r["id"]))
+    episodes = sorted(rows(store.db, "SELECT * FROM memory_episodes"), key=lambda r: str(r["id"]))
+    return [tuple(r.values()) for r in records] + [tuple(e.values()) for e in episodes]
 
 
 # ------------------------------------------------------------------ memory.night (107)
