@@ -8,15 +8,19 @@ as a second line of defence behind code that never puts them there.
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+from sqlalchemy import bindparam, insert, select
+from sqlalchemy.engine import Connection
 
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
+from impyard.tables import audit
 
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 8  # shorter "secrets" would redact ordinary words
@@ -120,7 +124,18 @@ _COLUMNS = (
     "at", "imp", "run_id", "channel_id", "method", "purpose", "verdict", "rule", "reason",
     "cost_micros", "gate_id", "latency_ms", "detail",
 )  # fmt: skip
-_INSERT = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
+_INSERT = insert(audit)
+_TAIL = (
+    select(audit.c.id, *(audit.c[name] for name in _COLUMNS))
+    .order_by(audit.c.id.desc())
+    .limit(bindparam("n"))
+)
+_TAIL_OF = (
+    select(audit.c.id, *(audit.c[name] for name in _COLUMNS))
+    .where(audit.c.imp == bindparam("imp"))
+    .order_by(audit.c.id.desc())
+    .limit(bindparam("n"))
+)
 
 
 class AuditLog(Store):
@@ -129,30 +144,33 @@ class AuditLog(Store):
         self.clock = clock
         self.secrets = list(secrets) if secrets is not None else known_secrets()
 
-    def write(self, record: AuditRecord, conn: sqlite3.Connection | None = None) -> None:
-        """Append one row (inside the caller's transaction when ``conn`` is given)."""
+    def write(self, record: AuditRecord, conn: Connection | None = None) -> None:
+        """Append one row (inside the caller's write transaction when ``conn`` is given)."""
+        values = self.row(record)
+        if conn is not None:
+            conn.execute(_INSERT, values)
+        else:
+            self.db.write(lambda conn: conn.execute(_INSERT, values))
+
+    def row(self, record: AuditRecord) -> dict[str, Any]:
+        """The record as its row: every text redacted and bounded (its time set to now when it has none)."""
         record.at = record.at or self.clock.now()
         values = {name: getattr(record, name) for name in _COLUMNS}  # the row's columns, nothing deep-copied
         for name, value in values.items():
             if isinstance(value, str):
                 values[name] = redact(value, self.secrets)[:MAX_FIELD_CHARS]
         values["at"] = iso(record.at)
-        (conn or self.db.connection()).execute(_INSERT, [values[name] for name in _COLUMNS])
+        return values
 
     def tail(self, n: int = 20, imp: str | None = None) -> list[AuditRecord]:
         """The last ``n`` rows (oldest first), optionally for one imp."""
-        sql = f"SELECT id, {', '.join(_COLUMNS)} FROM audit"
-        args: list[object] = []
-        if imp is not None:
-            sql += " WHERE imp = ?"
-            args.append(imp)
-        sql += " ORDER BY id DESC LIMIT ?"
-        args.append(max(0, n))
-        rows = self.db.query(sql, args)
+        params: dict[str, Any] = {"n": max(0, n), "imp": imp}
+        statement = _TAIL if imp is None else _TAIL_OF
+        rows = self.db.read(lambda conn: conn.execute(statement, params).all())
         return [self._record(row) for row in reversed(rows)]
 
     @staticmethod
-    def _record(row: sqlite3.Row) -> AuditRecord:
-        data = {name: row[name] for name in _COLUMNS}
-        data["at"] = parse_iso(row["at"])
-        return AuditRecord(id=row["id"], **data)
+    def _record(row: Any) -> AuditRecord:
+        data = dict(zip(_COLUMNS, row[1:], strict=True))
+        data["at"] = parse_iso(data["at"])
+        return AuditRecord(id=row[0], **data)

@@ -8,16 +8,25 @@ impyard has not seen yet; it is recorded and applies when the first message arri
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from sqlalchemy import bindparam, case, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 
 from impyard.clock import Clock, iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
+from impyard.tables import channels
 from impyard.wake import CHANNEL_MODES, ChannelMode
 
 ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs and the operator's terminal (docs/conversation.md)
-_COLUMNS = "channel_id, surface, kind, name, guild_id, trusted, mode"
+_c = channels.c
+_SELECT = select(_c.channel_id, _c.surface, _c.kind, _c.name, _c.guild_id, _c.trusted, _c.mode)
+_INFO = _SELECT.where(_c.channel_id == bindparam("channel_id"))
+_ALL = _SELECT.order_by(_c.surface, _c.channel_id)  # re-sorted by code point: PostgreSQL's collation differs
 
 
 @dataclass(frozen=True)
@@ -56,11 +65,45 @@ def parse_mode(value: str) -> ChannelMode:
     return mode
 
 
-def _row_to_info(row: sqlite3.Row) -> ChannelInfo:
-    return ChannelInfo(
-        row["channel_id"], row["surface"], row["kind"], row["name"], row["guild_id"], bool(row["trusted"]),
-        row["mode"],
-    )  # fmt: skip
+def _row_to_info(row: Any) -> ChannelInfo:
+    return ChannelInfo(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6])
+
+
+@cache
+def _upserts(dialect: str) -> dict[str, Any]:
+    """The dialect's INSERT ... ON CONFLICT (channel_id) DO UPDATE statements, built once."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    whole = insert(channels)
+    seen = insert(channels)
+    mode = insert(channels)
+    trusted = insert(channels)
+    key = [_c.channel_id]
+    return {
+        "whole": whole.on_conflict_do_update(
+            index_elements=key,
+            set_={
+                name: whole.excluded[name]
+                for name in ("surface", "kind", "name", "guild_id", "trusted", "updated_at")
+            },
+        ),  # fmt: skip
+        "seen": seen.on_conflict_do_update(
+            index_elements=key,
+            set_={
+                "surface": seen.excluded.surface,
+                "kind": seen.excluded.kind,
+                "name": case((seen.excluded.name == "", _c.name), else_=seen.excluded.name),
+                "guild_id": func.coalesce(seen.excluded.guild_id, _c.guild_id),
+                "updated_at": seen.excluded.updated_at,
+            },
+        ),
+        "mode": mode.on_conflict_do_update(
+            index_elements=key, set_={"mode": mode.excluded.mode, "updated_at": mode.excluded.updated_at}
+        ),
+        "trusted": trusted.on_conflict_do_update(
+            index_elements=key,
+            set_={"trusted": trusted.excluded.trusted, "updated_at": trusted.excluded.updated_at},
+        ),
+    }
 
 
 class ChannelStore(Store):
@@ -73,12 +116,15 @@ class ChannelStore(Store):
 
     # ------------------------------------------------------------ reading
 
-    def info(self, channel_id: str) -> ChannelInfo | None:
-        rows = self.db.query(f"SELECT {_COLUMNS} FROM channels WHERE channel_id = ?", (channel_id,))
-        return _row_to_info(rows[0]) if rows else None
+    def info(self, channel_id: str, *, conn: Connection | None = None) -> ChannelInfo | None:
+        """What the host knows of a channel; ``conn``: inside the caller's transaction (issue 18: a job that
+        composes several stores' reads in one), else in a read of its own."""
+        if conn is None:
+            return self.db.read(lambda conn: _info(conn, channel_id))
+        return _info(conn, channel_id)
 
-    def is_trusted(self, channel_id: str) -> bool:
-        return channel_is_trusted(self.info(channel_id))
+    def is_trusted(self, channel_id: str, *, conn: Connection | None = None) -> bool:
+        return channel_is_trusted(self.info(channel_id, conn=conn))
 
     def kind(self, channel_id: str) -> str | None:
         info = self.info(channel_id)
@@ -89,77 +135,88 @@ class ChannelStore(Store):
         return info.mode if info else "all"  # type: ignore[return-value]
 
     def all(self) -> list[ChannelInfo]:
-        return [
-            _row_to_info(row)
-            for row in self.db.query(f"SELECT {_COLUMNS} FROM channels ORDER BY surface, channel_id")
-        ]
+        rows = self.db.read(lambda conn: conn.execute(_ALL).all())
+        return sorted((_row_to_info(row) for row in rows), key=lambda info: (info.surface, info.channel_id))
 
     # ------------------------------------------------------------ writing
 
     def upsert(self, info: ChannelInfo) -> None:
         """Every field of a channel at once (tests and imports; the surfaces use ``seen``)."""
-        self.db.execute(
-            """INSERT INTO channels (channel_id, surface, kind, name, guild_id, trusted, updated_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?)
-               ON CONFLICT (channel_id) DO UPDATE SET surface = excluded.surface, kind = excluded.kind,
-                 name = excluded.name, guild_id = excluded.guild_id, trusted = excluded.trusted,
-                 updated_at = excluded.updated_at""",
-            (
-                info.channel_id,
-                info.surface,
-                info.kind,
-                info.name,
-                info.guild_id,
-                int(info.trusted),
-                iso(self.clock.now()),
-            ),
-        )
+        row = {
+            "channel_id": info.channel_id, "surface": info.surface, "kind": info.kind, "name": info.name,
+            "guild_id": info.guild_id, "trusted": int(info.trusted), "updated_at": iso(self.clock.now()),
+        }  # fmt: skip
+        self.db.write(lambda conn: conn.execute(_upserts(conn.dialect.name)["whole"], row))
 
     def seen(
-        self, channel_id: str, *, surface: str, kind: str, name: str = "", guild_id: str | None = None
+        self,
+        channel_id: str,
+        *,
+        surface: str,
+        kind: str,
+        name: str = "",
+        guild_id: str | None = None,
+        conn: Connection | None = None,
     ) -> ChannelInfo:
         """Record a channel as messages arrive: its kind and name follow the surface; trust and mode are kept.
 
         Written only when the surface says something new of it: most messages come from a channel as it was,
-        and a read takes no write lock (issue 18)."""
+        and on its own (no ``conn``) a read takes no write lock (issue 18). ``conn``: inside the caller's write
+        transaction."""
+        row = {"channel_id": channel_id, "surface": surface, "kind": kind, "name": name, "guild_id": guild_id,
+               "trusted": 0, "updated_at": iso(self.clock.now())}  # fmt: skip
+        if conn is not None:
+            return _seen(conn, row)
         known = self.info(channel_id)
-        if (
-            known is not None
-            and (known.surface, known.kind) == (surface, kind)
-            and (not name or known.name == name)
-            and (guild_id is None or known.guild_id == guild_id)
-        ):
+        if _same(known, row):
+            assert known is not None
             return known
-        self.db.execute(
-            """INSERT INTO channels (channel_id, surface, kind, name, guild_id, trusted, updated_at)
-               VALUES (?, ?, ?, ?, ?, 0, ?)
-               ON CONFLICT (channel_id) DO UPDATE SET surface = excluded.surface, kind = excluded.kind,
-                 name = CASE WHEN excluded.name = '' THEN channels.name ELSE excluded.name END,
-                 guild_id = COALESCE(excluded.guild_id, channels.guild_id), updated_at = excluded.updated_at""",
-            (channel_id, surface, kind, name, guild_id, iso(self.clock.now())),
-        )
-        return self._info(channel_id)
+        return self.db.write(lambda conn: _seen(conn, row))
 
     def set_mode(self, channel_id: str, mode: str) -> ChannelInfo:
         checked = parse_mode(mode)
-        self._set(channel_id, "mode", checked)
-        return self._info(channel_id)
+        return self._set(channel_id, "mode", checked)
 
     def set_trusted(self, channel_id: str, trusted: bool) -> ChannelInfo:
-        self._set(channel_id, "trusted", int(trusted))
-        return self._info(channel_id)
+        return self._set(channel_id, "trusted", int(trusted))
 
-    def _set(self, channel_id: str, column: str, value: object) -> None:
+    def _set(self, channel_id: str, column: str, value: object) -> ChannelInfo:
         assert column in ("mode", "trusted")  # never a caller-chosen column name
         if not channel_id.strip() or len(channel_id) > 128:
             raise ChannelError("a channel id is 1-128 characters (a Discord channel id, or terminal:<name>)")
-        self.db.execute(
-            f"""INSERT INTO channels (channel_id, {column}, updated_at) VALUES (?, ?, ?)
-                ON CONFLICT (channel_id) DO UPDATE SET {column} = excluded.{column}, updated_at = excluded.updated_at""",
-            (channel_id, value, iso(self.clock.now())),
-        )
+        row = {"channel_id": channel_id, column: value, "updated_at": iso(self.clock.now())}
 
-    def _info(self, channel_id: str) -> ChannelInfo:
-        info = self.info(channel_id)
-        assert info is not None
-        return info
+        def txn(conn: Connection) -> ChannelInfo:
+            conn.execute(_upserts(conn.dialect.name)[column], row)
+            info = _info(conn, channel_id)
+            assert info is not None
+            return info
+
+        return self.db.write(txn)
+
+
+def _info(conn: Connection, channel_id: str) -> ChannelInfo | None:
+    row = conn.execute(_INFO, {"channel_id": channel_id}).first()
+    return _row_to_info(row) if row else None
+
+
+def _seen(conn: Connection, row: dict[str, Any]) -> ChannelInfo:
+    """``seen`` in a write transaction: the upsert only when the surface says something new."""
+    known = _info(conn, row["channel_id"])
+    if _same(known, row):
+        assert known is not None
+        return known
+    conn.execute(_upserts(conn.dialect.name)["seen"], row)
+    info = _info(conn, row["channel_id"])
+    assert info is not None
+    return info
+
+
+def _same(known: ChannelInfo | None, row: dict[str, Any]) -> bool:
+    """Whether the surface says nothing new of a channel the host knows."""
+    return (
+        known is not None
+        and (known.surface, known.kind) == (row["surface"], row["kind"])
+        and (not row["name"] or known.name == row["name"])
+        and (row["guild_id"] is None or known.guild_id == row["guild_id"])
+    )

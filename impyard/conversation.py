@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Literal
 
 import anyio
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, Message, SessionInfo
@@ -74,7 +76,12 @@ RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refus
 TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
 
 
-STORAGE_ERRORS = (sqlite3.Error, DatabaseError, OSError)  # the host's own storage failed (issue 19 #1)
+STORAGE_ERRORS = (
+    sqlite3.Error,
+    SQLAlchemyError,
+    DatabaseError,
+    OSError,
+)  # the host's own storage failed (issue 19 #1)
 
 
 @dataclass(frozen=True)
@@ -161,17 +168,29 @@ class Conversations:
 
     def _keep(self, imp: str, inbound: Inbound, message: Message) -> _Kept:
         """Blocking, on a database worker: the channel seen, the message kept (woken or not), the wake rule, and
-        for a wake its row and the channel's recent history. The message and its wake stay two transactions: a
-        wake that cannot be written leaves the message kept, explicitly not answered."""
-        try:
+        for a wake its row and the channel's recent history. Two transactions (issue 18: each store joins one
+        instead of opening its own): a wake that cannot be written leaves the message kept, explicitly not
+        answered."""
+        db = self.history.db
+
+        def kept(conn: Connection) -> ChannelInfo:
             channel = self.channels.seen(
                 inbound.channel_id,
                 surface=inbound.surface,
                 kind=inbound.channel_kind,
                 name=inbound.channel_name,
                 guild_id=inbound.guild_id,
+                conn=conn,
             )
-            self.history.record(inbound.channel_id, message)  # before routing, woken or not
+            self.history.record(inbound.channel_id, message, conn=conn)  # before routing, woken or not
+            return channel
+
+        def woken(conn: Connection) -> list[HistoryEntry]:
+            self.history.record_wake(imp, inbound.channel_id, message.id, conn=conn)
+            return self.history.recent(inbound.channel_id, imp=imp, conn=conn)
+
+        try:
+            channel = db.write(kept)
         except STORAGE_ERRORS as exc:
             return _Kept(failed=exc)
         decision = decide_wake(
@@ -187,10 +206,10 @@ class Conversations:
         if not decision.wake:
             return _Kept(decision)
         try:
-            self.history.record_wake(imp, inbound.channel_id, message.id)
+            recent = db.write(woken)
         except STORAGE_ERRORS as exc:  # kept in the history, explicitly not answered
             return _Kept(decision, failed=exc)
-        return _Kept(decision, recent=self.history.recent(inbound.channel_id, imp=imp))
+        return _Kept(decision, recent=recent)
 
     async def receive(self, imp: str, inbound: Inbound) -> RouteOutcome:
         """``route`` for a surface that does not wait for the turn (Discord): only the outcome."""

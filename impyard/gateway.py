@@ -32,11 +32,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import sqlalchemy as sa
 from anyio.abc import TaskGroup
 from pydantic import BaseModel
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.history import (
@@ -89,7 +92,11 @@ from impyard.prices import PriceMissing, bound_output, estimate_micros, measured
 from impyard.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
 from impyard.responder_history import ResponderHistory, line_views
 from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
+from impyard.tables import wakes
 from impyard.trust import ChannelTrust, EarnedTrust, TrustDecision, decide_trust
+
+if TYPE_CHECKING:
+    from impyard.leases import LeaseGuard
 
 log = logging.getLogger("impyard.gateway")
 
@@ -97,7 +104,7 @@ log = logging.getLogger("impyard.gateway")
 CALL_GRACE_S = 10.0
 
 # Issue 19 #1: what a failed write of the host's own database is, and how a box is told (the box reads the kind).
-STORAGE_ERRORS = (sqlite3.Error, DatabaseError, OSError)
+STORAGE_ERRORS = (sqlite3.Error, DBAPIError, DatabaseError, OSError)  # DBAPIError: the engine's (issue 21)
 STORAGE_FAILED = "the host's storage failed: impyard can't write its database (disk full or read-only)"
 
 
@@ -113,6 +120,7 @@ HISTORY_RATE_RULE = "history-requests"
 HISTORY_REQUESTS_PER_MINUTE = 120  # per box: a turn makes two (one load, one commit), an event one
 RATE_WINDOW_S = 60.0
 SEND_ACT = "discord.send"
+LEASE_RULE = "lease"  # issue 21: a host that lost its lease acts no more
 
 StageCallback = Callable[[BoxSpec, TurnStageParams], Awaitable[None]]
 GateCallback = Callable[
@@ -316,6 +324,7 @@ class Gateway:
         self.memory = memory
         self.responder_history = responder_history or ResponderHistory(self.db, self.clock)
         self._history_loads: dict[str, int] = {}  # per box (run id): loads not yet audited with a commit
+        self.lease_guard: LeaseGuard | None = None  # issue 21: set by a host that holds leases (serve, chat)
         self._calls: TaskGroup | None = None  # set while ``running``
         self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
         self._handlers: dict[str, Callable[[BoxSpec, Any, AuditRecord], Awaitable[BaseModel]]] = {
@@ -339,6 +348,10 @@ class Gateway:
         self.ledger.policy = policy
         self.broker.settings = policy.upstream
         self.fetcher.settings = policy.http
+
+    def _stale(self) -> str | None:
+        """Why this host may act no more (its lease lost or past its deadline), or None. Local: no database hop."""
+        return self.lease_guard.check() if self.lease_guard is not None else None
 
     def settle_orphans(self) -> int:
         """Model calls a stopped host left in flight are settled now, each with an audit row (issue 19 #4): at
@@ -416,12 +429,10 @@ class Gateway:
     async def _woken(self, spec: BoxSpec, message_id: str) -> bool:
         """Whether the host woke ``spec.imp`` for ``message_id`` in the box's channel: only such a message starts
         a turn of the memory's per-turn bound (a box announcing turns of its own would lift it, issue 23)."""
-        rows = await self.db.run(
-            self.db.query,
-            "SELECT 1 FROM wakes WHERE imp = ? AND channel_id = ? AND message_id = ?",
-            (spec.imp, spec.channel_id, message_id),
+        query = sa.select(sa.literal(1)).where(
+            wakes.c.imp == spec.imp, wakes.c.channel_id == spec.channel_id, wakes.c.message_id == message_id
         )
-        return bool(rows)
+        return await self.db.run(self.db.read, lambda conn: conn.execute(query).first() is not None)
 
     async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool | None = None) -> None:
         """The box's ``turn.stage``. ``woken``: whether the host woke ``spec.imp`` for that message in the box's
@@ -460,6 +471,11 @@ class Gateway:
             imp=spec.imp, method=method, run_id=spec.run_id, channel_id=spec.channel_id, started=started
         )
         try:
+            stale = self._stale()  # before the handler: nothing reserved, gated, fetched or posted (issue 21)
+            if stale is not None:
+                raise self._refusal(
+                    self._denied(LEASE_RULE, f"this host holds no lease to act: {stale}"), record
+                )
             return await handler(spec, params, record)
         except RpcError as exc:
             record.reason = record.reason or exc.message
@@ -777,7 +793,7 @@ class Gateway:
         loads = self._history_loads.get(spec.run_id, 0)
         started = time.perf_counter()
 
-        def audited(conn: sqlite3.Connection, stored: int) -> None:  # the row joins the commit's transaction
+        def audited(conn: Connection, stored: int) -> None:  # the row joins the commit's transaction
             record.verdict, record.purpose = "allowed", params.outcome or ""
             record.reason = f"{stored} of {len(params.lines)} lines new, in its own channel"
             record.detail = f"loads since the last commit: {loads}"
@@ -986,6 +1002,10 @@ class Gateway:
         return await self._execute(await self.db.run(self.gates.get, gate_id))
 
     async def _execute(self, gate: Gate) -> Gate:
+        stale = self._stale()  # an approved gate waits for a host that holds its lease (issue 21)
+        if stale is not None:
+            log.warning("gate %s left approved: %s", gate.id, stale)
+            return gate
         # A gate whose channel this host's surface does not reach is left approved, unclaimed, for a host
         # that reaches it (issue 12: never "delivered" through the wrong surface).
         if not await self.reaches(gate.target):

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
 
 from pydantic import TypeAdapter
+from sqlalchemy import bindparam, delete, exists, func, select, union, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 
 from box.protocol.models import Author, HistoryEntry, Message, ReplyRef
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
+from impyard.tables import history, wakes
 
 DEFAULT_RETENTION = 1_000  # messages kept per channel
 DEFAULT_RECENT = 50  # messages sent to the box with each delivery
@@ -74,6 +79,134 @@ class ShownMessage:
     error: str | None
 
 
+# The statements, built once (SQLAlchemy's compiled cache then hits on every call), per dialect where they differ.
+_h, _w = history, wakes
+_newer = history.alias("newer")
+# Retention: every row of the channel at or below the (retention+1)-th newest seq goes (none while fewer are kept).
+_TRIM = delete(_h).where(
+    _h.c.channel_id == bindparam("channel_id"),
+    _h.c.seq
+    <= select(_newer.c.seq)
+    .where(_newer.c.channel_id == bindparam("channel_id"))
+    .order_by(_newer.c.seq.desc())
+    .limit(1)
+    .offset(bindparam("retention"))
+    .scalar_subquery(),
+)
+_FINISH = (
+    update(_w)
+    .where(
+        _w.c.imp == bindparam("w_imp"),
+        _w.c.channel_id == bindparam("w_channel"),
+        _w.c.message_id == bindparam("w_message"),
+        _w.c.outcome.is_(None),  # the first outcome wins
+    )
+    .values(outcome=bindparam("w_outcome"), error=bindparam("w_error"), finished_at=bindparam("w_at"))
+)
+_FORGET = delete(_h).where(
+    _h.c.channel_id == bindparam("channel_id"), _h.c.message_id == bindparam("message_id")
+)
+_CLEAR = delete(_h).where(_h.c.channel_id == bindparam("channel_id"))
+_RECENT = (
+    select(_h.c.message_id, _h.c.author_id, _h.c.author_name, _h.c.author_bot, _h.c.from_imp, _h.c.content,
+           _h.c.created_at)
+    .where(_h.c.channel_id == bindparam("channel_id"))
+    .order_by(_h.c.seq.desc())
+    .limit(bindparam("limit"))
+)  # fmt: skip
+_MESSAGE_COLUMNS = (
+    _h.c.message_id, _h.c.author_id, _h.c.author_name, _h.c.author_bot, _h.c.content, _h.c.created_at,
+    _h.c.reply_to_id,
+)  # fmt: skip
+_GET = select(*_MESSAGE_COLUMNS).where(
+    _h.c.channel_id == bindparam("channel_id"), _h.c.message_id == bindparam("message_id")
+)
+_WAKE = (_w.c.imp == bindparam("imp"), _w.c.channel_id == bindparam("channel_id"),
+         _w.c.message_id == bindparam("message_id"))  # fmt: skip
+_OUTCOME = select(_w.c.outcome).where(*_WAKE)
+_WOKE = select(_w.c.imp).where(*_WAKE)
+_COUNT = select(func.count()).select_from(_h).where(_h.c.channel_id == bindparam("channel_id"))
+_last = func.max(_h.c.seq)
+_AUTHOR_NAMES = (
+    select(_h.c.author_name)
+    .where(_h.c.author_id == bindparam("key"))
+    .group_by(_h.c.author_name)
+    .order_by(_last.desc())
+    .limit(bindparam("limit"))
+)
+_AUTHOR_IDS = (
+    select(_h.c.author_id)
+    .where(_h.c.author_name == bindparam("key"))
+    .group_by(_h.c.author_id)
+    .order_by(_last.desc())
+    .limit(bindparam("limit"))
+)
+_CHANNELS_OF = (
+    select(_h.c.channel_id)
+    .where(
+        (_h.c.from_imp == bindparam("imp"))
+        | exists().where(_w.c.imp == bindparam("imp"), _w.c.channel_id == _h.c.channel_id)
+    )
+    .group_by(_h.c.channel_id)
+    .order_by(_last.desc())
+)
+_IMPS_IN = union(
+    select(_w.c.imp.label("imp")).where(_w.c.channel_id == bindparam("channel_id")),
+    select(_h.c.from_imp).where(_h.c.channel_id == bindparam("channel_id"), _h.c.from_imp.is_not(None)),
+)
+_SHOWN = (
+    select(_h.c.channel_id, _h.c.message_id, _h.c.author_id, _h.c.author_name, _h.c.author_bot, _h.c.from_imp,
+           _h.c.content, _h.c.created_at, _h.c.reply_to_id, _h.c.attachments, _w.c.woken_at, _w.c.outcome,
+           _w.c.error)
+    .select_from(
+        _h.outerjoin(
+            _w,
+            (_w.c.imp == bindparam("imp")) & (_w.c.channel_id == _h.c.channel_id)
+            & (_w.c.message_id == _h.c.message_id),
+        )
+    )
+    .where(_h.c.channel_id.in_(bindparam("channel_ids", expanding=True)))
+    .order_by(_h.c.seq.desc())
+    .limit(bindparam("limit"))
+)  # fmt: skip
+_REPLIED = (
+    select(_h.c.seq)
+    .where(
+        _h.c.channel_id == bindparam("channel_id"),
+        _h.c.from_imp == bindparam("imp"),
+        _h.c.reply_to_id == bindparam("message_id"),
+    )
+    .limit(1)
+)
+
+
+@cache
+def _dialect(name: str) -> _Statements:
+    return _Statements(name)
+
+
+class _Statements:
+    """What differs by dialect: INSERT ... ON CONFLICT, and text ordered byte by byte (PostgreSQL's collation is
+    not SQLite's: ISO times are ordered as SQLite orders them with COLLATE "C")."""
+
+    def __init__(self, dialect: str) -> None:
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        self.record = insert(_h).on_conflict_do_nothing(index_elements=[_h.c.channel_id, _h.c.message_id])
+        self.record_wake = insert(_w).on_conflict_do_nothing(
+            index_elements=[_w.c.imp, _w.c.channel_id, _w.c.message_id]
+        )
+        woken_at = _w.c.woken_at.collate("C") if dialect == "postgresql" else _w.c.woken_at
+        unfinished = (
+            select(_w.c.imp, _w.c.channel_id, _w.c.woken_at, *_MESSAGE_COLUMNS)
+            .select_from(
+                _w.outerjoin(_h, (_h.c.channel_id == _w.c.channel_id) & (_h.c.message_id == _w.c.message_id))
+            )
+            .where(_w.c.outcome.is_(None))
+        )
+        self.unfinished = unfinished.order_by(woken_at)
+        self.unfinished_of = unfinished.where(_w.c.imp == bindparam("imp")).order_by(woken_at)
+
+
 class History(Store):
     def __init__(self, db: Database, clock: Clock, *, retention: int = DEFAULT_RETENTION) -> None:
         if retention < 1:
@@ -84,38 +217,40 @@ class History(Store):
 
     # ------------------------------------------------------------ writing
 
-    def record(self, channel_id: str, message: Message, *, from_imp: str | None = None) -> None:
-        """Persist one message (idempotent by id) and trim the channel to its retention."""
-        row = (
-            channel_id,
-            message.id,
-            message.author.id,
-            message.author.name,
-            int(message.author.bot),
-            from_imp,
-            message.content,
-            iso(message.created_at),
-            message.reply_to.id if message.reply_to else None,
-            json.dumps([item.model_dump(mode="json", exclude={"data_b64"}) for item in message.attachments]),
-        )
-        with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO history (channel_id, message_id, author_id, author_name, author_bot,"
-                " from_imp, content, created_at, reply_to_id, attachments) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                row,
-            )
-            conn.execute(
-                "DELETE FROM history WHERE channel_id = ? AND seq <= ("
-                " SELECT seq FROM history WHERE channel_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
-                (channel_id, channel_id, self.retention),
-            )
+    def record(
+        self,
+        channel_id: str,
+        message: Message,
+        *,
+        from_imp: str | None = None,
+        conn: Connection | None = None,
+    ) -> None:
+        """Persist one message (idempotent by id) and trim the channel to its retention. ``conn``: inside the
+        caller's write transaction (a job composing several stores in one, issue 18), else in its own."""
+        row = _row(channel_id, message, from_imp)
+        if conn is None:
+            self.db.write(lambda conn: self._keep(conn, row))
+        else:
+            self._keep(conn, row)
 
-    def record_wake(self, imp: str, channel_id: str, message_id: str) -> None:
-        with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO wakes (imp, channel_id, message_id, woken_at) VALUES (?,?,?,?)",
-                (imp, channel_id, message_id, iso(self.clock.now())),
-            )
+    def _keep(self, conn: Connection, row: dict[str, Any]) -> None:
+        conn.execute(_dialect(conn.dialect.name).record, row)
+        conn.execute(_TRIM, {"channel_id": row["channel_id"], "retention": self.retention})
+
+    def record_wake(
+        self, imp: str, channel_id: str, message_id: str, *, conn: Connection | None = None
+    ) -> None:
+        """That message woke ``imp`` (a wake kept twice is kept once); ``conn`` as for ``record``."""
+        row = {
+            "imp": imp,
+            "channel_id": channel_id,
+            "message_id": message_id,
+            "woken_at": iso(self.clock.now()),
+        }
+        if conn is None:
+            self.db.write(lambda conn: conn.execute(_dialect(conn.dialect.name).record_wake, row))
+        else:
+            conn.execute(_dialect(conn.dialect.name).record_wake, row)
 
     def finish(
         self,
@@ -126,13 +261,15 @@ class History(Store):
         error: str | None = None,
     ) -> None:
         """Record a turn's outcome for every message it answered (first outcome wins)."""
+        if not message_ids:
+            return
         now = iso(self.clock.now())
-        with self.db.transaction() as conn:
-            conn.executemany(
-                "UPDATE wakes SET outcome = ?, error = ?, finished_at = ?"
-                " WHERE imp = ? AND channel_id = ? AND message_id = ? AND outcome IS NULL",
-                [(outcome, error, now, imp, channel_id, message_id) for message_id in message_ids],
-            )
+        rows = [
+            {"w_imp": imp, "w_channel": channel_id, "w_message": message_id, "w_outcome": outcome,
+             "w_error": error, "w_at": now}
+            for message_id in message_ids
+        ]  # fmt: skip
+        self.db.write(lambda conn: conn.execute(_FINISH, rows))
 
     def forget(self, channel_id: str, message_id: str) -> int:
         """Remove one message, deleted on its surface (issue 23): its text leaves the host's history.
@@ -140,22 +277,25 @@ class History(Store):
         Returns how many rows went (0 or 1). Its wake row (ids and outcome, no text) stays: recovery skips a
         woken message whose text is gone, as it does for one trimmed away.
         """
-        with self.db.transaction() as conn:
-            return conn.execute(
-                "DELETE FROM history WHERE channel_id = ? AND message_id = ?", (channel_id, message_id)
-            ).rowcount
+        params = {"channel_id": channel_id, "message_id": message_id}
+        return self.db.write(lambda conn: conn.execute(_FORGET, params).rowcount)
 
     # ------------------------------------------------------------ reading
 
     def recent(
-        self, channel_id: str, limit: int = DEFAULT_RECENT, *, imp: str | None = None
+        self,
+        channel_id: str,
+        limit: int = DEFAULT_RECENT,
+        *,
+        imp: str | None = None,
+        conn: Connection | None = None,
     ) -> list[HistoryEntry]:
-        conn = self.db.connection()
-        rows = conn.execute(
-            "SELECT message_id, author_id, author_name, author_bot, from_imp, content, created_at FROM history"
-            " WHERE channel_id = ? ORDER BY seq DESC LIMIT ?",
-            (channel_id, limit),
-        ).fetchall()
+        """The channel's last ``limit`` messages, oldest first; ``conn``: inside the caller's transaction."""
+        params = {"channel_id": channel_id, "limit": limit}
+        if conn is None:
+            rows = self.db.read(lambda conn: conn.execute(_RECENT, params).all())
+        else:
+            rows = conn.execute(_RECENT, params).all()
         return _ENTRIES.validate_python(  # one validation of the whole window, not one model at a time
             [
                 {
@@ -170,100 +310,52 @@ class History(Store):
         )
 
     def get(self, channel_id: str, message_id: str) -> Message | None:
-        conn = self.db.connection()
-        row = conn.execute(
-            "SELECT message_id, author_id, author_name, author_bot, content, created_at, reply_to_id FROM history"
-            " WHERE channel_id = ? AND message_id = ?",
-            (channel_id, message_id),
-        ).fetchone()
+        params = {"channel_id": channel_id, "message_id": message_id}
+        row = self.db.read(lambda conn: conn.execute(_GET, params).first())
         return _message(row) if row else None
 
     def outcome(self, imp: str, channel_id: str, message_id: str) -> Outcome | None:
-        conn = self.db.connection()
-        row = conn.execute(
-            "SELECT outcome FROM wakes WHERE imp = ? AND channel_id = ? AND message_id = ?",
-            (imp, channel_id, message_id),
-        ).fetchone()
+        params = {"imp": imp, "channel_id": channel_id, "message_id": message_id}
+        row = self.db.read(lambda conn: conn.execute(_OUTCOME, params).first())
         return row[0] if row else None
 
+    def woke(self, imp: str, channel_id: str, message_id: str) -> bool:
+        """Whether that message woke ``imp`` (it has a wake row, finished or not)."""
+        params = {"imp": imp, "channel_id": channel_id, "message_id": message_id}
+        return self.db.read(lambda conn: conn.execute(_WOKE, params).first()) is not None
+
     def count(self, channel_id: str) -> int:
-        return (
-            self.db.connection()
-            .execute("SELECT COUNT(*) FROM history WHERE channel_id = ?", (channel_id,))
-            .fetchone()[0]
-        )
+        return int(self.db.read(lambda conn: conn.execute(_COUNT, {"channel_id": channel_id}).scalar_one()))
 
     def author_names(self, author_id: str, limit: int = 20) -> list[str]:
         """The names a person (by id) has written under, most recent first (``impyard memory forget``)."""
-        rows = (
-            self.db.connection()
-            .execute(
-                "SELECT author_name, MAX(seq) AS last FROM history WHERE author_id = ?"
-                " GROUP BY author_name ORDER BY last DESC LIMIT ?",
-                (author_id, limit),
-            )
-            .fetchall()
-        )
-        return [str(row[0]) for row in rows]
+        return self._strings(_AUTHOR_NAMES, {"key": author_id, "limit": limit})
 
     def author_ids(self, author_name: str, limit: int = 20) -> list[str]:
         """The ids of the people who wrote under exactly this name, most recent first."""
-        rows = (
-            self.db.connection()
-            .execute(
-                "SELECT author_id, MAX(seq) AS last FROM history WHERE author_name = ?"
-                " GROUP BY author_id ORDER BY last DESC LIMIT ?",
-                (author_name, limit),
-            )
-            .fetchall()
-        )
-        return [str(row[0]) for row in rows]
+        return self._strings(_AUTHOR_IDS, {"key": author_name, "limit": limit})
+
+    def _strings(self, statement: Any, params: dict[str, Any]) -> list[str]:
+        return [
+            str(value) for value in self.db.read(lambda conn: conn.execute(statement, params).scalars().all())
+        ]
 
     # ------------------------------------------------------------ the operator's view (impyard history)
 
     def channels_of(self, imp: str) -> list[str]:
         """The channels holding history of ``imp``: where a message woke it or it wrote, the latest first."""
-        rows = (
-            self.db.connection()
-            .execute(
-                "SELECT h.channel_id, MAX(h.seq) AS last FROM history h WHERE h.from_imp = ?"
-                " OR EXISTS (SELECT 1 FROM wakes w WHERE w.imp = ? AND w.channel_id = h.channel_id)"
-                " GROUP BY h.channel_id ORDER BY last DESC",
-                (imp, imp),
-            )
-            .fetchall()
-        )
-        return [str(row[0]) for row in rows]
+        return self._strings(_CHANNELS_OF, {"imp": imp})
 
     def imps_in(self, channel_id: str) -> list[str]:
         """The imps a message of this channel woke or that wrote in it, by name."""
-        rows = (
-            self.db.connection()
-            .execute(
-                "SELECT imp FROM wakes WHERE channel_id = ? UNION"
-                " SELECT from_imp FROM history WHERE channel_id = ? AND from_imp IS NOT NULL ORDER BY 1",
-                (channel_id, channel_id),
-            )
-            .fetchall()
-        )
-        return [str(row[0]) for row in rows]
+        return sorted(self._strings(_IMPS_IN, {"channel_id": channel_id}))  # by code point, on either engine
 
     def shown(self, imp: str, channel_ids: Sequence[str], limit: int) -> list[ShownMessage]:
         """The latest ``limit`` messages of these channels, oldest first, each with its wake of ``imp``."""
         if not channel_ids:
             return []
-        marks = ",".join("?" * len(channel_ids))
-        rows = (
-            self.db.connection()
-            .execute(
-                "SELECT h.channel_id, h.message_id, h.author_id, h.author_name, h.author_bot, h.from_imp, h.content,"
-                " h.created_at, h.reply_to_id, h.attachments, w.woken_at, w.outcome, w.error FROM history h"
-                " LEFT JOIN wakes w ON w.imp = ? AND w.channel_id = h.channel_id AND w.message_id = h.message_id"
-                f" WHERE h.channel_id IN ({marks}) ORDER BY h.seq DESC LIMIT ?",
-                (imp, *channel_ids, limit),
-            )
-            .fetchall()
-        )
+        params = {"imp": imp, "channel_ids": list(channel_ids), "limit": limit}
+        rows = self.db.read(lambda conn: conn.execute(_SHOWN, params).all())
         return [
             ShownMessage(
                 channel_id=str(row[0]),
@@ -289,36 +381,22 @@ class History(Store):
         The wake rows (ids and outcomes, no text) stay: a turn still running finishes against them, and
         recovery skips a woken message whose text is gone, as it does for one trimmed away.
         """
-        with self.db.transaction() as conn:
-            return conn.execute("DELETE FROM history WHERE channel_id = ?", (channel_id,)).rowcount
+        return self.db.write(lambda conn: conn.execute(_CLEAR, {"channel_id": channel_id}).rowcount)
 
     # ------------------------------------------------------------ recovery
 
     def replied(self, imp: str, channel_id: str, message_id: str) -> bool:
         """Whether ``imp``'s reply to that message is in the channel's history."""
-        row = (
-            self.db.connection()
-            .execute(
-                "SELECT 1 FROM history WHERE channel_id = ? AND from_imp = ? AND reply_to_id = ? LIMIT 1",
-                (channel_id, imp, message_id),
-            )
-            .fetchone()
-        )
-        return row is not None
+        params = {"channel_id": channel_id, "imp": imp, "message_id": message_id}
+        return self.db.read(lambda conn: conn.execute(_REPLIED, params).first()) is not None
 
     def unfinished(self, imp: str | None = None) -> list[PendingWake]:
         """Woken messages that never got an outcome (the supervisor stopped or crashed)."""
-        query = (
-            "SELECT w.imp, w.channel_id, w.woken_at, h.message_id, h.author_id, h.author_name, h.author_bot,"
-            " h.content, h.created_at, h.reply_to_id FROM wakes w LEFT JOIN history h"
-            " ON h.channel_id = w.channel_id AND h.message_id = w.message_id WHERE w.outcome IS NULL"
-        )
-        args: tuple[str, ...] = ()
-        if imp is not None:
-            query += " AND w.imp = ?"
-            args = (imp,)
-        conn = self.db.connection()
-        rows = conn.execute(query + " ORDER BY w.woken_at", args).fetchall()
+        stmts = _dialect(self.db.dialect)
+        if imp is None:
+            rows = self.db.read(lambda conn: conn.execute(stmts.unfinished).all())
+        else:
+            rows = self.db.read(lambda conn: conn.execute(stmts.unfinished_of, {"imp": imp}).all())
         pending = []
         for row in rows:
             if row[3] is None:  # the message itself was trimmed away: nothing left to answer
@@ -355,7 +433,24 @@ class History(Store):
         return fresh_ones
 
 
-def _message(row: Sequence[object] | sqlite3.Row) -> Message:
+def _row(channel_id: str, message: Message, from_imp: str | None) -> dict[str, Any]:
+    return {
+        "channel_id": channel_id,
+        "message_id": message.id,
+        "author_id": message.author.id,
+        "author_name": message.author.name,
+        "author_bot": int(message.author.bot),
+        "from_imp": from_imp,
+        "content": message.content,
+        "created_at": iso(message.created_at),
+        "reply_to_id": message.reply_to.id if message.reply_to else None,
+        "attachments": json.dumps(
+            [item.model_dump(mode="json", exclude={"data_b64"}) for item in message.attachments]
+        ),
+    }
+
+
+def _message(row: Sequence[Any]) -> Message:
     return Message(
         id=str(row[0]),
         author=Author(id=str(row[1]), name=str(row[2]), bot=bool(row[3])),

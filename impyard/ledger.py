@@ -1,19 +1,29 @@
 """The budget ledger (docs/security.md, docs/architecture.md): reserve before a model call, settle with its measured cost.
 
 Check-and-debit is one step: a reservation reads what is spent and reserved
-in the windows and inserts its own row inside one ``BEGIN IMMEDIATE``
-transaction, so concurrent reservations (threads or processes) serialise on
-SQLite's write lock and can never jointly overspend. Windows are the UTC day
-and the UTC month, per imp and for all imps together. Limits come from the
-policy's [budgets] unless the operator set an override (``impyard budget set``).
+in the windows and inserts its own row in one write transaction (``db.write``:
+``BEGIN IMMEDIATE`` on SQLite, SERIALIZABLE and retried on PostgreSQL), so
+concurrent reservations — threads, processes, hosts sharing one database —
+can never jointly overspend. Windows are the UTC day and the UTC month, per imp
+and for all imps together. Limits come from the policy's [budgets] unless the
+operator set an override (``impyard budget set``).
+
+What a window has spent is kept as a running total (``ledger_totals``: reserved
+and settled micro-USD per scope and period), moved in the same transaction as
+every row it sums, so a check reads four rows however many calls the month has
+had (issue 21). The rows stay the truth: ``summary`` (``budget show``) sums them.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 
 from impyard.clock import Clock, iso
 from impyard.db import Database, Store
@@ -22,6 +32,7 @@ from impyard.liveness import Holder, alive, this_process
 from impyard.policy import Policy
 from impyard.policy_models import MAX_USD, BudgetLimit
 from impyard.prices import micros_to_usd, usd_to_micros
+from impyard.tables import budget_limits, ledger, ledger_totals
 
 ALL_IMPS = "*"  # the scope of the fleet-wide limit
 # A reservation whose holder this machine cannot check (another host's, or written before holders were recorded)
@@ -128,7 +139,22 @@ def seconds_to_next_month(now: datetime) -> int:
     return max(1, int((first - now).total_seconds() + 0.999))
 
 
-_AMOUNT = "CASE WHEN state = 'reserved' THEN reserved_micros ELSE cost_micros END"
+def day_period(day: str) -> str:
+    return f"day:{day}"
+
+
+def month_period(month: str) -> str:
+    return f"month:{month}"
+
+
+# What a row counts against its windows: the reservation while in flight, then the measured cost.
+_AMOUNT = sa.case((ledger.c.state == "reserved", ledger.c.reserved_micros), else_=ledger.c.cost_micros)
+_Key = tuple[str, str]  # (scope, period) of ledger_totals
+
+
+def _windows(imp: str, day: str, month: str) -> list[_Key]:
+    """The four totals a ledger row of ``imp`` on ``day`` moves."""
+    return [(scope, period) for scope in (imp, ALL_IMPS) for period in (day_period(day), month_period(month))]
 
 
 class Ledger(Store):
@@ -140,18 +166,25 @@ class Ledger(Store):
 
     # ------------------------------------------------------------ limits
 
-    def limits(self, scope: str, conn: sqlite3.Connection | None = None) -> Limits:
+    def limits(self, scope: str, conn: Connection | None = None) -> Limits:
+        """The effective limits of ``scope`` (in the caller's transaction when ``conn`` is given)."""
+        if conn is None:
+            return self.db.read(lambda conn: self.limits(scope, conn))
         base: BudgetLimit = self.policy.budgets.all if scope == ALL_IMPS else self.policy.budget_for(scope)
-        row = (
-            (conn or self.db.connection())
-            .execute("SELECT daily_usd, monthly_usd FROM budget_limits WHERE scope = ?", (scope,))
-            .fetchone()
-        )
+        row = conn.execute(
+            sa.select(budget_limits.c.daily_usd, budget_limits.c.monthly_usd).where(
+                budget_limits.c.scope == scope
+            )
+        ).first()
         daily, monthly, source = base.daily_usd, base.monthly_usd, "policy"
         if row is not None:
-            overridden = [name for name in ("daily", "monthly") if row[f"{name}_usd"] is not None]
-            daily = row["daily_usd"] if row["daily_usd"] is not None else daily
-            monthly = row["monthly_usd"] if row["monthly_usd"] is not None else monthly
+            overridden = [
+                name
+                for name, value in (("daily", row.daily_usd), ("monthly", row.monthly_usd))
+                if value is not None
+            ]
+            daily = row.daily_usd if row.daily_usd is not None else daily
+            monthly = row.monthly_usd if row.monthly_usd is not None else monthly
             if overridden:
                 source = "override" if len(overridden) == 2 else f"policy, {overridden[0]} override"
         return Limits(
@@ -167,72 +200,149 @@ class Ledger(Store):
                 raise BudgetLimitError(
                     f"a budget limit is a number of USD from 0 to {MAX_USD:g} (got {value!r})"
                 )
-        with self.db.transaction() as conn:
+        updated_at = iso(self.clock.now())
+        dialect = postgresql if self.db.dialect == "postgresql" else sqlite
+
+        def txn(conn: Connection) -> None:
+            stmt = dialect.insert(budget_limits).values(
+                scope=scope, daily_usd=daily_usd, monthly_usd=monthly_usd, updated_at=updated_at
+            )
             conn.execute(
-                """INSERT INTO budget_limits (scope, daily_usd, monthly_usd, updated_at) VALUES (?, ?, ?, ?)
-                   ON CONFLICT (scope) DO UPDATE SET
-                     daily_usd = COALESCE(excluded.daily_usd, budget_limits.daily_usd),
-                     monthly_usd = COALESCE(excluded.monthly_usd, budget_limits.monthly_usd),
-                     updated_at = excluded.updated_at""",
-                (scope, daily_usd, monthly_usd, iso(self.clock.now())),
+                stmt.on_conflict_do_update(
+                    index_elements=[budget_limits.c.scope],
+                    set_={
+                        "daily_usd": sa.func.coalesce(stmt.excluded.daily_usd, budget_limits.c.daily_usd),
+                        "monthly_usd": sa.func.coalesce(
+                            stmt.excluded.monthly_usd, budget_limits.c.monthly_usd
+                        ),
+                        "updated_at": stmt.excluded.updated_at,
+                    },
+                )
             )
 
+        self.db.write(txn)
+
     def clear_limits(self, scope: str) -> bool:
-        return self.db.execute("DELETE FROM budget_limits WHERE scope = ?", (scope,)).rowcount > 0
+        return self.db.write(
+            lambda conn: (
+                conn.execute(sa.delete(budget_limits).where(budget_limits.c.scope == scope)).rowcount > 0
+            )
+        )
+
+    # ------------------------------------------------------------ the running totals
+
+    def _move(self, conn: Connection, moves: Counter[tuple[_Key, str]]) -> None:
+        """Add to the totals, in the caller's transaction: ``moves[((scope, period), column)]`` micro-USD each
+        (one statement; a total not there yet starts at 0)."""
+        deltas: dict[_Key, dict[str, int]] = {}
+        for (key, column), amount in moves.items():
+            deltas.setdefault(key, {"reserved_micros": 0, "settled_micros": 0})[column] += amount
+        if not deltas:
+            return
+        dialect = postgresql if self.db.dialect == "postgresql" else sqlite
+        stmt = dialect.insert(ledger_totals).values(
+            [
+                dict(scope=scope, period=period, **amounts)
+                for (scope, period), amounts in sorted(deltas.items())
+            ]
+        )
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[ledger_totals.c.scope, ledger_totals.c.period],
+                set_={
+                    "reserved_micros": ledger_totals.c.reserved_micros + stmt.excluded.reserved_micros,
+                    "settled_micros": ledger_totals.c.settled_micros + stmt.excluded.settled_micros,
+                },
+            )
+        )
+
+    @staticmethod
+    def _spent(conn: Connection, keys: list[_Key]) -> dict[_Key, int]:
+        """What each window has spent and reserved: four rows at most, however many calls it has had."""
+        scopes, periods = {scope for scope, _ in keys}, {period for _, period in keys}
+        rows = conn.execute(
+            sa.select(
+                ledger_totals.c.scope,
+                ledger_totals.c.period,
+                ledger_totals.c.reserved_micros + ledger_totals.c.settled_micros,
+            ).where(ledger_totals.c.scope.in_(scopes), ledger_totals.c.period.in_(periods))
+        ).all()
+        found = {(scope, period): int(amount) for scope, period, amount in rows}
+        return {key: found.get(key, 0) for key in keys}
 
     # ------------------------------------------------------------ reserve and settle
-
-    def _spent(self, conn: sqlite3.Connection, *, imp: str | None, day: str | None, month: str) -> int:
-        where, args = ["month = ?"], [month]
-        if imp is not None:
-            where.append("imp = ?")
-            args.append(imp)
-        if day is not None:
-            where.append("day = ?")
-            args.append(day)
-        row = conn.execute(
-            f"SELECT COALESCE(SUM({_AMOUNT}), 0) FROM ledger WHERE {' AND '.join(where)}", args
-        ).fetchone()
-        return int(row[0])
 
     def reserve(
         self, imp: str, estimate_micros: int, *, method: str = "", purpose: str = "", model: str = ""
     ) -> Reservation:
         """Atomically check every window and debit the estimate; raises BudgetExhausted (nothing debited)."""
+        now = self.clock.now()
+        return self.db.write(
+            lambda conn: self.reserve_in(
+                conn, imp, estimate_micros, now=now, method=method, purpose=purpose, model=model
+            )
+        )
+
+    def reserve_in(
+        self,
+        conn: Connection,
+        imp: str,
+        estimate_micros: int,
+        *,
+        now: datetime | None = None,
+        method: str = "",
+        purpose: str = "",
+        model: str = "",
+    ) -> Reservation:
+        """``reserve`` in the caller's write transaction (``db.write``'s function), so that one transaction can
+        cover the reservation and another store's write. Database work only: it may run again on PostgreSQL."""
         if estimate_micros < 0:
             raise ValueError("an estimate cannot be negative")
-        now = self.clock.now()
+        now = now or self.clock.now()
         day, month = day_key(now), month_key(now)
-        with self.db.transaction() as conn:
-            self._check(conn, imp, estimate_micros, now)
-            cursor = conn.execute(
-                """INSERT INTO ledger
-                     (imp, day, month, state, reserved_micros, method, purpose, model, created_at, owner)
-                   VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)""",
-                (imp, day, month, estimate_micros, method, purpose, model, iso(now), str(self.holder)),
-            )
-            assert cursor.lastrowid is not None
-            return Reservation(cursor.lastrowid, imp, estimate_micros)
+        self._check(conn, imp, estimate_micros, now)
+        reservation_id = conn.execute(
+            sa.insert(ledger)
+            .values(
+                imp=imp,
+                day=day,
+                month=month,
+                state="reserved",
+                reserved_micros=estimate_micros,
+                method=method,
+                purpose=purpose,
+                model=model,
+                created_at=iso(now),
+                owner=str(self.holder),
+            )  # fmt: skip
+            .returning(ledger.c.id)
+        ).scalar_one()
+        self._move(
+            conn, Counter({(key, "reserved_micros"): estimate_micros for key in _windows(imp, day, month)})
+        )
+        return Reservation(int(reservation_id), imp, estimate_micros)
 
     def check_headroom(self, imp: str, estimate_micros: int) -> None:
         """Raise BudgetExhausted where ``reserve`` would, debiting nothing (a dry run; a read-only transaction)."""
-        with self.db.transaction(immediate=False) as conn:
-            self._check(conn, imp, estimate_micros, self.clock.now())
+        now = self.clock.now()
+        self.db.read(lambda conn: self._check(conn, imp, estimate_micros, now))
 
-    def _check(self, conn: sqlite3.Connection, imp: str, estimate_micros: int, now: datetime) -> None:
+    def _check(self, conn: Connection, imp: str, estimate_micros: int, now: datetime) -> None:
         """Every window must take the estimate on top of what is spent and reserved, else BudgetExhausted."""
-        day, month = day_key(now), month_key(now)
+        day, month = day_period(day_key(now)), month_period(month_key(now))
         mine, fleet = self.limits(imp, conn), self.limits(ALL_IMPS, conn)  # each scope's limits read once
         checks = (
-            (f"imp:{imp}/day", mine.daily, dict(imp=imp, day=day), seconds_to_next_day(now)),
-            (f"imp:{imp}/month", mine.monthly, dict(imp=imp, day=None), seconds_to_next_month(now)),
-            ("all/day", fleet.daily, dict(imp=None, day=day), seconds_to_next_day(now)),
-            ("all/month", fleet.monthly, dict(imp=None, day=None), seconds_to_next_month(now)),
+            (f"imp:{imp}/day", mine.daily, (imp, day), seconds_to_next_day(now)),
+            (f"imp:{imp}/month", mine.monthly, (imp, month), seconds_to_next_month(now)),
+            ("all/day", fleet.daily, (ALL_IMPS, day), seconds_to_next_day(now)),
+            ("all/month", fleet.monthly, (ALL_IMPS, month), seconds_to_next_month(now)),
         )
-        for name, limit, where, retry_after in checks:
+        wanted = [key for _, limit, key, _ in checks if limit is not None]
+        spent_in = self._spent(conn, wanted) if wanted else {}
+        for name, limit, key, retry_after in checks:
             if limit is None:
                 continue
-            spent = self._spent(conn, month=month, **where)
+            spent = spent_in[key]
             if spent >= limit or spent + estimate_micros > limit:  # the hard stop: never overspend
                 raise BudgetExhausted(name, retry_after, limit, spent, estimate_micros)
 
@@ -243,13 +353,42 @@ class Ledger(Store):
         the reservation, so settling above it would overspend the hard stop. A caller whose measured cost is
         higher must say so loudly. Settling twice is a no-op (returns 0).
         """
+        at = iso(self.clock.now())
+        return self.db.write(lambda conn: self.settle_in(conn, reservation, cost_micros, at=at))
+
+    def settle_in(
+        self, conn: Connection, reservation: Reservation | int, cost_micros: int, *, at: str | None = None
+    ) -> int:
+        """``settle`` in the caller's write transaction (with another store's write). Database work only."""
         reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
-        rows = self.db.execute(
-            """UPDATE ledger SET state = 'settled', cost_micros = MIN(?, reserved_micros), settled_at = ?
-               WHERE id = ? AND state = 'reserved' RETURNING cost_micros""",
-            (max(0, int(cost_micros)), iso(self.clock.now()), reservation_id),
-        ).fetchall()
-        return int(rows[0][0]) if rows else 0
+        cost = max(0, int(cost_micros))
+        row = conn.execute(
+            sa.update(ledger)
+            .where(ledger.c.id == reservation_id, ledger.c.state == "reserved")
+            .values(
+                state="settled",
+                cost_micros=sa.case((ledger.c.reserved_micros < cost, ledger.c.reserved_micros), else_=cost),
+                settled_at=at or iso(self.clock.now()),
+            )
+            .returning(
+                ledger.c.imp, ledger.c.day, ledger.c.month, ledger.c.reserved_micros, ledger.c.cost_micros
+            )
+        ).first()
+        if row is None:
+            return 0
+        moves: Counter[tuple[_Key, str]] = Counter()
+        self._settled(moves, row.imp, row.day, row.month, int(row.reserved_micros), int(row.cost_micros))
+        self._move(conn, moves)
+        return int(row.cost_micros)
+
+    @staticmethod
+    def _settled(
+        moves: Counter[tuple[_Key, str]], imp: str, day: str, month: str, reserved: int, cost: int
+    ) -> None:
+        """A row of ``imp`` settled: its windows (the row's own day and month) move from reserved to charged."""
+        for key in _windows(imp, day, month):
+            moves[(key, "reserved_micros")] -= reserved
+            moves[(key, "settled_micros")] += cost
 
     def settle_orphans(self, older_than: timedelta = ABANDONED_AFTER) -> list[Orphan]:
         """Settle the reservations nobody will settle (fail closed: at their full estimate), and return them.
@@ -260,78 +399,119 @@ class Ledger(Store):
         """
         now = iso(self.clock.now())
         cutoff = iso(self.clock.now() - older_than)
-        rows = self.db.query(
-            "SELECT id, imp, reserved_micros, method, purpose, model, created_at, owner FROM ledger "
-            "WHERE state = 'reserved'"
+        rows = self.db.read(
+            lambda conn: conn.execute(
+                sa.select(
+                    ledger.c.id,
+                    ledger.c.imp,
+                    ledger.c.reserved_micros,
+                    ledger.c.method,
+                    ledger.c.purpose,
+                    ledger.c.model,
+                    ledger.c.created_at,
+                    ledger.c.owner,
+                )
+                .where(ledger.c.state == "reserved")
+                .order_by(ledger.c.id)  # fmt: skip
+            ).all()
         )
-        orphans: list[Orphan] = []
-        for row in rows:
-            holder = Holder.parse(row["owner"])
+        candidates: dict[int, Orphan] = {}
+        for row in rows:  # whose holder is gone: asked of this machine, outside any transaction
+            holder = Holder.parse(row.owner)
             living = alive(holder) if holder is not None else None
             if living is False:
                 why = "holder-dead"
-            elif living is None and row["created_at"] < cutoff:
+            elif living is None and row.created_at < cutoff:
                 why = "too-old"
             else:
                 continue
-            settled = self.db.execute(
-                """UPDATE ledger SET state = 'settled', cost_micros = reserved_micros, settled_at = ?
-                   WHERE id = ? AND state = 'reserved'""",
-                (now, row["id"]),
-            ).rowcount
-            if settled:
-                orphans.append(
-                    Orphan(
-                        row["id"],
-                        row["imp"],
-                        row["reserved_micros"],
-                        row["method"],
-                        row["purpose"],
-                        row["model"],
-                        row["created_at"],
-                        holder,
-                        why,
-                    )  # fmt: skip
+            candidates[int(row.id)] = Orphan(
+                int(row.id), row.imp, int(row.reserved_micros), row.method, row.purpose, row.model, row.created_at,
+                holder, why,
+            )  # fmt: skip
+        if not candidates:
+            return []
+
+        def txn(conn: Connection) -> list[int]:  # may run again on PostgreSQL: database work only
+            settled = conn.execute(
+                sa.update(ledger)
+                .where(ledger.c.id.in_(list(candidates)), ledger.c.state == "reserved")
+                .values(state="settled", cost_micros=ledger.c.reserved_micros, settled_at=now)
+                .returning(ledger.c.id, ledger.c.imp, ledger.c.day, ledger.c.month, ledger.c.reserved_micros)
+            ).all()
+            moves: Counter[tuple[_Key, str]] = Counter()
+            for row in settled:
+                self._settled(
+                    moves, row.imp, row.day, row.month, int(row.reserved_micros), int(row.reserved_micros)
                 )
-        return orphans
+            self._move(conn, moves)
+            return sorted(int(row.id) for row in settled)
+
+        return [candidates[orphan_id] for orphan_id in self.db.write(txn)]
 
     # ------------------------------------------------------------ reporting
 
     def settled_total(self, imp: str | None = None) -> int:
-        sql = "SELECT COALESCE(SUM(cost_micros), 0) FROM ledger WHERE state = 'settled'"
-        rows = self.db.query(sql + (" AND imp = ?" if imp else ""), (imp,) if imp else ())
-        return int(rows[0][0])
+        query = sa.select(sa.func.coalesce(sa.func.sum(ledger.c.cost_micros), 0)).where(
+            ledger.c.state == "settled"
+        )
+        if imp:
+            query = query.where(ledger.c.imp == imp)
+        return int(self.db.read(lambda conn: conn.execute(query).scalar_one()))
+
+    def totals(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """The running totals as kept: ``{(scope, period): (reserved, settled)}`` (a check; ``summary`` sums rows)."""
+        rows = self.db.read(lambda conn: conn.execute(sa.select(ledger_totals)).all())
+        return {(row.scope, row.period): (int(row.reserved_micros), int(row.settled_micros)) for row in rows}
 
     def summary(self) -> list[BudgetRow]:
-        """One row for all imps, then one per imp that has spent, has an override, or is named in the policy."""
+        """One row for all imps, then one per imp that has spent, has an override, or is named in the policy.
+        Summed from the ledger's rows (the truth), in one read."""
         now = self.clock.now()
         day, month = day_key(now), month_key(now)
-        conn = self.db.connection()
-        imps = {row[0] for row in conn.execute("SELECT DISTINCT imp FROM ledger WHERE month = ?", (month,))}
-        imps |= {
-            row[0] for row in conn.execute("SELECT scope FROM budget_limits WHERE scope != ?", (ALL_IMPS,))
-        }
-        imps |= set(self.policy.budgets.imps)
-        rows = []
-        for scope in [ALL_IMPS, *sorted(imps)]:
-            imp = None if scope == ALL_IMPS else scope
-            limits = self.limits(scope, conn)
-            reserved_sql = (
-                "SELECT COALESCE(SUM(reserved_micros), 0) FROM ledger WHERE state = 'reserved' AND month = ?"
-            )
-            reserved_args: list[str] = [month]
-            if imp is not None:
-                reserved_sql += " AND imp = ?"
-                reserved_args.append(imp)
-            rows.append(
-                BudgetRow(
-                    scope=scope,
-                    daily_limit=limits.daily,
-                    daily_spent=self._spent(conn, imp=imp, day=day, month=month),
-                    monthly_limit=limits.monthly,
-                    monthly_spent=self._spent(conn, imp=imp, day=None, month=month),
-                    reserved=int(conn.execute(reserved_sql, reserved_args).fetchone()[0]),
-                    source=limits.source,
+        reserved = sa.case((ledger.c.state == "reserved", ledger.c.reserved_micros), else_=0)
+
+        def read(
+            conn: Connection,
+        ) -> tuple[list[tuple[str, str, int, int]], list[str], dict[str, Limits]]:
+            grouped = conn.execute(
+                sa.select(
+                    ledger.c.imp,
+                    ledger.c.day,
+                    sa.func.coalesce(sa.func.sum(_AMOUNT), 0),
+                    sa.func.coalesce(sa.func.sum(reserved), 0),
                 )
+                .where(ledger.c.month == month)
+                .group_by(ledger.c.imp, ledger.c.day)
+            ).all()
+            spending = [(str(imp), str(on), int(amount), int(held)) for imp, on, amount, held in grouped]
+            overridden = list(
+                conn.execute(
+                    sa.select(budget_limits.c.scope).where(budget_limits.c.scope != ALL_IMPS)
+                ).scalars()
             )
-        return rows
+            imps = {row[0] for row in spending} | set(overridden) | set(self.policy.budgets.imps)
+            return spending, sorted(imps), {scope: self.limits(scope, conn) for scope in [ALL_IMPS, *imps]}
+
+        spending, imps, limits = self.db.read(read)
+        daily: Counter[str] = Counter()
+        monthly: Counter[str] = Counter()
+        in_flight: Counter[str] = Counter()
+        for imp, row_day, amount, held in spending:
+            for scope in (imp, ALL_IMPS):
+                monthly[scope] += int(amount)
+                in_flight[scope] += int(held)
+                if row_day == day:
+                    daily[scope] += int(amount)
+        return [
+            BudgetRow(
+                scope=scope,
+                daily_limit=limits[scope].daily,
+                daily_spent=daily[scope],
+                monthly_limit=limits[scope].monthly,
+                monthly_spent=monthly[scope],
+                reserved=in_flight[scope],
+                source=limits[scope].source,
+            )
+            for scope in [ALL_IMPS, *imps]
+        ]

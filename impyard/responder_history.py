@@ -20,19 +20,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import bindparam, delete, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
 from box.history import Record, aware, trim
 from box.protocol.history import MAX_LINE_CHARS, MAX_LOAD_CHARS, HistoryLine, HistoryLineView
 from box.protocol.models import ResponderSettings
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
+from impyard.tables import responder_counters, responder_imports, responder_lines
 
 log = logging.getLogger("impyard.history")
 
@@ -43,6 +49,51 @@ MAX_LEGACY_BYTES = 64 * 1024**2  # the old file was trimmed to ≤ 500 lines of 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+SEQ_CHUNK = 500  # seqs per ``IN (...)`` of a trim: well under either engine's bound on parameters
+
+# The statements, built once (SQLAlchemy's compiled cache then hits on every call).
+_l, _n, _i = responder_lines.c, responder_counters.c, responder_imports.c
+_COUNT_IMP = select(func.count()).select_from(responder_lines).where(_l.imp == bindparam("imp"))
+_LOAD = (
+    select(_l.message_id, _l.role, _l.author, _l.content, _l.at)
+    .where(_l.imp == bindparam("imp"), _l.channel_id == bindparam("channel_id"))
+    .order_by(_l.seq.desc())
+)
+_PLACES = select(_l.seq, _l.channel_id).where(_l.imp == bindparam("imp")).order_by(_l.seq)
+_DROP_SEQS = delete(responder_lines).where(_l.seq.in_(bindparam("seqs", expanding=True)))
+_FORGET_CHANNEL = delete(responder_lines).where(_l.channel_id == bindparam("channel_id"))
+_FORGET_IMP = (
+    delete(responder_lines).where(_l.imp == bindparam("imp")),
+    delete(responder_counters).where(_n.imp == bindparam("imp")),
+    delete(responder_imports).where(_i.imp == bindparam("imp")),
+)
+_LINE_COLUMNS = (_l.channel_id, _l.message_id, _l.role, _l.author, _l.content, _l.at)
+_LINES = select(*_LINE_COLUMNS).where(_l.imp == bindparam("imp")).order_by(_l.seq)
+_LINES_OF = (
+    select(*_LINE_COLUMNS)
+    .where(_l.imp == bindparam("imp"), _l.channel_id == bindparam("channel_id"))
+    .order_by(_l.seq)
+)
+_COUNTERS = select(_n.channel_id, _n.outcome, _n["count"]).where(_n.imp == bindparam("imp"))
+_IMPORTED = select(_i.imp).where(_i.imp == bindparam("imp"), _i.source == bindparam("source"))
+_MARK_IMPORTED = insert(responder_imports)
+
+
+@cache
+def _inserts(dialect: str) -> tuple[Any, Any]:
+    """A line kept once (INSERT ... ON CONFLICT DO NOTHING), and a counter added to: built once per dialect."""
+    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    line = (
+        insert_(responder_lines)
+        .on_conflict_do_nothing(index_elements=[_l.imp, _l.channel_id, _l.message_id, _l.role])
+        .returning(_l.seq)  # the row when it was new (rowcount is not portable beside an implicit RETURNING)
+    )
+    counter = insert_(responder_counters)
+    counted = counter.on_conflict_do_update(
+        index_elements=[_n.imp, _n.channel_id, _n.outcome],
+        set_={"count": _n["count"] + counter.excluded["count"]},
+    )
+    return line, counted
 
 
 @dataclass(frozen=True)
@@ -90,16 +141,22 @@ class ResponderHistory(Store):
         """The channel's lines, oldest first, after trimming the imp's to its limit (ENV-07: before the call).
 
         At most ``MAX_LOAD_CHARS`` of text: the newest lines that fit (the prompt is cut to the limit anyway)."""
-        conn = self.db.connection()
-        (count,) = conn.execute("SELECT COUNT(*) FROM responder_lines WHERE imp = ?", (imp,)).fetchone()
-        if count > self.bounds_for(imp).limit:
-            with self.db.transaction() as tx:
-                self._trim(tx, imp)
-        rows = conn.execute(
-            "SELECT message_id, role, author, content, at FROM responder_lines WHERE imp = ? AND channel_id = ?"
-            " ORDER BY seq DESC",
-            (imp, channel_id),
-        ).fetchall()
+        params = {"imp": imp, "channel_id": channel_id}
+        limit = self.bounds_for(imp).limit
+
+        def read(conn: Connection) -> tuple[int, Sequence[Any]]:
+            count = conn.execute(_COUNT_IMP, params).scalar_one()
+            return count, ([] if count > limit else conn.execute(_LOAD, params).all())
+
+        def trimmed(
+            conn: Connection,
+        ) -> Sequence[Any]:  # the limit fell (its imp.toml changed): trimmed first
+            self._trim(conn, imp)
+            return conn.execute(_LOAD, params).all()
+
+        count, rows = self.db.read(read)
+        if count > limit:
+            rows = self.db.write(trimmed)
         lines: list[Record] = []
         budget = MAX_LOAD_CHARS
         for row in rows:
@@ -117,18 +174,31 @@ class ResponderHistory(Store):
         lines: Sequence[HistoryLine],
         outcome: str | None = None,
         *,
-        also: Callable[[sqlite3.Connection, int], None] | None = None,
+        also: Callable[[Connection, int], None] | None = None,
     ) -> int:
         """Append ``lines`` to the channel (a line already kept — same id and role — is skipped), trim the imp's
         lines (ENV-07: after appending; ENV-11: the busiest channel first), count ``outcome``. One transaction,
-        which ``also`` joins (the gateway's audit row, given how many lines were new). Returns that number."""
-        with self.db.transaction() as conn:
-            stored = self._insert(conn, imp, [(channel_id, line) for line in lines])
-            self._trim(conn, imp)
-            if outcome is not None:
-                self._count(conn, imp, channel_id, outcome, 1)
-            if also is not None:
-                also(conn, stored)
+        which ``also`` joins (the gateway's audit row, given how many lines were new: database work only, since
+        on PostgreSQL the transaction may run again). Returns that number."""
+        kept = [(channel_id, line) for line in lines]
+        return self.db.write(lambda conn: self.commit_in(conn, imp, kept, channel_id, outcome, also))
+
+    def commit_in(
+        self,
+        conn: Connection,
+        imp: str,
+        lines: Sequence[tuple[str, HistoryLine]],
+        channel_id: str,
+        outcome: str | None = None,
+        also: Callable[[Connection, int], None] | None = None,
+    ) -> int:
+        """``commit`` inside the caller's write transaction."""
+        stored = self._insert(conn, imp, lines)
+        self._trim(conn, imp)
+        if outcome is not None:
+            self._count(conn, imp, channel_id, outcome, 1)
+        if also is not None:
+            also(conn, stored)
         return stored
 
     # ------------------------------------------------------------ the operator's side
@@ -136,33 +206,33 @@ class ResponderHistory(Store):
     def forget_channel(self, channel_id: str) -> int:
         """Drop every imp's lines of one channel (``impyard history clear``, the chat's ``/clear``); returns how
         many went. The counters (numbers, no text) stay."""
-        with self.db.transaction() as conn:
-            return conn.execute("DELETE FROM responder_lines WHERE channel_id = ?", (channel_id,)).rowcount
+        return self.db.write(lambda conn: conn.execute(_FORGET_CHANNEL, {"channel_id": channel_id}).rowcount)
 
     def forget_imp(self, imp: str) -> int:
         """Drop all of an imp's lines, counters and import marks (``impyard imp rm --purge``); returns the lines."""
-        with self.db.transaction() as conn:
-            gone = conn.execute("DELETE FROM responder_lines WHERE imp = ?", (imp,)).rowcount
-            conn.execute("DELETE FROM responder_counters WHERE imp = ?", (imp,))
-            conn.execute("DELETE FROM responder_imports WHERE imp = ?", (imp,))
-        return gone
+
+        def txn(conn: Connection) -> int:
+            gone = conn.execute(_FORGET_IMP[0], {"imp": imp}).rowcount
+            for statement in _FORGET_IMP[1:]:
+                conn.execute(statement, {"imp": imp})
+            return gone
+
+        return self.db.write(txn)
 
     def lines(self, imp: str, channel_id: str | None = None) -> list[Record]:
         """The imp's lines (of one channel), oldest first, as they are kept: no trimming, no budget."""
-        sql = "SELECT channel_id, message_id, role, author, content, at FROM responder_lines WHERE imp = ?"
-        args: tuple[str, ...] = (imp,)
-        if channel_id is not None:
-            sql, args = sql + " AND channel_id = ?", (imp, channel_id)
-        rows = self.db.query(sql + " ORDER BY seq", args)
+        params = {"imp": imp, "channel_id": channel_id}
+        statement = _LINES if channel_id is None else _LINES_OF
+        rows = self.db.read(lambda conn: conn.execute(statement, params).all())
         return [Record(row[0], row[1], row[2], row[3], row[4], parse_iso(row[5])) for row in rows]
 
     def counters(self, imp: str) -> dict[str, dict[str, int]]:
         """Turns counted per channel and outcome (``sent``, ``silent``, ``pending``, ``failed``, ``archived``)."""
+        rows = self.db.read(lambda conn: conn.execute(_COUNTERS, {"imp": imp}).all())
         counted: dict[str, dict[str, int]] = {}
-        for row in self.db.query(
-            "SELECT channel_id, outcome, count FROM responder_counters WHERE imp = ? ORDER BY channel_id, outcome",
-            (imp,),
-        ):
+        for row in sorted(
+            rows, key=lambda row: (str(row[0]), str(row[1]))
+        ):  # by code point, on either engine
             counted.setdefault(str(row[0]), {})[str(row[1])] = int(row[2])
         return counted
 
@@ -211,23 +281,23 @@ class ResponderHistory(Store):
             records, counters, skipped = parse_legacy(data)
         except ValueError as exc:
             return self._set_aside(imp, path, dir_fd, str(exc))
-        with self.db.transaction() as conn:
-            done = conn.execute(
-                "SELECT 1 FROM responder_imports WHERE imp = ? AND source = ?", (imp, LEGACY_FILE)
-            ).fetchone()
-            if done is None:
-                stored = self._insert(conn, imp, records)
-                for channel_id, per in counters.items():
-                    for outcome, count in per.items():
-                        self._count(conn, imp, channel_id, outcome, count)
-                conn.execute(
-                    "INSERT INTO responder_imports (imp, source, lines, skipped, imported_at) VALUES (?,?,?,?,?)",
-                    (imp, LEGACY_FILE, stored, skipped, iso(self.clock.now())),
-                )
-        if done is not None:
-            stored = 0
+        now = iso(self.clock.now())
+
+        def txn(conn: Connection) -> int | None:  # None: imported before (by this process or another)
+            if conn.execute(_IMPORTED, {"imp": imp, "source": LEGACY_FILE}).first() is not None:
+                return None
+            stored = self._insert(conn, imp, records)
+            for channel_id, per in counters.items():
+                for outcome, count in per.items():
+                    self._count(conn, imp, channel_id, outcome, count)
+            conn.execute(_MARK_IMPORTED, {"imp": imp, "source": LEGACY_FILE, "lines": stored, "skipped": skipped,
+                                          "imported_at": now})  # fmt: skip
+            return stored
+
+        imported = self.db.write(txn)
+        done, stored = imported is None, imported or 0
         _rename(dir_fd, LEGACY_FILE + IMPORTED_SUFFIX)
-        if done is None:
+        if not done:
             log.info("imported %d history lines of %s from %s (%d skipped)", stored, imp, path, skipped)
         return LegacyImport(imp, path, lines=stored, skipped=skipped)
 
@@ -240,45 +310,33 @@ class ResponderHistory(Store):
     # ------------------------------------------------------------ inside a transaction
 
     @staticmethod
-    def _insert(conn: sqlite3.Connection, imp: str, lines: Sequence[tuple[str, HistoryLine]]) -> int:
+    def _insert(conn: Connection, imp: str, lines: Sequence[tuple[str, HistoryLine]]) -> int:
+        """The lines not kept yet; how many were new."""
+        insert_line = _inserts(conn.dialect.name)[0]
         stored = 0
         for channel_id, line in lines:
-            stored += conn.execute(
-                "INSERT OR IGNORE INTO responder_lines (imp, channel_id, message_id, role, author, content, at)"
-                " VALUES (?,?,?,?,?,?,?)",
-                (
-                    imp,
-                    channel_id,
-                    line.id,
-                    line.role,
-                    line.author,
-                    line.content[:MAX_LINE_CHARS],
-                    iso(aware(line.at)),
-                ),
-            ).rowcount
+            row = {"imp": imp, "channel_id": channel_id, "message_id": line.id, "role": line.role,
+                   "author": line.author, "content": line.content[:MAX_LINE_CHARS], "at": iso(aware(line.at))}  # fmt: skip
+            stored += conn.execute(insert_line, row).first() is not None
         return stored
 
-    def _trim(self, conn: sqlite3.Connection, imp: str) -> None:
-        """ENV-07 with ENV-11's shrink, over the imp's lines in the order they were kept."""
+    def _trim(self, conn: Connection, imp: str) -> None:
+        """ENV-07 with ENV-11's shrink, over the imp's lines in the order they were kept (their ``seq``)."""
         bounds = self.bounds_for(imp)
-        rows = conn.execute(
-            "SELECT seq, channel_id FROM responder_lines WHERE imp = ? ORDER BY seq", (imp,)
-        ).fetchall()
+        rows = conn.execute(_PLACES, {"imp": imp}).all()
         if len(rows) <= bounds.limit:
             return
         # The pure rule needs only each line's channel and its place: a stand-in record per row, named by seq.
         records = [Record(str(channel), str(seq), "event", "", "", _EPOCH) for seq, channel in rows]
         kept = {record.id for record in trim(records, bounds.limit, bounds.per_channel)}
-        gone = [(int(seq),) for seq, _ in rows if str(seq) not in kept]
-        conn.executemany("DELETE FROM responder_lines WHERE seq = ?", gone)
+        gone = [int(seq) for seq, _ in rows if str(seq) not in kept]
+        for start in range(0, len(gone), SEQ_CHUNK):
+            conn.execute(_DROP_SEQS, {"seqs": gone[start : start + SEQ_CHUNK]})
 
     @staticmethod
-    def _count(conn: sqlite3.Connection, imp: str, channel_id: str, outcome: str, count: int) -> None:
-        conn.execute(
-            "INSERT INTO responder_counters (imp, channel_id, outcome, count) VALUES (?,?,?,?)"
-            " ON CONFLICT (imp, channel_id, outcome) DO UPDATE SET count = count + excluded.count",
-            (imp, channel_id, outcome, count),
-        )
+    def _count(conn: Connection, imp: str, channel_id: str, outcome: str, count: int) -> None:
+        row = {"imp": imp, "channel_id": channel_id, "outcome": outcome, "count": count}
+        conn.execute(_inserts(conn.dialect.name)[1], row)
 
 
 def line_views(records: Sequence[Record]) -> list[HistoryLineView]:
@@ -368,7 +426,7 @@ def import_legacy_homes(history: ResponderHistory, imps: Sequence[tuple[str, Pat
     for imp, state_dir in imps:
         try:
             result = history.import_legacy(imp, state_dir)
-        except (OSError, sqlite3.Error) as exc:  # the file stays where it is: the next start tries again
+        except (OSError, SQLAlchemyError) as exc:  # the file stays where it is: the next start tries again
             log.warning("could not import %s's old history from %s: %s", imp, state_dir, exc)
             continue
         if result is not None:

@@ -428,3 +428,13 @@ leases = Table(
     Column("expires_at", Text, nullable=False),  # a released lease keeps its row, expiring at its release
     Column("detail", Text, nullable=False, server_default=text("'{}'")),  # JSON: what the holder says of itself
 )  # fmt: skip
+
+# --- the budget's running totals (revision 0003) ------------------------------------------------------------
+
+ledger_totals = Table(
+    "ledger_totals", metadata,
+    _part("scope"),  # an imp, or "*": all imps together
+    _part("period"),  # "day:YYYY-MM-DD" or "month:YYYY-MM" (UTC): the ledger row's own day and month
+    Column("reserved_micros", BIG, nullable=False, server_default=ZERO),  # in flight
+    Column("settled_micros", BIG, nullable=False, server_default=ZERO),  # charged
+)  # fmt: skip

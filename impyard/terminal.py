@@ -30,6 +30,7 @@ from typing import TextIO
 
 import anyio
 from anyio.abc import TaskGroup
+from sqlalchemy.exc import SQLAlchemyError
 
 from box.protocol.models import Author, DeliverResult, Message
 from impyard.backends import BoxBackend
@@ -279,7 +280,7 @@ class Chat:
         removed = await self.runtime.history.aio.clear(self.channel_id)
         try:  # the imp's own copy of its exchanges (kept by the host, issue 22) is merged into its prompt: it goes too
             await self.runtime.host.responder_history.aio.forget_channel(self.channel_id)
-        except (OSError, sqlite3.Error) as exc:
+        except (OSError, sqlite3.Error, SQLAlchemyError) as exc:
             log.warning("could not forget %s in %s's own history lines: %s", self.channel_id, self.imp, exc)
             self.console.say(
                 f"(impyard) forgot {removed} messages on the host, but not {self.imp}'s own copy of its "
@@ -364,6 +365,7 @@ async def _chat(
                     tg.cancel_scope.cancel()
 
                 keeper.on_lost = lease_lost
+                runtime.gateway.lease_guard = keeper  # a chat that lost its channel acts no more
                 card.warm_boxes = lambda: len(runtime.sessions.sessions)
                 if keeper.lost is not None:
                     lease_lost(keeper.lost)

@@ -11,14 +11,19 @@ store and asks it only what ``ChannelTrust`` names.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from functools import cache
+from typing import Any, Literal, Protocol
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 
 from impyard.channels import ALWAYS_TRUSTED_KINDS, ChannelInfo, ChannelStore, channel_is_trusted
 from impyard.clock import Clock, iso
 from impyard.db import Database, Store
 from impyard.policy_models import TrustMode, TrustSettings
+from impyard.tables import earned_trust
 
 __all__ = [
     "ALWAYS_TRUSTED_KINDS",
@@ -96,25 +101,55 @@ class EarnedTrust(Store):
         self.db = db
         self.clock = clock
 
-    def count(self, imp: str, act: str, target: str) -> int:
-        rows = self.db.query(
-            "SELECT clean_approvals FROM earned_trust WHERE imp = ? AND act = ? AND target = ?",
-            (imp, act, target),
-        )
-        return int(rows[0][0]) if rows else 0
+    def count(self, imp: str, act: str, target: str, *, conn: Connection | None = None) -> int:
+        """Clean approvals so far; ``conn``: inside the caller's transaction (a job composing reads, issue 18)."""
+        params = {"imp": imp, "act": act, "target": target}
+        if conn is None:
+            found = self.db.read(lambda conn: conn.execute(_COUNT, params).scalar_one_or_none())
+        else:
+            found = conn.execute(_COUNT, params).scalar_one_or_none()
+        return int(found or 0)
 
-    def record_approval(self, conn: sqlite3.Connection, imp: str, act: str, target: str) -> None:
-        """Inside the caller's transaction (the gate decision and the count change together)."""
-        conn.execute(
-            """INSERT INTO earned_trust (imp, act, target, clean_approvals, updated_at) VALUES (?, ?, ?, 1, ?)
-               ON CONFLICT (imp, act, target) DO UPDATE SET clean_approvals = clean_approvals + 1,
-                 updated_at = excluded.updated_at""",
-            (imp, act, target, iso(self.clock.now())),
-        )
+    def record_approval(self, conn: Connection, imp: str, act: str, target: str) -> None:
+        """Inside the caller's write transaction (the gate decision and the count change together)."""
+        row = {
+            "imp": imp,
+            "act": act,
+            "target": target,
+            "clean_approvals": 1,
+            "updated_at": iso(self.clock.now()),
+        }
+        conn.execute(_upserts(conn.dialect.name)[True], row)
 
-    def record_denial(self, conn: sqlite3.Connection, imp: str, act: str, target: str) -> None:
-        conn.execute(
-            """INSERT INTO earned_trust (imp, act, target, clean_approvals, updated_at) VALUES (?, ?, ?, 0, ?)
-               ON CONFLICT (imp, act, target) DO UPDATE SET clean_approvals = 0, updated_at = excluded.updated_at""",
-            (imp, act, target, iso(self.clock.now())),
-        )
+    def record_denial(self, conn: Connection, imp: str, act: str, target: str) -> None:
+        row = {
+            "imp": imp,
+            "act": act,
+            "target": target,
+            "clean_approvals": 0,
+            "updated_at": iso(self.clock.now()),
+        }
+        conn.execute(_upserts(conn.dialect.name)[False], row)
+
+
+_e = earned_trust.c
+_COUNT = select(_e.clean_approvals).where(
+    _e.imp == bindparam("imp"), _e.act == bindparam("act"), _e.target == bindparam("target")
+)
+
+
+@cache
+def _upserts(dialect: str) -> dict[bool, Any]:
+    """One more clean approval (True), or back to zero (False): INSERT ... ON CONFLICT DO UPDATE, built once."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    approved, denied = insert(earned_trust), insert(earned_trust)
+    key = [_e.imp, _e.act, _e.target]
+    return {
+        True: approved.on_conflict_do_update(
+            index_elements=key,
+            set_={"clean_approvals": _e.clean_approvals + 1, "updated_at": approved.excluded.updated_at},
+        ),
+        False: denied.on_conflict_do_update(
+            index_elements=key, set_={"clean_approvals": 0, "updated_at": denied.excluded.updated_at}
+        ),
+    }

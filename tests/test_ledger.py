@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import random
 import re
 import subprocess
+import sys
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,10 +16,11 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+import sqlalchemy as sa
 
-from impyard import migrations
+from impyard import dburl, migrations, tables
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
+from impyard.db import LEGACY_VERSION, Database, open_database
 from impyard.ledger import ALL_IMPS, BudgetExhausted, Ledger, seconds_to_next_day, seconds_to_next_month
 from impyard.liveness import Holder, this_process
 from impyard.policy import policy_from_text
@@ -55,6 +59,12 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
+def db(any_engine_db: Database) -> Database:
+    """The store-level tests run on both engines: SQLite, and PostgreSQL where a server can start."""
+    return any_engine_db
+
+
+@pytest.fixture
 def ledger(db: Database, clock: FixedClock) -> Ledger:
     return Ledger(db, POLICY, clock)
 
@@ -62,7 +72,7 @@ def ledger(db: Database, clock: FixedClock) -> Ledger:
 # --- the database ------------------------------------------------------------------------------
 
 
-def test_the_database_is_wal_and_migrations_run_once(tmp_path: Path) -> None:
+def test_the_database_is_wal_and_migrations_run_once(tmp_path: Path) -> None:  # SQLite's own
     """The ledger's file is WAL and opening it again migrates nothing (migrations themselves, Alembic's and the
     frozen legacy list's, are tests/test_store_schema.py's)."""
     path = tmp_path / "x.db"
@@ -219,8 +229,9 @@ def test_a_recycled_pid_or_a_reboot_does_not_pass_for_the_holder(db: Database, c
 def test_an_unknown_holders_reservation_is_charged_after_an_hour(db: Database, clock: FixedClock) -> None:
     # Another machine's holder (a shared database), or a row from before holders were recorded: its age decides.
     Ledger(db, POLICY, clock, holder=_holder(host="elsewhere")).reserve("pip", 200_000)
-    db.execute("INSERT INTO ledger (imp, day, month, state, reserved_micros, created_at) "
-               "VALUES ('old', '2026-03-31', '2026-03', 'reserved', 5, ?)", (START.isoformat(),))  # fmt: skip
+    db.write(lambda conn: conn.execute(sa.insert(tables.ledger).values(
+        imp="old", day="2026-03-31", month="2026-03", state="reserved", reserved_micros=5, created_at=START.isoformat(),
+    )))  # fmt: skip
     clock.advance(minutes=30)
     assert Ledger(db, POLICY, clock).settle_orphans() == []
     clock.advance(hours=1)
@@ -301,6 +312,246 @@ async def test_100_concurrent_tasks_and_two_databases_never_overspend(
     assert len(settled) == 500_000 // 9_000
     for ledger in ledgers:
         ledger.db.close()
+
+
+# --- the running totals: four rows per check, always the sums of the rows ---------------------------------------
+
+
+def sums_of_rows(db: Database) -> dict[tuple[str, str], tuple[int, int]]:
+    """What ledger_totals must hold, summed from the ledger's rows (the truth): (reserved, settled) per window."""
+    ledger = tables.ledger
+    with db.begin(read_only=True) as conn:
+        rows = conn.execute(
+            sa.select(ledger.c.imp, ledger.c.day, ledger.c.month, ledger.c.state, ledger.c.reserved_micros,
+                      ledger.c.cost_micros)
+        ).all()  # fmt: skip
+    sums: dict[tuple[str, str], tuple[int, int]] = {}
+    for imp, day, month, state, reserved, cost in rows:
+        held, charged = (reserved, 0) if state == "reserved" else (0, cost or 0)
+        for key in (
+            (imp, f"day:{day}"),
+            (imp, f"month:{month}"),
+            (ALL_IMPS, f"day:{day}"),
+            (ALL_IMPS, f"month:{month}"),
+        ):
+            was = sums.get(key, (0, 0))
+            sums[key] = (was[0] + held, was[1] + charged)
+    return sums
+
+
+def nonzero(totals: dict[tuple[str, str], tuple[int, int]]) -> dict[tuple[str, str], tuple[int, int]]:
+    return {key: amounts for key, amounts in totals.items() if amounts != (0, 0)}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_totals_are_the_sums_of_the_rows_after_any_sequence(
+    db: Database, clock: FixedClock, seed: int
+) -> None:
+    rng = random.Random(seed)
+    roomy = policy_from_text(
+        "[budgets.per_imp]\ndaily_usd = 0.02\nmonthly_usd = 0.1\n[budgets.all]\ndaily_usd = 0.04\n"
+    )
+    host = Ledger(db, roomy, clock)
+    crashed = Ledger(db, roomy, clock, holder=_holder(pid=_dead_pid()))
+    elsewhere = Ledger(db, roomy, clock, holder=_holder(host="elsewhere"))
+    open_: list[tuple[Ledger, int]] = []
+    counts = {"granted": 0, "refused": 0, "settled": 0, "orphans": 0}
+    for _ in range(80):
+        move = rng.random()
+        if move < 0.45:
+            ledger = rng.choice([host, host, crashed, elsewhere])
+            try:
+                reservation = ledger.reserve(rng.choice(["pip", "big", "bob"]), rng.randrange(0, 15_000))
+            except BudgetExhausted:
+                counts["refused"] += 1
+            else:
+                counts["granted"] += 1
+                open_.append((ledger, reservation.id))
+        elif move < 0.8 and open_:
+            ledger, reservation_id = open_.pop(rng.randrange(len(open_)))
+            ledger.settle(reservation_id, rng.choice([0, rng.randrange(0, 12_000)]))  # at or under or over
+            counts["settled"] += 1
+        elif move < 0.9:
+            counts["orphans"] += len(host.settle_orphans())
+        else:
+            clock.advance(hours=rng.choice([1, 7, 30]))  # across days and (from 31 March) a month
+        assert nonzero(host.totals()) == nonzero(sums_of_rows(db))
+    assert all(counts.values()), counts  # every kind of step happened, refusals too
+
+
+def test_a_check_reads_the_totals_not_the_rows(ledger: Ledger, db: Database) -> None:
+    """The hard stop follows ledger_totals: a total moved by hand (as a row would move it) refuses the next call."""
+    ledger.reserve("pip", 100_000)
+    with db.begin() as conn:
+        conn.execute(
+            sa.update(tables.ledger_totals)
+            .where(
+                tables.ledger_totals.c.scope == "pip",
+                tables.ledger_totals.c.period == f"day:{START:%Y-%m-%d}",
+            )
+            .values(settled_micros=400_000)
+        )
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("pip", 1)
+    assert caught.value.ledger == "imp:pip/day" and caught.value.spent_micros == 500_000
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_an_upgraded_home_gets_its_totals_from_its_rows(
+    engine: str, tmp_path: Path, clock: FixedClock, request: pytest.FixtureRequest
+) -> None:
+    """Revision 0003's data step: a home with ledger rows from before it keeps its caps."""
+    url = (
+        f"sqlite:///{tmp_path / 'old.db'}" if engine == "sqlite" else request.getfixturevalue("postgres_url")
+    )
+    before = sa.create_engine(dburl.parse(url).url, poolclass=sa.NullPool)
+    rows = [
+        ("pip", "2026-03-31", "reserved", 300_000, None),
+        ("pip", "2026-03-31", "settled", 200_000, 150_000),
+        ("pip", "2026-03-30", "settled", 400_000, 400_000),
+        ("bob", "2026-03-31", "settled", 10, 0),
+    ]
+    with before.begin() as conn:
+        migrations.upgrade(conn, "0002")
+        if engine == "sqlite":
+            conn.exec_driver_sql(f"PRAGMA user_version = {LEGACY_VERSION + 1}")  # what 0002 left
+        for imp, day, state, reserved, cost in rows:
+            conn.execute(sa.insert(tables.ledger).values(
+                imp=imp, day=day, month=day[:7], state=state, reserved_micros=reserved, cost_micros=cost,
+                created_at=START.isoformat(),
+            ))  # fmt: skip
+    before.dispose()
+    db = open_database(url=url, engine_only=True)
+    try:
+        assert db.revision == migrations.head()
+        ledger = Ledger(db, POLICY, clock)
+        assert nonzero(ledger.totals()) == nonzero(sums_of_rows(db))
+        assert ledger.totals()[(ALL_IMPS, "month:2026-03")] == (300_000, 550_000)
+        with pytest.raises(BudgetExhausted) as caught:  # pip's day: 300_000 in flight + 150_000 settled
+            ledger.reserve("pip", 50_001)
+        assert caught.value.ledger == "imp:pip/day"
+        ledger.reserve("pip", 50_000)
+    finally:
+        db.close()
+
+
+# --- the race across processes: one imp's cap holds for hosts sharing one database (issue 21) ---------------
+
+RACER = """
+import json, sys, time
+from datetime import datetime
+from pathlib import Path
+from impyard.clock import FixedClock
+from impyard.db import open_database
+from impyard.ledger import BudgetExhausted, Ledger
+from impyard.policy import policy_from_text
+
+url, here, me, processes = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+calls, estimate, policy, window = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]
+clock = FixedClock(datetime.fromisoformat(sys.argv[9]))
+ledger = Ledger(open_database(url=url, engine_only=True), policy_from_text(policy), clock)
+rounds = []
+for at in sys.argv[9:]:
+    clock.set(datetime.fromisoformat(at))
+    (here / f"{at}.{me}").touch()  # a barrier: every racer connected and at this round, then all go at once
+    while len(list(here.glob(f"{at}.*"))) < processes:
+        time.sleep(0.0005)
+    granted, refused = [], 0
+    for _ in range(calls):
+        try:
+            granted.append(ledger.reserve("pip", estimate, method="model.request").reserved_micros)
+        except BudgetExhausted as exc:
+            assert exc.ledger == window, exc.ledger
+            refused += 1
+    rounds.append({"at": at, "granted": granted, "refused": refused})
+print(json.dumps(rounds), flush=True)
+ledger.db.close()
+"""
+RACE_PROCESSES = 2
+RACE_ROUNDS = 10  # windows raced for, one after the other: each a fresh day (or month) of the one imp
+RACE_CALLS = 5  # per process and round: 2 x 10 x 5 = 100 racing reservations, 50 per process
+RACE_ESTIMATE = 7_000
+RACE_FIT = 7  # reservations that fit in the window's cap, of the 10 made for it
+RACE_CAP_USD = RACE_FIT * RACE_ESTIMATE / 1_000_000 + 0.000_006  # 7 fit, an 8th would not
+RACE_WINDOWS = {  # the window that binds (the other is roomy), and where each round's window starts
+    "imp:pip/day": (f"[budgets.per_imp]\ndaily_usd = {RACE_CAP_USD}\nmonthly_usd = 100.0\n", "day"),
+    "imp:pip/month": (f"[budgets.per_imp]\ndaily_usd = 100.0\nmonthly_usd = {RACE_CAP_USD}\n", "month"),
+}
+
+
+def _race_rounds(step: str) -> list[datetime]:
+    first = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    if step == "day":
+        return [first + timedelta(days=index) for index in range(RACE_ROUNDS)]
+    return [first.replace(month=1 + index) for index in range(RACE_ROUNDS)]
+
+
+@pytest.mark.parametrize("window", sorted(RACE_WINDOWS))
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_racing_processes_never_overspend_an_imps_cap(
+    engine: str, window: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two processes (two hosts on one database) reserve for one imp at once, 50 each, racing for ten windows
+    in turn: in every window the sum granted stays within the cap, and exactly as many are granted as fit."""
+    url = (
+        f"sqlite:///{tmp_path / 'race.db'}" if engine == "sqlite" else request.getfixturevalue("postgres_url")
+    )
+    text, step = RACE_WINDOWS[window]
+    db = open_database(url=url, engine_only=True)
+    ledger = Ledger(db, policy_from_text(text), FixedClock(START))
+    limits = ledger.limits("pip")
+    cap = limits.daily if step == "day" else limits.monthly
+    assert cap is not None and cap // RACE_ESTIMATE == RACE_FIT < RACE_PROCESSES * RACE_CALLS
+    assert RACE_FIT > RACE_CALLS  # the race is real: no process alone fills a window
+    rounds = [at.isoformat() for at in _race_rounds(step)]
+    racers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RACER,
+                url,
+                str(tmp_path),
+                str(index),
+                str(RACE_PROCESSES),
+                str(RACE_CALLS),
+                str(RACE_ESTIMATE),
+                text,
+                window,
+                *rounds,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for index in range(RACE_PROCESSES)
+    ]
+    try:
+        outputs = [racer.communicate(timeout=180) for racer in racers]
+    finally:
+        for racer in racers:
+            racer.kill()
+    for racer, (_, err) in zip(racers, outputs, strict=True):
+        assert racer.returncode == 0, err[-2000:]
+    per_process = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    for index, at in enumerate(rounds):
+        results = [process[index] for process in per_process]
+        assert {result["at"] for result in results} == {at}
+        granted = [amount for result in results for amount in result["granted"]]
+        assert sum(granted) <= cap, at  # 0 overspend
+        assert len(granted) == RACE_FIT, at  # exactly as many as fit were granted, the rest refused
+        assert sum(result["refused"] for result in results) == RACE_PROCESSES * RACE_CALLS - RACE_FIT, at
+    assert all(any(r["granted"] for r in process) for process in per_process)  # every process got some
+    assert nonzero(ledger.totals()) == nonzero(sums_of_rows(db))
+    with db.begin(read_only=True) as conn:  # the rows agree: no window holds more than its cap
+        column = tables.ledger.c.day if step == "day" else tables.ledger.c.month
+        spent = conn.execute(
+            sa.select(column, sa.func.sum(tables.ledger.c.reserved_micros), sa.func.count()).group_by(column)
+        ).all()
+    assert sorted((key, int(amount), count) for key, amount, count in spent) == [
+        (at[:10] if step == "day" else at[:7], RACE_FIT * RACE_ESTIMATE, RACE_FIT) for at in rounds
+    ]
+    db.close()
 
 
 # --- prices ------------------------------------------------------------------------------------

@@ -54,29 +54,29 @@ def ids(records: list[Record]) -> list[str]:
 # ------------------------------------------------------------------ the store: SPEC-001's rules, kept by the host
 
 
-def test_env_07_commit_trims_the_imps_lines_after_appending(db: Database) -> None:
-    history = store(db, limit=3)
+def test_env_07_commit_trims_the_imps_lines_after_appending(any_engine_db: Database) -> None:
+    history = store(any_engine_db, limit=3)
     assert history.commit("pip", "c1", [line(n) for n in range(5)], "sent") == 5
     assert ids(history.lines("pip")) == ["c1/m2", "c1/m3", "c1/m4"]
     assert history.counters("pip") == {"c1": {"sent": 1}}
 
 
-def test_env_07_load_trims_before_the_call_when_the_limit_fell(db: Database) -> None:
-    store(db, limit=10).commit("pip", "c1", [line(n) for n in range(6)])
-    lower = store(db, limit=2)  # the imp's [model] history_limit lowered since
+def test_env_07_load_trims_before_the_call_when_the_limit_fell(any_engine_db: Database) -> None:
+    store(any_engine_db, limit=10).commit("pip", "c1", [line(n) for n in range(6)])
+    lower = store(any_engine_db, limit=2)  # the imp's [model] history_limit lowered since
     assert ids(lower.load("pip", "c1")) == ["c1/m4", "c1/m5"]
     assert ids(lower.lines("pip")) == ["c1/m4", "c1/m5"]  # and kept trimmed
 
 
-def test_env_11_a_busy_channel_loses_its_oldest_first(db: Database) -> None:
-    history = store(db, limit=4, per_channel=2)
+def test_env_11_a_busy_channel_loses_its_oldest_first(any_engine_db: Database) -> None:
+    history = store(any_engine_db, limit=4, per_channel=2)
     history.commit("pip", "dm", [line(0)])
     history.commit("pip", "guild", [line(n) for n in range(1, 5)])
     assert ids(history.lines("pip")) == ["dm/m0", "guild/m2", "guild/m3", "guild/m4"]
 
 
-def test_a_line_kept_once_is_not_kept_twice_and_each_imp_has_its_own(db: Database) -> None:
-    history = store(db)
+def test_a_line_kept_once_is_not_kept_twice_and_each_imp_has_its_own(any_engine_db: Database) -> None:
+    history = store(any_engine_db)
     assert history.commit("pip", "c1", [line(1), line(1, "again")]) == 1
     assert history.commit("pip", "c1", [line(1, role="assistant")]) == 1  # the reply to it is its own line
     assert history.commit("pix", "c1", [line(1)]) == 1
@@ -84,8 +84,8 @@ def test_a_line_kept_once_is_not_kept_twice_and_each_imp_has_its_own(db: Databas
     assert ids(history.load("pix", "c1")) == ["c1/m1"]
 
 
-def test_a_load_answers_only_the_newest_lines_that_fit_one_protocol_line(db: Database) -> None:
-    history = store(db, limit=500)
+def test_a_load_answers_only_the_newest_lines_that_fit_one_protocol_line(any_engine_db: Database) -> None:
+    history = store(any_engine_db, limit=500)
     big = "x" * MAX_LINE_CHARS
     for start in range(0, 150, MAX_COMMIT_LINES):
         history.commit("pip", "c1", [line(n, big) for n in range(start, min(start + MAX_COMMIT_LINES, 150))])
@@ -94,14 +94,66 @@ def test_a_load_answers_only_the_newest_lines_that_fit_one_protocol_line(db: Dat
     assert len(loaded) < 150 and [r.id for r in loaded] == [f"m{n}" for n in range(150 - len(loaded), 150)]
 
 
-def test_forgetting_a_channel_drops_every_imps_lines_there_and_keeps_the_counts(db: Database) -> None:
-    history = store(db)
+def test_forgetting_a_channel_drops_every_imps_lines_there_and_keeps_the_counts(
+    any_engine_db: Database,
+) -> None:
+    history = store(any_engine_db)
     history.commit("pip", "c1", [line(1)], "sent")
     history.commit("pix", "c1", [line(2)])
     history.commit("pip", "c2", [line(3)])
     assert history.forget_channel("c1") == 2
     assert ids(history.lines("pip")) == ["c2/m3"] and history.lines("pix") == []
     assert history.counters("pip") == {"c1": {"sent": 1}}
+
+
+def test_a_commit_is_one_transaction_with_what_joins_it(any_engine_db: Database) -> None:
+    """The lines, the trim, the counter and the caller's row (the gateway's audit row) commit together: when the
+    caller's part fails, none of it is kept."""
+    from impyard.audit import AuditLog, AuditRecord
+
+    history = store(any_engine_db, limit=2)
+    audit = AuditLog(any_engine_db, FixedClock(T0), secrets=[])
+    history.commit("pip", "c1", [line(0), line(1)], "sent")
+
+    def audited(conn: Any, stored: int) -> None:
+        audit.write(
+            AuditRecord(imp="pip", method="history.commit", verdict="allowed", reason=f"{stored} new"), conn
+        )
+
+    assert history.commit("pip", "c1", [line(2)], "silent", also=audited) == 1
+    assert [r.reason for r in audit.tail()] == ["1 new"]
+    assert ids(history.lines("pip")) == ["c1/m1", "c1/m2"]
+
+    def broken(conn: Any, stored: int) -> None:
+        raise RuntimeError("the audit row cannot be written")
+
+    with pytest.raises(RuntimeError):
+        history.commit("pip", "c1", [line(3), line(4)], "sent", also=broken)
+    assert ids(history.lines("pip")) == ["c1/m1", "c1/m2"]  # nothing appended, nothing trimmed
+    assert history.counters("pip") == {"c1": {"sent": 1, "silent": 1}} and len(audit.tail()) == 1
+
+
+def test_forgetting_an_imp_drops_its_lines_counters_and_import_mark_only(any_engine_db: Database) -> None:
+    history = store(any_engine_db)
+    history.commit("pip", "c1", [line(1), line(2)], "sent")
+    history.commit("pix", "c1", [line(1)], "sent")
+    assert history.forget_imp("pip") == 2
+    assert history.lines("pip") == [] and history.counters("pip") == {}
+    assert ids(history.lines("pix")) == ["c1/m1"] and history.counters("pix") == {"c1": {"sent": 1}}
+
+
+def test_counters_come_by_channel_and_outcome_in_code_point_order(any_engine_db: Database) -> None:
+    history = store(any_engine_db)
+    for channel, outcome in (
+        ("b", "sent"),
+        ("B", "sent"),
+        ("a-1", "silent"),
+        ("a-1", "failed"),
+        ("a1", "sent"),
+    ):
+        history.commit("pip", channel, [], outcome)
+    assert list(history.counters("pip")) == ["B", "a-1", "a1", "b"]
+    assert list(history.counters("pip")["a-1"]) == ["failed", "silent"]
 
 
 # ------------------------------------------------------------------ through the real protocol and gateway
@@ -277,11 +329,13 @@ def record(channel: str, n: int, content: str = "", role: str = "user") -> dict[
             "content": content or f"{channel} {n}", "at": (T0 + timedelta(minutes=n)).isoformat()}  # fmt: skip
 
 
-def test_an_older_homes_history_file_is_imported_once_and_kept(db: Database, tmp_path: Path) -> None:
+def test_an_older_homes_history_file_is_imported_once_and_kept(
+    any_engine_db: Database, tmp_path: Path
+) -> None:
     state = tmp_path / "imps" / "pip" / "state"
     records = [record("dm", 0), record("guild", 1), record("dm", 2, role="assistant"), {"id": "broken"}]
     legacy_file(state, records, {"dm": {"sent": 4}, "guild": {"silent": 2, "bogus": "x"}})
-    history = store(db)
+    history = store(any_engine_db)
     done = history.import_legacy("pip", state)
     assert done is not None and (done.lines, done.skipped, done.error) == (3, 1, None)
     assert ids(history.lines("pip")) == ["dm/dm-0", "guild/guild-1", "dm/dm-2"]  # order, channel, text kept
@@ -300,7 +354,7 @@ def test_an_older_homes_history_file_is_imported_once_and_kept(db: Database, tmp
 
 @pytest.mark.parametrize("kind", ["not json", "a link", "a directory", "too big"])
 def test_an_old_file_that_cannot_be_read_safely_is_set_aside_untouched(
-    db: Database, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+    any_engine_db: Database, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
@@ -315,7 +369,7 @@ def test_an_old_file_that_cannot_be_read_safely_is_set_aside_untouched(
     else:
         monkeypatch.setattr("impyard.responder_history.MAX_LEGACY_BYTES", 10)
         legacy_file(state, [record("dm", 0)])
-    history = store(db)
+    history = store(any_engine_db)
     done = history.import_legacy("pip", state)
     assert done is not None and done.error is not None and history.lines("pip") == []
     aside = state / "history.json.unreadable"

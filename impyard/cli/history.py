@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from datetime import UTC
 
 import click
+from sqlalchemy.exc import SQLAlchemyError
 
 from impyard.backends.conduct import printable
 from impyard.cli.errors import CliError
@@ -184,6 +185,6 @@ def clear_command(imp: str, channel: str, yes: bool) -> None:
         try:
             import_legacy_homes(own, [(name, store.state_dir(name)) for name in [imp, *others]])
             own.forget_channel(channel)
-        except (OSError, sqlite3.Error) as exc:
+        except (OSError, sqlite3.Error, SQLAlchemyError) as exc:
             click.echo(f"could not forget {channel} in the imps' own history lines: {exc}", err=True)
     click.echo(f"Forgot {removed} messages of channel {channel}.")

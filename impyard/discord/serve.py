@@ -399,6 +399,7 @@ async def _open_discord_host(
                     cards.bind(runtime.gateway)
                     runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
                     host = DiscordHost(runtime, clients, surface, cards)
+                    runtime.gateway.lease_guard = keeper  # a host that lost its shard acts no more
                     card.warm_boxes = lambda: len(runtime.sessions.sessions)
                     keeper.on_lost = host._fail  # a lost lease stops this host: its boxes close, it exits 1
                     if keeper.lost is not None:
