@@ -956,15 +956,10 @@ def _build_fresh_sqlite(conn: Connection) -> None:
     _FRESH_SQLITE[key] = statements
 
 
-def open_database(
-    path: Path | None = None, *, url: DatabaseUrl | str | None = None, engine_only: bool = False
-) -> Database:
+def open_database(path: Path | None = None, *, url: DatabaseUrl | str | None = None) -> Database:
     """Open (creating and migrating as needed) the host database: ``path`` (a SQLite file), else ``url``, else
-    ``IMPYARD_DATABASE_URL``, else IMPYARD_HOME/impyard.db.
-
-    ``engine_only``: the caller reaches the database only through the engine (``write``/``read``/``begin``), as
-    a ported store does; only such a caller may open PostgreSQL. Everyone else is refused there, in one line, at
-    open (where every command already reports a ``DatabaseError``), rather than failing half-way through."""
+    ``IMPYARD_DATABASE_URL``, else IMPYARD_HOME/impyard.db. Every store speaks the engine API, so either engine
+    serves every command (issue 21)."""
     try:
         if path is not None:
             target = dburl.sqlite_url(Path(path))
@@ -974,12 +969,6 @@ def open_database(
             target = url if url is not None else dburl.from_env()
     except DatabaseUrlError as exc:
         raise DatabaseError(str(exc)) from None
-    if target.dialect == "postgresql" and not engine_only:
-        raise NotPortedError(
-            f"{dburl.ENV} names PostgreSQL ({target.where()}), but impyard's stores do not run on PostgreSQL yet "
-            f"(issue 21: only its schema and migrations do); unset {dburl.ENV} to use the SQLite file under "
-            "IMPYARD_HOME"
-        )
     db = Database(url=target)
     try:
         if target.path is not None:

@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from box.protocol.models import DiscordSendParams
@@ -40,6 +39,7 @@ from impyard.audit import MAX_FIELD_CHARS, AuditLog, AuditRecord, redact
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
+from impyard.portable import bytewise, upsert
 from impyard.tables import audit as audit_table
 from impyard.tables import earned_trust, gates
 from impyard.trust import EarnedTrust
@@ -184,11 +184,6 @@ def row_to_gate(row: Mapping[Any, Any]) -> Gate:
 _AUDIT_COLUMNS = tuple(column.name for column in audit_table.columns if column.name != "id")
 
 
-def _bytewise(column: ColumnElement[str], dialect: str) -> ColumnElement[str]:
-    """Text ordered byte by byte on both engines (ISO times and ids): PostgreSQL's collation is not SQLite's."""
-    return column.collate("C") if dialect == "postgresql" else column
-
-
 def _gate_row(conn: Connection, gate_id: str) -> Gate | None:
     row = conn.execute(select(gates).where(gates.c.id == gate_id)).mappings().first()
     return None if row is None else row_to_gate(row)
@@ -216,9 +211,7 @@ class GateStore(Store):
         query = select(gates)
         if states:
             query = query.where(gates.c.state.in_(sorted(states)))
-        query = query.order_by(
-            _bytewise(gates.c.created_at, self.db.dialect).desc(), _bytewise(gates.c.id, self.db.dialect)
-        ).limit(max(0, limit))
+        query = query.order_by(bytewise(gates.c.created_at).desc(), bytewise(gates.c.id)).limit(max(0, limit))
         return self.db.read(lambda conn: [row_to_gate(row) for row in conn.execute(query).mappings()])
 
     # ------------------------------------------------------------ transitions (inside ``Database.write``)
@@ -266,8 +259,7 @@ class GateStore(Store):
 
     def _count_decision(self, conn: Connection, gate: Gate, *, approved: bool) -> None:
         """Earned trust, in the decision's transaction: one more clean approval, or back to zero on a denial."""
-        dialect_insert = postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert
-        row = dialect_insert(earned_trust).values(
+        row = upsert(self.db.dialect)(earned_trust).values(
             imp=gate.imp, act=gate.act, target=gate.target, clean_approvals=1 if approved else 0,
             updated_at=iso(self.clock.now()),
         )  # fmt: skip
@@ -333,7 +325,7 @@ class GateStore(Store):
         def expire(conn: Connection) -> list[str]:
             due = conn.execute(
                 select(gates).where(gates.c.state == "pending", gates.c.deadline <= now)
-                .order_by(_bytewise(gates.c.deadline, self.db.dialect), _bytewise(gates.c.id, self.db.dialect))
+                .order_by(bytewise(gates.c.deadline), bytewise(gates.c.id))
             ).mappings()  # fmt: skip
             return [
                 gate.id

@@ -25,6 +25,7 @@ from box.protocol.models import Author, HistoryEntry, Message, ReplyRef
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
+from impyard.portable import bytewise
 from impyard.tables import history, wakes
 
 DEFAULT_RETENTION = 1_000  # messages kept per channel
@@ -195,7 +196,7 @@ class _Statements:
         self.record_wake = insert(_w).on_conflict_do_nothing(
             index_elements=[_w.c.imp, _w.c.channel_id, _w.c.message_id]
         )
-        woken_at = _w.c.woken_at.collate("C") if dialect == "postgresql" else _w.c.woken_at
+        woken_at = bytewise(_w.c.woken_at)
         unfinished = (
             select(_w.c.imp, _w.c.channel_id, _w.c.woken_at, *_MESSAGE_COLUMNS)
             .select_from(

@@ -448,7 +448,7 @@ async def hold_host(card: HostCard, claims: Sequence[str] = ()) -> AsyncIterator
     """What ``impyard serve``/``chat`` hold for their lives: ``claims`` (``shard:I/N``, ``channel:<id>``) and
     this process's ``host:`` record, on the database of ``IMPYARD_DATABASE_URL`` / the home (opened through the
     engine, so on either engine). ``LeaseHeld`` before anything else starts when a claim is held."""
-    db = await anyio.to_thread.run_sync(lambda: open_database(engine_only=True))
+    db = await anyio.to_thread.run_sync(lambda: open_database())
     try:
         store = LeaseStore(db)
         await store.aio.forget_stale_hosts()

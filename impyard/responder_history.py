@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -38,6 +37,7 @@ from box.protocol.history import MAX_LINE_CHARS, MAX_LOAD_CHARS, HistoryLine, Hi
 from box.protocol.models import ResponderSettings
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
+from impyard.portable import upsert
 from impyard.tables import responder_counters, responder_imports, responder_lines
 
 log = logging.getLogger("impyard.history")
@@ -82,7 +82,7 @@ _MARK_IMPORTED = insert(responder_imports)
 @cache
 def _inserts(dialect: str) -> tuple[Any, Any]:
     """A line kept once (INSERT ... ON CONFLICT DO NOTHING), and a counter added to: built once per dialect."""
-    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert_ = upsert(dialect)
     line = (
         insert_(responder_lines)
         .on_conflict_do_nothing(index_elements=[_l.imp, _l.channel_id, _l.message_id, _l.role])

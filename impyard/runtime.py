@@ -106,7 +106,9 @@ async def open_runtime(
             runtime = Runtime(
                 host, host.db, host.gateway, conversations, sessions, host.channels, host.history, chosen
             )
-            resumed = await conversations.recover(reaches=host.surfaces, owns=owns_channel)  # missed ones mentioned once
+            resumed = await conversations.recover(
+                reaches=host.surfaces, owns=owns_channel
+            )  # missed ones mentioned once
             if resumed:
                 log.info("answering %d message(s) left unanswered by the last run", resumed)
             async with anyio.create_task_group() as tg:

@@ -39,10 +39,11 @@ from impyard.db import Database, Store
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.errors import ImpyardError
 from impyard.imps import ImpStore
+from impyard.portable import bytewise
 from impyard.tables import schedules
 from impyard.tables import tasks as tasks_table
 from impyard.tasks import Task, TaskRequest, TaskStore, ValidTask, log_transition, validate_request
-from impyard.tasks.sql import bytewise, ensure_task_channel, insert_task, tasks_by_id
+from impyard.tasks.sql import ensure_task_channel, insert_task, tasks_by_id
 
 log = logging.getLogger("impyard.schedules")
 
@@ -444,10 +445,7 @@ class ScheduleStore(Store):
 
     def all_for(self, imp: str | None = None) -> list[Schedule]:
         """Every schedule (of ``imp``, when given), the next to run first."""
-        dialect = self.db.dialect
-        query = select(schedules).order_by(
-            bytewise(schedules.c.next_run, dialect), bytewise(schedules.c.id, dialect)
-        )
+        query = select(schedules).order_by(bytewise(schedules.c.next_run), bytewise(schedules.c.id))
         if imp is not None:
             query = query.where(schedules.c.imp == imp)
         return self.db.read(lambda conn: [_row_to_schedule(row) for row in conn.execute(query).mappings()])
@@ -502,9 +500,7 @@ class ScheduleStore(Store):
         due = (
             select(schedules.c.id)
             .where(schedules.c.paused == 0, schedules.c.next_run <= iso(now))
-            .order_by(
-                bytewise(schedules.c.next_run, self.db.dialect), bytewise(schedules.c.id, self.db.dialect)
-            )
+            .order_by(bytewise(schedules.c.next_run), bytewise(schedules.c.id))
         )
         queued: list[Task] = []
         for schedule_id in self.db.read(lambda conn: list(conn.scalars(due))):

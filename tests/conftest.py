@@ -315,7 +315,7 @@ def postgres_template(postgres_server: PostgresServer | str) -> Iterator[str | N
     try:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        open_database(url=postgres_server.url_of(name), engine_only=True).close()  # migrated, then let go
+        open_database(url=postgres_server.url_of(name)).close()  # migrated, then let go
         yield name
     finally:
         with admin.connect() as conn:
@@ -347,8 +347,8 @@ def any_engine_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Da
     """A fresh, migrated host database on each engine in turn, for store tests that use the engine API
     (``db.write``/``db.read``/``db.begin``); the PostgreSQL run skips, visibly, only where no server can run."""
     if request.param == "sqlite":
-        database = open_database(tmp_path / "impyard.db", engine_only=True)
+        database = open_database(tmp_path / "impyard.db")
     else:
-        database = open_database(url=request.getfixturevalue("migrated_postgres_url"), engine_only=True)
+        database = open_database(url=request.getfixturevalue("migrated_postgres_url"))
     yield database
     database.close()

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import text
 
 from impyard.channels import ChannelInfo
 from impyard.cli import cli
+from impyard.db import open_database
 from impyard.discord.serve import shard_scope
 from impyard.discord.shards import Shard, ShardError, shard_of
 from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
@@ -176,9 +178,9 @@ def make_fake() -> FakeDiscord:
     return FakeDiscord(TOKEN, guilds=guilds, dms=[FakeChannel.dm(DM, CAROL)])
 
 
-def prepare_home(home: Path) -> None:
+def prepare_home(home: Path, database: str = "") -> None:
     """pip, trusted in every channel of both servers: which host answers is the shards' doing alone."""
-    env = {"IMPYARD_HOME": str(home)}
+    env = {"IMPYARD_HOME": str(home), "IMPYARD_DATABASE_URL": database}
     runner = CliRunner()
     added = runner.invoke(cli, ["imp", "add", "pip", "--persona", "You are Pip."], env=env)
     assert added.exit_code == 0, added.output
@@ -187,13 +189,16 @@ def prepare_home(home: Path) -> None:
 
 
 @contextmanager
-def serve_process(home: Path, shard: str, model: FakeOpenAI, fake: FakeDiscord) -> Iterator[Path]:
-    """``impyard serve pip --shard I/N`` as a process of its own; yields its log file; SIGTERM after."""
+def serve_process(
+    home: Path, shard: str, model: FakeOpenAI, fake: FakeDiscord, database: str = ""
+) -> Iterator[Path]:
+    """``impyard serve pip --shard I/N`` as a process of its own (on ``database``, else its home's own file);
+    yields its log file; SIGTERM after."""
     log = home.parent / f"serve-{shard.replace('/', '-')}.log"
     env = {
         **os.environ, "IMPYARD_HOME": str(home), "OPENAI_API_KEY": str(model.api_key), "OPENAI_BASE_URL": model.base_url,
         "IMPYARD_DISCORD_TOKEN_PIP": TOKEN, "IMPYARD_DISCORD_API_BASE": fake.api_base,
-        "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05",
+        "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05", "IMPYARD_DATABASE_URL": database,
     }  # fmt: skip
     with log.open("w") as out:
         child = subprocess.Popen(
@@ -218,15 +223,21 @@ def wait_for_line(log: Path, text: str, timeout: float = START_S) -> None:
         time.sleep(0.05)
 
 
-def test_two_hosts_as_two_shards_answer_every_message_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("database", ["own", "postgresql"])
+def test_two_hosts_as_two_shards_answer_every_message_exactly_once(
+    tmp_path: Path, database: str, request: pytest.FixtureRequest
+) -> None:
+    """Two real ``serve --shard I/2`` processes: each on its own home's SQLite file, or both on one PostgreSQL
+    database (issue 21's "done when"), where each also holds its shard's lease and every reply is kept once."""
+    url = request.getfixturevalue("migrated_postgres_url") if database == "postgresql" else ""
     asked: dict[int, int] = {}  # message id → the shard whose host must answer it
     with make_fake() as fake, FakeOpenAI() as model0, FakeOpenAI() as model1:
         for shard, model in ((0, model0), (1, model1)):
             model.script(envelope(answer=f"pip of shard {shard}"))
-            prepare_home(tmp_path / f"home{shard}")
+            prepare_home(tmp_path / f"home{shard}", url)
         with (
-            serve_process(tmp_path / "home0", "0/2", model0, fake) as log0,
-            serve_process(tmp_path / "home1", "1/2", model1, fake) as log1,
+            serve_process(tmp_path / "home0", "0/2", model0, fake, url) as log0,
+            serve_process(tmp_path / "home1", "1/2", model1, fake, url) as log1,
         ):
             wait_for_line(log0, "serving pip on Discord as shard 0/2")
             wait_for_line(log1, "serving pip on Discord as shard 1/2")
@@ -242,7 +253,9 @@ def test_two_hosts_as_two_shards_answer_every_message_exactly_once(tmp_path: Pat
         # Both hosts have stopped (their running turns finished): every reply there will be is here.
         replies = [m for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM) for m in fake.messages(c)]
         answered = {m.reference_id: m.content for m in replies}
-        assert len(replies) == len(asked) and set(answered) == set(asked)  # each exactly once
+        assert len(replies) == len(asked) and set(answered) == set(asked), [
+            (m.channel_id, m.reference_id, m.content) for m in replies
+        ]  # each exactly once
         assert {m.author_id for m in replies} == {fake.bot_user.id}
         assert answered == {message: f"pip of shard {shard}" for message, shard in asked.items()}
         assert [i.shard for i in fake.identifies] in ([(0, 2), (1, 2)], [(1, 2), (0, 2)])
@@ -251,6 +264,17 @@ def test_two_hosts_as_two_shards_answer_every_message_exactly_once(tmp_path: Pat
     for message, shard in asked.items():
         assert f"message={message} " in logs[shard] and f"message={message} " not in logs[1 - shard]
     assert TOKEN not in logs[0] + logs[1]
+    if url:  # one database: both hosts' turns are in it, each once, and each host held its own shard
+        db = open_database(url=url)
+        try:
+            wakes = db.read(lambda c: c.execute(text("SELECT message_id, outcome FROM wakes")).all())
+            leases = db.read(
+                lambda c: c.execute(text("SELECT name, token FROM leases WHERE name LIKE 'shard:%'")).all()
+            )
+        finally:
+            db.close()
+        assert sorted((str(m), o) for m, o in wakes) == sorted((str(m), "sent") for m in asked)
+        assert sorted(leases) == [("shard:0/2", 1), ("shard:1/2", 1)]
 
 
 @pytest.mark.parametrize(

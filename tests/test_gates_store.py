@@ -173,7 +173,7 @@ def reopen_args(db: Database) -> dict[str, Any]:
 def approve_and_execute(where: dict[str, Any], gates_in: Any, results: Any, barrier: Any) -> None:
     """A worker process, a host of its own: for each gate, approve it and execute it if it is its to execute."""
     path = where.get("path")
-    db = open_database(None if path is None else Path(path), url=where.get("url"), engine_only=True)
+    db = open_database(None if path is None else Path(path), url=where.get("url"))
     clock = FixedClock(NOW)
     store = GateStore(db, clock, AuditLog(db, clock, []))
     try:

@@ -86,7 +86,7 @@ def test_the_cluster_pairs_each_host_with_the_leases_it_holds() -> None:
 
 
 def test_hosts_lists_a_host_of_another_machine_until_its_record_expires(impyard_home: Path) -> None:
-    db = open_database(engine_only=True)
+    db = open_database()
     clock = FixedClock(datetime.now(UTC))
     elsewhere = LeaseStore(db, clock, me=Holder("far-away", "b00t", 4242, "9"))
     elsewhere.acquire(
@@ -267,7 +267,7 @@ def test_a_second_serve_of_a_shard_is_refused_and_takes_over_once_the_holder_is_
 
 def steal(name: str) -> None:
     """Another machine takes the lease over (as after an expiry it could not see from here): the next token."""
-    db = open_database(engine_only=True)
+    db = open_database()
     try:
         with db.begin() as conn:
             conn.execute(
@@ -280,7 +280,7 @@ def steal(name: str) -> None:
 async def until_held(name: str) -> None:
     with anyio.fail_after(START_S):
         while True:
-            db = open_database(engine_only=True)
+            db = open_database()
             try:
                 if name in {row.name for row in LeaseStore(db).list()}:
                     return

@@ -270,7 +270,7 @@ async def test_hold_host_records_this_process_and_forgets_it_at_the_end(tmp_path
     card = HostCard("serve", "/srv/home-a", "1/2", warm_boxes=lambda: 4)
     async with hold_host(card, ["shard:1/2"]) as keeper:
         assert keeper.check() is None
-        db = open_database(engine_only=True)
+        db = open_database()
         try:
             rows = {row.name: row for row in LeaseStore(db).list()}
         finally:
@@ -293,7 +293,7 @@ RACER = textwrap.dedent(
     from impyard.db import open_database
     from impyard.leases import LeaseHeld, LeaseStore
 
-    store = LeaseStore(open_database(url=sys.argv[1], engine_only=True))
+    store = LeaseStore(open_database(url=sys.argv[1]))
     print("ready", flush=True)
     for line in sys.stdin:
         name = line.strip()
@@ -311,7 +311,7 @@ HOLDER = textwrap.dedent(
     from impyard.db import open_database
     from impyard.leases import LeaseStore
 
-    lease = LeaseStore(open_database(url=sys.argv[1], engine_only=True)).acquire(sys.argv[2], {}, timedelta(seconds=60))
+    lease = LeaseStore(open_database(url=sys.argv[1])).acquire(sys.argv[2], {}, timedelta(seconds=60))
     print("held", lease.token, flush=True)
     time.sleep(600)
     """
@@ -325,7 +325,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         url = f"sqlite:///{tmp_path / 'shared.db'}"
     else:
         url = request.getfixturevalue("postgres_url")
-    open_database(url=url, engine_only=True).close()  # migrated once, before the processes start
+    open_database(url=url).close()  # migrated once, before the processes start
     yield url
 
 
@@ -375,7 +375,7 @@ def test_a_holder_killed_with_sigkill_is_taken_over_at_once_on_its_machine(datab
     holder = python(HOLDER, database_url, "shard:1/2")
     try:
         assert line_of(holder) == "held 1"
-        store = LeaseStore(open_database(url=database_url, engine_only=True))
+        store = LeaseStore(open_database(url=database_url))
         with pytest.raises(LeaseHeld, match=rf"held by {socket.gethostname()} \(pid {holder.pid}\)"):
             store.acquire("shard:1/2")
         os.kill(holder.pid, signal.SIGKILL)

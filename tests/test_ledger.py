@@ -421,7 +421,7 @@ def test_an_upgraded_home_gets_its_totals_from_its_rows(
                 created_at=START.isoformat(),
             ))  # fmt: skip
     before.dispose()
-    db = open_database(url=url, engine_only=True)
+    db = open_database(url=url)
     try:
         assert db.revision == migrations.head()
         ledger = Ledger(db, POLICY, clock)
@@ -449,7 +449,7 @@ from impyard.policy import policy_from_text
 url, here, me, processes = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 calls, estimate, policy, window = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]
 clock = FixedClock(datetime.fromisoformat(sys.argv[9]))
-ledger = Ledger(open_database(url=url, engine_only=True), policy_from_text(policy), clock)
+ledger = Ledger(open_database(url=url), policy_from_text(policy), clock)
 rounds = []
 for at in sys.argv[9:]:
     clock.set(datetime.fromisoformat(at))
@@ -497,7 +497,7 @@ def test_racing_processes_never_overspend_an_imps_cap(
         f"sqlite:///{tmp_path / 'race.db'}" if engine == "sqlite" else request.getfixturevalue("postgres_url")
     )
     text, step = RACE_WINDOWS[window]
-    db = open_database(url=url, engine_only=True)
+    db = open_database(url=url)
     ledger = Ledger(db, policy_from_text(text), FixedClock(START))
     limits = ledger.limits("pip")
     cap = limits.daily if step == "day" else limits.monthly

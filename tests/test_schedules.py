@@ -366,7 +366,7 @@ def reopen_args(db: Database) -> dict[str, Any]:
 def fire_when_told(where: dict[str, Any], told: Any, results: Any, barrier: Any) -> None:
     """A worker process, a supervisor of its own: each time it is told, fire whatever is due, with the other."""
     path = where.get("path")
-    db = open_database(None if path is None else Path(path), url=where.get("url"), engine_only=True)
+    db = open_database(None if path is None else Path(path), url=where.get("url"))
     clock = FixedClock(T0)
     store = ScheduleStore(db, clock, TaskStore(db, clock))
     try:

@@ -208,7 +208,7 @@ def test_the_legacy_connection_and_the_engine_share_one_file(tmp_path: Path) -> 
 
 
 def test_the_legacy_connection_is_refused_on_postgresql_naming_the_caller(postgres_url: str) -> None:
-    db = open_database(url=postgres_url, engine_only=True)
+    db = open_database(url=postgres_url)
     try:
         with pytest.raises(NotPortedError) as caught:
             db.query("SELECT 1")
@@ -239,7 +239,7 @@ def test_a_failed_connection_is_one_line_naming_host_and_database_never_the_pass
     url = _broken(postgres_url, **change)
     target = dburl.parse(url)
     with pytest.raises(DatabaseError) as caught:
-        open_database(url=url, engine_only=True)
+        open_database(url=url)
     message = caught.value.user_message()
     assert says in message and "\n" not in message
     assert f"database {target.url.database!r} on 127.0.0.1:{target.url.port}" in message

@@ -185,7 +185,7 @@ def test_a_row_id_is_still_the_rowid_on_sqlite(tmp_path: Path) -> None:
 
 def test_the_same_schema_on_postgresql(tmp_path: Path, postgres_url: str) -> None:
     open_database(tmp_path / "fresh.db").close()
-    db = open_database(url=postgres_url, engine_only=True)
+    db = open_database(url=postgres_url)
     try:
         on_sqlite, on_postgres = (
             shape(sqlite_engine(tmp_path / "fresh.db"), types=False),
@@ -199,7 +199,7 @@ def test_the_same_schema_on_postgresql(tmp_path: Path, postgres_url: str) -> Non
 
 
 def test_the_postgresql_types_are_the_portable_ones(postgres_url: str) -> None:
-    db = open_database(url=postgres_url, engine_only=True)
+    db = open_database(url=postgres_url)
     try:
         inspector = sa.inspect(db.engine)
         types = {c["name"]: str(c["type"]) for c in inspector.get_columns("ledger")}
@@ -229,7 +229,7 @@ def test_the_stores_tables_are_the_migrated_schema(
     if engine == "sqlite":
         db = open_database(tmp_path / "impyard.db")
     else:
-        db = open_database(url=request.getfixturevalue("postgres_url"), engine_only=True)
+        db = open_database(url=request.getfixturevalue("postgres_url"))
     try:
         with db.begin(read_only=True) as conn:
             context = MigrationContext.configure(
@@ -318,8 +318,8 @@ def test_openers_at_once_migrate_once(
         check = open_database(tmp_path / "impyard.db")
     else:
         url = request.getfixturevalue("postgres_url")
-        errors = open_at_once(lambda: open_database(url=url, engine_only=True))
-        check = open_database(url=url, engine_only=True)
+        errors = open_at_once(lambda: open_database(url=url))
+        check = open_database(url=url)
     assert errors == []
     assert counted_upgrades == ["head"]  # the others waited for the lock, then found the head
     assert check.revision == migrations.head()
@@ -338,7 +338,7 @@ def test_a_database_newer_than_this_impyard_is_refused(
         url = request.getfixturevalue("postgres_url")
 
         def reopen() -> Database:
-            return open_database(url=url, engine_only=True)
+            return open_database(url=url)
 
     db = reopen()
     with db.begin() as conn:
@@ -367,7 +367,7 @@ def test_a_postgresql_database_with_foreign_tables_is_refused(postgres_url: str)
         conn.exec_driver_sql("CREATE TABLE someone_elses (x INTEGER)")
     engine.dispose()
     with pytest.raises(DatabaseError, match="has tables but no impyard migration history"):
-        open_database(url=postgres_url, engine_only=True)
+        open_database(url=postgres_url)
 
 
 NEXT_REVISION = """
@@ -398,7 +398,7 @@ def test_a_later_revision_upgrades_an_open_database_and_older_impyards_refuse_it
         url = request.getfixturevalue("postgres_url")
 
         def reopen() -> Database:
-            return open_database(url=url, engine_only=True)
+            return open_database(url=url)
 
     reopen().close()
     head = migrations.head()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from impyard import dburl
-from impyard.db import DatabaseError, NotPortedError, open_database
+from impyard.db import DatabaseError, open_database
 from impyard.dburl import DatabaseUrlError
 
 SECRET = "s3cr3t-Pa55"
@@ -83,17 +83,6 @@ def test_open_database_reports_a_bad_setting_as_a_database_error(monkeypatch: py
     with pytest.raises(DatabaseError, match="names no database on db.example") as caught:
         open_database()
     assert SECRET not in str(caught.value)
-
-
-def test_postgresql_is_refused_where_the_stores_are_not_ported_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every command opens the database with open_database(): on PostgreSQL it says plainly what does not work
-    yet, before touching the server, rather than failing half-way through a store."""
-    monkeypatch.setenv(dburl.ENV, f"postgresql://imp:{SECRET}@db.example/yard")
-    with pytest.raises(NotPortedError) as caught:
-        open_database()
-    message = str(caught.value)
-    assert "database 'yard' on db.example:5432" in message and "unset IMPYARD_DATABASE_URL" in message
-    assert SECRET not in message
 
 
 def test_scrub_cuts_the_secret_and_joins_lines() -> None:

@@ -429,7 +429,7 @@ def reopen_args(db: Database) -> dict[str, Any]:
 def claim_and_finish(where: dict[str, Any], told: Any, results: Any, barrier: Any) -> None:
     """A worker process, a supervisor of its own: claim each task it is told of and, if it is its, finish it."""
     path = where.get("path")
-    db = open_database(None if path is None else Path(path), url=where.get("url"), engine_only=True)
+    db = open_database(None if path is None else Path(path), url=where.get("url"))
     store = TaskStore(db, FixedClock(NOW))
     try:
         while (task_id := told.get()) is not None:

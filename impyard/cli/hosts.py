@@ -168,7 +168,7 @@ def hosts_command(out: Output) -> None:
       IMPYARD_DATABASE_URL=postgresql://imp@db/yard impyard hosts --json
     """
     try:
-        db = open_database(engine_only=True)
+        db = open_database()
     except DatabaseError as exc:
         raise CliError(str(exc)) from exc
     try:

@@ -35,7 +35,7 @@ from box.memory.laws import DEFAULTS
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
 from impyard.imps import ImpConfig, ImpStore
-from impyard.memory.sql import bytewise, per_dialect, upsert
+from impyard.portable import bytewise, per_dialect, upsert
 from impyard.tables import history, memory_conversations, memory_departures, wakes
 from impyard.tasks import (
     FINISHED_STATES,

@@ -34,7 +34,7 @@ from box.memory.laws import DEFAULTS
 from box.protocol.memory import PresenceEntry, SessionMemory
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
-from impyard.memory.sql import bytewise
+from impyard.portable import bytewise
 from impyard.tables import channels, history, wakes
 
 TERMINAL = "terminal"

@@ -97,8 +97,8 @@ from impyard.memory.cache import (
     VectorCache,
 )
 from impyard.memory.scopes import SessionScopes, dm_scope
-from impyard.memory.sql import bytewise, per_dialect, upsert
 from impyard.memory.vectors import normalised, pack, unpack, unpack_many
+from impyard.portable import bytewise, per_dialect, upsert
 from impyard.tables import (
     memory_conversations,
     memory_departures,

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import ColumnElement, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from impyard.clock import iso
+from impyard.portable import upsert
 from impyard.tables import channels, tasks
 from impyard.tasks.request import TASK_CHANNEL_PREFIX, ValidTask
 from impyard.tasks.rows import Task, row_to_task
@@ -21,21 +20,11 @@ from impyard.tasks.rows import Task, row_to_task
 ID_CHUNK = 500  # ids per `IN (...)`: well under either engine's bound on parameters
 
 
-def dialect_insert(dialect: str) -> Any:
-    """The dialect's INSERT, the one that has ``on_conflict_do_nothing`` / ``on_conflict_do_update``."""
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
-
-
-def bytewise(column: ColumnElement[str], dialect: str) -> ColumnElement[str]:
-    """Text ordered byte by byte on both engines (ISO times, ids): PostgreSQL's collation is not SQLite's."""
-    return column.collate("C") if dialect == "postgresql" else column
-
-
 def ensure_task_channel(conn: Connection, channel_id: str, now: datetime) -> None:
     """The imp's task log is the host's own channel (trusted like the terminal); others are left as they are."""
     if channel_id.startswith(TASK_CHANNEL_PREFIX):
         conn.execute(
-            dialect_insert(conn.dialect.name)(channels)
+            upsert(conn.dialect.name)(channels)
             .values(
                 channel_id=channel_id, surface="terminal", kind="terminal",
                 name=f"tasks of {channel_id[len(TASK_CHANNEL_PREFIX) :]}", trusted=0, updated_at=iso(now),
@@ -60,7 +49,7 @@ def insert_task(
     schedule_id, scheduled_for) or the follow-up of the same gate (UNIQUE parent_gate)."""
     ensure_task_channel(conn, task.channel_id, now)
     added = conn.execute(
-        dialect_insert(conn.dialect.name)(tasks)
+        upsert(conn.dialect.name)(tasks)
         .values(
             id=task_id, imp=task.imp, kind=task.kind, prompt=task.prompt, person=task.person, origin=task.origin,
             channel_id=task.channel_id, ceiling_s=task.ceiling_s, wake_on_resolve=int(task.wake_on_resolve),

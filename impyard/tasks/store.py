@@ -24,12 +24,13 @@ from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.gates import FINAL_STATES, OPEN_STATES, Gate, row_to_gate
 from impyard.imps import ImpStore
+from impyard.portable import bytewise
 from impyard.tables import audit, gates, task_runs, tasks
 from impyard.tasks.attestation import Attestation, ReclaimAction, RunEnd, RunFacts, gates_verdict
 from impyard.tasks.prompts import JournalEntry, continuation_prompt
 from impyard.tasks.request import TaskError, TaskRequest, ValidTask, validate_request
 from impyard.tasks.rows import Task, TaskRun, row_to_run, row_to_task
-from impyard.tasks.sql import ID_CHUNK, bytewise, ensure_task_channel, insert_task, tasks_by_id
+from impyard.tasks.sql import ID_CHUNK, ensure_task_channel, insert_task, tasks_by_id
 
 log = logging.getLogger("impyard.tasks")
 
@@ -70,7 +71,7 @@ class TaskStore(Store):
 
     def _c(self, column: ColumnElement[str]) -> ColumnElement[str]:
         """A text column ordered byte by byte on either engine (ISO times, ids)."""
-        return bytewise(column, self.db.dialect)
+        return bytewise(column)
 
     def _rows(self, query: Select[Any]) -> list[Task]:
         return self.db.read(lambda conn: [row_to_task(row) for row in conn.execute(query).mappings()])

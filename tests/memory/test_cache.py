@@ -98,7 +98,7 @@ def test_the_cache_evicts_least_recently_used_and_never_holds_more_than_its_boun
 
 
 def test_the_cache_follows_writes_and_deletes_of_another_process(mdb: Database, clock: FixedClock) -> None:
-    db_a, db_b = (open_database(url=mdb.url, engine_only=True) for _ in range(2))  # two hosts, one database
+    db_a, db_b = (open_database(url=mdb.url) for _ in range(2))  # two hosts, one database
     try:
         a = MemoryStore(db_a, clock.now, VectorCache(1 << 26))
         b = MemoryStore(db_b, clock.now, VectorCache(1 << 26))

@@ -342,7 +342,7 @@ async def test_a_vector_of_too_many_dimensions_is_refused_by_the_model() -> None
 async def test_two_hosts_writing_at_once_lose_nothing_and_both_caches_see_all(
     mdb: Database, clock: FixedClock
 ) -> None:
-    dbs = [open_database(url=mdb.url, engine_only=True) for _ in range(2)]  # two hosts on one database
+    dbs = [open_database(url=mdb.url) for _ in range(2)]  # two hosts on one database
     try:
         services = [
             MemoryService(MemoryStore(d, clock.now, VectorCache(1 << 26)), max_requests_per_turn=10_000)

@@ -516,7 +516,7 @@ def test_m03_the_total_follows_writes_and_deletes_from_any_process(
     assert guild.count() == 0
     guild.encode(moment("the kettle sang", message_id="m1"))
     assert guild.count() == 1
-    other_db = open_database(url=mdb.url, engine_only=True)  # another host on the same database
+    other_db = open_database(url=mdb.url)  # another host on the same database
     try:
         other = MemoryStore(other_db, clock.now, VectorCache(1024 * 1024))
         other.scoped(IMP, GUILD, "g2").encode(moment("the bread rose", message_id="m2"))
