@@ -715,34 +715,40 @@ class Database:
         return self._engine
 
     @contextmanager
-    def begin(self, *, read_only: bool = False) -> Iterator[Connection]:
+    def begin(self, *, read_only: bool = False, locking: bool = False) -> Iterator[Connection]:
         """One transaction on the engine, committed when the block ends (rolled back when it raises); no retry.
 
         A write (the default) is atomic check-then-write: SQLite ``BEGIN IMMEDIATE``; PostgreSQL SERIALIZABLE,
-        where COMMIT may still fail with a serialization error: use ``write(fn)``, which runs it again. A read is
-        one consistent snapshot that refuses to write: SQLite ``BEGIN DEFERRED`` with ``query_only``; PostgreSQL
-        REPEATABLE READ, READ ONLY."""
+        where COMMIT may still fail with a serialization error: use ``write(fn)``, which runs it again (or, with
+        ``locking``, READ COMMITTED for a caller that locks what it checks). A read is one consistent snapshot that
+        refuses to write: SQLite ``BEGIN DEFERRED`` with ``query_only``; PostgreSQL REPEATABLE READ, READ ONLY."""
         with self.engine.connect() as conn:
             if self.dialect == "postgresql":
-                conn.execution_options(
-                    isolation_level="REPEATABLE READ" if read_only else "SERIALIZABLE",
-                    postgresql_readonly=read_only,
+                isolation = (
+                    "REPEATABLE READ" if read_only else "READ COMMITTED" if locking else "SERIALIZABLE"
                 )
+                conn.execution_options(isolation_level=isolation, postgresql_readonly=read_only)
             else:
                 _sqlite_begin(conn, read_only)
             with conn.begin():
                 yield conn
 
-    def write(self, fn: Callable[[Connection], T], *, attempts: int = WRITE_ATTEMPTS) -> T:
+    def write(
+        self, fn: Callable[[Connection], T], *, attempts: int = WRITE_ATTEMPTS, locking: bool = False
+    ) -> T:
         """``fn(conn)`` in a write transaction (``begin()``), committed; its result.
 
         On PostgreSQL a serialization failure or deadlock rolls it back and runs ``fn`` again on a fresh
         transaction (up to ``attempts`` runs, with a short random backoff): so ``fn`` must do nothing but database
         work through ``conn`` — no sending, no clock-dependent side effect, no state kept across runs. On SQLite
-        the write lock is taken up front and ``fn`` runs once."""
+        the write lock is taken up front and ``fn`` runs once.
+
+        ``locking``: ``fn`` locks what it checks itself (``SELECT … FOR UPDATE`` of a few hot rows, in one
+        order), so PostgreSQL runs it at READ COMMITTED: writers of the same rows queue on their locks instead of
+        failing to serialize and running again (the budget's totals, which every reservation of every host moves)."""
         for attempt in range(1, attempts + 1):
             try:
-                with self.begin() as conn:
+                with self.begin(locking=locking) as conn:
                     return fn(conn)
             except DBAPIError as exc:
                 if attempt >= attempts or not is_retryable(exc):

@@ -31,6 +31,7 @@ from impyard.errors import ImpyardError
 from impyard.liveness import Holder, alive, this_process
 from impyard.policy import Policy
 from impyard.policy_models import MAX_USD, BudgetLimit
+from impyard.portable import upsert
 from impyard.prices import micros_to_usd, usd_to_micros
 from impyard.tables import budget_limits, ledger, ledger_totals
 
@@ -239,8 +240,7 @@ class Ledger(Store):
             deltas.setdefault(key, {"reserved_micros": 0, "settled_micros": 0})[column] += amount
         if not deltas:
             return
-        dialect = postgresql if self.db.dialect == "postgresql" else sqlite
-        stmt = dialect.insert(ledger_totals).values(
+        stmt = upsert(self.db.dialect)(ledger_totals).values(
             [
                 dict(scope=scope, period=period, **amounts)
                 for (scope, period), amounts in sorted(deltas.items())
@@ -255,6 +255,28 @@ class Ledger(Store):
                 },
             )
         )
+
+    def _lock(self, conn: Connection, keys: list[_Key]) -> None:
+        """Lock the windows' totals (made at 0 where new) in one order, before they are checked: on PostgreSQL a
+        reservation runs at READ COMMITTED (``db.write(locking=True)``), so one of another process or host waits
+        here for this one's commit and then reads what it left — never both passing a cap they share."""
+        ordered = sorted(set(keys))
+        conn.execute(
+            upsert(self.db.dialect)(ledger_totals)
+            .values(
+                [
+                    dict(scope=scope, period=period, reserved_micros=0, settled_micros=0)
+                    for scope, period in ordered
+                ]
+            )
+            .on_conflict_do_nothing(index_elements=[ledger_totals.c.scope, ledger_totals.c.period])
+        )
+        conn.execute(
+            sa.select(ledger_totals.c.scope)
+            .where(sa.tuple_(ledger_totals.c.scope, ledger_totals.c.period).in_(ordered))
+            .order_by(ledger_totals.c.scope, ledger_totals.c.period)
+            .with_for_update()
+        ).all()
 
     @staticmethod
     def _spent(conn: Connection, keys: list[_Key]) -> dict[_Key, int]:
@@ -280,7 +302,8 @@ class Ledger(Store):
         return self.db.write(
             lambda conn: self.reserve_in(
                 conn, imp, estimate_micros, now=now, method=method, purpose=purpose, model=model
-            )
+            ),
+            locking=True,
         )
 
     def reserve_in(
@@ -300,6 +323,7 @@ class Ledger(Store):
             raise ValueError("an estimate cannot be negative")
         now = now or self.clock.now()
         day, month = day_key(now), month_key(now)
+        self._lock(conn, _windows(imp, day, month))
         self._check(conn, imp, estimate_micros, now)
         reservation_id = conn.execute(
             sa.insert(ledger)
@@ -354,7 +378,7 @@ class Ledger(Store):
         higher must say so loudly. Settling twice is a no-op (returns 0).
         """
         at = iso(self.clock.now())
-        return self.db.write(lambda conn: self.settle_in(conn, reservation, cost_micros, at=at))
+        return self.db.write(lambda conn: self.settle_in(conn, reservation, cost_micros, at=at), locking=True)
 
     def settle_in(
         self, conn: Connection, reservation: Reservation | int, cost_micros: int, *, at: str | None = None
@@ -447,7 +471,7 @@ class Ledger(Store):
             self._move(conn, moves)
             return sorted(int(row.id) for row in settled)
 
-        return [candidates[orphan_id] for orphan_id in self.db.write(txn)]
+        return [candidates[orphan_id] for orphan_id in self.db.write(txn, locking=True)]
 
     # ------------------------------------------------------------ reporting
 
