@@ -403,7 +403,9 @@ def test_model_uses_follow_the_box() -> None:
         ("postgresql://imp:sekrit@127.0.0.1:1/impyard", "fail", "database 'impyard' on 127.0.0.1:1"),
     ],
 )
-def test_the_database_row_names_where_the_store_is_never_the_password(url: str, status: str, shown: str) -> None:
+def test_the_database_row_names_where_the_store_is_never_the_password(
+    url: str, status: str, shown: str
+) -> None:
     """Issue 21: IMPYARD_DATABASE_URL in doctor — a bad or unreachable URL fails the row in one line, without
     the password."""
     _, rows = doctor("--no-model-call", env={"IMPYARD_DATABASE_URL": url})

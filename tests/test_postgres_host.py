@@ -81,7 +81,13 @@ def test_the_commands_run_on_postgresql(on_postgres: str) -> None:
     task = json.loads(added.output)
     listed = json.loads(runner.invoke(cli, ["task", "ls", "--json"]).output)
     assert [t["id"] for t in listed] == [task["id"]]
-    for args in (["budget", "show"], ["hosts"], ["audit", "tail", "--json"], ["history", "show", "pip"], ["approvals", "ls"]):
+    for args in (
+        ["budget", "show"],
+        ["hosts"],
+        ["audit", "tail", "--json"],
+        ["history", "show", "pip"],
+        ["approvals", "ls"],
+    ):
         result = runner.invoke(cli, args)
         assert result.exit_code == 0, (args, result.output)
         assert "PostgreSQL yet" not in result.output
