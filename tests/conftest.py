@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,21 +287,30 @@ def postgres_server() -> Iterator[PostgresServer | str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def postgres_url(postgres_server: PostgresServer | str) -> Iterator[str]:
-    """A throwaway database on the test server, for this test only (dropped after it)."""
-    if isinstance(postgres_server, str):
-        pytest.skip(postgres_server)
-    name = f"impyard_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_server.admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+@contextmanager
+def _throwaway_database(server: PostgresServer, prefix: str, template: str | None = None) -> Iterator[str]:
+    """A database of its own on the test server (a copy of ``template`` when given): its name; dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(server.admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        yield postgres_server.url_of(name)
+            conn.exec_driver_sql(
+                f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")
+            )
+        yield name
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer | str) -> Iterator[str]:
+    """A throwaway, empty database on the test server, for this test only (dropped after it)."""
+    if isinstance(postgres_server, str):
+        pytest.skip(postgres_server)
+    with _throwaway_database(postgres_server, "impyard_test") as name:
+        yield postgres_server.url_of(name)
 
 
 @pytest.fixture(scope="session")
@@ -310,17 +320,9 @@ def postgres_template(postgres_server: PostgresServer | str) -> Iterator[str | N
     if isinstance(postgres_server, str):
         yield None
         return
-    name = f"impyard_template_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_server.admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    with _throwaway_database(postgres_server, "impyard_template") as name:
         open_database(url=postgres_server.url_of(name)).close()  # migrated, then let go
         yield name
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 @pytest.fixture
@@ -330,16 +332,8 @@ def migrated_postgres_url(
     """A throwaway database already at the newest revision (a copy of ``postgres_template``), for this test only."""
     if isinstance(postgres_server, str) or postgres_template is None:
         pytest.skip(str(postgres_server))
-    name = f"impyard_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_server.admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
+    with _throwaway_database(postgres_server, "impyard_test", postgres_template) as name:
         yield postgres_server.url_of(name)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

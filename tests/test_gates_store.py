@@ -4,12 +4,9 @@ Assertions go through the store or portable SQL on impyard.tables, never SQLite'
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,16 +14,15 @@ import sqlalchemy as sa
 
 from impyard.audit import AuditLog
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
+from impyard.db import Database
 from impyard.gates import Approver, Gate, GateError, GateStore
 from impyard.tables import audit, earned_trust, gates
+from tests.racing import RACE_ROUNDS, race, reopen, two_racers
 
 NOW = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
 OPERATOR = Approver("operator", "root")
 OWNER = Approver("user", "owner-1")
 OWNERS = ("owner-1",)
-RACE_ROUNDS = 50  # gates raced per test: enough that the two processes overlap in some of them
-RACE_WAIT_S = 60.0  # how long the test waits for a worker's answer before it is a failure
 
 
 @pytest.fixture
@@ -163,17 +159,9 @@ def test_audit_rows_of_transitions_are_redacted(store: GateStore, any_engine_db:
 # --- two processes race for the same gates (issue 21, "Exactly once across hosts") ----------------------------
 
 
-def reopen_args(db: Database) -> dict[str, Any]:
-    """How another process opens the same database (the URL holds the test server's password)."""
-    if db.url.path is not None:
-        return {"path": str(db.url.path)}
-    return {"url": db.url.url.render_as_string(hide_password=False)}
-
-
 def approve_and_execute(where: dict[str, Any], gates_in: Any, results: Any, barrier: Any) -> None:
     """A worker process, a host of its own: for each gate, approve it and execute it if it is its to execute."""
-    path = where.get("path")
-    db = open_database(None if path is None else Path(path), url=where.get("url"))
+    db = reopen(where)
     clock = FixedClock(NOW)
     store = GateStore(db, clock, AuditLog(db, clock, []))
     try:
@@ -194,26 +182,8 @@ def approve_and_execute(where: dict[str, Any], gates_in: Any, results: Any, barr
 
 @pytest.fixture
 def racers(any_engine_db: Database) -> Iterator[tuple[list[Any], Any]]:
-    context = multiprocessing.get_context("spawn")  # fresh interpreters: nothing of this process is shared
-    barrier, results = context.Barrier(2), context.Queue()
-    inboxes = [context.Queue(), context.Queue()]
-    workers = [
-        context.Process(
-            target=approve_and_execute, args=(reopen_args(any_engine_db), inbox, results, barrier)
-        )
-        for inbox in inboxes
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        yield inboxes, results
-    finally:
-        for inbox in inboxes:
-            inbox.put(None)
-        for worker in workers:
-            worker.join(timeout=RACE_WAIT_S)
-            if worker.is_alive():
-                worker.kill()
+    with two_racers(approve_and_execute, any_engine_db) as racing:
+        yield racing
 
 
 def test_a_gate_approved_and_executed_by_two_processes_executes_once(
@@ -222,12 +192,7 @@ def test_a_gate_approved_and_executed_by_two_processes_executes_once(
     inboxes, results = racers
     for _ in range(RACE_ROUNDS):
         gate = open_gate(store)
-        for inbox in inboxes:
-            inbox.put(gate.id)
-        try:
-            answers = [results.get(timeout=RACE_WAIT_S) for _ in inboxes]
-        except queue.Empty:
-            pytest.fail("a racing process did not answer (it died or hung)")
+        answers = race(inboxes, results, gate.id)
         assert sorted(decided for _, decided, _ in answers) == [False, True], answers  # one approval wins
         assert sorted(claimed for _, _, claimed in answers) == [False, True], answers  # one executor claims
         done = store.get(gate.id)

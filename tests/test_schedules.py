@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
+from impyard.db import Database
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.imps import ImpNotFound, ImpStore
 from impyard.schedules import (
@@ -33,6 +31,7 @@ from impyard.schedules import (
 )
 from impyard.tables import channels, schedules, tasks
 from impyard.tasks import TaskError, TaskStore
+from tests.racing import RACE_ROUNDS, race, reopen, two_racers
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # a Monday
 
@@ -352,21 +351,10 @@ def test_the_default_channel_is_the_imps_trusted_task_log(store: ScheduleStore, 
 
 # --- two supervisors (two processes, as on two hosts) race for the same due fires (issue 21) -----------------
 
-RACE_ROUNDS = 50  # schedules raced per test: enough that the two processes overlap in some of them
-RACE_WAIT_S = 60.0  # how long the test waits for a worker's answer before it is a failure
-
-
-def reopen_args(db: Database) -> dict[str, Any]:
-    """How another process opens the same database (the URL holds the test server's password)."""
-    if db.url.path is not None:
-        return {"path": str(db.url.path)}
-    return {"url": db.url.url.render_as_string(hide_password=False)}
-
 
 def fire_when_told(where: dict[str, Any], told: Any, results: Any, barrier: Any) -> None:
     """A worker process, a supervisor of its own: each time it is told, fire whatever is due, with the other."""
-    path = where.get("path")
-    db = open_database(None if path is None else Path(path), url=where.get("url"))
+    db = reopen(where)
     clock = FixedClock(T0)
     store = ScheduleStore(db, clock, TaskStore(db, clock))
     try:
@@ -379,24 +367,8 @@ def fire_when_told(where: dict[str, Any], told: Any, results: Any, barrier: Any)
 
 @pytest.fixture
 def supervisors(db: Database) -> Iterator[tuple[list[Any], Any]]:
-    context = multiprocessing.get_context("spawn")  # fresh interpreters: nothing of this process is shared
-    barrier, results = context.Barrier(2), context.Queue()
-    inboxes = [context.Queue(), context.Queue()]
-    workers = [
-        context.Process(target=fire_when_told, args=(reopen_args(db), inbox, results, barrier))
-        for inbox in inboxes
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        yield inboxes, results
-    finally:
-        for inbox in inboxes:
-            inbox.put(None)
-        for worker in workers:
-            worker.join(timeout=RACE_WAIT_S)
-            if worker.is_alive():
-                worker.kill()
+    with two_racers(fire_when_told, db) as racing:
+        yield racing
 
 
 def test_a_due_fire_raced_by_two_supervisors_is_queued_once(
@@ -405,12 +377,7 @@ def test_a_due_fire_raced_by_two_supervisors_is_queued_once(
     inboxes, results = supervisors
     for _ in range(RACE_ROUNDS):
         schedule = store.add(ScheduleRequest("pip", "x", every="1h", now=True))  # due now, and only it
-        for inbox in inboxes:
-            inbox.put(schedule.id)
-        try:
-            answers = [results.get(timeout=RACE_WAIT_S) for _ in inboxes]
-        except queue.Empty:
-            pytest.fail("a racing supervisor did not answer (it died or hung)")
+        answers = race(inboxes, results, schedule.id)
         queued = [task for _, fired in answers for task in fired]
         assert [schedule_id for schedule_id, _ in queued] == [schedule.id], answers  # one of them queued it
         assert count(db, tasks, tasks.c.schedule_id == schedule.id) == 1

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import queue
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,7 +15,7 @@ import sqlalchemy as sa
 from impyard import tables
 from impyard.audit import AuditLog
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
+from impyard.db import Database
 from impyard.gates import Approver, Gate, GateStore
 from impyard.imps import ImpNameError, ImpNotFound, ImpStore
 from impyard.ledger import ALL_IMPS, BudgetRow
@@ -38,6 +36,7 @@ from impyard.tasks import (
     reclaim_decision,
     render_briefing,
 )
+from tests.racing import RACE_ROUNDS, race, reopen, two_racers
 
 NOW = datetime(2026, 4, 10, 12, 0, tzinfo=UTC)
 
@@ -415,21 +414,10 @@ def test_run_facts_come_from_the_audit_not_the_box(store: TaskStore, db: Databas
 
 # --- two supervisors (two processes, as on two hosts) race for the same queued tasks (issue 21) -------------
 
-RACE_ROUNDS = 50  # tasks raced per test: enough that the two processes overlap in some of them
-RACE_WAIT_S = 60.0  # how long the test waits for a worker's answer before it is a failure
-
-
-def reopen_args(db: Database) -> dict[str, Any]:
-    """How another process opens the same database (the URL holds the test server's password)."""
-    if db.url.path is not None:
-        return {"path": str(db.url.path)}
-    return {"url": db.url.url.render_as_string(hide_password=False)}
-
 
 def claim_and_finish(where: dict[str, Any], told: Any, results: Any, barrier: Any) -> None:
     """A worker process, a supervisor of its own: claim each task it is told of and, if it is its, finish it."""
-    path = where.get("path")
-    db = open_database(None if path is None else Path(path), url=where.get("url"))
+    db = reopen(where)
     store = TaskStore(db, FixedClock(NOW))
     try:
         while (task_id := told.get()) is not None:
@@ -445,24 +433,8 @@ def claim_and_finish(where: dict[str, Any], told: Any, results: Any, barrier: An
 
 @pytest.fixture
 def supervisors(db: Database) -> Iterator[tuple[list[Any], Any]]:
-    context = multiprocessing.get_context("spawn")  # fresh interpreters: nothing of this process is shared
-    barrier, results = context.Barrier(2), context.Queue()
-    inboxes = [context.Queue(), context.Queue()]
-    workers = [
-        context.Process(target=claim_and_finish, args=(reopen_args(db), inbox, results, barrier))
-        for inbox in inboxes
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        yield inboxes, results
-    finally:
-        for inbox in inboxes:
-            inbox.put(None)
-        for worker in workers:
-            worker.join(timeout=RACE_WAIT_S)
-            if worker.is_alive():
-                worker.kill()
+    with two_racers(claim_and_finish, db) as racing:
+        yield racing
 
 
 def test_a_queued_task_raced_by_two_supervisors_runs_once(
@@ -471,12 +443,7 @@ def test_a_queued_task_raced_by_two_supervisors_runs_once(
     inboxes, results = supervisors
     for _ in range(RACE_ROUNDS):
         task = store.add(TaskRequest("pip", "x"))
-        for inbox in inboxes:
-            inbox.put(task.id)
-        try:
-            answers = [results.get(timeout=RACE_WAIT_S) for _ in inboxes]
-        except queue.Empty:
-            pytest.fail("a racing supervisor did not answer (it died or hung)")
+        answers = race(inboxes, results, task.id)
         assert sorted(claimed for _, claimed in answers) == [False, True], answers  # exactly one claims it
         done = store.get(task.id)
         [run] = store.runs(task.id)
