@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
+from impyard.liveness import this_process
 from impyard.tables import audit
 
 REDACTED = "[redacted]"
@@ -100,6 +101,7 @@ class AuditRecord:
     latency_ms: float | None = None
     detail: str = ""
     at: datetime | None = None
+    host: str = ""  # <hostname>/<pid> of the process that wrote the row (issue 21); set when it is written
     id: int | None = field(default=None, compare=False)
     # Not a column: the row is written later by whoever finishes the act (a model call its box left, issue 19 #4).
     deferred: bool = field(default=False, compare=False, repr=False)
@@ -122,7 +124,7 @@ class AuditRecord:
 
 _COLUMNS = (
     "at", "imp", "run_id", "channel_id", "method", "purpose", "verdict", "rule", "reason",
-    "cost_micros", "gate_id", "latency_ms", "detail",
+    "cost_micros", "gate_id", "latency_ms", "detail", "host",
 )  # fmt: skip
 _INSERT = insert(audit)
 _TAIL = (
@@ -136,6 +138,12 @@ _TAIL_OF = (
     .order_by(audit.c.id.desc())
     .limit(bindparam("n"))
 )
+
+
+def writer() -> str:
+    """This process as an audit row names it: ``<hostname>/<pid>`` (hosts sharing one database, issue 21)."""
+    me = this_process()
+    return f"{me.host}/{me.pid}"
 
 
 class AuditLog(Store):
@@ -155,6 +163,7 @@ class AuditLog(Store):
     def row(self, record: AuditRecord) -> dict[str, Any]:
         """The record as its row: every text redacted and bounded (its time set to now when it has none)."""
         record.at = record.at or self.clock.now()
+        record.host = record.host or writer()
         values = {name: getattr(record, name) for name in _COLUMNS}  # the row's columns, nothing deep-copied
         for name, value in values.items():
             if isinstance(value, str):

@@ -35,12 +35,11 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from box.protocol.models import DiscordSendParams
-from impyard.audit import MAX_FIELD_CHARS, AuditLog, AuditRecord, redact
+from impyard.audit import AuditLog, AuditRecord
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
 from impyard.portable import bytewise, upsert
-from impyard.tables import audit as audit_table
 from impyard.tables import earned_trust, gates
 from impyard.trust import EarnedTrust
 
@@ -181,9 +180,6 @@ def row_to_gate(row: Mapping[Any, Any]) -> Gate:
     )
 
 
-_AUDIT_COLUMNS = tuple(column.name for column in audit_table.columns if column.name != "id")
-
-
 def _gate_row(conn: Connection, gate_id: str) -> Gate | None:
     row = conn.execute(select(gates).where(gates.c.id == gate_id)).mappings().first()
     return None if row is None else row_to_gate(row)
@@ -248,14 +244,8 @@ class GateStore(Store):
         return True
 
     def _audit(self, conn: Connection, record: AuditRecord) -> None:
-        """The transition's audit row, in its transaction, redacted as ``AuditLog.write`` does (its legacy
-        connection cannot join an engine transaction; see /tmp/s6/wish-P2.md)."""
-        values: dict[str, Any] = {name: getattr(record, name) for name in _AUDIT_COLUMNS}
-        for name, value in values.items():
-            if isinstance(value, str):
-                values[name] = redact(value, self.audit.secrets)[:MAX_FIELD_CHARS]
-        values["at"] = iso(record.at or self.clock.now())
-        conn.execute(insert(audit_table).values(**values))
+        """The transition's audit row, in its transaction (redacted and bounded by ``AuditLog.row``)."""
+        self.audit.write(record, conn)
 
     def _count_decision(self, conn: Connection, gate: Gate, *, approved: bool) -> None:
         """Earned trust, in the decision's transaction: one more clean approval, or back to zero on a denial."""

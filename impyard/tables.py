@@ -145,6 +145,7 @@ audit = Table(
     Column("latency_ms", DOUBLE),
     Column("detail", Text, nullable=False, server_default=text("''")),
     Index("audit_imp", "imp", "id"),
+    Column("host", Text, nullable=False, server_default=text("''")),  # <hostname>/<pid> that wrote it (0004)
 )  # fmt: skip
 
 # --- conversation (legacy migration 2) ----------------------------------------------------------------------

@@ -3,6 +3,11 @@ earned trust's counts, and the audit log (redacted rows, the tail). Through the 
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 from sqlalchemy.engine import Connection
 
@@ -155,3 +160,24 @@ def test_an_audit_row_joins_the_callers_transaction(any_engine_db: Database, clo
         lambda conn: audit.write(AuditRecord(imp="pip", method="gate", verdict="approved"), conn)
     )
     assert [r.verdict for r in audit.tail()] == ["approved"]
+
+
+def test_an_audit_row_names_the_host_process_that_wrote_it(
+    any_engine_db: Database, clock: FixedClock
+) -> None:
+    """Issue 21: hosts sharing one database — each audit row says which process (host name and pid) wrote it;
+    a row from another process names that one."""
+    log = AuditLog(any_engine_db, clock, secrets=[])
+    log.write(AuditRecord(imp="pip", method="model.request", verdict="allowed"))
+    script = (
+        "import sys; from impyard.audit import AuditLog, AuditRecord; from impyard.clock import FixedClock; "
+        "from impyard.db import open_database; db = open_database(url=sys.argv[1]); "
+        "AuditLog(db, FixedClock(), secrets=[]).write(AuditRecord(imp='pip', method='discord.send', verdict='allowed'));"
+        " print(__import__('os').getpid())"
+    )
+    url = any_engine_db.url.url.render_as_string(hide_password=False)
+    other = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, check=True)
+    mine, theirs = log.tail(2)
+    assert mine.host == f"{socket.gethostname()}/{os.getpid()}"
+    assert theirs.host == f"{socket.gethostname()}/{other.stdout.strip()}" != mine.host
+    assert theirs.to_json()["host"] == theirs.host  # audit tail --json shows it

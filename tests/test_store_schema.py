@@ -23,11 +23,19 @@ from impyard.db import LEGACY_VERSION, MIGRATIONS, Database, DatabaseError, open
 EXPECTED_TABLES = 25
 # Tables of revisions after the baseline (0002 leases, 0003 ledger_totals): a legacy home gets them at upgrade.
 AFTER_BASELINE = {"leases", "ledger_totals"}
+COLUMNS_AFTER_BASELINE = {"audit": {"host"}}  # columns the revisions after the baseline added to older tables
 
 
 def at_baseline(schema: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """A migrated schema without what the revisions after the baseline added: what the legacy list built."""
-    return {table: found for table, found in schema.items() if table not in AFTER_BASELINE}
+    return {
+        table: {
+            **found,
+            "columns": [c for c in found["columns"] if c[0] not in COLUMNS_AFTER_BASELINE.get(table, ())],
+        }
+        for table, found in schema.items()
+        if table not in AFTER_BASELINE
+    }
 
 
 def legacy_home(path: Path, upto: int = len(MIGRATIONS)) -> None:
