@@ -4,6 +4,7 @@ changed is written, keeping its trust and mode; the recent window reads back exa
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from box.protocol.models import Author, Message
 from impyard.channels import ChannelStore
@@ -13,7 +14,20 @@ from impyard.history import History
 
 
 def writes(db: Database) -> int:
-    return db.connection().total_changes
+    """How many write transactions ``db`` has run since the first call: each ``db.write`` is one (a read takes no
+    write lock). Counted on the instance, so other databases of the process do not count."""
+    counted = db.__dict__.get("_counted_writes")
+    if counted is None:
+        counted = [0]
+        original = db.write
+
+        def write(fn: Any, **options: Any) -> Any:
+            counted[0] += 1
+            return original(fn, **options)
+
+        db.__dict__["_counted_writes"] = counted
+        db.write = write  # type: ignore[method-assign]
+    return counted[0]
 
 
 def test_a_channel_seen_as_it_was_is_not_written_again(db: Database) -> None:
