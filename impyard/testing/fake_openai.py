@@ -1144,15 +1144,20 @@ def _check_messages(messages: Any, spec: ModelSpec) -> None:
         )
 
 
-def _check_chat_part(part: Any, role: str, at: str, spec: ModelSpec) -> None:
-    kind = part.get("type") if isinstance(part, dict) else None
-    allowed = _CHAT_PART_TYPES[role]
+def _known_type(obj: Any, allowed: Any, at: str) -> Any:
+    """``obj``'s ``type``, refused as the real API refuses a value it does not know."""
+    kind = obj.get("type") if isinstance(obj, dict) else None
     if kind not in allowed:
         raise _Refused(
             f"Invalid value: '{kind}'. Supported values are: {_listing(allowed)}.",
             param=f"{at}.type",
             code="invalid_value",
         )
+    return kind
+
+
+def _check_chat_part(part: Any, role: str, at: str, spec: ModelSpec) -> None:
+    kind = _known_type(part, _CHAT_PART_TYPES[role], at)
     if kind == "image_url" and not spec.vision:
         raise _Refused(
             "Invalid content type. image_url is only supported by certain models.", param=f"{at}.type"
@@ -1162,13 +1167,7 @@ def _check_chat_part(part: Any, role: str, at: str, spec: ModelSpec) -> None:
 def _format_kind(fmt: Any, kinds: tuple[str, ...], spec: ModelSpec, *, param: str) -> str:
     """A structured-output format's type, refused as the real API does: an unknown type, or json_schema on a
     model without Structured Outputs (chat ``response_format`` and Responses ``text.format`` alike)."""
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind not in kinds:
-        raise _Refused(
-            f"Invalid value: '{kind}'. Supported values are: {_listing(kinds)}.",
-            param=f"{param}.type",
-            code="invalid_value",
-        )
+    kind = _known_type(fmt, kinds, param)
     if kind == "json_schema" and not spec.structured_outputs:
         raise _Refused(
             f"Invalid parameter: '{param}' of type 'json_schema' is not supported with this model.",
