@@ -123,6 +123,7 @@ class _Workers:
                 threading.Thread(target=self._work, name=f"impyard-db-{self.started}", daemon=True).start()
 
     def _work(self) -> None:
+        _WORKER.is_worker = True  # a database's engine connection is kept on this thread (``Database._connect``)
         while True:
             self._jobs.get()()
             with self._lock:
@@ -130,6 +131,7 @@ class _Workers:
 
 
 _WORKERS = _Workers()
+_WORKER = threading.local()
 
 
 @dataclass(frozen=True)
@@ -688,6 +690,7 @@ class Database:
         self._migrations = tuple(migrations)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
+        self._kept: list[Connection] = []  # the workers' engine connections (``_connect``)
         self._all_lock = threading.Lock()
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
@@ -715,6 +718,32 @@ class Database:
         return self._engine
 
     @contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        """An engine connection for one transaction. On SQLite a database worker thread keeps its own between
+        transactions: a pool checkout and check-in cost three times what a short transaction does (issue 18).
+        Any other thread, a nested use, and PostgreSQL (whose pool pings a connection before lending it, so a
+        server restart costs no turn) take one from the pool and give it back."""
+        kept: Connection | None = None
+        if self.dialect == "sqlite" and getattr(_WORKER, "is_worker", False):
+            kept = getattr(self._local, "engine_conn", None)
+            if kept is None or kept.invalidated or kept.closed:
+                kept = self.engine.connect()
+                self._local.engine_conn = kept
+                with self._all_lock:
+                    self._kept.append(kept)
+            if getattr(self._local, "engine_busy", False):
+                kept = None  # nested: this thread's connection is in a transaction already
+        if kept is None:
+            with self.engine.connect() as conn:
+                yield conn
+            return
+        self._local.engine_busy = True
+        try:
+            yield kept
+        finally:
+            self._local.engine_busy = False
+
+    @contextmanager
     def begin(self, *, read_only: bool = False, locking: bool = False) -> Iterator[Connection]:
         """One transaction on the engine, committed when the block ends (rolled back when it raises); no retry.
 
@@ -722,7 +751,7 @@ class Database:
         where COMMIT may still fail with a serialization error: use ``write(fn)``, which runs it again (or, with
         ``locking``, READ COMMITTED for a caller that locks what it checks). A read is one consistent snapshot that
         refuses to write: SQLite ``BEGIN DEFERRED`` with ``query_only``; PostgreSQL REPEATABLE READ, READ ONLY."""
-        with self.engine.connect() as conn:
+        with self._connect() as conn:
             if self.dialect == "postgresql":
                 isolation = (
                     "REPEATABLE READ" if read_only else "READ COMMITTED" if locking else "SERIALIZABLE"
@@ -829,6 +858,12 @@ class Database:
     def close(self) -> None:
         with self._all_lock:
             conns, self._all = self._all, []
+            kept, self._kept = self._kept, []
+        for engine_conn in kept:
+            try:
+                engine_conn.close()
+            except SQLAlchemyError:
+                pass
         for conn in conns:
             try:
                 conn.close()

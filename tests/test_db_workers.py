@@ -8,11 +8,13 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
-from impyard.db import Database
+from impyard.db import Database, open_database
 
 pytestmark = pytest.mark.anyio
 
@@ -74,3 +76,47 @@ async def test_a_long_call_never_holds_up_the_next(db: Database) -> None:
             await anyio.sleep(0.05)
             await db.run(short)  # answered while the long call still holds its thread
     assert order == ["short", "long"]
+
+
+async def test_a_worker_keeps_its_engine_connection_between_transactions(db: Database) -> None:
+    """Issue 18: a pool checkout and check-in cost more than a short SQLite transaction, so a worker thread keeps
+    one engine connection: many transactions, checked out of the pool once per worker that ran them."""
+    checkouts: list[int] = []
+    sa.event.listen(db.engine, "checkout", lambda *_: checkouts.append(threading.get_ident()))
+
+    def one() -> int:
+        db.write(lambda conn: conn.execute(sa.text("SELECT 1")).scalar_one())
+        db.read(lambda conn: conn.execute(sa.text("SELECT 1")).scalar_one())
+        return threading.get_ident()
+
+    workers = {await db.run(one) for _ in range(20)}
+    assert len(checkouts) == len(workers), (checkouts, workers)  # once per worker thread, not per transaction
+    assert set(checkouts) == workers
+
+
+async def test_a_nested_transaction_on_a_worker_takes_a_connection_of_its_own(db: Database) -> None:
+    """A read inside a write on one worker thread cannot share the kept connection (it is in a transaction)."""
+
+    def nested() -> tuple[int, int]:
+        return db.write(
+            lambda outer: (
+                id(outer.connection.dbapi_connection),
+                db.read(lambda inner: id(inner.connection.dbapi_connection)),
+            )
+        )
+
+    outer, inner = await db.run(nested)
+    assert outer != inner
+    assert await db.run(lambda: db.read(lambda conn: conn.execute(sa.text("SELECT 2")).scalar_one())) == 2
+
+
+async def test_a_closed_database_lets_go_of_every_kept_connection(tmp_path: Path) -> None:
+    db = open_database(tmp_path / "kept.db")
+    await db.run(lambda: db.write(lambda conn: conn.execute(sa.text("SELECT 1"))))
+    pool = db.engine.pool
+    assert pool.checkedout() >= 1  # type: ignore[attr-defined]  # the worker's kept connection
+    db.close()
+    assert pool.checkedout() == 0  # type: ignore[attr-defined]
+    reopened = await db.run(lambda: db.read(lambda conn: conn.execute(sa.text("SELECT 3")).scalar_one()))
+    assert reopened == 3  # a closed database opens again on its next use
+    db.close()

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
+import sqlalchemy as sa
 from pydantic import BaseModel
 
 from box.protocol.models import Author, Message
@@ -184,3 +185,32 @@ async def test_a_message_that_wakes_nobody_costs_one_trip(
     assert await rt.conversations.receive("pip", ambient) == "ambient"
     assert trips.take() == Counter({HOST: 1})
     assert [m.id for m in rt.history.recent("77")] == ["quiet"]  # kept all the same
+
+
+async def test_a_warm_turn_compiles_no_statement(
+    runtime: Runtime, clock: FixedClock, trips: TripCounter
+) -> None:
+    """Issue 18: every statement of a warm turn comes out of SQLAlchemy's compiled cache. A statement without a
+    cache key (a multi-row VALUES, a construct that opts out) is compiled anew each time it runs: milliseconds
+    of host CPU a turn, paid by every turn. Each statement's cache outcome is counted, never its time."""
+    rt = runtime
+    await turn(rt, 1, clock, trips)
+    clock.advance(timedelta(seconds=10))
+    await turn(rt, 2, clock, trips)  # the first warm turn may compile what only a warm turn runs
+    outcomes: Counter[str] = Counter()
+    def seen(_conn: Any, _cursor: Any, statement: str, _params: Any, context: Any, _many: bool) -> None:
+        outcome = getattr(getattr(context, "cache_hit", None), "name", "NOT_COMPILED")  # engine.CacheStats
+        outcomes[outcome] += 1
+        if outcome != "CACHE_HIT":
+            outcomes[f"{outcome}: {statement[:120]}"] += 1
+
+    engine = rt.db.engine
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        for n in (3, 4):
+            clock.advance(timedelta(seconds=10))
+            await turn(rt, n, clock, trips)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    assert outcomes["CACHE_HIT"] > 0, outcomes
+    assert set(outcomes) == {"CACHE_HIT"}, outcomes
