@@ -11,7 +11,6 @@ framing travels as structured fields.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,15 +20,15 @@ from typing import Literal
 
 import anyio
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import SQLAlchemyError
 
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, Message, SessionInfo
 from impyard import __version__ as impyard_version
+from impyard import storage_faults
 from impyard.backends import BoxBackend
 from impyard.channels import ChannelInfo, ChannelStore
 from impyard.clock import Clock
-from impyard.db import DatabaseError
+from impyard.db import STORAGE_ERRORS
 from impyard.failure_words import missed_line
 from impyard.framing import RecentAuthor, decide_framing
 from impyard.history import History, PendingWake
@@ -74,14 +73,6 @@ RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refus
 # Seed 003: a side-effect consumer of finished turns (the Discord presence). Called once per turn after its
 # outcome is recorded; it must return at once (hand work to its own task) and never raise.
 TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
-
-
-STORAGE_ERRORS = (
-    sqlite3.Error,
-    SQLAlchemyError,
-    DatabaseError,
-    OSError,
-)  # the host's own storage failed (issue 19 #1)
 
 
 @dataclass(frozen=True)
@@ -156,7 +147,10 @@ class Conversations:
         if kept.failed is not None:
             # Issue 19 #1: persisted before routing, or refused in so many words — never half-kept, never a crash.
             what = "keep message" if kept.decision is None else f"wake {imp} for"
-            log.warning("could not %s %s in %s: %s", what, message.id, inbound.channel_id, kept.failed)
+            log.warning(
+                "could not %s %s in %s: %s (%s)", what, message.id, inbound.channel_id,
+                storage_faults.describe(kept.failed, self.history.db.url.where()), type(kept.failed).__name__,
+            )  # fmt: skip
             return Routed("unsaved")
         if kept.recent is None:
             return Routed("ambient")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import queue
 import random
 import sqlite3
@@ -41,10 +42,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from impyard import dburl, migrations
+from impyard import dburl, migrations, storage_faults
 from impyard.dburl import DB_FILENAME, DatabaseUrl, DatabaseUrlError
 from impyard.errors import ImpyardError
 from impyard.paths import home
+from impyard.storage_faults import CommitUncertain
+
+log = logging.getLogger("impyard.db")
 
 BUSY_TIMEOUT_S = 15.0  # how long a writer waits for another writer's transaction
 MAX_WORKERS = 16  # database worker threads at most: a new one only while every one is busy
@@ -53,6 +57,8 @@ WRITE_ATTEMPTS = 8  # PostgreSQL: runs of a write function before a serializatio
 RETRY_BASE_S = 0.005  # first backoff between runs; doubles, with full jitter, up to RETRY_MAX_S
 RETRY_MAX_S = 0.25
 RETRY_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+OUTAGE_PATIENCE_S = 30.0  # PostgreSQL: how long a transaction waits for a server that stopped answering
+OUTAGE_PAUSE_MAX_S = 1.0  # between its tries, doubling from RETRY_BASE_S
 MIGRATION_LOCK_KEY = 0x696D7079617264  # pg_advisory_xact_lock key of "the migrator": b"impyard"
 LEGACY_VERSION = 10  # the last legacy user_version: Alembic's baseline (impyard.migrations.BASELINE)
 SQLITE_PRAGMAS = (
@@ -123,7 +129,9 @@ class _Workers:
                 threading.Thread(target=self._work, name=f"impyard-db-{self.started}", daemon=True).start()
 
     def _work(self) -> None:
-        _WORKER.is_worker = True  # a database's engine connection is kept on this thread (``Database._connect``)
+        _WORKER.is_worker = (
+            True  # a database's engine connection is kept on this thread (``Database._connect``)
+        )
         while True:
             self._jobs.get()()
             with self._lock:
@@ -583,6 +591,11 @@ class DatabaseError(ImpyardError):
     """The database cannot be opened or migrated; the message says what to do."""
 
 
+# What a failure of the host's own database can raise, from either engine or the disk under it (issue 19 #1,
+# issue 21); impyard.storage_faults says which kind it was.
+STORAGE_ERRORS = (sqlite3.Error, DBAPIError, sa.exc.TimeoutError, DatabaseError, OSError, CommitUncertain)
+
+
 class NotPortedError(DatabaseError):
     """Code that speaks SQLite's own dialect (the legacy connection) was asked to run on PostgreSQL."""
 
@@ -679,6 +692,7 @@ class Database:
         migrations: Sequence[Migration] = MIGRATIONS,
         *,
         url: DatabaseUrl | None = None,
+        patience_s: float = OUTAGE_PATIENCE_S,
     ) -> None:
         if url is None:
             if path is None:
@@ -686,6 +700,7 @@ class Database:
             url = dburl.sqlite_url(Path(path))
         self.url = url
         self.dialect: dburl.Dialect = url.dialect
+        self.patience_s = patience_s  # how long a transaction waits for a PostgreSQL server that went away
         self._path = url.path
         self._migrations = tuple(migrations)
         self._local = threading.local()
@@ -774,21 +789,52 @@ class Database:
 
         ``locking``: ``fn`` locks what it checks itself (``SELECT … FOR UPDATE`` of a few hot rows, in one
         order), so PostgreSQL runs it at READ COMMITTED: writers of the same rows queue on their locks instead of
-        failing to serialize and running again (the budget's totals, which every reservation of every host moves)."""
-        for attempt in range(1, attempts + 1):
-            try:
-                with self.begin(locking=locking) as conn:
-                    return fn(conn)
-            except DBAPIError as exc:
-                if attempt >= attempts or not is_retryable(exc):
-                    raise
-            time.sleep(random.uniform(0, min(RETRY_MAX_S, RETRY_BASE_S * 2**attempt)))
-        raise AssertionError("unreachable")  # the loop returns or raises
+        failing to serialize and running again (the budget's totals, which every reservation of every host moves).
+
+        A server that stops answering (issue 21) is waited for, up to ``patience_s``, and ``fn`` runs again once
+        it answers — but only where the transaction never reached its commit. A connection lost during the
+        commit raises ``CommitUncertain``: it may have been kept, so it is never done twice."""
+        return self._transact(fn, read_only=False, attempts=attempts, locking=locking)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        """``fn(conn)`` in a read-only snapshot (``begin(read_only=True)``); its result."""
-        with self.begin(read_only=True) as conn:
-            return fn(conn)
+        """``fn(conn)`` in a read-only snapshot (``begin(read_only=True)``); its result. A server that stops
+        answering is waited for as ``write`` waits."""
+        return self._transact(fn, read_only=True, attempts=1, locking=False)
+
+    def _transact(self, fn: Callable[[Connection], T], *, read_only: bool, attempts: int, locking: bool) -> T:
+        collisions = 0
+        give_up_at: float | None = None
+        pause = RETRY_BASE_S
+        while True:
+            committing = False
+            try:
+                with self.begin(read_only=read_only, locking=locking) as conn:
+                    result = fn(conn)
+                    committing = True  # the block's end commits: a lost connection now leaves it uncertain
+                return result
+            except DBAPIError as exc:
+                if committing and not read_only and storage_faults.waits_for(exc):
+                    raise CommitUncertain(
+                        storage_faults.describe(CommitUncertain(), self.url.where())
+                    ) from exc
+                if is_retryable(exc) and not read_only:
+                    collisions += 1
+                    if collisions >= attempts:
+                        raise
+                    time.sleep(random.uniform(0, min(RETRY_MAX_S, RETRY_BASE_S * 2**collisions)))
+                    continue
+                if self.dialect != "postgresql" or not storage_faults.waits_for(exc):
+                    raise
+                now = time.monotonic()
+                give_up_at = give_up_at if give_up_at is not None else now + self.patience_s
+                if now >= give_up_at:
+                    raise
+                if pause == RETRY_BASE_S:
+                    log.warning(
+                        "%s is not answering; waiting up to %.0f s", self.url.where(), self.patience_s
+                    )
+                time.sleep(min(pause, max(0.0, give_up_at - now)))
+                pause = min(OUTAGE_PAUSE_MAX_S, pause * 2)
 
     # ------------------------------------------------------------ the legacy sqlite3 connection (SQLite only)
 

@@ -24,7 +24,7 @@ WORDS: Final[dict[FailureKind, str]] = {
     "denied": "That was blocked by policy, so I didn't answer.",
     "budget": "I'm over today's budget (resets at 00:00 UTC).",
     "send_limited": "I've sent too many messages here just now — try again in a minute.",
-    "store": "impyard can't write its storage (disk full or read-only) — free space and try again.",
+    "store": "impyard can't write its storage right now (disk full, read-only, or its database not answering) — try again later.",
     "bad_answer": "The model's answer came back unusable — try again.",
     "host": "Something went wrong on impyard's side — try again.",
 }

@@ -24,7 +24,6 @@ waits on a write lock.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
@@ -39,7 +38,6 @@ import sqlalchemy as sa
 from anyio.abc import TaskGroup
 from pydantic import BaseModel
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.history import (
@@ -58,6 +56,7 @@ from box.protocol.models import (
     ModelRequestResult,
     TurnStageParams,
 )
+from impyard import storage_faults
 from impyard.audit import AuditLog, AuditRecord, known_secrets, redact
 from impyard.backends.base import BoxSpec
 from impyard.backends.conduct import printable
@@ -71,7 +70,7 @@ from impyard.broker import (
 )
 from impyard.channels import ChannelInfo, ChannelStore
 from impyard.clock import Clock, SystemClock
-from impyard.db import Database, DatabaseError
+from impyard.db import STORAGE_ERRORS, Database
 from impyard.fetch import FetchFailed, FetchRefused, HttpFetcher
 from impyard.gates import Approver, Gate, GateStore
 from impyard.history_surface import HistorySurface
@@ -104,12 +103,16 @@ log = logging.getLogger("impyard.gateway")
 CALL_GRACE_S = 10.0
 
 # Issue 19 #1: what a failed write of the host's own database is, and how a box is told (the box reads the kind).
-STORAGE_ERRORS = (sqlite3.Error, DBAPIError, DatabaseError, OSError)  # DBAPIError: the engine's (issue 21)
-STORAGE_FAILED = "the host's storage failed: impyard can't write its database (disk full or read-only)"
+STORAGE_FAILED = "the host's storage failed"
 
 
-def storage_failed() -> RpcError:
-    return RpcError(ErrorCode.INTERNAL_ERROR, STORAGE_FAILED, {"kind": "store"})
+def storage_failed(exc: BaseException | None = None, where: str = "") -> RpcError:
+    """The box's error for a failure of the host's database: which kind, in words (impyard.storage_faults; a full
+    disk when no error is given), never the driver's own text (it may quote a server's address or a query)."""
+    fault = storage_faults.classify(exc, where) if exc is not None else storage_faults.Fault("full")
+    return RpcError(
+        ErrorCode.INTERNAL_ERROR, f"{STORAGE_FAILED}: {storage_faults.words(fault)}", {"kind": "store"}
+    )
 
 
 PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
@@ -484,8 +487,9 @@ class Gateway:
             log.exception("gateway failed on %s for %s", method, spec.imp)
             record.verdict, record.reason = "error", "internal error"
             if isinstance(exc, STORAGE_ERRORS):  # issue 19 #1: the box (and the person) learn it was the disk
-                record.reason = "the host's storage failed"
-                raise storage_failed() from None
+                failure = storage_failed(exc, self.db.url.where())
+                record.reason = failure.message
+                raise failure from None
             raise RpcError(ErrorCode.INTERNAL_ERROR, "internal error in the host's gateway") from None
         finally:
             if not record.deferred:  # not written yet with the request's last write (issue 18): written now
@@ -495,7 +499,7 @@ class Gateway:
                         await self.db.run(self.audit.write, record)
                     except STORAGE_ERRORS as exc:  # a full disk: the request is refused, in so many words
                         log.error("could not audit %s for %s: %s", method, spec.imp, exc)
-                        raise storage_failed() from None
+                        raise storage_failed(exc, self.db.url.where()) from None
 
     async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision:
         """The decision ``serve`` would take on this request now, without acting on it (issue 12): every check
@@ -748,7 +752,7 @@ class Gateway:
                 except STORAGE_ERRORS as exc:
                     # A full disk: the box is told so, in so many words (issue 19 #1).
                     log.error("could not settle or audit %s for %s: %s", record.method, record.imp, exc)
-                    call.error = storage_failed()
+                    call.error = storage_failed(exc, self.db.url.where())
                 finally:
                     call.done.set()
                     self._detached.discard(call)

@@ -74,8 +74,8 @@ def route_line(imp: str, outcome: RouteOutcome) -> str | None:
         "busy": f"(impyard) {imp} is too busy; that message will go unanswered",
         "refused": "(impyard) not sent: the chat is stopping",
         "unsaved": (
-            "(impyard) not sent: impyard can't write its database (disk full or read-only) — free space and"
-            " send it again"
+            "(impyard) not sent: impyard can't write its database (disk full, read-only, or not answering) —"
+            " send it again once it can (impyard doctor says which)"
         ),
         "ignored": "(impyard) not sent: the message has no printable text",
     }.get(outcome)
