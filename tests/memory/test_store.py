@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from box.protocol import memory as mem
 from impyard.clock import FixedClock, iso
 from impyard.db import Database, open_database
-from impyard.memory.cache import VectorCache
+from impyard.memory.cache import Generation, VectorCache
 from impyard.memory.store import (
     Forgotten,
     MemoryDenied,
@@ -222,6 +222,30 @@ def test_m65_m66_encode_joins_and_restores_in_one_transaction(
     assert stored(store, echo)["intensity"] == pytest.approx(0.718405, abs=1e-6)
     assert [e.id for e in guild.episodes([living], per_record=5)][0] == episode
     assert len(guild.episodes([echo], per_record=5)) == 1  # the echo gets no new episode
+
+
+def test_a_moment_restoring_a_record_of_another_scope_moves_each_scope_once(
+    guild: ScopedMemory, dm: ScopedMemory, store: MemoryStore, clock: FixedClock
+) -> None:
+    """The DM's write locks the guild's scope too (it re-feels a record there): both move on, once each."""
+    guild_record, _ = guild.encode(moment("in the guild", intensity=0.5))
+    clock.advance(days=1)
+    dm.encode(
+        moment("in the dm", restore=[mem.Restore(record_id=guild_record, toward=0.9)] * 2)  # named twice
+    )
+    assert store.generation(IMP, "guild:G1") == Generation(version=2, deletes=0)
+    assert store.generation(IMP, "dm:p1") == Generation(version=1, deletes=0)
+    assert stored(store, guild_record)["last_felt"] == "2026-01-16T12:00:00.000000+00:00"
+
+
+def test_a_scope_only_read_stays_at_the_generation_of_one_never_written(
+    store: MemoryStore, guild: ScopedMemory
+) -> None:
+    """Reading the slot locks the scope's row (made at 0 on PostgreSQL): it stands where no row stands."""
+    assert guild.slot() == []
+    assert store.generation(IMP, "guild:G1") == Generation(version=0, deletes=0)
+    guild.encode(moment("the first"))
+    assert store.generation(IMP, "guild:G1") == Generation(version=1, deletes=0)
 
 
 def test_a_refused_join_writes_nothing(guild: ScopedMemory, dm: ScopedMemory, store: MemoryStore) -> None:

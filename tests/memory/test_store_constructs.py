@@ -18,11 +18,18 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
+from impyard.db import Database
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
-from tests.memory.conftest import axis, embed
+from tests.memory.conftest import axis, embed, one, rows
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def mdb(any_engine_db: Database) -> Database:
+    """Constructs are formed alike on SQLite and on PostgreSQL: this module runs on both."""
+    return any_engine_db
 
 
 async def ask(service: MemoryService, spec: BoxSpec, method: str, params: dict[str, Any]) -> Any:
@@ -44,20 +51,23 @@ def construct(kind: str, statement: str, **fields: Any) -> dict[str, Any]:
 
 
 def row(store: MemoryStore, record_id: str) -> dict[str, Any]:
-    found = store.db.query(
+    [found] = rows(
+        store.db,
         "SELECT kind, construct_kind, origin, author, author_id, scope, statement, feeling, conclusion, valence,"
-        " intensity, last_felt, mention_text FROM memory_records WHERE id = ?",
-        (record_id,),
+        " intensity, last_felt, mention_text FROM memory_records WHERE id = :id",
+        id=record_id,
     )
-    return dict(found[0])
+    return found
 
 
 def constructs_in(store: MemoryStore, scope: str) -> int:
-    return int(
-        store.db.query(
-            "SELECT COUNT(*) FROM memory_records WHERE kind = 'construct' AND scope = ?", (scope,)
-        )[0][0]
+    counted = one(
+        store.db,
+        "SELECT COUNT(*) FROM memory_records WHERE kind = 'construct' AND scope = :scope",
+        scope=scope,
     )
+    assert isinstance(counted, int)
+    return counted
 
 
 # ------------------------------------------------------------------ a new construct
@@ -281,4 +291,4 @@ async def test_a_construct_with_a_non_finite_vector_writes_nothing(
         await service.serve(guild_box, "memory.construct", params)
     assert caught.value.code == ErrorCode.INVALID_PARAMS
     assert constructs_in(store, "guild:G1") == 0
-    assert store.db.query("SELECT COUNT(*) FROM memory_slots")[0][0] == 0
+    assert one(store.db, "SELECT COUNT(*) FROM memory_slots") == 0

@@ -10,12 +10,19 @@ import pytest
 
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
+from impyard.db import Database
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
-from tests.memory.conftest import GUILD, IMP, axis, moment
+from tests.memory.conftest import GUILD, IMP, axis, moment, one, rows
 from tests.memory.test_store_constructs import ask
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def mdb(any_engine_db: Database) -> Database:
+    """The slot's laws hold alike on SQLite and on PostgreSQL: this module runs on both."""
+    return any_engine_db
 
 
 class Mind:
@@ -62,7 +69,8 @@ def dm_mind(service: MemoryService, dm_box: BoxSpec, clock: FixedClock) -> Mind:
 
 
 def slot_rows(store: MemoryStore) -> list[tuple[str, str]]:
-    return [(r[0], r[1]) for r in store.db.query("SELECT scope, record_id FROM memory_slots ORDER BY scope")]
+    found = rows(store.db, "SELECT scope, record_id FROM memory_slots ORDER BY scope, record_id")
+    return [(str(r["scope"]), str(r["record_id"])) for r in found]
 
 
 # ------------------------------------------------------------------ 74, 84, 85: what enters
@@ -81,7 +89,7 @@ async def test_without_slot_a_construct_is_kept_but_not_brought_to_mind(
     await guild_mind.form("thought", "held")
     formed = await guild_mind.form("belief", "not held", slot=False)
     assert guild_mind.held(formed.slot) == ["held"] and await guild_mind.slot() == ["held"]
-    assert store.db.query("SELECT COUNT(*) FROM memory_records")[0][0] == 2
+    assert one(store.db, "SELECT COUNT(*) FROM memory_records") == 2
 
 
 async def test_m84_beliefs_and_thoughts_use_all_three_places_while_no_act_is_held(guild_mind: Mind) -> None:
@@ -155,11 +163,10 @@ async def test_m86_refreshing_a_held_construct_only_moves_its_time(guild_mind: M
 async def test_m86_refreshing_ids_not_held_changes_nothing(guild_mind: Mind, store: MemoryStore) -> None:
     await guild_mind.form("thought", "a")
     await guild_mind.form("thought", "kept aside", slot=False)
-    before = store.db.query("SELECT record_id, activated_at FROM memory_slots")
+    before = rows(store.db, "SELECT record_id, activated_at FROM memory_slots")
+    assert len(before) == 1
     assert await guild_mind.refresh("kept aside", "no-such-id", "' OR 1=1 --") == ["a"]
-    assert [tuple(r) for r in store.db.query("SELECT record_id, activated_at FROM memory_slots")] == [
-        tuple(r) for r in before
-    ]
+    assert rows(store.db, "SELECT record_id, activated_at FROM memory_slots") == before
 
 
 async def test_m86_a_recurring_thought_is_reactivated_not_added_twice(
@@ -187,10 +194,7 @@ async def test_m87_a_construct_not_activated_for_seven_days_leaves_the_slot_but_
     guild_mind.clock.advance(days=4)  # "old": 7 days and 1 minute ago; "newer": 4 days ago
     assert await guild_mind.slot() == ["newer"]
     assert [r for _, r in slot_rows(store)] == [guild_mind.ids["newer"]]  # dropped from the stored slot too
-    assert (
-        store.db.query("SELECT COUNT(*) FROM memory_records WHERE id = ?", (guild_mind.ids["old"],))[0][0]
-        == 1
-    )
+    assert one(store.db, "SELECT COUNT(*) FROM memory_records WHERE id = :id", id=guild_mind.ids["old"]) == 1
 
 
 async def test_m87_exactly_seven_days_is_still_held(guild_mind: Mind) -> None:
