@@ -39,8 +39,8 @@ from impyard.audit import AuditLog, AuditRecord
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
-from impyard.portable import bytewise, upsert
-from impyard.tables import earned_trust, gates
+from impyard.portable import bytewise
+from impyard.tables import gates
 from impyard.trust import EarnedTrust
 
 GateState = Literal["pending", "approved", "denied", "expired", "executing", "executed", "failed"]
@@ -249,19 +249,8 @@ class GateStore(Store):
 
     def _count_decision(self, conn: Connection, gate: Gate, *, approved: bool) -> None:
         """Earned trust, in the decision's transaction: one more clean approval, or back to zero on a denial."""
-        row = upsert(self.db.dialect)(earned_trust).values(
-            imp=gate.imp, act=gate.act, target=gate.target, clean_approvals=1 if approved else 0,
-            updated_at=iso(self.clock.now()),
-        )  # fmt: skip
-        conn.execute(
-            row.on_conflict_do_update(
-                index_elements=[earned_trust.c.imp, earned_trust.c.act, earned_trust.c.target],
-                set_={
-                    "clean_approvals": earned_trust.c.clean_approvals + 1 if approved else 0,
-                    "updated_at": row.excluded.updated_at,
-                },
-            )
-        )
+        record = self.earned.record_approval if approved else self.earned.record_denial
+        record(conn, gate.imp, gate.act, gate.target)
 
     def open(
         self,
