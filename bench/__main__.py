@@ -3,6 +3,7 @@
 Example:
   python -m bench --out bench/results/latest.json --markdown bench/RESULTS.md
   python -m bench --quick --only warm_turn --only gateway --no-docker
+  python -m bench --only hosts --only ledger --no-docker
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import burst, cold_warm, fanout, gateway, memory, night, warm_turn
+from bench import burst, cold_warm, contention, fanout, gateway, hosts, memory, night, warm_turn
 from bench.env import ROOT, environment, isolated_home, settle
 from bench.harness import Context, NamedBackend, Plan, add_imps, result
 from bench.report import RowsOf, markdown, rich_table, rows
@@ -46,6 +47,8 @@ SCENARIOS: dict[str, tuple[Callable[[Context], Awaitable[dict[str, Any]]], RowsO
     "memory_recall": (memory.recall, memory.recall_rows),
     "memory_turn": (memory.turn_overhead, memory.turn_rows),
     "memory_night": (night.run, night.rows),
+    "hosts": (hosts.run, hosts.rows),
+    "ledger": (contention.run, contention.rows),
 }
 
 
@@ -93,10 +96,13 @@ def choose_backends(
 async def run_scenarios(names: list[str], ctx: Context, console: Console) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name in names:
-        waited = await settle()  # each scenario starts on a quiet machine
+        # each scenario starts on a quiet machine; --quick only checks that everything runs, its figures are noise
+        waited = await settle(ctx.plan.settle_s)
+        began = time.perf_counter()
         try:
             results[name] = await SCENARIOS[name][0](ctx)
             results[name]["settled_before_s"] = waited
+            results[name]["duration_s"] = round(time.perf_counter() - began, 1)
         except Exception as exc:  # noqa: BLE001 - one broken scenario is reported, the rest still run
             console.print(f"scenario {name} failed:\n{traceback.format_exc()}", style="red", markup=False)
             status = f"error: {type(exc).__name__}: {str(exc)[:300]}"

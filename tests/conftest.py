@@ -3,26 +3,16 @@ and the Docker backend under each OCI runtime (runc, and gVisor's runsc where th
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
-import re
-import shutil
-import socket
-import subprocess
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker.errors
 import pytest
-import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
+from bench.pgcluster import PostgresServer, postgres_bin, private_server, throwaway_database
 from impyard import dburl
 from impyard.backends import BoxStartError
 from impyard.backends.docker import DockerBackend, DockerLimits
@@ -167,92 +157,12 @@ def backend(request: pytest.FixtureRequest) -> object:
 POSTGRES_ENV = (
     "IMPYARD_TEST_DATABASE_URL"  # an admin URL of a server to use instead (it must allow CREATE DATABASE)
 )
-POSTGRES_START_TIMEOUT_S = 60
 
 
 @pytest.fixture(autouse=True)
 def _no_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test meets the operator's IMPYARD_DATABASE_URL: each picks its engine itself."""
     monkeypatch.delenv("IMPYARD_DATABASE_URL", raising=False)
-
-
-@dataclass(frozen=True)
-class PostgresServer:
-    """A PostgreSQL server the tests may create databases on."""
-
-    admin_url: str  # holds the password
-    password: str | None
-
-    def url_of(self, database: str) -> str:
-        return str(make_url(self.admin_url).set(database=database).render_as_string(hide_password=False))
-
-
-def _postgres_bin() -> Path | None:
-    """Debian's binaries (postgresql-NN), the newest version."""
-    found = [
-        path for path in glob.glob("/usr/lib/postgresql/*/bin")
-        if (Path(path) / "initdb").exists() and (Path(path) / "pg_ctl").exists()
-    ]  # fmt: skip
-    return Path(max(found, key=lambda p: int(re.sub(r"\D", "", Path(p).parent.name) or 0))) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _start_cluster(bin_dir: Path, root: Path) -> tuple[PostgresServer, Callable[[], None]]:
-    """initdb + pg_ctl start in ``root``: loopback TCP and a socket in ``root`` only, password auth over TCP.
-    PostgreSQL refuses to run as root: as root it runs as the ``postgres`` user (runuser)."""
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        entry = pwd.getpwnam("postgres")  # Debian's postgresql package creates it
-        os.chown(root, entry.pw_uid, entry.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    password = uuid.uuid4().hex
-    (root / "pw").write_text(password)
-    if as_user:
-        os.chown(root / "pw", entry.pw_uid, entry.pw_gid)
-    data, port = root / "data", _free_port()
-
-    def run(*args: str) -> None:
-        done = subprocess.run(
-            [*as_user, *args], capture_output=True, text=True, timeout=POSTGRES_START_TIMEOUT_S
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{Path(args[0]).name} failed: {(done.stderr or done.stdout).strip()[-500:]}")
-
-    run(
-        str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
-        "--auth-host=scram-sha-256", f"--pwfile={root / 'pw'}", "--no-sync", "-E", "UTF8", "--no-instructions",
-    )  # fmt: skip
-    options = (
-        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} -c fsync=off "
-        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
-    )
-    run(
-        str(bin_dir / "pg_ctl"),
-        "-D",
-        str(data),
-        "-l",
-        str(root / "log"),
-        "-w",
-        "-t",
-        "60",
-        "-o",
-        options,
-        "start",
-    )
-
-    def stop() -> None:
-        subprocess.run(
-            [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-            capture_output=True, timeout=POSTGRES_START_TIMEOUT_S,
-        )  # fmt: skip
-
-    admin = f"postgresql+psycopg://postgres:{password}@127.0.0.1:{port}/postgres"
-    return PostgresServer(admin, password), stop
 
 
 @pytest.fixture(scope="session")
@@ -264,44 +174,14 @@ def postgres_server() -> Iterator[PostgresServer | str]:
         admin = dburl.parse(given).url  # postgresql:// means psycopg 3 here too
         yield PostgresServer(admin.render_as_string(hide_password=False), admin.password)
         return
-    bin_dir = _postgres_bin()
-    if bin_dir is None:
+    if postgres_bin() is None:
         yield (
             "no PostgreSQL server: set IMPYARD_TEST_DATABASE_URL or install Debian's postgresql "
             "(apt-get install postgresql; .ci/run does)"
         )
         return
-    root = Path(tempfile.mkdtemp(prefix="impyard-pg-"))
-    try:
-        server, stop = _start_cluster(bin_dir, root)
-    except (OSError, KeyError, RuntimeError, subprocess.SubprocessError) as exc:
-        log = root / "log"
-        tail = log.read_text(errors="replace")[-300:] if log.exists() else ""
-        shutil.rmtree(root, ignore_errors=True)
-        yield f"the private PostgreSQL cluster of {bin_dir} did not start: {exc} {tail}".strip()
-        return
-    try:
+    with private_server() as server:  # or why it did not start
         yield server
-    finally:
-        stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@contextmanager
-def _throwaway_database(server: PostgresServer, prefix: str, template: str | None = None) -> Iterator[str]:
-    """A database of its own on the test server (a copy of ``template`` when given): its name; dropped after."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(server.admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(
-                f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")
-            )
-        yield name
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 @pytest.fixture
@@ -309,7 +189,7 @@ def postgres_url(postgres_server: PostgresServer | str) -> Iterator[str]:
     """A throwaway, empty database on the test server, for this test only (dropped after it)."""
     if isinstance(postgres_server, str):
         pytest.skip(postgres_server)
-    with _throwaway_database(postgres_server, "impyard_test") as name:
+    with throwaway_database(postgres_server, "impyard_test") as name:
         yield postgres_server.url_of(name)
 
 
@@ -320,7 +200,7 @@ def postgres_template(postgres_server: PostgresServer | str) -> Iterator[str | N
     if isinstance(postgres_server, str):
         yield None
         return
-    with _throwaway_database(postgres_server, "impyard_template") as name:
+    with throwaway_database(postgres_server, "impyard_template") as name:
         open_database(url=postgres_server.url_of(name)).close()  # migrated, then let go
         yield name
 
@@ -332,7 +212,7 @@ def migrated_postgres_url(
     """A throwaway database already at the newest revision (a copy of ``postgres_template``), for this test only."""
     if isinstance(postgres_server, str) or postgres_template is None:
         pytest.skip(str(postgres_server))
-    with _throwaway_database(postgres_server, "impyard_test", postgres_template) as name:
+    with throwaway_database(postgres_server, "impyard_test", postgres_template) as name:
         yield postgres_server.url_of(name)
 
 

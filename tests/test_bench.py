@@ -12,8 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench import pgcluster
 from bench.__main__ import SCENARIOS
+from bench.children import Child, ChildFailed, child_env, parse, run_together, split
+from bench.contention import merge as merge_ledger
+from bench.contention import rows as ledger_rows
+from bench.contention import verdict
 from bench.harness import SCENARIO_KEYS, Plan
+from bench.hosts import against
+from bench.hosts import merge as merge_hosts
+from bench.hosts import rows as hosts_rows
 from bench.memory import (
     MEMORY_OFF,
     MEMORY_ON,
@@ -25,6 +33,7 @@ from bench.memory import (
     sequential,
     unit_rows,
 )
+from bench.pgcluster import postgres_bin
 from impyard.backends import BoxSpec
 from impyard.db import open_database
 from impyard.memory.scopes import SessionScopes
@@ -174,3 +183,199 @@ def check_memory_night(s: dict[str, Any]) -> None:
     for size, night in s["sizes"].items():
         assert night["records_before"] == int(size) + 20 > night["records_after"], size  # forgetting ran
         assert night["db_mib_before"] >= night["db_mib_after"], size
+
+
+# ------------------------------------------------------------------ beyond one machine (issue 21)
+
+
+@pytest.mark.timeout(300)
+def test_the_hosts_and_ledger_scenarios_run_quick(tmp_path: Path) -> None:
+    """One host on SQLite, one on PostgreSQL, two host processes on one PostgreSQL: the same load, every message
+    answered once; the ledger raced by threads and by two processes on each engine: exactly as many granted as
+    fit, 0 overspend. Where PostgreSQL cannot run, its rows say why."""
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "hosts", "--only", "ledger", "--no-docker",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    scenarios = json.loads(out.read_text())["scenarios"]
+    assert list(scenarios) == ["hosts", "ledger"]
+    postgres = postgres_bin() is not None  # where Debian's binaries are, the PostgreSQL rows must be measured
+    check_hosts(scenarios["hosts"], postgres)
+    check_ledger(scenarios["ledger"], postgres)
+    printed = run.stdout
+    assert "two host processes, one PostgreSQL" in printed and "ledger reserve+settle, sqlite" in printed
+
+
+def check_hosts(s: dict[str, Any], postgres: bool) -> None:
+    assert s["status"] == "ok" and s["met"] is True, s
+    assert (s["sessions"], s["messages"], s["backend"]) == (4, 3, "process")
+    variants = s["variants"]
+    assert list(variants) == ["sqlite", "postgresql", "two_hosts"]
+    shapes = {
+        "sqlite": (["sqlite"], [12]),
+        "postgresql": (["postgresql"], [12]),
+        "two_hosts": (["postgresql"], [6, 6]),
+    }
+    for name, v in variants.items():
+        if "skipped" in v:
+            assert not postgres and name != "sqlite", v
+            assert v["skipped"].startswith("skipped: no PostgreSQL binaries"), v
+            continue
+        dialects, per_host = shapes[name]
+        assert (v["dialects"], v["per_host_turns"], v["hosts"]) == (dialects, per_host, len(per_host)), name
+        assert v["samples"] == v["turns"] == 12 and v["lost"] == v["duplicated"] == 0, name
+        assert v["turns_per_s"] > 0 and 0 < v["p50_ms"] <= v["p99_ms"], name
+        assert set(v["vs_sqlite"]) == {"turns_per_s", "p50", "p99"}, name
+    assert variants["sqlite"]["vs_sqlite"] == {"turns_per_s": 1.0, "p50": 1.0, "p99": 1.0}
+    assert ("skipped" in variants["two_hosts"]) is not postgres
+    assert (s["postgres"] is not None) is postgres
+
+
+def check_ledger(s: dict[str, Any], postgres: bool) -> None:
+    assert s["status"] == "ok" and s["met"] is True, s
+    assert s["overspend_micros"] == 0 and (s["workers"], s["fit"]) == (4, 40)
+    engines = s["engines"]
+    assert list(engines) == ["sqlite", "postgresql"]
+    assert ("skipped" in engines["postgresql"]) is not postgres
+    for engine, runs in engines.items():
+        if "skipped" in runs:
+            assert runs["skipped"].startswith("skipped: no PostgreSQL binaries"), runs
+            continue
+        assert list(runs) == ["threads", "processes"], engine
+        for mode, v in runs.items():
+            where = (engine, mode)
+            assert (v["processes"], v["workers"]) == ({"threads": 1, "processes": 2}[mode], 4), where
+            assert v["dialects"] == [engine] and v["errors"] == [], where
+            assert v["overspend_micros"] == 0 and v["settled_micros"] <= v["cap_micros"] == 40_500, where
+            assert v["granted"] == v["granted_by_workers"] == v["fit"] == 40 and v["samples"] == 40, where
+            assert v["in_flight"] == 0 and v["totals_agree"] is True, where
+            assert v["refused_by"] == ["imp:pip/day"] and v["pairs_per_s"] > 0 and v["met"] is True, where
+
+
+@pytest.mark.parametrize(
+    ("total", "parts", "expected"),
+    [(4, 1, [4]), (4, 2, [2, 2]), (5, 2, [3, 2]), (7, 3, [3, 2, 2]), (2, 2, [1, 1])],
+)
+def test_a_load_is_split_evenly_among_processes(total: int, parts: int, expected: list[int]) -> None:
+    assert split(total, parts) == expected
+
+
+@pytest.mark.parametrize(("total", "parts"), [(1, 2), (4, 0)])
+def test_a_load_that_cannot_be_split_is_refused(total: int, parts: int) -> None:
+    with pytest.raises(ValueError, match="cannot split"):
+        split(total, parts)
+
+
+def _host(latencies: list[float], began: float, ended: float, **more: Any) -> dict[str, Any]:
+    return {"latencies_ms": latencies, "began": began, "ended": ended, "turns": len(latencies), "lost": 0,
+            "duplicated": 0, "cpu_s": 0.1, "dialect": "postgresql", **more}  # fmt: skip
+
+
+def test_two_hosts_answers_merge_into_one_load() -> None:
+    merged = merge_hosts(
+        [
+            _host([10.0, 20.0, 30.0], began=100.0, ended=101.0),
+            _host([40.0], began=100.5, ended=102.0, turns=2, lost=1, cpu_s=0.3),
+        ]
+    )
+    # four turns answered from the first start (100.0) to the last end (102.0); five were sent
+    assert merged["turns_per_s"] == 2.0 and merged["wall_s"] == 2.0 and merged["turns"] == 5
+    assert (merged["samples"], merged["p50_ms"], merged["per_host_turns"]) == (4, 25.0, [3, 1])
+    assert (merged["lost"], merged["duplicated"], merged["hosts"]) == (1, 0, 2)
+    assert merged["host_cpu_ms_per_turn"] == 80.0  # 0.4 s of CPU over 5 turns
+    assert merged["dialects"] == ["postgresql"]
+
+
+def test_a_variant_is_set_against_sqlite() -> None:
+    base = {"turns_per_s": 40.0, "p50_ms": 50.0, "p99_ms": 200.0}
+    assert against({"turns_per_s": 60.0, "p50_ms": 25.0, "p99_ms": 300.0}, base) == {
+        "turns_per_s": 1.5, "p50": 0.5, "p99": 1.5,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("granted", "settled", "in_flight", "totals_agree", "overspend", "met"),
+    [
+        (10, 10_000, 0, True, 0, True),  # exactly the 10 that fit in 10,500
+        (11, 11_000, 0, True, 500, False),  # one too many: past the cap by 500
+        (12, 12_000, 0, True, 1_500, False),
+        (9, 9_000, 0, True, 0, False),  # refused while there was room
+        (10, 10_000, 1, True, 0, False),  # a reservation left in flight
+        (10, 10_000, 0, False, 0, False),  # the running totals disagree with the rows
+        (10, 9_500, 0, True, 0, False),  # one settled below its estimate: not what the workers did
+    ],
+)
+def test_the_ledger_verdict_comes_from_its_rows(
+    granted: int, settled: int, in_flight: int, totals_agree: bool, overspend: int, met: bool
+) -> None:
+    got = verdict(10_500, 1_000, granted, settled, in_flight, totals_agree)
+    assert (got["fit"], got["overspend_micros"], got["met"]) == (10, overspend, met)
+
+
+def test_ledger_workers_answers_merge_into_one_run() -> None:
+    def worker(pairs: list[float], began: float, ended: float, refused: list[str]) -> dict[str, Any]:
+        return {"pairs_ms": pairs, "granted": len(pairs), "threads": 2, "refused_by": refused, "errors": [],
+                "began": began, "ended": ended, "cap_micros": 10_500, "dialect": "sqlite"}  # fmt: skip
+
+    merged = merge_ledger(
+        [worker([1.0, 2.0, 3.0], 10.0, 11.0, ["imp:pip/day"]), worker([4.0], 10.2, 12.0, ["imp:pip/day"] * 2)]
+    )
+    assert (merged["pairs_per_s"], merged["granted_by_workers"], merged["workers"]) == (2.0, 4, 4)
+    assert merged["refused_by"] == ["imp:pip/day"] and merged["caps_read"] == [10_500]
+
+
+def test_rows_name_what_was_skipped_and_why() -> None:
+    reason = "skipped: no PostgreSQL binaries in /usr/lib/postgresql/*/bin (apt-get install postgresql)"
+    base = {"samples": 12, "p50_ms": 50.0, "p95_ms": 60.0, "p99_ms": 70.0, "turns_per_s": 30.0, "lost": 0,
+            "duplicated": 0, "vs_sqlite": {"turns_per_s": 1.0, "p50": 1.0, "p99": 1.0}}  # fmt: skip
+    s = {"sessions": 4, "messages": 3, "backend": "process", "baseline": base,
+         "variants": {"sqlite": base, "postgresql": {"skipped": reason}, "two_hosts": {"skipped": reason}}}  # fmt: skip
+    got = [(row.figure, row.target, row.met) for row in hosts_rows(s)]
+    assert got == [
+        ("hosts: one host, SQLite, 4 sessions × 3 messages, process",
+         "30.0 turns/s (1.00× SQLite); p99 70 ms (1.00×); lost 0, dup 0", True),
+        ("hosts: one host, one PostgreSQL, 4 sessions × 3 messages, process", reason, None),
+        ("hosts: two host processes, one PostgreSQL, 4 sessions × 3 messages, process", reason, None),
+    ]  # fmt: skip
+    ledger = {"engines": {"sqlite": {}, "postgresql": {"skipped": reason}}, "baseline": base}
+    assert [(row.figure, row.target) for row in ledger_rows(ledger)] == [
+        ("ledger contention, postgresql", reason)
+    ]
+
+
+def test_without_postgresql_binaries_the_private_server_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pgcluster, "postgres_bin", lambda: None)
+    with pgcluster.private_server() as server:
+        assert (
+            server
+            == "no PostgreSQL binaries in /usr/lib/postgresql/*/bin (apt-get install postgresql; .ci/run does)"
+        )
+
+
+def test_a_child_that_exits_before_it_is_ready_is_one_line_naming_it() -> None:
+    quiet = Child(
+        "the quiet child", "bench.children", [], child_env()
+    )  # a module with no main: it just exits
+    with pytest.raises(ChildFailed, match=r"^the quiet child exited with status 0 before its ready$"):
+        run_together([quiet], ready_timeout_s=60)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('@bench {"ready": true}\n', {"ready": True}),
+        ("some library's chatter\n", None),
+        ('{"ready": true}\n', None),  # unmarked: not the protocol
+    ],
+)
+def test_only_marked_lines_are_the_childrens_protocol(line: str, expected: dict[str, Any] | None) -> None:
+    assert parse(line) == expected
+
+
+@pytest.mark.parametrize("line", ["@bench [1, 2]\n", "@bench not json\n"])
+def test_a_marked_line_that_is_not_a_json_object_is_refused(line: str) -> None:
+    with pytest.raises(ValueError):
+        parse(line)

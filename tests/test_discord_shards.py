@@ -28,7 +28,7 @@ from impyard.db import open_database
 from impyard.discord.serve import shard_scope
 from impyard.discord.shards import Shard, ShardError, shard_of
 from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.discord_yard import (
     model_fixture,  # noqa: F401 - the `model` fixture
     serving,
@@ -293,3 +293,64 @@ def test_a_channel_is_the_shard_of_its_server_and_dms_are_shard_zero(
     info: ChannelInfo | None, owners: list[int]
 ) -> None:
     assert [i for i in range(2) if Shard(i, 2).owns_channel(info)] == owners
+
+
+def test_a_shard_whose_host_is_killed_mid_turn_is_answered_by_its_next_holder(
+    tmp_path: Path, migrated_postgres_url: str
+) -> None:
+    """Issue 21, "a host killed mid-turn loses no message that its shard's next holder can still answer": the
+    host of shard 0/2 is killed (``kill -9``) while the model answers a message; another home's host takes the
+    shard over at once (the holder is dead on this machine) and answers that message, once, from the shared
+    PostgreSQL database. The killed host's model call in flight is settled by the next holder."""
+    url = migrated_postgres_url
+    with make_fake() as fake, FakeOpenAI() as model0, FakeOpenAI() as model1:
+        model0.script(slow(envelope(answer="from the killed host"), 60.0))
+        model1.script(envelope(answer="from the next holder"))
+        prepare_home(tmp_path / "home0", url)
+        prepare_home(tmp_path / "home1", url)
+        log0 = tmp_path / "killed.log"
+        env = {
+            **os.environ, "IMPYARD_HOME": str(tmp_path / "home0"), "OPENAI_API_KEY": str(model0.api_key),
+            "OPENAI_BASE_URL": model0.base_url, "IMPYARD_DISCORD_TOKEN_PIP": TOKEN,
+            "IMPYARD_DISCORD_API_BASE": fake.api_base, "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05",
+            "IMPYARD_DATABASE_URL": url,
+        }  # fmt: skip
+        with log0.open("w") as out:
+            killed = subprocess.Popen(
+                [IMPYARD, "serve", "pip", "--backend", "process", "--shard", "0/2"],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            wait_for_line(log0, "serving pip on Discord as shard 0/2")
+            asked = fake.post_message(EVEN_A, ALICE, "hello pip").id
+            deadline = time.monotonic() + START_S
+            while not model0.requests:  # mid-turn: the model has the request and takes its time
+                assert time.monotonic() < deadline, log0.read_text()
+                time.sleep(0.05)
+            killed.kill()  # SIGKILL: no goodbye, no outcome written
+            killed.wait(timeout=START_S)
+        finally:
+            if killed.poll() is None:
+                killed.kill()
+                killed.wait()
+        with serve_process(tmp_path / "home1", "0/2", model1, fake, url) as log1:
+            wait_for_line(log1, "serving pip on Discord as shard 0/2")
+            fake.wait_for_sync(lambda: len(fake.messages(EVEN_A)) >= 1, timeout=START_S)
+        replies = fake.messages(EVEN_A)
+        assert [(m.reference_id, m.content) for m in replies] == [(asked, "from the next holder")], (
+            log1.read_text()
+        )
+    db = open_database(url=url)
+    try:
+        wakes = db.read(lambda c: c.execute(text("SELECT message_id, outcome FROM wakes")).all())
+        lease = db.read(
+            lambda c: c.execute(text("SELECT token FROM leases WHERE name = 'shard:0/2'")).scalar_one()
+        )
+        in_flight = db.read(
+            lambda c: c.execute(text("SELECT count(*) FROM ledger WHERE state = 'reserved'")).scalar_one()
+        )
+    finally:
+        db.close()
+    assert [(str(m), o) for m, o in wakes] == [(str(asked), "sent")]
+    assert lease == 2  # taken over: the next token
+    assert in_flight == 0  # the killed host's reservation was settled by the next holder
