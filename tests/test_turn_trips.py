@@ -198,6 +198,7 @@ async def test_a_warm_turn_compiles_no_statement(
     clock.advance(timedelta(seconds=10))
     await turn(rt, 2, clock, trips)  # the first warm turn may compile what only a warm turn runs
     outcomes: Counter[str] = Counter()
+
     def seen(_conn: Any, _cursor: Any, statement: str, _params: Any, context: Any, _many: bool) -> None:
         outcome = getattr(getattr(context, "cache_hit", None), "name", "NOT_COMPILED")  # engine.CacheStats
         outcomes[outcome] += 1
