@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -635,6 +636,13 @@ def is_retryable(exc: BaseException) -> bool:
     return getattr(orig, "sqlstate", None) in RETRY_SQLSTATES
 
 
+_SERIALIZABLE, _LOCKING, _READ = (
+    psycopg.IsolationLevel.SERIALIZABLE,
+    psycopg.IsolationLevel.READ_COMMITTED,
+    psycopg.IsolationLevel.REPEATABLE_READ,
+)
+
+
 def _sqlite_engine(path: Path) -> Engine:
     """SQLAlchemy on the SQLite file, with the pysqlite recipe for real transactions: the driver's own BEGIN is
     off (isolation_level=None) and each transaction starts with our BEGIN (``_sqlite_begin``)."""
@@ -670,6 +678,19 @@ def _sqlite_begin(conn: Connection, read_only: bool) -> None:
         driver.execute(f"PRAGMA query_only = {1 if read_only else 0}")
         fairy.info["impyard_query_only"] = read_only
     driver.execute("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")
+
+
+def _postgresql_begin(conn: Connection, read_only: bool, locking: bool) -> None:
+    """Set ``conn``'s next transaction on PostgreSQL: SERIALIZABLE for a write (READ COMMITTED for one that locks
+    what it checks), REPEATABLE READ, READ ONLY for a read. Set on the driver's connection, which puts them in the
+    BEGIN it sends with the first statement: no round trip of their own, where SQLAlchemy's execution options
+    cost one to set them and one to reset them (issue 18). Only what changed is set."""
+    driver: Any = conn.connection.driver_connection
+    level = _READ if read_only else _LOCKING if locking else _SERIALIZABLE
+    if driver.isolation_level != level:
+        driver.isolation_level = level
+    if driver.read_only is not read_only:
+        driver.read_only = read_only
 
 
 def _postgresql_engine(target: DatabaseUrl) -> Engine:
@@ -734,12 +755,14 @@ class Database:
 
     @contextmanager
     def _connect(self) -> Iterator[Connection]:
-        """An engine connection for one transaction. On SQLite a database worker thread keeps its own between
-        transactions: a pool checkout and check-in cost three times what a short transaction does (issue 18).
-        Any other thread, a nested use, and PostgreSQL (whose pool pings a connection before lending it, so a
-        server restart costs no turn) take one from the pool and give it back."""
+        """An engine connection for one transaction. A database worker thread keeps its own between transactions:
+        a pool checkout and check-in cost three times what a short SQLite transaction does, and on PostgreSQL they
+        are round trips (the pool's ping before it lends a connection, its rollback when it is given back; issue
+        18). A kept connection that the server dropped fails its next statement and is replaced: the transaction
+        never reached its commit, so ``write`` runs it again (``_transact``). Any other thread, and a nested use,
+        take one from the pool (which pings it first) and give it back."""
         kept: Connection | None = None
-        if self.dialect == "sqlite" and getattr(_WORKER, "is_worker", False):
+        if getattr(_WORKER, "is_worker", False):
             kept = getattr(self._local, "engine_conn", None)
             if kept is None or kept.invalidated or kept.closed:
                 kept = self.engine.connect()
@@ -768,10 +791,7 @@ class Database:
         refuses to write: SQLite ``BEGIN DEFERRED`` with ``query_only``; PostgreSQL REPEATABLE READ, READ ONLY."""
         with self._connect() as conn:
             if self.dialect == "postgresql":
-                isolation = (
-                    "REPEATABLE READ" if read_only else "READ COMMITTED" if locking else "SERIALIZABLE"
-                )
-                conn.execution_options(isolation_level=isolation, postgresql_readonly=read_only)
+                _postgresql_begin(conn, read_only, locking)
             else:
                 _sqlite_begin(conn, read_only)
             with conn.begin():

@@ -172,6 +172,49 @@ async def test_run_carries_engine_work_to_a_worker_thread(any_engine_db: Databas
     assert await any_engine_db.run(channel_ids, any_engine_db) == ["discord:2"]
 
 
+# --- PostgreSQL: each transaction's isolation -------------------------------------------------------------
+
+
+def _characteristics(conn: Connection) -> tuple[str, str]:
+    return (
+        str(conn.exec_driver_sql("SHOW transaction_isolation").scalar_one()),
+        str(conn.exec_driver_sql("SHOW transaction_read_only").scalar_one()),
+    )
+
+
+def _every_kind(db: Database) -> list[tuple[str, str]]:
+    """A write, a locking write, a read, and a write again: each sets its own, whatever came before on the
+    connection (a worker keeps one connection across all of them)."""
+    return [
+        db.write(_characteristics),
+        db.write(_characteristics, locking=True),
+        db.read(_characteristics),
+        db.write(_characteristics),
+        db.read(_characteristics),
+    ]
+
+
+EXPECTED_CHARACTERISTICS = [
+    ("serializable", "off"),
+    ("read committed", "off"),
+    ("repeatable read", "on"),
+    ("serializable", "off"),
+    ("repeatable read", "on"),
+]
+
+
+@pytest.mark.anyio
+async def test_each_transaction_has_its_isolation_on_postgresql(migrated_postgres_url: str) -> None:
+    """Set on the driver's connection (in the BEGIN it sends, no round trip of its own): checked on the
+    server, from a worker thread (one kept connection) and from another thread (the pool)."""
+    db = open_database(url=migrated_postgres_url)
+    try:
+        assert await db.run(_every_kind, db) == EXPECTED_CHARACTERISTICS
+        assert _every_kind(db) == EXPECTED_CHARACTERISTICS
+    finally:
+        db.close()
+
+
 # --- SQLite: the pysqlite recipe ----------------------------------------------------------------------------
 
 
