@@ -765,10 +765,12 @@ class Database:
         if getattr(_WORKER, "is_worker", False):
             kept = getattr(self._local, "engine_conn", None)
             if kept is None or kept.invalidated or kept.closed:
-                kept = self.engine.connect()
+                dropped, kept = kept, self.engine.connect()
                 self._local.engine_conn = kept
                 with self._all_lock:
-                    self._kept.append(kept)
+                    self._kept = [c for c in self._kept if c is not dropped] + [kept]
+                if dropped is not None:
+                    dropped.close()  # given back to the pool, which discards an invalidated one
             if getattr(self._local, "engine_busy", False):
                 kept = None  # nested: this thread's connection is in a transaction already
         if kept is None:
