@@ -6,7 +6,9 @@ token and an expiry. The holder renews it while it lives; anyone else is
 refused with the holder's host and pid until the lease expired, or at once
 where this machine can tell the holder is dead (``kill -9``, a reboot). Every
 takeover raises the token, so a host that lost its lease and still tries to
-act carries a stale token and is refused (``verify``).
+act carries a stale token and is refused (``verify``). A task left ``running``
+is reclaimed (requeued or ended) only by a host that may take its run's lease
+over (``reclaims``): never while a live host holds it.
 
 This module decides; ``impyard.leases`` reads and writes the rows.
 """
@@ -21,6 +23,8 @@ from impyard.liveness import Holder
 
 DEFAULT_TTL = timedelta(seconds=30)  # how long a lease lives without a renewal
 RENEW_EVERY = timedelta(seconds=10)  # a holder renews this often: two renewals may fail before it expires
+# What a holder says of itself (its warm boxes) is written as soon as it changed, at most this often.
+DETAIL_EVERY = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,19 @@ class Decision:
     @property
     def granted(self) -> bool:
         return self.outcome is not Outcome.HELD
+
+
+def granted(decision: Decision) -> bool:
+    """Whether a claimant takes the lease: every outcome but HELD (what ``impyard serve`` and ``chat`` ask)."""
+    return decision.granted
+
+
+def reclaims(decision: Decision) -> bool:
+    """Whether a host may take a running task's run lease over to reclaim the task (requeue or end it): the run
+    holds no lease (FREE: it started before run leases, or its holder let go without ending it), its holder
+    stopped renewing (EXPIRED) or is gone (DEAD). Never HELD (a live host runs it), and never MINE: a run of this
+    very process is another supervisor's of it, still running."""
+    return decision.outcome in (Outcome.FREE, Outcome.EXPIRED, Outcome.DEAD)
 
 
 def decide(row: LeaseRow | None, me: Holder, now: datetime, alive: bool | None) -> Decision:

@@ -1,4 +1,5 @@
-"""Leases in the database: one holder at a time for a shard, a terminal channel, and each host's own record.
+"""Leases in the database: one holder at a time for a shard, a terminal channel, a task run, and each host's own
+record.
 
 The rules (who may take a lease, when an act under it is refused) are pure and live in ``impyard.lease_rules``;
 this module reads and writes the ``leases`` rows through the engine API (``db.write``/``db.read``), so it runs
@@ -7,12 +8,15 @@ on SQLite and on PostgreSQL alike, and keeps the leases a process holds:
 * ``LeaseStore``: ``acquire`` (or ``LeaseHeld``, naming the holder's host and pid), ``renew`` (or ``LeaseLost``,
   saying who took it), ``release`` (the row and its token stay, so the next holder's token is one more),
   ``verify`` (why an act under a token must be refused), ``list`` (for ``impyard hosts``).
-* ``LeaseKeeper``: renews every ``RENEW_EVERY`` and, when a lease is lost or could not be renewed before its
-  local deadline, says so once (``on_lost``). It is also the host's ``LeaseGuard``: ``check()`` answers from a
-  monotonic deadline kept in memory, so a host that cannot reach the database stops acting when its lease may
-  have expired, without a database hop per act.
+* ``LeaseKeeper``: renews every ``RENEW_EVERY`` (and writes what a holder says of itself as soon as it changed,
+  ``DETAIL_EVERY`` at most) and, when a lease is lost or could not be renewed before its local deadline, says so
+  once (``on_lost``). It is also the host's ``LeaseGuard``: ``check()`` answers from a monotonic deadline kept in
+  memory, so a host that cannot reach the database stops acting when its lease may have expired, without a
+  database hop per act.
 * ``hold_host``: what ``impyard serve`` and ``impyard chat`` hold for their lives — their shard or channel, and
   ``host:<hostname>/<pid>``, the record ``impyard hosts`` lists (home, command, shard, warm boxes, start).
+* ``task_lease_name``: the lease a task run holds from its claim to its end (``task:<task>/<run>``), taken by the
+  supervisor (``impyard.supervisor``), and taken over only to reclaim a run whose holder stopped.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import anyio
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -36,14 +40,27 @@ from impyard import liveness
 from impyard.clock import Clock, SystemClock, iso
 from impyard.db import Database, DatabaseError, Store, open_database
 from impyard.errors import ImpyardError
-from impyard.lease_rules import DEFAULT_TTL, RENEW_EVERY, LeaseRow, Outcome, decide, refusal, verify
+from impyard.lease_rules import (
+    DEFAULT_TTL,
+    DETAIL_EVERY,
+    RENEW_EVERY,
+    Decision,
+    LeaseRow,
+    Outcome,
+    decide,
+    granted,
+    refusal,
+    verify,
+)
 from impyard.liveness import Holder
 from impyard.tables import leases
 
 log = logging.getLogger("impyard.leases")
 
 HOST_PREFIX = "host:"  # a process's own record: host:<hostname>/<pid>
-HOST_ROWS_KEPT = timedelta(days=1)  # a host record that expired longer ago than this is forgotten
+TASK_PREFIX = "task:"  # a task run's lease: task:<task id>/<run id>, from its claim to its end
+HOST_ROWS_KEPT = timedelta(days=1)  # a host record (or a run's lease) expired longer ago is forgotten
+FORGOTTEN_PREFIXES = (HOST_PREFIX, TASK_PREFIX)  # leases whose names are never taken again once they ended
 MAX_DETAIL_CHARS = 4_000  # what a holder says about itself is small: a line of `impyard hosts`
 RENEW_ERRORS = (
     DatabaseError,
@@ -84,6 +101,7 @@ class Lease:
     deadline: float
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
     lost: str | None = None  # why, once a renewal found it lost (lease_rules.verify's reason)
+    taken_from: Holder | None = None  # the holder it was taken over from (expired or dead), if any
 
     def valid(self) -> bool:
         """Whether this process may still act under the lease, by its own clock (no database hop)."""
@@ -144,6 +162,11 @@ def host_lease_name(holder: Holder) -> str:
     return f"{HOST_PREFIX}{holder.host}/{holder.pid}"
 
 
+def task_lease_name(task_id: str, run_id: str) -> str:
+    """The lease a task run holds from its claim to its end: one per run, so a run id is never held twice."""
+    return f"{TASK_PREFIX}{task_id}/{run_id}"
+
+
 class LeaseStore(Store):
     """The ``leases`` rows, for the process ``me`` (default: this one). Blocking; ``store.aio.m()`` awaits."""
 
@@ -166,10 +189,17 @@ class LeaseStore(Store):
         return conn.execute(select(leases).where(leases.c.name == name)).mappings().first()
 
     def acquire(
-        self, name: str, detail: Mapping[str, Any] | None = None, ttl: timedelta = DEFAULT_TTL
+        self,
+        name: str,
+        detail: Mapping[str, Any] | None = None,
+        ttl: timedelta = DEFAULT_TTL,
+        *,
+        takes: Callable[[Decision], bool] = granted,
     ) -> Lease:
         """Take ``name`` for ``ttl`` (or renew it, when this process holds it already); ``LeaseHeld`` when
-        someone alive holds it. A takeover (expired, or a dead holder on this machine) gets the next token."""
+        someone alive holds it. A takeover (expired, or a dead holder on this machine) gets the next token.
+        ``takes``: which of ``lease_rules.decide``'s outcomes take the lease (``lease_rules.reclaims``: a
+        takeover to reclaim a task run, never a lease of this process); the others raise ``LeaseHeld``."""
         me, detail_text = self.me, _detail_text(detail)
 
         def txn(
@@ -179,7 +209,7 @@ class LeaseStore(Store):
             row, now = _row(found), self.clock.now()
             other = row.holder if row is not None and row.holder is not None and row.holder != me else None
             decision = decide(row, me, now, self.alive(other) if other is not None else None)
-            if not decision.granted:
+            if not decision.granted or not takes(decision):
                 return False, row, decision.token, now
             values = {
                 "holder": str(me), "token": decision.token, "renewed_at": iso(now), "expires_at": iso(now + ttl),
@@ -194,11 +224,15 @@ class LeaseStore(Store):
             return True, row, decision.token, now + ttl
 
         started = self.monotonic()
-        granted, row, token, when = self.db.write(txn)
-        if not granted:
-            assert row is not None  # only a row someone holds is refused
+        taken, row, token, when = self.db.write(txn)
+        if not taken:
+            if row is None:  # a free lease refused by ``takes``: nobody holds it
+                raise LeaseHeld(name, f"{name} is free, and was not taken", None)
             raise LeaseHeld(name, refusal(name, row, when), row.holder)
-        return Lease(name, token, when, me, started + ttl.total_seconds(), self.monotonic)
+        previous = row.holder if row is not None and row.holder != me else None
+        return Lease(
+            name, token, when, me, started + ttl.total_seconds(), self.monotonic, taken_from=previous
+        )
 
     def renew(
         self, lease: Lease, detail: Mapping[str, Any] | None = None, ttl: timedelta = DEFAULT_TTL
@@ -274,14 +308,14 @@ class LeaseStore(Store):
 
         return self.db.read(txn)
 
-    def forget_stale_hosts(self, kept: timedelta = HOST_ROWS_KEPT) -> int:
-        """Delete the records of hosts that expired more than ``kept`` ago (killed processes leave theirs)."""
+    def forget_stale(self, kept: timedelta = HOST_ROWS_KEPT) -> int:
+        """Delete the records of hosts, and the leases of task runs, that expired more than ``kept`` ago (killed
+        processes leave theirs; no name of either is taken again). A shard's or channel's lease keeps its token."""
 
         def txn(conn: Connection) -> int:
             cutoff = iso(self.clock.now() - kept)
-            gone = conn.execute(
-                delete(leases).where(leases.c.name.startswith(HOST_PREFIX), leases.c.expires_at < cutoff)
-            )
+            named = or_(*(leases.c.name.startswith(prefix) for prefix in FORGOTTEN_PREFIXES))
+            gone = conn.execute(delete(leases).where(named, leases.c.expires_at < cutoff))
             return int(gone.rowcount or 0)
 
         return int(self.db.write(txn))
@@ -298,7 +332,10 @@ class LeaseKeeper:
 
     ``on_lost(why)`` is called once, with one line naming the lease and who took it, when a renewal finds the
     lease lost or when none succeeded before the lease's local deadline; the keeper then stops. ``details``:
-    a function per lease name whose result replaces the row's detail at each renewal."""
+    a function per lease name whose result replaces the row's detail at each renewal, and at once when it
+    changed (looked at every ``detail_every``, in memory; a write only when it changed, so at most one a
+    ``detail_every``, in the keeper's own task: never on the path of a turn). ``written``: the details the
+    leases were acquired with."""
 
     def __init__(
         self,
@@ -309,6 +346,8 @@ class LeaseKeeper:
         ttl: timedelta = DEFAULT_TTL,
         on_lost: Callable[[str], None] | None = None,
         details: Mapping[str, Callable[[], Mapping[str, Any]]] | None = None,
+        detail_every: timedelta = DETAIL_EVERY,
+        written: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.store = store
         self.held = list(held)
@@ -316,6 +355,8 @@ class LeaseKeeper:
         self.ttl = ttl
         self.on_lost = on_lost
         self.details = dict(details or {})
+        self.detail_every_s = detail_every.total_seconds()
+        self._written = {name: dict(detail) for name, detail in (written or {}).items()}
         self.lost: str | None = None  # one line: which lease, and who took it
         self.lost_error: LeaseLost | None = None  # the same, to raise once the host has stopped
         self._scope: anyio.CancelScope | None = None
@@ -342,11 +383,18 @@ class LeaseKeeper:
             tg.start_soon(self._watch_deadlines, name="lease deadlines")
 
     async def _keep(self, lease: Lease) -> None:
+        """Renew every ``renew_every``; in between, write the lease's detail as soon as it changed."""
+        describe = self.details.get(lease.name)
+        written = self._written.get(lease.name)
+        due = anyio.current_time() + self.renew_every_s
         while True:
-            await anyio.sleep(self.renew_every_s)
-            describe = self.details.get(lease.name)
+            wait = due - anyio.current_time()
+            await anyio.sleep(max(0.0, wait if describe is None else min(wait, self.detail_every_s)))
+            detail = dict(describe()) if describe is not None else None
+            if anyio.current_time() < due and detail == written:
+                continue  # nothing new to say, and no renewal due yet: no write
             try:
-                await self.store.aio.renew(lease, describe() if describe else None, self.ttl)
+                await self.store.aio.renew(lease, detail, self.ttl)
             except LeaseLost as exc:
                 self._lose(lease, exc.reason)
                 return
@@ -357,6 +405,8 @@ class LeaseKeeper:
                     exc,
                     self.renew_every_s,
                 )
+            written = detail  # (after a failure too: the next renewal writes the detail of then)
+            due = anyio.current_time() + self.renew_every_s
 
     async def _watch_deadlines(self) -> None:
         while True:
@@ -402,11 +452,17 @@ async def holding(
         renew_every or RENEW_EVERY,
     )  # looked up now: a test may shorten them
     held: list[Lease] = []
+    written: dict[str, Mapping[str, Any]] = {}
     try:
         for name in names:
             describe = details.get(name)
-            held.append(await store.aio.acquire(name, describe() if describe else None, ttl))
-        keeper = LeaseKeeper(store, held, renew_every=renew_every, ttl=ttl, details=details)
+            if describe is not None:
+                written[name] = dict(describe())
+            held.append(await store.aio.acquire(name, written.get(name), ttl))
+        keeper = LeaseKeeper(
+            store, held, renew_every=renew_every, ttl=ttl, details=details, written=written,
+            detail_every=DETAIL_EVERY,
+        )  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(keeper.run, name="lease keeper")
             try:
@@ -451,7 +507,7 @@ async def hold_host(card: HostCard, claims: Sequence[str] = ()) -> AsyncIterator
     db = await anyio.to_thread.run_sync(lambda: open_database())
     try:
         store = LeaseStore(db)
-        await store.aio.forget_stale_hosts()
+        await store.aio.forget_stale()
         me = host_lease_name(store.me)
         async with holding(store, [*claims, me], details={me: card.detail}) as keeper:
             yield keeper

@@ -64,6 +64,14 @@ def this_process() -> Holder:
     return Holder(socket.gethostname(), _boot_id(), pid, _start_ticks(pid))
 
 
+def here(holder: Holder) -> bool:
+    """Whether ``holder`` is (or was) a process of this machine since its last boot, so that its pids are this
+    machine's pids now: a box pid it recorded may be looked up here. False for another machine's, or for one of
+    this machine before a reboot (every pid of that boot is gone, and may be some other process's now)."""
+    me = this_process()
+    return holder.host == me.host and (not holder.boot or not me.boot or holder.boot == me.boot)
+
+
 def alive(holder: Holder) -> bool | None:
     """True or False where this machine can tell; None for a holder on another machine (its lease decides)."""
     me = this_process()

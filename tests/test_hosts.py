@@ -341,3 +341,36 @@ async def test_a_serving_host_whose_shard_is_taken_over_stops_and_says_by_whom(
             "lost lease shard:0/1: the lease passed to far-away pid 4242 (token 2, this host held 1)"
         )
     assert yard.host.runtime.sessions.sessions == {}  # every box closed
+
+
+def warm_boxes_listed() -> object:
+    """The warm boxes ``impyard hosts --json`` lists for the one host of this home's database."""
+    result = CliRunner().invoke(cli, ["hosts", "--json"])
+    assert result.exit_code == 0, result.output
+    (host,) = json.loads(result.output)["hosts"]
+    return host["warm_boxes"]
+
+
+async def until_listed(warm_boxes: int) -> None:
+    with anyio.fail_after(START_S):
+        while warm_boxes_listed() != warm_boxes:
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+async def test_hosts_shows_the_warm_boxes_as_soon_as_a_box_opens_or_closes(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
+    """Not at the next renewal (none comes within the test): the host record is written when the count changed."""
+    monkeypatch.setattr(leases_module, "RENEW_EVERY", timedelta(hours=1))
+    monkeypatch.setattr(leases_module, "DEFAULT_TTL", timedelta(hours=2))
+    monkeypatch.setenv("OPENAI_API_KEY", str(model.api_key))
+    monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
+    async with serving(monkeypatch, model, answer=None, shard=Shard(0, 1)) as yard:
+        assert warm_boxes_listed() == 0
+        yard.fake.post_message(GENERAL, ALICE, "hello pip")
+        await yard.posted(GENERAL)
+        assert len(yard.rt.sessions.sessions) == 1  # a warm box, kept for the next message
+        await until_listed(1)
+        await yard.rt.sessions.shutdown(grace_s=5.0)  # every box closes
+        await until_listed(0)

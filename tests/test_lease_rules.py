@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from impyard.lease_rules import Decision, LeaseRow, Outcome, decide, refusal, verify
+from impyard.lease_rules import Decision, LeaseRow, Outcome, decide, granted, reclaims, refusal, verify
 from impyard.liveness import Holder
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -62,3 +62,24 @@ def test_a_refusal_names_the_holder_and_when_the_lease_frees_itself() -> None:
         "shard 1/2 is held by beta (pid 200); it is free once that process stops, or in 13 s if it stops renewing"
     )
     assert refusal("shard 1/2", row(None, 2, -3), NOW).endswith("or in 0 s if it stops renewing")
+
+
+@pytest.mark.parametrize(
+    ("current", "alive", "claimed", "reclaimed"),
+    [
+        (None, None, True, True),  # a run of before run leases (or let go without ending): anyone may end it
+        (row(ME, 4, 20), True, True, False),  # this process's own run: another supervisor of it runs it
+        (row(ME, 4, -5), True, True, False),  # (expired or not: it is still this process's to end)
+        (row(OTHER, 4, 20), None, False, False),  # a live host of another machine runs it
+        (row(OTHER, 4, -1), None, True, True),  # it stopped renewing: its run is over
+        (row(SAME_MACHINE, 4, 20), True, False, False),  # a live process of this machine runs it
+        (row(SAME_MACHINE, 4, 20), False, True, True),  # killed here: reclaimed at once, not after 30 s
+        (row(None, 9, 20), None, False, False),  # a garbled holder: only its expiry frees it
+        (row(None, 9, -1), None, True, True),
+    ],
+)
+def test_who_may_take_a_lease_and_who_may_reclaim_a_task_run_under_it(
+    current: LeaseRow | None, alive: bool | None, claimed: bool, reclaimed: bool
+) -> None:
+    decision = decide(current, ME, NOW, alive)
+    assert (granted(decision), reclaims(decision)) == (claimed, reclaimed)

@@ -11,19 +11,22 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 import sqlalchemy as sa
 
+from impyard import leases as leases_module
 from impyard import liveness
 from impyard.clock import FixedClock
 from impyard.db import Database, DatabaseError, open_database
 from impyard.leases import (
     HostCard,
+    Lease,
     LeaseHeld,
     LeaseLost,
     LeaseStore,
@@ -187,9 +190,9 @@ def test_host_records_are_forgotten_a_day_after_they_expired(
     mine.acquire("host:alpha/100", {}, TTL)
     mine.acquire("shard:0/2", {}, TTL)
     clock.advance(hours=24)
-    assert mine.forget_stale_hosts() == 0  # expired 23h59m30s ago
+    assert mine.forget_stale() == 0  # expired 23h59m30s ago
     clock.advance(minutes=1)
-    assert mine.forget_stale_hosts() == 1
+    assert mine.forget_stale() == 1
     assert [row.name for row in mine.list()] == ["shard:0/2"]  # a shard's token is never forgotten
 
 
@@ -388,3 +391,48 @@ def test_a_holder_killed_with_sigkill_is_taken_over_at_once_on_its_machine(datab
     finally:
         holder.kill()
         holder.communicate()
+
+
+@pytest.mark.anyio
+async def test_the_keeper_writes_a_holders_detail_as_soon_as_it_changed_and_only_then(
+    any_engine_db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a host says of itself (its warm boxes) reaches the database within a look, not at the next renewal
+    (an hour away here), and a look that finds nothing new writes nothing."""
+    store = LeaseStore(any_engine_db)
+    writes: list[object] = []
+    renew = store.renew
+
+    def counted(lease: Lease, detail: Mapping[str, Any] | None = None, ttl: timedelta = TTL) -> datetime:
+        writes.append(detail)
+        return renew(lease, detail, ttl)
+
+    monkeypatch.setattr(store, "renew", counted)
+    boxes, looks = [0], [0]
+
+    def describe() -> dict[str, int]:
+        looks[0] += 1
+        return {"warm_boxes": boxes[0]}
+
+    async def after_looks(more: int) -> None:
+        until = looks[0] + more
+        with anyio.fail_after(10):
+            while looks[0] < until:
+                await anyio.sleep(0.01)
+
+    def recorded() -> object:
+        return {row.name: row.detail for row in store.list()}["host:me/1"]
+
+    monkeypatch.setattr(leases_module, "DETAIL_EVERY", timedelta(seconds=0.01))  # a look every 10 ms
+    async with holding(
+        store, ["host:me/1"], details={"host:me/1": describe}, renew_every=timedelta(hours=1),
+        ttl=timedelta(hours=2),
+    ):  # fmt: skip
+        await after_looks(20)
+        assert writes == [] and recorded() == {"warm_boxes": 0}  # written once, at acquire
+        boxes[0] = 2
+        with anyio.fail_after(10):
+            while recorded() != {"warm_boxes": 2}:
+                await anyio.sleep(0.01)
+        await after_looks(20)
+        assert writes == [{"warm_boxes": 2}]  # one write for one change

@@ -81,12 +81,20 @@ class Yard:
 
 @asynccontextmanager
 async def yard(
-    fake: FakeOpenAI, backend: BoxBackend, settings: SupervisorSettings = FAST
+    fake: FakeOpenAI,
+    backend: BoxBackend,
+    settings: SupervisorSettings = FAST,
+    *,
+    database_url: str | None = None,
+    now: datetime = T0,
+    pip: dict[str, Any] | None = None,
 ) -> AsyncIterator[Yard]:
+    """``database_url``: a database other hosts share (default: this home's); ``now``: where the clock starts;
+    ``pip``: more of pip's settings."""
     imps = ImpStore()
-    imps.add("pip", box={"backend": "process"})
-    db = open_database()
-    clock = FixedClock(T0)
+    imps.add("pip", **{"box": {"backend": "process"}, **(pip or {})})
+    db = open_database(url=database_url)
+    clock = FixedClock(now)
     surface = RecordingSurface()
     gateway = Gateway(
         policy=load_policy(), db=db, surface=surface, clock=clock,

@@ -1,4 +1,4 @@
-"""``impyard hosts``: the hosts serving from this database, and who holds each shard and terminal channel.
+"""``impyard hosts``: the hosts serving from this database, and who holds each shard, terminal channel and task run.
 
 Read from the ``leases`` table (impyard.leases), so it sees every host that shares the database — two homes on
 one machine, or several machines on one PostgreSQL — not only this home: each ``impyard serve`` and

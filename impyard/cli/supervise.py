@@ -94,7 +94,9 @@ def supervise_command(concurrency: int, once: bool, backend: str | None, memory_
 
     \b
     One supervisor per IMPYARD_HOME (a second one refuses, naming the first's
-    pid). Tasks left running by a supervisor that died are reclaimed at start.
+    pid). Tasks left running by a supervisor that stopped are reclaimed (at
+    start, and every 10 s) once their run's lease expired or its holder died;
+    a task a live host runs is left to it.
     Every task transition is logged. It has no Discord connection: its tasks
     post to their imp's task log (printed here); a task that posts into a
     Discord channel is refused, so run those under `impyard serve --supervise`.

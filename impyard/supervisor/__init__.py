@@ -3,7 +3,8 @@
 Modules, one concept each: ``loop`` (the ``Supervisor``: reclaim, then tick — gates, follow-ups,
 schedules, departures, the memory clock, cancels, dispatch — and one task's box run), ``settings`` (``SupervisorSettings``),
 ``backends`` (which backend runs an imp's task boxes), ``budget`` (the pure rule that defers a task
-of an imp over budget), ``orphans`` (boxes a dead supervisor left: ``/proc`` and Docker labels), ``pruning``
+of an imp over budget), ``fence`` (the gateway as a task run's box sees it: every act refused once the run's
+lease is lost), ``orphans`` (boxes a dead supervisor left: ``/proc`` and Docker labels), ``pruning``
 (finished tasks' state dirs past the retention: the pure rule ``should_remove`` and the link-safe removal), and
 ``assembly`` (``open_supervisor``: the instance lock, then its own host or ``serve``'s).
 """

@@ -12,15 +12,22 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
    ``memory_tick_s``, 30 s): what is due queues its ``reflect`` and ``sleep`` tasks, exactly once, and the
    scopes no sleep task works in tonight are forgotten in by the host itself;
 6. running tasks the operator cancelled are stopped (their boxes killed);
-7. ready tasks fill the free slots (the concurrency cap, default 3): an imp
+7. every ``reclaim_every_s`` (10 s), tasks other hosts left running are reclaimed once their run's lease may be
+   taken over (below);
+8. ready tasks fill the free slots (the concurrency cap, default 3): an imp
    over budget has its task deferred to the next budget window (never
    stranded), then the task is claimed and run in a fresh one-shot box with
    the same lockdown and the same gateway as a chat session.
 
 A task box runs ``task.run`` inside its ceiling; the host attests the result
-(``impyard.tasks.attest``). At start, tasks a dead supervisor left ``running``
-are reclaimed: their boxes removed (``impyard.supervisor.orphans``), then
-requeued or ended by ``reclaim_decision``. Beside the ticks, finished tasks' state dirs past the retention
+(``impyard.tasks.attest``). Issue 21: each run holds the lease ``task:<task>/<run>`` (``impyard.leases``) from
+before its claim to after its end, renewed while its box runs; the run's acts go through the gateway fenced by it
+(``impyard.supervisor.fence``), and a run whose lease is lost has its box stopped and its task ended as a reclaim
+would end it (unless the host that took the lease did so first). At start, and every ``reclaim_every_s`` after,
+tasks left ``running`` are reclaimed only where this host may take their run's lease over
+(``lease_rules.reclaims``: it expired, or its holder is a dead process of this machine): their boxes removed
+(``impyard.supervisor.orphans``), then requeued or ended by ``reclaim_decision``. A task a live host runs is left
+to it, and the log says so once. Beside the ticks, finished tasks' state dirs past the retention
 are pruned (``impyard.supervisor.pruning``) in a task of their own, so a pass never holds up a tick: every
 ``prune_every_s`` (300 s), again soon while a backlog lasts, at most ``prune_batch`` dirs a pass; ``once``
 prunes one pass before its ticks. Task kinds are opaque here (the box
@@ -32,8 +39,9 @@ A supervisor limited to some kinds (``SupervisorSettings.kinds``: ``impyard chat
 and ``impyard serve`` without ``--supervise`` run one for ``depart``) runs beside
 ``impyard supervise`` without its lock: it fires no schedules and queues no
 follow-ups, runs no memory clock, prunes no state dirs, dispatches only its kinds (and only its imps' tasks, when
-``SupervisorSettings.imps`` names some: ``impyard memory night``), and at start reclaims only
-tasks of its kinds that ran past their ceiling (which no live supervisor can still be running).
+``SupervisorSettings.imps`` names some: ``impyard memory night``), and reclaims only
+tasks of its kinds that ran past their ceiling (which no live supervisor can still be running), under the same
+lease rule.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup
@@ -58,7 +67,10 @@ from impyard.durations import format_duration
 from impyard.gate_pump import GatePump
 from impyard.gateway import Gateway
 from impyard.imps import ImpConfig, ImpConfigError, ImpError, ImpStore
+from impyard.lease_rules import reclaims
+from impyard.leases import RENEW_ERRORS, Lease, LeaseHeld, LeaseKeeper, LeaseStore, task_lease_name
 from impyard.ledger import seconds_to_next_day
+from impyard.liveness import here
 from impyard.memory.compact import compact
 from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
 from impyard.memory.scopes import SessionScopes
@@ -69,6 +81,7 @@ from impyard.schedules import ScheduleStore
 from impyard.sessions import describe_error
 from impyard.supervisor.backends import BackendFor
 from impyard.supervisor.budget import budget_wait
+from impyard.supervisor.fence import RunFence
 from impyard.supervisor.held import blocked_reason
 from impyard.supervisor.orphans import (
     SWEEP_WINDOW,
@@ -81,6 +94,7 @@ from impyard.supervisor.settings import READY_BATCH, STALE_RUN_MARGIN_S, Supervi
 from impyard.tasks import (
     RunEnd,
     Task,
+    TaskError,
     TaskStore,
     attest,
     compose_prompt,
@@ -94,8 +108,10 @@ log = logging.getLogger("impyard.supervisor")
 @dataclass(eq=False)
 class _Running:
     task: Task
+    lease: Lease  # task:<task>/<run>, held from before the claim to after the run's end
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     box: RunningBox | None = None
+    lost: str | None = None  # why, once the run's lease was lost: its box is stopped and its acts refused
 
 
 class Supervisor:
@@ -111,8 +127,11 @@ class Supervisor:
         clock: Clock | None = None,
         settings: SupervisorSettings | None = None,
         pump: GatePump | None = None,
+        leases: LeaseStore | None = None,
     ) -> None:
-        """``pump``: the host's gate pump, run on every tick; None where the host runs its own (``serve``)."""
+        """``pump``: the host's gate pump, run on every tick; None where the host runs its own (``serve``).
+        ``leases``: where task runs hold their leases (default: this process, on ``db``, by the wall clock: a
+        lease's expiry is compared across hosts, never on a test's fixed clock)."""
         self.db = db
         self.pump = pump
         self.gateway = gateway
@@ -122,7 +141,11 @@ class Supervisor:
         self.settings = settings or SupervisorSettings()
         self.tasks = TaskStore(db, self.clock, imps)
         self.schedules = ScheduleStore(db, self.clock, self.tasks, imps)
+        self.leases = leases or LeaseStore(db)
         self.running: dict[str, _Running] = {}
+        self.reclaim_passes = 0  # passes over the tasks left running (at start, then every reclaim_every_s)
+        self._reclaim_next: float | None = None  # anyio.current_time() of the next pass
+        self._left_alone: set[str] = set()  # tasks a live host runs, already logged as left to it
         self.started = 0  # boxes started by this supervisor
         self.peak_running = 0
         self._wake = anyio.Event()
@@ -144,31 +167,97 @@ class Supervisor:
         return (now - task.started_at).total_seconds() > task.ceiling_s + STALE_RUN_MARGIN_S
 
     async def reclaim(self) -> list[Task]:
-        """Tasks left ``running`` by a supervisor that died: remove their boxes, then requeue or end them."""
-        reclaimed = []
-        for task in await self.db.run(self.tasks.running):
-            if task.id in self.running:
-                continue  # ours (reclaim is only called before the loop starts; this is a guard)
-            if not self._reclaims(task, self.clock.now()):
-                continue  # another live supervisor may be running it
-            run = await self.db.run(self.tasks.run, task.run_id) if task.run_id else None
-            box_pid = run.box_pid if run else None
-            await remove_orphan_box(task, box_pid, self.imps.box_state_dir(task.imp), self.backend_for)
-            facts = await self.db.run(self.tasks.run_facts, task.run_id) if task.run_id else None
-            action, reason = reclaim_decision(
-                attempts=task.attempts,
-                max_attempts=self.settings.max_attempts,
-                acted=bool(facts and facts.acted),
-                cancel_requested=task.cancel_requested,
-            )
-            done = await self.db.run(self.tasks.reclaim, task.id, task.run_id, action, reason)
-            if done is not None:
-                reclaimed.append(done)
-        if reclaimed:
-            log.warning("reclaimed %d task(s) left running by a supervisor that stopped", len(reclaimed))
+        """At start: the tasks left ``running`` by a supervisor that stopped (``reclaim_pass``), then this home's
+        leftover boxes (the supervisor of every kind). Run leases that ended a day ago are forgotten first."""
+        await self.leases.aio.forget_stale()
+        reclaimed = await self.reclaim_pass()
         if self.settings.kinds is None and self.settings.imps is None:
             await self.sweep()
         return reclaimed
+
+    async def reclaim_pass(self) -> list[Task]:
+        """Tasks left ``running`` by a host that stopped: remove their boxes, then requeue or end them. Only a
+        task whose run lease this host may take over (``lease_rules.reclaims``: expired, its holder a dead
+        process of this machine, or no lease at all) is reclaimed, under that lease, exactly once across hosts;
+        a task a live host runs is left to it (logged once)."""
+        self._reclaim_next = anyio.current_time() + self.settings.reclaim_every_s
+        reclaimed = []
+        running = await self.db.run(self.tasks.running)
+        self._left_alone &= {task.id for task in running}
+        for task in running:
+            if task.id in self.running:
+                continue  # ours
+            if not self._reclaims(task, self.clock.now()):
+                continue  # a kinds-limited supervisor's rule: another live supervisor may be running it
+            done = await self._reclaim_one(task)
+            if done is not None:
+                reclaimed.append(done)
+        self.reclaim_passes += 1
+        if reclaimed:
+            log.warning("reclaimed %d task(s) left running by a supervisor that stopped", len(reclaimed))
+        return reclaimed
+
+    async def _reclaim_one(self, task: Task) -> Task | None:
+        """Take ``task``'s run lease over (a run without one is a run of before run leases), then reclaim it
+        while holding it; the lease goes with the run."""
+        lease: Lease | None = None
+        if task.run_id is not None:
+            name = task_lease_name(task.id, task.run_id)
+            try:
+                lease = await self.leases.aio.acquire(
+                    name, self._lease_detail(task), self._run_lease_ttl, takes=reclaims
+                )
+            except LeaseHeld as exc:
+                if task.id not in self._left_alone:
+                    self._left_alone.add(task.id)
+                    log.info("task %s is running under a live host's lease, left to it: %s", task.id, exc)
+                return None
+        try:
+            try:
+                current = await self.db.run(self.tasks.get, task.id)
+            except TaskError:
+                return None  # deleted meanwhile
+            if current.state != "running" or current.run_id != task.run_id:
+                return None  # it ended (or was reclaimed) before this host took the lease
+            run = await self.db.run(self.tasks.run, task.run_id) if task.run_id else None
+            # A box pid is this machine's only where the run's holder was a process of this machine (this boot).
+            mine_to_kill = lease is None or lease.taken_from is None or here(lease.taken_from)
+            box_pid = run.box_pid if run and mine_to_kill else None
+            await remove_orphan_box(current, box_pid, self.imps.box_state_dir(task.imp), self.backend_for)
+            facts = await self.db.run(self.tasks.run_facts, task.run_id) if task.run_id else None
+            action, reason = reclaim_decision(
+                attempts=current.attempts,
+                max_attempts=self.settings.max_attempts,
+                acted=bool(facts and facts.acted),
+                cancel_requested=current.cancel_requested,
+            )
+            return await self.db.run(self.tasks.reclaim, task.id, task.run_id, action, reason)
+        finally:
+            if lease is not None:  # kept a day, expired: the run's old holder learns who took it
+                await self._let_go(lease, forget=False)
+
+    @property
+    def _run_lease_ttl(self) -> timedelta:
+        return timedelta(seconds=self.settings.run_lease_ttl_s)
+
+    def _lease_detail(self, task: Task) -> dict[str, str]:
+        return {"task": task.id, "imp": task.imp, "kind": task.kind, "home": str(self.imps.home)}
+
+    async def _let_go(self, lease: Lease, *, forget: bool = True) -> None:
+        """Release a run's lease and (``forget``) delete its row: a run id is never held again; a row kept is
+        forgotten a day after (``LeaseStore.forget_stale``). Shielded: it goes on every path. A row that cannot
+        be released expires by itself."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.leases.aio.release(lease, forget=forget)
+            except RENEW_ERRORS as exc:
+                log.warning("could not release lease %s: %s", lease.name, exc)
+
+    async def _reclaim_due(self) -> None:
+        """Every ``reclaim_every_s``: a pass over the tasks other hosts left running (``reclaim_pass``)."""
+        if self._reclaim_next is not None and anyio.current_time() < self._reclaim_next:
+            return
+        await self.reclaim_pass()
 
     async def sweep(self) -> int:
         """Issue 19 #4: remove every task box of this home that no running task owns, whatever its task's
@@ -203,7 +292,7 @@ class Supervisor:
             [self._gates, self._follow_ups, self._schedules] if self.settings.kinds is None else [self._gates]
         )
         clock = [self._memory_clock] if self.settings.kinds is None else []
-        for step in (*steps, self._departures, *clock, self._cancels):
+        for step in (*steps, self._departures, *clock, self._cancels, self._reclaim_due):
             try:
                 await step()
             except Exception:
@@ -360,10 +449,20 @@ class Supervisor:
             except (BoxError, ImpError) as exc:
                 await self.db.run(self.tasks.fail, task.id, f"cannot start a box: {str(exc)[:300]}")
                 continue
-            claimed = await self.db.run(self.tasks.claim, task.id, uuid.uuid4().hex, backend.name)
+            run_id = uuid.uuid4().hex
+            # Issue 21: the run's lease before the claim, so a running task is never seen without its lease.
+            lease = await self.leases.aio.acquire(
+                task_lease_name(task.id, run_id), self._lease_detail(task), self._run_lease_ttl
+            )
+            claimed: Task | None = None
+            try:
+                claimed = await self.db.run(self.tasks.claim, task.id, run_id, backend.name)
+            finally:
+                if claimed is None:  # cancelled or claimed elsewhere meanwhile (or the claim failed)
+                    await self._let_go(lease)
             if claimed is None:
                 continue
-            handle = _Running(claimed)
+            handle = _Running(claimed, lease)
             self.running[claimed.id] = handle
             self.peak_running = max(self.peak_running, len(self.running))
             free -= 1
@@ -426,6 +525,46 @@ class Supervisor:
         )
 
     async def _run_task(self, handle: _Running, backend: BoxBackend, config: ImpConfig) -> None:
+        """One task run under its lease: renewed while the box runs (a lost lease stops the box, and the box's
+        acts are refused from then on: ``RunFence``), released and forgotten once the run ended."""
+        keeper = LeaseKeeper(
+            self.leases, [handle.lease], renew_every=timedelta(seconds=self.settings.run_lease_renew_s),
+            ttl=self._run_lease_ttl, on_lost=partial(self._lease_lost, handle),
+        )  # fmt: skip
+        try:
+            async with anyio.create_task_group() as keeping:
+                keeping.start_soon(keeper.run, name=f"lease of task {handle.task.id}")
+                await self._run_box(handle, backend, config, RunFence(self.gateway, keeper))
+                keeping.cancel_scope.cancel()
+        finally:
+            await self._let_go(handle.lease)  # after the run's end is written: never running without a lease
+            self.running.pop(handle.task.id, None)
+            self._wake.set()
+
+    def _lease_lost(self, handle: _Running, why: str) -> None:
+        log.error("task %s: %s; stopping its box", handle.task.id, why)
+        handle.lost = why
+        handle.scope.cancel()
+
+    async def _end_lost(self, task: Task, why: str) -> None:
+        """A run whose lease was lost, its box stopped: its task is ended as a reclaim would end it (requeued
+        when it had not acted), unless the host that took the lease over did so first (the move names the run).
+        Where the database cannot be reached, the task is left to the host that takes the lease over."""
+        assert task.run_id is not None
+        try:
+            current = await self.db.run(self.tasks.get, task.id)
+            facts = await self.db.run(self.tasks.run_facts, task.run_id)
+            action, reason = reclaim_decision(
+                attempts=current.attempts, max_attempts=self.settings.max_attempts, acted=facts.acted,
+                cancel_requested=current.cancel_requested,
+            )  # fmt: skip
+            await self.db.run(self.tasks.reclaim, task.id, task.run_id, action, f"{reason}; {why}")
+        except Exception as exc:  # noqa: BLE001 - the host that takes the lease over reclaims it
+            log.error("task %s: could not end its run after its lease was lost: %s", task.id, exc)
+
+    async def _run_box(
+        self, handle: _Running, backend: BoxBackend, config: ImpConfig, host: RunFence
+    ) -> None:
         task = handle.task
         assert task.run_id is not None
         ceiling = task.ceiling_s
@@ -447,7 +586,7 @@ class Supervisor:
                 with anyio.move_on_after(ceiling) as ceiling_scope:
                     try:
                         params = await self._task_params(task)
-                        async with backend.open(spec, self.gateway) as box:
+                        async with backend.open(spec, host) as box:
                             handle.box = box
                             self.started += 1
                             if box.host_pid is not None:  # a process box; an engine's box has no pid of ours
@@ -469,6 +608,10 @@ class Supervisor:
                 ceiling_hit = ceiling_scope.cancelled_caught
             if handle.box is not None:
                 returncode = handle.box.returncode
+            if handle.lost is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._end_lost(task, handle.lost)
+                return
             end = RunEnd(
                 box_outcome=box_outcome, box_summary=box_summary, ceiling_s=ceiling, ceiling_hit=ceiling_hit,
                 died=died, cancelled=handle.scope.cancelled_caught,
@@ -486,9 +629,6 @@ class Supervisor:
                     "interrupted: the supervisor stopped; it runs again",
                 )
             raise
-        finally:
-            self.running.pop(task.id, None)
-            self._wake.set()
 
     async def _finish(self, task: Task, end: RunEnd, returncode: int | None) -> None:
         assert task.run_id is not None

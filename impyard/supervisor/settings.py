@@ -1,5 +1,5 @@
 """The supervisor's settings: concurrency, tick, attempts, ceilings, the kinds (and imps) it runs, the memory
-clock's cadence, how long a finished task's state dir is kept, and their bounds."""
+clock's cadence, how long a finished task's state dir is kept, its task runs' leases, and their bounds."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.errors import ImpyardError
+from impyard.lease_rules import DEFAULT_TTL, RENEW_EVERY
 from impyard.tasks import KIND_PATTERN
 
 DEFAULT_CONCURRENCY = 3
@@ -36,6 +37,9 @@ RETENTION_OFF = ("off", "never")
 PRUNE_EVERY_S = 300.0
 # State dirs removed at most per pass (about 0.3 s of a worker thread): a backlog drains in bounded steps.
 PRUNE_BATCH = 1_000
+# Issue 21: how often the tasks other hosts left running are looked at again, to reclaim those whose run lease
+# expired or whose holder died (a run's lease is renewed every 10 s and lives 30 s).
+RECLAIM_EVERY_S = 10.0
 
 
 class SettingsError(ImpyardError, ValueError):
@@ -96,6 +100,12 @@ class SupervisorSettings:
     task_state_retention: timedelta | None = field(default_factory=task_state_retention_from_env)
     prune_every_s: float = PRUNE_EVERY_S
     prune_batch: int = PRUNE_BATCH
+    # Issue 21: each task run holds the lease task:<task>/<run> from its claim to its end, renewed every
+    # run_lease_renew_s, living run_lease_ttl_s without a renewal (tests shorten both); tasks left running by
+    # other hosts are looked at every reclaim_every_s and reclaimed once their run's lease may be taken over.
+    run_lease_ttl_s: float = DEFAULT_TTL.total_seconds()
+    run_lease_renew_s: float = RENEW_EVERY.total_seconds()
+    reclaim_every_s: float = RECLAIM_EVERY_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
@@ -126,6 +136,13 @@ class SupervisorSettings:
             raise ValueError("prune_every_s must be more than 0")
         if self.prune_batch < 1:
             raise ValueError("prune_batch must be at least 1")
+        if not 0 < self.run_lease_renew_s < self.run_lease_ttl_s:
+            raise ValueError(
+                "run_lease_renew_s must be more than 0 and less than run_lease_ttl_s (a lease is renewed before it "
+                f"expires; got {self.run_lease_renew_s:g} and {self.run_lease_ttl_s:g} s)"
+            )
+        if self.reclaim_every_s <= 0:
+            raise ValueError("reclaim_every_s must be more than 0")
 
     @property
     def prunes(self) -> bool:

@@ -1,0 +1,65 @@
+"""The gateway as a task run's box sees it, fenced by the run's lease (issue 21).
+
+A task run holds the lease ``task:<task>/<run>`` from its claim to its end (``impyard.supervisor.loop``). Once
+that lease is lost — another host took it over to reclaim the task, or it could not be renewed before its local
+deadline — the run may act no more: every act its box still asks for (``model.request``, ``discord.send``,
+``http.fetch``, ``history.*``, the acts the gateway fences with a host's own lease) is refused with ``-32010``,
+rule ``lease``, and an audit row, before the gateway sees it: nothing is reserved, gated, fetched or posted. The
+check is the keeper's, from memory (``LeaseGuard.check``): no database hop per act. Everything else is the
+gateway's, unchanged (its own host-wide ``lease_guard`` included).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from box.protocol import ErrorCode, RpcError
+from impyard.audit import AuditRecord
+from impyard.backends import BoxSpec
+from impyard.gateway import LEASE_RULE, Gateway
+from impyard.leases import LeaseGuard
+
+# What a box asks the host to do in the world (the gateway's own handlers): each is fenced by the run's lease.
+FENCED_METHODS = frozenset({"model.request", "discord.send", "http.fetch", "history.load", "history.commit"})
+
+
+def fenced(method: str) -> bool:
+    """Whether ``method`` is an act a run may ask only while it holds its lease."""
+    return method in FENCED_METHODS or method.startswith("history.")
+
+
+class RunFence:
+    """The host of one task run's box: the gateway, with every act refused once the run's lease is lost."""
+
+    def __init__(self, gateway: Gateway, guard: LeaseGuard) -> None:
+        self.gateway = gateway
+        self.guard = guard
+
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
+        if fenced(method):
+            stale = self.guard.check()
+            if stale is not None:
+                raise await self._refused_for(spec, method, stale)
+        return await self.gateway.serve(spec, method, params)
+
+    async def _refused_for(self, spec: BoxSpec, method: str, stale: str) -> RpcError:
+        """The audit row of an act refused for a lost lease, and what the box is answered."""
+        reason = f"this task run holds no lease to act: {stale}"
+        record = AuditRecord(
+            imp=spec.imp, method=method, verdict="denied", rule=LEASE_RULE, reason=reason, run_id=spec.run_id,
+            channel_id=spec.channel_id,
+        )  # fmt: skip
+        await self.gateway.db.run(self.gateway.audit.write, record)
+        return RpcError(
+            ErrorCode.DENIED,
+            f"denied by policy rule {LEASE_RULE}: {reason}",
+            {"rule": LEASE_RULE, "reason": reason},
+        )
+
+    async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+        """A request the protocol refused before any host saw it: the gateway audits it."""
+        await self.gateway.refused(spec, method, code, reason)
+
+    async def closed(self, spec: BoxSpec) -> None:
+        """The box ended: the gateway forgets what it kept for it."""
+        await self.gateway.closed(spec)
