@@ -130,9 +130,8 @@ class _Workers:
                 threading.Thread(target=self._work, name=f"impyard-db-{self.started}", daemon=True).start()
 
     def _work(self) -> None:
-        _WORKER.is_worker = (
-            True  # a database's engine connection is kept on this thread (``Database._connect``)
-        )
+        # A database's engine connection is kept on this thread between transactions (``Database._connect``).
+        _WORKER.is_worker = True
         while True:
             self._jobs.get()()
             with self._lock:
