@@ -11,6 +11,8 @@ host's surface wrapper that keeps the imp's posts in the history, SQLite under a
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
@@ -215,3 +217,41 @@ async def test_a_warm_turn_compiles_no_statement(
         sa.event.remove(engine, "before_cursor_execute", seen)
     assert outcomes["CACHE_HIT"] > 0, outcomes
     assert set(outcomes) == {"CACHE_HIT"}, outcomes
+
+
+_SEEN_BY_HOOK: list[str] = []  # what the audit hook saw while a test listened (``listening``)
+_LISTENING: list[bool] = [False]
+_EVENTS = ("open", "os.listdir", "os.scandir", "subprocess.Popen", "os.exec", "os.posix_spawn")
+
+
+def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
+    """The host's turn path only: the event loop's thread and the database's workers (a thread another test
+    left behind is not this turn's)."""
+    if _LISTENING[0] and event in _EVENTS:
+        thread = threading.current_thread()
+        if thread is threading.main_thread() or thread.name.startswith("impyard-db-"):
+            _SEEN_BY_HOOK.append(f"{event} on {thread.name}: {str(args[0] if args else '')[:120]}")
+
+
+sys.addaudithook(_audit_hook)  # once per process: an audit hook cannot be removed
+
+
+async def test_a_warm_turn_reads_no_file_and_starts_no_process(
+    runtime: Runtime, clock: FixedClock, trips: TripCounter
+) -> None:
+    """Issue 18: nothing is read from disk on a warm turn's path — no policy, no imp.toml, no persona — and no
+    process is started: what a turn needs was read when the box started. Python's audit hooks see every
+    ``open`` (a file, the policy's TOML, a directory listing) and every process start in the host's process."""
+    rt = runtime
+    await turn(rt, 1, clock, trips)
+    clock.advance(timedelta(seconds=10))
+    await turn(rt, 2, clock, trips)
+    _SEEN_BY_HOOK.clear()
+    _LISTENING[0] = True
+    try:
+        for n in (3, 4):
+            clock.advance(timedelta(seconds=10))
+            await turn(rt, n, clock, trips)
+    finally:
+        _LISTENING[0] = False
+    assert _SEEN_BY_HOOK == []
