@@ -476,8 +476,8 @@ async def host_a_runs_a_slow_task(
 async def b_reclaimed_it_exactly_once(y: Yard, name: str) -> None:
     task_id = name.removeprefix("task:").split("/")[0]
 
-    async def done() -> bool:
-        return y.task(task_id).state == "done"
+    async def done() -> bool:  # and B's own run has let its lease go (just after it wrote the run's end)
+        return y.task(task_id).state == "done" and task_id not in y.supervisor.running
 
     await wait_until(done, START_S)
     first, second = y.supervisor.tasks.runs(task_id)
