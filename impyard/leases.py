@@ -209,7 +209,7 @@ class LeaseStore(Store):
             row, now = _row(found), self.clock.now()
             other = row.holder if row is not None and row.holder is not None and row.holder != me else None
             decision = decide(row, me, now, self.alive(other) if other is not None else None)
-            if not decision.granted or not takes(decision):
+            if not takes(decision):  # granted (the default), or reclaims: never a HELD lease
                 return False, row, decision.token, now
             values = {
                 "holder": str(me), "token": decision.token, "renewed_at": iso(now), "expires_at": iso(now + ttl),

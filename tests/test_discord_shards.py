@@ -188,22 +188,30 @@ def prepare_home(home: Path, database: str = "") -> None:
         assert runner.invoke(cli, ["channel", "trust", str(channel)], env=env).exit_code == 0
 
 
-@contextmanager
-def serve_process(
-    home: Path, shard: str, model: FakeOpenAI, fake: FakeDiscord, database: str = ""
-) -> Iterator[Path]:
-    """``impyard serve pip --shard I/N`` as a process of its own (on ``database``, else its home's own file);
-    yields its log file; SIGTERM after."""
-    log = home.parent / f"serve-{shard.replace('/', '-')}.log"
-    env = {
+def serve_env(
+    home: Path, model: FakeOpenAI, fake: FakeDiscord, database: str = "", **extra: str
+) -> dict[str, str]:
+    """The environment of an ``impyard serve pip`` process of its own: its home, its model, the fake Discord, and
+    ``database`` (empty: its home's own file); ``extra`` adds to it (``DOCKER_HOST``)."""
+    return {
         **os.environ, "IMPYARD_HOME": str(home), "OPENAI_API_KEY": str(model.api_key), "OPENAI_BASE_URL": model.base_url,
         "IMPYARD_DISCORD_TOKEN_PIP": TOKEN, "IMPYARD_DISCORD_API_BASE": fake.api_base,
-        "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05", "IMPYARD_DATABASE_URL": database,
+        "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05", "IMPYARD_DATABASE_URL": database, **extra,
     }  # fmt: skip
+
+
+@contextmanager
+def serve_process(
+    home: Path, shard: str, model: FakeOpenAI, fake: FakeDiscord, database: str = "", *,
+    backend: str = "process", **extra: str,
+) -> Iterator[Path]:  # fmt: skip
+    """``impyard serve pip --shard I/N`` as a process of its own (``serve_env``), on ``backend``; yields its log
+    file; SIGTERM after."""
+    log = home.parent / f"serve-{shard.replace('/', '-')}.log"
     with log.open("w") as out:
         child = subprocess.Popen(
-            [IMPYARD, "serve", "pip", "--backend", "process", "--shard", shard],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
+            [IMPYARD, "serve", "pip", "--backend", backend, "--shard", shard],
+            env=serve_env(home, model, fake, database, **extra), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             yield log
@@ -309,16 +317,10 @@ def test_a_shard_whose_host_is_killed_mid_turn_is_answered_by_its_next_holder(
         prepare_home(tmp_path / "home0", url)
         prepare_home(tmp_path / "home1", url)
         log0 = tmp_path / "killed.log"
-        env = {
-            **os.environ, "IMPYARD_HOME": str(tmp_path / "home0"), "OPENAI_API_KEY": str(model0.api_key),
-            "OPENAI_BASE_URL": model0.base_url, "IMPYARD_DISCORD_TOKEN_PIP": TOKEN,
-            "IMPYARD_DISCORD_API_BASE": fake.api_base, "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05",
-            "IMPYARD_DATABASE_URL": url,
-        }  # fmt: skip
         with log0.open("w") as out:
             killed = subprocess.Popen(
                 [IMPYARD, "serve", "pip", "--backend", "process", "--shard", "0/2"],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
+                env=serve_env(tmp_path / "home0", model0, fake, url), stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
             wait_for_line(log0, "serving pip on Discord as shard 0/2")

@@ -17,14 +17,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import docker
 import pytest
 
 from impyard.backends.plan import LABEL_CHANNEL
-from impyard.testing.fake_discord import FakeDiscord
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.test_discord_shards import (
     ALICE,
@@ -34,9 +32,9 @@ from tests.test_discord_shards import (
     ODD_A,
     ODD_B,
     START_S,
-    TOKEN,
     make_fake,
     prepare_home,
+    serve_process,
     wait_for_line,
 )  # fmt: skip
 
@@ -95,33 +93,6 @@ def second_engine(box_image: str) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@contextmanager
-def serve_on(
-    home: Path, shard: str, docker_host: str, model: FakeOpenAI, fake: FakeDiscord, database: str
-) -> Iterator[Path]:
-    """``impyard serve pip --backend docker --shard I/N`` with its own Docker engine; SIGTERM after."""
-    log = home.parent / f"serve-{shard.replace('/', '-')}.log"
-    env = {
-        **os.environ, "IMPYARD_HOME": str(home), "OPENAI_API_KEY": str(model.api_key),
-        "OPENAI_BASE_URL": model.base_url, "IMPYARD_DISCORD_TOKEN_PIP": TOKEN,
-        "IMPYARD_DISCORD_API_BASE": fake.api_base, "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "0.05",
-        "IMPYARD_DATABASE_URL": database, "DOCKER_HOST": docker_host,
-    }  # fmt: skip
-    with log.open("w") as out:
-        child = subprocess.Popen(
-            [IMPYARD, "serve", "pip", "--backend", "docker", "--shard", shard],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            yield log
-            child.send_signal(signal.SIGTERM)
-            assert child.wait(timeout=START_S) == 0, log.read_text()
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-
-
 def _box_channels(docker_host: str) -> set[str]:
     """The channels whose boxes run on that engine now."""
     client = docker.DockerClient(base_url=docker_host)
@@ -144,8 +115,12 @@ def test_two_hosts_on_two_docker_engines_answer_every_message_once_each_on_its_o
             model.script(envelope(answer=f"pip of shard {shard}"))
             prepare_home(tmp_path / f"home{shard}", url)
         with (
-            serve_on(tmp_path / "home0", "0/2", first_engine, model0, fake, url) as log0,
-            serve_on(tmp_path / "home1", "1/2", second_engine, model1, fake, url) as log1,
+            serve_process(
+                tmp_path / "home0", "0/2", model0, fake, url, backend="docker", DOCKER_HOST=first_engine
+            ) as log0,
+            serve_process(
+                tmp_path / "home1", "1/2", model1, fake, url, backend="docker", DOCKER_HOST=second_engine
+            ) as log1,
         ):
             wait_for_line(log0, "serving pip on Discord as shard 0/2")
             wait_for_line(log1, "serving pip on Discord as shard 1/2")
