@@ -77,7 +77,7 @@ TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
 
 @dataclass(frozen=True)
 class _Kept:
-    """What routing's one database trip did: ``failed`` set when keeping the message (no ``decision`` yet) or its
+    """What routing's storage did: ``failed`` set when keeping the message (no ``decision`` yet) or its
     wake failed; ``recent`` (the channel's window) only for a message that woke the imp and was kept so."""
 
     decision: WakeDecision | None = None
@@ -142,8 +142,8 @@ class Conversations:
         if not content and not attachments:
             return Routed("ignored")
         message = message.model_copy(update={"content": content, "attachments": attachments})
-        # Issue 18: the whole of routing's storage is one trip to a database worker (_keep), not four.
-        kept = await self.history.db.run(self._keep, imp, inbound, message)
+        # Issue 18: routing's storage is two short transactions, each quick (on the event loop on SQLite).
+        kept = await self._keep(imp, inbound, message)
         if kept.failed is not None:
             # Issue 19 #1: persisted before routing, or refused in so many words — never half-kept, never a crash.
             what = "keep message" if kept.decision is None else f"wake {imp} for"
@@ -160,11 +160,11 @@ class Conversations:
             recent=kept.recent,
         )  # fmt: skip
 
-    def _keep(self, imp: str, inbound: Inbound, message: Message) -> _Kept:
-        """Blocking, on a database worker: the channel seen, the message kept (woken or not), the wake rule, and
-        for a wake its row and the channel's recent history. Two transactions (issue 18: each store joins one
-        instead of opening its own): a wake that cannot be written leaves the message kept, explicitly not
-        answered."""
+    async def _keep(self, imp: str, inbound: Inbound, message: Message) -> _Kept:
+        """The channel seen, the message kept (woken or not), the wake rule, and for a wake its row and the
+        channel's recent history. Two transactions, each one quick call (issue 18: each store joins the
+        transaction instead of opening its own): a wake that cannot be written leaves the message kept,
+        explicitly not answered."""
         db = self.history.db
 
         def kept(conn: Connection) -> ChannelInfo:
@@ -184,7 +184,7 @@ class Conversations:
             return self.history.recent(inbound.channel_id, imp=imp, conn=conn)
 
         try:
-            channel = db.write(kept)
+            channel = await db.quick(db.write, kept)
         except STORAGE_ERRORS as exc:
             return _Kept(failed=exc)
         decision = decide_wake(
@@ -200,7 +200,7 @@ class Conversations:
         if not decision.wake:
             return _Kept(decision)
         try:
-            recent = db.write(woken)
+            recent = await db.quick(db.write, woken)
         except STORAGE_ERRORS as exc:  # kept in the history, explicitly not answered
             return _Kept(decision, failed=exc)
         return _Kept(decision, recent=recent)
@@ -379,7 +379,9 @@ class Conversations:
         terminal, the Discord yard) is never left waiting out its timeout for a turn that has ended."""
         ids = [delivery.message.id for delivery in batch]
         try:
-            await self.history.aio.finish(key.imp, key.channel_id, ids, result.outcome, result.error)
+            await self.history.db.quick(
+                self.history.finish, key.imp, key.channel_id, ids, result.outcome, result.error
+            )
         finally:
             for message_id in ids:
                 self._recently_finished.append(

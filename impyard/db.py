@@ -17,7 +17,10 @@ stamped at Alembic's baseline, all inside one ``BEGIN IMMEDIATE``; a fresh datab
 processes opening the same database never both migrate (SQLite: the write lock; PostgreSQL: an advisory lock).
 
 Async code reaches the database through ``await db.run(fn, ...)``, which runs ``fn`` in one of the database's
-worker threads: a transaction may wait on another writer and must never block the event loop.
+worker threads: a transaction may wait on another writer and must never block the event loop. Bounded work — a
+few indexed statements, as each phase of a turn does — goes through ``await db.quick(fn, ...)`` instead: on
+SQLite it runs right on the event loop while the write lock is free, since such a transaction costs less than the
+trip to a thread and back (issue 18), and on a worker like ``run`` when another writer holds the lock.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ SQLITE_PRAGMAS = (
     "PRAGMA synchronous=NORMAL",  # safe with WAL; a crash loses at most the last commit
     "PRAGMA foreign_keys=ON",
 )
+
+QUICK_SLOW_S = 0.02  # a quick call that held the event loop longer than this is logged (once per function)
+CHECKPOINT_EVERY = 64  # write commits made on the event loop between two WAL checkpoints (run on a worker)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -140,6 +146,30 @@ class _Workers:
 
 _WORKERS = _Workers()
 _WORKER = threading.local()
+_INLINE = threading.local()  # ``call``: the quick call running on this thread's event loop, if any
+
+
+class _Busy(BaseException):
+    """Quick work on the event loop found SQLite's lock taken by another writer. Nothing of it was written (its
+    one write is its last transaction): ``quick`` runs it again on a worker, which waits for the lock. A
+    BaseException, like a cancellation, so that no store's ``except Exception`` keeps it from ``quick``."""
+
+
+@dataclass
+class _InlineCall:
+    """The state of one quick call running on the event loop (``Database.quick``)."""
+
+    db: Database
+    wrote: bool = False  # its one write transaction committed: nothing may follow it
+    busy: bool = False  # it met the lock: every later transaction of it is refused the same way
+
+
+@dataclass
+class QuickCounts:
+    """How quick calls ran: on the event loop, or on a worker (PostgreSQL, or SQLite's lock taken)."""
+
+    inline: int = 0
+    on_worker: int = 0
 
 
 @dataclass(frozen=True)
@@ -729,6 +759,11 @@ class Database:
         self._all_lock = threading.Lock()
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
+        self.quick_counts = QuickCounts()
+        self._inline_writes = 0  # write commits on the event loop since the last checkpoint
+        self._checkpointing = False
+        self._quick_named: set[str] = set()  # quick functions called at least once
+        self._slow_named: set[str] = set()  # quick functions already logged as slow
 
     @property
     def path(self) -> Path:
@@ -760,6 +795,16 @@ class Database:
         18). A kept connection that the server dropped fails its next statement and is replaced: the transaction
         never reached its commit, so ``write`` runs it again (``_transact``). Any other thread, and a nested use,
         take one from the pool (which pings it first) and give it back."""
+        call: _InlineCall | None = getattr(_INLINE, "call", None)
+        if call is not None and call.db is self:
+            if getattr(self._local, "engine_busy", False):
+                raise RuntimeError("quick database work opens one transaction at a time (no nested one)")
+            self._local.engine_busy = True
+            try:
+                yield self._inline_connection()
+            finally:
+                self._local.engine_busy = False
+            return
         kept: Connection | None = None
         if getattr(_WORKER, "is_worker", False):
             kept = getattr(self._local, "engine_conn", None)
@@ -782,6 +827,26 @@ class Database:
         finally:
             self._local.engine_busy = False
 
+    def _inline_connection(self) -> Connection:
+        """The event loop thread's own connection for quick work: it never waits for SQLite's lock
+        (``busy_timeout`` 0: another writer sends the work to a worker instead) and never checkpoints the WAL on
+        the loop (``_wrote_inline`` has a worker do it). Kept for the thread and never given back to the pool
+        (``close`` discards it), so that neither setting reaches a connection another thread borrows."""
+        conn: Connection | None = getattr(self._local, "inline_conn", None)
+        if conn is not None and not conn.invalidated and not conn.closed:
+            return conn
+        dropped, conn = conn, self.engine.connect()
+        driver: Any = conn.connection.driver_connection
+        driver.execute("PRAGMA busy_timeout = 0")
+        driver.execute("PRAGMA wal_autocheckpoint = 0")
+        self._local.inline_conn = conn
+        with self._all_lock:
+            self._kept = [c for c in self._kept if c is not dropped] + [conn]
+        if dropped is not None:
+            dropped.invalidate()  # its settings never go back to the pool
+            dropped.close()
+        return conn
+
     @contextmanager
     def begin(self, *, read_only: bool = False, locking: bool = False) -> Iterator[Connection]:
         """One transaction on the engine, committed when the block ends (rolled back when it raises); no retry.
@@ -790,6 +855,11 @@ class Database:
         where COMMIT may still fail with a serialization error: use ``write(fn)``, which runs it again (or, with
         ``locking``, READ COMMITTED for a caller that locks what it checks). A read is one consistent snapshot that
         refuses to write: SQLite ``BEGIN DEFERRED`` with ``query_only``; PostgreSQL REPEATABLE READ, READ ONLY."""
+        call: _InlineCall | None = getattr(_INLINE, "call", None)
+        if call is not None and call.db is self:
+            with self._inline_begin(call, read_only) as conn:
+                yield conn
+            return
         with self._connect() as conn:
             if self.dialect == "postgresql":
                 _postgresql_begin(conn, read_only, locking)
@@ -797,6 +867,59 @@ class Database:
                 _sqlite_begin(conn, read_only)
             with conn.begin():
                 yield conn
+
+    @contextmanager
+    def _inline_begin(self, call: _InlineCall, read_only: bool) -> Iterator[Connection]:
+        """``begin`` for quick work on the event loop (SQLite). Its rule: reads, then at most one write, which is
+        its last transaction, so that work which meets the lock has written nothing and runs again whole on a
+        worker. Breaking the rule is a bug in the caller, refused here every time (not only under contention)."""
+        if call.busy:
+            raise _Busy
+        if call.wrote:
+            raise RuntimeError(
+                "quick database work runs reads, then at most one write, as its last transaction; "
+                "use db.run for more"
+            )
+        try:
+            with self._connect() as conn:
+                _sqlite_begin(conn, read_only)
+                with conn.begin():
+                    yield conn
+        except (sqlite3.OperationalError, DBAPIError) as exc:
+            if storage_faults.classify(exc).kind != "busy":
+                raise
+            call.busy = True
+            raise _Busy from exc
+        if not read_only:
+            call.wrote = True
+            self._wrote_inline()
+
+    def _wrote_inline(self) -> None:
+        """Count a write committed on the event loop; every ``CHECKPOINT_EVERY`` a worker checkpoints the WAL."""
+        self._inline_writes += 1
+        if self._inline_writes < CHECKPOINT_EVERY or self._checkpointing:
+            return
+        self._inline_writes, self._checkpointing = 0, True
+        _WORKERS.submit(_Job(asyncio.get_running_loop(), self._checkpoint))
+
+    def _checkpoint(self) -> None:
+        """On a worker: copy the WAL's pages into the database file and start the WAL over, so that it is reused
+        from its start instead of growing. RESTART, since a PASSIVE checkpoint under steady writes never catches
+        up with them (each write lands while it copies); waiting for nobody (``busy_timeout`` 0 for it): with a
+        writer or a reader in the way it copies what it can and the next one tries again. While it copies, it
+        holds the write lock, and quick writes meet it and run on a worker. A failure is logged."""
+        try:
+            with self._connect() as conn:
+                driver: Any = conn.connection.driver_connection
+                driver.execute("PRAGMA busy_timeout = 0")
+                try:
+                    driver.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                finally:
+                    driver.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+            log.warning("could not checkpoint %s: %s", self.url.where(), storage_faults.describe(exc))
+        finally:
+            self._checkpointing = False
 
     def write(
         self, fn: Callable[[Connection], T], *, attempts: int = WRITE_ATTEMPTS, locking: bool = False
@@ -922,12 +1045,54 @@ class Database:
             raise job.error
         return job.result
 
+    async def quick(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Bounded database work (a few indexed statements; reads, then at most one write as its last
+        transaction): ``fn(*args, **kwargs)``, its result.
+
+        On SQLite it runs right here on the event loop, on a connection of its own that never waits for the
+        write lock: a short transaction costs less than the trip to a worker thread and back, where each of its
+        statements also fights the event loop for the GIL (issue 18). When another writer holds the lock, the
+        work has written nothing, and it runs again whole on a worker (``run``), which waits for the lock. On
+        PostgreSQL every statement is a round trip: it is ``run``."""
+        if self.dialect == "sqlite" and getattr(_INLINE, "call", None) is None:
+            call = _InlineCall(self)
+            _INLINE.call = call
+            started = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            except _Busy:
+                pass
+            finally:
+                _INLINE.call = None
+            if not call.busy:  # (a function that swallowed the lock's refusal still goes to a worker)
+                self.quick_counts.inline += 1
+                self._note_slow(fn, time.perf_counter() - started)
+                return result
+        self.quick_counts.on_worker += 1
+        return await self.run(fn, *args, **kwargs)
+
+    def _note_slow(self, fn: Callable[..., Any], took_s: float) -> None:
+        """Log quick work that held the loop too long, once per function, and never its first call (which may
+        compile its statements)."""
+        inner = getattr(fn, "func", fn)  # a functools.partial: its function
+        name = getattr(inner, "__qualname__", None) or type(inner).__name__
+        if name not in self._quick_named:
+            self._quick_named.add(name)
+            return
+        if took_s > QUICK_SLOW_S and name not in self._slow_named:
+            self._slow_named.add(name)
+            log.warning(
+                "quick database work %s held the event loop for %.1f ms (more than %.0f): it should use db.run",
+                name, took_s * 1000, QUICK_SLOW_S * 1000,
+            )  # fmt: skip
+
     def close(self) -> None:
         with self._all_lock:
             conns, self._all = self._all, []
             kept, self._kept = self._kept, []
         for engine_conn in kept:
             try:
+                engine_conn.invalidate()  # closed, not pooled: the event loop's has settings of its own
                 engine_conn.close()
             except SQLAlchemyError:
                 pass

@@ -402,7 +402,7 @@ class Gateway:
             imp=spec.imp, method=method, verdict="invalid", run_id=spec.run_id, channel_id=spec.channel_id,
             reason=f"refused by the protocol ({code}): {reason}",
         )  # fmt: skip
-        await self.db.run(self.audit.write, record)
+        await self.db.quick(self.audit.write, record)
 
     async def closed(self, spec: BoxSpec) -> None:
         """A box ended: its memory scopes are forgotten and its last turn's memory and history requests audited."""
@@ -413,7 +413,7 @@ class Gateway:
     async def _write_memory_row(self, row: AuditRecord | None) -> None:
         if row is not None:
             with anyio.CancelScope(shield=True):
-                await self.db.run(self.audit.write, row)
+                await self.db.quick(self.audit.write, row)
 
     async def _memory(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel:
         """``memory.*`` (issue 23): the session's scopes are decided here, by the host, the first time the
@@ -435,7 +435,7 @@ class Gateway:
         query = sa.select(sa.literal(1)).where(
             wakes.c.imp == spec.imp, wakes.c.channel_id == spec.channel_id, wakes.c.message_id == message_id
         )
-        return await self.db.run(self.db.read, lambda conn: conn.execute(query).first() is not None)
+        return await self.db.quick(self.db.read, lambda conn: conn.execute(query).first() is not None)
 
     async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool | None = None) -> None:
         """The box's ``turn.stage``. ``woken``: whether the host woke ``spec.imp`` for that message in the box's
@@ -496,7 +496,7 @@ class Gateway:
                 record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
                 with anyio.CancelScope(shield=True):
                     try:
-                        await self.db.run(self.audit.write, record)
+                        await self.db.quick(self.audit.write, record)
                     except STORAGE_ERRORS as exc:  # a full disk: the request is refused, in so many words
                         log.error("could not audit %s for %s: %s", method, spec.imp, exc)
                         raise storage_failed(exc, self.db.url.where()) from None
@@ -630,12 +630,12 @@ class Gateway:
             return replace(limited, estimate_micros=estimate), plan
         try:
             if commit:
-                plan.reservation = await self.db.run(
+                plan.reservation = await self.db.quick(
                     self.ledger.reserve, spec.imp, estimate, method="model.request", purpose=params.purpose,
                     model=facts.model,
                 )  # fmt: skip
             else:
-                await self.db.run(self.ledger.check_headroom, spec.imp, estimate)
+                await self.db.quick(self.ledger.check_headroom, spec.imp, estimate)
         except BudgetExhausted as exc:
             error = RpcError(
                 ErrorCode.BUDGET_EXHAUSTED,
@@ -748,7 +748,7 @@ class Gateway:
                 record.reason = record.reason or call.error.message
             with anyio.CancelScope(shield=True):
                 try:
-                    await self.db.run(self._settle_and_audit, call, cost)
+                    await self._settle_and_audit(call, cost)
                 except STORAGE_ERRORS as exc:
                     # A full disk: the box is told so, in so many words (issue 19 #1).
                     log.error("could not settle or audit %s for %s: %s", record.method, record.imp, exc)
@@ -757,18 +757,18 @@ class Gateway:
                     call.done.set()
                     self._detached.discard(call)
 
-    def _settle_and_audit(self, call: _UpstreamCall, cost: int) -> None:
-        """Blocking, one trip to a database worker (issue 18): the reservation settled at the measured cost, then
-        the call's audit row (two statements: a row that cannot be written never leaves the budget held)."""
+    async def _settle_and_audit(self, call: _UpstreamCall, cost: int) -> None:
+        """The reservation settled at the measured cost, then the call's audit row: two quick transactions
+        (issue 18), so that a row that cannot be written never leaves the budget held."""
         record = call.record
         try:
-            self.ledger.settle(call.reservation, cost)
+            await self.db.quick(self.ledger.settle, call.reservation, cost)
         finally:
             # Whether its box is gone is read here, once settled: a box cut while it settled is said to be too.
             if call.orphaned and record.verdict != "interrupted":
                 record.detail += "; the box ended before the answer came: finished and settled for it"
             record.finish_latency()
-            self.audit.write(record)
+            await self.db.quick(self.audit.write, record)
 
     # ------------------------------------------------------------ history.* (issue 22)
 
@@ -785,7 +785,7 @@ class Gateway:
         """A read of the box's own lines. Audited with the write that ends its turn (one row a turn, like
         ``memory.*``); a load no commit followed is audited when the box ends (``closed``)."""
         self._history_allowed(spec, record)
-        lines = await self.db.run(self.responder_history.load, spec.imp, spec.channel_id)
+        lines = await self.db.quick(self.responder_history.load, spec.imp, spec.channel_id)
         self._history_loads[spec.run_id] = self._history_loads.get(spec.run_id, 0) + 1
         record.verdict, record.deferred = "allowed", True
         return HistoryLoadResult(lines=line_views(lines))
@@ -804,7 +804,7 @@ class Gateway:
             record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
             self.audit.write(record, conn)
 
-        stored = await self.db.run(
+        stored = await self.db.quick(
             partial(self.responder_history.commit, also=audited),
             spec.imp, spec.channel_id, params.lines, params.outcome,
         )  # fmt: skip
@@ -836,7 +836,7 @@ class Gateway:
         limited = self._rate(rule, (spec.imp, params.channel_id), commit=commit)
         if limited is not None:
             return limited
-        seen = await self.db.run(self._send_facts, spec, params.channel_id)  # one trip (issue 18)
+        seen = await self.db.quick(self._send_facts, spec, params.channel_id)  # one read (issue 18)
         trust = decide_trust(
             target_is_own=params.channel_id == spec.channel_id,
             own_trusted=seen.own_trusted,
@@ -852,12 +852,16 @@ class Gateway:
         return Decision("allowed", rule.name, "allowed", trust=trust)
 
     def _send_facts(self, spec: BoxSpec, target: str) -> _SendFacts:
-        """Blocking: what a send's decision reads of the database, in one trip (issue 18)."""
-        return _SendFacts(
-            own_trusted=self.channels.is_trusted(spec.channel_id),
-            clean_approvals=self.earned.count(spec.imp, SEND_ACT, target),
-            target=self.channels.info(target) if self.surfaces is not None else None,
-        )
+        """Blocking: what a send's decision reads of the database, in one read transaction (issue 18)."""
+
+        def read(conn: Connection) -> _SendFacts:
+            return _SendFacts(
+                own_trusted=self.channels.is_trusted(spec.channel_id, conn=conn),
+                clean_approvals=self.earned.count(spec.imp, SEND_ACT, target, conn=conn),
+                target=self.channels.info(target, conn=conn) if self.surfaces is not None else None,
+            )
+
+        return self.db.read(read)
 
     async def _discord_send(
         self, spec: BoxSpec, params: DiscordSendParams, record: AuditRecord

@@ -49,8 +49,8 @@ class HistorySurface:
         imp: str = "",
         then: Callable[[list[str]], None] | None = None,
     ) -> list[str]:
-        """Post, then keep the post in the history. ``then`` (blocking, given the message ids) runs on the same
-        trip to a database worker right after the post is kept: the gateway's audit row joins it (issue 18)."""
+        """Post, then keep the post in the history. ``then`` (blocking, given the message ids: the gateway's audit
+        row) runs right after the post is kept, as a quick call of its own (issue 18)."""
         imp = imp or self.default_imp
         ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp)  # type: ignore[arg-type]
         message: Message | None = None
@@ -63,13 +63,11 @@ class HistorySurface:
         if message is None and then is None:
             return ids
 
-        def keep() -> None:  # two transactions, one trip: the post is kept even when ``then`` fails
-            if message is not None:
-                self.history.record(channel_id, message, from_imp=imp)
-            if then is not None:
-                then(ids)
-
-        await self.history.db.run(keep)
+        # Two transactions: the post is kept even when ``then`` fails.
+        if message is not None:
+            await self.history.db.quick(self.history.record, channel_id, message, from_imp=imp)
+        if then is not None:
+            await self.history.db.quick(then, ids)
         return ids
 
     async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:

@@ -38,11 +38,12 @@ __all__ = [
 
 
 class ChannelTrust(Protocol):
-    """What the gateway asks about channels (``impyard.channels.ChannelStore`` answers it)."""
+    """What the gateway asks about channels (``impyard.channels.ChannelStore`` answers it). ``conn``: inside the
+    caller's transaction (the gateway reads a send's facts in one, issue 18), else in a read of its own."""
 
-    def info(self, channel_id: str) -> ChannelInfo | None: ...
+    def info(self, channel_id: str, *, conn: Connection | None = None) -> ChannelInfo | None: ...
 
-    def is_trusted(self, channel_id: str) -> bool: ...
+    def is_trusted(self, channel_id: str, *, conn: Connection | None = None) -> bool: ...
 
 
 DbChannelTrust = ChannelStore  # the name earlier callers use for the channel store

@@ -1,9 +1,11 @@
-"""Issue 18: what one warm turn costs in trips to the database's worker threads, per phase of the turn.
+"""Issue 18: what one warm turn costs in database calls, per phase of the turn.
 
 Each ``Database.run`` is one trip: a job handed to a worker thread and its answer woken back onto the event
-loop. Every phase of a turn does its storage in one trip (or two where a decision must be read before an act
-and the act kept after it), so the host's CPU per turn does not grow with how many store methods a phase calls.
-The counts are asserted, never the time they take (a timing target belongs in the benchmark).
+loop. Each ``Database.quick`` is bounded work (reads, then at most one write): on SQLite it runs right on the event
+loop, since a short transaction costs less than a trip. A warm turn's storage is all quick, in a fixed number of
+calls per phase, so the host's CPU per turn does not grow with how many store methods a phase calls, and on SQLite
+a warm turn makes no trip at all. The counts are asserted, never the time they take (a timing target belongs in
+the benchmark).
 
 Real parts: the process backend's box (the real box program), the gateway with the loopback fake OpenAI, the
 host's surface wrapper that keeps the imp's posts in the history, SQLite under a temporary IMPYARD_HOME.
@@ -40,35 +42,45 @@ from impyard.testing.fake_openai import FakeOpenAI, envelope
 pytestmark = pytest.mark.anyio
 
 CHANNEL = "4242"
-HOST = "host"  # trips made outside any box request: routing, and recording the turn's outcome
+HOST = "host"  # calls made outside any box request: routing, and recording the turn's outcome
+TRIP = "trip"  # the key of ``run`` calls (worker trips), whatever the phase
 
-# The ceilings, per phase of one warm turn. Before issue 18's batching: routing 4, model.request 3, discord.send 5,
-# history.load 1, history.commit 1, turn.stage 1, the outcome 1: 16 in all.
-ROUTING = 1  # the channel seen, the message kept, the wake rule, its wake row and the recent history
+# The ceilings of quick calls, per phase of one warm turn. Before issue 18's batching there were 16 worker trips
+# (routing 4, model.request 3, discord.send 5, history.load 1, history.commit 1, turn.stage 1, the outcome 1); then
+# 8 trips; now 11 quick calls, each one transaction, and no trip.
+ROUTING = 2  # the channel seen and the message kept; the wake row and the recent history
 PER_REQUEST = {
-    "model.request": 2,  # reserve (check-and-debit, atomic); settle + the call's audit row
-    "discord.send": 2,  # the decision's reads (trust, earned count, target); the post kept + its audit row
+    "model.request": 3,  # reserve (check-and-debit, atomic); settle; the call's audit row
+    "discord.send": 3,  # the decision's reads (trust, earned count, target); the post kept; its audit row
     "history.load": 1,
     "history.commit": 1,  # the lines, the counter and the audit row: one transaction
 }
 NONE = ("turn.stage",)  # the session knows which messages it handed its box: nothing to look up
-OUTSIDE_REQUESTS = 2  # routing, and the turn's outcome
-PER_TURN = 8
+OUTSIDE_REQUESTS = 3  # routing's two, and the turn's outcome
+PER_TURN = 11
 
 _PHASE: ContextVar[str] = ContextVar("phase", default=HOST)
 
 
 class TripCounter:
-    """Counts ``Database.run`` calls, each under the box request being served when it was made (a task the
-    gateway spawns for a request, such as a model call in flight, inherits it), else under ``HOST``."""
+    """Counts ``Database.quick`` calls, each under the box request being served when it was made (a task the
+    gateway spawns for a request, such as a model call in flight, inherits it), else under ``HOST``; and every
+    ``Database.run`` (a worker trip, a quick call's included) under ``TRIP``."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
 
     def wrap_run(self, run: Callable[..., Any]) -> Callable[..., Any]:
         async def counted(db: Database, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            self.counts[_PHASE.get()] += 1
+            self.counts[TRIP] += 1
             return await run(db, fn, *args, **kwargs)
+
+        return counted
+
+    def wrap_quick(self, quick: Callable[..., Any]) -> Callable[..., Any]:
+        async def counted(db: Database, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            self.counts[_PHASE.get()] += 1
+            return await quick(db, fn, *args, **kwargs)
 
         return counted
 
@@ -120,6 +132,7 @@ async def runtime(fake: FakeOpenAI, clock: FixedClock, tmp_path: Path) -> AsyncI
 def trips(monkeypatch: pytest.MonkeyPatch) -> TripCounter:
     counter = TripCounter()
     monkeypatch.setattr(Database, "run", counter.wrap_run(Database.run))
+    monkeypatch.setattr(Database, "quick", counter.wrap_quick(Database.quick))
     monkeypatch.setattr(Gateway, "serve", counter.wrap_serve(Gateway.serve))
     return counter
 
@@ -136,7 +149,7 @@ def dm(n: int, clock: FixedClock) -> Inbound:
 
 
 async def turn(rt: Runtime, n: int, clock: FixedClock, trips: TripCounter) -> tuple[int, Counter[str]]:
-    """One turn through the whole host: (trips while routing, every trip of the turn by phase)."""
+    """One turn through the whole host: (calls while routing, every call of the turn by phase)."""
     trips.take()
     assert await rt.conversations.receive("pip", dm(n, clock)) in ("started", "queued")
     routing = sum(trips.counts.values())  # receive returns once the message is handed to its session
@@ -147,12 +160,15 @@ async def turn(rt: Runtime, n: int, clock: FixedClock, trips: TripCounter) -> tu
     return routing, counts
 
 
-async def test_a_warm_turn_makes_one_database_trip_per_phase(
+async def test_a_warm_turn_makes_a_few_quick_calls_per_phase_and_no_trip(
     runtime: Runtime, clock: FixedClock, trips: TripCounter
 ) -> None:
     rt = runtime
     await turn(rt, 1, clock, trips)  # the box starts: its init reads are not a warm turn's
     routing, counts = await turn(rt, 2, clock, trips)
+    assert counts[TRIP] == 0, counts  # SQLite, no other writer: every call ran on the event loop
+    del counts[TRIP]
+    assert rt.db.quick_counts.on_worker == 0
     assert set(counts) >= {HOST, *PER_REQUEST}, counts  # every phase of a turn ran, and was counted
     assert routing == ROUTING, counts
     for method, ceiling in PER_REQUEST.items():
@@ -172,10 +188,10 @@ async def test_every_warm_turn_costs_the_same(
     assert all(seen_one == seen[0] for seen_one in seen), seen
 
 
-async def test_a_message_that_wakes_nobody_costs_one_trip(
+async def test_a_message_that_wakes_nobody_costs_one_quick_call(
     runtime: Runtime, clock: FixedClock, trips: TripCounter
 ) -> None:
-    """Kept in the history, not answered (a guild channel in mention mode, no mention): one trip, no turn."""
+    """Kept in the history, not answered (a guild channel in mention mode, no mention): one call, no turn."""
     rt = runtime
     rt.channels.set_mode("77", "mention")
     message = Message(

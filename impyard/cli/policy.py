@@ -15,6 +15,7 @@ import anyio
 import click
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from sqlalchemy.engine import Connection
 
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelPath, ModelRequestParams
 from impyard.backends.base import BoxSpec
@@ -320,11 +321,11 @@ class _SessionTrust:
     stored: DbChannelTrust
     also_trusted: frozenset[str]
 
-    def info(self, channel_id: str) -> ChannelInfo | None:
-        return self.stored.info(channel_id)
+    def info(self, channel_id: str, *, conn: Connection | None = None) -> ChannelInfo | None:
+        return self.stored.info(channel_id, conn=conn)
 
-    def is_trusted(self, channel_id: str) -> bool:
-        return channel_id in self.also_trusted or self.stored.is_trusted(channel_id)
+    def is_trusted(self, channel_id: str, *, conn: Connection | None = None) -> bool:
+        return channel_id in self.also_trusted or self.stored.is_trusted(channel_id, conn=conn)
 
 
 class _NoSurface:
