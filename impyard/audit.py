@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.liveness import this_process
+from impyard.prepared import Prepared
 from impyard.tables import audit
 
 REDACTED = "[redacted]"
@@ -126,7 +127,7 @@ _COLUMNS = (
     "at", "imp", "run_id", "channel_id", "method", "purpose", "verdict", "rule", "reason",
     "cost_micros", "gate_id", "latency_ms", "detail", "host",
 )  # fmt: skip
-_INSERT = insert(audit)
+_INSERT = Prepared(insert(audit))  # the lean path on SQLite (issue 18): a row every act
 _TAIL = (
     select(audit.c.id, *(audit.c[name] for name in _COLUMNS))
     .order_by(audit.c.id.desc())
@@ -156,9 +157,9 @@ class AuditLog(Store):
         """Append one row (inside the caller's write transaction when ``conn`` is given)."""
         values = self.row(record)
         if conn is not None:
-            conn.execute(_INSERT, values)
+            _INSERT.run(conn, values)
         else:
-            self.db.write(lambda conn: conn.execute(_INSERT, values))
+            self.db.write(lambda conn: _INSERT.run(conn, values))
 
     def row(self, record: AuditRecord) -> dict[str, Any]:
         """The record as its row: every text redacted and bounded (its time set to now when it has none)."""

@@ -19,13 +19,14 @@ from sqlalchemy.engine import Connection
 from impyard.clock import Clock, iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
+from impyard.prepared import Prepared
 from impyard.tables import channels
 from impyard.wake import CHANNEL_MODES, ChannelMode
 
 ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs and the operator's terminal (docs/conversation.md)
 _c = channels.c
 _SELECT = select(_c.channel_id, _c.surface, _c.kind, _c.name, _c.guild_id, _c.trusted, _c.mode)
-_INFO = _SELECT.where(_c.channel_id == bindparam("channel_id"))
+_INFO = Prepared(_SELECT.where(_c.channel_id == bindparam("channel_id")))  # hot: the lean path (issue 18)
 _ALL = _SELECT.order_by(_c.surface, _c.channel_id)  # re-sorted by code point: PostgreSQL's collation differs
 
 
@@ -196,7 +197,7 @@ class ChannelStore(Store):
 
 
 def _info(conn: Connection, channel_id: str) -> ChannelInfo | None:
-    row = conn.execute(_INFO, {"channel_id": channel_id}).first()
+    row = _INFO.run(conn, {"channel_id": channel_id}).first()
     return _row_to_info(row) if row else None
 
 

@@ -788,20 +788,21 @@ class Database:
         return self._engine
 
     @contextmanager
-    def _connect(self) -> Iterator[Connection]:
+    def _connect(self, *, reading: bool = False) -> Iterator[Connection]:
         """An engine connection for one transaction. A database worker thread keeps its own between transactions:
         a pool checkout and check-in cost three times what a short SQLite transaction does, and on PostgreSQL they
         are round trips (the pool's ping before it lends a connection, its rollback when it is given back; issue
         18). A kept connection that the server dropped fails its next statement and is replaced: the transaction
         never reached its commit, so ``write`` runs it again (``_transact``). Any other thread, and a nested use,
-        take one from the pool (which pings it first) and give it back."""
+        take one from the pool (which pings it first) and give it back. Quick work on the event loop has two
+        connections of its own, one for reads (``reading``) and one for writes (``_inline_connection``)."""
         call: _InlineCall | None = getattr(_INLINE, "call", None)
         if call is not None and call.db is self:
             if getattr(self._local, "engine_busy", False):
                 raise RuntimeError("quick database work opens one transaction at a time (no nested one)")
             self._local.engine_busy = True
             try:
-                yield self._inline_connection()
+                yield self._inline_connection(reading)
             finally:
                 self._local.engine_busy = False
             return
@@ -827,19 +828,22 @@ class Database:
         finally:
             self._local.engine_busy = False
 
-    def _inline_connection(self) -> Connection:
-        """The event loop thread's own connection for quick work: it never waits for SQLite's lock
-        (``busy_timeout`` 0: another writer sends the work to a worker instead) and never checkpoints the WAL on
-        the loop (``_wrote_inline`` has a worker do it). Kept for the thread and never given back to the pool
-        (``close`` discards it), so that neither setting reaches a connection another thread borrows."""
-        conn: Connection | None = getattr(self._local, "inline_conn", None)
+    def _inline_connection(self, reading: bool) -> Connection:
+        """The event loop thread's own connection for quick reads, or for quick writes: it never waits for
+        SQLite's lock (``busy_timeout`` 0: another writer sends the work to a worker instead) and never checkpoints
+        the WAL on the loop (``_wrote_inline`` has a worker do it). Two, so that neither ever switches
+        ``query_only`` (a statement of its own each time, issue 18). Kept for the thread and never given back to
+        the pool (``close`` discards them), so that no setting of theirs reaches a connection another thread
+        borrows."""
+        name = "inline_reader" if reading else "inline_writer"
+        conn: Connection | None = getattr(self._local, name, None)
         if conn is not None and not conn.invalidated and not conn.closed:
             return conn
         dropped, conn = conn, self.engine.connect()
         driver: Any = conn.connection.driver_connection
         driver.execute("PRAGMA busy_timeout = 0")
         driver.execute("PRAGMA wal_autocheckpoint = 0")
-        self._local.inline_conn = conn
+        setattr(self._local, name, conn)
         with self._all_lock:
             self._kept = [c for c in self._kept if c is not dropped] + [conn]
         if dropped is not None:
@@ -881,7 +885,7 @@ class Database:
                 "use db.run for more"
             )
         try:
-            with self._connect() as conn:
+            with self._connect(reading=read_only) as conn:
                 _sqlite_begin(conn, read_only)
                 with conn.begin():
                     yield conn

@@ -26,6 +26,7 @@ from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.errors import ImpyardError
 from impyard.portable import bytewise
+from impyard.prepared import Prepared
 from impyard.tables import history, wakes
 
 DEFAULT_RETENTION = 1_000  # messages kept per channel
@@ -84,17 +85,19 @@ class ShownMessage:
 _h, _w = history, wakes
 _newer = history.alias("newer")
 # Retention: every row of the channel at or below the (retention+1)-th newest seq goes (none while fewer are kept).
-_TRIM = delete(_h).where(
-    _h.c.channel_id == bindparam("channel_id"),
-    _h.c.seq
-    <= select(_newer.c.seq)
-    .where(_newer.c.channel_id == bindparam("channel_id"))
-    .order_by(_newer.c.seq.desc())
-    .limit(1)
-    .offset(bindparam("retention"))
-    .scalar_subquery(),
+_TRIM = Prepared(
+    delete(_h).where(
+        _h.c.channel_id == bindparam("channel_id"),
+        _h.c.seq
+        <= select(_newer.c.seq)
+        .where(_newer.c.channel_id == bindparam("channel_id"))
+        .order_by(_newer.c.seq.desc())
+        .limit(1)
+        .offset(bindparam("retention"))
+        .scalar_subquery(),
+    )
 )
-_FINISH = (
+_FINISH = Prepared(
     update(_w)
     .where(
         _w.c.imp == bindparam("w_imp"),
@@ -108,12 +111,13 @@ _FORGET = delete(_h).where(
     _h.c.channel_id == bindparam("channel_id"), _h.c.message_id == bindparam("message_id")
 )
 _CLEAR = delete(_h).where(_h.c.channel_id == bindparam("channel_id"))
-_RECENT = (
+_RECENT = Prepared(  # 50 rows a turn: plain tuples
     select(_h.c.message_id, _h.c.author_id, _h.c.author_name, _h.c.author_bot, _h.c.from_imp, _h.c.content,
            _h.c.created_at)
     .where(_h.c.channel_id == bindparam("channel_id"))
     .order_by(_h.c.seq.desc())
-    .limit(bindparam("limit"))
+    .limit(bindparam("limit")),
+    named=False,
 )  # fmt: skip
 _MESSAGE_COLUMNS = (
     _h.c.message_id, _h.c.author_id, _h.c.author_name, _h.c.author_bot, _h.c.content, _h.c.created_at,
@@ -192,9 +196,11 @@ class _Statements:
 
     def __init__(self, dialect: str) -> None:
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        self.record = insert(_h).on_conflict_do_nothing(index_elements=[_h.c.channel_id, _h.c.message_id])
-        self.record_wake = insert(_w).on_conflict_do_nothing(
-            index_elements=[_w.c.imp, _w.c.channel_id, _w.c.message_id]
+        self.record = Prepared(
+            insert(_h).on_conflict_do_nothing(index_elements=[_h.c.channel_id, _h.c.message_id])
+        )
+        self.record_wake = Prepared(
+            insert(_w).on_conflict_do_nothing(index_elements=[_w.c.imp, _w.c.channel_id, _w.c.message_id])
         )
         woken_at = bytewise(_w.c.woken_at)
         unfinished = (
@@ -235,8 +241,8 @@ class History(Store):
             self._keep(conn, row)
 
     def _keep(self, conn: Connection, row: dict[str, Any]) -> None:
-        conn.execute(_dialect(conn.dialect.name).record, row)
-        conn.execute(_TRIM, {"channel_id": row["channel_id"], "retention": self.retention})
+        _dialect(conn.dialect.name).record.run(conn, row)
+        _TRIM.run(conn, {"channel_id": row["channel_id"], "retention": self.retention})
 
     def record_wake(
         self, imp: str, channel_id: str, message_id: str, *, conn: Connection | None = None
@@ -249,9 +255,9 @@ class History(Store):
             "woken_at": iso(self.clock.now()),
         }
         if conn is None:
-            self.db.write(lambda conn: conn.execute(_dialect(conn.dialect.name).record_wake, row))
+            self.db.write(lambda conn: _dialect(conn.dialect.name).record_wake.run(conn, row))
         else:
-            conn.execute(_dialect(conn.dialect.name).record_wake, row)
+            _dialect(conn.dialect.name).record_wake.run(conn, row)
 
     def finish(
         self,
@@ -270,7 +276,7 @@ class History(Store):
              "w_error": error, "w_at": now}
             for message_id in message_ids
         ]  # fmt: skip
-        self.db.write(lambda conn: conn.execute(_FINISH, rows))
+        self.db.write(lambda conn: _FINISH.many(conn, rows))
 
     def forget(self, channel_id: str, message_id: str) -> int:
         """Remove one message, deleted on its surface (issue 23): its text leaves the host's history.
@@ -294,9 +300,9 @@ class History(Store):
         """The channel's last ``limit`` messages, oldest first; ``conn``: inside the caller's transaction."""
         params = {"channel_id": channel_id, "limit": limit}
         if conn is None:
-            rows = self.db.read(lambda conn: conn.execute(_RECENT, params).all())
+            rows = self.db.read(lambda conn: _RECENT.run(conn, params).all())
         else:
-            rows = conn.execute(_RECENT, params).all()
+            rows = _RECENT.run(conn, params).all()
         return _ENTRIES.validate_python(  # one validation of the whole window, not one model at a time
             [
                 {

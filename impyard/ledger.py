@@ -20,7 +20,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -33,6 +32,7 @@ from impyard.liveness import Holder, alive, this_process
 from impyard.policy import Policy
 from impyard.policy_models import MAX_USD, BudgetLimit
 from impyard.portable import per_dialect, upsert
+from impyard.prepared import Prepared
 from impyard.prices import micros_to_usd, usd_to_micros
 from impyard.tables import budget_limits, ledger, ledger_totals
 
@@ -68,28 +68,35 @@ class BudgetExhausted(ImpyardError):
 # A multi-row VALUES statement has no cache key in SQLAlchemy: it would be compiled anew at every reservation
 # (issue 18: three compiles, about 5 ms of host CPU, every warm turn).
 @per_dialect
-def _MAKE_TOTALS(dialect: str) -> Any:  # noqa: N802 - a statement
-    return upsert(dialect)(ledger_totals).on_conflict_do_nothing(
-        index_elements=[ledger_totals.c.scope, ledger_totals.c.period]
+def _MAKE_TOTALS(dialect: str) -> Prepared:  # noqa: N802 - a statement
+    return Prepared(
+        upsert(dialect)(ledger_totals).on_conflict_do_nothing(
+            index_elements=[ledger_totals.c.scope, ledger_totals.c.period]
+        )
     )
 
 
 @per_dialect
-def _ADD_TO_TOTALS(dialect: str) -> Any:  # noqa: N802 - a statement
+def _ADD_TO_TOTALS(dialect: str) -> Prepared:  # noqa: N802 - a statement
     stmt = upsert(dialect)(ledger_totals)
-    return stmt.on_conflict_do_update(
-        index_elements=[ledger_totals.c.scope, ledger_totals.c.period],
-        set_={
-            "reserved_micros": ledger_totals.c.reserved_micros + stmt.excluded.reserved_micros,
-            "settled_micros": ledger_totals.c.settled_micros + stmt.excluded.settled_micros,
-        },
+    return Prepared(
+        stmt.on_conflict_do_update(
+            index_elements=[ledger_totals.c.scope, ledger_totals.c.period],
+            set_={
+                "reserved_micros": ledger_totals.c.reserved_micros + stmt.excluded.reserved_micros,
+                "settled_micros": ledger_totals.c.settled_micros + stmt.excluded.settled_micros,
+            },
+        )
     )
 
 
 # A reservation's statements, built once (issue 18): building a statement and its cache key costs SQLAlchemy
-# more than running it, and a warm turn runs these every time it calls the model.
-_LIMITS = sa.select(budget_limits.c.daily_usd, budget_limits.c.monthly_usd).where(
-    budget_limits.c.scope == sa.bindparam("scope")
+# more than running it, and a warm turn runs these every time it calls the model. The hot ones are ``Prepared``:
+# on SQLite they run straight on the driver.
+_LIMITS = Prepared(
+    sa.select(budget_limits.c.daily_usd, budget_limits.c.monthly_usd).where(
+        budget_limits.c.scope == sa.bindparam("scope")
+    )
 )
 _LOCK_TOTALS = (
     sa.select(ledger_totals.c.scope)
@@ -105,8 +112,8 @@ _SPENT = sa.select(
     ledger_totals.c.scope.in_(sa.bindparam("scopes", expanding=True)),
     ledger_totals.c.period.in_(sa.bindparam("periods", expanding=True)),
 )
-_RESERVE = sa.insert(ledger).returning(ledger.c.id)
-_SETTLE = (
+_RESERVE = Prepared(sa.insert(ledger).returning(ledger.c.id))
+_SETTLE = Prepared(
     sa.update(ledger)
     .where(ledger.c.id == sa.bindparam("reservation_id"), ledger.c.state == "reserved")
     .values(
@@ -230,7 +237,7 @@ class Ledger(Store):
         if conn is None:
             return self.db.read(lambda conn: self.limits(scope, conn))
         base: BudgetLimit = self.policy.budgets.all if scope == ALL_IMPS else self.policy.budget_for(scope)
-        row = conn.execute(_LIMITS, {"scope": scope}).first()
+        row = _LIMITS.run(conn, {"scope": scope}).first()
         daily, monthly, source = base.daily_usd, base.monthly_usd, "policy"
         if row is not None:
             overridden = [
@@ -293,8 +300,8 @@ class Ledger(Store):
         for (key, column), amount in moves.items():
             deltas.setdefault(key, {"reserved_micros": 0, "settled_micros": 0})[column] += amount
         if deltas:  # one row of parameters per total, in one order (executemany: one cached statement)
-            conn.execute(
-                _ADD_TO_TOTALS(self.db.dialect),
+            _ADD_TO_TOTALS(self.db.dialect).many(
+                conn,
                 [
                     dict(scope=scope, period=period, **amounts)
                     for (scope, period), amounts in sorted(deltas.items())
@@ -306,8 +313,8 @@ class Ledger(Store):
         reservation runs at READ COMMITTED (``db.write(locking=True)``), so one of another process or host waits
         here for this one's commit and then reads what it left — never both passing a cap they share."""
         ordered = sorted(set(keys))
-        conn.execute(
-            _MAKE_TOTALS(self.db.dialect),
+        _MAKE_TOTALS(self.db.dialect).many(
+            conn,
             [
                 dict(scope=scope, period=period, reserved_micros=0, settled_micros=0)
                 for scope, period in ordered
@@ -356,8 +363,8 @@ class Ledger(Store):
         day, month = day_key(now), month_key(now)
         self._lock(conn, _windows(imp, day, month))
         self._check(conn, imp, estimate_micros, now)
-        reservation_id = conn.execute(
-            _RESERVE,
+        reservation_id = _RESERVE.run(
+            conn,
             dict(
                 imp=imp,
                 day=day,
@@ -416,8 +423,8 @@ class Ledger(Store):
         """``settle`` in the caller's write transaction (with another store's write). Database work only."""
         reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
         cost = max(0, int(cost_micros))
-        row = conn.execute(
-            _SETTLE, {"reservation_id": reservation_id, "cost": cost, "at": at or iso(self.clock.now())}
+        row = _SETTLE.run(
+            conn, {"reservation_id": reservation_id, "cost": cost, "at": at or iso(self.clock.now())}
         ).first()
         if row is None:
             return 0

@@ -38,6 +38,7 @@ from box.protocol.models import ResponderSettings
 from impyard.clock import Clock, iso, parse_iso
 from impyard.db import Database, Store
 from impyard.portable import upsert
+from impyard.prepared import Prepared
 from impyard.tables import responder_counters, responder_imports, responder_lines
 
 log = logging.getLogger("impyard.history")
@@ -53,13 +54,16 @@ SEQ_CHUNK = 500  # seqs per ``IN (...)`` of a trim: well under either engine's b
 
 # The statements, built once (SQLAlchemy's compiled cache then hits on every call).
 _l, _n, _i = responder_lines.c, responder_counters.c, responder_imports.c
-_COUNT_IMP = select(func.count()).select_from(responder_lines).where(_l.imp == bindparam("imp"))
-_LOAD = (
+_COUNT_IMP = Prepared(select(func.count()).select_from(responder_lines).where(_l.imp == bindparam("imp")))
+_LOAD = Prepared(
     select(_l.message_id, _l.role, _l.author, _l.content, _l.at)
     .where(_l.imp == bindparam("imp"), _l.channel_id == bindparam("channel_id"))
-    .order_by(_l.seq.desc())
+    .order_by(_l.seq.desc()),
+    named=False,  # a turn's whole load: plain tuples
 )
-_PLACES = select(_l.seq, _l.channel_id).where(_l.imp == bindparam("imp")).order_by(_l.seq)
+_PLACES = Prepared(
+    select(_l.seq, _l.channel_id).where(_l.imp == bindparam("imp")).order_by(_l.seq), named=False
+)
 _DROP_SEQS = delete(responder_lines).where(_l.seq.in_(bindparam("seqs", expanding=True)))
 _FORGET_CHANNEL = delete(responder_lines).where(_l.channel_id == bindparam("channel_id"))
 _FORGET_IMP = (
@@ -80,7 +84,7 @@ _MARK_IMPORTED = insert(responder_imports)
 
 
 @cache
-def _inserts(dialect: str) -> tuple[Any, Any]:
+def _inserts(dialect: str) -> tuple[Prepared, Prepared]:
     """A line kept once (INSERT ... ON CONFLICT DO NOTHING), and a counter added to: built once per dialect."""
     insert_ = upsert(dialect)
     line = (
@@ -93,7 +97,7 @@ def _inserts(dialect: str) -> tuple[Any, Any]:
         index_elements=[_n.imp, _n.channel_id, _n.outcome],
         set_={"count": _n["count"] + counter.excluded["count"]},
     )
-    return line, counted
+    return Prepared(line), Prepared(counted)
 
 
 @dataclass(frozen=True)
@@ -145,14 +149,14 @@ class ResponderHistory(Store):
         limit = self.bounds_for(imp).limit
 
         def read(conn: Connection) -> tuple[int, Sequence[Any]]:
-            count = conn.execute(_COUNT_IMP, params).scalar_one()
-            return count, ([] if count > limit else conn.execute(_LOAD, params).all())
+            count = _COUNT_IMP.run(conn, params).scalar_one()
+            return count, ([] if count > limit else _LOAD.run(conn, params).all())
 
         def trimmed(
             conn: Connection,
         ) -> Sequence[Any]:  # the limit fell (its imp.toml changed): trimmed first
             self._trim(conn, imp)
-            return conn.execute(_LOAD, params).all()
+            return _LOAD.run(conn, params).all()
 
         count, rows = self.db.read(read)
         if count > limit:
@@ -317,13 +321,13 @@ class ResponderHistory(Store):
         for channel_id, line in lines:
             row = {"imp": imp, "channel_id": channel_id, "message_id": line.id, "role": line.role,
                    "author": line.author, "content": line.content[:MAX_LINE_CHARS], "at": iso(aware(line.at))}  # fmt: skip
-            stored += conn.execute(insert_line, row).first() is not None
+            stored += insert_line.run(conn, row).first() is not None
         return stored
 
     def _trim(self, conn: Connection, imp: str) -> None:
         """ENV-07 with ENV-11's shrink, over the imp's lines in the order they were kept (their ``seq``)."""
         bounds = self.bounds_for(imp)
-        rows = conn.execute(_PLACES, {"imp": imp}).all()
+        rows = _PLACES.run(conn, {"imp": imp}).all()
         if len(rows) <= bounds.limit:
             return
         # The pure rule needs only each line's channel and its place: a stand-in record per row, named by seq.
@@ -336,7 +340,7 @@ class ResponderHistory(Store):
     @staticmethod
     def _count(conn: Connection, imp: str, channel_id: str, outcome: str, count: int) -> None:
         row = {"imp": imp, "channel_id": channel_id, "outcome": outcome, "count": count}
-        conn.execute(_inserts(conn.dialect.name)[1], row)
+        _inserts(conn.dialect.name)[1].run(conn, row)
 
 
 def line_views(records: Sequence[Record]) -> list[HistoryLineView]:

@@ -23,6 +23,7 @@ from impyard.channels import ALWAYS_TRUSTED_KINDS, ChannelInfo, ChannelStore, ch
 from impyard.clock import Clock, iso
 from impyard.db import Database, Store
 from impyard.policy_models import TrustMode, TrustSettings
+from impyard.prepared import Prepared
 from impyard.tables import earned_trust
 
 __all__ = [
@@ -106,9 +107,9 @@ class EarnedTrust(Store):
         """Clean approvals so far; ``conn``: inside the caller's transaction (a job composing reads, issue 18)."""
         params = {"imp": imp, "act": act, "target": target}
         if conn is None:
-            found = self.db.read(lambda conn: conn.execute(_COUNT, params).scalar_one_or_none())
+            found = self.db.read(lambda conn: _COUNT.run(conn, params).scalar_one_or_none())
         else:
-            found = conn.execute(_COUNT, params).scalar_one_or_none()
+            found = _COUNT.run(conn, params).scalar_one_or_none()
         return int(found or 0)
 
     def record_approval(self, conn: Connection, imp: str, act: str, target: str) -> None:
@@ -134,8 +135,10 @@ class EarnedTrust(Store):
 
 
 _e = earned_trust.c
-_COUNT = select(_e.clean_approvals).where(
-    _e.imp == bindparam("imp"), _e.act == bindparam("act"), _e.target == bindparam("target")
+_COUNT = Prepared(  # a send's decision reads it: the lean path (issue 18)
+    select(_e.clean_approvals).where(
+        _e.imp == bindparam("imp"), _e.act == bindparam("act"), _e.target == bindparam("target")
+    )
 )
 
 

@@ -161,7 +161,7 @@ async def test_a_connection_borrowed_from_the_pool_waits_for_the_lock_as_before(
     thread borrows, after quick work and after the loop's connection was dropped and replaced, still does."""
     _scratch(db)
     await db.quick(db.write, _insert(1))
-    db._local.inline_conn.invalidate()  # dropped (a broken connection): replaced on the next quick call
+    db._local.inline_writer.invalidate()  # dropped (a broken connection): replaced on the next quick call
     await db.quick(db.write, _insert(2))
 
     def settings() -> list[tuple[int, int]]:
@@ -225,3 +225,13 @@ async def test_quick_work_that_held_the_loop_too_long_is_logged_once(
         seen.append(sum("held the event loop" in r.getMessage() for r in caplog.records))
     assert seen == [0, 1, 1]
     assert "slow" in caplog.records[-1].getMessage()
+
+
+async def test_a_quick_read_refuses_to_write_after_quick_writes(db: Database) -> None:
+    """The loop's read connection keeps ``query_only``: a read transaction never writes, as on PostgreSQL."""
+    _scratch(db)
+    await db.quick(db.write, _insert(1))
+    with pytest.raises(sa.exc.OperationalError, match="readonly"):
+        await db.quick(db.read, _insert(2))
+    await db.quick(db.write, _insert(3))  # and the write connection still writes
+    assert (_count(db, 1), _count(db, 2), _count(db, 3)) == (1, 0, 1)
