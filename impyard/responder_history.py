@@ -50,7 +50,6 @@ MAX_LEGACY_BYTES = 64 * 1024**2  # the old file was trimmed to ≤ 500 lines of 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-SEQ_CHUNK = 500  # seqs per ``IN (...)`` of a trim: well under either engine's bound on parameters
 
 # The statements, built once (SQLAlchemy's compiled cache then hits on every call).
 _l, _n, _i = responder_lines.c, responder_counters.c, responder_imports.c
@@ -64,7 +63,9 @@ _LOAD = Prepared(
 _PLACES = Prepared(
     select(_l.seq, _l.channel_id).where(_l.imp == bindparam("imp")).order_by(_l.seq), named=False
 )
-_DROP_SEQS = delete(responder_lines).where(_l.seq.in_(bindparam("seqs", expanding=True)))
+_DROP_SEQ = Prepared(
+    delete(responder_lines).where(_l.seq == bindparam("seq"))
+)  # run once per line (executemany)
 _FORGET_CHANNEL = delete(responder_lines).where(_l.channel_id == bindparam("channel_id"))
 _FORGET_IMP = (
     delete(responder_lines).where(_l.imp == bindparam("imp")),
@@ -334,8 +335,7 @@ class ResponderHistory(Store):
         records = [Record(str(channel), str(seq), "event", "", "", _EPOCH) for seq, channel in rows]
         kept = {record.id for record in trim(records, bounds.limit, bounds.per_channel)}
         gone = [int(seq) for seq, _ in rows if str(seq) not in kept]
-        for start in range(0, len(gone), SEQ_CHUNK):
-            conn.execute(_DROP_SEQS, {"seqs": gone[start : start + SEQ_CHUNK]})
+        _DROP_SEQ.many(conn, [{"seq": seq} for seq in gone])
 
     @staticmethod
     def _count(conn: Connection, imp: str, channel_id: str, outcome: str, count: int) -> None:
