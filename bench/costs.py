@@ -208,20 +208,30 @@ class CpuMeter:
 @dataclass
 class TripCounter:
     """Trips to the database's worker threads (``Database.run`` calls: a job handed to a worker thread and its
-    answer woken back onto the event loop), counted while ``installed`` (issue 18: one trip per turn phase)."""
+    answer woken back onto the event loop) and quick calls (``Database.quick``: bounded work, on the event loop on
+    SQLite), counted while ``installed`` (issue 18). A quick call that met another writer's lock and ran on a
+    worker counts as both."""
 
     trips: int = 0
+    quick: int = 0
 
     @contextmanager
     def installed(self) -> Iterator[TripCounter]:
-        original: Callable[..., Any] = Database.run
+        run: Callable[..., Any] = Database.run
+        quick: Callable[..., Any] = Database.quick
 
-        async def counted(db: Database, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        async def counted_run(db: Database, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             self.trips += 1
-            return await original(db, fn, *args, **kwargs)
+            return await run(db, fn, *args, **kwargs)
 
-        Database.run = counted  # type: ignore[method-assign, assignment]
+        async def counted_quick(db: Database, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            self.quick += 1
+            return await quick(db, fn, *args, **kwargs)
+
+        Database.run = counted_run  # type: ignore[method-assign, assignment]
+        Database.quick = counted_quick  # type: ignore[method-assign, assignment]
         try:
             yield self
         finally:
-            Database.run = original  # type: ignore[method-assign]
+            Database.run = run  # type: ignore[method-assign]
+            Database.quick = quick  # type: ignore[method-assign]

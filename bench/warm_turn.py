@@ -59,7 +59,8 @@ async def run(ctx: Context) -> dict[str, Any]:
     warm: dict[str, list[float]] = {name: [] for name in names}
     first: dict[str, float] = {}
     host_cpu: dict[str, list[float]] = {name: [] for name in ["baseline", *names]}  # process CPU ms per turn
-    trips: dict[str, list[float]] = {name: [] for name in names}  # database trips per turn (issue 18)
+    trips: dict[str, list[float]] = {name: [] for name in names}  # database worker trips per turn (issue 18)
+    quick: dict[str, list[float]] = {name: [] for name in names}  # quick database calls per turn
     counter = TripCounter()
     with fake_model(TURN_MODEL_LATENCY_S) as upstream:
         async with AsyncExitStack() as stack:
@@ -85,10 +86,11 @@ async def run(ctx: Context) -> dict[str, Any]:
                     host_cpu["baseline"].append((time.process_time() - cpu) * 1000)
                     for name, running in hosts.items():
                         meters[name].start()
-                        cpu, before = time.process_time(), counter.trips
+                        cpu, before, quick_before = time.process_time(), counter.trips, counter.quick
                         warm[name].append(await running.turn(dm(f"warm-{name}", n)))
                         host_cpu[name].append((time.process_time() - cpu) * 1000)
                         trips[name].append(counter.trips - before)
+                        quick[name].append(counter.quick - quick_before)
                         meters[name].stop()
                     ctx.progress.advance()
             routing = {name: round(percentile(running.routing_ms, 50), 3) for name, running in hosts.items()}
@@ -112,6 +114,7 @@ async def run(ctx: Context) -> dict[str, Any]:
         cpu_seen = {
             "host_cpu_ms_per_turn": summary(host_cpu[name]), **meters[name].per_turn_ms(samples),
             "db_trips_per_turn": round(sum(trips[name]) / max(1, len(trips[name])), 2),
+            "db_quick_per_turn": round(sum(quick[name]) / max(1, len(quick[name])), 2),
         }  # fmt: skip
         variants[name] = {
             **stats, **got, "cpu": cpu_seen, "ratio_p99": ratio(stats["p99_ms"], baseline["p99_ms"]), "first_reply_ms": round(first[name], 1),
@@ -150,6 +153,8 @@ def rows(s: dict[str, Any]) -> list[Row]:
             continue
         host_cpu, cpu = v["cpu"]["host_cpu_ms_per_turn"], v["cpu"]
         trips = f"; {cpu['db_trips_per_turn']:g} database trips a turn" if "db_trips_per_turn" in cpu else ""
+        if "db_quick_per_turn" in cpu:
+            trips += f", {cpu['db_quick_per_turn']:g} quick calls"
         out.append(
             Row(
                 f"host CPU per warm turn, {label(name)} (baseline: the in-process box and host together)",
