@@ -15,6 +15,14 @@ from box.stdio import FdReceiveStream, FdSendStream
 DEFAULT_STATE_DIR = "/state"
 
 
+async def _serve_stdio(protocol_out: int, state_dir: Path) -> None:
+    receive = FdReceiveStream(0)
+    try:
+        await serve(receive, FdSendStream(protocol_out), state_dir)
+    finally:
+        await receive.aclose()
+
+
 def main() -> int:
     # Keep fd 1 for the protocol alone: anything else that writes to stdout lands on stderr.
     protocol_out = os.dup(1)
@@ -27,7 +35,7 @@ def main() -> int:
     )
     state_dir = Path(os.environ.get("IMPYARD_STATE_DIR", DEFAULT_STATE_DIR))
     try:
-        anyio.run(serve, FdReceiveStream(0), FdSendStream(protocol_out), state_dir)
+        anyio.run(_serve_stdio, protocol_out, state_dir)
     except KeyboardInterrupt:
         return 130
     return 0

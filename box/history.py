@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any, Literal
 
 from box.protocol import ErrorCode, Peer, RpcError
@@ -94,6 +95,9 @@ def trim(records: Sequence[Record], limit: int, per_channel: int) -> list[Record
     return kept
 
 
+_AT = itemgetter(4)  # a candidate's time (combine)
+
+
 @dataclass(frozen=True)
 class PromptEntry:
     """One line of conversation for the prompt, from either source."""
@@ -108,22 +112,23 @@ class PromptEntry:
 def combine(
     recent: Sequence[HistoryEntry], own: Sequence[Record], channel_id: str, current_id: str, limit: int
 ) -> list[PromptEntry]:
-    """The conversation before the current message: host ``recent`` ∪ own records of this channel (ENV-07)."""
-    entries: dict[str, PromptEntry] = {}
+    """The conversation before the current message: host ``recent`` ∪ own records of this channel (ENV-07).
+
+    The candidates are plain tuples (id, role, author, content, at) until the cut: only the ``limit`` entries
+    the prompt shows are made (issue 18: the host sends 50 recent messages, the prompt shows 20)."""
+    entries: dict[str, tuple[str, Role, str, str, datetime]] = {}
     for record in own:
         if record.channel_id == channel_id and record.id != current_id:
-            entries[record.id] = PromptEntry(record.id, record.role, record.author, record.content, record.at)
+            entries[record.id] = (record.id, record.role, record.author, record.content, record.at)
     for entry in recent:  # the host's copy wins: it is what the channel actually shows
         if entry.id != current_id:
             kept = entries.get(entry.id)
-            if not entry.content.strip() and kept is not None and kept.content.strip():
+            if not entry.content.strip() and kept is not None and kept[3].strip():
                 continue  # a picture-only post has no text on the host; ours has its image markers (seed 003)
             role: Role = "assistant" if entry.from_imp else "user"
-            entries[entry.id] = PromptEntry(
-                entry.id, role, entry.author.name, entry.content, entry.created_at
-            )
-    ordered = sorted(entries.values(), key=lambda item: item.at)
-    return ordered[-limit:] if limit > 0 else []
+            entries[entry.id] = (entry.id, role, entry.author.name, entry.content, entry.created_at)
+    ordered = sorted(entries.values(), key=_AT)
+    return [PromptEntry(*row) for row in ordered[-limit:]] if limit > 0 else []
 
 
 # ------------------------------------------------------------------ the host keeps them (issue 22)

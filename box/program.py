@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +51,8 @@ R = TypeVar("R", bound=BaseModel)
 
 MEMORY_OFF = "memory is off: nothing to reflect on"
 MEMORY_OFF_NIGHT = "memory is off: nothing to fold or forget"
+JOURNAL = "journal.jsonl"
+JOURNAL_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC  # what open("a") asks for
 REFLECT_KIND = "reflect"
 SLEEP_KIND = "sleep"
 
@@ -295,10 +298,17 @@ class BoxProgram:
         return TaskRunResult(outcome="done", summary=summary[:20_000])
 
     def _journal(self, record: dict[str, Any]) -> None:
-        """The box's own record of its turns; it lives only under the state dir."""
+        """The box's own record of its turns; it lives only under the state dir. One appending write of the
+        line's bytes, as ``open("a")`` would make, without a text file object around it (issue 18)."""
+        line = (json.dumps({**record, "logged": datetime.now(UTC).isoformat()}) + "\n").encode("utf-8")
         try:
-            with (self.state_dir / "journal.jsonl").open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({**record, "logged": datetime.now(UTC).isoformat()}) + "\n")
+            fd = os.open(self.state_dir / JOURNAL, JOURNAL_FLAGS, 0o666)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
         except OSError as exc:
             log.warning("could not write the journal under %s: %s", self.state_dir, exc)
 

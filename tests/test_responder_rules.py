@@ -105,6 +105,41 @@ def test_history_merge_prefers_the_hosts_copy_and_keeps_one_channel() -> None:
     assert [e.id for e in combine(recent, own, "c1", "now", limit=2)] == ["c1-2", "h-4"]
 
 
+def test_history_merge_orders_by_time_keeps_arrival_order_on_ties_and_cuts_to_the_limit() -> None:
+    """ENV-07: one sort by time (equal times keep the order lines came in: own lines, then the host's new
+    ones; a line the host also has keeps its place), then the newest ``limit``; a limit of 0 shows none."""
+    bob, pip = Author(id="u2", name="bob"), Author(id="imp", name="pip", bot=True)
+    own = [
+        rec("c1", 1),
+        Record("c1", "tie-own", "event", "", "cleared", NOW + timedelta(minutes=3)),
+        Record("c1", "pic", "assistant", "pip", "[picture: a cat]", NOW),
+        Record("c1", "blank", "assistant", "pip", "", NOW),
+    ]
+    recent = [
+        HistoryEntry(id="late", author=bob, content="late", created_at=NOW + timedelta(minutes=9)),
+        HistoryEntry(id="tie-host", author=bob, content="same time", created_at=NOW + timedelta(minutes=3)),
+        HistoryEntry(id="tie-own", author=bob, content="as shown", created_at=NOW + timedelta(minutes=3)),
+        HistoryEntry(id="c1-1", author=Author(id="u1", name="ann"), content="as shown", created_at=NOW + timedelta(minutes=1)),
+        HistoryEntry(id="pic", author=pip, content=" ", created_at=NOW, from_imp=True),
+        HistoryEntry(id="blank", author=Author(id="imp", name="Pip", bot=True), content="", created_at=NOW, from_imp=True),
+    ]  # fmt: skip
+    expected = [
+        PromptEntry(
+            "pic", "assistant", "pip", "[picture: a cat]", NOW
+        ),  # the host's copy has no text: ours stands
+        PromptEntry("blank", "assistant", "Pip", "", NOW),  # neither has text: the host's copy
+        PromptEntry("c1-1", "user", "ann", "as shown", NOW + timedelta(minutes=1)),
+        PromptEntry("tie-own", "user", "bob", "as shown", NOW + timedelta(minutes=3)),
+        PromptEntry("tie-host", "user", "bob", "same time", NOW + timedelta(minutes=3)),
+        PromptEntry("late", "user", "bob", "late", NOW + timedelta(minutes=9)),
+    ]
+    assert combine(recent, own, "c1", "now", limit=10) == expected
+    assert combine(recent, own, "c1", "now", limit=3) == expected[3:]
+    assert combine(recent, own, "c1", "late", limit=2) == expected[3:5]  # the current message is not history
+    assert combine(recent, own, "c1", "now", limit=0) == []
+    assert combine(recent, own, "c1", "now", limit=-1) == []
+
+
 # ------------------------------------------------------------------ ENV-08 / ENV-09: rendering
 
 

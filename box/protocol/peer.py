@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, TaskGroup
+from anyio.lowlevel import checkpoint_if_cancelled
 from pydantic import BaseModel, ValidationError
 
 from box.protocol.codec import (
@@ -311,8 +312,19 @@ class Peer:
         await self._send_line(encode_frame(frame, self._max_line_bytes))
 
     async def _send_line(self, line: bytes) -> None:
-        async with self._write_lock:
+        """One whole line at a time. A free lock is taken without a turn of the event loop (``Lock.acquire``
+        yields once even when nobody holds it: a loop iteration for every frame, issue 18); a cancelled
+        task still sends nothing."""
+        lock = self._write_lock
+        await checkpoint_if_cancelled()
+        try:
+            lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await lock.acquire()
+        try:
             await self._send_stream.send(line)
+        finally:
+            lock.release()
 
     async def _reply_error(
         self, frame_id: int | str | None, code: int, message: str, data: Any = None
