@@ -71,9 +71,7 @@ SQLITE_PRAGMAS = (
     "PRAGMA foreign_keys=ON",
 )
 
-QUICK_SLOW_S = (
-    0.02  # a quick call that spent more CPU than this on the event loop is logged (once per function)
-)
+QUICK_SLOW_S = 0.02  # quick work using more CPU than this on the event loop is logged (once per function)
 CHECKPOINT_EVERY = 64  # write commits made on the event loop between two WAL checkpoints (run on a worker)
 
 P = ParamSpec("P")
@@ -764,6 +762,7 @@ class Database:
         self.quick_counts = QuickCounts()
         self._inline_writes = 0  # write commits on the event loop since the last checkpoint
         self._checkpointing = False
+        self._closed = False  # a checkpoint still queued when the database closed does nothing
         self._quick_named: set[str] = set()  # quick functions called at least once
         self._slow_named: set[str] = set()  # quick functions already logged as slow
 
@@ -787,6 +786,7 @@ class Database:
                         if self.dialect == "sqlite"
                         else _postgresql_engine(self.url)
                     )
+                    self._closed = False  # in use (again)
         return self._engine
 
     @contextmanager
@@ -914,6 +914,9 @@ class Database:
         up with them (each write lands while it copies); waiting for nobody (``busy_timeout`` 0 for it): with a
         writer or a reader in the way it copies what it can and the next one tries again. While it copies, it
         holds the write lock, and quick writes meet it and run on a worker. A failure is logged."""
+        if self._closed:
+            self._checkpointing = False
+            return
         try:
             with self._connect() as conn:
                 driver: Any = conn.connection.driver_connection
@@ -1055,7 +1058,7 @@ class Database:
         """Bounded database work (a few indexed statements; reads, then at most one write as its last
         transaction): ``fn(*args, **kwargs)``, its result.
 
-        On SQLite it runs right here on the event loop, on a connection of its own that never waits for the
+        On SQLite it runs right here on the event loop, on connections of its own that never wait for the
         write lock: a short transaction costs less than the trip to a worker thread and back, where each of its
         statements also fights the event loop for the GIL (issue 18). When another writer holds the lock, the
         work has written nothing, and it runs again whole on a worker (``run``), which waits for the lock. On
@@ -1095,6 +1098,7 @@ class Database:
             )  # fmt: skip
 
     def close(self) -> None:
+        self._closed = True
         with self._all_lock:
             conns, self._all = self._all, []
             kept, self._kept = self._kept, []

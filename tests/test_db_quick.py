@@ -242,3 +242,12 @@ async def test_a_quick_read_refuses_to_write_after_quick_writes(db: Database) ->
         await db.quick(db.read, _insert(2))
     await db.quick(db.write, _insert(3))  # and the write connection still writes
     assert (_count(db, 1), _count(db, 2), _count(db, 3)) == (1, 0, 1)
+
+
+async def test_a_checkpoint_still_queued_when_the_database_closed_does_nothing(db: Database) -> None:
+    """It opens no connection on the closed database (the worker would keep it, and the file, open)."""
+    _scratch(db)
+    await db.quick(db.write, _insert(1))
+    db.close()
+    db._checkpoint()
+    assert db._engine is None and db._kept == []
