@@ -202,8 +202,9 @@ class _Plan:
 
 @dataclass(frozen=True)
 class _SendFacts:
-    """What a ``discord.send`` decision reads of the database (one trip): the session channel's trust, the clean
-    approvals of this imp for the target, and the target channel as known (None: unknown, or not needed)."""
+    """What a ``discord.send`` decision reads of the database (one read transaction): the session channel's trust,
+    the clean approvals of this imp for the target, and the target channel as known (None: unknown, or not
+    needed)."""
 
     own_trusted: bool
     clean_approvals: int
