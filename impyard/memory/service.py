@@ -179,9 +179,9 @@ class MemoryService:
         """The box's ``turn.stage``: "context" starts a turn, so the last turn's row is returned and the
         per-turn count starts over. Other stages change nothing (a turn's memory work goes on after "post").
 
-        With ``message_id`` (the gateway passes it only for a message the host woke the imp for in the box's
-        channel), a message starts at most one turn of a box: announcing "context" again gets no fresh count,
-        so the per-turn bound cannot be lifted by the box that it bounds."""
+        With ``message_id`` (the gateway passes it only for the message the host handed this box for its turn:
+        ``Gateway.turn_stage``, issue 32 #2), a message starts at most one turn of a box: announcing "context"
+        again gets no fresh count, so the per-turn bound cannot be lifted by the box that it bounds."""
         if stage != "context":
             return None
         if message_id is not None:
