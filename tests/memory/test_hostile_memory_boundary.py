@@ -391,7 +391,8 @@ def test_the_vector_cache_counts_the_bytes_it_really_holds_emoji_text_included(
         text = ("🌷🐝 " * 400) + f"moment {n}"
         record = mem.NewRecord(author="ann", author_id="u1", feeling="calm", conclusion=text[:2000], valence=0.2,
                                intensity=0.6, vector=hashing_vector(f"moment {n}"))  # fmt: skip
-        scoped.encode(mem.EncodeParams(record=record, episode=mem.NewEpisode(author="ann", as_happened=text)))
+        episode = mem.NewEpisode(author="ann", as_happened=text, vector=hashing_vector(text))
+        scoped.encode(mem.EncodeParams(record=record, episode=episode))
     scoped.search(hashing_vector("moment 3"), ["ann", "🌷🐝"], 5)  # loaded, and its names work prepared
     (key,) = mdb_store.cache.keys()
     entry = mdb_store.cache.entry(mdb_store, key)
@@ -405,10 +406,10 @@ def test_the_vector_cache_counts_the_bytes_it_really_holds_emoji_text_included(
 
 
 def test_a_cache_bound_below_one_entry_keeps_nothing_after_the_search(mdb_store: MemoryStore) -> None:
-    small = MemoryStore(mdb_store.db, mdb_store.clock, VectorCache(100_000))
+    small = MemoryStore(mdb_store.db, mdb_store.clock, VectorCache(150_000))
     scoped = small.scoped("pip", SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,)), "c1")
     for n in range(30):
-        text = "😀" * 1500 + f" {n}"  # 30 × ~6 KB twice: over 100 KB only when counted as kept
+        text = "😀" * 1500 + f" {n}"  # 30 × ~6 KB as kept: over 150 KB (a character a byte: under)
         record = mem.NewRecord(author="ann", author_id="u1", feeling="calm", conclusion=text, valence=0.2,
                                intensity=0.6, vector=hashing_vector(text))  # fmt: skip
         scoped.encode(mem.EncodeParams(record=record, episode=mem.NewEpisode(author="ann", as_happened=text)))
