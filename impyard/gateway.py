@@ -448,7 +448,10 @@ class Gateway:
                     channel_id=spec.channel_id, reason=str(exc.data.get("reason", exc.message)),
                 )  # fmt: skip
                 with anyio.CancelScope(shield=True):
-                    await self.db.quick(self.audit.write, record)
+                    try:
+                        await self.db.quick(self.audit.write, record)
+                    except STORAGE_ERRORS as failure:  # the refusal stands; the disk is the log's to report
+                        log.error("could not audit %s refused to %s: %s", method, spec.imp, failure)
             raise
 
     async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
