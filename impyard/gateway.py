@@ -34,7 +34,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-import sqlalchemy as sa
 from anyio.abc import TaskGroup
 from pydantic import BaseModel
 from sqlalchemy.engine import Connection
@@ -46,6 +45,7 @@ from box.protocol.history import (
     HistoryLoadParams,
     HistoryLoadResult,
 )
+from box.protocol.memory import SessionMemory
 from box.protocol.models import (
     DiscordSendParams,
     DiscordSendResult,
@@ -83,7 +83,8 @@ from impyard.judge import (
     model_request_facts,
 )
 from impyard.ledger import BudgetExhausted, Ledger, Reservation
-from impyard.memory.scopes import resolve as resolve_scopes
+from impyard.memory.scopes import SessionScopes
+from impyard.memory.service import ONE_BY_ONE as MEMORY_ONE_BY_ONE
 from impyard.memory.service import MemoryService
 from impyard.policy import Policy
 from impyard.policy_models import Price, Rule
@@ -91,7 +92,6 @@ from impyard.prices import PriceMissing, bound_output, estimate_micros, measured
 from impyard.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
 from impyard.responder_history import ResponderHistory, line_views
 from impyard.surfaces import OutgoingFile, Surface, SurfaceError, surface_of
-from impyard.tables import wakes
 from impyard.trust import ChannelTrust, EarnedTrust, TrustDecision, decide_trust
 
 if TYPE_CHECKING:
@@ -416,36 +416,52 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await self.db.quick(self.audit.write, row)
 
+    def given(self, spec: BoxSpec, memory: SessionMemory | None) -> None:
+        """What ``box.init`` gives a session's box, told before it is sent (issue 32 #1): memory in these scopes,
+        or none. The gateway serves ``memory.*`` to that box exactly as its ``box.init`` said, and refuses every
+        other box (rule ``memory-not-given``). A task's box is opened by the supervisor (``_init_params``)."""
+        if self.memory is not None:
+            scopes = SessionScopes(memory.writes, tuple(memory.reads)) if memory is not None else None
+            self.memory.open(spec, scopes)
+
     async def _memory(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel:
-        """``memory.*`` (issue 23): the session's scopes are decided here, by the host, the first time the
-        box asks (the same decision ``box.init`` told it), and applied by the service to every request.
-        Audited in aggregate, one row per turn (the service's tallies), not one per request."""
+        """``memory.*`` (issue 23): served only to a box the host opened with memory (``given``, or the
+        supervisor for a task's box), in the scopes its ``box.init`` told it, never worked out on the box's
+        first request (issue 32 #1). Fenced by this host's lease as every act is (issue 32 #5). Audited in
+        aggregate, one row per turn (the service's tallies), not one per request; a box refused memory or a
+        lease gets one row per refusal, with its rule (the box's refusal budget ends a flood of them)."""
         if self.memory is None:
             raise RpcError(
                 ErrorCode.DENIED,
                 "denied: this host keeps no memory",
                 {"rule": "memory-off", "reason": "no store"},
             )
-        if not self.memory.is_open(spec):
-            self.memory.open(spec, await resolve_scopes(self.db, spec.imp, spec.channel_id))
-        return await self.memory.serve(spec, method, params)
+        try:
+            return await self.memory.serve(
+                spec, method, params, fence=self._stale if self.lease_guard is not None else None
+            )
+        except RpcError as exc:
+            rule = exc.data.get("rule") if isinstance(exc.data, dict) else None
+            if rule in MEMORY_ONE_BY_ONE:
+                record = AuditRecord(
+                    imp=spec.imp, method=method, verdict="denied", rule=str(rule), run_id=spec.run_id,
+                    channel_id=spec.channel_id, reason=str(exc.data.get("reason", exc.message)),
+                )  # fmt: skip
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await self.db.quick(self.audit.write, record)
+                    except STORAGE_ERRORS as failure:  # the refusal stands; the disk is the log's to report
+                        log.error("could not audit %s refused to %s: %s", method, spec.imp, failure)
+            raise
 
-    async def _woken(self, spec: BoxSpec, message_id: str) -> bool:
-        """Whether the host woke ``spec.imp`` for ``message_id`` in the box's channel: only such a message starts
-        a turn of the memory's per-turn bound (a box announcing turns of its own would lift it, issue 23)."""
-        query = sa.select(sa.literal(1)).where(
-            wakes.c.imp == spec.imp, wakes.c.channel_id == spec.channel_id, wakes.c.message_id == message_id
-        )
-        return await self.db.quick(self.db.read, lambda conn: conn.execute(query).first() is not None)
-
-    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool | None = None) -> None:
-        """The box's ``turn.stage``. ``woken``: whether the host woke ``spec.imp`` for that message in the box's
-        channel, where the caller knows it (the session that handed the box the message); None: looked up."""
-        if self.memory is not None and params.stage == "context":
-            if woken is None:
-                woken = await self._woken(spec, params.message_id)
-            if woken:
-                await self._write_memory_row(self.memory.stage(spec, params.stage, params.message_id))
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        """The box's ``turn.stage``. ``woken``: the message it names is the one the host handed this box for the
+        turn now running (the session that delivered it says so: ``SessionBoxHost``); only then does "context"
+        start a turn of the memory's per-turn bound, once per message and box. Anything else a box announces —
+        an old message of its channel, one another box was handed, an id of its own — starts nothing (issue 32
+        #2: a box replaying old message ids would lift the bound it is held to)."""
+        if self.memory is not None and params.stage == "context" and woken:
+            await self._write_memory_row(self.memory.stage(spec, params.stage, params.message_id))
         if self.on_stage is not None:
             await self.on_stage(spec, params)
 

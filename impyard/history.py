@@ -31,6 +31,7 @@ from impyard.tables import history, wakes
 
 DEFAULT_RETENTION = 1_000  # messages kept per channel
 DEFAULT_RECENT = 50  # messages sent to the box with each delivery
+WAKE_PRUNE_EVERY = 64  # wakes kept in one channel between two prunes of its wakes (issue 32 #2)
 RECOVERY_FRESH = timedelta(minutes=5)
 _ENTRIES = TypeAdapter(list[HistoryEntry])
 
@@ -106,6 +107,20 @@ _FINISH = Prepared(
         _w.c.outcome.is_(None),  # the first outcome wins
     )
     .values(outcome=bindparam("w_outcome"), error=bindparam("w_error"), finished_at=bindparam("w_at"))
+)
+# Issue 32 #2: a wake goes with its message. The imp's finished wakes in the channel whose message the history no
+# longer keeps (trimmed to its retention, forgotten, cleared) are deleted with every ``WAKE_PRUNE_EVERY``-th wake
+# kept there: ``wakes`` is bounded as the history is (a channel keeps at most its retention, plus fewer than that
+# many, plus the wakes whose turn has not ended: a turn finishes against its wake). The statement reads every
+# wake of the imp in the channel (about half a millisecond at 1,000): once every 64 wakes, not every wake.
+_PRUNE_WAKES = Prepared(
+    delete(_w).where(
+        _w.c.imp == bindparam("imp"),
+        _w.c.channel_id == bindparam("channel_id"),
+        _w.c.message_id != bindparam("message_id"),
+        _w.c.outcome.is_not(None),
+        ~exists().where(_h.c.channel_id == _w.c.channel_id, _h.c.message_id == _w.c.message_id),
+    )
 )
 _FORGET = delete(_h).where(
     _h.c.channel_id == bindparam("channel_id"), _h.c.message_id == bindparam("message_id")
@@ -221,6 +236,7 @@ class History(Store):
         self.db = db
         self.clock = clock
         self.retention = retention
+        self._wakes_since_prune: dict[tuple[str, str], int] = {}  # per (imp, channel), in this process
 
     # ------------------------------------------------------------ writing
 
@@ -247,17 +263,29 @@ class History(Store):
     def record_wake(
         self, imp: str, channel_id: str, message_id: str, *, conn: Connection | None = None
     ) -> None:
-        """That message woke ``imp`` (a wake kept twice is kept once); ``conn`` as for ``record``."""
+        """That message woke ``imp`` (a wake kept twice is kept once); ``conn`` as for ``record``. Every
+        ``WAKE_PRUNE_EVERY``-th wake there, the imp's finished wakes in the channel whose message the history
+        no longer keeps go with it (``_PRUNE_WAKES``)."""
         row = {
             "imp": imp,
             "channel_id": channel_id,
             "message_id": message_id,
             "woken_at": iso(self.clock.now()),
         }
-        if conn is None:
-            self.db.write(lambda conn: _dialect(conn.dialect.name).record_wake.run(conn, row))
-        else:
+
+        kept = self._wakes_since_prune.get((imp, channel_id), 0) + 1
+        prune = kept >= WAKE_PRUNE_EVERY
+        self._wakes_since_prune[(imp, channel_id)] = 0 if prune else kept
+
+        def keep(conn: Connection) -> None:
             _dialect(conn.dialect.name).record_wake.run(conn, row)
+            if prune:
+                _PRUNE_WAKES.run(conn, {"imp": imp, "channel_id": channel_id, "message_id": message_id})
+
+        if conn is None:
+            self.db.write(keep)
+        else:
+            keep(conn)
 
     def finish(
         self,

@@ -18,7 +18,7 @@ that the caller may await for that message's outcome; nobody else keeps it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,14 +171,22 @@ class SessionBoxHost:
         gateway: BoxHost,
         observer: TurnObserver,
         key: SessionKey,
-        in_turn: Callable[[], Collection[str]] = frozenset,
+        delivered: Callable[[], str | None] = lambda: None,
     ) -> None:
-        """``in_turn``: the ids of the messages the session handed its box for the turn now running (each one a
-        message the host woke the imp for in this channel)."""
+        """``delivered``: the id of the message the session handed its box for the turn now running (the one its
+        ``mailbox.deliver`` names; None between turns): the only message whose "context" starts a turn of the
+        memory's per-turn bound (issue 32 #2)."""
         self.gateway = gateway
         self.observer = observer
         self.key = key
-        self.in_turn = in_turn
+        self.delivered = delivered
+
+    def given(self, spec: BoxSpec, init: BoxInitParams) -> None:
+        """The box is about to be told ``init``: the gateway serves its memory as ``init.memory`` says, and
+        refuses it all memory where that is None (issue 32 #1)."""
+        given = getattr(self.gateway, "given", None)
+        if given is not None:
+            given(spec, init.memory)
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         if method == STAGE_METHOD:
@@ -188,9 +196,11 @@ class SessionBoxHost:
             except Exception as exc:  # noqa: BLE001 - the indicator is cosmetic; the turn goes on
                 log.debug("session %s: observing stage %s failed: %s", self.key, params.stage, exc)
             turn_stage = getattr(self.gateway, "turn_stage", None)
-            if turn_stage is not None and params.message_id in self.in_turn():
-                # The session knows this message woke the imp: the gateway need not look it up (issue 18).
-                await turn_stage(spec, params, woken=True)
+            if turn_stage is not None:
+                # Only the message this session handed this box starts a turn (issue 32 #2): an old id of the
+                # channel, replayed by a new box, is just a stage.
+                delivered = self.delivered()
+                await turn_stage(spec, params, woken=delivered is not None and params.message_id == delivered)
                 return None
         return await self.gateway.serve(spec, method, params)
 
@@ -456,14 +466,20 @@ class SessionManager:
     async def _box_lifetime(self, session: ChannelSession) -> None:
         key = session.key
         spec = BoxSpec(imp=key.imp, channel_id=key.channel_id, state_dir=self.plan.state_dir_for(key))
+        # The turn's message is the newest of its batch: the one ``mailbox.deliver`` names (``merge_batch``).
         host = SessionBoxHost(
-            self.host, session.observer, key, lambda: [item.delivery.message.id for item in session.in_turn]
-        )
+            self.host, session.observer, key,
+            lambda: session.in_turn[-1].delivery.message.id if session.in_turn else None,
+        )  # fmt: skip
         async with self.plan.backend_for(key.imp).open(spec, host) as box:
             session.box = box
             session.boxes_started += 1
             self.boxes_started += 1
-            await box.init(await self.plan.init_for(key, self.now()), timeout=INIT_TIMEOUT_S)
+            init = await self.plan.init_for(key, self.now())
+            host.given(
+                spec, init
+            )  # before the box hears it: its memory is served as it is told (issue 32 #1)
+            await box.init(init, timeout=INIT_TIMEOUT_S)
             started = self.monotonic()
             try:
                 await self._serve_turns(session, box, started)

@@ -89,7 +89,9 @@ def lease_rows(db: Database) -> dict[str, tuple[str, int]]:
         ("history.load", True),
         ("history.commit", True),
         ("history.anything_new", True),  # every history act, as the gateway's own lease fence
-        ("memory.search", False),  # the host's own bookkeeping of the box, not an act in the world
+        ("memory.search", True),  # issue 32 #5: a memory kept, recalled or forgotten is an act too
+        ("memory.encode", True),
+        ("memory.forget", True),
         ("turn.stage", False),
         ("log", False),
     ],

@@ -25,6 +25,7 @@ Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections import OrderedDict
@@ -39,9 +40,11 @@ from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patt
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
-_COMPACT_AFTER_CHUNKS = 16  # text chunks kept apart before they are joined into one again
-_NAME_MASKS = 32  # names whose row masks an entry keeps
-_STR_OVERHEAD = sys.getsizeof("")  # what a str costs besides its characters
+NAME_SCAN_CHARS = 1_000_000  # issue 32 #5: text one request's names are looked for in, past the word index
+_MERGE_AFTER_SEGMENTS = 16  # word index segments kept apart before they are merged into one again
+_LIST_SLOT = 8  # a list's pointer to each kept object
+_DICT_ENTRY = 104  # a dict's share for one more key (its entry, its index slot, and the growth it keeps free)
+_WORD = re.compile(r"\w+")  # the laws' word characters (mention_pattern's \w)
 
 CacheKey = tuple[str, str, int]  # (imp, scope, dims)
 _T = TypeVar("_T")
@@ -139,76 +142,108 @@ class _Column:
 
 
 class _Texts:
-    """Lowercased texts by row, and which rows name someone (mechanism 15).
+    """Lowercased texts by row, and which rows name someone (mechanism 15), with a bounded cost per request.
 
-    The texts are kept joined in chunks (one per load, compacted now and then), so finding a name is one
-    regex pass over a string. The mask of each name asked lately is kept and extended to new rows only:
-    a conversation's person is named in every search of it, and is matched once per write, not per query.
+    Issue 32 #5: the name work of one search is bounded whatever names a box sends. Each row's words (its
+    ``\\w+`` runs, the same ``\\w`` as the laws' whole-word check) are hashed once, when the row is first asked
+    about, into sorted segments of (word hash, row) pairs. A name that is one word is then a lookup: a row
+    names it exactly when the word is one of the row's words (the laws' pattern matches a name only where no
+    word character touches it, so its word runs are whole words of the text). Every other name — several
+    words, or none ("c++", "mary ann", "%") — is looked for only in the rows that hold all its words, and all
+    such names are looked for with the laws' own pattern in those rows only, within ``NAME_SCAN_CHARS`` of text
+    a request: past it, the request's remaining names name no one (only a box that asks for many names of
+    several common words, or of none, meets it; a person's name is one word or a rare pair).
+
+    ``nbytes`` is what the texts really hold: each row's ``sys.getsizeof`` (4 bytes a character once one
+    character needs them: an emoji text is counted as it is kept) and the index's arrays.
     """
 
     def __init__(self) -> None:
         self.rows: list[str] = []
-        self._chunks: list[tuple[int, str, npt.NDArray[np.int64]]] = []  # (first row, joined, starts)
-        self._masks: OrderedDict[str, npt.NDArray[np.bool_]] = (
-            OrderedDict()
-        )  # name -> mask of its rows so far
-        self._text_bytes = 0
+        self._row_bytes = 0
+        self._segments: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]] = []  # sorted by hash
+        self._indexed = 0  # rows [0, _indexed) are in the segments
 
     @property
     def nbytes(self) -> int:
-        return self._text_bytes + sum(int(mask.nbytes) for mask in self._masks.values())
+        index = sum(int(hashes.nbytes) + int(rows.nbytes) for hashes, rows in self._segments)
+        return self._row_bytes + _LIST_SLOT * len(self.rows) + index
 
     def extend(self, texts: Sequence[str]) -> None:
-        if not texts:
-            return
-        self._chunks.append(self._chunk(len(self.rows), texts))
         self.rows.extend(texts)
-        self._text_bytes += sum(_STR_OVERHEAD + len(t) for t in texts) * 2  # the row and its chunk copy
-        if len(self._chunks) > _COMPACT_AFTER_CHUNKS:
-            self._chunks = [self._chunk(0, self.rows)]
+        self._row_bytes += sum(sys.getsizeof(t) for t in texts)
 
     def replace(self, row: int, text: str) -> None:
         if self.rows[row] != text:
-            self._text_bytes += (len(text) - len(self.rows[row])) * 2
+            self._row_bytes += sys.getsizeof(text) - sys.getsizeof(self.rows[row])
             self.rows[row] = text
-            self._chunks = [self._chunk(0, self.rows)]
-            self._masks.clear()
+            self._segments, self._indexed = [], 0  # its words changed: indexed again when next asked
 
-    @staticmethod
-    def _chunk(first: int, texts: Sequence[str]) -> tuple[int, str, npt.NDArray[np.int64]]:
-        lengths = np.fromiter((len(t) + 1 for t in texts), dtype=np.int64, count=len(texts))
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        return first, "\x00".join(texts), starts
+    def _index(self) -> None:
+        """Hash the words of the rows not indexed yet into a new segment; merge once there are many."""
+        if self._indexed < len(self.rows):
+            hashes: list[int] = []
+            owners: list[int] = []
+            for row in range(self._indexed, len(self.rows)):
+                words = {hash(word) for word in _WORD.findall(self.rows[row])}
+                hashes.extend(words)
+                owners.extend([row] * len(words))
+            self._segments.append(_sorted_pairs(np.asarray(hashes, np.int64), np.asarray(owners, np.int32)))
+            self._indexed = len(self.rows)
+        if len(self._segments) > _MERGE_AFTER_SEGMENTS:
+            self._segments = [
+                _sorted_pairs(
+                    np.concatenate([hashes for hashes, _ in self._segments]),
+                    np.concatenate([rows for _, rows in self._segments]),
+                )
+            ]
 
-    def naming(self, names: Sequence[str]) -> npt.NDArray[np.bool_]:
-        """A row mask: the rows whose text names any of ``names`` (``laws.mention_names``: lowercased)."""
+    def _rows_with(self, word: str) -> npt.NDArray[np.bool_]:
+        """A row mask: the rows one of whose words is ``word`` (by its hash; see ``naming``)."""
         mask = np.zeros(len(self.rows), dtype=bool)
-        for name in names:
-            mask |= self._mask(name)
+        key = hash(word)
+        for hashes, rows in self._segments:
+            low = int(np.searchsorted(hashes, key, side="left"))
+            high = int(np.searchsorted(hashes, key, side="right"))
+            if high > low:
+                mask[rows[low:high]] = True
         return mask
 
-    def _mask(self, name: str) -> npt.NDArray[np.bool_]:
-        known = self._masks.pop(name, np.zeros(0, dtype=bool))
-        if len(known) < len(self.rows):
-            pattern = mention_pattern([name])  # the laws' own rule, over the lowercased rows at once
+    def naming(self, names: Sequence[str]) -> npt.NDArray[np.bool_]:
+        """A row mask: the rows whose text names any of ``names`` (``laws.mention_names``: lowercased), as
+        ``laws.mentions`` decides it. A one-word name by its word's 64-bit keyed hash (Python's ``hash``: salted
+        per process, so no box can aim at a collision); any other name by the laws' own pattern over the rows
+        that hold all its words, within ``NAME_SCAN_CHARS`` of text a request (see the class doc)."""
+        mask = np.zeros(len(self.rows), dtype=bool)
+        if not names or not self.rows:
+            return mask
+        self._index()
+        budget = NAME_SCAN_CHARS
+        for name in names:
+            words = list(dict.fromkeys(_WORD.findall(name)))
+            holding = np.ones(len(self.rows), dtype=bool)
+            for word in words:
+                holding &= self._rows_with(word)
+            if words == [name]:
+                mask |= holding  # a one-word name: exactly the rows that have it as a word
+                continue
+            pattern = mention_pattern([name])  # several words, or none: the laws' pattern over those rows
             assert pattern is not None
-            fresh = np.zeros(len(self.rows), dtype=bool)
-            fresh[: len(known)] = known
-            for first, joined, starts in self._chunks:
-                if first + len(starts) <= len(known):
-                    continue  # rows already matched for this name
-                positions = [m.start() for m in pattern.finditer(joined)]
-                if positions:
-                    fresh[
-                        first
-                        + np.searchsorted(starts, np.asarray(positions, dtype=np.int64), side="right")
-                        - 1
-                    ] = True
-            known = fresh
-        self._masks[name] = known
-        while len(self._masks) > _NAME_MASKS:
-            self._masks.popitem(last=False)
-        return known
+            for row in np.flatnonzero(holding & ~mask):
+                text = self.rows[row]
+                budget -= len(text)
+                if budget < 0:
+                    return mask  # the request's name work is spent: the rest names no one this time
+                if pattern.search(text) is not None:
+                    mask[row] = True
+        return mask
+
+
+def _sorted_pairs(
+    hashes: npt.NDArray[np.int64], rows: npt.NDArray[np.int32]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+    order = np.argsort(hashes, kind="stable")
+    return hashes[order], rows[order]
 
 
 # ------------------------------------------------------------------ one cache entry
@@ -267,7 +302,7 @@ class ScopeMatrix:
             for offset, i in enumerate(new):
                 self._row_of[records.ids[i]] = first + offset
                 self.record_ids.append(records.ids[i])
-                self._id_bytes += _STR_OVERHEAD + len(records.ids[i]) + 64  # + the dict entry
+                self._id_bytes += sys.getsizeof(records.ids[i]) + _LIST_SLOT + _DICT_ENTRY  # list, dict
             self._vectors.extend(unpack_many(self.key[2], [records.blobs[i] for i in new]))
             self._intensity.extend([records.intensity[i] for i in new])
             self._valence.extend([records.valence[i] for i in new])
@@ -284,7 +319,7 @@ class ScopeMatrix:
             for offset, i in enumerate(fresh):
                 self._episode_of[episodes.ids[i]] = first + offset
                 self.episode_ids.append(episodes.ids[i])
-                self._id_bytes += _STR_OVERHEAD + len(episodes.ids[i]) + 64
+                self._id_bytes += sys.getsizeof(episodes.ids[i]) + _LIST_SLOT + _DICT_ENTRY
             self._episode_vectors.extend(unpack_many(self.key[2], [episodes.blobs[i] for i in fresh]))
             self._episode_record.extend([self._row_of[episodes.record_ids[i]] for i in fresh])
             self._episode_texts.extend([episodes.texts[i] for i in fresh])

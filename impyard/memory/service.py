@@ -6,8 +6,17 @@ night's records, consolidation and forgetting (in the session's writes scope onl
 through the session's ``ScopedMemory``: the scopes are the host's decision (``scopes.resolve``), registered
 when the box starts (``open``) and applied to every query; no request names one.
 
+Only a box the host opened with memory is served (issue 32 #1): the host registers what ``box.init`` told
+every box it starts (``open``: scopes, or None for a box given none), and a request of a box it did not
+open with memory — a ``prompt`` task's box, a chat box of an imp whose memory is off, a box asking before
+its ``box.init`` — is refused DENIED, rule ``memory-not-given``, and audited one row each (``ONE_BY_ONE``).
+A box whose run lost its lease (``fence``, issue 32 #5) is refused the same way, rule ``lease``, and a write
+already in flight when the lease is found lost is rolled back, never committed: the fence is asked again
+inside the write's transaction, as its last step before the commit.
+
 Bounds, besides the protocol models' own: at most ``max_requests_per_turn`` requests per turn (the next
-is refused DENIED; a turn starts at the box's ``turn.stage`` "context"), a conversation's state at most
+is refused DENIED; a turn starts at the box's ``turn.stage`` "context" for a message the host handed that
+box, once per message), a conversation's state at most
 ``MAX_CONVERSATION_STATE_BYTES`` (INVALID_PARAMS), a join naming a record outside the session refused
 (DENIED). Every refusal counts against the box's conduct like any other (a flood ends the box).
 The store unavailable answers INTERNAL_ERROR with a message saying so: the box answers without memory.
@@ -19,6 +28,7 @@ Wiring (the gateway and the session host):
 
     service = memory_service(db, clock.now)                       # once, beside the gateway
     service.open(spec, await resolve(db, spec.imp, spec.channel_id))  # box start -> BoxInitParams.memory
+    service.open(spec, None)                                      # a box given no memory (or never opened)
     if method.startswith("memory."): return await service.serve(spec, method, params)   # Gateway.serve
     if (row := service.stage(spec, params.stage)): write row     # Gateway.serve, turn.stage
     if (row := service.close(spec)): write row                   # the box ended
@@ -26,6 +36,7 @@ Wiring (the gateway and the session host):
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -33,9 +44,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from box.protocol import ErrorCode, RpcError
@@ -59,6 +71,17 @@ LEARN_RULE = "memory-learning"
 NIGHT_RULE = "memory-night"
 NIGHT_METHODS = frozenset({"memory.consolidate", "memory.forget"})
 SCOPE_RULE = MemoryDenied.rule  # "memory-scopes"
+NOT_GIVEN_RULE = "memory-not-given"  # issue 32 #1: a box the host did not open with memory
+LEASE_RULE = "lease"  # issue 32 #5: a run (or host) whose lease is lost acts no more, on memory neither
+ONE_BY_ONE = frozenset(
+    {NOT_GIVEN_RULE, LEASE_RULE}
+)  # refusals the gateway audits one row each, with the rule
+NOT_GIVEN_REASON = (
+    "this box was not given memory (its box.init said memory: null): memory is off for this box"
+)
+
+Fence = Callable[[], str | None]  # None while the box may act, else why not (``LeaseGuard.check``)
+_T = TypeVar("_T")
 STORE_UNAVAILABLE = (
     "the memory store is unavailable right now (database error); answer without memory this turn"
 )
@@ -74,6 +97,7 @@ class _Tally:
     opened: bool = False  # the host decided its scopes (None included: memory off)
     learns: int = 0  # rules this box may still learn (mechanism 90: a departure's box, one per departure)
     nights: bool = False  # whether it may fold and forget (mechanisms 107-113: a sleep task's box only)
+    fence: Fence | None = None  # the lease of the box's run (a task run's), asked before and inside every act
     this_turn: int = 0
     methods: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)  # denied | invalid | error
@@ -113,9 +137,20 @@ class MemoryService:
     # ------------------------------------------------------------ the box's life
 
     def open(
-        self, spec: BoxSpec, scopes: SessionScopes | None, *, learns: int = 0, nights: bool = False
+        self,
+        spec: BoxSpec,
+        scopes: SessionScopes | None,
+        *,
+        learns: int = 0,
+        nights: bool = False,
+        fence: Fence | None = None,
     ) -> mem.SessionMemory | None:
         """A box starts with these scopes (None: memory off). Returns ``BoxInitParams.memory``.
+
+        Issue 32 #1: the host calls this for every box it starts, with what that box's ``box.init`` says,
+        before it is sent; a box never opened, or opened with None, is refused every ``memory.*`` request
+        (rule ``memory-not-given``). ``fence``: the lease of the box's run (``LeaseGuard.check``): once it
+        answers a reason, every request is refused (rule ``lease``) and no write commits.
 
         ``learns``: how many rules the box may learn (``memory.dispositions.learn``). Rules are the imp's
         character in every scope (mechanism 90 learns one when a person leaves), so only the box of a
@@ -127,6 +162,7 @@ class MemoryService:
         merge or delete its scope's memories ahead of the imp's own night."""
         tally = self._tally(spec)
         tally.scopes, tally.opened, tally.learns, tally.nights = scopes, True, max(0, learns), nights
+        tally.fence = fence
         return scopes.session_memory() if scopes is not None else None
 
     def is_open(self, spec: BoxSpec) -> bool:
@@ -134,13 +170,18 @@ class MemoryService:
         tally = self._boxes.get(spec.run_id)
         return tally is not None and tally.opened
 
+    def given(self, spec: BoxSpec) -> bool:
+        """Whether the host opened this box with memory (scopes, not None): only such a box is served."""
+        tally = self._boxes.get(spec.run_id)
+        return tally is not None and tally.opened and tally.scopes is not None
+
     def stage(self, spec: BoxSpec, stage: str, message_id: str | None = None) -> AuditRecord | None:
         """The box's ``turn.stage``: "context" starts a turn, so the last turn's row is returned and the
         per-turn count starts over. Other stages change nothing (a turn's memory work goes on after "post").
 
-        With ``message_id`` (the gateway passes it only for a message the host woke the imp for in the box's
-        channel), a message starts at most one turn of a box: announcing "context" again gets no fresh count,
-        so the per-turn bound cannot be lifted by the box that it bounds."""
+        With ``message_id`` (the gateway passes it only for the message the host handed this box for its turn:
+        ``Gateway.turn_stage``, issue 32 #2), a message starts at most one turn of a box: announcing "context"
+        again gets no fresh count, so the per-turn bound cannot be lifted by the box that it bounds."""
         if stage != "context":
             return None
         if message_id is not None:
@@ -177,10 +218,28 @@ class MemoryService:
     # ------------------------------------------------------------ serving
 
     async def serve(
-        self, spec: BoxSpec, method: str, params: BaseModel, *, scopes: SessionScopes | None = None
+        self,
+        spec: BoxSpec,
+        method: str,
+        params: BaseModel,
+        *,
+        scopes: SessionScopes | None = None,
+        fence: Fence | None = None,
     ) -> BaseModel:
-        """Answer one ``memory.*`` request of the box ``spec`` (its session's scopes, or ``scopes``)."""
+        """Answer one ``memory.*`` request of the box ``spec`` (its session's scopes, or ``scopes``: a test's
+        engine kit, which stands for a box the host opened). ``fence``: the host's own lease (``serve``,
+        ``chat``), asked with the run's (``open``) before the request and inside its write, before the commit.
+
+        A box the host did not open with memory, and a box whose lease is lost, are refused before anything
+        is counted or read (rules ``memory-not-given`` and ``lease``, in ``ONE_BY_ONE``: the gateway writes
+        their audit rows)."""
+        if scopes is None and not self.given(spec):
+            raise _refusal(NOT_GIVEN_RULE, NOT_GIVEN_REASON)
         tally = self._tally(spec)
+        fences = [check for check in (tally.fence, fence) if check is not None]
+        stale = _stale(fences)
+        if stale is not None:
+            raise _refusal(LEASE_RULE, f"no lease to act: {stale}")
         tally.methods[method if method in mem.MEMORY_METHOD_NAMES else "memory.other"] += 1
         tally.this_turn += 1
         started = time.perf_counter()
@@ -193,13 +252,7 @@ class MemoryService:
                     {"rule": LIMIT_RULE, "reason": reason},
                 )
             session = scopes if scopes is not None else tally.scopes
-            if session is None:
-                reason = "memory is off for this session"
-                raise RpcError(
-                    ErrorCode.DENIED,
-                    f"denied by rule {SCOPE_RULE}: {reason}",
-                    {"rule": SCOPE_RULE, "reason": reason},
-                )
+            assert session is not None  # ``given`` above
             if method in NIGHT_METHODS and not tally.nights:
                 reason = "only a night's box (a sleep task) folds or forgets memories"
                 raise RpcError(
@@ -219,8 +272,12 @@ class MemoryService:
             handler = _HANDLERS.get(method)
             if handler is None:
                 raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method[:80]}")
-            scoped = self.store.scoped(spec.imp, session, spec.channel_id)
+            store = self.store if not fences else self._fenced(fences)
+            scoped = store.scoped(spec.imp, session, spec.channel_id)
             return await self.store.db.run(handler, scoped, params)
+        except _LeaseLostInFlight as exc:  # found lost inside the write: rolled back, nothing committed
+            tally.refused["denied"] += 1
+            raise _refusal(LEASE_RULE, f"no lease to act: {exc}") from None
         except RpcError as exc:
             tally.refused[
                 "error"
@@ -244,6 +301,52 @@ class MemoryService:
             raise RpcError(ErrorCode.INTERNAL_ERROR, STORE_UNAVAILABLE) from None
         finally:
             tally.latency_ms += (time.perf_counter() - started) * 1000
+
+    def _fenced(self, fences: list[Fence]) -> MemoryStore:
+        """The store, its writes fenced: each write transaction asks ``fences`` as its last step and is rolled
+        back when one answers (issue 32 #5). A shallow copy: the cache and the counts are the store's own."""
+        store = copy.copy(self.store)
+        store.db = cast(Database, _FencedWrites(self.store.db, fences))
+        return store
+
+
+def _refusal(rule: str, reason: str) -> RpcError:
+    return RpcError(ErrorCode.DENIED, f"denied by rule {rule}: {reason}", {"rule": rule, "reason": reason})
+
+
+def _stale(fences: list[Fence]) -> str | None:
+    for check in fences:
+        stale = check()
+        if stale is not None:
+            return stale
+    return None
+
+
+class _LeaseLostInFlight(Exception):
+    """Raised inside a memory write whose box's lease was found lost: the transaction is rolled back."""
+
+
+class _FencedWrites:
+    """The host database as a fenced request's store sees it: every ``write`` runs its work, then asks the
+    fences inside the same transaction, so a write never commits once its lease is known lost. Everything
+    else is the database's own."""
+
+    def __init__(self, db: Database, fences: list[Fence]) -> None:
+        self._db = db
+        self._fences = fences
+
+    def write(self, fn: Callable[[Connection], _T], **options: Any) -> _T:
+        def fenced(conn: Connection) -> _T:
+            result = fn(conn)
+            stale = _stale(self._fences)
+            if stale is not None:
+                raise _LeaseLostInFlight(stale)
+            return result
+
+        return self._db.write(fenced, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
 
 
 # ------------------------------------------------------------------ the handlers (run on a worker thread)

@@ -3,10 +3,13 @@
 A task run holds the lease ``task:<task>/<run>`` from its claim to its end (``impyard.supervisor.loop``). Once
 that lease is lost — another host took it over to reclaim the task, or it could not be renewed before its local
 deadline — the run may act no more: every act its box still asks for (``model.request``, ``discord.send``,
-``http.fetch``, ``history.*``, the acts the gateway fences with a host's own lease) is refused with ``-32010``,
-rule ``lease``, and an audit row, before the gateway sees it: nothing is reserved, gated, fetched or posted. The
-check is the keeper's, from memory (``LeaseGuard.check``): no database hop per act. Everything else is the
-gateway's, unchanged (its own host-wide ``lease_guard`` included).
+``http.fetch``, ``history.*``, ``memory.*``: the acts the gateway fences with a host's own lease) is refused with
+``-32010``, rule ``lease``, and an audit row, before the gateway sees it: nothing is reserved, gated, fetched,
+posted, remembered or forgotten. The check is the keeper's, from memory (``LeaseGuard.check``): no database hop
+per act. A memory write already in flight when the lease is lost is not committed either (issue 32 #5): the
+supervisor opens the box's memory with the same check, which the write asks inside its transaction, last
+(``MemoryService.open(fence=…)``). Everything else is the gateway's, unchanged (its own host-wide ``lease_guard``
+included).
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from impyard.backends import BoxSpec
 from impyard.gateway import LEASE_RULE, Gateway
 from impyard.leases import LeaseGuard
 
-# What a box asks the host to do in the world (the gateway's own handlers): each is fenced by the run's lease.
+# What a box asks the host to do in the world (the gateway's own handlers, and the memory store: a memory kept or
+# forgotten is an act as much as a post, issue 32 #5): each is fenced by the run's lease.
 FENCED_METHODS = frozenset({"model.request", "discord.send", "http.fetch", "history.load", "history.commit"})
 
 
 def fenced(method: str) -> bool:
     """Whether ``method`` is an act a run may ask only while it holds its lease."""
-    return method in FENCED_METHODS or method.startswith("history.")
+    return method in FENCED_METHODS or method.startswith(("history.", "memory."))
 
 
 class RunFence:

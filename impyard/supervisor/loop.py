@@ -75,6 +75,7 @@ from impyard.memory.compact import compact
 from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.scopes import resolve as resolve_scopes
+from impyard.memory.service import Fence
 from impyard.memory.wakefulness import REFLECT_KIND, SLEEP_KIND, forget_scopes
 from impyard.memory.wakefulness import step as memory_step
 from impyard.schedules import ScheduleStore
@@ -476,26 +477,34 @@ class Supervisor:
 
     # ------------------------------------------------------------ one task
 
-    async def _init_params(self, task: Task, config: ImpConfig, box: BoxSpec) -> BoxInitParams:
+    async def _init_params(
+        self, task: Task, config: ImpConfig, box: BoxSpec, fence: Fence | None = None
+    ) -> BoxInitParams:
         """What the task's box is told. A ``depart`` task's box (mechanism 103) and a ``reflect`` task's
         (105) are in their channel as its session was: that channel's real kind, and memory in that channel's
         scopes. A ``sleep`` task's box (107) works in its task's one scope alone: it writes and reads only
         there, so a night never folds two scopes together. Decided here and applied by the gateway to every
-        ``memory.*`` request of the box; only a departure may learn a rule."""
+        ``memory.*`` request of the box; only a departure may learn a rule. Every other box — a ``prompt``
+        task's, any box of an imp whose memory is off — is opened with none, and refused every ``memory.*``
+        request (issue 32 #1). ``fence``: the run's lease; once lost, the box's memory acts are refused and a
+        write in flight is not committed (issue 32 #5)."""
         info = await self.db.run(self.gateway.channels.info, task.channel_id)
         spec = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
         kind = "task"
         memory = None
-        service = self.gateway.memory if spec.memory.enabled else None
+        service = self.gateway.memory
         if task.kind in (DEPART_KIND, REFLECT_KIND):
             if info is not None and info.kind in ("dm", "guild", "terminal"):
                 kind = info.kind
-            if service is not None:
+            if service is not None and spec.memory.enabled:
                 scopes = await resolve_scopes(self.db, task.imp, task.channel_id)
                 learns = 1 if task.kind == DEPART_KIND else 0  # mechanism 90: one rule, on departure only
-                memory = service.open(box, scopes, learns=learns)
-        elif task.kind == SLEEP_KIND and service is not None and task.scope:
-            memory = service.open(box, SessionScopes(task.scope, (task.scope,)), learns=0, nights=True)
+                memory = service.open(box, scopes, learns=learns, fence=fence)
+        elif task.kind == SLEEP_KIND and service is not None and spec.memory.enabled and task.scope:
+            scopes = SessionScopes(task.scope, (task.scope,))
+            memory = service.open(box, scopes, learns=0, nights=True, fence=fence)
+        if service is not None and memory is None:
+            service.open(box, None)  # memory off: what box.init says, the gateway holds the box to
         return BoxInitParams(
             protocol=1,
             imp=spec,
@@ -592,8 +601,8 @@ class Supervisor:
                             if box.host_pid is not None:  # a process box; an engine's box has no pid of ours
                                 await self.db.run(self.tasks.record_pid, task.run_id, box.host_pid)
                             init = await self._init_params(
-                                task, config, spec
-                            )  # the box's scopes: once it runs
+                                task, config, spec, host.guard.check
+                            )  # the box's scopes: once it runs; fenced by its run's lease
                             await box.init(init, timeout=min(ceiling, self.settings.init_timeout_s))
                             result = await box.run_task(params)
                             box_outcome, box_summary = result.outcome, result.summary
