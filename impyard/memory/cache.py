@@ -2,9 +2,9 @@
 
 One ``ScopeMatrix`` per (imp, scope, dims): the record vectors of that scope and length as a float32
 matrix (exactly the stored float16 values), the arrays the felt strength needs (intensity, valence,
-last felt), the lowercased texts the name bonus reads, and the same for the episodes whose record is in
-the matrix. Felt strength is computed from those arrays at query time, so fading moves with the clock
-while the matrix stays as it is (mechanism 67).
+last felt), the texts the name bonus reads (as written: a name counts only written as one, issue 32), and
+the same for the episodes whose record is in the matrix. Felt strength is computed from those arrays at
+query time, so fading moves with the clock while the matrix stays as it is (mechanism 67).
 
 The cache stays in step with writes from any process through ``memory_generations``: every write bumps
 the scope's ``version``, every delete its ``deletes`` as well. An entry whose version moved loads only the
@@ -16,8 +16,8 @@ larger than the bound is scored and then dropped, so the cache never holds more 
 Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices of length d only:
 
 1. record score = cosine × felt strength now, +0.5 (``name_bonus``) when the record text names one of the
-   names as a whole word, case-insensitive (``laws.mentions``, the rule the box applies too; the text: see
-   ``record_text`` in store.py);
+   names as a whole word, written as a name (``laws.mentions``, the rule the box applies too; the text: a
+   construct's statement, then the conclusion);
 2. every episode of a scored record: cosine × its record's felt strength, +0.5 when its as-it-happened text
    names someone; the best episode replaces its record's score when it beats it, and is the hit episode;
 3. the top k, highest first.
@@ -76,7 +76,7 @@ class RecordRows:
     valence: list[float] = field(default_factory=list)
     last_felt_s: list[float] = field(default_factory=list)
     construct: list[bool] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)  # lowercased record text
+    texts: list[str] = field(default_factory=list)  # the record text as written (a construct's statement, then the conclusion)
 
 
 @dataclass
@@ -84,7 +84,7 @@ class EpisodeRows:
     ids: list[str] = field(default_factory=list)
     record_ids: list[str] = field(default_factory=list)
     blobs: list[bytes] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)  # lowercased as-it-happened text
+    texts: list[str] = field(default_factory=list)  # the as-it-happened text as written
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class _Column:
 
 
 class _Texts:
-    """Lowercased texts by row, and which rows name someone (mechanism 15).
+    """Texts by row, as written, and which rows name someone (mechanism 15).
 
     The texts are kept joined in chunks (one per load, compacted now and then), so finding a name is one
     regex pass over a string. The mask of each name asked lately is kept and extended to new rows only:
@@ -190,7 +190,7 @@ class _Texts:
     def _mask(self, name: str) -> npt.NDArray[np.bool_]:
         known = self._masks.pop(name, np.zeros(0, dtype=bool))
         if len(known) < len(self.rows):
-            pattern = mention_pattern([name])  # the laws' own rule, over the lowercased rows at once
+            pattern = mention_pattern([name])  # the laws' own rule, over the rows at once
             assert pattern is not None
             fresh = np.zeros(len(self.rows), dtype=bool)
             fresh[: len(known)] = known

@@ -131,10 +131,13 @@ def test_m92_equal_strength_keeps_the_more_recently_felt_first() -> None:
         ("when someone is sad → I listen before I speak", None),
         ("wenn jemand traurig ist → höre ich zuerst zu", None),  # the conversation's language (56)
         ("when someone is sad → Listen before speaking", None),  # the act starts a clause of its own
-        ("when Ann is sad → I listen", "it names the person"),
-        ("when ann is sad → I listen", "it names the person"),  # case-insensitive (15)
-        ("when someone mentions Biscuit → I ask about the dog", "it names someone (Biscuit)"),
-        ("when someone is sad → I call Marta", "it names someone (Marta)"),
+        ("when Ann is sad → I listen", "it names someone (Ann)"),
+        ("when ann is sad → I listen", "it names someone (Ann)"),  # in any case (issue 32)
+        # Issue 32 departs from mechanism 90's "no capitalised word": names are the people the imp knows (the
+        # host refuses all of them; the box knows the person) — a capital is no name (German nouns, weekdays).
+        ("when someone mentions Biscuit → I ask about the dog", None),
+        ("wenn jemand meine Arbeit verspottet → halte ich Abstand", None),
+        ("when someone is sad on a Monday → I call first", None),
         ("when someone is sad I listen", "not a rule of the form 'when <situation> → <act>'"),
         ("→ I listen", "not a rule of the form 'when <situation> → <act>'"),
         ("when a " + "very " * 13 + "sad person writes → I listen", None),  # exactly 20 words
@@ -192,7 +195,7 @@ async def test_m93_fewer_than_two_moments_make_no_call_and_learn_nothing(kit: Ki
     [
         ({"learned": None}, "taught nothing"),
         ("not json", "no answer"),
-        ({"learned": "when Ann teases me → I laugh along"}, "names the person"),
+        ({"learned": "when Ann teases me → I laugh along"}, "names someone (Ann)"),
         ({"learned": "when someone teases me I laugh"}, "not a rule of the form"),
     ],
 )
