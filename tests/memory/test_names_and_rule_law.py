@@ -21,6 +21,10 @@ from box.memory.laws import (
     query_names,
     rule_refusal,
 )
+from box.protocol.memory import RecordsResult, SearchParams
+from impyard.backends.base import BoxSpec
+from impyard.memory.service import MemoryService
+from tests.memory.conftest import GUILD, IMP, axis, moment
 
 # ------------------------------------------------------------------ mentions: a name written as a name
 
@@ -184,3 +188,33 @@ def test_the_words_a_conversation_marks_as_its_own() -> None:
 
 def test_clean_rule_writes_one_line_and_one_arrow() -> None:
     assert clean_rule("when\x00 someone\u200b is\tsad  =>  I\nlisten") == "when someone is sad → I listen"
+
+
+# ------------------------------------------------------------------ the host's name bonus, over the protocol
+
+
+@pytest.mark.parametrize(
+    ("conclusion", "names", "bonus"),
+    [
+        ("I will be there at noon.", ["will"], 0.0),  # the finding: +0.5 for the word "will"
+        ("Later Will came by with soup.", ["will"], 0.5),
+        ("We talked on Monday about Python.", ["Ann"], 0.0),
+        ("Ann said we talk about Python on Monday.", ["Ann"], 0.5),
+        ("Am Montag hat Bob meine Arbeit gelobt.", ["bob"], 0.5),  # German: the name among the nouns
+        ("Am Montag hat der bob meine Arbeit gelobt.", ["bob"], 0.0),
+    ],
+)
+@pytest.mark.anyio
+async def test_the_hosts_name_bonus_counts_a_name_only_as_a_name(
+    service: MemoryService, guild_box: BoxSpec, conclusion: str, names: list[str], bonus: float
+) -> None:
+    """``memory.search`` as the box asks it: the host's vectorised bonus (``impyard.memory.cache``) reads the
+    texts as written and matches by ``laws.mentions``; a query orthogonal to the record leaves only the bonus."""
+    service.store.scoped(IMP, GUILD, "g1").encode(
+        moment(
+            conclusion, intensity=1.0, vector=axis(1), episode="someone said: hello", episode_vector=axis(3)
+        )
+    )
+    answer = await service.serve(guild_box, "memory.search", SearchParams(vector=axis(2), names=names, k=5))
+    assert isinstance(answer, RecordsResult)
+    assert [r.score for r in answer.records] == pytest.approx([bonus], abs=1e-6)
