@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -218,25 +218,33 @@ def _wordlike(name: str) -> bool:
     return all(ch.isalpha() or ch in _WORDLIKE_EXTRA for ch in name)
 
 
-def _as_written(name: str) -> str:
-    """One name as a regex over text *as written* (issue 32): case-insensitive but for its first letter.
+def _any_case(ch: str) -> str:
+    lower, upper = ch.lower(), ch.upper()
+    if lower == upper or len(lower) != 1 or len(upper) != 1:  # uncased, or a case that changes length
+        return re.escape(ch)
+    return f"[{re.escape(lower)}{re.escape(upper)}]"
+
+
+def _as_written(name: str) -> tuple[str, ...]:
+    """One name as regexes over text *as written* (issue 32): case-insensitive but for its first letter.
 
     A letters-only name counts only where it is written as a name — its first letter not lowercase ("Will
-    is here", "WILL", "@will"; never "I will be there"); letters without case (中村, محمد) always count.
-    Any other name ("carol_99") counts in any case. Character classes, not ``re.IGNORECASE``: the host runs
-    these over many joined texts at once (``impyard.memory.cache``), where IGNORECASE is many times slower.
+    is here", "WILL") or right after an ``@`` ("@will"); never "I will be there". Letters without case
+    (中村, محمد) always count; any other name ("carol_99") counts in any case. No word character right before
+    or after (rather than \b, so that "C++" and "[bot]" match). Each regex begins with one literal character
+    and checks what comes before it only behind that: the host runs these over many joined texts at once
+    (``impyard.memory.cache``), where a literal start is searched fast and ``re.IGNORECASE``, a class or an
+    alternation at the start is many times slower.
     """
+    first, rest = name[0], "".join(_any_case(ch) for ch in name[1:])
+    lower, upper = first.lower(), first.upper()
+    cased = lower != upper and len(lower) == 1 and len(upper) == 1
     wordlike = _wordlike(name)
-    parts = []
-    for i, ch in enumerate(name):
-        lower, upper = ch.lower(), ch.upper()
-        if lower == upper or len(lower) != 1 or len(upper) != 1:  # uncased, or a case that changes length
-            parts.append(re.escape(ch))
-        elif i == 0 and wordlike:
-            parts.append(f"(?:{re.escape(upper)}|(?<=@){re.escape(lower)})")
-        else:
-            parts.append(f"[{re.escape(lower)}{re.escape(upper)}]")
-    return "".join(parts)
+    starts = [upper] if cased and wordlike else [lower, upper] if cased else [first]
+    forms = [f"{re.escape(c)}(?<!\\w{re.escape(c)}){rest}(?!\\w)" for c in starts]
+    if cased and wordlike:
+        forms.append(f"@(?<!\\w@){re.escape(lower)}{rest}(?!\\w)")  # an explicit mention, in any case
+    return tuple(forms)
 
 
 def names_in(text: str, person: str | None, known: Sequence[str] = ()) -> list[str]:
@@ -275,27 +283,25 @@ def mention_names(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name.strip().lower() for name in names if name.strip()))
 
 
-def _alternatives(names: tuple[str, ...], as_written: bool) -> str:
-    # Longest first; each literal (re.escape: regex characters match only themselves). No word character right
-    # before or after (rather than \b), so that names that begin or end with a symbol ("C++", "[bot]") match.
-    order = sorted(names, key=len, reverse=True)
-    return "|".join(_as_written(name) if as_written else re.escape(name) for name in order)
-
-
 @lru_cache(maxsize=256)
-def _mention_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
-    return re.compile(f"(?<!\\w)(?:{_alternatives(names, True)})(?!\\w)") if names else None
+def _patterns(names: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(form) for name in names for form in _as_written(name))
 
 
 @lru_cache(maxsize=256)
 def _any_case_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
-    return re.compile(f"(?<!\\w)(?:{_alternatives(names, False)})(?!\\w)") if names else None
+    if not names:
+        return None
+    # Longest first; each literal (re.escape: regex characters match only themselves); no word character right
+    # before or after. Over lowercased text: forgetting is rare, and matches in any case.
+    alternatives = "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
+    return re.compile(f"(?<!\\w)(?:{alternatives})(?!\\w)")
 
 
-def mention_pattern(names: list[str] | tuple[str, ...]) -> re.Pattern[str] | None:
-    """Mechanism 15: one pattern that finds any of ``names`` written as a name, in text *as written*; None
-    when no name is left. The host's vector cache runs it over many texts at once."""
-    return _mention_pattern(mention_names(names))
+def mention_patterns(names: list[str] | tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """Mechanism 15: the patterns that together find any of ``names`` written as a name, in text *as written*
+    (``_as_written``); none when no name is left. The host's vector cache runs them over many texts at once."""
+    return _patterns(mention_names(names))
 
 
 def mentions(text: str, names: list[str] | tuple[str, ...]) -> bool:
@@ -305,8 +311,7 @@ def mentions(text: str, names: list[str] | tuple[str, ...]) -> bool:
     ``_as_written``). Names are literal text: regex or SQL characters in a name match only themselves.
     Empty names are ignored (they would match everything).
     """
-    pattern = mention_pattern(names)
-    return pattern is not None and pattern.search(text) is not None
+    return any(pattern.search(text) is not None for pattern in mention_patterns(names))
 
 
 def mentions_in_any_case(text: str, names: list[str] | tuple[str, ...]) -> bool:
@@ -540,8 +545,11 @@ _LINK = re.compile(
 _QUOTED_SPAN = re.compile(
     r"[\"“”„‟«»‹›「」『』〝〞〟＂`]([^\"“”„‟«»‹›「」『』〝〞〟＂`]{1,200})[\"“”„‟«»‹›「」『』〝〞〟＂`]"
 )
-_SINGLE_QUOTED = re.compile(r"(?:^|(?<=[\s(\[{/]))['‘‚‛]([^'‘’‚‛\n]{1,200})['’‛](?!\w)")
-_MARKED_TOKEN = re.compile(r"\S*(?:\d|@|#|://|[^\W\d_]\.[^\W\d_]{2,})\S*")  # digits, handles, tags, links
+_SINGLE_QUOTED = re.compile(r"['‘‚‛](?<![^\s(\[{/]['‘‚‛])([^'‘’‚‛\n]{1,200})['’‛](?!\w)")
+# What marks a token as a code, a handle, a tag, a link or a domain: a digit, "@", "#", "://", "x.yz". Apart,
+# each searched fast (one pattern with all of them is many times slower over a long conversation).
+_MARKERS = tuple(re.compile(p) for p in (r"\d", r"[@#]", "://", r"\.(?<=[^\W\d_]\.)[^\W\d_]{2,}"))
+_SPACE = re.compile(r"\s")
 
 
 def clean_rule(text: str) -> str:
@@ -555,6 +563,20 @@ def rule_words(text: str) -> list[str]:
     return [token for token in text.split() if any(ch.isalnum() for ch in token)]
 
 
+def _marked_tokens(text: str) -> Iterator[str]:
+    """The whitespace-separated tokens of ``text`` that hold a marker (``_MARKERS``), each once."""
+    done = -1  # the end of the last token given
+    for marker in _MARKERS:
+        for match in marker.finditer(text):
+            if match.start() < done:
+                continue
+            start = max(text.rfind(space, 0, match.start()) for space in " \n\t") + 1
+            after = _SPACE.search(text, match.end())
+            done = after.start() if after is not None else len(text)
+            yield text[start:done]
+        done = -1
+
+
 def marked_words(said: Sequence[str]) -> frozenset[str]:
     """Issue 32: the words a conversation marked as its own — quoted, or in a token holding a digit, an ``@``,
     a ``#`` or a link (a code, a handle, a tag, an address) — case-folded, without stop words."""
@@ -563,51 +585,63 @@ def marked_words(said: Sequence[str]) -> frozenset[str]:
         for pattern in (_QUOTED_SPAN, _SINGLE_QUOTED):
             for match in pattern.finditer(text):
                 marked.update(_WORD.findall(match.group(1).casefold()))
-        for match in _MARKED_TOKEN.finditer(text):
-            marked.update(_WORD.findall(match.group().casefold()))
+        for token in _marked_tokens(text):
+            marked.update(_WORD.findall(token.casefold()))
     return frozenset(w for w in marked if w not in STOP_WORDS and not w.isdigit() and len(w) > 1)
 
 
 def _lifted_run(rule: str, said: Sequence[str], run: int) -> str | None:
-    """The first ``run`` words in a row that ``rule`` shares with one of ``said`` (case-folded), or None."""
+    """The first ``run`` words in a row that ``rule`` shares with one of ``said`` (case-folded), or None.
+
+    Each text's words are joined by single spaces once, and each run of the rule looked for in them as a
+    string (a word boundary on each side): no Python loop over the conversation's words."""
     words = _WORD.findall(rule.casefold())
-    if len(words) < run:
+    runs = [" ".join(words[i : i + run]) for i in range(len(words) - run + 1)]
+    if not runs:
         return None
-    runs = {tuple(words[i : i + run]) for i in range(len(words) - run + 1)}
     for text in said:
-        spoken = _WORD.findall(text.casefold())
-        for i in range(len(spoken) - run + 1):
-            if tuple(spoken[i : i + run]) in runs:
-                return " ".join(spoken[i : i + run])
+        spoken = f" {' '.join(_WORD.findall(text.casefold()))} "
+        for phrase in runs:
+            if f" {phrase} " in spoken:
+                return phrase
     return None
 
 
-def _people(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(names refused in any case, names refused only as written): a name that is a common word (an English
-    function word: "Will") or shorter than 3 letters is refused only written as a name ("Will", not "will")."""
-    any_case, as_written = [], []
-    for name in dict.fromkeys(n.strip() for n in names if n.strip()):
-        letters = sum(ch.isalpha() for ch in name)
-        common = name.casefold() in STOP_WORDS or letters < NAME_MIN_LETTERS
-        (as_written if common else any_case).append(name)
-    return any_case, as_written
+class People:
+    """The names the rule law refuses, indexed by their first word so that checking a rule costs its ~20 words,
+    not the thousands of names an imp may know (the host checks every rule it serves, every turn)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._by_word: dict[str, list[str]] = {}
+        self._wordless: list[str] = []  # names with no word character ("<3"): looked for as they are
+        for name in dict.fromkeys(n.strip() for n in names if n.strip()):
+            words = _WORD.findall(name.lower())
+            if words:
+                self._by_word.setdefault(words[0], []).append(name)
+            else:
+                self._wordless.append(name)
+
+    def named(self, rule: str) -> list[str]:
+        """The names ``rule`` holds: in any case, but a name that is a common word (an English function word:
+        "Will") or shorter than 3 letters only written as a name ("Will", not "will")."""
+        lowered = rule.lower()
+        candidates = [
+            name for word in dict.fromkeys(_WORD.findall(lowered)) for name in self._by_word.get(word, ())
+        ]
+        candidates += [name for name in self._wordless if name.lower() in lowered]
+        found = []
+        for name in candidates:
+            letters = sum(ch.isalpha() for ch in name)
+            common = name.casefold() in STOP_WORDS or letters < NAME_MIN_LETTERS
+            if mentions(rule, [name]) if common else mentions_in_any_case(rule, [name]):
+                found.append(name)
+        return found
 
 
-def rule_refusal(
-    rule: str, names: Sequence[str] = (), said: Sequence[str] = (), marked: frozenset[str] | None = None
-) -> str | None:
-    """Mechanism 90 and issue 32: why ``rule`` (``clean_rule``'d) cannot be kept, or None when it can.
-
-    A rule is the imp's character, read in every scope, so it may carry nothing a scope holds. It is
-    "<situation> → <act>" in at most 20 words, and holds none of: a digit (a number, a code, a date, a phone);
-    an ``@`` (an address, a handle, a mention); a link or a domain; a quotation mark; the name of anyone the
-    imp knows (``names``: the people of the host's history and memory, the person who left) — in any case,
-    but a name that is a common word ("Will") only as a name; a word the conversation that taught it marked
-    as its own (``said``: its texts; ``marked_words``: quoted there, or part of a code, handle or link); or
-    ``LIFTED_RUN`` words in a row as the conversation had them. Both sides apply it: the box before asking
-    the host to keep a rule, the host (``impyard.memory.store``) before keeping one and before serving one.
-    Capitalised words are not refused as such: in German every noun is one (docs/memory.md).
-    """
+@lru_cache(maxsize=4096)
+def _shape_refusal(rule: str) -> str | None:
+    """What the rule law refuses in a rule alone, whoever the imp knows (kept: the host checks every rule it
+    serves, every turn)."""
     situation, arrow, act = rule.partition(RULE_ARROW)
     if not arrow or not rule_words(situation) or not rule_words(act):
         return f"not a rule of the form 'when <situation> {RULE_ARROW} <act>'"
@@ -621,14 +655,37 @@ def rule_refusal(
         return "it holds a link"
     if any(ch in _QUOTE_MARKS for ch in rule) or _OPENING_QUOTE.search(rule):
         return "it quotes"
-    lowered = rule.lower()
-    any_case, as_written = _people([n for n in names if n.strip().lower() in lowered])  # a cheap first sieve
-    named = [n for n in any_case if mentions_in_any_case(rule, [n])]
-    named += [n for n in as_written if mentions(rule, [n])]
+    return None
+
+
+@lru_cache(maxsize=16)
+def people(names: tuple[str, ...]) -> People:
+    """``People(names)``, kept for the same names (the host's known people change slowly)."""
+    return People(names)
+
+
+def rule_refusal(rule: str, names: Sequence[str] | People = (), said: Sequence[str] = ()) -> str | None:
+    """Mechanism 90 and issue 32: why ``rule`` (``clean_rule``'d) cannot be kept, or None when it can.
+
+    A rule is the imp's character, read in every scope, so it may carry nothing a scope holds. It is
+    "<situation> → <act>" in at most 20 words, and holds none of: a digit (a number, a code, a date, a phone);
+    an ``@`` (an address, a handle, a mention); a link or a domain; a quotation mark; the name of anyone the
+    imp knows (``names``: the people of the host's history and memory, the person who left) — in any case,
+    but a name that is a common word ("Will") only as a name; a word the conversation that taught it marked
+    as its own (``said``: its texts; ``marked_words``: quoted there, or part of a code, handle or link); or
+    ``LIFTED_RUN`` words in a row as the conversation had them. Both sides apply it: the box before asking
+    the host to keep a rule, the host (``impyard.memory.store``) before keeping one and before serving one.
+    Capitalised words are not refused as such: in German every noun is one (docs/memory.md).
+    """
+    why = _shape_refusal(rule)
+    if why is not None:
+        return why
+    named = (names if isinstance(names, People) else People(names)).named(rule)
     if named:
         return f"it names someone ({', '.join(sorted(named, key=str.casefold)[:5])})"
-    words = set(_WORD.findall(rule.casefold()))
-    lifted = sorted(words & (marked if marked is not None else marked_words(said)))
+    if not said:
+        return None
+    lifted = sorted(set(_WORD.findall(rule.casefold())) & marked_words(said))
     if lifted:
         return f"it holds words the conversation marked as its own ({', '.join(lifted[:5])})"
     run = _lifted_run(rule, said, LIFTED_RUN)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_pattern
+from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -76,7 +76,9 @@ class RecordRows:
     valence: list[float] = field(default_factory=list)
     last_felt_s: list[float] = field(default_factory=list)
     construct: list[bool] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)  # the record text as written (a construct's statement, then the conclusion)
+    texts: list[str] = field(
+        default_factory=list
+    )  # the record text as written (a construct's statement, then the conclusion)
 
 
 @dataclass
@@ -190,14 +192,13 @@ class _Texts:
     def _mask(self, name: str) -> npt.NDArray[np.bool_]:
         known = self._masks.pop(name, np.zeros(0, dtype=bool))
         if len(known) < len(self.rows):
-            pattern = mention_pattern([name])  # the laws' own rule, over the rows at once
-            assert pattern is not None
+            patterns = mention_patterns([name])  # the laws' own rule, over the rows at once
             fresh = np.zeros(len(self.rows), dtype=bool)
             fresh[: len(known)] = known
             for first, joined, starts in self._chunks:
                 if first + len(starts) <= len(known):
                     continue  # rows already matched for this name
-                positions = [m.start() for m in pattern.finditer(joined)]
+                positions = [m.start() for pattern in patterns for m in pattern.finditer(joined)]
                 if positions:
                     fresh[
                         first

@@ -44,6 +44,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -183,6 +184,9 @@ def clean_rule(rule: str) -> str:
     return text
 
 
+KNOWN_PEOPLE_S = 60.0  # how long the names checked as rules are served are kept (``KnownPeople``)
+
+
 class RuleRefused(MemoryDenied):
     """Issue 32: a learned rule that could carry what a scope holds (the box is answered DENIED)."""
 
@@ -200,10 +204,34 @@ def rule_refused(rule: str, lesson: Taught) -> None:
         raise RuleRefused(f"memory.dispositions.learn: rule refused by {RuleRefused.rule}: {why}")
 
 
+class KnownPeople:
+    """The names of the people each imp knows (``departures.known_people``), read again at most every
+    ``KNOWN_PEOPLE_S`` seconds: serving rules checks them every turn, and reading them costs tens of ms over a
+    large history. Learning a rule always reads them afresh (``taught``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: dict[str, tuple[float, tuple[str, ...]]] = {}
+
+    def of(self, conn: Connection, imp: str) -> tuple[str, ...]:
+        now = time.monotonic()
+        with self._lock:
+            kept = self._names.get(imp)
+        if kept is not None and now - kept[0] < KNOWN_PEOPLE_S:
+            return kept[1]
+        names = tuple(known_people(conn, imp, memories=False))
+        with self._lock:
+            self._names[imp] = (now, names)
+            while len(self._names) > MAX_CACHED_COUNTS:
+                self._names.pop(next(iter(self._names)))
+        return names
+
+
 def served_rules(rules: Sequence[DispositionView], names: Sequence[str]) -> list[DispositionView]:
     """The rules a box may be given: those the rule law keeps with the people the imp knows now. A rule kept
     before issue 32 (when only the box checked), or one naming someone the imp met since, is never served."""
-    return [rule for rule in rules if laws.rule_refusal(rule.rule, names=names) is None]
+    people = laws.people(tuple(names))
+    return [rule for rule in rules if laws.rule_refusal(rule.rule, names=people) is None]
 
 
 def _disposition(row: RowMapping) -> DispositionView:
@@ -805,6 +833,7 @@ class MemoryStore(Store, Loader):
             tuple[str, str], tuple[Generation, int]
         ] = {}  # (imp, scope) -> (generation, count)
         self._counts_lock = threading.Lock()
+        self.people = KnownPeople()  # issue 32: whom the rules served must not name
 
     def _locked(self, fn: Callable[[Connection], _T]) -> _T:
         """``db.write(fn, locking=True)``: ``fn`` locks the generation rows of the scopes it reads to decide and
@@ -2131,7 +2160,7 @@ class ScopedMemory:
 
         def read(conn: Connection) -> list[DispositionView]:
             rules = _dispositions(conn, self.imp, k, active_only=active_only)
-            return served_rules(rules, known_people(conn, self.imp, memories=False)) if rules else []
+            return served_rules(rules, self.store.people.of(conn, self.imp)) if rules else []
 
         return self.store.db.read(read)
 
