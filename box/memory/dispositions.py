@@ -8,8 +8,10 @@ every scope. The box asks the model; the host keeps the rules and applies the ar
   records. Learning and selection both read them: without them a question that presses on a sore point
   reads as a harmless one.
 * **Learning (90-97)**: ``Learner.learn`` — the weight from the person's strongest moment (93; no call
-  without two moments), one learning call (90-91), a refused rule when it names anyone or runs long, a
-  classification call against the rules held (94; none when none are held), then ``memory.dispositions.learn``.
+  without two moments), one learning call (90-91), a rule refused by the rule law (``laws.rule_refusal``:
+  too long, or holding a name, a number, an address, a link or a quotation; the host applies the same law
+  with all it knows, issue 32), a classification call against the rules held (94; none when none are held),
+  then ``memory.dispositions.learn``. A rule the host refuses (rule ``memory-rule-law``) is not learned.
 * **Selection (99)**: ``ModelSelector.select`` — before recall, one call over the active rules, the carried
   lines and the situation; at most 3 kept. The engine shows them to the reply only (100).
 
@@ -19,8 +21,6 @@ nothing. A store that does not answer (``StoreUnavailable``) goes to the caller.
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,22 +37,23 @@ from box.memory.focus import cut
 from box.memory.laws import (
     DEFAULTS,
     NEUTRAL,
+    RULE_MAX_WORDS,
     Params,
     Temperament,
-    capitalised_names,
+    clean_rule,
     is_active,
-    mentions,
+    rule_refusal,
     rule_weight,
 )
 from box.memory.prompts import Prompts
-from box.memory.store_client import StoreClient
+from box.memory.store_client import StoreClient, StoreUnavailable
+from box.protocol import ErrorCode, RpcError
 from box.protocol.memory import BOTH_KINDS, MAX_RULE_CHARS, DispositionView, RecordView
 
 CARRIED_LINES = 3  # mechanism 92: at most 3 lines
 CARRIED_WINDOW = 12  # mechanism 92: from the 12 most recently felt records
 CARRIED_CHARS = 160  # mechanism 92: each at most 160 characters
-RULE_MAX_WORDS = 20  # mechanism 90
-RULE_ARROW = "→"  # mechanism 90: "when <situation> → <act>"
+RULE_LAW = "memory-rule-law"  # the rule by which the host refuses a rule that breaks the law (issue 32)
 SITUATION_EXCHANGES = 2  # mechanism 99: the last 2 exchanges of the conversation, then the words
 SITUATION_TEXT_CHARS = 600  # one exchange as selection reads it
 WORDS_CHARS = 2_000  # the words being answered, as selection reads them
@@ -75,8 +76,6 @@ SELECTION_SCHEMA: dict[str, Any] = {
     "required": ["matched"],
     "additionalProperties": False,
 }
-
-_ARROWS = re.compile(r"\s*(?:→|->|=>|⇒|⟶)\s*")
 
 
 # ------------------------------------------------------------------ mechanism 92: carried lines
@@ -132,38 +131,28 @@ def _index(value: object, count: int) -> int | None:
     return None
 
 
-# ------------------------------------------------------------------ mechanism 90: a rule's shape
-
-
-def _clean_rule(text: str) -> str:
-    """One line, control characters gone, the arrow written one way."""
-    printable = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
-    return _ARROWS.sub(f" {RULE_ARROW} ", _one_line(printable)).strip()
-
-
-def _words(text: str) -> list[str]:
-    return [token for token in text.split() if any(ch.isalnum() for ch in token)]
+# ------------------------------------------------------------------ mechanism 90: the rule law
 
 
 def refusal(rule: str, person: str) -> str | None:
-    """Mechanism 90: why ``rule`` (cleaned) cannot be kept, or None when it can.
+    """Mechanism 90 (issue 32): why ``rule`` (``laws.clean_rule``'d) cannot be kept, or None when it can.
 
-    A rule is "<situation> → <act>" in at most 20 words and names no one: not the person who left
-    (whole word, any case) and no capitalised word within a clause (a name, 15). Each side of the arrow
-    starts a clause of its own, so a capital right after the arrow is no name.
+    The rule law (``laws.rule_refusal``) with what the box knows — the person who left — and the protocol's
+    bound on a rule's characters. The host applies the same law again with all it knows (the people of its
+    history and memory, the conversation's words); the box's check only spares it a refused request.
     """
-    situation, arrow, act = rule.partition(RULE_ARROW)
-    if not arrow or not _words(situation) or not _words(act):
-        return f"not a rule of the form 'when <situation> {RULE_ARROW} <act>'"
-    if len(_words(rule)) > RULE_MAX_WORDS:
-        return f"longer than {RULE_MAX_WORDS} words"
     if len(rule) > MAX_RULE_CHARS:
         return f"longer than {MAX_RULE_CHARS} characters"
-    if person.strip() and mentions(rule, [person]):
-        return "it names the person"
-    names = capitalised_names(situation) + capitalised_names(act)
-    if names:
-        return f"it names someone ({', '.join(names)})"
+    return rule_refusal(rule, names=[person] if person.strip() else [])
+
+
+def _host_refused(exc: StoreUnavailable) -> str | None:
+    """The host's reason when it refused the rule by the rule law (DENIED, rule ``memory-rule-law``)."""
+    cause = exc.__cause__
+    if isinstance(cause, RpcError) and cause.code == ErrorCode.DENIED:
+        data = cause.data if isinstance(cause.data, dict) else {}
+        if data.get("rule") == RULE_LAW:
+            return str(data.get("reason") or cause.message)[:300]
     return None
 
 
@@ -222,10 +211,16 @@ class Learner:
         if why is not None:
             return _nothing(f"rule refused, {why}", rule=rule, weight=weight)
         same, contradicts = await self._classify(rule)  # mechanism 94
-        result = await self.store.learn(
-            rule, weight, same=same, contradicts=contradicts,
-            avoidance_weight=self.temperament.avoidance_weight,
-        )  # fmt: skip  # mechanisms 95-97, on the host
+        try:
+            result = await self.store.learn(
+                rule, weight, same=same, contradicts=contradicts,
+                avoidance_weight=self.temperament.avoidance_weight,
+            )  # fmt: skip  # mechanisms 95-97, on the host
+        except StoreUnavailable as exc:
+            why = _host_refused(exc)
+            if why is None:
+                raise
+            return _nothing(f"the host refused the rule ({why})", rule=rule, weight=weight)
         return Learned(rule, weight, result.action, result.weakened)
 
     async def _ask_rule(self, context: str, carried: Sequence[str]) -> str | None:
@@ -241,7 +236,7 @@ class Learner:
         if answer is None:
             return None
         learned = answer.get("learned")
-        return _clean_rule(learned) if isinstance(learned, str) else ""
+        return clean_rule(learned) if isinstance(learned, str) else ""
 
     async def _classify(self, rule: str) -> tuple[str | None, str | None]:
         """Mechanism 94: (same, contradicts) as rule ids, over the 100 strongest held (dormant included).

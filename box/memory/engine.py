@@ -325,6 +325,8 @@ class ChatTurn:
         self.person = (author.name or author.id)[:64]
         self.person_id = author.id
         self.words = facts.message.content
+        # Issue 32 (mechanism 15): the people the imp knows here, whose names count as names in words and queries.
+        self.known = [p.name for p in facts.framing.participants] + [p.person for p in facts.presence]
         self.reply_model = engine.model.model_for("reply")  # mechanism 54
         images = sum(
             1 for a in facts.message.attachments if a.content_type.startswith("image/") and a.data_b64
@@ -440,7 +442,7 @@ class ChatTurn:
         if vector is None:
             await self.engine.log("warning", "the words could not be embedded; nothing is recalled this turn")
         self.recalled = await self.engine.recall.involuntary(
-            self.words, self.person, self.focus_ids(), vector
+            self.words, self.person, self.focus_ids(), vector, self.known
         )
         self._came_to_mind(self.recalled.records)
 
@@ -571,7 +573,7 @@ class ChatTurn:
     async def deliberate(self, query: str, *, moment: bool = False) -> list[RecordView]:
         """A search the imp makes (the action, a probe, the tool): a search of this turn (5) whose finds
         come to mind (36). For the moment probe, lived and construct finds are counted apart (6, 26)."""
-        found = await self.engine.recall.deliberate(query, self.person, self.focus_ids())
+        found = await self.engine.recall.deliberate(query, self.person, self.focus_ids(), self.known)
         self._came_to_mind(found.records)
         own_only = moment and not found.lived and bool(found.constructs)  # mechanism 6
         self.searches.append(SearchNote(query, len(found.records), own_only=own_only))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Hashable, Sequence
+import unicodedata
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -185,92 +186,138 @@ def cosine(a: list[float] | tuple[float, ...], b: list[float] | tuple[float, ...
 # ------------------------------------------------------------------ B. names (mechanism 15)
 
 _WORD = re.compile(r"\w+")
-_SENTENCE_BREAK = re.compile(r"[.!?]\s|\n")  # mechanism 15: ". ", "! ", "? " (and, for chat, a new line)
-NAME_MIN_LETTERS = 3  # mechanism 15: shorter capitalised words ("I", "OK") are not names
+NAME_MIN_LETTERS = 3  # mechanism 15: shorter words ("I", "OK", "Al") are too short to tell anyone by
+# An explicit mention as the host writes it: Discord's <@id> is cleaned to "@name" (impyard.conversation).
+_EXPLICIT = re.compile(r"(?<![\w@])@([^\W_](?:[\w.\-']*[^\W_])?)")
+# A name of letters only (with spaces, hyphens, apostrophes, dots: "Mary-Jane", "O'Brien") can be a word
+# of some language too: Will, May, Max, Rose, Mark. Any other name (a digit, an underscore, a symbol:
+# "carol_99", "C++") is no word of any language.
+_WORDLIKE_EXTRA = frozenset(" -'’.")
 
 
-def capitalised_names(text: str) -> list[str]:
-    """Mechanism 15: capitalised words of ≥ 3 letters that do not start a sentence, as written, in order.
+def explicit_mentions(text: str) -> list[str]:
+    """Issue 32 (mechanism 15): the people ``text`` names explicitly, ``@name``, as written, in order, once each.
 
-    A word starts a sentence when nothing but punctuation and spaces comes before it, or when the gap
-    since the previous word holds ``.``, ``!`` or ``?`` followed by whitespace — or, our addition for
-    chat, where a new line often starts without punctuation, a line break. Non-ASCII capitals count
-    ("Émile", "Łukasz"). Each name appears once (first spelling wins, compared case-insensitively).
+    Discord's ``<@id>`` reaches the box as ``@name`` (the host cleans it); an address's ``x@y`` is no mention.
     """
-    names: list[str] = []
-    seen: set[str] = set()
-    previous_end: int | None = None
-    for match in _WORD.finditer(text):
-        word, gap = match.group(), text[previous_end or 0 : match.start()]
-        starts_sentence = previous_end is None or _SENTENCE_BREAK.search(gap) is not None
-        previous_end = match.end()
-        if starts_sentence or len(word) < NAME_MIN_LETTERS or not word[0].isupper():
-            continue
-        if word.casefold() not in seen:
-            seen.add(word.casefold())
-            names.append(word)
-    return names
+    names: dict[str, str] = {}
+    for match in _EXPLICIT.finditer(text):
+        names.setdefault(match.group(1).casefold(), match.group(1))
+    return list(names.values())
 
 
-def names_in(text: str, person: str | None) -> list[str]:
-    """Mechanism 15 (Scoring step 2): the person's name lowercased, then the capitalised names in ``text``.
+def _once(names: Sequence[str]) -> list[str]:
+    """Each name once, the first spelling kept (compared case-insensitively), in order."""
+    kept: dict[str, str] = {}
+    for name in names:
+        kept.setdefault(name.casefold(), name)
+    return list(kept.values())
 
-    These are the names a record may mention to earn the name bonus; ``mentions`` compares
-    case-insensitively, so the case kept here is only for display.
+
+def _wordlike(name: str) -> bool:
+    return all(ch.isalpha() or ch in _WORDLIKE_EXTRA for ch in name)
+
+
+def _any_case(ch: str) -> str:
+    lower, upper = ch.lower(), ch.upper()
+    if lower == upper or len(lower) != 1 or len(upper) != 1:  # uncased, or a case that changes length
+        return re.escape(ch)
+    return f"[{re.escape(lower)}{re.escape(upper)}]"
+
+
+def _as_written(name: str) -> tuple[str, ...]:
+    """One name as regexes over text *as written* (issue 32): case-insensitive but for its first letter.
+
+    A letters-only name counts only where it is written as a name — its first letter not lowercase ("Will
+    is here", "WILL") or right after an ``@`` ("@will"); never "I will be there". Letters without case
+    (中村, محمد) always count; any other name ("carol_99") counts in any case. No word character right before
+    or after (rather than \b, so that "C++" and "[bot]" match). Each regex begins with one literal character
+    and checks what comes before it only behind that: the host runs these over many joined texts at once
+    (``impyard.memory.cache``), where a literal start is searched fast and ``re.IGNORECASE``, a class or an
+    alternation at the start is many times slower.
+    """
+    first, rest = name[0], "".join(_any_case(ch) for ch in name[1:])
+    lower, upper = first.lower(), first.upper()
+    cased = lower != upper and len(lower) == 1 and len(upper) == 1
+    wordlike = _wordlike(name)
+    starts = [upper] if cased and wordlike else [lower, upper] if cased else [first]
+    forms = [f"{re.escape(c)}(?<!\\w{re.escape(c)}){rest}(?!\\w)" for c in starts]
+    if cased and wordlike:
+        forms.append(f"@(?<!\\w@){re.escape(lower)}{rest}(?!\\w)")  # an explicit mention, in any case
+    return tuple(forms)
+
+
+def names_in(text: str, person: str | None, known: Sequence[str] = ()) -> list[str]:
+    """Mechanism 15 (Scoring step 2), as issue 32 has it: the names a record may mention to earn the name bonus.
+
+    The person's name (lowercased), then the people ``text`` names explicitly (``@name``), then the people
+    the imp knows (``known``: the conversation's participants, the people present) whom ``text`` names as a
+    name (``mentions``). Not every capitalised word, as the seed had it: mid-sentence "Monday", "Python" or,
+    in German, every noun are no one (docs/memory.md, "Where this departs from the seed").
     """
     names: list[str] = []
     if person and person.strip():
         names.append(person.strip().lower())
-    known = {n.casefold() for n in names}
-    names.extend(n for n in capitalised_names(text) if n.casefold() not in known)
-    return names
+    names.extend(explicit_mentions(text))
+    names.extend(name.strip() for name in known if name.strip() and mentions(text, [name]))
+    return _once(names)
 
 
-def query_names(query: str, person: str | None) -> list[str]:
-    """Subtle point 4 (mechanism 24): the names a deliberate search restricts to.
+def query_names(query: str, person: str | None, known: Sequence[str] = ()) -> list[str]:
+    """Subtle point 4 (mechanism 24), as issue 32 has it: the names a deliberate search restricts to.
 
-    Every capitalised mid-sentence word of the query (a dog's name counts), plus the person's name
-    as written — but the person only when their name appears in the query as a whole word.
+    The people the query names explicitly (``@name``) and the people the imp knows (``known``, the person
+    included) whom it names as a name — not every capitalised word: "what did we say about Python?" names
+    no one, so it is not restricted to records mentioning "Python".
     """
-    names = capitalised_names(query)
-    if person and person.strip() and mentions(query, [person.strip()]):
-        if person.strip().casefold() not in {n.casefold() for n in names}:
-            names.append(person.strip())
-    return names
+    names = explicit_mentions(query)
+    people = [*known, *([person] if person else [])]
+    names.extend(name.strip() for name in people if name.strip() and mentions(query, [name]))
+    return _once(names)
 
 
 def mention_names(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Mechanism 15: the names as ``mentions`` matches them: stripped, lowercased, no empty ones or repeats."""
+    """Mechanism 15: the names as ``mentions`` matches them: stripped, lowercased, no empty ones or repeats.
+
+    The case of a name does not matter, only the case of the text it is found in (``_as_written``)."""
     return tuple(dict.fromkeys(name.strip().lower() for name in names if name.strip()))
 
 
 @lru_cache(maxsize=256)
-def _mention_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
+def _patterns(names: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(form) for name in names for form in _as_written(name))
+
+
+@lru_cache(maxsize=256)
+def _any_case_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
     if not names:
         return None
-    # Each name literal first (re.escape: regex characters match only themselves), then the whole-word check
-    # behind it — no word character right before or after — rather than \b, so that names that begin or end
-    # with a symbol ("C++", "[bot]") still match; longest first. Case-insensitive by lowercasing both sides:
-    # re.IGNORECASE is many times slower over the host's joined texts (impyard.memory.cache).
-    alternatives = "|".join(
-        f"{re.escape(name)}(?<!\\w{re.escape(name)})" for name in sorted(names, key=len, reverse=True)
-    )
-    return re.compile(f"(?:{alternatives})(?!\\w)")
+    # Longest first; each literal (re.escape: regex characters match only themselves); no word character right
+    # before or after. Over lowercased text: forgetting is rare, and matches in any case.
+    alternatives = "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
+    return re.compile(f"(?<!\\w)(?:{alternatives})(?!\\w)")
 
 
-def mention_pattern(names: list[str] | tuple[str, ...]) -> re.Pattern[str] | None:
-    """Mechanism 15: one pattern that finds any of ``names`` as a whole word in *lowercased* text; None when
-    no name is left. The host's vector cache runs it over many lowercased texts at once."""
-    return _mention_pattern(mention_names(names))
+def mention_patterns(names: list[str] | tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """Mechanism 15: the patterns that together find any of ``names`` written as a name, in text *as written*
+    (``_as_written``); none when no name is left. The host's vector cache runs them over many texts at once."""
+    return _patterns(mention_names(names))
 
 
 def mentions(text: str, names: list[str] | tuple[str, ...]) -> bool:
-    """Mechanism 15: does ``text`` name any of ``names`` as a whole word, case-insensitively?
+    """Mechanism 15, case-aware (issue 32): does ``text`` name any of ``names`` as a whole word, written as a name?
 
-    Names are literal text: regex or SQL characters in a name match only themselves. Empty names
-    are ignored (they would match everything).
+    ``mentions("I will be there", ["will"])`` is False, ``mentions("Will is here", ["will"])`` True (see
+    ``_as_written``). Names are literal text: regex or SQL characters in a name match only themselves.
+    Empty names are ignored (they would match everything).
     """
-    pattern = mention_pattern(names)
+    return any(pattern.search(text) is not None for pattern in mention_patterns(names))
+
+
+def mentions_in_any_case(text: str, names: list[str] | tuple[str, ...]) -> bool:
+    """``mentions`` in any case ("carol" names Carol): where missing a mention costs more than a false one —
+    forgetting a person (``impyard memory forget``) and the rule law (``rule_refusal``)."""
+    pattern = _any_case_pattern(mention_names(names))
     return pattern is not None and pattern.search(text.lower()) is not None
 
 
@@ -482,3 +529,166 @@ def same_rule(
     if pull(new_weight, avoidance_weight) > pull(old_weight, avoidance_weight):
         return new_rule, new_weight, True
     return old_rule, old_weight, False
+
+
+# ------------------------------------------------------------------ K. the rule law (mechanism 90; issue 32)
+
+RULE_ARROW = "→"  # mechanism 90: "when <situation> → <act>"
+RULE_MAX_WORDS = 20  # mechanism 90
+LIFTED_RUN = 4  # issue 32: this many words in a row, as the conversation had them, are a quotation
+_ARROWS = re.compile(r"\s*(?:→|->|=>|⇒|⟶)\s*")
+_QUOTE_MARKS = frozenset('"“”„‟«»‹›「」『』〝〞〟＂`')
+_OPENING_QUOTE = re.compile(r"(?:^|(?<=[\s(\[{/]))['‘’‚‛](?=\w)")  # 'x… opens a quote; l'ami, Carol's do not
+_LINK = re.compile(
+    r"://|\bwww\.|(?<![\w.])[^\W_][\w-]*(?:\.[^\W_][\w-]*)*\.[^\W\d_]{2,}(?![\w.]*\w)", re.IGNORECASE
+)
+_QUOTED_SPAN = re.compile(
+    r"[\"“”„‟«»‹›「」『』〝〞〟＂`]([^\"“”„‟«»‹›「」『』〝〞〟＂`]{1,200})[\"“”„‟«»‹›「」『』〝〞〟＂`]"
+)
+_SINGLE_QUOTED = re.compile(r"['‘‚‛](?<![^\s(\[{/]['‘‚‛])([^'‘’‚‛\n]{1,200})['’‛](?!\w)")
+# What marks a token as a code, a handle, a tag, a link or a domain: a digit, "@", "#", "://", "x.yz". Apart,
+# each searched fast (one pattern with all of them is many times slower over a long conversation).
+_MARKERS = tuple(re.compile(p) for p in (r"\d", r"[@#]", "://", r"\.(?<=[^\W\d_]\.)[^\W\d_]{2,}"))
+_SPACE = re.compile(r"\s")
+
+
+def clean_rule(text: str) -> str:
+    """Mechanism 90: a rule as kept — one line, control and format characters out, the arrow written one way."""
+    printable = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
+    return _ARROWS.sub(f" {RULE_ARROW} ", " ".join(printable.split())).strip()
+
+
+def rule_words(text: str) -> list[str]:
+    """The words of a rule as mechanism 90 counts them: space-separated tokens that hold a letter or digit."""
+    return [token for token in text.split() if any(ch.isalnum() for ch in token)]
+
+
+def _marked_tokens(text: str) -> Iterator[str]:
+    """The whitespace-separated tokens of ``text`` that hold a marker (``_MARKERS``), each once."""
+    done = -1  # the end of the last token given
+    for marker in _MARKERS:
+        for match in marker.finditer(text):
+            if match.start() < done:
+                continue
+            start = max(text.rfind(space, 0, match.start()) for space in " \n\t") + 1
+            after = _SPACE.search(text, match.end())
+            done = after.start() if after is not None else len(text)
+            yield text[start:done]
+        done = -1
+
+
+def marked_words(said: Sequence[str]) -> frozenset[str]:
+    """Issue 32: the words a conversation marked as its own — quoted, or in a token holding a digit, an ``@``,
+    a ``#`` or a link (a code, a handle, a tag, an address) — case-folded, without stop words."""
+    marked: set[str] = set()
+    for text in said:
+        for pattern in (_QUOTED_SPAN, _SINGLE_QUOTED):
+            for match in pattern.finditer(text):
+                marked.update(_WORD.findall(match.group(1).casefold()))
+        for token in _marked_tokens(text):
+            marked.update(_WORD.findall(token.casefold()))
+    return frozenset(w for w in marked if w not in STOP_WORDS and not w.isdigit() and len(w) > 1)
+
+
+def _lifted_run(rule: str, said: Sequence[str], run: int) -> str | None:
+    """The first ``run`` words in a row that ``rule`` shares with one of ``said`` (case-folded), or None.
+
+    Each text's words are joined by single spaces once, and each run of the rule looked for in them as a
+    string (a word boundary on each side): no Python loop over the conversation's words."""
+    words = _WORD.findall(rule.casefold())
+    runs = [" ".join(words[i : i + run]) for i in range(len(words) - run + 1)]
+    if not runs:
+        return None
+    for text in said:
+        spoken = f" {' '.join(_WORD.findall(text.casefold()))} "
+        for phrase in runs:
+            if f" {phrase} " in spoken:
+                return phrase
+    return None
+
+
+class People:
+    """The names the rule law refuses, indexed by their first word so that checking a rule costs its ~20 words,
+    not the thousands of names an imp may know (the host checks every rule it serves, every turn)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._by_word: dict[str, list[str]] = {}
+        self._wordless: list[str] = []  # names with no word character ("<3"): looked for as they are
+        for name in dict.fromkeys(n.strip() for n in names if n.strip()):
+            words = _WORD.findall(name.lower())
+            if words:
+                self._by_word.setdefault(words[0], []).append(name)
+            else:
+                self._wordless.append(name)
+
+    def named(self, rule: str) -> list[str]:
+        """The names ``rule`` holds: in any case, but a name that is a common word (an English function word:
+        "Will") or shorter than 3 letters only written as a name ("Will", not "will")."""
+        lowered = rule.lower()
+        candidates = [
+            name for word in dict.fromkeys(_WORD.findall(lowered)) for name in self._by_word.get(word, ())
+        ]
+        candidates += [name for name in self._wordless if name.lower() in lowered]
+        found = []
+        for name in candidates:
+            letters = sum(ch.isalpha() for ch in name)
+            common = name.casefold() in STOP_WORDS or letters < NAME_MIN_LETTERS
+            if mentions(rule, [name]) if common else mentions_in_any_case(rule, [name]):
+                found.append(name)
+        return found
+
+
+@lru_cache(maxsize=4096)
+def _shape_refusal(rule: str) -> str | None:
+    """What the rule law refuses in a rule alone, whoever the imp knows (kept: the host checks every rule it
+    serves, every turn)."""
+    situation, arrow, act = rule.partition(RULE_ARROW)
+    if not arrow or not rule_words(situation) or not rule_words(act):
+        return f"not a rule of the form 'when <situation> {RULE_ARROW} <act>'"
+    if len(rule_words(rule)) > RULE_MAX_WORDS:
+        return f"longer than {RULE_MAX_WORDS} words"
+    if any(ch.isdigit() for ch in rule):
+        return "it holds a number"
+    if "@" in rule or "＠" in rule:
+        return "it holds an address or a mention"
+    if _LINK.search(rule):
+        return "it holds a link"
+    if any(ch in _QUOTE_MARKS for ch in rule) or _OPENING_QUOTE.search(rule):
+        return "it quotes"
+    return None
+
+
+@lru_cache(maxsize=16)
+def people(names: tuple[str, ...]) -> People:
+    """``People(names)``, kept for the same names (the host's known people change slowly)."""
+    return People(names)
+
+
+def rule_refusal(rule: str, names: Sequence[str] | People = (), said: Sequence[str] = ()) -> str | None:
+    """Mechanism 90 and issue 32: why ``rule`` (``clean_rule``'d) cannot be kept, or None when it can.
+
+    A rule is the imp's character, read in every scope, so it may carry nothing a scope holds. It is
+    "<situation> → <act>" in at most 20 words, and holds none of: a digit (a number, a code, a date, a phone);
+    an ``@`` (an address, a handle, a mention); a link or a domain; a quotation mark; the name of anyone the
+    imp knows (``names``: the people of the host's history and memory, the person who left) — in any case,
+    but a name that is a common word ("Will") only as a name; a word the conversation that taught it marked
+    as its own (``said``: its texts; ``marked_words``: quoted there, or part of a code, handle or link); or
+    ``LIFTED_RUN`` words in a row as the conversation had them. Both sides apply it: the box before asking
+    the host to keep a rule, the host (``impyard.memory.store``) before keeping one and before serving one.
+    Capitalised words are not refused as such: in German every noun is one (docs/memory.md).
+    """
+    why = _shape_refusal(rule)
+    if why is not None:
+        return why
+    named = (names if isinstance(names, People) else People(names)).named(rule)
+    if named:
+        return f"it names someone ({', '.join(sorted(named, key=str.casefold)[:5])})"
+    if not said:
+        return None
+    lifted = sorted(set(_WORD.findall(rule.casefold())) & marked_words(said))
+    if lifted:
+        return f"it holds words the conversation marked as its own ({', '.join(lifted[:5])})"
+    run = _lifted_run(rule, said, LIFTED_RUN)
+    if run is not None:
+        return f"it quotes the conversation ({run!r})"
+    return None

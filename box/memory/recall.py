@@ -8,7 +8,8 @@ subtle points 2, 4, 5):
   pass (19), ask the association filter about the rest with room max(1, 4 − passed) (20, 21), then
   drop what is already in the focus (22). No filter call when nothing is below the floor.
 * **deliberate** — a search the imp makes (23): search, collapse, drop the focus, keep only records of
-  a person the query names (24; none left: empty, no filter call), then the filter with room 4.
+  a person the query names (24; none left: empty, no filter call), then the filter with room 4. A name is
+  a person the imp knows or an explicit ``@mention`` (issue 32; ``laws.query_names``), not any capital.
 * **plain** (29), **about_person** (28), **own_of_kind** (27), **knows** (25) — the primitives of the
   probes and of arrival (issue II).
 
@@ -119,12 +120,18 @@ class Recall:
         return collapse_rumination(result.records)  # mechanism 18
 
     async def involuntary(
-        self, words: str, person: str | None, exclude: Collection[str], vector: list[float] | None
+        self,
+        words: str,
+        person: str | None,
+        exclude: Collection[str],
+        vector: list[float] | None,
+        known: Sequence[str] = (),
     ) -> Recalled:
-        """What the words bring to mind unasked. ``vector`` is the words' embedding (None: it failed)."""
+        """What the words bring to mind unasked. ``vector`` is the words' embedding (None: it failed);
+        ``known``: the people the imp knows here, whose names in the words count as names (15, issue 32)."""
         if vector is None:
             return Recalled(embedded=False)
-        candidates = await self._search(vector, names_in(words, person))
+        candidates = await self._search(vector, names_in(words, person, known))
         floor = self.params.strength_passes_filter
         passed = [c for c in candidates if c.felt >= floor]  # mechanism 19
         rest = [c for c in candidates if c.felt < floor]
@@ -141,13 +148,16 @@ class Recall:
         recalled.records = [r for r in passed + kept if r.id not in exclude]  # mechanism 22
         return recalled
 
-    async def deliberate(self, query: str, person: str | None, exclude: Collection[str]) -> Recalled:
+    async def deliberate(
+        self, query: str, person: str | None, exclude: Collection[str], known: Sequence[str] = ()
+    ) -> Recalled:
         """Mechanisms 23-24: a search the imp asked for; only what the filter keeps is found."""
         vector = await self.embedder.embed(query)
         if vector is None:
             return Recalled(embedded=False)
-        candidates = [c for c in await self._search(vector, names_in(query, person)) if c.id not in exclude]
-        names = query_names(query, person)
+        found = await self._search(vector, names_in(query, person, known))
+        candidates = [c for c in found if c.id not in exclude]
+        names = query_names(query, person, known)
         if names:
             candidates = restricted_to(candidates, names)  # mechanism 24
         if not candidates:

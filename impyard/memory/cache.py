@@ -2,9 +2,9 @@
 
 One ``ScopeMatrix`` per (imp, scope, dims): the record vectors of that scope and length as a float32
 matrix (exactly the stored float16 values), the arrays the felt strength needs (intensity, valence,
-last felt), the lowercased texts the name bonus reads, and the same for the episodes whose record is in
-the matrix. Felt strength is computed from those arrays at query time, so fading moves with the clock
-while the matrix stays as it is (mechanism 67).
+last felt), the texts the name bonus reads (as written: a name counts only written as one, issue 32), and
+the same for the episodes whose record is in the matrix. Felt strength is computed from those arrays at
+query time, so fading moves with the clock while the matrix stays as it is (mechanism 67).
 
 The cache stays in step with writes from any process through ``memory_generations``: every write bumps
 the scope's ``version``, every delete its ``deletes`` as well. An entry whose version moved loads only the
@@ -16,8 +16,8 @@ larger than the bound is scored and then dropped, so the cache never holds more 
 Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices of length d only:
 
 1. record score = cosine × felt strength now, +0.5 (``name_bonus``) when the record text names one of the
-   names as a whole word, case-insensitive (``laws.mentions``, the rule the box applies too; the text: see
-   ``record_text`` in store.py);
+   names as a whole word, written as a name (``laws.mentions``, the rule the box applies too; the text: a
+   construct's statement, then the conclusion);
 2. every episode of a scored record: cosine × its record's felt strength, +0.5 when its as-it-happened text
    names someone; the best episode replaces its record's score when it beats it, and is the hit episode;
 3. the top k, highest first.
@@ -29,14 +29,14 @@ import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_pattern
+from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -44,7 +44,7 @@ NAME_SCAN_CHARS = 1_000_000  # issue 32 #5: text one request's names are looked 
 _MERGE_AFTER_SEGMENTS = 16  # word index segments kept apart before they are merged into one again
 _LIST_SLOT = 8  # a list's pointer to each kept object
 _DICT_ENTRY = 104  # a dict's share for one more key (its entry, its index slot, and the growth it keeps free)
-_WORD = re.compile(r"\w+")  # the laws' word characters (mention_pattern's \w)
+_WORD = re.compile(r"\w+")  # the laws' word characters (mention_patterns' \w)
 
 CacheKey = tuple[str, str, int]  # (imp, scope, dims)
 _T = TypeVar("_T")
@@ -79,7 +79,9 @@ class RecordRows:
     valence: list[float] = field(default_factory=list)
     last_felt_s: list[float] = field(default_factory=list)
     construct: list[bool] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)  # lowercased record text
+    texts: list[str] = field(
+        default_factory=list
+    )  # the record text as written (a construct's statement, then the conclusion)
 
 
 @dataclass
@@ -87,7 +89,7 @@ class EpisodeRows:
     ids: list[str] = field(default_factory=list)
     record_ids: list[str] = field(default_factory=list)
     blobs: list[bytes] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)  # lowercased as-it-happened text
+    texts: list[str] = field(default_factory=list)  # the as-it-happened text as written
 
 
 @dataclass(frozen=True)
@@ -142,17 +144,20 @@ class _Column:
 
 
 class _Texts:
-    """Lowercased texts by row, and which rows name someone (mechanism 15), with a bounded cost per request.
+    """Texts by row, as written, and which rows name someone (mechanism 15), with a bounded cost per request.
 
-    Issue 32 #5: the name work of one search is bounded whatever names a box sends. Each row's words (its
+    A name counts only written as a name (``laws.mentions``, issue 32 #9): a letters-only name of a cased
+    script where its first letter is a capital ("Will is here") or right after an ``@``; any other name in any
+    case. Issue 32 #5: the name work of one search is bounded whatever names a box sends. Each row's words (its
     ``\\w+`` runs, the same ``\\w`` as the laws' whole-word check) are hashed once, when the row is first asked
-    about, into sorted segments of (word hash, row) pairs. A name that is one word is then a lookup: a row
-    names it exactly when the word is one of the row's words (the laws' pattern matches a name only where no
-    word character touches it, so its word runs are whole words of the text). Every other name — several
-    words, or none ("c++", "mary ann", "%") — is looked for only in the rows that hold all its words, and all
-    such names are looked for with the laws' own pattern in those rows only, within ``NAME_SCAN_CHARS`` of text
-    a request: past it, the request's remaining names name no one (only a box that asks for many names of
-    several common words, or of none, meets it; a person's name is one word or a rare pair).
+    about, into sorted segments of (key, row) pairs: every word under its lowercased form, and a word written as
+    a name (a capital first, or right after an ``@`` that no word character touches) under a second key as
+    well. A name that is one word is then a lookup of the key its kind of name needs (the laws' patterns
+    match a name only where no word character touches it, so its word runs are whole words of the text). Every
+    other name — several words, or none ("c++", "mary ann", "%") — is looked for only in the rows that hold
+    all its words, with the laws' own patterns, within ``NAME_SCAN_CHARS`` of text a request: past it, the
+    request's remaining names name no one (only a box that asks for many names of several common words, or
+    of none, meets it; a person's name is one word or a rare pair).
 
     ``nbytes`` is what the texts really hold: each row's ``sys.getsizeof`` (4 bytes a character once one
     character needs them: an emoji text is counted as it is kept) and the index's arrays.
@@ -161,7 +166,7 @@ class _Texts:
     def __init__(self) -> None:
         self.rows: list[str] = []
         self._row_bytes = 0
-        self._segments: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]] = []  # sorted by hash
+        self._segments: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]] = []  # sorted by key
         self._indexed = 0  # rows [0, _indexed) are in the segments
 
     @property
@@ -180,14 +185,14 @@ class _Texts:
             self._segments, self._indexed = [], 0  # its words changed: indexed again when next asked
 
     def _index(self) -> None:
-        """Hash the words of the rows not indexed yet into a new segment; merge once there are many."""
+        """Key the words of the rows not indexed yet into a new segment; merge once there are many."""
         if self._indexed < len(self.rows):
             hashes: list[int] = []
             owners: list[int] = []
             for row in range(self._indexed, len(self.rows)):
-                words = {hash(word) for word in _WORD.findall(self.rows[row])}
-                hashes.extend(words)
-                owners.extend([row] * len(words))
+                keys = set(_word_keys(self.rows[row]))
+                hashes.extend(keys)
+                owners.extend([row] * len(keys))
             self._segments.append(_sorted_pairs(np.asarray(hashes, np.int64), np.asarray(owners, np.int32)))
             self._indexed = len(self.rows)
         if len(self._segments) > _MERGE_AFTER_SEGMENTS:
@@ -198,10 +203,9 @@ class _Texts:
                 )
             ]
 
-    def _rows_with(self, word: str) -> npt.NDArray[np.bool_]:
-        """A row mask: the rows one of whose words is ``word`` (by its hash; see ``naming``)."""
+    def _rows_with(self, key: int) -> npt.NDArray[np.bool_]:
+        """A row mask: the rows that have a word under ``key`` (``_any_key`` / ``_name_key``)."""
         mask = np.zeros(len(self.rows), dtype=bool)
-        key = hash(word)
         for hashes, rows in self._segments:
             low = int(np.searchsorted(hashes, key, side="left"))
             high = int(np.searchsorted(hashes, key, side="right"))
@@ -211,8 +215,8 @@ class _Texts:
 
     def naming(self, names: Sequence[str]) -> npt.NDArray[np.bool_]:
         """A row mask: the rows whose text names any of ``names`` (``laws.mention_names``: lowercased), as
-        ``laws.mentions`` decides it. A one-word name by its word's 64-bit keyed hash (Python's ``hash``: salted
-        per process, so no box can aim at a collision); any other name by the laws' own pattern over the rows
+        ``laws.mentions`` decides it. A one-word name by a 64-bit keyed hash (Python's ``hash``: salted per
+        process, so no box can aim at a collision); any other name by the laws' own patterns over the rows
         that hold all its words, within ``NAME_SCAN_CHARS`` of text a request (see the class doc)."""
         mask = np.zeros(len(self.rows), dtype=bool)
         if not names or not self.rows:
@@ -221,22 +225,50 @@ class _Texts:
         budget = NAME_SCAN_CHARS
         for name in names:
             words = list(dict.fromkeys(_WORD.findall(name)))
+            if words == [name]:  # one word: exactly the rows that have it, written as its kind of name needs
+                mask |= self._rows_with(_name_key(name) if _needs_capital(name) else _any_key(name))
+                continue
             holding = np.ones(len(self.rows), dtype=bool)
             for word in words:
-                holding &= self._rows_with(word)
-            if words == [name]:
-                mask |= holding  # a one-word name: exactly the rows that have it as a word
-                continue
-            pattern = mention_pattern([name])  # several words, or none: the laws' pattern over those rows
-            assert pattern is not None
+                holding &= self._rows_with(_any_key(word))
+            patterns = mention_patterns([name])  # several words, or none: the laws' patterns over those rows
             for row in np.flatnonzero(holding & ~mask):
                 text = self.rows[row]
                 budget -= len(text)
                 if budget < 0:
                     return mask  # the request's name work is spent: the rest names no one this time
-                if pattern.search(text) is not None:
+                if any(pattern.search(text) is not None for pattern in patterns):
                     mask[row] = True
         return mask
+
+
+def _any_key(word: str) -> int:
+    """The index key of a word in any case (``word`` lowercased, as ``laws.mention_names`` gives names)."""
+    return hash(("any", word))
+
+
+def _name_key(word: str) -> int:
+    """The index key of a word written as a name: a capital first, or right after an ``@``."""
+    return hash(("name", word))
+
+
+def _needs_capital(name: str) -> bool:
+    """Whether a one-word name (lowercased) counts only written as a name (``laws.mentions``): letters only,
+    of a script with case. Any other ("carol_99", "中村") counts in any case."""
+    first = name[0]
+    return name.isalpha() and first.lower() != first.upper() and len(first.upper()) == 1
+
+
+def _word_keys(text: str) -> Iterator[int]:
+    """The index keys of the words of ``text`` (see ``_Texts``)."""
+    for match in _WORD.finditer(text):
+        word = match.group()
+        lowered = word.lower()
+        yield _any_key(lowered)
+        start = match.start()
+        after_at = start > 0 and text[start - 1] == "@" and (start < 2 or not _WORD.match(text[start - 2]))
+        if word[0].isupper() or after_at:
+            yield _name_key(lowered)
 
 
 def _sorted_pairs(

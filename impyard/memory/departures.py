@@ -16,6 +16,13 @@ queues nothing. A stretch already departed at a later (or the same) last input i
 message starts a new stretch, which departs in its turn. Only memory imps depart, and only conversations
 whose last input is at most ``LOOKBACK`` old (turning memory on never makes an imp reflect on every
 conversation it ever had).
+
+**What a departure taught from** (issue 32, ``taught`` and ``known_people``): the host keeps a learned rule only
+when the rule law (``box.memory.laws.rule_refusal``) finds nothing of a scope in it. The law reads, from the
+host's own tables, never from the box: the people the imp knows — every author of its channels' history (the
+channels that ever woke it), every author of its memories, and everyone the departure's conversation names
+explicitly (``@name``) — and the departure's conversation itself: its channel's history of the last
+``LOOKBACK`` (at most ``TAUGHT_MESSAGES`` messages, the imp's own replies included).
 """
 
 from __future__ import annotations
@@ -31,12 +38,19 @@ import anyio
 from sqlalchemy import ColumnElement, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory.laws import DEFAULTS
+from box.memory.laws import DEFAULTS, explicit_mentions
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
 from impyard.imps import ImpConfig, ImpStore
 from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import history, memory_conversations, memory_departures, wakes
+from impyard.tables import (
+    history,
+    memory_conversations,
+    memory_departures,
+    memory_episodes,
+    memory_records,
+    wakes,
+)
 from impyard.tasks import (
     FINISHED_STATES,
     Task,
@@ -54,6 +68,8 @@ STALE_S = DEFAULTS.presence_stale_seconds  # mechanism 10: 1800 s without input 
 DEPART_CEILING = timedelta(seconds=300)  # one quiet reflection and one learning call fit well inside
 LOOKBACK = timedelta(days=7)  # an older stretch of talk is never departed (see the module's text)
 MAX_PER_SCAN = 50  # a scan queues at most this many; the next scan takes the rest
+TAUGHT_MESSAGES = 500  # the departure's conversation as the rule law reads it: its channel's newest messages
+KNOWN_PEOPLE = 5_000  # names of people per source (history, memories) the rule law reads
 
 
 @dataclass(frozen=True)
@@ -269,3 +285,53 @@ async def wait_finished(
                 return task
             await anyio.sleep(poll_s)
     return await db.run(tasks.get, task_id)
+
+
+# ------------------------------------------------------------------ what a departure taught from (issue 32)
+
+
+@dataclass(frozen=True)
+class Taught:
+    """What the rule law reads of a departure: the people the imp knows, and what was said."""
+
+    names: tuple[str, ...]
+    said: tuple[str, ...]
+
+
+_HISTORY_PEOPLE = (
+    select(history.c.author_name)
+    .where(history.c.channel_id.in_(select(wakes.c.channel_id).where(wakes.c.imp == bindparam("imp")).distinct()))
+    .distinct()
+    .limit(KNOWN_PEOPLE)
+)  # fmt: skip
+_MEMORY_PEOPLE = [
+    select(table.c.author).where(table.c.imp == bindparam("imp")).distinct().limit(KNOWN_PEOPLE)
+    for table in (memory_records, memory_episodes)
+]
+_SAID = (
+    select(history.c.author_name, history.c.content)
+    .where(history.c.channel_id == bindparam("channel_id"), bytewise(history.c.created_at) >= bindparam("since"))
+    .order_by(history.c.seq.desc())
+    .limit(TAUGHT_MESSAGES)
+)  # fmt: skip
+
+
+def known_people(conn: Connection, imp: str, *, memories: bool = True) -> list[str]:
+    """The names of the people ``imp`` knows: the authors of its channels' history, and (``memories``) of its
+    records and episodes; at most ``KNOWN_PEOPLE`` from each."""
+    names = [row[0] for row in conn.execute(_HISTORY_PEOPLE, {"imp": imp})]
+    if memories:
+        for statement in _MEMORY_PEOPLE:
+            names.extend(row[0] for row in conn.execute(statement, {"imp": imp}))
+    return list(dict.fromkeys(name for name in names if isinstance(name, str) and name.strip()))
+
+
+def taught(conn: Connection, imp: str, channel_id: str, now: datetime) -> Taught:
+    """Issue 32: what the rule law reads when ``imp`` learns a rule in ``channel_id`` (a departure's box):
+    the people it knows (``known_people``, and everyone the conversation names with ``@``) and the
+    conversation, the channel's newest messages of the last ``LOOKBACK``, from the host's history."""
+    rows = conn.execute(_SAID, {"channel_id": channel_id, "since": iso(now - LOOKBACK)}).all()
+    said = tuple(str(content) for _, content in rows if content)
+    names = known_people(conn, imp) + [str(author) for author, _ in rows]
+    names += [name for text in said for name in explicit_mentions(text)]
+    return Taught(tuple(dict.fromkeys(n for n in names if n.strip())), said)

@@ -44,7 +44,7 @@ import hashlib
 import json
 import re
 import threading
-import unicodedata
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -105,6 +105,7 @@ from impyard.memory.cache import (
     RecordRows,
     VectorCache,
 )
+from impyard.memory.departures import Taught, known_people, taught
 from impyard.memory.scopes import SessionScopes, dm_scope
 from impyard.memory.vectors import normalised, pack, unpack, unpack_many
 from impyard.portable import bytewise, per_dialect, upsert
@@ -174,13 +175,63 @@ def _row_text(row: RowMapping) -> str:
 
 
 def clean_rule(rule: str) -> str:
-    """A learned rule as kept: control characters out, whitespace runs made one space, at most
-    ``MAX_RULE_CHARS``; refuses a rule left empty."""
-    text = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in rule)
-    text = " ".join(text.split())[:MAX_RULE_CHARS].strip()
+    """A learned rule as kept (``laws.clean_rule``): one line, control and format characters out, the arrow
+    written one way, at most ``MAX_RULE_CHARS``; refuses a rule left empty. Cleaning only: the rule law is
+    ``rule_refused``."""
+    text = laws.clean_rule(rule)[:MAX_RULE_CHARS].strip()
     if not text:
         raise MemoryInvalid("a learned rule needs some text")
     return text
+
+
+KNOWN_PEOPLE_S = 60.0  # how long the names checked as rules are served are kept (``KnownPeople``)
+
+
+class RuleRefused(MemoryDenied):
+    """Issue 32: a learned rule that could carry what a scope holds (the box is answered DENIED)."""
+
+    rule = "memory-rule-law"
+
+
+def rule_refused(rule: str, lesson: Taught) -> None:
+    """The rule law on the host (mechanism 90, issue 32; ``laws.rule_refusal``): raises ``RuleRefused`` for a
+    rule holding a name the host knows, a number, an address, a link, a quotation or the conversation's words.
+
+    A rule is the imp's character, read by every scope's boxes (``dispositions``), so only the host can be
+    trusted to keep a DM's words out of it: the box that learned it may be hostile."""
+    why = laws.rule_refusal(rule, names=lesson.names, said=lesson.said)
+    if why is not None:
+        raise RuleRefused(f"memory.dispositions.learn: rule refused by {RuleRefused.rule}: {why}")
+
+
+class KnownPeople:
+    """The names of the people each imp knows (``departures.known_people``), read again at most every
+    ``KNOWN_PEOPLE_S`` seconds: serving rules checks them every turn, and reading them costs tens of ms over a
+    large history. Learning a rule always reads them afresh (``taught``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: dict[str, tuple[float, tuple[str, ...]]] = {}
+
+    def of(self, conn: Connection, imp: str) -> tuple[str, ...]:
+        now = time.monotonic()
+        with self._lock:
+            kept = self._names.get(imp)
+        if kept is not None and now - kept[0] < KNOWN_PEOPLE_S:
+            return kept[1]
+        names = tuple(known_people(conn, imp, memories=False))
+        with self._lock:
+            self._names[imp] = (now, names)
+            while len(self._names) > MAX_CACHED_COUNTS:
+                self._names.pop(next(iter(self._names)))
+        return names
+
+
+def served_rules(rules: Sequence[DispositionView], names: Sequence[str]) -> list[DispositionView]:
+    """The rules a box may be given: those the rule law keeps with the people the imp knows now. A rule kept
+    before issue 32 (when only the box checked), or one naming someone the imp met since, is never served."""
+    people = laws.people(tuple(names))
+    return [rule for rule in rules if laws.rule_refusal(rule.rule, names=people) is None]
 
 
 def _disposition(row: RowMapping) -> DispositionView:
@@ -272,7 +323,7 @@ class _Person:
         """How a record or an episode is theirs: "id", "name", or None (neither theirs nor about them)."""
         if author_id is not None and author_id in self.ids:
             return "id"
-        if author in self.names or laws.mentions(text, self.mentioned):
+        if author in self.names or laws.mentions_in_any_case(text, self.mentioned):  # "carol" too
             return "name"
         return None
 
@@ -499,7 +550,8 @@ _GENERATIONS = select(_G.c.scope, _G.c.version, _G.c.deletes).where(
 def _loader_rows(since: bool) -> tuple[Any, Any]:
     """The cache loader's two reads: every vector row of (imp, scope, dims), or those written after ``since``."""
     records = select(
-        _R.c.id, _R.c.kind, _R.c.valence, _R.c.intensity, _R.c.last_felt, _R.c.mention_text, _R.c.vector
+        _R.c.id, _R.c.kind, _R.c.valence, _R.c.intensity, _R.c.last_felt, _R.c.conclusion, _R.c.vector,
+        _R.c.statement,
     ).where(
         _R.c.imp == bindparam("imp"), _R.c.scope == bindparam("scope"), _R.c.dims == bindparam("dims"),
         _R.c.vector.is_not(None), *([_R.c.gen > bindparam("since")] if since else []),
@@ -781,6 +833,7 @@ class MemoryStore(Store, Loader):
             tuple[str, str], tuple[Generation, int]
         ] = {}  # (imp, scope) -> (generation, count)
         self._counts_lock = threading.Lock()
+        self.people = KnownPeople()  # issue 32: whom the rules served must not name
 
     def _locked(self, fn: Callable[[Connection], _T]) -> _T:
         """``db.write(fn, locking=True)``: ``fn`` locks the generation rows of the scopes it reads to decide and
@@ -863,13 +916,13 @@ class MemoryStore(Store, Loader):
                 records.valence.append(float(row[2]))
                 records.intensity.append(float(row[3]))
                 records.last_felt_s.append(parse_iso(row[4]).timestamp())
-                records.texts.append(row[5])
+                records.texts.append(f"{row[7]} {row[5]}" if row[7] else str(row[5]))  # as written (issue 32)
                 records.blobs.append(bytes(row[6]))
             episodes = EpisodeRows()
             for row in conn.execute(episode_sql, params):
                 episodes.ids.append(row[0])
                 episodes.record_ids.append(row[1])
-                episodes.texts.append(str(row[2]).lower())
+                episodes.texts.append(str(row[2]))  # as written: a name is matched as a name (issue 32)
                 episodes.blobs.append(bytes(row[3]))
             return records, episodes
 
@@ -2102,15 +2155,26 @@ class ScopedMemory:
     # ------------------------------------------------------------ dispositions (issue 14; per imp, every scope)
 
     def dispositions(self, k: int = 100, active_only: bool = False) -> list[DispositionView]:
-        """Mechanisms 94, 98-99: the ``k`` strongest rules by |weight|; ``active_only`` leaves dormant ones out."""
-        return self.store.db.read(lambda conn: _dispositions(conn, self.imp, k, active_only=active_only))
+        """Mechanisms 94, 98-99: the ``k`` strongest rules by |weight|; ``active_only`` leaves dormant ones out.
+        Only rules the rule law keeps are served (``served_rules``, issue 32)."""
+
+        def read(conn: Connection) -> list[DispositionView]:
+            rules = _dispositions(conn, self.imp, k, active_only=active_only)
+            return served_rules(rules, self.store.people.of(conn, self.imp)) if rules else []
+
+        return self.store.db.read(read)
 
     def learn(self, params: LearnParams) -> LearnResult:
         """Mechanisms 95-97, atomically: ``same`` is counted (and takes this text and weight only if this one
         pulls harder); else ``contradicts`` is weakened toward 0 by |weight| and this rule added; else added.
-        A rule named must be this imp's (else ``MemoryDenied``). At most ``MAX_RULES`` are kept per imp."""
+        A rule named must be this imp's (else ``MemoryDenied``). At most ``MAX_RULES`` are kept per imp.
+        First the rule law (``rule_refused``, issue 32) with what the session's channel taught: a refused rule
+        changes nothing, not even the rules it names."""
         rule = clean_rule(params.rule)
         now = iso(self.store.clock())
+        rule_refused(
+            rule, self.store.db.read(lambda conn: taught(conn, self.imp, self.channel_id, self.store.clock()))
+        )
 
         def write(conn: Connection) -> LearnResult:
             def named(rule_id: str) -> RowMapping:

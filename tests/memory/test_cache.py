@@ -212,7 +212,7 @@ def test_m15_a_name_asked_before_is_matched_in_rows_written_since(store: MemoryS
     scoped = store.scoped(IMP, GUILD, "g1")
     first, _ = scoped.encode(moment("tea with Zoe", intensity=0.5, vector=axis(1)))
     assert [r.score for r in scoped.search(axis(2), names=["Zoe"])] == pytest.approx([0.5], abs=1e-6)
-    second, _ = scoped.encode(moment("a walk with zoe", intensity=0.5, vector=axis(1)))
+    second, _ = scoped.encode(moment("a walk with Zoe", intensity=0.5, vector=axis(1)))
     third, _ = scoped.encode(
         moment("nobody here", intensity=0.5, vector=axis(1), episode="ZOE said: hi", episode_vector=axis(3))
     )

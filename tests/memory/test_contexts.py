@@ -36,7 +36,11 @@ def record(conclusion: str, *, author: str = "Ann", author_id: str | None = "u1"
     [
         (record("An old family story.", author="Self", author_id=None, origin="given"), "from your past"),
         (record("Ann loves the sea.", author="Ann"), "ABOUT 'Ann'"),
-        (record("ann was late again.", author="Bob", author_id="u2"), "ABOUT 'Ann' (told by 'Bob')"),
+        (record("so Ann was late again.", author="Bob", author_id="u2"), "ABOUT 'Ann' (told by 'Bob')"),
+        (
+            record("ann was late again.", author="Bob", author_id="u2"),
+            "with 'Bob'",
+        ),  # no name as written (32)
         (record("We talked about boats.", author="Ann"), "with this same person"),
         (record("We talked about boats.", author="Bob", author_id="u2"), "with 'Bob'"),
         (record("Annabel came by.", author="Bob", author_id="u2"), "with 'Bob'"),  # a whole word only

@@ -131,10 +131,13 @@ def test_m92_equal_strength_keeps_the_more_recently_felt_first() -> None:
         ("when someone is sad → I listen before I speak", None),
         ("wenn jemand traurig ist → höre ich zuerst zu", None),  # the conversation's language (56)
         ("when someone is sad → Listen before speaking", None),  # the act starts a clause of its own
-        ("when Ann is sad → I listen", "it names the person"),
-        ("when ann is sad → I listen", "it names the person"),  # case-insensitive (15)
-        ("when someone mentions Biscuit → I ask about the dog", "it names someone (Biscuit)"),
-        ("when someone is sad → I call Marta", "it names someone (Marta)"),
+        ("when Ann is sad → I listen", "it names someone (Ann)"),
+        ("when ann is sad → I listen", "it names someone (Ann)"),  # in any case (issue 32)
+        # Issue 32 departs from mechanism 90's "no capitalised word": names are the people the imp knows (the
+        # host refuses all of them; the box knows the person) — a capital is no name (German nouns, weekdays).
+        ("when someone mentions Biscuit → I ask about the dog", None),
+        ("wenn jemand meine Arbeit verspottet → halte ich Abstand", None),
+        ("when someone is sad on a Monday → I call first", None),
         ("when someone is sad I listen", "not a rule of the form 'when <situation> → <act>'"),
         ("→ I listen", "not a rule of the form 'when <situation> → <act>'"),
         ("when a " + "very " * 13 + "sad person writes → I listen", None),  # exactly 20 words
@@ -192,7 +195,7 @@ async def test_m93_fewer_than_two_moments_make_no_call_and_learn_nothing(kit: Ki
     [
         ({"learned": None}, "taught nothing"),
         ("not json", "no answer"),
-        ({"learned": "when Ann teases me → I laugh along"}, "names the person"),
+        ({"learned": "when Ann teases me → I laugh along"}, "names someone (Ann)"),
         ({"learned": "when someone teases me I laugh"}, "not a rule of the form"),
     ],
 )
@@ -234,18 +237,23 @@ async def test_m94_classification_at_0_1_sees_every_held_rule_dormant_included(k
     assert "[1] when it rains → I go for a walk\n[2] when it rains → I stay inside" in call.user
 
 
+def spelled(n: int) -> str:
+    """A number in letters, one a digit (0 → "a", 12 → "bc"): a rule holds no digit (issue 32)."""
+    return "".join("abcdefghij"[int(d)] for d in str(n))
+
+
 async def test_m94_classification_offers_the_hundred_strongest(kit: Kit) -> None:
     with kit.db.transaction() as conn:  # more than one turn's 64 requests could add
         conn.executemany(
             "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, 1, ?, ?)",
-            [(f"d{n}", IMP, f"when the bell rings {n} times → I count along", 0.1 + n / 200, NOW.isoformat(),
-              NOW.isoformat()) for n in range(101)],
+            [(f"d{n}", IMP, f"when the bell rings {spelled(n)} times → I count along", 0.1 + n / 200,
+              NOW.isoformat(), NOW.isoformat()) for n in range(101)],
         )  # fmt: skip
     await learn(kit, KIND_RULE, [0.5, 0.4])
     [call] = kit.model.of("classification")
-    assert "[100] when the bell rings 1 times" in call.user and "[101]" not in call.user
-    assert "when the bell rings 0 times" not in call.user  # the weakest is the 101st
+    assert "[100] when the bell rings b times" in call.user and "[101]" not in call.user
+    assert "when the bell rings a times" not in call.user  # the weakest is the 101st
 
 
 async def test_m95_the_same_rule_is_counted_and_keeps_its_text_and_weight_without_a_bigger_pull(
@@ -401,7 +409,7 @@ async def test_m98_m99_selection_sees_active_rules_carried_lines_last_two_exchan
 
 async def test_m99_at_most_three_kept_in_the_model_s_order_valid_indices_only(kit: Kit) -> None:
     store = kit.store()
-    texts = [f"when the clock strikes {n} → I hum tune {n}" for n in range(1, 6)]
+    texts = [f"when the clock strikes {n} → I hum tune {n}" for n in ("one", "two", "three", "four", "five")]
     for n, text in enumerate(texts):
         await store.learn(text, 0.9 - n / 10)  # shown in this order: [1] strongest
     kit.model.script("selection", {"matched": [5, 99, 0, -1, 5, True, 2, 1, 4]})

@@ -79,10 +79,15 @@ async def test_m15_a_record_naming_a_name_in_the_words_scores_the_bonus(kit: Kit
     plain = await kit.seed("walking in the park every morning", author="Bob", author_id="u2", intensity=0.4)
     engine, chooser = recall(kit, FilterVerdict(keep=[0, 1]))
     found = await engine.involuntary("I went walking in the park with Rex", "Ann", set(),
-                                     vector("I went walking in the park with Rex"))  # fmt: skip
+                                     vector("I went walking in the park with Rex"), ["Rex"])  # fmt: skip
     scores = {r.id: r.score for r in found.records}
     assert found.records[0].id == named
     assert scores[named] > 0.5 > scores[plain]  # type: ignore[operator]  # +0.5 for the name, mid-sentence
+    # Issue 32: a capital is no name by itself — Rex is a name only as someone the imp knows (or "@Rex").
+    chooser.answers = [FilterVerdict(keep=[0, 1])]
+    unknown = await engine.involuntary("I went walking in the park with Rex", "Ann", set(),
+                                       vector("I went walking in the park with Rex"))  # fmt: skip
+    assert {r.id: r.score for r in unknown.records}[named] < 0.5 < scores[named]  # type: ignore[operator]
 
 
 async def test_m16_an_episode_that_beats_its_record_is_the_hit_and_listed_first(kit: Kit) -> None:
@@ -210,10 +215,10 @@ async def test_m24_a_query_naming_a_person_finds_only_their_records(kit: Kit) ->
     await kit.seed("The fence fell in the storm.", author="Cy", author_id="u3", intensity=0.9)
     engine, chooser = recall(kit)
     chooser.answers = [FilterVerdict(keep=[0, 1, 2])]
-    found = await engine.deliberate("what did I do with Bob on the fence", "Ann", set())
+    found = await engine.deliberate("what did I do with Bob on the fence", "Ann", set(), ["Bob", "Zed"])
     assert {r.id for r in found.records} == {bobs, about}  # by Bob (exact) or mentioning him
     chooser.offered.clear()
-    nobody = await engine.deliberate("the fence and Zed", "Ann", set())
+    nobody = await engine.deliberate("the fence and Zed", "Ann", set(), ["Bob", "Zed"])
     assert nobody.records == [] and chooser.offered == []  # empty, and no filter call
 
 

@@ -305,7 +305,7 @@ def test_m115_remember_stores_a_given_record_dated_in_the_past(store: MemoryStor
 
 def test_about_is_by_author_or_whole_word_mention_strongest_first(guild: ScopedMemory) -> None:
     by, _ = guild.encode(moment("I was tired", author="Dana", author_id="d9", intensity=0.3))
-    mention, _ = guild.encode(moment("everyone likes dana", intensity=0.9))
+    mention, _ = guild.encode(moment("everyone likes Dana", intensity=0.9))
     guild.encode(moment("Danaë came by", intensity=1.0))
     assert [r.id for r in guild.about("Dana")] == [mention, by]
     assert [r.id for r in guild.about("Dana", exclude=[mention])] == [by]

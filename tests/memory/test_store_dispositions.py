@@ -188,8 +188,10 @@ async def test_a_rule_named_that_is_not_this_imps_is_refused_and_nothing_is_writ
 async def test_control_characters_are_taken_out_of_a_rule(
     service: MemoryService, guild_box: BoxSpec, store: MemoryStore
 ) -> None:
-    await learn(service, guild_box, "when\x00 asked\n\tat night\x1b[31m → \x07answer  softly\r", 0.4)
-    assert stored(store) == [(IMP, "when asked at night [31m → answer softly", 0.4, 1)]
+    await learn(service, guild_box, "when\x00 asked\n\tat night\x1b[m\u200b -> \x07answer  softly\r", 0.4)
+    assert stored(store) == [
+        (IMP, "when asked at night [m → answer softly", 0.4, 1)
+    ]  # one arrow (mechanism 90)
     invalid = await refused(
         service, guild_box, "memory.dispositions.learn", {"rule": "\x00\n\x1b", "weight": 0.4}
     )
