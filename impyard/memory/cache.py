@@ -234,7 +234,7 @@ class _Texts:
             patterns = mention_patterns([name])  # several words, or none: the laws' patterns over those rows
             for row in np.flatnonzero(holding & ~mask):
                 text = self.rows[row]
-                budget -= len(text)
+                budget -= len(text) * len(patterns)  # each pattern is one pass over the text
                 if budget < 0:
                     return mask  # the request's name work is spent: the rest names no one this time
                 if any(pattern.search(text) is not None for pattern in patterns):

@@ -421,7 +421,7 @@ def test_a_cache_bound_below_one_entry_keeps_nothing_after_the_search(mdb_store:
 
 
 class CountingPattern:
-    """The laws' pattern, counting the characters it is run over."""
+    """One of the laws' patterns, counting the characters it is run over."""
 
     def __init__(self, pattern: Any, scanned: list[int]) -> None:
         self.pattern = pattern
@@ -459,8 +459,10 @@ def test_a_search_with_many_names_scans_no_text_for_names_no_record_holds(
         scoped.encode(mem.EncodeParams(record=record, episode=episode))
     scoped.search(hashing_vector("day 1"), ["ann"], 5)  # loaded, its words indexed
     scanned = [0]
-    real = cache_module.mention_pattern
-    monkeypatch.setattr(cache_module, "mention_pattern", lambda names: CountingPattern(real(names), scanned))
+    real = cache_module.mention_patterns
+    monkeypatch.setattr(
+        cache_module, "mention_patterns", lambda names: tuple(CountingPattern(p, scanned) for p in real(names))
+    )
     for request in range(4):
         names = [f"name{request}x{n}" for n in range(16)]
         scoped.search(hashing_vector("day 1"), names, 5)
