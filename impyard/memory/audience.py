@@ -50,29 +50,29 @@ _FORMED_IN = (
 )
 _MOVE_RECORDS = (
     update(_R)
-    .where(_R.c.id.in_(bindparam("ids", expanding=True)), _R.c.imp == bindparam("imp"),
+    .where(_R.c.id.in_(bindparam("ids", expanding=True)), _R.c.imp == bindparam("b_imp"),
            _R.c.scope == bindparam("source"))
     .values(scope=bindparam("dest"))
 )  # fmt: skip
 _MOVE_EPISODES = (
     update(_E)
-    .where(_E.c.record_id.in_(bindparam("ids", expanding=True)), _E.c.imp == bindparam("imp"))
+    .where(_E.c.record_id.in_(bindparam("ids", expanding=True)), _E.c.imp == bindparam("b_imp"))
     .values(scope=bindparam("dest"))
 )
 _MOVE_SLOTS = (
     update(_S)
-    .where(_S.c.record_id.in_(bindparam("ids", expanding=True)), _S.c.imp == bindparam("imp"),
+    .where(_S.c.record_id.in_(bindparam("ids", expanding=True)), _S.c.imp == bindparam("b_imp"),
            _S.c.scope == bindparam("source"))
     .values(scope=bindparam("dest"))
 )  # fmt: skip
 _CONVERSATION_IMPS = (
     select(_C.c.imp, _C.c.scope)
     .distinct()
-    .where(_C.c.channel_id == bindparam("channel_id"), _C.c.scope.in_(bindparam("sources", expanding=True)))
+    .where(_C.c.channel_id == bindparam("b_channel"), _C.c.scope.in_(bindparam("sources", expanding=True)))
 )
 _MOVE_CONVERSATIONS = (
     update(_C)
-    .where(_C.c.channel_id == bindparam("channel_id"), _C.c.scope.in_(bindparam("sources", expanding=True)))
+    .where(_C.c.channel_id == bindparam("b_channel"), _C.c.scope.in_(bindparam("sources", expanding=True)))
     .values(scope=bindparam("dest"))
 )
 
@@ -110,7 +110,7 @@ def move_to_own_scope(conn: Connection, channel_id: str, guild_id: str | None) -
     touched: set[tuple[str, str]] = set()
     for imp, source in by_scope:
         touched |= {(imp, source), (imp, dest)}
-    for imp, scope in conn.execute(_CONVERSATION_IMPS, {"channel_id": channel_id, "sources": froms}).all():
+    for imp, scope in conn.execute(_CONVERSATION_IMPS, {"b_channel": channel_id, "sources": froms}).all():
         touched |= {(str(imp), str(scope)), (str(imp), dest)}
     # The generation rows first, in the store's one order (imp, then scope): its writers lock them first too.
     for imp, scope in sorted(touched):
@@ -118,12 +118,12 @@ def move_to_own_scope(conn: Connection, channel_id: str, guild_id: str | None) -
     counts = {"records": 0, "episodes": 0, "conversations": 0}
     for (imp, source), ids in sorted(by_scope.items()):
         for chunk in _chunks(sorted(set(ids))):
-            where = {"ids": chunk, "imp": imp, "source": source, "dest": dest}
+            where = {"ids": chunk, "b_imp": imp, "source": source, "dest": dest}
             counts["records"] += conn.execute(_MOVE_RECORDS, where).rowcount
             counts["episodes"] += conn.execute(_MOVE_EPISODES, where).rowcount
             conn.execute(_MOVE_SLOTS, where)
     counts["conversations"] = conn.execute(
-        _MOVE_CONVERSATIONS, {"channel_id": channel_id, "sources": froms, "dest": dest}
+        _MOVE_CONVERSATIONS, {"b_channel": channel_id, "sources": froms, "dest": dest}
     ).rowcount
     if any(counts.values()):
         log.info(

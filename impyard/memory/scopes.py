@@ -90,7 +90,7 @@ def channel_scope(channel_id: str) -> str:
     return f"channel:{channel_id}"
 
 
-_ID = r"[A-Za-z0-9_.-]{1,128}"
+_ID = r"[A-Za-z0-9_.:-]{1,128}"
 SCOPE_PATTERN = re.compile(rf"terminal|(?:guild|dm):(?:channel:)?{_ID}|channel:{_ID}")
 SCOPE_FORMS = (
     "terminal, guild:<server id>, channel:<channel id> (a private channel or thread), dm:<person id>, "
