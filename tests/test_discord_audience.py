@@ -17,6 +17,7 @@ import pytest
 
 from impyard.discord.client import wanted_intents
 from impyard.discord.inbound import audience_of, to_inbound
+from impyard.discord.presence import status_text
 from impyard.testing.fake_discord import (
     ChannelType,
     FakeChannel,
@@ -187,3 +188,16 @@ async def test_the_fake_refuses_what_discord_refuses(channel: FakeChannel, why: 
     with pytest.raises(ValueError, match=why):  # in GUILD_CREATE's channels as well
         FakeDiscord(guilds=[FakeGuild(GUILD, "g", channels=[*whole.channels, channel], roles=whole.roles,
                                       members=whole.members)])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("audience", "text"),
+    [
+        ("guild", "talking in #general"),
+        (None, "talking in #general"),
+        ("private", "talking in a private channel"),
+    ],
+)
+def test_the_bots_status_never_names_a_private_channel(audience: str | None, text: str) -> None:
+    """The custom status (seed 003) is shown in every server and DM: a private channel's name is not for all."""
+    assert status_text("guild", "general", audience) == text

@@ -25,6 +25,8 @@ from impyard.imps import ImpStore
 from impyard.memory.scopes import SessionScopes, decide, parse_scope, presence, scopes_of
 from impyard.memory.store import MemoryStore
 from tests.memory.conftest import IMP, T0, embed, moment, rows
+from tests.test_memory_night import LONG_AGO, conclusions, night, remember, slept
+from tests.test_memory_night import home as home_fixture  # noqa: F401 - a fixture: pip, bee, the stand-in box
 
 G1 = "G1"
 GENERAL, STAFF, OTHER_STAFF = "g1", "s1", "s2"
@@ -249,3 +251,25 @@ def test_memory_show_takes_a_private_channels_scope() -> None:
         "(a private channel or thread), dm:<person id>, guild:channel:<channel id> or dm:channel:<channel id> "
         "(e.g. guild:123456789012345678)"
     )
+
+
+# ------------------------------------------------------------------ the night works in a private scope alone
+
+
+@pytest.mark.usefixtures("home_fixture")
+def test_the_night_works_in_a_private_channels_scope_alone() -> None:
+    """``impyard memory night``: one sleep task per scope with records, ``channel:<id>`` among them, each box
+    writing and reading that scope only (the stand-in box reports what the host told it)."""
+    staff, public = "channel:1002", "guild:200000000000000001"
+    remember("pip", staff, "a faint staff chat", 0.3, LONG_AGO)  # below 0.6 at 30 days: forgotten
+    remember("pip", staff, "the staff's old plan", 0.9, LONG_AGO)
+    remember("pip", public, "a faint chat", 0.3, LONG_AGO)
+    result = night("pip", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    told = {entry["scope"]: slept(entry["summary"]) for entry in report["scopes"]}
+    assert sorted(told) == [staff, public]
+    assert [(s["writes"], s["reads"], s["forgot"]) for s in (told[staff], told[public])] == [
+        (staff, [staff], 1), (public, [public], 1),
+    ]  # fmt: skip
+    assert conclusions("pip") == [(staff, "the staff's old plan")]
