@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -97,6 +97,28 @@ def audience_of(channel: object) -> str | None:
     except (discord.ClientException, AttributeError, TypeError):  # no default role cached, or a stray shape
         return PRIVATE
     return PRIVATE if kept_out or not everyone.view_channel else PUBLIC
+
+
+@dataclass(frozen=True)
+class SeenAudience:
+    """A server channel's audience as the client's cache has it now (``audience_of``), for the channel store."""
+
+    channel_id: str
+    name: str
+    guild_id: str | None
+    audience: str
+
+
+def audiences(channels: Iterable[object]) -> list[SeenAudience]:
+    """The audiences of these server channels and threads (DMs, and what is not a channel, left out)."""
+    found: list[SeenAudience] = []
+    for channel in channels:
+        kind, name, guild_id = channel_facts(channel)
+        audience = audience_of(channel) if kind == "guild" else None
+        channel_id = getattr(channel, "id", None)
+        if audience is not None and channel_id is not None:
+            found.append(SeenAudience(str(channel_id), name, guild_id, audience))
+    return found
 
 
 def author_of(user: discord.abc.User, *, webhook: bool = False) -> Author:

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from sqlalchemy import text
 
 from impyard.cli import cli
+from impyard.memory.scopes import SessionScopes
 from impyard.testing.fake_discord import FakeChannel, Overwrite, hidden_from_everyone
 from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest
 from tests.discord_yard import (
@@ -33,6 +34,7 @@ from tests.discord_yard import (
     serving,
     until,
 )
+from tests.memory.conftest import moment
 from tests.memory.test_privacy import GARDEN, MEMORY_PURPOSES, as_text, memory_block, say, script, store_of
 
 pytestmark = pytest.mark.anyio
@@ -107,9 +109,9 @@ async def test_what_staff_say_never_reaches_general_nor_a_dm(
 async def test_an_old_channel_found_private_takes_its_memories_along(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
 ) -> None:
-    """The upgrade: #staff was known (and wrote the guild's scope) before the host read audiences; the first
-    message after it is found private moves its memories to ``channel:<staff>``, once. The box that was warm
-    there keeps its next memory in the new scope too."""
+    """The upgrade: #staff was known (and wrote the guild's scope) before the host read audiences; when Discord
+    says it is private (here CHANNEL_UPDATE; at ready, GUILD_CREATE) its memories move to ``channel:<staff>``,
+    once. The box that was warm there keeps its next memory in the new scope too."""
     script(model)
     async with serving(monkeypatch, model, answer=None, trusted=(GENERAL, STAFF),
                        pip={"memory": {"enabled": True}}) as yard:  # fmt: skip
@@ -123,6 +125,8 @@ async def test_an_old_channel_found_private_takes_its_memories_along(
         db.write(lambda conn: conn.execute(text("UPDATE channels SET audience = NULL")))
 
         yard.fake.update_channel(STAFF, overwrites=staff_only(yard))  # CHANNEL_UPDATE: staff only from now on
+        # Moved as Discord said so, before anyone speaks there again.
+        await until(lambda: any(SECRET in r.conclusion for r in store.show("pip", scope=STAFF_SCOPE)))
         await say(yard, STAFF, BOB, "the rota for next week is done")  # the same warm box as before
         await until(lambda: any(r.author == "bob" for r in store.show("pip", scope=STAFF_SCOPE)))
         staff_after = store.show("pip", scope=STAFF_SCOPE, limit=50)
@@ -139,3 +143,51 @@ async def test_an_old_channel_found_private_takes_its_memories_along(
     assert leaks(general_requests) == []
     shown = CliRunner().invoke(cli, ["memory", "show", "pip", "--scope", STAFF_SCOPE, "--json"])
     assert shown.exit_code == 0 and SECRET in shown.output
+
+
+async def test_the_first_message_of_a_channel_found_private_moves_its_memories(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
+    """The same move, when the first word of the channel's audience comes with a message."""
+    script(model)
+    async with serving(monkeypatch, model, answer=None, trusted=(GENERAL, STAFF),
+                       pip={"memory": {"enabled": True}}) as yard:  # fmt: skip
+        store = store_of(yard)
+        yard.fake.add_channel(FakeChannel(STAFF, "staff", overwrites=staff_only(yard)), GUILD)
+        await say(yard, STAFF, BOB, "good morning")
+        # What a home from before revision 0005 holds: #staff's moment in the guild's scope, no audience recorded.
+        public = SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,))
+        store.scoped("pip", public, str(STAFF)).encode(
+            moment(f"the old staff plan: {SECRET}", message_id="old-1")
+        )
+        db = yard.rt.gateway.db
+        db.write(lambda conn: conn.execute(text("UPDATE channels SET audience = NULL")))
+        assert any(SECRET in r.conclusion for r in store.show("pip", scope=GUILD_SCOPE))
+        await say(yard, STAFF, CAROL, "anything new?")
+        guild_after = store.show("pip", scope=GUILD_SCOPE, limit=50)
+        staff_after = store.show("pip", scope=STAFF_SCOPE, limit=50)
+    assert not any(SECRET in r.conclusion for r in guild_after)
+    assert any(r.conclusion == f"the old staff plan: {SECRET}" for r in staff_after)
+
+
+async def test_at_ready_the_known_channels_audiences_are_read(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
+) -> None:
+    """On READY (``DiscordHost.ready``, what discord.py calls once GUILD_CREATE has filled its cache) the host reads
+    the audiences of the channels it knows: an old home's private channel moves its memories at once."""
+    script(model)
+    async with serving(monkeypatch, model, answer=None, trusted=(GENERAL, STAFF),
+                       pip={"memory": {"enabled": True}}) as yard:  # fmt: skip
+        store = store_of(yard)
+        yard.fake.add_channel(FakeChannel(STAFF, "staff", overwrites=staff_only(yard)), GUILD)
+        await say(yard, STAFF, BOB, "good morning")
+        public = SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,))
+        store.scoped("pip", public, str(STAFF)).encode(
+            moment(f"the old staff plan: {SECRET}", message_id="old-1")
+        )
+        yard.rt.gateway.db.write(lambda conn: conn.execute(text("UPDATE channels SET audience = NULL")))
+        yard.host.ready(yard.host.clients["pip"])
+        await until(lambda: any(SECRET in r.conclusion for r in store.show("pip", scope=STAFF_SCOPE)))
+        general = yard.rt.channels.info(str(GENERAL))
+    assert not any(SECRET in r.conclusion for r in store.show("pip", scope=GUILD_SCOPE))
+    assert general is not None and general.audience == "guild"  # a known public channel: recorded too
