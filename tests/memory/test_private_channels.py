@@ -49,7 +49,7 @@ def staff_only(yard: Yard) -> tuple[Overwrite, ...]:
     return hidden_from_everyone(GUILD, BOB, CAROL, yard.fake.bot_user)
 
 
-def leaks(requests: list[RecordedRequest]) -> list[str]:
+def leaks(requests: list[RecordedRequest]) -> list[str | None]:
     return [r.purpose for r in requests if SECRET.lower() in as_text(r).lower()]
 
 

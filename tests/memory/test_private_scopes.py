@@ -10,11 +10,12 @@ first time it is found private; after that a memory keeps the scope it was forme
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
 
+from box.protocol.memory import ConstructParams
 from box.protocol.models import Author, Message
 from impyard.channels import ChannelStore
 from impyard.cli import cli
@@ -97,7 +98,7 @@ def test_other_scope_names_are_refused_saying_which_there_are(name: str) -> None
 # ------------------------------------------------------------------ the host's facts
 
 
-def _say(history: History, channel: str, mid: str, who: str, at: object = T0) -> None:
+def _say(history: History, channel: str, mid: str, who: str, at: datetime = T0) -> None:
     history.record(
         channel, Message(id=mid, author=Author(id=who, name=who.upper()), content="hi", created_at=at)
     )
@@ -212,9 +213,7 @@ def test_a_channel_found_private_takes_its_memories_along_once(
     assert channels.info(STAFF).audience == "private"  # type: ignore[union-attr]
 
 
-def _construct(statement: str) -> object:
-    from box.protocol.memory import ConstructParams
-
+def _construct(statement: str) -> ConstructParams:
     return ConstructParams(
         construct_kind="belief", feeling="calm", conclusion=f"I believe: {statement}", statement=statement,
         valence=0.3, intensity=0.5, vector=embed(statement),
