@@ -23,6 +23,7 @@ from impyard.clock import FixedClock
 from impyard.db import Database
 from impyard.history import History
 from impyard.imps import ImpStore
+from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes, decide, parse_scope, presence, scopes_of
 from impyard.memory.store import MemoryStore
 from tests.memory.conftest import IMP, T0, embed, moment, rows
@@ -166,8 +167,11 @@ def _found(store: MemoryStore, scopes: SessionScopes, channel: str, text: str) -
 
 
 def test_a_channel_found_private_takes_its_memories_along_once(
-    mdb: Database, store: MemoryStore, clock: FixedClock
+    any_engine_db: Database, clock: FixedClock
 ) -> None:
+    """On SQLite and PostgreSQL."""
+    mdb = any_engine_db
+    store = MemoryStore(mdb, clock.now, VectorCache(64 * 1024 * 1024))
     channels = ChannelStore(mdb, clock)
     # A home from before issue 32: both channels known, no audience; every channel wrote the server's scope.
     for channel, name in ((GENERAL, "general"), (STAFF, "staff"), (OTHER_STAFF, "mods")):
