@@ -51,6 +51,7 @@ from box.protocol.memory import PresenceEntry, SessionMemory
 from impyard.channels import PRIVATE
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
+from impyard.errors import ImpyardError
 from impyard.portable import bytewise
 from impyard.tables import channels, history, wakes
 
@@ -98,7 +99,7 @@ SCOPE_FORMS = (
 )
 
 
-class ScopeNameError(ValueError):
+class ScopeNameError(ImpyardError, ValueError):
     """A scope name that is none of the forms the host writes; the message lists them."""
 
 

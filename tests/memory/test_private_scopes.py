@@ -20,7 +20,7 @@ from box.protocol.models import Author, Message
 from impyard.channels import ChannelStore
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import Database
+from impyard.db import Database, open_database
 from impyard.history import History
 from impyard.imps import ImpStore
 from impyard.memory.cache import VectorCache
@@ -276,3 +276,28 @@ def test_the_night_works_in_a_private_channels_scope_alone() -> None:
         (staff, [staff], 1), (public, [public], 1),
     ]  # fmt: skip
     assert conclusions("pip") == [(staff, "the staff's old plan")]
+
+
+def test_channel_ls_says_who_can_read_each_channel() -> None:
+    db = open_database()
+    try:
+        channels = ChannelStore(db, FixedClock(T0))
+        channels.seen(
+            "1001", surface="discord", kind="guild", name="general", guild_id="1000", audience="guild"
+        )
+        channels.seen(
+            "1002", surface="discord", kind="guild", name="staff", guild_id="1000", audience="private"
+        )
+        channels.seen("1003", surface="discord", kind="guild", name="old", guild_id="1000")
+        channels.seen("1100", surface="discord", kind="dm")
+    finally:
+        db.close()
+    listed = CliRunner().invoke(cli, ["channel", "ls", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert {c["channel_id"]: c["audience"] for c in json.loads(listed.output)} == {
+        "1001": "guild", "1002": "private", "1003": None, "1100": None,
+    }  # fmt: skip
+    shown = CliRunner().invoke(cli, ["channel", "show", "1002"])
+    assert shown.exit_code == 0 and shown.output.strip().endswith("audience=private"), shown.output
+    old = CliRunner().invoke(cli, ["channel", "show", "1003"])
+    assert old.output.strip().endswith("audience=not known yet"), old.output
