@@ -1,9 +1,16 @@
-"""The channel store: per channel its surface, kind, name, trust and response mode (docs/conversation.md).
+"""The channel store: per channel its surface, kind, name, trust, response mode and audience (docs/conversation.md).
 
 One store for the ``channels`` table. The same store serves ``impyard channel …`` on the CLI, ``/channel …``
 in Discord, the conversation (first sight, mode) and the gateway, which asks it only what
 ``impyard.trust.ChannelTrust`` names (is this channel trusted?). A mode or trust can be set for a channel
 impyard has not seen yet; it is recorded and applies when the first message arrives.
+
+A guild channel's ``audience`` (issue 32 #4) says who can read it, as the surface reads it with each message:
+``guild`` (everyone in the server), ``private`` (fewer: Discord's permission overwrites, a private thread, a
+thread of a private channel) or None (not known yet: the channel was recorded before the host read audiences,
+or only by a slash command). Memory scopes follow it (``impyard.memory.scopes.decide``). The first time a
+channel the host already knew is found private, its memories move to its own scope in the same transaction
+(``impyard.memory.audience``): once, since a known audience is never forgotten again.
 """
 
 from __future__ import annotations
@@ -23,9 +30,12 @@ from impyard.prepared import Prepared
 from impyard.tables import channels
 from impyard.wake import CHANNEL_MODES, ChannelMode
 
+PUBLIC = "guild"  # audience: everyone in the guild can read the channel
+PRIVATE = "private"  # audience: fewer than everyone in the guild can (issue 32 #4)
+AUDIENCES = frozenset({PUBLIC, PRIVATE})
 ALWAYS_TRUSTED_KINDS = frozenset({"dm", "terminal"})  # DMs and the operator's terminal (docs/conversation.md)
 _c = channels.c
-_SELECT = select(_c.channel_id, _c.surface, _c.kind, _c.name, _c.guild_id, _c.trusted, _c.mode)
+_SELECT = select(_c.channel_id, _c.surface, _c.kind, _c.name, _c.guild_id, _c.trusted, _c.mode, _c.audience)
 _INFO = Prepared(_SELECT.where(_c.channel_id == bindparam("channel_id")))  # hot: the lean path (issue 18)
 _ALL = _SELECT.order_by(_c.surface, _c.channel_id)  # re-sorted by code point: PostgreSQL's collation differs
 
@@ -39,6 +49,7 @@ class ChannelInfo:
     guild_id: str | None = None
     trusted: bool = False
     mode: str = "all"  # all | mention: the wake rule's per-channel setting (docs/conversation.md)
+    audience: str | None = None  # guild | private | None (not known yet): who can read it (issue 32 #4)
 
 
 def channel_is_trusted(info: ChannelInfo | None) -> bool:
@@ -67,7 +78,7 @@ def parse_mode(value: str) -> ChannelMode:
 
 
 def _row_to_info(row: Any) -> ChannelInfo:
-    return ChannelInfo(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6])
+    return ChannelInfo(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
 
 
 @cache
@@ -84,7 +95,7 @@ def _upserts(dialect: str) -> dict[str, Any]:
             index_elements=key,
             set_={
                 name: whole.excluded[name]
-                for name in ("surface", "kind", "name", "guild_id", "trusted", "updated_at")
+                for name in ("surface", "kind", "name", "guild_id", "trusted", "audience", "updated_at")
             },
         ),  # fmt: skip
         "seen": seen.on_conflict_do_update(
@@ -94,6 +105,7 @@ def _upserts(dialect: str) -> dict[str, Any]:
                 "kind": seen.excluded.kind,
                 "name": case((seen.excluded.name == "", _c.name), else_=seen.excluded.name),
                 "guild_id": func.coalesce(seen.excluded.guild_id, _c.guild_id),
+                "audience": func.coalesce(seen.excluded.audience, _c.audience),  # a known one stays known
                 "updated_at": seen.excluded.updated_at,
             },
         ),
@@ -145,7 +157,8 @@ class ChannelStore(Store):
         """Every field of a channel at once (tests and imports; the surfaces use ``seen``)."""
         row = {
             "channel_id": info.channel_id, "surface": info.surface, "kind": info.kind, "name": info.name,
-            "guild_id": info.guild_id, "trusted": int(info.trusted), "updated_at": iso(self.clock.now()),
+            "guild_id": info.guild_id, "trusted": int(info.trusted), "audience": info.audience,
+            "updated_at": iso(self.clock.now()),
         }  # fmt: skip
         self.db.write(lambda conn: conn.execute(_upserts(conn.dialect.name)["whole"], row))
 
@@ -157,15 +170,22 @@ class ChannelStore(Store):
         kind: str,
         name: str = "",
         guild_id: str | None = None,
+        audience: str | None = None,
         conn: Connection | None = None,
     ) -> ChannelInfo:
-        """Record a channel as messages arrive: its kind and name follow the surface; trust and mode are kept.
+        """Record a channel as messages arrive: its kind, name and audience follow the surface; trust and mode
+        are kept, and so is a known audience when the surface says none (None: it cannot tell).
 
         Written only when the surface says something new of it: most messages come from a channel as it was,
         and on its own (no ``conn``) a read takes no write lock (issue 18). ``conn``: inside the caller's write
-        transaction."""
+        transaction. The first time a known channel is found private, its memories move to its own scope in
+        the same transaction (issue 32 #4, ``impyard.memory.audience``)."""
+        if audience is not None and audience not in AUDIENCES:
+            raise ChannelError(
+                f"unknown audience {audience!r}: a channel's audience is one of {sorted(AUDIENCES)}"
+            )
         row = {"channel_id": channel_id, "surface": surface, "kind": kind, "name": name, "guild_id": guild_id,
-               "trusted": 0, "updated_at": iso(self.clock.now())}  # fmt: skip
+               "trusted": 0, "audience": audience, "updated_at": iso(self.clock.now())}  # fmt: skip
         if conn is not None:
             return _seen(conn, row)
         known = self.info(channel_id)
@@ -210,6 +230,11 @@ def _seen(conn: Connection, row: dict[str, Any]) -> ChannelInfo:
     conn.execute(_upserts(conn.dialect.name)["seen"], row)
     info = _info(conn, row["channel_id"])
     assert info is not None
+    if known is not None and known.audience is None and info.audience == PRIVATE and info.kind == "guild":
+        # Issue 32 #4, the data half of the upgrade: a channel known before its audience was is private.
+        from impyard.memory.audience import move_to_own_scope  # the memory tables: only on this path
+
+        move_to_own_scope(conn, info.channel_id, info.guild_id)
     return info
 
 
@@ -220,4 +245,5 @@ def _same(known: ChannelInfo | None, row: dict[str, Any]) -> bool:
         and (known.surface, known.kind) == (row["surface"], row["kind"])
         and (not row["name"] or known.name == row["name"])
         and (row["guild_id"] is None or known.guild_id == row["guild_id"])
+        and (row["audience"] is None or known.audience == row["audience"])
     )

@@ -174,6 +174,7 @@ class Conversations:
                 kind=inbound.channel_kind,
                 name=inbound.channel_name,
                 guild_id=inbound.guild_id,
+                audience=inbound.audience,  # issue 32 #4: memory scopes follow who can read the channel
                 conn=conn,
             )
             self.history.record(inbound.channel_id, message, conn=conn)  # before routing, woken or not

@@ -31,6 +31,9 @@ class Inbound:
     message: Message
     channel_name: str = ""
     guild_id: str | None = None
+    audience: str | None = (
+        None  # a guild channel's: guild | private | None, the surface cannot tell (issue 32 #4)
+    )
     author_is_imp: bool = False
     mentions_imp: bool = False
     mentions_imp_role: bool = False

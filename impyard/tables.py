@@ -62,6 +62,7 @@ channels = Table(
     Column("trusted", Integer, nullable=False, server_default=ZERO),
     Column("mode", Text, nullable=False, server_default=text("'all'")),
     Column("updated_at", Text, nullable=False),
+    Column("audience", Text),  # guild | private | NULL: not known yet (revision 0005, issue 32 #4)
 )  # fmt: skip
 
 ledger = Table(

@@ -133,7 +133,7 @@ class _Client:
 
 class _Info:
     def __init__(self, name: str) -> None:
-        self.kind, self.name = "guild", name
+        self.kind, self.name, self.audience = "guild", name, None
 
 
 class _Channels:

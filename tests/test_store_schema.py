@@ -23,7 +23,10 @@ from impyard.db import LEGACY_VERSION, MIGRATIONS, Database, DatabaseError, open
 EXPECTED_TABLES = 25
 # Tables of revisions after the baseline (0002 leases, 0003 ledger_totals): a legacy home gets them at upgrade.
 AFTER_BASELINE = {"leases", "ledger_totals"}
-COLUMNS_AFTER_BASELINE = {"audit": {"host"}}  # columns the revisions after the baseline added to older tables
+COLUMNS_AFTER_BASELINE = {
+    "audit": {"host"},
+    "channels": {"audience"},
+}  # columns the revisions after the baseline added to older tables
 
 
 def at_baseline(schema: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -37,10 +37,17 @@ def _trusted(info: ChannelInfo) -> str:
     return "yes" if info.trusted else "no"
 
 
+def _audience(info: ChannelInfo) -> str:
+    """Who can read a server channel, as Discord last said (issue 32 #4: a private one remembers alone)."""
+    if info.kind != "guild":
+        return "-"
+    return {"guild": "everyone", "private": "private"}.get(info.audience or "", "not known yet")
+
+
 def _line(info: ChannelInfo) -> str:
     return (
         f"{info.channel_id}  surface={info.surface} kind={info.kind} name={info.name or '-'} "
-        f"mode={info.mode} trusted={_trusted(info)}"
+        f"mode={info.mode} trusted={_trusted(info)} audience={_audience(info)}"
     )
 
 
@@ -68,8 +75,8 @@ def ls_command(out: Output) -> None:
     channels = _store().all()
     out.listing(
         [channel_json(info) for info in channels],
-        columns=("id", "surface", "kind", "name", "mode", "trusted"),
-        rows=((i.channel_id, i.surface, i.kind, i.name, i.mode, _trusted(i)) for i in channels),
+        columns=("id", "surface", "kind", "name", "mode", "trusted", "audience"),
+        rows=((i.channel_id, i.surface, i.kind, i.name, i.mode, _trusted(i), _audience(i)) for i in channels),
         title="Channels",
     )
 

@@ -12,7 +12,6 @@ Every refusal is one line that says what to do; a refused command changes nothin
 from __future__ import annotations
 
 import math
-import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -47,7 +46,7 @@ from impyard.gateway import Gateway
 from impyard.history import History
 from impyard.imp_config import ImpConfig, ImpError
 from impyard.imps import ImpStore
-from impyard.memory.scopes import TERMINAL
+from impyard.memory.scopes import SCOPE_FORMS, TERMINAL, ScopeNameError, parse_scope
 from impyard.memory.store import MemoryInvalid, MemoryStats, MemoryStore, mentions_are_forgettable
 from impyard.policy import PolicyError, load_policy
 from impyard.surfaces import OutgoingFile, SurfaceError
@@ -56,8 +55,7 @@ OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's embeddin
 EMBED_DEADLINE_S = 30.0  # a busy model API is retried (mechanism 121) for at most this long
 MAX_AGE = 100 * 365 * 24  # hours: --age up to a hundred years
 MAX_SHOWN = 1_000
-SCOPE_PATTERN = re.compile(r"terminal|(?:guild|dm):(?:channel:)?[A-Za-z0-9_.:-]{1,128}")
-SCOPE_RULE = "terminal, guild:<server id> or dm:<person id> (e.g. guild:123456789012345678)"
+SCOPE_RULE = SCOPE_FORMS  # issue 32 #4: channel:<channel id> is a private channel's own scope
 NO_KEY = (
     'no model key is configured, and {imp}\'s [memory] embedder is "gateway": export OPENAI_API_KEY=sk-... '
     '(and OPENAI_BASE_URL for another server), or set [memory] embedder = "hashing" in its imp.toml'
@@ -102,9 +100,10 @@ def memory_group() -> None:
 def check_scope(scope: str | None) -> str | None:
     if scope is None:
         return None
-    if not SCOPE_PATTERN.fullmatch(scope):
-        raise CliError(f"--scope {scope[:60]!r} is not a memory scope: write {SCOPE_RULE}")
-    return scope
+    try:
+        return parse_scope(scope)
+    except ScopeNameError as exc:
+        raise CliError(f"--scope {exc}") from None
 
 
 def check_person(person: str) -> str:

@@ -208,6 +208,18 @@ class ImpClient(discord.Client):
         if self.bridge is not None:
             self.bridge.message(self, message)
 
+    async def on_guild_channel_update(
+        self, before: discord.abc.GuildChannel, after: discord.abc.GuildChannel
+    ) -> None:
+        """Issue 32 #4: a channel's overwrites changed (CHANNEL_UPDATE): its audience, and its threads'."""
+        if self.bridge is not None:
+            self.bridge.audiences(self, [after, *getattr(after, "threads", ())])
+
+    async def on_guild_role_update(self, before: discord.Role, after: discord.Role) -> None:
+        """@everyone's permissions changed: every channel of the server may be read by more or fewer now."""
+        if self.bridge is not None and after.is_default():
+            self.bridge.audiences(self, [*after.guild.channels, *after.guild.threads])
+
     async def on_reaction_clear(self, message: discord.Message, reactions: list[discord.Reaction]) -> None:
         if self.bridge is not None:  # ENV-13: a cached message, so the emoji that were there are known
             self.bridge.reactions_cleared(
@@ -235,6 +247,10 @@ class Bridge(Protocol):
     def ready(self, client: ImpClient) -> None: ...
 
     def message(self, client: ImpClient, message: discord.Message) -> None: ...
+
+    def audiences(self, client: ImpClient, channels: list[Any]) -> None:
+        """Issue 32 #4: who can read these channels now (at ready, CHANNEL_UPDATE, an @everyone role change)."""
+        ...
 
     def reactions_cleared(
         self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]

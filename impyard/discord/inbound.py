@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ import anyio
 import discord
 
 from box.protocol.models import Attachment, Author, Message, ReplyRef
+from impyard.channels import PRIVATE, PUBLIC
 from impyard.conversation import Inbound, clean_content
 
 if TYPE_CHECKING:
@@ -68,6 +69,56 @@ def channel_facts(channel: object) -> tuple[str, str, str | None]:
     guild = getattr(channel, "guild", None)
     name = getattr(channel, "name", "") or ""
     return "guild", name[:256], str(guild.id) if guild is not None else None
+
+
+def audience_of(channel: object) -> str | None:
+    """Who can read a server channel (issue 32 #4; docs/memory.md, "Privacy scopes"), from discord.py's cache of
+    the channel as Discord sent it (GUILD_CREATE, CHANNEL_CREATE / UPDATE, THREAD_CREATE): ``"guild"`` when
+    everyone in the server can, ``"private"`` when fewer can, None for a DM (no server).
+
+    Private: a private thread (its members and moderators only); a thread of a private channel; a channel
+    where @everyone cannot VIEW_CHANNEL (the server's @everyone role with that channel's @everyone overwrite),
+    or where any overwrite denies VIEW_CHANNEL to a role or a member (someone in the server is kept out). A
+    channel this client cannot inspect (not cached: a partial channel, a thread whose parent it has not seen)
+    counts as private: a wrong guess keeps a public channel's memories to itself, never the other way round.
+    """
+    if isinstance(channel, discord.DMChannel | discord.GroupChannel):
+        return None
+    if isinstance(channel, discord.Thread):
+        if channel.is_private():
+            return PRIVATE
+        channel = channel.parent  # a thread has no overwrites of its own: its parent's audience
+    guild = getattr(channel, "guild", None)
+    if not isinstance(channel, discord.abc.GuildChannel) or guild is None:
+        return PRIVATE
+    try:
+        everyone = channel.permissions_for(guild.default_role)
+        kept_out = any(overwrite.view_channel is False for overwrite in channel.overwrites.values())
+    except (discord.ClientException, AttributeError, TypeError):  # no default role cached, or a stray shape
+        return PRIVATE
+    return PRIVATE if kept_out or not everyone.view_channel else PUBLIC
+
+
+@dataclass(frozen=True)
+class SeenAudience:
+    """A server channel's audience as the client's cache has it now (``audience_of``), for the channel store."""
+
+    channel_id: str
+    name: str
+    guild_id: str | None
+    audience: str
+
+
+def audiences(channels: Iterable[object]) -> list[SeenAudience]:
+    """The audiences of these server channels and threads (DMs, and what is not a channel, left out)."""
+    found: list[SeenAudience] = []
+    for channel in channels:
+        kind, name, guild_id = channel_facts(channel)
+        audience = audience_of(channel) if kind == "guild" else None
+        channel_id = getattr(channel, "id", None)
+        if audience is not None and channel_id is not None:
+            found.append(SeenAudience(str(channel_id), name, guild_id, audience))
+    return found
 
 
 def author_of(user: discord.abc.User, *, webhook: bool = False) -> Author:
@@ -184,6 +235,7 @@ async def to_inbound(
         ),
         channel_name=name,
         guild_id=guild_id,
+        audience=audience_of(message.channel) if kind == "guild" else None,
         author_is_imp=message.author.id == bot_user_id or message.author.id in imp_user_ids,
     )
     if bare.from_a_bot:

@@ -1,8 +1,9 @@
 """The imp's Discord status after a successful turn (seed 003: DynamicStatusService, a post-success side effect).
 
 With ``[discord] presence = true`` in imp.toml (off by default), a turn whose reply was delivered sets the
-imp's bot's custom status to what it is doing — "talking in #general", or "talking in a direct message"
-(never who with) — and the status clears again after ``idle_s`` without another answered turn. It is a
+imp's bot's custom status to what it is doing — "talking in #general", "talking in a private channel" (a
+channel fewer than everyone in the server can read: never its name, which the status shows to all, issue 32 #4),
+or "talking in a direct message" (never who with) — and the status clears again after ``idle_s`` without another answered turn. It is a
 consumer of finished turns (``Conversations.after_turn``), not a part of routing, prompts or the turn
 machine: it never delays a turn and never fails one.
 
@@ -23,7 +24,7 @@ import anyio
 import discord
 
 from box.protocol.models import DeliverResult
-from impyard.channels import ChannelStore
+from impyard.channels import PRIVATE, ChannelStore
 from impyard.sessions import SessionKey
 
 log = logging.getLogger("impyard.discord.presence")
@@ -33,10 +34,14 @@ IDLE_S = 600.0  # the status clears after ten minutes without an answered turn
 MAX_STATUS_CHARS = 128  # Discord's limit on a custom status
 
 
-def status_text(channel_kind: str | None, channel_name: str | None) -> str | None:
+def status_text(
+    channel_kind: str | None, channel_name: str | None, audience: str | None = None
+) -> str | None:
     """What the status says after a turn in this channel; None for a channel not on Discord (nothing shown)."""
     if channel_kind == "dm":
         return "talking in a direct message"  # never who: a DM is private
+    if channel_kind == "guild" and audience == PRIVATE:
+        return "talking in a private channel"  # the status shows everywhere; a private channel's name is not for all
     if channel_kind == "guild":
         name = (channel_name or "").strip()
         return f"talking in #{name}"[:MAX_STATUS_CHARS] if name else "talking in a server channel"
@@ -78,7 +83,7 @@ class PresenceService:
         if key.imp not in self.enabled or result.outcome != "sent":
             return  # only a delivered reply is something the imp did (a silent, pending or failed turn is not)
         info = await self.channels.aio.info(key.channel_id)
-        text = status_text(info.kind if info else None, info.name if info else None)
+        text = status_text(info.kind, info.name, info.audience) if info else None
         if text is None:
             return
         self._wanted[key.imp] = _Wanted(text, self.clock())

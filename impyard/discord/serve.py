@@ -42,7 +42,7 @@ from impyard.clock import Clock
 from impyard.discord.approval_cards import ApprovalCards
 from impyard.discord.client import DiscordSettings, DiscordSetupError, ImpClient
 from impyard.discord.commands import CommandHost
-from impyard.discord.inbound import bot_role_ids, skip_reason, to_inbound
+from impyard.discord.inbound import SeenAudience, audiences, bot_role_ids, skip_reason, to_inbound
 from impyard.discord.presence import PresenceService
 from impyard.discord.shards import Shard
 from impyard.discord.surface import DiscordSurface
@@ -77,7 +77,14 @@ class ReactionsCleared:
     emoji: list[str]
 
 
-HostEvent = discord.Message | ReactionsCleared  # what a bot hands its imp's inbound worker
+@dataclass(frozen=True)
+class AudiencesSeen:
+    """Who can read some server channels now (issue 32 #4): at ready, on CHANNEL_UPDATE, on an @everyone change."""
+
+    channels: tuple[SeenAudience, ...]
+
+
+HostEvent = discord.Message | ReactionsCleared | AudiencesSeen  # what a bot hands its imp's inbound worker
 
 
 # ------------------------------------------------------------------ which imps
@@ -201,9 +208,17 @@ class DiscordHost:
             "imp %s is on Discord as %s%s; servers: %s", client.imp, client.user, client.shard_words, guilds
         )
         self._ready[client.imp].set()
+        # Issue 32 #4: the audiences of the channels the host knows, as Discord sent them in GUILD_CREATE: a channel
+        # known before the host read audiences takes its memories to its own scope now, not at its next message.
+        self.audiences(client, [c for g in client.guilds for c in (*g.channels, *g.threads)])
 
     def message(self, client: ImpClient, message: discord.Message) -> None:
         self._queue(client, message)
+
+    def audiences(self, client: ImpClient, channels: list[Any]) -> None:
+        seen = audiences(channels)
+        if seen:
+            self._queue(client, AudiencesSeen(tuple(seen)))
 
     def reactions_cleared(
         self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]
@@ -234,6 +249,8 @@ class DiscordHost:
                 try:
                     if isinstance(item, ReactionsCleared):
                         await self._forward_reactions_cleared(client, item)
+                    elif isinstance(item, AudiencesSeen):
+                        await self._record_audiences(item)
                     else:
                         await self._receive(client, item)
                 except Exception:  # noqa: BLE001 - one bad message never stops the imp's inbound
@@ -264,6 +281,23 @@ class DiscordHost:
             client.imp, inbound.channel_id, message.id, inbound.channel_kind, outcome,
             len(inbound.message.attachments), (time.perf_counter() - started) * 1000,
         )  # fmt: skip
+
+    async def _record_audiences(self, event: AudiencesSeen) -> None:
+        """A known server channel whose audience Discord now tells otherwise is recorded so (issue 32 #4; the first
+        time one is found private, its memories move to its own scope). Channels the host never saw are left out:
+        they get a row when their first message comes."""
+        channels = self.runtime.channels
+        wanted = {seen.channel_id for seen in event.channels}
+        known_now = {info.channel_id: info for info in await channels.aio.all() if info.channel_id in wanted}
+        for seen in event.channels:
+            known = known_now.get(seen.channel_id)
+            if known is None or known.kind != "guild" or known.audience == seen.audience:
+                continue
+            await channels.aio.seen(
+                seen.channel_id, surface=SURFACE_DISCORD, kind="guild", name=seen.name, guild_id=seen.guild_id,
+                audience=seen.audience,
+            )  # fmt: skip
+            log.info("channel %s (#%s): audience %s", seen.channel_id, seen.name, seen.audience)
 
     async def _forward_reactions_cleared(self, client: ImpClient, event: ReactionsCleared) -> None:
         params = MailboxEventParams(

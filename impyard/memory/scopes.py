@@ -1,27 +1,43 @@
-"""Which memory scopes a session writes and reads (docs/memory.md, issue 23), and who else is present (10).
+"""Which memory scopes a session writes and reads (docs/memory.md, issues 23 and 32), and who else is present (10).
 
-Everything the memory engine stores carries the scope it was formed in:
+Everything the memory engine stores carries the scope it was formed in. Scopes follow who can read
+(issue 32 #4): a memory is kept where only the people who could read its channel can meet it again.
 
-* ``guild:<guild id>`` for a server channel (the channels of one guild share it). A guild channel whose
-  guild the host does not know yet gets ``guild:channel:<channel id>``: that channel alone, so a channel
-  of unknown origin never reads another guild's memories.
+* ``guild:<guild id>`` for a server channel that everyone in the server can read (its *public* channels
+  share it). A guild channel whose guild the host does not know yet gets ``guild:channel:<channel id>``:
+  that channel alone, so a channel of unknown origin never reads another guild's memories.
+* ``channel:<channel id>`` for a server channel (or thread) whose audience is narrower than the server's:
+  ``channels.audience`` is ``private`` (Discord's permission overwrites, read on the host as each message
+  arrives: ``impyard.discord.inbound.audience_of``). It writes only there; it reads there and the server's
+  public ``guild:<guild id>`` (everyone who can read the private channel is in the server and can read its
+  public channels, so nothing public is news to them). No other session reads a ``channel:`` scope.
 * ``dm:<person id>`` for a direct message with that person. A DM whose partner the host has not seen
   speak yet gets ``dm:channel:<channel id>``, the channel alone.
 * ``terminal`` for the operator's terminal (and the host's own task channels, which are terminal channels).
 
-A guild session reads only its guild. A DM with P reads ``dm:P`` plus ``guild:G`` for every guild G in
-which P has spoken (the host's history: ``history.author_id`` joined with ``channels.guild_id``; history is
-trimmed per channel, so a guild whose messages by P were all trimmed away drops out). The terminal reads
+A public guild session reads only its guild's public scope. A DM with P reads ``dm:P`` plus ``guild:G``
+for every guild G in which P has spoken (the host's history: ``history.author_id`` joined with
+``channels.guild_id``; history is trimmed per channel, so a guild whose messages by P were all trimmed away
+drops out) — never a ``channel:`` scope: the host cannot tell from its records that P may read a private
+channel (having spoken there once does not mean P still may), so it never assumes so. The terminal reads
 ``terminal``. A task box gets the scopes of its channel: a known guild or DM channel's, else ``terminal``
 for the host's task channels. A channel the host has never recorded gets no scopes (``None``: memory off),
 so nothing the operator said in the terminal can reach a channel the host knows nothing about.
 
+A guild channel whose audience the host has not learned yet (``audience`` NULL: a channel recorded before
+issue 32, not spoken in since) is treated as it was before: the guild's scope. When its audience is first
+learned and it is private, its memories move to its own scope once (``impyard.memory.audience``). A memory
+keeps its scope when the audience changes later: a private channel turned public does not publish its past,
+a public channel turned private keeps its new memories in its own scope.
+
 ``decide`` is the rule (pure); ``scopes_of`` / ``resolve`` read the facts from the host database;
-``presence`` lists the imp's other live conversations that this session may know about (mechanism 10).
+``presence`` lists the imp's other live conversations that this session may know about (mechanism 10);
+``parse_scope`` checks a scope name an operator typed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,8 +48,10 @@ from sqlalchemy.engine import Connection
 
 from box.memory.laws import DEFAULTS
 from box.protocol.memory import PresenceEntry, SessionMemory
+from impyard.channels import PRIVATE
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
+from impyard.errors import ImpyardError
 from impyard.portable import bytewise
 from impyard.tables import channels, history, wakes
 
@@ -68,17 +86,48 @@ def dm_scope(person_id: str) -> str:
     return f"dm:{person_id}"
 
 
+def channel_scope(channel_id: str) -> str:
+    """The scope of a channel whose audience is narrower than its guild's (issue 32 #4)."""
+    return f"channel:{channel_id}"
+
+
+_ID = r"[A-Za-z0-9_.:-]{1,128}"
+SCOPE_PATTERN = re.compile(rf"terminal|(?:guild|dm):(?:channel:)?{_ID}|channel:{_ID}")
+SCOPE_FORMS = (
+    "terminal, guild:<server id>, channel:<channel id> (a private channel or thread), dm:<person id>, "
+    "guild:channel:<channel id> or dm:channel:<channel id> (e.g. guild:123456789012345678)"
+)
+
+
+class ScopeNameError(ImpyardError, ValueError):
+    """A scope name that is none of the forms the host writes; the message lists them."""
+
+
+def parse_scope(text: str) -> str:
+    """``text`` as a scope name, or ``ScopeNameError`` saying which forms there are."""
+    if not isinstance(text, str) or not SCOPE_PATTERN.fullmatch(text):
+        raise ScopeNameError(f"{str(text)[:60]!r} is not a memory scope: write {SCOPE_FORMS}")
+    return text
+
+
 def decide(
     kind: str | None,
     channel_id: str,
     guild_id: str | None = None,
     partner_id: str | None = None,
     partner_guilds: Iterable[str] = (),
+    audience: str | None = None,
 ) -> SessionScopes | None:
-    """The scopes of a session in a channel of ``kind`` (None: a channel the host has no record of)."""
+    """The scopes of a session in a channel of ``kind`` (None: a channel the host has no record of).
+
+    ``audience`` (guild channels): ``"guild"`` everyone in the guild can read it, ``"private"`` fewer can,
+    None not known yet (treated as the guild's, as before the host read audiences)."""
     if kind == "guild":
-        scope = guild_scope(guild_id) if guild_id else f"guild:channel:{channel_id}"
-        return SessionScopes(scope, (scope,))
+        public = guild_scope(guild_id) if guild_id else f"guild:channel:{channel_id}"
+        if audience == PRIVATE:
+            own = channel_scope(channel_id)
+            return SessionScopes(own, (own, guild_scope(guild_id)) if guild_id else (own,))
+        return SessionScopes(public, (public,))
     if kind == "dm":
         if not partner_id:
             scope = f"dm:channel:{channel_id}"
@@ -112,13 +161,13 @@ _GUILDS_OF = (
         channels.c.guild_id.is_not(None),
     )
 )  # fmt: skip
-_CHANNEL = select(channels.c.kind, channels.c.guild_id).where(
+_CHANNEL = select(channels.c.kind, channels.c.guild_id, channels.c.audience).where(
     channels.c.channel_id == bindparam("channel_id")
 )
 _PRESENCE = (
     select(
         wakes.c.channel_id, history.c.author_id, history.c.author_name, history.c.created_at, channels.c.kind,
-        channels.c.name, channels.c.guild_id,
+        channels.c.name, channels.c.guild_id, channels.c.audience,
     )
     .select_from(
         wakes.join(history, (history.c.channel_id == wakes.c.channel_id) & (history.c.message_id == wakes.c.message_id))
@@ -151,10 +200,10 @@ def scopes_of(db: Database, imp: str, channel_id: str) -> SessionScopes | None:
         row = conn.execute(_CHANNEL, {"channel_id": channel_id}).first()
         if row is None:
             return None
-        kind, guild_id = str(row[0]), row[1]
+        kind, guild_id, audience = str(row[0]), row[1], row[2]
         partner = dm_partner(conn, channel_id) if kind == "dm" else None
         guilds = guilds_of(conn, partner) if partner else []
-        return decide(kind, channel_id, guild_id, partner, guilds)
+        return decide(kind, channel_id, guild_id, partner, guilds, audience)
 
     return db.read(read)
 
@@ -191,8 +240,9 @@ def presence(
     tables: ``joined_at`` is the first message of its current stretch (no gap over ``stale_s``),
     ``last_input_at`` its latest, ``turns`` the messages in the stretch that woke the imp. It is live when
     its last input is at most ``stale_s`` old, and listed only when its scope is one this session reads:
-    a guild session never learns that a DM is going on. The session's own conversation (``channel_id``
-    with ``person_id``) is left out. Newest first, at most 20.
+    a guild session never learns that a DM is going on, and a public channel's or a DM's session never that a
+    private channel's is (issue 32 #4: its scope is ``channel:<id>``, read by that channel alone). The
+    session's own conversation (``channel_id`` with ``person_id``) is left out. Newest first, at most 20.
     """
     params = {"imp": imp, "since": iso(now - PRESENCE_LOOKBACK)}
     rows = db.read(lambda conn: conn.execute(_PRESENCE, params).all())
@@ -208,7 +258,8 @@ def presence(
         if (now - last).total_seconds() > stale_s:
             continue
         kind, name, guild_id = str(messages[-1][4]), str(messages[-1][5] or ""), messages[-1][6]
-        scope = decide(kind, chan, guild_id, author if kind == "dm" else None)
+        # The channel's audience now: a conversation in a private channel is its scope's (issue 32 #4).
+        scope = decide(kind, chan, guild_id, author if kind == "dm" else None, audience=messages[-1][7])
         if scope is None or scope.writes not in scopes.reads:
             continue
         start = len(times) - 1

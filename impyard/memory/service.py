@@ -21,6 +21,11 @@ box, once per message), a conversation's state at most
 (DENIED). Every refusal counts against the box's conduct like any other (a flood ends the box).
 The store unavailable answers INTERNAL_ERROR with a message saying so: the box answers without memory.
 
+Issue 32 #4: a box's scopes follow its channel's audience. At the first request of each turn the host woke the
+imp for (``stage`` with the message id), a chat, depart or reflect box has its channel's scopes read again
+(``scopes.resolve``: one read a turn), so a public channel made private while its box is warm keeps its next
+memories in its own scope. A sleep task's box keeps its one scope.
+
 Audit in aggregate: one row per box turn, ``memory.*`` with the counts by method ("search 3, encode 1")
 and the total latency, returned by ``stage`` / ``turn_ended`` / ``close`` for the gateway to write.
 
@@ -59,7 +64,7 @@ from impyard.backends.statedir import parse_size
 from impyard.db import Database, DatabaseError
 from impyard.errors import ImpyardError
 from impyard.memory.cache import DEFAULT_CACHE_BYTES, VectorCache
-from impyard.memory.scopes import SessionScopes
+from impyard.memory.scopes import SessionScopes, resolve
 from impyard.memory.store import MemoryDenied, MemoryInvalid, MemoryStore, ScopedMemory
 from impyard.memory.vectors import VectorError
 
@@ -103,6 +108,7 @@ class _Tally:
     refused: Counter[str] = field(default_factory=Counter)  # denied | invalid | error
     latency_ms: float = 0.0
     turns: set[str] = field(default_factory=set)  # the messages whose turn has started in this box
+    rescope: bool = False  # a turn began: read the channel's scopes again at its first request (issue 32 #4)
 
     def drain(self, run_id: str) -> AuditRecord | None:
         if not self.methods:
@@ -189,6 +195,10 @@ class MemoryService:
             if message_id in tally.turns:
                 return None
             tally.turns.add(message_id)
+            # Issue 32 #4: a channel's audience may have changed since the box started (a public channel made
+            # private): its scopes are read again at the turn's first request. Not a night's box: its one scope
+            # is its task's, not its channel's.
+            tally.rescope = tally.opened and tally.scopes is not None and not tally.nights
         return self.turn_ended(spec)
 
     def turn_ended(self, spec: BoxSpec) -> AuditRecord | None:
@@ -251,8 +261,12 @@ class MemoryService:
                     f"denied by rule {LIMIT_RULE}: {reason}",
                     {"rule": LIMIT_RULE, "reason": reason},
                 )
+            if tally.rescope and scopes is None:
+                tally.rescope = False
+                tally.scopes = await resolve(self.store.db, spec.imp, spec.channel_id)
             session = scopes if scopes is not None else tally.scopes
-            assert session is not None  # ``given`` above
+            if session is None:  # the channel's record is gone since the box started: memory off from now on
+                raise _refusal(NOT_GIVEN_RULE, NOT_GIVEN_REASON)
             if method in NIGHT_METHODS and not tally.nights:
                 reason = "only a night's box (a sleep task) folds or forgets memories"
                 raise RpcError(

@@ -40,7 +40,21 @@ What it enforces, like Discord: the bot token on every authenticated REST call (
 message's content, embeds, attachments and components reach a bot without it only in DMs, when the bot
 is mentioned, or when the bot wrote it); GUILD_MEMBERS (without it GUILD_CREATE lists only the bot);
 2000 characters per message; 10 files of 10 MiB; empty messages; one acknowledgement per interaction
-within 3 s; command names and descriptions. It does not check channel permissions.
+within 3 s; command names and descriptions.
+
+Channel permissions (issue 32 #4), like Discord: a guild channel carries ``permission_overwrites`` (:class:`Overwrite`:
+``type`` 0 a role — the guild's own id is @everyone — or 1 a member, ``allow`` / ``deny`` bit strings) in
+GUILD_CREATE, CHANNEL_CREATE and CHANNEL_UPDATE (:meth:`FakeDiscord.update_channel`); a thread carries none (it
+follows its parent), and a private thread (``ChannelType.PRIVATE_THREAD``, :meth:`FakeChannel.private_thread`) is
+seen only by its members and by those who may MANAGE_THREADS. A user's permissions in a channel are worked out
+as Discord does (:meth:`FakeDiscord.permissions_in`: owner, then @everyone and the member's roles, ADMINISTRATOR,
+then the @everyone overwrite, the member's roles' overwrites together, the member's own). A bot is sent
+MESSAGE_CREATE only from channels it can VIEW_CHANNEL, GUILD_CREATE lists and THREAD_CREATE announces only the
+threads it can see, and its REST calls into a channel it cannot see are answered 403 Missing Access (50001).
+Refused at configuration (``ValueError``), as Discord's API refuses them: an overwrite of another type, of a role
+the guild has not or a user who is not a member, two overwrites of one target, bits past the known permissions,
+overwrites on a thread, a thread whose parent is not a text channel of its guild, a private thread in an
+announcement channel.
 
 Shards, like Discord: IDENTIFY's ``shard`` ``[shard_id, num_shards]`` (discord.py sends it when a ``Client``
 has ``shard_id`` and ``shard_count``) must be two integers with ``0 <= shard_id < num_shards``, else the
@@ -104,6 +118,7 @@ __all__ = [
     "Intent",
     "InteractionResponse",
     "MessageRecord",
+    "Overwrite",
     "Perm",
     "PresenceUpdate",
     "RestCall",
@@ -167,6 +182,7 @@ class Perm(enum.IntFlag):
     READ_MESSAGE_HISTORY = 1 << 16
     MENTION_EVERYONE = 1 << 17
     USE_APPLICATION_COMMANDS = 1 << 31
+    MANAGE_THREADS = 1 << 34
     SEND_MESSAGES_IN_THREADS = 1 << 38
 
 
@@ -360,11 +376,59 @@ def member(
     return FakeMember(user=user, roles=tuple(roles), nick=nick, permissions=int(bits))
 
 
+OVERWRITE_ROLE = 0
+OVERWRITE_MEMBER = 1
+
+
+@dataclass(frozen=True)
+class Overwrite:
+    """A channel's permission overwrite, as Discord sends it in ``permission_overwrites``: ``type`` 0 a role (the
+    guild's own id: @everyone) or 1 a member; ``allow`` and ``deny`` permission bits (sent as strings)."""
+
+    id: int
+    type: int = OVERWRITE_ROLE
+    allow: int = 0
+    deny: int = 0
+
+    @classmethod
+    def role(cls, role: FakeRole | int, *, allow: int = 0, deny: int = 0) -> Overwrite:
+        return cls(
+            role.id if isinstance(role, FakeRole) else int(role), OVERWRITE_ROLE, int(allow), int(deny)
+        )
+
+    @classmethod
+    def member(cls, user: FakeUser | FakeMember | int, *, allow: int = 0, deny: int = 0) -> Overwrite:
+        found = (
+            user.user.id if isinstance(user, FakeMember) else user.id if isinstance(user, FakeUser) else user
+        )
+        return cls(int(found), OVERWRITE_MEMBER, int(allow), int(deny))
+
+    def payload(self) -> dict[str, Any]:
+        return {"id": str(self.id), "type": self.type, "allow": str(self.allow), "deny": str(self.deny)}
+
+
+def hidden_from_everyone(
+    guild_id: int, *seen_by: FakeRole | FakeUser | FakeMember | int
+) -> tuple[Overwrite, ...]:
+    """The overwrites of a staff-only channel: @everyone denied VIEW_CHANNEL, each of ``seen_by`` (a role, or a
+    user or member) allowed it. An int is taken as a role id."""
+    view = int(Perm.VIEW_CHANNEL)
+    granted = [
+        Overwrite.member(who, allow=view)
+        if isinstance(who, FakeUser | FakeMember)
+        else Overwrite.role(who, allow=view)
+        for who in seen_by
+    ]
+    return (Overwrite.role(guild_id, deny=view), *granted)
+
+
 @dataclass(frozen=True)
 class FakeChannel:
     """A guild text channel (default), a thread (``parent_id``), or a DM (``type=ChannelType.DM``, ``recipient``).
 
-    A DM belongs to one bot: ``bot_user_id`` (default: the main bot).
+    A DM belongs to one bot: ``bot_user_id`` (default: the main bot). ``overwrites``: a guild channel's
+    permission overwrites (a thread has none). ``thread_members``: who a private thread lets in (its owner
+    always), besides those who may MANAGE_THREADS.
     """
 
     id: int
@@ -376,6 +440,8 @@ class FakeChannel:
     position: int = 0
     owner_id: int | None = None
     bot_user_id: int | None = None
+    overwrites: Sequence[Overwrite] = ()
+    thread_members: Sequence[int] = ()
 
     @classmethod
     def dm(cls, id: int, recipient: FakeUser, *, bot_user_id: int | None = None) -> FakeChannel:
@@ -384,6 +450,17 @@ class FakeChannel:
     @classmethod
     def thread(cls, id: int, name: str, *, parent_id: int, owner_id: int | None = None) -> FakeChannel:
         return cls(id=id, name=name, type=ChannelType.PUBLIC_THREAD, parent_id=parent_id, owner_id=owner_id)
+
+    @classmethod
+    def private_thread(
+        cls, id: int, name: str, *, parent_id: int, owner_id: int, members: Sequence[FakeUser | int] = ()
+    ) -> FakeChannel:
+        """A private thread: seen by its owner, its ``members`` and those who may MANAGE_THREADS."""
+        ids = tuple(
+            dict.fromkeys([owner_id, *(m.id if isinstance(m, FakeUser) else int(m) for m in members)])
+        )
+        return cls(id=id, name=name, type=ChannelType.PRIVATE_THREAD, parent_id=parent_id, owner_id=owner_id,
+                   thread_members=ids)  # fmt: skip
 
     @property
     def is_dm(self) -> bool:
@@ -1235,14 +1312,54 @@ class FakeDiscord:
                 return
             if guild_id is None:
                 raise ValueError("a guild channel needs guild_id")
+            guild = self._guilds.get(guild_id)
+            if guild is None:
+                raise ValueError(f"fake Discord has no guild {guild_id}")
+            self._check_channel(guild, channel)
             state = _ChannelState(channel, guild_id)
             self._channels[channel.id] = state
             event = "THREAD_CREATE" if channel.type in THREAD_TYPES else "CHANNEL_CREATE"
             payload = self._channel_payload(state)
             if channel.type in THREAD_TYPES:
                 payload["newly_created"] = True
-            self._dispatch_all(event, lambda _s: payload, guild_id=guild_id)
+
+            def shape(session: _Session) -> dict[str, Any] | None:
+                # Like Discord: a thread is announced only to those who can see it (a private one: its members).
+                if channel.type in THREAD_TYPES and not self._can_view(state, session.bot.user.id):
+                    return None
+                return payload
+
+            self._dispatch_all(event, shape, guild_id=guild_id)
         self._notify()
+
+    def update_channel(self, channel_id: int, *, overwrites: Sequence[Overwrite] | None = None,
+                       name: str | None = None) -> None:  # fmt: skip
+        """Change a guild channel's permission overwrites (or name) and tell the bots (CHANNEL_UPDATE), as a
+        server admin's edit in Discord does."""
+        with self._lock:
+            state = self._channel_state(channel_id)
+            if state.guild_id is None or state.config.type in THREAD_TYPES:
+                raise ValueError(f"channel {channel_id} is not a guild channel with overwrites of its own")
+            changed = replace(
+                state.config,
+                overwrites=tuple(overwrites) if overwrites is not None else state.config.overwrites,
+                name=name if name is not None else state.config.name,
+            )
+            self._check_channel(self._guilds[state.guild_id], changed)
+            state.config = changed
+            payload = self._channel_payload(state)
+            self._dispatch_all("CHANNEL_UPDATE", lambda _s: payload, guild_id=state.guild_id)
+        self._notify()
+
+    def permissions_in(self, channel_id: int, who: FakeUser | FakeMember | int) -> int:
+        """``who``'s permission bits in a guild channel or thread, worked out as Discord does (0: cannot see it)."""
+        user_id = _user_of(who).id if isinstance(who, FakeUser | FakeMember) else int(who)
+        with self._lock:
+            state = self._channel_state(channel_id)
+            return self._channel_permissions(state, user_id)
+
+    def can_view(self, channel_id: int, who: FakeUser | FakeMember | int) -> bool:
+        return bool(self.permissions_in(channel_id, who) & Perm.VIEW_CHANNEL)
 
     def fail_next(
         self,
@@ -1307,6 +1424,9 @@ class FakeDiscord:
         with self._lock:
             state = self._channel_state(channel_id)
             user = self._resolve_user(author)
+            guild = self._guilds.get(state.guild_id) if state.guild_id is not None else None
+            if guild is not None and user.id in guild.members and not self._can_view(state, user.id):
+                raise ValueError(f"{user.username} cannot see channel {channel_id}, so cannot post in it")
             self._users.setdefault(user.id, user)
             derived_users, derived_roles, derived_everyone = self._derive_mentions(state, content, None)
             mention_users = derived_users if mentions is None else [self._resolve_user(m) for m in mentions]
@@ -1845,9 +1965,17 @@ class FakeDiscord:
             return None
         return state
 
+    def _missing_access(self, ctx: _Ctx, state: _ChannelState) -> _Reply | None:
+        """Discord's answer to a bot's call into a guild channel it cannot see: 403, Missing Access (50001)."""
+        if state.guild_id is None or ctx.bot is None or self._can_view(state, ctx.bot.user.id):
+            return None
+        return _error(403, 50001, "Missing Access")
+
     def _get_channel(self, ctx: _Ctx, channel_id: str) -> _Reply:
         state = self._visible_channel(ctx, channel_id)
-        return _Reply(200, self._channel_payload(state)) if state else _unknown("Channel", 10003)
+        if state is None:
+            return _unknown("Channel", 10003)
+        return self._missing_access(ctx, state) or _Reply(200, self._channel_payload(state))
 
     def _create_dm(self, ctx: _Ctx) -> _Reply:
         assert ctx.bot is not None
@@ -1868,6 +1996,8 @@ class FakeDiscord:
         state = self._visible_channel(ctx, channel_id)
         if state is None:
             return _unknown("Channel", 10003)
+        if (refused := self._missing_access(ctx, state)) is not None:
+            return refused
         limit = max(1, min(100, _as_int(ctx.query.get("limit")) or 50))
         ids = [i for i in state.message_ids if not self._messages[i].deleted]
         before, after, around = (_as_int(ctx.query.get(k)) for k in ("before", "after", "around"))
@@ -1887,6 +2017,8 @@ class FakeDiscord:
         state = self._visible_channel(ctx, channel_id)
         if state is None:
             return _unknown("Channel", 10003)
+        if (refused := self._missing_access(ctx, state)) is not None:
+            return refused
         record = self._messages.get(int(message_id))
         if record is None or record.deleted or record.ephemeral or record.channel_id != state.id:
             return _unknown("Message", 10008)
@@ -1898,6 +2030,8 @@ class FakeDiscord:
         state = self._visible_channel(ctx, channel_id)
         if state is None:
             return _unknown("Channel", 10003)
+        if (refused := self._missing_access(ctx, state)) is not None:
+            return refused
         nonce = ctx.body.get("nonce")
         if nonce is not None and ctx.body.get("enforce_nonce"):
             seen = self._nonces.get((state.id, bot.user.id, str(nonce)))
@@ -1939,6 +2073,8 @@ class FakeDiscord:
         state = self._visible_channel(ctx, channel_id)
         if state is None:
             return _unknown("Channel", 10003)
+        if (refused := self._missing_access(ctx, state)) is not None:
+            return refused
         self._typing.append(TypingCall(state.id, ctx.bot.user.id if ctx.bot else None, time.monotonic()))
         return _NO_CONTENT
 
@@ -2801,8 +2937,10 @@ class FakeDiscord:
 
     def _message_for(self, session: _Session, record: MessageRecord) -> dict[str, Any] | None:
         bot_id = session.bot.user.id
-        data = copy.deepcopy(record.payload)
         guild = self._guilds.get(record.guild_id) if record.guild_id is not None else None
+        if guild is not None and not self._can_view(self._channels[record.channel_id], bot_id):
+            return None  # Discord sends a bot no message of a channel it cannot see
+        data = copy.deepcopy(record.payload)
         if guild is not None:
             data["guild_id"] = str(guild.config.id)
             author = guild.members.get(record.author_id)
@@ -3131,6 +3269,8 @@ class FakeDiscord:
         self._guilds[guild.id] = state
         for channel in guild.channels:
             self._channels[channel.id] = _ChannelState(channel, guild.id)
+        for channel in guild.channels:
+            self._check_channel(state, channel)
 
     def _add_dm(self, channel: FakeChannel) -> _ChannelState:
         if channel.recipient is None:
@@ -3178,6 +3318,90 @@ class FakeDiscord:
             role = guild.roles.get(role_id)
             bits |= role.permissions if role else 0
         return ALL_PERMISSIONS if bits & Perm.ADMINISTRATOR else bits
+
+    def _check_channel(self, guild: _GuildState, channel: FakeChannel) -> None:
+        """What Discord's API refuses of a guild channel's permissions and a thread's parent (``ValueError``)."""
+        where = f"channel {channel.id}"
+        if channel.type in THREAD_TYPES:
+            if channel.overwrites:
+                raise ValueError(
+                    f"{where}: a thread has no permission_overwrites of its own (it follows its parent)"
+                )
+            parent = self._channels.get(channel.parent_id) if channel.parent_id is not None else None
+            if parent is None or parent.guild_id != guild.config.id or parent.config.type not in (
+                ChannelType.GUILD_TEXT, ChannelType.GUILD_ANNOUNCEMENT,
+            ):  # fmt: skip
+                raise ValueError(
+                    f"{where}: a thread's parent must be a text channel of guild {guild.config.id}"
+                )
+            if channel.type == ChannelType.PRIVATE_THREAD and parent.config.type != ChannelType.GUILD_TEXT:
+                raise ValueError(f"{where}: Discord makes private threads in text channels only")
+            return
+        if channel.thread_members:
+            raise ValueError(f"{where}: only a private thread has members of its own")
+        targets: set[int] = set()
+        for overwrite in channel.overwrites:
+            if overwrite.type not in (OVERWRITE_ROLE, OVERWRITE_MEMBER):
+                raise ValueError(
+                    f"{where}: an overwrite's type is 0 (role) or 1 (member), not {overwrite.type!r}"
+                )
+            if overwrite.id in targets:
+                raise ValueError(f"{where}: two overwrites for {overwrite.id}")
+            targets.add(overwrite.id)
+            if overwrite.type == OVERWRITE_ROLE and overwrite.id not in guild.roles:
+                raise ValueError(
+                    f"{where}: unknown role {overwrite.id} in an overwrite (Discord: Unknown Role)"
+                )
+            if overwrite.type == OVERWRITE_MEMBER and overwrite.id not in guild.members:
+                raise ValueError(
+                    f"{where}: {overwrite.id} is not a member of the guild (Discord: Unknown Member)"
+                )
+            for bits in (overwrite.allow, overwrite.deny):
+                if bits < 0 or bits & ~ALL_PERMISSIONS:
+                    raise ValueError(f"{where}: {bits} holds bits that are no permission")
+
+    def _can_view(self, state: _ChannelState, user_id: int) -> bool:
+        return bool(self._channel_permissions(state, user_id) & Perm.VIEW_CHANNEL)
+
+    def _channel_permissions(self, state: _ChannelState, user_id: int) -> int:
+        """Discord's permission resolution in a guild channel; a thread takes its parent's, and a private one
+        lets in only its members and those who may MANAGE_THREADS. 0 for a DM or a user outside the guild."""
+        guild = self._guilds.get(state.guild_id) if state.guild_id is not None else None
+        if guild is None or (user_id != guild.config.owner_id and user_id not in guild.members):
+            return 0
+        channel = state.config
+        target = state
+        if channel.type in THREAD_TYPES and channel.parent_id is not None:
+            target = self._channels.get(channel.parent_id, state)
+        bits = self._overwritten(guild, target.config, user_id)
+        if not bits & Perm.VIEW_CHANNEL:
+            return 0
+        if channel.type == ChannelType.PRIVATE_THREAD and not (
+            user_id in channel.thread_members or bits & (Perm.MANAGE_THREADS | Perm.ADMINISTRATOR)
+        ):
+            return 0
+        return bits
+
+    def _overwritten(self, guild: _GuildState, channel: FakeChannel, user_id: int) -> int:
+        base = self._permissions(guild, user_id)
+        if base & Perm.ADMINISTRATOR or user_id == guild.config.owner_id:
+            return ALL_PERMISSIONS
+        found = guild.members.get(user_id)
+        roles = set(found.roles) if found else set()
+        by_id = {o.id: o for o in channel.overwrites}
+        everyone = by_id.get(guild.config.id)
+        if everyone is not None and everyone.type == OVERWRITE_ROLE:
+            base = (base & ~everyone.deny) | everyone.allow
+        allow = deny = 0
+        for overwrite in channel.overwrites:
+            if overwrite.type == OVERWRITE_ROLE and overwrite.id in roles and overwrite.id != guild.config.id:
+                allow |= overwrite.allow
+                deny |= overwrite.deny
+        base = (base & ~deny) | allow
+        own = by_id.get(user_id)
+        if own is not None and own.type == OVERWRITE_MEMBER:
+            base = (base & ~own.deny) | own.allow
+        return base
 
     def _member_payload(self, guild: _GuildState, found: FakeMember) -> dict[str, Any]:
         return {"user": found.user.payload(), **self._partial_member(guild, found)}
@@ -3246,7 +3470,11 @@ class FakeDiscord:
             "member_count": len(guild.members),
             "members": [self._member_payload(guild, m) for m in members],
             "channels": [self._channel_payload(s) for s in channels if s.config.type not in THREAD_TYPES],
-            "threads": [self._channel_payload(s) for s in channels if s.config.type in THREAD_TYPES],
+            "threads": [  # like Discord: the active threads the bot can see
+                self._channel_payload(s)
+                for s in channels
+                if s.config.type in THREAD_TYPES and self._can_view(s, bot_id)
+            ],  # fmt: skip
             "voice_states": [],
             "presences": [],
             "stage_instances": [],
@@ -3272,7 +3500,7 @@ class FakeDiscord:
             "guild_id": str(state.guild_id),
             "name": config.name,
             "position": config.position,
-            "permission_overwrites": [],
+            "permission_overwrites": [overwrite.payload() for overwrite in config.overwrites],
             "nsfw": False,
             "parent_id": str(config.parent_id) if config.parent_id is not None else None,
             "last_message_id": last,
