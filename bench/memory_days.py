@@ -329,12 +329,19 @@ async def run(ctx: Any) -> dict[str, Any]:
             runs[label][embedder] = await anyio.to_thread.run_sync(run_checkout, checkout, embedder)
             ctx.progress.advance()
     head = runs["after"][embedders[0]]
-    met = all("error" not in runs["after"][e] and runs["after"][e]["recalled"] >= TARGET for e in embedders)
+
+    def reached(embedder: str) -> bool:
+        figures = runs["after"][embedder]
+        return "error" not in figures and figures["recalled"] >= TARGET
+
+    # The target is the real embedder's (issue 32); the hashing embedder matches words, not meaning, so a
+    # paraphrased question finds only what comes to mind by person and strength: reported, not judged.
+    judged = [e for e in embedders if e == "real"]
     stats = {"samples": len(FACTS), "p50_ms": None, "p95_ms": None, "p99_ms": None}
     return result(
-        stats, baseline=None, ratio=None, targets={"recalled_of_12": TARGET}, met=met,
-        checks={f"{e}_recalled_at_least_{TARGET}": "error" not in runs["after"][e]
-                and runs["after"][e]["recalled"] >= TARGET for e in embedders},
+        stats, baseline=None, ratio=None, targets={"recalled_of_12_real_embedder": TARGET},
+        met=bool(judged) and all(reached(e) for e in judged),
+        checks={f"{e}_recalled_at_least_{TARGET}": reached(e) for e in judged},
         runs=runs, headline=head.get("recalled"), embedders=embedders,
         baseline_note=None if base else f"set {BASELINE_ENV} to a checkout of main for the before figures",
     )  # fmt: skip
@@ -353,7 +360,10 @@ def rows(s: dict[str, Any]) -> list[Any]:
                 return "not run"
             if "error" in f:
                 return f"error: {f['error'][:200]}"
-            return f"{f['recalled']}/{f['facts']} recalled, {f['records_forgotten']} records forgotten"
+            return (
+                f"{f['recalled']}/{f['facts']} recalled ({f['kept']} still in the store), "
+                f"{f['records_forgotten']} records forgotten"
+            )
 
         stats = {"samples": after.get("facts", 0), "p50_ms": None, "p95_ms": None, "p99_ms": None}
         out.append(
@@ -364,7 +374,7 @@ def rows(s: dict[str, Any]) -> list[Any]:
                 None,
                 f"after: {said(after)}; before ({s['runs'].get('before', {}).get('commit') or 'no baseline'}): "
                 f"{said(before)}",
-                "error" not in after and after.get("recalled", 0) >= TARGET,
+                ("error" not in after and after.get("recalled", 0) >= TARGET) if embedder == "real" else None,
             )  # fmt: skip
         )
     return out
