@@ -175,7 +175,7 @@ def stored_texts() -> str:
         db.close()
 
 
-async def evaluate(embedder: str) -> dict[str, Any]:
+async def evaluate(embedder: str, days: int = DAYS, nights_on: bool = True) -> dict[str, Any]:
     import anyio
 
     from box.protocol.models import Author, Message
@@ -222,7 +222,7 @@ async def evaluate(embedder: str) -> dict[str, Any]:
                     await rt.conversations.wait_finished(f"m{n}")
                 return first, len(fake.requests)
 
-            for day in range(1, DAYS + 1):
+            for day in range(1, days + 1):
                 clock.set(datetime(2026, 3, 2, 9, 0, tzinfo=UTC) + timedelta(days=day - 1))
                 fact = next((f for f in FACTS if f.day == day), None)
                 for k in range(SMALL_TALK_PER_DAY):
@@ -230,6 +230,8 @@ async def evaluate(embedder: str) -> dict[str, Any]:
                         await say(fact.said)
                     await say(small_talk(day, k))
                 clock.advance(hours=NIGHT_AFTER_H)
+                if not nights_on:
+                    continue
                 report = await run_night(IMP, consolidate=True, clock=clock, backend="process")
                 nights += 1
                 for _scope, task in report.tasks:
@@ -240,8 +242,9 @@ async def evaluate(embedder: str) -> dict[str, Any]:
                     if "forgot " in summary:
                         forgot += int(summary.split("forgot ", 1)[1].split()[0])
                 forgot += report.host_forgot[0]
-            clock.set(datetime(2026, 3, 2, 10, 0, tzinfo=UTC) + timedelta(days=DAYS))  # day 31
-            for fact in FACTS:
+            clock.set(datetime(2026, 3, 2, 10, 0, tzinfo=UTC) + timedelta(days=days))  # the day after
+            told = [fact for fact in FACTS if fact.day <= days]
+            for fact in told:
                 first, last = await say(fact.question)
                 blocks = [memory_block(r) for r in fake.requests[first:last] if r.purpose == "reply"]
                 reached = any(all(word in block for word in fact.evidence) for block in blocks)
@@ -251,11 +254,11 @@ async def evaluate(embedder: str) -> dict[str, Any]:
             assert memory_service is not None
             remaining = await rt.db.run(memory_service.store.count, IMP)
     stored = stored_texts()
-    for fact, entry in zip(FACTS, asked, strict=True):  # kept (in the store at all) apart from recalled
+    for fact, entry in zip(told, asked, strict=True):  # kept (in the store at all) apart from recalled
         entry["kept"] = all(word in stored for word in fact.evidence)
     recalled = sum(1 for a in asked if a["recalled"])
     return {
-        "embedder": embedder, "facts": len(FACTS), "recalled": recalled,
+        "embedder": embedder, "days": days, "nights_on": nights_on, "facts": len(told), "recalled": recalled,
         "kept": sum(1 for a in asked if a["kept"]), "asked": asked, "nights": nights,
         "night_failures": night_failures, "records_forgotten": forgot, "records_left": remaining,
         "messages": n, "wall_s": round(time.perf_counter() - began, 1),
@@ -266,17 +269,19 @@ def worker_main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--embedder", choices=("real", "hashing"), required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--days", type=int, default=DAYS)
+    parser.add_argument("--no-nights", action="store_true")
     args = parser.parse_args()
     import anyio
 
-    figures = anyio.run(evaluate, args.embedder)
+    figures = anyio.run(evaluate, args.embedder, args.days, not args.no_nights)
     Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
 
 
 # ------------------------------------------------------------------ the scenario (python -m bench --only memory_days)
 
 
-def run_checkout(checkout: Path, embedder: str) -> dict[str, Any]:
+def run_checkout(checkout: Path, embedder: str, days: int, nights_on: bool = True) -> dict[str, Any]:
     """One evaluation of ``checkout``'s code in a subprocess with a home of its own."""
     with tempfile.TemporaryDirectory(prefix="memory-days-") as tmp:
         out = Path(tmp) / "figures.json"
@@ -284,7 +289,8 @@ def run_checkout(checkout: Path, embedder: str) -> dict[str, Any]:
         for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
             env.pop(name, None)
         done = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--embedder", embedder, "--out", str(out)],
+            [sys.executable, str(Path(__file__).resolve()), "--embedder", embedder, "--out", str(out),
+             "--days", str(days), *([] if nights_on else ["--no-nights"])],
             env=env, cwd=tmp, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False,
         )  # fmt: skip
         if done.returncode != 0 or not out.exists():
@@ -311,24 +317,31 @@ def commit_of(checkout: Path) -> str | None:
 
 
 async def run(ctx: Any) -> dict[str, Any]:
+    """The month on this checkout (and on ``BENCH_BASELINE_CHECKOUT``'s, the before) with each embedder; the
+    headline is the real embedder's (the hashing one where it is not installed, and in --quick). The timed
+    figure is one evaluation's wall time, against the same month with no nights on this checkout: the control
+    that separates what the nights forgot from what recall did not rank."""
     import anyio
 
     from bench.harness import result
     from bench.real_embedder import available
 
-    here = HERE
+    days = ctx.plan.memory_days
+    quick = days < DAYS
     base = os.environ.get(BASELINE_ENV)
-    embedders = ["real", "hashing"] if available() else ["hashing"]
-    checkouts = {"after": here, **({"before": Path(base)} if base else {})}  # an absolute path
-    ctx.progress.phase(f"memory days: 30 days, nights on ({', '.join(checkouts)} × {', '.join(embedders)})",
-                       len(checkouts) * len(embedders))  # fmt: skip
+    embedders = ["real", "hashing"] if available() and not quick else ["hashing"]
+    checkouts = {"after": HERE, **({"before": Path(base)} if base else {})}  # an absolute path
+    ctx.progress.phase(f"memory days: {days} days, nights on ({', '.join(checkouts)} × {', '.join(embedders)})",
+                       len(checkouts) * len(embedders) + 1)  # fmt: skip
     runs: dict[str, dict[str, Any]] = {}
     for label, checkout in checkouts.items():
         runs[label] = {"checkout": str(checkout), "commit": commit_of(checkout)}
         for embedder in embedders:
-            runs[label][embedder] = await anyio.to_thread.run_sync(run_checkout, checkout, embedder)
+            runs[label][embedder] = await anyio.to_thread.run_sync(run_checkout, checkout, embedder, days)
             ctx.progress.advance()
     head = runs["after"][embedders[0]]
+    control = await anyio.to_thread.run_sync(run_checkout, HERE, embedders[0], days, False)
+    ctx.progress.advance()
 
     def reached(embedder: str) -> bool:
         figures = runs["after"][embedder]
@@ -337,14 +350,33 @@ async def run(ctx: Any) -> dict[str, Any]:
     # The target is the real embedder's (issue 32); the hashing embedder matches words, not meaning, so a
     # paraphrased question finds only what comes to mind by person and strength: reported, not judged.
     judged = [e for e in embedders if e == "real"]
-    stats = {"samples": len(FACTS), "p50_ms": None, "p95_ms": None, "p99_ms": None}
+
+    def timed(figures: dict[str, Any]) -> dict[str, Any]:
+        wall = figures.get("wall_s")
+        ms = None if wall is None else wall * 1000
+        return {"samples": 1 if ms is not None else 0, "p50_ms": ms, "p95_ms": ms, "p99_ms": ms}
+
+    stats, baseline = timed(head), timed(control)
     return result(
-        stats, baseline=None, ratio=None, targets={"recalled_of_12_real_embedder": TARGET},
+        stats, baseline=baseline,
+        ratio=round(stats["p50_ms"] / baseline["p50_ms"], 2) if stats["p50_ms"] and baseline["p50_ms"] else None,
+        targets={"recalled_of_12_real_embedder": TARGET},
         met=bool(judged) and all(reached(e) for e in judged),
         checks={f"{e}_recalled_at_least_{TARGET}": reached(e) for e in judged},
-        runs=runs, headline=head.get("recalled"), embedders=embedders,
+        runs=runs, no_nights=control, headline=head.get("recalled"), embedders=embedders, days=days,
         baseline_note=None if base else f"set {BASELINE_ENV} to a checkout of main for the before figures",
     )  # fmt: skip
+
+
+def _said(f: dict[str, Any] | None) -> str:
+    if not f:
+        return "not run"
+    if "error" in f:
+        return f"error: {f['error'][:200]}"
+    return (
+        f"{f['recalled']}/{f['facts']} recalled ({f['kept']} still in the store), "
+        f"{f['records_forgotten']} records forgotten"
+    )
 
 
 def rows(s: dict[str, Any]) -> list[Any]:
@@ -354,27 +386,29 @@ def rows(s: dict[str, Any]) -> list[Any]:
     for embedder in s.get("embedders", []):
         after = s["runs"]["after"].get(embedder, {})
         before = s["runs"].get("before", {}).get(embedder)
-
-        def said(f: dict[str, Any] | None) -> str:
-            if not f:
-                return "not run"
-            if "error" in f:
-                return f"error: {f['error'][:200]}"
-            return (
-                f"{f['recalled']}/{f['facts']} recalled ({f['kept']} still in the store), "
-                f"{f['records_forgotten']} records forgotten"
-            )
-
         stats = {"samples": after.get("facts", 0), "p50_ms": None, "p95_ms": None, "p99_ms": None}
         out.append(
             Row(
-                f"facts recalled after 30 days, nights on ({embedder} embedder)",
+                f"facts recalled after {s.get('days', DAYS)} days, nights on ({embedder} embedder)",
                 stats,
                 None,
                 None,
-                f"after: {said(after)}; before ({s['runs'].get('before', {}).get('commit') or 'no baseline'}): "
-                f"{said(before)}",
+                f"after: {_said(after)}; before ({s['runs'].get('before', {}).get('commit') or 'no baseline'}): "
+                f"{_said(before)}",
                 ("error" not in after and after.get("recalled", 0) >= TARGET) if embedder == "real" else None,
+            )  # fmt: skip
+        )
+    control = s.get("no_nights")
+    if control:
+        stats = {"samples": control.get("facts", 0), "p50_ms": None, "p95_ms": None, "p99_ms": None}
+        out.append(
+            Row(
+                f"… the same month with no nights, this checkout ({control.get('embedder')} embedder)",
+                stats,
+                None,
+                None,
+                f"control: {_said(control)}",
+                None,
             )  # fmt: skip
         )
     return out
