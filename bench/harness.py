@@ -73,6 +73,7 @@ class Plan:
     memory_turns: int = 40  # warm turns each, memory on and memory off
     memory_turn_records: int = 1_000  # what the memory-on imp remembers of the person before the first turn
     night_sizes: tuple[int, ...] = (10_000, 100_000)  # records an imp remembers when it sleeps (issue 15)
+    memory_days: int = 30  # simulated days of the held-out month of facts (issue 32)
     hosts_sessions: int = 20  # warm channel sessions, split among the hosts (issue 21)
     hosts_messages: int = 15  # messages each
     ledger_workers: int = 8  # reserving at once for one imp
@@ -96,6 +97,7 @@ class Plan:
             memory_turns=5,
             memory_turn_records=100,
             night_sizes=(300, 3_000),
+            memory_days=3,
             hosts_sessions=4,
             hosts_messages=3,
             ledger_workers=4,

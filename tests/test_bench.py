@@ -69,6 +69,7 @@ def test_the_quick_benchmark_writes_every_scenario(tmp_path: Path) -> None:
     check_memory_recall(results["scenarios"]["memory_recall"])
     check_memory_turn(results["scenarios"]["memory_turn"])
     check_memory_night(results["scenarios"]["memory_night"])
+    check_memory_days(results["scenarios"]["memory_days"])
 
 
 def check_runtimes(results: dict[str, Any]) -> None:
@@ -108,6 +109,17 @@ def check_memory_recall(s: dict[str, Any]) -> None:
         assert isinstance(v["rss_growth_mib"], float), size
         assert 0.0 <= v["overlap_at_10"] <= 1.0 and 0.0 <= v["overlap_at_10_random_queries"] <= 1.0, size
     assert set(s["checks"]) == {"overlap_at_10"}  # the latency verdict needs the 100,000 size
+
+
+def check_memory_days(s: dict[str, Any]) -> None:
+    """Issue 32: the held-out month (3 days in --quick, the hashing embedder) ran through the host, nights on
+    and off, and asked back each fact told."""
+    assert s["status"] == "ok" and s["days"] == Plan.quick().memory_days, s
+    after, control = s["runs"]["after"]["hashing"], s["no_nights"]
+    assert "error" not in after and "error" not in control, (after, control)
+    assert after["nights"] == s["days"] and control["nights"] == 0
+    assert after["facts"] == control["facts"] == len(after["asked"]) >= 1
+    assert all(a["reply_calls"] >= 1 for a in after["asked"])  # each question reached the model
 
 
 def check_memory_turn(s: dict[str, Any]) -> None:

@@ -704,5 +704,6 @@ class ChatTurn:
         result = await engine.store.encode(
             encoding(felt, living=None, living_valence=None, record_vector=record_vector, **common)
         )
-        saved.living, saved.living_valence = result.record_id, felt.valence  # mechanism 64
+        if not felt.lasting:  # issue 32: a kept record is no conversation's living record: none joins it
+            saved.living, saved.living_valence = result.record_id, felt.valence  # mechanism 64
         return result.record_id

@@ -40,7 +40,7 @@ class FocusEntry(BaseModel):
     record_id: str | None  # None: a moment that was not kept (no feeling could be formed)
     author: str
     author_id: str | None = None
-    origin: Literal["lived", "given"] = "lived"
+    origin: Literal["lived", "given", "kept"] = "lived"
     feeling: str = ""
     conclusion: str = ""
     valence: float = 0.0

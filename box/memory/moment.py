@@ -6,7 +6,9 @@ happened — "X said: … / <imp> replied: …", or only what the person said wh
 the reply waits for approval (47) — with the retelling (61) and the embedding of that text (62). A
 moment of the same sign as the conversation's living record joins it and restores it (64, 66); a change
 of sign opens a new record, whose vector is its conclusion (63), and the strongest same-sign lived
-association of the turn comes back as an echo (65).
+association of the turn comes back as an echo (65). A moment the appraisal calls lasting (something a
+friend would still know about someone months on) opens a record of its own, kept (issue 32: a departure
+from the seed, see docs/memory.md "Keeping"), and the living record stays the one it was.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ SCHEMA: dict[str, Any] = {
         "conclusion": {"type": "string"},
         "valence": {"type": "number"},
         "intensity": {"type": "number"},
+        "lasting": {"type": "boolean"},  # issue 32: something lasting about someone (kept, never forgotten)
     },
-    "required": ["feeling", "conclusion", "valence", "intensity"],
+    "required": ["feeling", "conclusion", "valence", "intensity", "lasting"],
     "additionalProperties": False,
 }
 
@@ -55,11 +58,12 @@ class Felt:
     conclusion: str
     valence: float
     intensity: float
+    lasting: bool = False  # issue 32: it tells something lasting about someone; kept apart, never forgotten
 
     def bent(self, temperament: Temperament) -> Felt:
         """Mechanism 60: the temperament's bend (neutral by default: only clamped)."""
         valence, intensity = bend(self.valence, self.intensity, temperament)
-        return Felt(self.feeling, self.conclusion, valence, intensity)
+        return Felt(self.feeling, self.conclusion, valence, intensity, self.lasting)
 
 
 def read_appraisal(answer: dict[str, Any] | None) -> Felt | None:
@@ -72,7 +76,8 @@ def read_appraisal(answer: dict[str, Any] | None) -> Felt | None:
         return None
     if not _number(valence) or not _number(intensity):
         return None
-    return Felt(feeling.strip(), conclusion.strip(), float(valence), float(intensity))  # type: ignore[arg-type]
+    lasting = answer.get("lasting") is True  # anything but a JSON true is not lasting (issue 32)
+    return Felt(feeling.strip(), conclusion.strip(), float(valence), float(intensity), lasting)  # type: ignore[arg-type]
 
 
 def _number(value: object) -> bool:
@@ -141,7 +146,7 @@ def encoding(
     record = NewRecord(
         author=_cut(person, MAX_AUTHOR_CHARS), author_id=_id(person_id), feeling=_cut(felt.feeling, MAX_FEELING_CHARS),
         conclusion=_cut(felt.conclusion, MAX_CONCLUSION_CHARS), valence=felt.valence, intensity=felt.intensity,
-        vector=record_vector,
+        vector=record_vector, lasting=felt.lasting,
     )  # fmt: skip
     echo = strongest_echo(felt, associations)
     restore = [Restore(record_id=echo.id, toward=felt.intensity)] if echo is not None else []  # mechanism 65
@@ -149,7 +154,12 @@ def encoding(
 
 
 def joins(felt: Felt, living: str | None, living_valence: float | None) -> bool:
-    """Mechanism 64 (subtle point 8): same sign as the living record (zero counts as positive)."""
+    """Mechanism 64 (subtle point 8): same sign as the living record (zero counts as positive).
+
+    Departure from the seed (issue 32, docs/memory.md "Keeping"): a lasting moment never joins; it opens a
+    record of its own that is kept, so it does not share the fate of the small talk around it."""
+    if felt.lasting:
+        return False
     return living is not None and living_valence is not None and same_sign(felt.valence, living_valence)
 
 

@@ -125,13 +125,15 @@ def read_plan(answer: dict[str, Any] | None) -> list[Proposed]:
 
 
 def protected(record: RecordView) -> bool:
-    """Mechanism 113: constructs and given records are never absorbed (nor forgotten)."""
-    return record.kind == "construct" or record.origin == "given"
+    """Mechanism 113: constructs and given records are never absorbed (nor forgotten); nor are kept
+    records, what someone told the imp that lasts (issue 32, a departure from the seed)."""
+    return record.kind == "construct" or record.origin in ("given", "kept")
 
 
 def may_anchor(record: RecordView, intensity: float, params: Params = DEFAULTS) -> bool:
-    """Mechanism 108: not a construct, stored intensity ≥ 0.4; a given record may anchor (113)."""
-    return record.kind != "construct" and intensity >= params.anchor_minimum
+    """Mechanism 108: not a construct, stored intensity ≥ 0.4; a given record may anchor (113). A kept
+    record may not (issue 32): folding small talk into it would keep the small talk for ever."""
+    return record.kind != "construct" and record.origin != "kept" and intensity >= params.anchor_minimum
 
 
 def may_join(member: RecordView, intensity: float, anchor: RecordView, anchor_intensity: float) -> bool:
@@ -197,6 +199,8 @@ def _mark(prompts: Prompts, model: str | None, record: RecordView) -> str:
         return " — " + prompts.render("night.protected_construct", model)
     if record.origin == "given":
         return " — " + prompts.render("night.protected_given", model)
+    if record.origin == "kept":
+        return " — " + prompts.render("night.protected_kept", model)
     return ""
 
 

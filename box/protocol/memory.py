@@ -39,7 +39,7 @@ RecordKind = Literal["lived", "construct"]
 BOTH_KINDS: tuple[RecordKind, ...] = ("lived", "construct")
 LIVED_ONLY: tuple[RecordKind, ...] = ("lived",)
 ConstructKind = Literal["thought", "belief", "decision", "goal", "dream"]
-Origin = Literal["lived", "given"]
+Origin = Literal["lived", "given", "kept"]  # kept: a lasting moment, never forgotten by age (issue 32)
 
 
 def _finite(vector: list[float]) -> list[float]:
@@ -183,11 +183,14 @@ class NewRecord(FromBox):
     vector: Vector | None = (
         None  # None when the embedding failed: the record is kept, never recalled by meaning
     )
+    lasting: bool = False  # issue 32: something lasting about someone; stored with origin "kept"
 
     @model_validator(mode="after")
     def _construct_has_kind(self) -> NewRecord:
         if (self.kind == "construct") != (self.construct_kind is not None):
             raise ValueError("a construct names its kind, and only a construct does")
+        if self.lasting and self.kind != "lived":
+            raise ValueError("only a lived moment may be lasting")
         return self
 
 

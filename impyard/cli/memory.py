@@ -274,7 +274,7 @@ def show_records(out: Output, views: Sequence[RecordView], *, empty: str, title:
         rows.append(
             (
                 view.id[:12], escape(getattr(view, "scope", "?")), _ago(view.last_felt, now),
-                escape(view.author) + (" [dim](given)[/]" if view.origin == "given" else ""),
+                escape(view.author) + (f" [dim]({view.origin})[/]" if view.origin in ("given", "kept") else ""),
                 f"{feeling}{_feels(view)}", f"{view.felt:.2f}" + (f" [dim]score {view.score:.2f}[/]" if view.score is not None else ""),
                 escape(text),
             )

@@ -386,8 +386,10 @@ _IMP_TABLES = (
 
 
 def protected(kind: str, origin: str) -> bool:
-    """Mechanism 113: constructs and given records are never absorbed and never forgotten."""
-    return kind == "construct" or origin == "given"
+    """Mechanism 113: constructs and given records are never absorbed and never forgotten. Nor are kept
+    records (issue 32, a departure from the seed: docs/memory.md "Keeping"): what someone told the imp that
+    a friend would still know months on is not lost with the small talk around it."""
+    return kind == "construct" or origin in ("given", "kept")
 
 
 def anchor_refusal(
@@ -398,6 +400,8 @@ def anchor_refusal(
     may anchor)."""
     if kind == "construct":
         return "a construct"
+    if origin == "kept":  # issue 32: small talk folded into a kept record would never fade
+        return "kept"
     if intensity < params.anchor_minimum:
         return f"weaker than {params.anchor_minimum:g}"
     return None
@@ -2044,7 +2048,8 @@ class ScopedMemory:
                 new = params.record
                 record_id = store._insert_record(
                     conn, imp=self.imp, scope=writes, gen=gens[writes], kind=new.kind,
-                    construct_kind=new.construct_kind, origin="lived", author=new.author, author_id=new.author_id,
+                    construct_kind=new.construct_kind, origin="kept" if new.lasting else "lived",  # issue 32
+                    author=new.author, author_id=new.author_id,
                     feeling=new.feeling, conclusion=new.conclusion, valence=new.valence, intensity=new.intensity,
                     happened_at=now, last_felt=now, vector=new.vector, now=now,
                 )  # fmt: skip
