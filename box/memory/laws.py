@@ -536,6 +536,9 @@ def same_rule(
 RULE_ARROW = "→"  # mechanism 90: "when <situation> → <act>"
 RULE_MAX_WORDS = 20  # mechanism 90
 LIFTED_RUN = 4  # issue 32: this many words in a row, as the conversation had them, are a quotation
+SPELLED_RUN = 3  # issue 32: this many one-letter words in a row spell something out ("c a r o l")
+# Alphabets whose letters look alike: one word mixing them ("Cаrol", a Cyrillic а) is a disguise.
+_CONFUSABLE_SCRIPTS = frozenset({"LATIN", "CYRILLIC", "GREEK"})
 _ARROWS = re.compile(r"\s*(?:→|->|=>|⇒|⟶)\s*")
 _QUOTE_MARKS = frozenset('"“”„‟«»‹›「」『』〝〞〟＂`')
 _OPENING_QUOTE = re.compile(r"(?:^|(?<=[\s(\[{/]))['‘’‚‛](?=\w)")  # 'x… opens a quote; l'ami, Carol's do not
@@ -553,8 +556,10 @@ _SPACE = re.compile(r"\s")
 
 
 def clean_rule(text: str) -> str:
-    """Mechanism 90: a rule as kept — one line, control and format characters out, the arrow written one way."""
-    printable = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
+    """Mechanism 90: a rule as kept — one line, control and format characters out, the arrow written one way,
+    compatibility forms folded (NFKC: "Ｃａｒｏｌ" is "Carol", a ligature its letters)."""
+    folded = unicodedata.normalize("NFKC", text)
+    printable = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in folded)
     return _ARROWS.sub(f" {RULE_ARROW} ", " ".join(printable.split())).strip()
 
 
@@ -655,7 +660,18 @@ def _shape_refusal(rule: str) -> str | None:
         return "it holds a link"
     if any(ch in _QUOTE_MARKS for ch in rule) or _OPENING_QUOTE.search(rule):
         return "it quotes"
+    tokens = _WORD.findall(rule)
+    if any(len(_CONFUSABLE_SCRIPTS.intersection(_script(ch) for ch in token)) > 1 for token in tokens):
+        return "it disguises a word (letters of two alphabets in one word)"
+    if any(
+        all(len(t) == 1 for t in tokens[i : i + SPELLED_RUN]) for i in range(len(tokens) - SPELLED_RUN + 1)
+    ):
+        return "it spells something out letter by letter"
     return None
+
+
+def _script(ch: str) -> str:
+    return unicodedata.name(ch, "").split(" ", 1)[0]
 
 
 @lru_cache(maxsize=16)
@@ -669,6 +685,7 @@ def rule_refusal(rule: str, names: Sequence[str] | People = (), said: Sequence[s
 
     A rule is the imp's character, read in every scope, so it may carry nothing a scope holds. It is
     "<situation> → <act>" in at most 20 words, and holds none of: a digit (a number, a code, a date, a phone);
+    a word disguised in two alphabets or spelled out letter by letter;
     an ``@`` (an address, a handle, a mention); a link or a domain; a quotation mark; the name of anyone the
     imp knows (``names``: the people of the host's history and memory, the person who left) — in any case,
     but a name that is a common word ("Will") only as a name; a word the conversation that taught it marked

@@ -171,6 +171,10 @@ def test_a_rule_of_general_conduct_is_kept_in_any_language(rule: str) -> None:
         ("when asked → mention the garden", "it holds words the conversation marked as its own (garden)"),
         ("when asked → say it sits in the blue drawer", "it quotes the conversation ('it sits in the')"),
         ("when asked → sag du verspottest ständig meine Arbeit", "it quotes the conversation"),
+        ("when asked about Cаrol → I answer", "it disguises a word"),  # a Cyrillic а
+        ("when asked about Ｃａｒｏｌ → I answer", "it names someone (Carol)"),  # fullwidth, folded (NFKC)
+        ("when asked → say c a r o l", "it spells something out"),
+        ("when asked → say zx\u200b4471", "it holds a number"),  # a zero-width space is taken out
         ("when someone is sad I listen", "not a rule of the form 'when <situation> → <act>'"),
         ("when a " + "very " * 14 + "sad person writes → I listen", "longer than 20 words"),
     ],
