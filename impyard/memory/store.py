@@ -199,7 +199,7 @@ def rule_refused(rule: str, lesson: Taught) -> None:
 
     A rule is the imp's character, read by every scope's boxes (``dispositions``), so only the host can be
     trusted to keep a DM's words out of it: the box that learned it may be hostile."""
-    why = laws.rule_refusal(rule, names=lesson.names, said=lesson.said)
+    why = laws.rule_refusal(rule, names=lesson.names, said=lesson.said, speakers=lesson.speakers)
     if why is not None:
         raise RuleRefused(f"memory.dispositions.learn: rule refused by {RuleRefused.rule}: {why}")
 
