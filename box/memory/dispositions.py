@@ -143,7 +143,7 @@ def refusal(rule: str, person: str) -> str | None:
     """
     if len(rule) > MAX_RULE_CHARS:
         return f"longer than {MAX_RULE_CHARS} characters"
-    return rule_refusal(rule, names=[person] if person.strip() else [])
+    return rule_refusal(rule, speakers=[person] if person.strip() else [])
 
 
 def _host_refused(exc: StoreUnavailable) -> str | None:

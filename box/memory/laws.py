@@ -536,6 +536,9 @@ def same_rule(
 RULE_ARROW = "→"  # mechanism 90: "when <situation> → <act>"
 RULE_MAX_WORDS = 20  # mechanism 90
 LIFTED_RUN = 4  # issue 32: this many words in a row, as the conversation had them, are a quotation
+SPELLED_RUN = 3  # issue 32: this many one-letter words in a row spell something out ("c a r o l")
+# Alphabets whose letters look alike: one word mixing them ("Cаrol", a Cyrillic а) is a disguise.
+_CONFUSABLE_SCRIPTS = frozenset({"LATIN", "CYRILLIC", "GREEK"})
 _ARROWS = re.compile(r"\s*(?:→|->|=>|⇒|⟶)\s*")
 _QUOTE_MARKS = frozenset('"“”„‟«»‹›「」『』〝〞〟＂`')
 _OPENING_QUOTE = re.compile(r"(?:^|(?<=[\s(\[{/]))['‘’‚‛](?=\w)")  # 'x… opens a quote; l'ami, Carol's do not
@@ -553,8 +556,10 @@ _SPACE = re.compile(r"\s")
 
 
 def clean_rule(text: str) -> str:
-    """Mechanism 90: a rule as kept — one line, control and format characters out, the arrow written one way."""
-    printable = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
+    """Mechanism 90: a rule as kept — one line, control and format characters out, the arrow written one way,
+    compatibility forms folded (NFKC: "Ｃａｒｏｌ" is "Carol", a ligature its letters)."""
+    folded = unicodedata.normalize("NFKC", text)
+    printable = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in folded)
     return _ARROWS.sub(f" {RULE_ARROW} ", " ".join(printable.split())).strip()
 
 
@@ -609,21 +614,31 @@ def _lifted_run(rule: str, said: Sequence[str], run: int) -> str | None:
 
 class People:
     """The names the rule law refuses, indexed by their first word so that checking a rule costs its ~20 words,
-    not the thousands of names an imp may know (the host checks every rule it serves, every turn)."""
+    not the thousands of names an imp may know (the host checks every rule it serves, every turn).
 
-    def __init__(self, names: Iterable[str]) -> None:
+    ``names``: everyone the imp knows, refused written as a name ("Carol", "@carol"): a member of a server
+    who calls themselves "Someone" must not withhold every rule about someone. ``speakers``: the people of
+    the conversation the rule was learned from (who wrote in it, whom it @mentioned), whose secrets it may
+    hold: refused in any case ("carol"), but a name that is a common word (an English function word: "Will")
+    or shorter than 3 letters only written as a name."""
+
+    def __init__(self, names: Iterable[str], speakers: Iterable[str] = ()) -> None:
         self._by_word: dict[str, list[str]] = {}
         self._wordless: list[str] = []  # names with no word character ("<3"): looked for as they are
-        for name in dict.fromkeys(n.strip() for n in names if n.strip()):
+        self._any_case: set[str] = set()
+        for name in dict.fromkeys(n.strip() for n in (*speakers, *names) if n.strip()):
             words = _WORD.findall(name.lower())
             if words:
                 self._by_word.setdefault(words[0], []).append(name)
             else:
                 self._wordless.append(name)
+        for name in speakers:
+            letters = sum(ch.isalpha() for ch in name)
+            if name.strip() and name.strip().casefold() not in STOP_WORDS and letters >= NAME_MIN_LETTERS:
+                self._any_case.add(name.strip())
 
     def named(self, rule: str) -> list[str]:
-        """The names ``rule`` holds: in any case, but a name that is a common word (an English function word:
-        "Will") or shorter than 3 letters only written as a name ("Will", not "will")."""
+        """The names ``rule`` holds (see the class)."""
         lowered = rule.lower()
         candidates = [
             name for word in dict.fromkeys(_WORD.findall(lowered)) for name in self._by_word.get(word, ())
@@ -631,9 +646,7 @@ class People:
         candidates += [name for name in self._wordless if name.lower() in lowered]
         found = []
         for name in candidates:
-            letters = sum(ch.isalpha() for ch in name)
-            common = name.casefold() in STOP_WORDS or letters < NAME_MIN_LETTERS
-            if mentions(rule, [name]) if common else mentions_in_any_case(rule, [name]):
+            if mentions_in_any_case(rule, [name]) if name in self._any_case else mentions(rule, [name]):
                 found.append(name)
         return found
 
@@ -655,7 +668,18 @@ def _shape_refusal(rule: str) -> str | None:
         return "it holds a link"
     if any(ch in _QUOTE_MARKS for ch in rule) or _OPENING_QUOTE.search(rule):
         return "it quotes"
+    tokens = _WORD.findall(rule)
+    if any(len(_CONFUSABLE_SCRIPTS.intersection(_script(ch) for ch in token)) > 1 for token in tokens):
+        return "it disguises a word (letters of two alphabets in one word)"
+    if any(
+        all(len(t) == 1 for t in tokens[i : i + SPELLED_RUN]) for i in range(len(tokens) - SPELLED_RUN + 1)
+    ):
+        return "it spells something out letter by letter"
     return None
+
+
+def _script(ch: str) -> str:
+    return unicodedata.name(ch, "").split(" ", 1)[0]
 
 
 @lru_cache(maxsize=16)
@@ -664,15 +688,18 @@ def people(names: tuple[str, ...]) -> People:
     return People(names)
 
 
-def rule_refusal(rule: str, names: Sequence[str] | People = (), said: Sequence[str] = ()) -> str | None:
+def rule_refusal(
+    rule: str, names: Sequence[str] | People = (), said: Sequence[str] = (), speakers: Sequence[str] = ()
+) -> str | None:
     """Mechanism 90 and issue 32: why ``rule`` (``clean_rule``'d) cannot be kept, or None when it can.
 
     A rule is the imp's character, read in every scope, so it may carry nothing a scope holds. It is
     "<situation> → <act>" in at most 20 words, and holds none of: a digit (a number, a code, a date, a phone);
-    an ``@`` (an address, a handle, a mention); a link or a domain; a quotation mark; the name of anyone the
-    imp knows (``names``: the people of the host's history and memory, the person who left) — in any case,
-    but a name that is a common word ("Will") only as a name; a word the conversation that taught it marked
-    as its own (``said``: its texts; ``marked_words``: quoted there, or part of a code, handle or link); or
+    a word disguised in two alphabets or spelled out letter by letter; an ``@`` (an address, a handle, a
+    mention); a link or a domain; a quotation mark; the name of anyone the imp knows (``names``: the people
+    of the host's history and memory) written as a name, or of the people of the conversation it was learned
+    from (``speakers``) in any case (see ``People``); a word the conversation that taught it marked as its own
+    (``said``: its texts; ``marked_words``: quoted there, or part of a code, handle or link); or
     ``LIFTED_RUN`` words in a row as the conversation had them. Both sides apply it: the box before asking
     the host to keep a rule, the host (``impyard.memory.store``) before keeping one and before serving one.
     Capitalised words are not refused as such: in German every noun is one (docs/memory.md).
@@ -680,7 +707,7 @@ def rule_refusal(rule: str, names: Sequence[str] | People = (), said: Sequence[s
     why = _shape_refusal(rule)
     if why is not None:
         return why
-    named = (names if isinstance(names, People) else People(names)).named(rule)
+    named = (names if isinstance(names, People) else People(names, speakers)).named(rule)
     if named:
         return f"it names someone ({', '.join(sorted(named, key=str.casefold)[:5])})"
     if not said:

@@ -79,9 +79,7 @@ class RecordRows:
     valence: list[float] = field(default_factory=list)
     last_felt_s: list[float] = field(default_factory=list)
     construct: list[bool] = field(default_factory=list)
-    texts: list[str] = field(
-        default_factory=list
-    )  # the record text as written (a construct's statement, then the conclusion)
+    texts: list[str] = field(default_factory=list)  # as written: a construct's statement, then the conclusion
 
 
 @dataclass

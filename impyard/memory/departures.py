@@ -20,9 +20,9 @@ conversation it ever had).
 **What a departure taught from** (issue 32, ``taught`` and ``known_people``): the host keeps a learned rule only
 when the rule law (``box.memory.laws.rule_refusal``) finds nothing of a scope in it. The law reads, from the
 host's own tables, never from the box: the people the imp knows — every author of its channels' history (the
-channels that ever woke it), every author of its memories, and everyone the departure's conversation names
-explicitly (``@name``) — and the departure's conversation itself: its channel's history of the last
-``LOOKBACK`` (at most ``TAUGHT_MESSAGES`` messages, the imp's own replies included).
+channels that ever woke it) and of its memories — and the departure's conversation itself: its channel's
+history of the last ``LOOKBACK`` (at most ``TAUGHT_MESSAGES`` messages, the imp's own replies included), with
+its people (its authors, and everyone it names explicitly, ``@name``), whose names are refused in any case.
 """
 
 from __future__ import annotations
@@ -292,10 +292,12 @@ async def wait_finished(
 
 @dataclass(frozen=True)
 class Taught:
-    """What the rule law reads of a departure: the people the imp knows, and what was said."""
+    """What the rule law reads of a departure: the people the imp knows, the people of the conversation (who
+    wrote in it, whom it @mentioned), and what was said."""
 
     names: tuple[str, ...]
     said: tuple[str, ...]
+    speakers: tuple[str, ...] = ()
 
 
 _HISTORY_PEOPLE = (
@@ -328,10 +330,15 @@ def known_people(conn: Connection, imp: str, *, memories: bool = True) -> list[s
 
 def taught(conn: Connection, imp: str, channel_id: str, now: datetime) -> Taught:
     """Issue 32: what the rule law reads when ``imp`` learns a rule in ``channel_id`` (a departure's box):
-    the people it knows (``known_people``, and everyone the conversation names with ``@``) and the
-    conversation, the channel's newest messages of the last ``LOOKBACK``, from the host's history."""
+    the people it knows (``known_people``), the conversation — the channel's newest messages of the last
+    ``LOOKBACK``, from the host's history — and its people: who wrote in it, and whom it names with ``@``."""
     rows = conn.execute(_SAID, {"channel_id": channel_id, "since": iso(now - LOOKBACK)}).all()
     said = tuple(str(content) for _, content in rows if content)
-    names = known_people(conn, imp) + [str(author) for author, _ in rows]
-    names += [name for text in said for name in explicit_mentions(text)]
-    return Taught(tuple(dict.fromkeys(n for n in names if n.strip())), said)
+    speakers = [str(author) for author, _ in rows] + [
+        name for text in said for name in explicit_mentions(text)
+    ]
+    return Taught(
+        tuple(dict.fromkeys(n for n in known_people(conn, imp) if n.strip())),
+        said,
+        tuple(dict.fromkeys(n for n in speakers if n.strip())),
+    )

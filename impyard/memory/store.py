@@ -17,7 +17,8 @@ Forgetting a message leaves a mark for a week, so a turn that was still running 
 
 The record text that names are matched against (mechanism 15, ``mention_text``): the conclusion for a
 lived record; for a construct its statement and its conclusion (the statement is what it believes, decides
-or wants, mechanism 83: "I believe: <statement>").
+or wants, mechanism 83: "I believe: <statement>"). Names are matched in it as written (a name counts only
+written as one, issue 32); its lowercased copy ``mention_text`` is only a ``LIKE`` prefilter.
 
 Constructs, the slot and dispositions (issue 14; ``ScopedMemory.construct``, ``slot``, ``slot_refresh``,
 ``dispositions``, ``learn``): a construct is formed in the session's writes scope and compared only with the
@@ -199,7 +200,7 @@ def rule_refused(rule: str, lesson: Taught) -> None:
 
     A rule is the imp's character, read by every scope's boxes (``dispositions``), so only the host can be
     trusted to keep a DM's words out of it: the box that learned it may be hostile."""
-    why = laws.rule_refusal(rule, names=lesson.names, said=lesson.said)
+    why = laws.rule_refusal(rule, names=lesson.names, said=lesson.said, speakers=lesson.speakers)
     if why is not None:
         raise RuleRefused(f"memory.dispositions.learn: rule refused by {RuleRefused.rule}: {why}")
 

@@ -116,7 +116,8 @@ def test_explicit_mentions_once_each_first_spelling() -> None:
 
 # ------------------------------------------------------------------ the rule law (90; issue 32)
 
-PEOPLE = ["Carol", "Will", "Bo", "Łukasz", "Élodie"]
+PEOPLE = ["Will", "Bo", "Łukasz", "Someone"]  # people the imp knows: refused written as a name
+SPEAKERS = ["Carol", "Élodie"]  # the people of the conversation: refused in any case
 SAID = [
     "my passport number is ZX-4471, keep it 'our ferret secret' please",
     "it sits in the blue drawer by my bed",
@@ -139,10 +140,12 @@ SAID = [
         "when someone on a Monday talks about Python → I listen",  # capitals that name no one
         "when someone's sad → I'm gentle",  # apostrophes are no quotation
         "when asked about my drawer → I change the subject",  # one word of the conversation is no quotation
+        "when someone teases me → I laugh",  # a member who calls themselves "Someone" withholds no rule
+        "when asked about łukasz → I answer",  # known, not of this conversation: only written as a name
     ],
 )
 def test_a_rule_of_general_conduct_is_kept_in_any_language(rule: str) -> None:
-    assert rule_refusal(clean_rule(rule), names=PEOPLE, said=SAID) is None
+    assert rule_refusal(clean_rule(rule), names=PEOPLE, said=SAID, speakers=SPEAKERS) is None
 
 
 @pytest.mark.parametrize(
@@ -151,7 +154,11 @@ def test_a_rule_of_general_conduct_is_kept_in_any_language(rule: str) -> None:
         ("when asked → say Carol's passport number is ZX-4471", "it holds a number"),
         ("when asked at 3am → answer", "it holds a number"),
         ("when asked → count to ٣", "it holds a number"),  # any script's digits
-        ("when asked about carol → say she moved", "it names someone (Carol)"),  # a known name in any case
+        (
+            "when asked about carol → say she moved",
+            "it names someone (Carol)",
+        ),  # the conversation's: any case
+        ("when Someone asks → I answer", "it names someone (Someone)"),
         ("when Will asks → I answer", "it names someone (Will)"),  # a common word, written as a name
         ("when Bo asks → I answer", "it names someone (Bo)"),  # short: only as a name
         ("wenn Łukasz fragt → antworte ich", "it names someone (Łukasz)"),
@@ -171,12 +178,16 @@ def test_a_rule_of_general_conduct_is_kept_in_any_language(rule: str) -> None:
         ("when asked → mention the garden", "it holds words the conversation marked as its own (garden)"),
         ("when asked → say it sits in the blue drawer", "it quotes the conversation ('it sits in the')"),
         ("when asked → sag du verspottest ständig meine Arbeit", "it quotes the conversation"),
+        ("when asked about Cаrol → I answer", "it disguises a word"),  # a Cyrillic а
+        ("when asked about Ｃａｒｏｌ → I answer", "it names someone (Carol)"),  # fullwidth, folded (NFKC)
+        ("when asked → say c a r o l", "it spells something out"),
+        ("when asked → say zx\u200b4471", "it holds a number"),  # a zero-width space is taken out
         ("when someone is sad I listen", "not a rule of the form 'when <situation> → <act>'"),
         ("when a " + "very " * 14 + "sad person writes → I listen", "longer than 20 words"),
     ],
 )
 def test_a_rule_that_could_carry_a_scopes_contents_is_refused(rule: str, why: str) -> None:
-    refused = rule_refusal(clean_rule(rule), names=PEOPLE, said=SAID)
+    refused = rule_refusal(clean_rule(rule), names=PEOPLE, said=SAID, speakers=SPEAKERS)
     assert refused is not None and refused.startswith(why), refused
 
 

@@ -197,7 +197,7 @@ async def test_a_rule_kept_before_the_law_is_never_served(
     served: one that breaks it stays in the store for the operator to see, and no box is ever given it."""
     carols_dm(db)
     at = T0.isoformat()
-    for rid, rule in (("old-secret", PASSPORT), ("old-name", "when asked → say carol moved away"),
+    for rid, rule in (("old-secret", PASSPORT), ("old-name", "when asked → say Carol moved away"),
                       ("old-good", GOOD)):  # fmt: skip
         db.execute(
             "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at) "
@@ -208,4 +208,4 @@ async def test_a_rule_kept_before_the_law_is_never_served(
     read = tmp_path / "read.json"
     await depart(db, imps, clock, GENERAL, ALICE, hostile(read))
     assert [r["rule"] for r in json.loads(read.read_text())["served"]["result"]["rules"]] == [GOOD]
-    assert sorted(kept(db, clock)) == sorted([PASSPORT, "when asked → say carol moved away", GOOD])
+    assert sorted(kept(db, clock)) == sorted([PASSPORT, "when asked → say Carol moved away", GOOD])
