@@ -7,8 +7,11 @@ subtle points 2, 4, 5):
 * **involuntary** — embed the words, search, collapse rumination (18), let candidates felt at ≥ 0.5
   pass (19), ask the association filter about the rest with room max(1, 4 − passed) (20, 21), then
   drop what is already in the focus (22). No filter call when nothing is below the floor.
-* **deliberate** — a search the imp makes (23): search, collapse, drop the focus, keep only records of
-  a person the query names (24; none left: empty, no filter call), then the filter with room 4.
+* **deliberate** — a search the imp makes (23): search, collapse, keep only records of a person the query
+  names (24; none left: empty, no filter call), then the filter with room 4 (plus one for each candidate
+  already in the focus). What the filter keeps that is in the focus does not come to mind again (22), but
+  it is found: ``Recalled.in_view`` (issue 32, finding 6 — a search never reports "no memory" of what the
+  imp holds in view).
 * **plain** (29), **about_person** (28), **own_of_kind** (27), **knows** (25) — the primitives of the
   probes and of arrival (issue II).
 
@@ -60,6 +63,9 @@ class Recalled:
     asks_for_own: ConstructKind | None = None  # mechanism 21
     filter_called: bool = False  # subtle point 2: False when nothing was below the floor
     embedded: bool = True  # False: the embedding failed, so nothing could be recalled
+    # A deliberate search only: what it found that is already in this conversation's focus. Such a record
+    # does not come to mind again (22), but the search found it and says so (issue 32, finding 6).
+    in_view: list[RecordView] = field(default_factory=list)
 
     @property
     def lived(self) -> list[RecordView]:
@@ -142,18 +148,31 @@ class Recall:
         return recalled
 
     async def deliberate(self, query: str, person: str | None, exclude: Collection[str]) -> Recalled:
-        """Mechanisms 23-24: a search the imp asked for; only what the filter keeps is found."""
+        """Mechanisms 23-24: a search the imp asked for; only what the filter keeps is found.
+
+        ``exclude`` is the focus (22): a kept record in it does not come to mind again (``records``), but it
+        is reported as found in view (``in_view``), never dropped into "nothing found" (issue 32, finding
+        6: two turns after "my dog is called Rex", "do you remember my dog's name?" found nothing while the
+        record sat in the imp's state). Candidates in the focus widen the filter's room by one each, so
+        they never crowd out a memory from before this conversation.
+        """
         vector = await self.embedder.embed(query)
         if vector is None:
             return Recalled(embedded=False)
-        candidates = [c for c in await self._search(vector, names_in(query, person)) if c.id not in exclude]
+        candidates = await self._search(vector, names_in(query, person))
         names = query_names(query, person)
         if names:
             candidates = restricted_to(candidates, names)  # mechanism 24
         if not candidates:
             return Recalled()  # empty, and no filter call
-        verdict = await self.filter.choose(query, candidates, DELIBERATE_ROOM)
-        return Recalled(records=_kept(candidates, verdict), filter_called=True)
+        in_focus = sum(1 for c in candidates if c.id in exclude)
+        verdict = await self.filter.choose(query, candidates, DELIBERATE_ROOM + in_focus)
+        kept = _kept(candidates, verdict)
+        return Recalled(
+            records=[r for r in kept if r.id not in exclude],  # mechanism 22
+            in_view=[r for r in kept if r.id in exclude],
+            filter_called=True,
+        )
 
     async def plain(self, query: str) -> list[RecordView]:
         """Mechanism 29: the nearest records, unfiltered, focus not excluded."""
