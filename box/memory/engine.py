@@ -204,7 +204,14 @@ class ChatMemory:
             return []
         lines = [ctx.memory_line(self.prompts, turn.reply_model, r, turn.scene) for r in found[:limit]]
         in_view = turn.searches[-1].in_view if turn.searches else ()
-        lines += [ctx.in_view_line(self.prompts, turn.reply_model, r) for r in in_view]  # issue 32, finding 6
+        lines += [  # issue 32, finding 6: what this conversation holds is found too
+            self.prompts.render(
+                "search.tool_in_view",
+                turn.reply_model,
+                line=ctx.in_view_line(self.prompts, turn.reply_model, r),
+            )
+            for r in in_view
+        ]
         return lines[:limit]
 
     async def record_event(self, channel_id: str, text: str) -> None:

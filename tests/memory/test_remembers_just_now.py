@@ -116,3 +116,41 @@ def test_a_fact_told_two_turns_ago_is_remembered_not_denied(fake: FakeOpenAI, im
     assert "What this conversation holds (FOCUS) you remember, from just now." in rules
     assert "never claim to remember what you cannot find" not in rules
     assert json.dumps(asked[-1].body).count(QUESTION) >= 1
+
+
+# ------------------------------------------------------------------ the search tool, in the real box's engine
+
+
+@pytest.mark.anyio
+async def test_the_search_tool_answers_from_this_conversation_too(tmp_path: Path) -> None:
+    """The responder's ``search`` tool (box/tools.py) reads ``MemoryEngine.search``: what this conversation
+    holds comes back as remembered from just now, where it used to be "nothing found in memory"."""
+    from tests.memory.engine_kit import Kit, appraisal, facts, verdict
+
+    def appraise_kit(call: object) -> dict[str, object]:
+        happened = str(getattr(call, "user", "")).split("WHAT JUST HAPPENED", 1)[-1]
+        if "Rex" in happened:
+            return appraisal(feeling="warm interest", conclusion="Ann's dog is called Rex.", valence=0.6)
+        return appraisal(feeling="mild gloom", conclusion="Ann finds the rain dreary.", valence=-0.3)
+
+    def choose_kit(call: object) -> dict[str, object]:
+        memories = str(getattr(call, "user", "")).split("THE MEMORIES", 1)[-1]
+        shown = [line for line in memories.splitlines() if re.match(r"^\[\d+\]", line)]
+        return verdict(keep=[n for n, line in enumerate(shown, start=1) if "dog" in line.lower()])
+
+    kit = Kit(tmp_path)
+    try:
+        kit.model.defaults["appraisal"] = appraise_kit
+        kit.model.defaults["filter"] = choose_kit
+        async with kit.box() as box:
+            await box.say("My dog is called Rex.")
+            await box.say("Such dreary rain today.")
+        engine = kit.engine()  # the same channel: the same conversation, its focus loaded from the store
+        await engine.begin(facts("what was my dog called?", message_id="m9", now=kit.clock.now()))
+        lines = await engine.search("my dog", 5)
+    finally:
+        kit.close()
+    assert lines == [
+        "from just now, in this conversation: Ann's dog is called Rex. "
+        "(Ann said: My dog is called Rex. / pip replied: hello)"
+    ]
