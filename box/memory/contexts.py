@@ -42,6 +42,16 @@ def construct_statement(record: RecordView) -> str:
     return f"{verb}: {record.statement or record.conclusion}"
 
 
+def gist(record: RecordView) -> str:
+    """What a record says: a lived record's conclusion; a construct's statement (83) before its conclusion,
+    so a filter or a search line that shows a belief shows what is believed (a construct formed with no
+    conclusion was shown as nothing at all)."""
+    if record.kind != "construct":
+        return record.conclusion
+    conclusion = record.conclusion.strip()
+    return construct_statement(record) + (f" {conclusion}" if conclusion else "")
+
+
 @dataclass(frozen=True)
 class Scene:
     """The present every context describes (mechanisms 1, 2, 9)."""
@@ -163,7 +173,7 @@ def memory_line(prompts: Prompts, model: str | None, record: RecordView, scene: 
     """A recalled record, retold, its feeling in words at the strength felt now (mechanisms 12, 40)."""
     return prompts.render(
         "memory.entry", model, valence=valence_words(record.valence), strength=strength_words(record.felt),
-        feeling=cut(record.feeling, 200), conclusion=cut(record.conclusion, 600), tag=tag(prompts, model, record, scene),
+        feeling=cut(record.feeling, 200), conclusion=cut(gist(record), 600), tag=tag(prompts, model, record, scene),
         age=age_words(record.happened_at, scene.now, scene.timezone),
         events=_events(prompts, model, record.episodes, scene),
     )  # fmt: skip
@@ -440,7 +450,7 @@ def filter_user(
                 valence=valence_words(record.valence),
                 strength=strength_words(record.intensity),
                 feeling=cut(record.feeling, 200),
-                conclusion=cut(record.conclusion, 600),
+                conclusion=cut(gist(record), 600),
                 age=age_words(record.happened_at, now, tz),
                 events=events,
             )  # fmt: skip

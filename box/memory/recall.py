@@ -94,8 +94,10 @@ def restricted_to(candidates: Sequence[RecordView], names: Sequence[str]) -> lis
 
 
 def _record_text(record: RecordView) -> str:
+    """What a record says, for the names test (24): a construct's statement counts, as the host's name
+    bonus counts it (seed 002: statement + conclusion; a belief naming Rex was never found by "Rex")."""
     events = " ".join(f"{ep.as_happened} {ep.told or ''}" for ep in record.episodes)
-    return f"{record.conclusion} {events}"
+    return f"{record.statement or ''} {record.conclusion} {events}"
 
 
 def _kept(candidates: Sequence[RecordView], verdict: FilterVerdict | None) -> list[RecordView]:

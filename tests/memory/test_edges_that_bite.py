@@ -7,8 +7,13 @@
 * a construct never enters the focus (31, 35): ``focus.py`` ``record.kind != "lived"`` dropped;
 * a candidate felt at exactly 0.5 passes the filter (19): ``recall.py`` ``>=`` made ``>``;
 * an episode must *beat* its record to become the hit (16): the vector cache's ``>`` made ``>=``;
-* and the survivors of a broader pass over ``engine.py``, ``focus.py`` and ``recall.py`` (see the report in
-  docs/memory.md's "Tests that can fail").
+* the survivors of a broader pass over ``engine.py``, ``focus.py`` and ``recall.py`` are killed in
+  tests/memory/test_edges_more.py.
+
+The vector cache's ``>`` alone is an equivalent mutant: the merged list already sorts a record before its
+episodes at equal scores, so an episode that only ties never comes first for its row (checked over 20,000
+random tie-heavy cases). The two guards stand for each other: the test below kills the mutant that removes
+both (the ``>=`` and the order swapped), and pins the rule whichever guard keeps it.
 
 Each through a public surface: the real box program with a scripted model against the host's real memory
 service, or the memory service itself for the host's vector cache.
