@@ -61,7 +61,8 @@ TEMPERATURE_LEARNING = 0.2  # mechanism 90
 TEMPERATURE_CLASSIFICATION = 0.1  # mechanism 94
 TEMPERATURE_SLEEP = 0.3  # mechanism 108
 
-REPLY_RETRIES = 2  # mechanism 46: the reply is asked up to 3 times on bad JSON
+# Mechanism 46 (the reply asked up to 3 times on bad JSON) is the reply path's own: box/attempts.py's
+# MAX_ATTEMPTS (ENV-12, ENV-18). The reply never goes through ``chat_json``.
 JSON_RETRIES = 1  # mechanism 120: every other call is asked once more
 
 BUSY_BACKOFF_S: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 40.0, 60.0)  # mechanism 121

@@ -42,6 +42,16 @@ def construct_statement(record: RecordView) -> str:
     return f"{verb}: {record.statement or record.conclusion}"
 
 
+def gist(record: RecordView) -> str:
+    """What a record says: a lived record's conclusion; a construct's statement (83) before its conclusion,
+    so a filter or a search line that shows a belief shows what is believed (a construct formed with no
+    conclusion was shown as nothing at all)."""
+    if record.kind != "construct":
+        return record.conclusion
+    conclusion = record.conclusion.strip()
+    return construct_statement(record) + (f" {conclusion}" if conclusion else "")
+
+
 @dataclass(frozen=True)
 class Scene:
     """The present every context describes (mechanisms 1, 2, 9)."""
@@ -64,6 +74,9 @@ class SearchNote:
     query: str
     found: int
     own_only: bool = False  # a moment probe found no lived moment but the imp's own constructs (6)
+    # What the search found in this conversation's focus: remembered from just now, not "nothing found"
+    # (issue 32, finding 6).
+    in_view: Sequence[RecordView] = ()
 
 
 @dataclass(frozen=True)
@@ -160,7 +173,7 @@ def memory_line(prompts: Prompts, model: str | None, record: RecordView, scene: 
     """A recalled record, retold, its feeling in words at the strength felt now (mechanisms 12, 40)."""
     return prompts.render(
         "memory.entry", model, valence=valence_words(record.valence), strength=strength_words(record.felt),
-        feeling=cut(record.feeling, 200), conclusion=cut(record.conclusion, 600), tag=tag(prompts, model, record, scene),
+        feeling=cut(record.feeling, 200), conclusion=cut(gist(record), 600), tag=tag(prompts, model, record, scene),
         age=age_words(record.happened_at, scene.now, scene.timezone),
         events=_events(prompts, model, record.episodes, scene),
     )  # fmt: skip
@@ -190,6 +203,22 @@ def _evoked_line(prompts: Prompts, model: str | None, entry: FocusEntry, scene: 
 # ------------------------------------------------------------------ the reply's memory block
 
 
+def held_words(total: int) -> str:
+    """Mechanism 3's total, as a person senses the size of their memory: a magnitude in words, never the
+    store's count of records (issue 32, finding 10: "your memory holds 151 records" reached people)."""
+    if total <= 0:
+        return "no memory kept yet"
+    if total == 1:
+        return "one memory in all"
+    if total < 10:
+        return "a handful of memories in all"
+    if total < 100:
+        return "dozens of memories in all"
+    if total < 1_000:
+        return "hundreds of memories in all"
+    return "thousands of memories in all"
+
+
 def attention(prompts: Prompts, model: str | None, view: ReplyView) -> str:
     """Mechanisms 3-6: the counts, "reach for the rest", and each search with its spoken null."""
     count = len(view.state.feelings())
@@ -203,23 +232,43 @@ def attention(prompts: Prompts, model: str | None, view: ReplyView) -> str:
         if view.recalled
         else prompts.render("attention.recalled_none", model)
     )
-    text = prompts.render(
-        "attention", model, state=state, recalled=recalled, total=_plural(view.total, "record", "records")
-    )
+    text = prompts.render("attention", model, state=state, recalled=recalled, total=held_words(view.total))
     if view.searches:
         lines = [search_line(prompts, model, note) for note in view.searches]
         text += "\n" + prompts.render("searches", model, lines="\n".join(lines))
     return text
 
 
+IN_VIEW_SHOWN = 3  # what a search found in this conversation: at most 3 named in its line
+IN_VIEW_CHARS = 300
+
+
+def in_view_line(prompts: Prompts, model: str | None, record: RecordView) -> str:
+    """A record a search found in this conversation's focus: its conclusion and the event that matched
+    (the hit episode, as it happened: it is this conversation's, 40), so the imp reads what it remembers
+    from just now (issue 32, finding 6)."""
+    conclusion = cut(record.conclusion.replace("\n", " "), IN_VIEW_CHARS)
+    hit = record.episodes[0] if record.hit_episode is not None and record.episodes else None
+    if hit is None:
+        return prompts.render("search.in_view.entry", model, conclusion=conclusion)
+    event = cut(hit.as_happened.replace("\n", " / "), IN_VIEW_CHARS)
+    return prompts.render("search.in_view.event", model, conclusion=conclusion, event=event)
+
+
 def search_line(prompts: Prompts, model: str | None, note: SearchNote) -> str:
+    """Mechanisms 5-6. What the search found in view is said to be remembered from just now: a search never
+    reports "no memory" of what this conversation holds (issue 32, finding 6); its null is about what came
+    before this conversation."""
     query = cut(note.query.replace("\n", " "), SEARCH_QUERY_CHARS)  # mechanism 5
+    in_view = "; ".join(in_view_line(prompts, model, r) for r in note.in_view[:IN_VIEW_SHOWN])
     if note.own_only:
         return prompts.render("search.own_only", model, query=query)  # mechanism 6
     if note.found:
-        return prompts.render(
-            "search.found", model, query=query, count=_plural(note.found, "memory", "memories")
-        )
+        also = " " + prompts.render("search.also", model, in_view=in_view) if in_view else ""
+        count = _plural(note.found, "memory", "memories")
+        return prompts.render("search.found", model, query=query, count=count, also=also)
+    if in_view:
+        return prompts.render("search.in_view", model, query=query, in_view=in_view)
     return prompts.render("search.none", model, query=query)
 
 
@@ -401,7 +450,7 @@ def filter_user(
                 valence=valence_words(record.valence),
                 strength=strength_words(record.intensity),
                 feeling=cut(record.feeling, 200),
-                conclusion=cut(record.conclusion, 600),
+                conclusion=cut(gist(record), 600),
                 age=age_words(record.happened_at, now, tz),
                 events=events,
             )  # fmt: skip

@@ -202,7 +202,17 @@ class ChatMemory:
         except StoreUnavailable as exc:
             await self.log("warning", f"memory store unavailable during a search: {exc}")
             return []
-        return [ctx.memory_line(self.prompts, turn.reply_model, r, turn.scene) for r in found[:limit]]
+        lines = [ctx.memory_line(self.prompts, turn.reply_model, r, turn.scene) for r in found[:limit]]
+        in_view = turn.searches[-1].in_view if turn.searches else ()
+        lines += [  # issue 32, finding 6: what this conversation holds is found too
+            self.prompts.render(
+                "search.tool_in_view",
+                turn.reply_model,
+                line=ctx.in_view_line(self.prompts, turn.reply_model, r),
+            )
+            for r in in_view
+        ]
+        return lines[:limit]
 
     async def record_event(self, channel_id: str, text: str) -> None:
         return None  # channel events are history, not moments of a conversation
@@ -572,11 +582,15 @@ class ChatTurn:
 
     async def deliberate(self, query: str, *, moment: bool = False) -> list[RecordView]:
         """A search the imp makes (the action, a probe, the tool): a search of this turn (5) whose finds
-        come to mind (36). For the moment probe, lived and construct finds are counted apart (6, 26)."""
+        come to mind (36). For the moment probe, lived and construct finds are counted apart (6, 26).
+        What it finds in this conversation's focus does not come to mind again (22) but is reported as
+        remembered from just now, never as "nothing found" (issue 32, finding 6)."""
         found = await self.engine.recall.deliberate(query, self.person, self.focus_ids(), self.known)
         self._came_to_mind(found.records)
-        own_only = moment and not found.lived and bool(found.constructs)  # mechanism 6
-        self.searches.append(SearchNote(query, len(found.records), own_only=own_only))
+        own_only = moment and not found.lived and not found.in_view and bool(found.constructs)  # mechanism 6
+        self.searches.append(
+            SearchNote(query, len(found.records), own_only=own_only, in_view=tuple(found.in_view))
+        )
         return found.records
 
     def _read_refeels(self, draft: Envelope) -> None:

@@ -7,9 +7,13 @@ subtle points 2, 4, 5):
 * **involuntary** — embed the words, search, collapse rumination (18), let candidates felt at ≥ 0.5
   pass (19), ask the association filter about the rest with room max(1, 4 − passed) (20, 21), then
   drop what is already in the focus (22). No filter call when nothing is below the floor.
-* **deliberate** — a search the imp makes (23): search, collapse, drop the focus, keep only records of
-  a person the query names (24; none left: empty, no filter call), then the filter with room 4. A name is
-  a person the imp knows or an explicit ``@mention`` (issue 32; ``laws.query_names``), not any capital.
+* **deliberate** — a search the imp makes (23): search, collapse, keep only records of a person the query
+  names (24; none left: empty, no filter call), then the filter with room 4 (plus one for each candidate
+  already in the focus). What the filter keeps that is in the focus does not come to mind again (22), but
+  it is found: ``Recalled.in_view`` (issue 32, finding 6 — a search never reports "no memory" of what the
+  imp holds in view).
+  A name is a person the imp knows or an explicit ``@mention`` (issue 32; ``laws.query_names``), not any
+  capital.
 * **plain** (29), **about_person** (28), **own_of_kind** (27), **knows** (25) — the primitives of the
   probes and of arrival (issue II).
 
@@ -61,6 +65,9 @@ class Recalled:
     asks_for_own: ConstructKind | None = None  # mechanism 21
     filter_called: bool = False  # subtle point 2: False when nothing was below the floor
     embedded: bool = True  # False: the embedding failed, so nothing could be recalled
+    # A deliberate search only: what it found that is already in this conversation's focus. Such a record
+    # does not come to mind again (22), but the search found it and says so (issue 32, finding 6).
+    in_view: list[RecordView] = field(default_factory=list)
 
     @property
     def lived(self) -> list[RecordView]:
@@ -89,8 +96,10 @@ def restricted_to(candidates: Sequence[RecordView], names: Sequence[str]) -> lis
 
 
 def _record_text(record: RecordView) -> str:
+    """What a record says, for the names test (24): a construct's statement counts, as the host's name
+    bonus counts it (seed 002: statement + conclusion; a belief naming Rex was never found by "Rex")."""
     events = " ".join(f"{ep.as_happened} {ep.told or ''}" for ep in record.episodes)
-    return f"{record.conclusion} {events}"
+    return f"{record.statement or ''} {record.conclusion} {events}"
 
 
 def _kept(candidates: Sequence[RecordView], verdict: FilterVerdict | None) -> list[RecordView]:
@@ -151,19 +160,31 @@ class Recall:
     async def deliberate(
         self, query: str, person: str | None, exclude: Collection[str], known: Sequence[str] = ()
     ) -> Recalled:
-        """Mechanisms 23-24: a search the imp asked for; only what the filter keeps is found."""
+        """Mechanisms 23-24: a search the imp asked for; only what the filter keeps is found.
+
+        ``exclude`` is the focus (22): a kept record in it does not come to mind again (``records``), but it
+        is reported as found in view (``in_view``), never dropped into "nothing found" (issue 32, finding
+        6: two turns after "my dog is called Rex", "do you remember my dog's name?" found nothing while the
+        record sat in the imp's state). Candidates in the focus widen the filter's room by one each, so
+        they never crowd out a memory from before this conversation.
+        """
         vector = await self.embedder.embed(query)
         if vector is None:
             return Recalled(embedded=False)
-        found = await self._search(vector, names_in(query, person, known))
-        candidates = [c for c in found if c.id not in exclude]
+        candidates = await self._search(vector, names_in(query, person, known))
         names = query_names(query, person, known)
         if names:
             candidates = restricted_to(candidates, names)  # mechanism 24
         if not candidates:
             return Recalled()  # empty, and no filter call
-        verdict = await self.filter.choose(query, candidates, DELIBERATE_ROOM)
-        return Recalled(records=_kept(candidates, verdict), filter_called=True)
+        in_focus = sum(1 for c in candidates if c.id in exclude)
+        verdict = await self.filter.choose(query, candidates, DELIBERATE_ROOM + in_focus)
+        kept = _kept(candidates, verdict)
+        return Recalled(
+            records=[r for r in kept if r.id not in exclude],  # mechanism 22
+            in_view=[r for r in kept if r.id in exclude],
+            filter_called=True,
+        )
 
     async def plain(self, query: str) -> list[RecordView]:
         """Mechanism 29: the nearest records, unfiltered, focus not excluded."""

@@ -175,10 +175,33 @@ async def test_m120_two_bad_answers_give_none_after_one_retry() -> None:
     assert len(client.requests) == 2
 
 
-async def test_m46_reply_retries_twice() -> None:
-    client = FakeClient([chat("nope")])
-    assert await model(client).chat_json("reply", "s", "u", temperature=0.4, retries=2) is None
-    assert len(client.requests) == 3
+async def test_m46_reply_retries_twice(tmp_path: Path) -> None:
+    """Mechanism 46 on the reply path itself (it never goes through ``chat_json``): the real box asks the
+    reply call three times in all; a third unreadable answer fails the turn (53), and a good answer after
+    two bad ones is what is said. Every attempt is the same request: no repair note (ENV-18)."""
+    from datetime import timedelta
+
+    from tests.memory.engine_kit import Kit, envelope
+
+    kit = Kit(tmp_path)
+    try:
+        await kit.seed(
+            "Ann and I planted tulips.", intensity=0.1, ago=timedelta(days=60)
+        )  # known: no probe 25
+        kit.model.script("reply", "{bad", "not json at all", "{still bad")  # a 4th call would get a good one
+        async with kit.box() as box:
+            failed = await box.say("hello")
+        asked = kit.model.of("reply")
+        kit.model.script("reply", "{bad", "{bad again", envelope("third time lucky"))
+        async with kit.box() as box:
+            spoken = await box.say("hello again")
+        again = kit.model.of("reply")[len(asked) :]
+    finally:
+        kit.close()
+    assert failed.outcome == "failed" and len(asked) == 3  # the first call and two retries, no fourth
+    assert asked[0].body["messages"] == asked[1].body["messages"] == asked[2].body["messages"]
+    assert spoken.outcome == "sent" and len(again) == 3
+    assert [getattr(p, "content", "") for p in kit.host.sent] == ["third time lucky"]
 
 
 async def test_m120_a_refusal_is_not_asked_again() -> None:

@@ -64,8 +64,9 @@ async def test_m02_absent_senses_are_named_in_reply_and_appraisal(kit: Kit) -> N
         await box.say("hello there")
     reply, appraised = memory_block(kit.model.of("reply")[0]), kit.model.of("appraisal")[0].user
     for text in (reply, appraised):
-        assert "Touch: nothing. Smell and taste: nothing. You have no body." in text
-        assert "Sight: black. You see nothing." in text
+        # worded as what reaches the imp and an instruction, not as a fact to repeat (issue 32, finding 10)
+        assert "- Nothing else reaches you: no touch, smell or taste. Never invent a body or a scene" in text
+        assert "- Sight: only the words; no picture came with them." in text
         assert "Where you are: a direct message with Ann." in text
 
 
@@ -79,7 +80,7 @@ async def test_m02_sight_is_the_attached_images_and_the_place_is_the_channel(tmp
         kit.close()
     block = memory_block(kit.model.of("reply")[0])
     assert "Sight: the images attached to the message (1 image), and nothing else." in block
-    assert "Sight: black" not in block
+    assert "no picture came with them" not in block
     assert "Where you are: #birds, a text channel of a chat server." in block
 
 
@@ -87,20 +88,16 @@ async def test_m03_counts_of_state_recalled_and_store(kit: Kit) -> None:
     async with kit.box() as box:
         await box.say("hello there")
     first = memory_block(kit.model.of("reply")[0])
-    assert (
-        "Attention: your state holds nothing; nothing came to mind; your memory holds 0 records in all."
-        in first
-    )
+    assert "Attention: no feeling with you now; nothing came to mind; no memory kept yet." in first
     await kit.seed("Ann told me about her owl Hoot.", intensity=0.9)
     await kit.seed("Bob fixed my radio.", author="Bob", author_id="u2", intensity=0.9)
     async with kit.box() as box:
         await box.say("my owl Hoot is sick")
     later = memory_block(kit.model.of("reply")[-1])
-    found = re.search(r"Attention: your state holds (\d+) feelings?; (\d+) memor(?:y|ies) came to mind; "
-                      r"your memory holds (\d+) records in all\.", later)  # fmt: skip
-    assert found is not None, later
-    state, recalled, total = map(int, found.groups())
-    assert total == 3  # the two seeded and the first turn's moment
+    found = re.search(r"Attention: (\d+) feelings? with you now; (\d+) memor(?:y|ies) came to mind; "
+                      r"a handful of memories in all\.", later)  # fmt: skip
+    assert found is not None, later  # the two seeded and the first turn's moment: 3, as a magnitude in words
+    state, recalled = map(int, found.groups())
     assert state == 3 and recalled >= 1  # all three are recent; the owl came to mind
 
 
@@ -108,7 +105,7 @@ async def test_m04_the_memory_line_says_more_can_be_reached_with_search(kit: Kit
     async with kit.box() as box:
         await box.say("hello there")
     block = memory_block(kit.model.of("reply")[0])
-    assert 'Your memory holds\n  more than this; reach for the rest with the action "search".' in block
+    assert 'You remember\n  more than this; reach for the rest with the action "search".' in block
 
 
 async def test_m05_each_search_is_reported_with_its_query_and_result(kit: Kit) -> None:
@@ -128,7 +125,7 @@ async def test_m05_each_search_is_reported_with_its_query_and_result(kit: Kit) -
     async with kit.box() as box:
         await box.say("anything else?")
     block = memory_block(kit.model.of("reply")[-1])
-    assert '  - "submarines": nothing found; you have no memory of this.' in block
+    assert '  - "submarines": nothing from before this conversation; you have no older memory of it.' in block
 
 
 async def test_m06_only_own_later_thoughts_came_up(kit: Kit) -> None:
@@ -181,13 +178,18 @@ async def test_m07_the_memory_rule_is_in_the_system_text(kit: Kit) -> None:
     )
 
 
-async def test_m08_the_persons_words_are_their_claim_in_reply_and_appraisal(kit: Kit) -> None:
+async def test_m08_the_persons_words_are_their_own_account_in_reply_and_appraisal(kit: Kit) -> None:
     async with kit.box() as box:
         await box.say("you promised me a pony")
-    assert "What Ann says is Ann's claim, not something you have" in memory_block(kit.model.of("reply")[0])
+    # Worded so the imp does not adopt Ann's feelings and weighs what she says of its past, without treating
+    # her as a liar (issue 32, finding 10).
+    assert (
+        "They are Ann's own account: take them in good faith. Ann's feelings are Ann's, not\n  yours; what Ann "
+        "says about you or your past, weigh against what you carry." in memory_block(kit.model.of("reply")[0])
+    )
     appraisal_user = kit.model.of("appraisal")[0].user
     heard = appraisal_user.index("Ann said: you promised me a pony")
-    assert "What Ann says is Ann's claim, not something you have." in appraisal_user[heard:]
+    assert "These are Ann's own words: Ann's feelings are Ann's, not yours." in appraisal_user[heard:]
 
 
 async def test_m09_time_in_view_clock_line_and_ages_in_words(kit: Kit) -> None:

@@ -234,7 +234,10 @@ async def test_m25_unknown_person_probe_searches_and_regenerates(kit: Kit) -> No
         await box.say("hi, I'm new here")
     replies = kit.model.of("reply")
     assert len(replies) == 2  # the draft, and the reply generated again with the probe's result
-    assert '"Ann — who is this person, what do we have in common": nothing found' in memory_block(replies[1])
+    assert (
+        '"Ann — who is this person, what do we have in common": nothing from before this conversation'
+        in memory_block(replies[1])
+    )
     assert "who is this person" not in memory_block(replies[0])
 
 
@@ -248,7 +251,10 @@ async def test_m25_the_probe_runs_once_per_conversation_and_its_null_is_known_on
         await box.say("what do you like to do?")
     replies = kit.model.of("reply")
     assert len(replies) == 3  # turn 1: draft + regeneration; turn 2: one call
-    assert '"Ann — who is this person, what do we have in common": nothing found' in memory_block(replies[2])
+    assert (
+        '"Ann — who is this person, what do we have in common": nothing from before this conversation'
+        in memory_block(replies[2])
+    )
 
 
 async def test_m25_no_probe_for_a_known_person_or_a_draft_that_is_not_a_world_act(kit: Kit) -> None:
