@@ -461,7 +461,9 @@ def test_a_search_with_many_names_scans_no_text_for_names_no_record_holds(
     scanned = [0]
     real = cache_module.mention_patterns
     monkeypatch.setattr(
-        cache_module, "mention_patterns", lambda names: tuple(CountingPattern(p, scanned) for p in real(names))
+        cache_module,
+        "mention_patterns",
+        lambda names: tuple(CountingPattern(p, scanned) for p in real(names)),
     )
     for request in range(4):
         names = [f"name{request}x{n}" for n in range(16)]
