@@ -555,7 +555,20 @@ def learn_rules(store: MemoryStore, imp: str, count: int) -> None:
     scoped = store.scoped(imp, SessionScopes(dm_scope(PERSON_ID), (dm_scope(PERSON_ID),)), f"{imp}-dm")
     for n in range(count):
         weight = (0.2 + 0.6 * (n % 10) / 10) * (1 if n % 3 else -1)  # active: |w| from 0.2 to 0.74
-        scoped.learn(LearnParams(rule=f"when situation {n} comes up → I respond in way {n}", weight=weight))
+        situation, act = _SITUATIONS[n % len(_SITUATIONS)], _ACTS[(n // len(_SITUATIONS)) % len(_ACTS)]
+        scoped.learn(LearnParams(rule=f"when {situation} → I {act}", weight=weight))
+
+
+# Distinct rules without a digit in them: the rule law refuses numbers (issue 32, docs/memory.md).
+_SITUATIONS = (
+    "someone mocks my work", "someone thanks me warmly", "a question goes unanswered", "someone is grieving",
+    "the talk turns to money", "someone shares good news", "a joke falls flat", "someone asks for advice",
+    "an argument starts", "someone feels left out",
+)  # fmt: skip
+_ACTS = (
+    "keep my distance", "answer gently", "ask one question back", "say less", "offer help once",
+    "stay calm", "change the subject", "listen first", "admit what I do not know", "speak plainly",
+)  # fmt: skip
 
 
 async def reflection_task(runtime: Any, backend: Any, probe: Probe) -> dict[str, Any]:
