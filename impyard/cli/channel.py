@@ -44,6 +44,12 @@ def _audience(info: ChannelInfo) -> str:
     return {"guild": "everyone", "private": "private"}.get(info.audience or "", "not known yet")
 
 
+def _kind(info: ChannelInfo) -> str:
+    """The listing's kind: a server channel only some members can read is "private" (its audience in full:
+    ``channel show``, ``--json``), so the table still fits a narrow terminal."""
+    return "private" if info.kind == "guild" and info.audience == "private" else info.kind
+
+
 def _line(info: ChannelInfo) -> str:
     return (
         f"{info.channel_id}  surface={info.surface} kind={info.kind} name={info.name or '-'} "
@@ -75,8 +81,8 @@ def ls_command(out: Output) -> None:
     channels = _store().all()
     out.listing(
         [channel_json(info) for info in channels],
-        columns=("id", "surface", "kind", "name", "mode", "trusted", "audience"),
-        rows=((i.channel_id, i.surface, i.kind, i.name, i.mode, _trusted(i), _audience(i)) for i in channels),
+        columns=("id", "surface", "kind", "name", "mode", "trusted"),
+        rows=((i.channel_id, i.surface, _kind(i), i.name, i.mode, _trusted(i)) for i in channels),
         title="Channels",
     )
 

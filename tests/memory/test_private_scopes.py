@@ -297,6 +297,11 @@ def test_channel_ls_says_who_can_read_each_channel() -> None:
     assert {c["channel_id"]: c["audience"] for c in json.loads(listed.output)} == {
         "1001": "guild", "1002": "private", "1003": None, "1100": None,
     }  # fmt: skip
+    table = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["channel", "ls"])
+    kinds = {
+        line.split()[0]: line.split()[2] for line in table.output.splitlines() if line.strip()[:1].isdigit()
+    }
+    assert kinds == {"1001": "guild", "1002": "private", "1003": "guild", "1100": "dm"}, table.output
     shown = CliRunner().invoke(cli, ["channel", "show", "1002"])
     assert shown.exit_code == 0 and shown.output.strip().endswith("audience=private"), shown.output
     old = CliRunner().invoke(cli, ["channel", "show", "1003"])
