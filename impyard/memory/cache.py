@@ -15,12 +15,15 @@ larger than the bound is scored and then dropped, so the cache never holds more 
 
 Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices of length d only:
 
-1. record score = cosine × felt strength now, +0.5 (``name_bonus``) when the record text names one of the
-   names as a whole word, case-insensitive (``laws.mentions``, the rule the box applies too; the text: see
-   ``record_text`` in store.py);
-2. every episode of a scored record: cosine × its record's felt strength, +0.5 when its as-it-happened text
-   names someone; the best episode replaces its record's score when it beats it, and is the hit episode;
-3. the top k, highest first.
+1. record score = cosine × the recall weight of its felt strength now (``laws.recall_weight``:
+   0.75 + 0.25 × felt — ours, issue 32: fading breaks ties instead of outweighing meaning), +0.5
+   (``name_bonus``) when the record text names one of the names as a whole word, case-insensitive
+   (``laws.mentions``, the rule the box applies too; the text: see ``record_text`` in store.py) — only for a
+   name that discriminates in that scope (``laws.name_discriminates``: it names at most half of the rows);
+2. every episode of a scored record: cosine × its record's recall weight, +0.5 when its as-it-happened text
+   names such a name; the best episode replaces its record's score when it beats it, and is the hit episode;
+3. the top k, highest first; each names its record's best-matching episodes (``Hit.matched``), which the
+   store loads before the newest (issue 32: a long record shows the turns the words are about).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_pattern
+from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_pattern, name_discriminates
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -61,6 +64,12 @@ def felt_now(
     tau = params.fade_tau_days * np.where(valence < 0, params.fade_negative_slowdown, 1.0)
     t_days = np.maximum(0.0, now_s - last_felt_s) / DAY_S
     return intensity * (params.fade_floor + (1.0 - params.fade_floor) * np.exp(-t_days / tau))
+
+
+def recall_weight_now(felt: npt.NDArray[np.float64], params: Params = DEFAULTS) -> npt.NDArray[np.float64]:
+    """``box.memory.laws.recall_weight`` over arrays: what fading multiplies a cosine by (issue 32)."""
+    w = min(1.0, max(0.0, params.recall_felt_weight))
+    return (1.0 - w) + w * felt
 
 
 # ------------------------------------------------------------------ rows as loaded from the store
@@ -297,36 +306,40 @@ class ScopeMatrix:
         kinds: Sequence[str],
         now_s: float,
         params: Params = DEFAULTS,
+        per_record: int = 0,
     ) -> list[Hit]:
         """This matrix's best ``k`` records for ``query`` (already normalised, of this matrix's length).
 
         A record's final score is the best of its own score and its episodes' (mechanism 16), so the top k
         records are the first k distinct records in the merged, descending list of record and episode
         scores. Only the best few episodes are ranked (doubling until the answer is exact), never all.
+        ``per_record``: each hit also names up to that many of its record's episodes that match the query
+        best, best first (``Hit.matched``; issue 32: a long record shows the turns the words are about).
         """
         n = len(self.record_ids)
         if n == 0:
             return []
         felt = felt_now(self._intensity.view, self._valence.view, self._last_felt.view, now_s, params)
-        felt32 = felt.astype(np.float32)
-        scores = self._vectors.view @ query * felt32  # mechanism 14
-        if names:
-            scores += np.float32(params.name_bonus) * self._texts.naming(names)  # mechanism 15
+        weight = recall_weight_now(felt, params).astype(np.float32)  # mechanism 14, as we weigh fading
+        scores = self._vectors.view @ query * weight  # mechanism 14
         construct = self._construct.view
         allowed = np.ones(n, dtype=bool)
         if "construct" not in kinds:
             allowed &= ~construct
         if "lived" not in kinds:
             allowed &= construct
+        m = len(self.episode_ids)
+        owner = self._episode_record.view
+        bonus_names = self._discriminating(names, allowed, owner, params) if names else []
+        if bonus_names:
+            scores += np.float32(params.name_bonus) * self._texts.naming(bonus_names)  # mechanism 15
         scores[~allowed] = -np.inf
         records = top_k(scores, k)
-        m = len(self.episode_ids)
         if not m:
             return [Hit(self.record_ids[r], float(scores[r])) for r in records if np.isfinite(scores[r])]
-        owner = self._episode_record.view
-        episode_scores = self._episode_vectors.view @ query * felt32[owner]  # mechanism 16: its record's felt
-        if names:
-            episode_scores += np.float32(params.name_bonus) * self._episode_texts.naming(names)
+        episode_scores = self._episode_vectors.view @ query * weight[owner]  # mechanism 16: its record's felt
+        if bonus_names:
+            episode_scores += np.float32(params.name_bonus) * self._episode_texts.naming(bonus_names)
         episode_scores[~allowed[owner]] = -np.inf
         take = min(m, 4 * k)
         while True:
@@ -348,10 +361,60 @@ class ScopeMatrix:
             if complete or (len(chosen) == k and min(s for s, _ in chosen.values()) >= lowest_episode):
                 break
             take = min(m, take * 2)
+        matched = self._matched(chosen, owner, episode_scores, per_record)
         return [
-            Hit(self.record_ids[row], score, self.episode_ids[episode] if episode >= 0 else None)
+            Hit(
+                self.record_ids[row],
+                score,
+                self.episode_ids[episode] if episode >= 0 else None,
+                tuple(self.episode_ids[e] for e in matched.get(row, ())),
+            )
             for row, (score, episode) in chosen.items()
         ]
+
+    def _discriminating(
+        self,
+        names: Sequence[str],
+        allowed: npt.NDArray[np.bool_],
+        owner: npt.NDArray[np.int64],
+        params: Params,
+    ) -> list[str]:
+        """The names that earn the bonus in this scope (``laws.name_discriminates``): those that mention at
+        most half of the rows searched (records and episodes of the kinds asked), once there are more rows
+        than one search takes."""
+        episodes_allowed = allowed[owner]
+        rows = int(allowed.sum()) + int(episodes_allowed.sum())
+        kept = []
+        for name in names:
+            named = int((self._texts.naming([name]) & allowed).sum())
+            named += int((self._episode_texts.naming([name]) & episodes_allowed).sum())
+            if name_discriminates(named, rows, params):
+                kept.append(name)
+        return kept
+
+    @staticmethod
+    def _matched(
+        chosen: dict[int, tuple[float, int]],
+        owner: npt.NDArray[np.int64],
+        episode_scores: npt.NDArray[np.float32],
+        per_record: int,
+    ) -> dict[int, list[int]]:
+        """Each chosen record's ``per_record`` best-scoring episodes, best first (the newer row on a tie)."""
+        if per_record <= 0 or not chosen:
+            return {}
+        rows = np.fromiter(chosen, dtype=np.int64, count=len(chosen))
+        mine = np.nonzero(np.isin(owner, rows) & np.isfinite(episode_scores))[0]
+        if not mine.size:
+            return {}
+        order = mine[
+            np.lexsort((-mine, -episode_scores[mine], owner[mine]))
+        ]  # by record, best (then newest) first
+        found: dict[int, list[int]] = {}
+        for e in order.tolist():
+            best = found.setdefault(int(owner[e]), [])
+            if len(best) < per_record:
+                best.append(e)
+        return found
 
 
 @dataclass(frozen=True)
@@ -359,6 +422,7 @@ class Hit:
     record_id: str
     score: float
     hit_episode: str | None = None
+    matched: tuple[str, ...] = ()  # the record's episodes that match the query best, best first (issue 32)
 
 
 # ------------------------------------------------------------------ the cache
@@ -402,8 +466,10 @@ class VectorCache:
         kinds: Sequence[str],
         now_s: float,
         params: Params = DEFAULTS,
+        per_record: int = 0,
     ) -> list[Hit]:
-        """The top ``k`` records of ``imp`` over ``scopes`` for ``query`` (mechanisms 14-17, 30)."""
+        """The top ``k`` records of ``imp`` over ``scopes`` for ``query`` (mechanisms 14-17, 30); each hit names
+        its ``per_record`` best-matching episodes."""
         unit = normalised(query)
         dims = int(unit.size)
         cleaned = mention_names(list(names))
@@ -411,7 +477,9 @@ class VectorCache:
         for scope in dict.fromkeys(scopes):
             hits.extend(
                 self._use(
-                    (imp, scope, dims), loader, lambda e: e.score(unit, cleaned, k, kinds, now_s, params)
+                    (imp, scope, dims),
+                    loader,
+                    lambda e: e.score(unit, cleaned, k, kinds, now_s, params, per_record),  # fmt: skip
                 )
             )
         hits.sort(key=lambda h: (-h.score, h.record_id))
