@@ -991,7 +991,7 @@ class MemoryStore(Store, Loader):
         reach: _Reach,
         views: list[RecordView],
         per_record: int,
-        matched: dict[str, Sequence[str]] | None = None,
+        matched: dict[str, tuple[str, ...]] | None = None,
     ) -> list[RecordView]:
         """Load each record's episodes, ``per_record`` at most: a search's best-matching ones first (the hit
         episode first of all: mechanism 16), then the newest (116) to fill the rest.
