@@ -19,7 +19,8 @@ words of every episode the store kept), the 10 nearest to the question — and t
 
 The sets: ``held_out`` (12 personal facts told once among 140 turns of small talk over 16 days, asked back on day
 17 in other words), ``near_miss`` (10 facts, each followed on later days by three lines on the same topic that do
-not answer its question: recency against meaning), and LoCoMo (snap-research/locomo, ``data/locomo10.zip``;
+not answer its question: recency against meaning), ``near_miss_long`` (the same facts in the first 10 of 40
+days, the near misses spread over the 30 after, among 8 lines of small talk a day: ~400 lines), and LoCoMo (snap-research/locomo, ``data/locomo10.zip``;
 not shipped: ``--locomo PATH`` or ``IMPYARD_LOCOMO=PATH``), conversations by index, scored per category.
 
 Standalone, to compare two checkouts in one run (the code is whatever ``PYTHONPATH`` points at)::
@@ -48,6 +49,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from bench.env import isolated_home
 from bench.real_embedder import DIMS, EmbedderMissing, RealEmbedder, available
 from bench.report import Row
 from box.protocol.models import Author, Message
@@ -210,6 +212,24 @@ def near_miss(start: datetime) -> Conversation:
         sessions.append((start + timedelta(days=day, hours=19), lines))
     questions = [Question(q, [fact]) for fact, _, q in NEAR_MISS]
     return Conversation("near_miss", sessions, questions, start + timedelta(days=max(days) + 2, hours=9))
+
+
+def near_miss_long(start: datetime) -> Conversation:
+    """The near-miss facts told in the first 10 days of 40, each near miss on a later day (days 10-39), among
+    8 lines of small talk a day, asked on day 41: ~400 lines, the facts weeks older than everything near them."""
+    rng = np.random.default_rng(41)
+    days: dict[int, list[str]] = defaultdict(list)
+    for n, (fact, misses, _) in enumerate(NEAR_MISS):
+        days[n].append(fact)
+        for m, miss in enumerate(misses):
+            days[10 + 3 * n + m].append(miss)
+    sessions = []
+    for day in range(40):
+        lines = [*days[day], *(_small_talk(rng) for _ in range(8))]
+        rng.shuffle(lines)
+        sessions.append((start + timedelta(days=day, hours=19), lines))
+    questions = [Question(q, [fact]) for fact, _, q in NEAR_MISS]
+    return Conversation("near_miss_long", sessions, questions, start + timedelta(days=41, hours=9))
 
 
 def _locomo_when(text: str) -> datetime:
@@ -506,6 +526,7 @@ def figures(outcome: Outcome) -> dict[str, Any]:
             for name, items in sorted(by.items())
         },
         "missed": [a.question.text for a in asked if not a.reached][:40],
+        "missed_where_plain_found": [a.question.text for a in asked if a.plain and not a.reached][:40],
         "ingest_s": round(outcome.ingest_s, 1), "ask_s": round(outcome.ask_s, 1),
     }  # fmt: skip
 
@@ -517,6 +538,8 @@ def sets(names: Sequence[str], locomo_path: Path | None, convs: Sequence[int]) -
         chosen.append(held_out(start))
     if "near_miss" in names:
         chosen.append(near_miss(start))
+    if "near_miss_long" in names:
+        chosen.append(near_miss_long(start))
     if "locomo" in names and locomo_path is not None:
         samples = locomo_conversations(locomo_path)
         chosen += [locomo(samples[i], i) for i in convs if i < len(samples)]
@@ -546,7 +569,8 @@ async def evaluate(
     for conv in sets(names, path, convs):
         say(f"{conv.name}: {sum(len(s) for _, s in conv.sessions)} lines in {len(conv.sessions)} chats, "
             f"{len(conv.questions)} questions")  # fmt: skip
-        outcome = await run_conversation(conv, embedder, backend, say)
+        with isolated_home():  # a home of its own: the host's database keeps every imp's memory
+            outcome = await run_conversation(conv, embedder, backend, say)
         results[conv.name] = figures(outcome)
         say(f"  {conv.name}: reached {results[conv.name]['reached']} vs plain cosine@10 "
             f"{results[conv.name]['plain_cosine_at_10']}")  # fmt: skip
@@ -563,7 +587,7 @@ async def run(ctx: Any) -> dict[str, Any]:
         return result({}, baseline=None, ratio=None, targets={}, met=False,
                       status="skipped: the real embedder is not installed (bench/real_embedder.py)")  # fmt: skip
     quick = ctx.plan.warm_samples < 50  # --quick: the near-miss set alone (≈ 30 s), LoCoMo only if given
-    names = ["near_miss", "locomo"] if quick else ["held_out", "near_miss", "locomo"]
+    names = ["near_miss", "locomo"] if quick else ["held_out", "near_miss", "near_miss_long", "locomo"]
     path = locomo_path()
     convs = [0] if quick else [0, 1, 2, 3, 4]
     found = await evaluate(names, path, convs, ctx.backends["process"], say=lambda line: None)
@@ -590,11 +614,10 @@ def rows(data: dict[str, Any]) -> list[Row]:
 def main() -> None:
     import argparse
 
-    from bench.env import isolated_home
     from impyard.backends.process import ProcessBackend
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--sets", default="held_out,near_miss,locomo")
+    parser.add_argument("--sets", default="held_out,near_miss,near_miss_long,locomo")
     parser.add_argument("--locomo", type=Path, default=locomo_path())
     parser.add_argument("--convs", default="0", help="LoCoMo conversations, e.g. 0,1,2")
     parser.add_argument("--out", type=Path)
