@@ -335,6 +335,10 @@ class Asked:
     plain: bool  # the evidence among the 10 nearest words (plain cosine)
     plain_template: bool  # … among the 10 nearest stored "X said: … / Y replied: …" texts
     calls: int
+    shown: int = 0  # remembered lines whose text reached the question's calls (any of them)
+    plain_at_shown: bool = (
+        False  # the evidence among as many nearest words as the pipeline showed, on average
+    )
 
 
 @dataclass
@@ -346,6 +350,7 @@ class Outcome:
     episodes: int = 0
     ingest_s: float = 0.0
     ask_s: float = 0.0
+    shown_k: int = TOP_K
 
 
 def _normal(text: str) -> str:
@@ -443,6 +448,7 @@ async def run_conversation(
                     outcome.records = await runtime.db.run(store.count, IMP)
                     outcome.episodes = len(episodes)
                     plain = _plain(embedder, episodes, conv.questions)
+                    keys = list(dict.fromkeys(_key(_said_of(e)) for e in episodes))
                     script.asking = True
                     began = time.perf_counter()
                     for n, question in enumerate(conv.questions):
@@ -452,8 +458,17 @@ async def run_conversation(
                         calls = [r for r in fake.requests[first:] if r.purpose != "embedding"]
                         seen = _normal(" ".join(t for r in calls for t in _texts(r.body)))
                         reached = any(_key(line) in seen for line in question.evidence)
-                        outcome.asked.append(Asked(question, reached, *plain[n], calls=len(calls)))
+                        shown = sum(key in seen for key in keys)
+                        outcome.asked.append(
+                            Asked(question, reached, *plain[n], calls=len(calls), shown=shown)
+                        )
                     outcome.ask_s = time.perf_counter() - began
+                    outcome.shown_k = max(
+                        1, round(sum(a.shown for a in outcome.asked) / max(1, len(outcome.asked)))
+                    )
+                    wider = _plain(embedder, episodes, conv.questions, outcome.shown_k)
+                    for a, (found, _) in zip(outcome.asked, wider, strict=True):
+                        a.plain_at_shown = found
                     tg.cancel_scope.cancel()
         finally:
             os.environ.pop("OPENAI_BASE_URL", None)
@@ -484,7 +499,7 @@ def _episodes(db: Any) -> list[str]:
 
 
 def _plain(
-    embedder: RealEmbedder, episodes: list[str], questions: Sequence[Question]
+    embedder: RealEmbedder, episodes: list[str], questions: Sequence[Question], k: int = TOP_K
 ) -> list[tuple[bool, bool]]:
     """Plain cosine@10 over the same remembered texts: the person's words of each kept episode, and the stored
     template texts; per question, whether an evidence line is among the 10 nearest."""
@@ -495,8 +510,8 @@ def _plain(
     found = []
     for q, vector in zip(questions, asked, strict=True):
         keys = {_key(line) for line in q.evidence}
-        near = np.argsort(-(words @ vector), kind="stable")[:TOP_K]
-        near_t = np.argsort(-(templates @ vector), kind="stable")[:TOP_K]
+        near = np.argsort(-(words @ vector), kind="stable")[:k]
+        near_t = np.argsort(-(templates @ vector), kind="stable")[:k]
         found.append((any(_key(said[i]) in keys for i in near), any(_key(said[i]) in keys for i in near_t)))
     return found
 
@@ -519,6 +534,9 @@ def figures(outcome: Outcome) -> dict[str, Any]:
         "reached": reached, "reached_count": sum(a.reached for a in asked),
         "plain_cosine_at_10": plain, "plain_template_cosine_at_10": _share([a.plain_template for a in asked]),
         "ratio": round(reached / plain, 3) if reached is not None and plain else None,
+        # for scale: how many remembered lines a question's calls showed, and plain cosine at that many
+        "shown_mean": round(sum(a.shown for a in asked) / len(asked), 1) if asked else None,
+        "plain_cosine_at_shown": _share([a.plain_at_shown for a in asked]), "shown_k": outcome.shown_k,
         "met": bool(reached is not None and plain is not None and reached >= TARGET_SHARE * plain),
         "categories": {
             name: {"questions": len(items), "reached": _share([a.reached for a in items]),
