@@ -186,3 +186,16 @@ async def test_the_state_keeps_the_turns_recall_found_for_the_words(kit: Kit) ->
     block = turn.block() or ""
     before = block.split("From before this conversation", 1)[1]
     assert "the lighthouse keeper waved" in before and "its lamp turned slowly" in before
+
+
+def test_the_hosts_vectorised_weight_is_the_laws_weight() -> None:
+    """The host ranks with ``recall_weight_now`` over arrays; the box's laws name the same weight, written out
+    here: 0.75 at nothing felt, 1.0 felt fully."""
+    import numpy as np
+
+    from box.memory.laws import recall_weight
+    from impyard.memory.cache import recall_weight_now
+
+    felt = np.array([0.0, 0.18, 0.5, 1.0])
+    assert recall_weight_now(felt).tolist() == pytest.approx([0.75, 0.795, 0.875, 1.0])
+    assert [recall_weight(float(f)) for f in felt] == pytest.approx([0.75, 0.795, 0.875, 1.0])
