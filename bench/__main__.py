@@ -25,18 +25,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import (
-    burst,
-    cold_warm,
-    contention,
-    fanout,
-    gateway,
-    hosts,
-    memory,
-    memory_recall,
-    night,
-    warm_turn,
-)
+from bench import burst, cold_warm, contention, fanout, gateway, hosts, memory, night, warm_turn
+from bench import memory_recall as memory_evidence  # issue 32
 from bench.env import ROOT, environment, isolated_home, settle
 from bench.harness import Context, NamedBackend, Plan, add_imps, result
 from bench.report import RowsOf, markdown, rich_table, rows
@@ -58,7 +48,7 @@ SCENARIOS: dict[str, tuple[Callable[[Context], Awaitable[dict[str, Any]]], RowsO
     "memory_recall": (memory.recall, memory.recall_rows),
     "memory_turn": (memory.turn_overhead, memory.turn_rows),
     "memory_night": (night.run, night.rows),
-    "memory_evidence": (memory_recall.run, memory_recall.rows),  # issue 32: needs the real embedder
+    "memory_evidence": (memory_evidence.run, memory_evidence.rows),  # issue 32: needs the real embedder
     "hosts": (hosts.run, hosts.rows),
     "ledger": (contention.run, contention.rows),
 }
