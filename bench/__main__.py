@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import burst, cold_warm, contention, fanout, gateway, hosts, memory, memory_days, night, warm_turn
+from bench import memory_recall as memory_evidence  # issue 32
 from bench.env import ROOT, environment, isolated_home, settle
 from bench.harness import Context, NamedBackend, Plan, add_imps, result
 from bench.report import RowsOf, markdown, rich_table, rows
@@ -48,6 +49,7 @@ SCENARIOS: dict[str, tuple[Callable[[Context], Awaitable[dict[str, Any]]], RowsO
     "memory_turn": (memory.turn_overhead, memory.turn_rows),
     "memory_night": (night.run, night.rows),
     "memory_days": (memory_days.run, memory_days.rows),
+    "memory_evidence": (memory_evidence.run, memory_evidence.rows),  # issue 32: needs the real embedder
     "hosts": (hosts.run, hosts.rows),
     "ledger": (contention.run, contention.rows),
 }

@@ -44,7 +44,7 @@ from box.memory.embedder import GatewayEmbedder, HashingEmbedder
 from box.memory.focus import authored_by, cut, moment_entry
 from box.memory.laws import DEFAULTS, Params, Temperament
 from box.memory.moment import SCHEMA as APPRAISAL_SCHEMA
-from box.memory.moment import Felt, encoding, event_text, joins, read_appraisal, reply_moment
+from box.memory.moment import Felt, encoding, event_text, joins, read_appraisal, reply_moment, searched_text
 from box.memory.prompts import Prompts
 from box.memory.recall import Embedder, Recall, Recalled
 from box.memory.reflection import Reflector, Seed
@@ -324,6 +324,14 @@ class ChatMemory:
         return report.account()
 
 
+def _recalled_first(recalled: Sequence[EpisodeView], newest: Sequence[EpisodeView]) -> list[EpisodeView]:
+    """Subtle point 5 with issue 32: a State entry shows the episodes recall found for the words first (the
+    search's best matches, already loaded), then its newest, ``STATE_EPISODES`` in all; the seed reloaded only
+    the newest, so what was recalled for a turn long past could not be shown."""
+    ids = {e.id for e in recalled}
+    return [*recalled, *(e for e in newest if e.id not in ids)][:STATE_EPISODES]
+
+
 class ChatTurn:
     """One turn's memory: built in ContextBuilding, hopped in ToolExecution, kept in PostSend."""
 
@@ -367,6 +375,7 @@ class ChatTurn:
         self.refeels: list[str] = []  # mechanism 38: parsed, no effect
         self.learned: list[str] = []  # mechanism 99: the rules the selection seam found fitting
         self._episodes: dict[str, list[EpisodeView]] = {}
+        self.words_vector: list[float] | None = None  # the words' embedding (recall's, then the episode's)
 
     # ------------------------------------------------------------ ContextBuilding
 
@@ -451,6 +460,7 @@ class ChatTurn:
         self.recent, self.total = list(recent.records), recent.total
         if vector is None:
             await self.engine.log("warning", "the words could not be embedded; nothing is recalled this turn")
+        self.words_vector = vector
         self.recalled = await self.engine.recall.involuntary(
             self.words, self.person, self.focus_ids(), vector, self.known
         )
@@ -488,7 +498,9 @@ class ChatTurn:
             for rid in wanted:
                 self._episodes[rid] = [ep for ep in loaded if ep.record_id == rid]
         self.state.entries = [
-            r.model_copy(update={"episodes": self._episodes[r.id]}) if self._episodes.get(r.id) else r
+            r.model_copy(update={"episodes": _recalled_first(r.episodes, self._episodes[r.id])})
+            if self._episodes.get(r.id)
+            else r
             for r in self.state.entries
         ]
 
@@ -625,7 +637,11 @@ class ChatTurn:
 
         async def embed_event() -> None:
             nonlocal episode_vector
-            episode_vector = await engine.embedder.embed(as_happened)  # mechanism 62
+            searched = searched_text(turn.said, as_happened)  # mechanism 62, ours: what the person said
+            if searched == self.words and self.words_vector is not None:
+                episode_vector = self.words_vector  # embedded for recall at the start of the turn
+            else:
+                episode_vector = await engine.embedder.embed(searched)
 
         await concurrently(appraise, embed_event)
         felt = appraised or reply_moment(turn.envelope)  # mechanism 59

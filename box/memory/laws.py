@@ -28,6 +28,8 @@ class Params:
     recall_candidates: int = 10  # mechanism 17
     filter_keep: int = 4  # mechanism 20
     name_bonus: float = 0.5  # mechanism 15
+    name_bonus_max_share: float = 0.5  # ours (issue 32): a name on more of a scope's rows ranks nothing
+    recall_felt_weight: float = 0.25  # ours (issue 32): how far fading moves a recall score (mechanism 14)
     strength_passes_filter: float = 0.5  # mechanism 19
     fade_floor: float = 0.3  # mechanism 67
     fade_tau_days: float = 3.0  # mechanism 67
@@ -102,6 +104,25 @@ def felt_strength(
 ) -> float:
     """Mechanism 67: the strength felt now; fading happens at read time, the stored intensity is untouched."""
     return intensity * fade_factor(valence, (now - last_felt).total_seconds(), params)
+
+
+def recall_weight(felt: float, params: Params = DEFAULTS) -> float:
+    """Mechanism 14 as we apply it (a departure, issue 32; docs/memory.md): what the felt strength multiplies
+    a recall score's cosine by — ``1 − w + w·felt`` with w = ``recall_felt_weight`` (0.25), so from 0.75 (felt
+    at nothing) to 1.0 (felt fully).
+
+    The seed multiplies by the felt strength itself: yesterday's record (0.8 of its intensity) then beats a
+    month-old one at the 0.3 floor unless its cosine is 2.7 times lower, and on a long conversation the last
+    few sessions came up for nearly every question. Here fading and intensity still order what is equally
+    relevant (a tie breaks toward the stronger, the more recent), but a clearly better match wins.
+    """
+    w = _clamp(params.recall_felt_weight, 0.0, 1.0)
+    return (1.0 - w) + w * felt
+
+
+def recall_score(similarity: float, felt: float, params: Params = DEFAULTS) -> float:
+    """Mechanism 14 (with ``recall_weight``): a record's or an episode's recall score before any name bonus."""
+    return similarity * recall_weight(felt, params)
 
 
 def restored(current: float, toward: float, params: Params = DEFAULTS) -> float:
@@ -274,6 +295,20 @@ def query_names(query: str, person: str | None, known: Sequence[str] = ()) -> li
     people = [*known, *([person] if person else [])]
     names.extend(name.strip() for name in people if name.strip() and mentions(query, [name]))
     return _once(names)
+
+
+def name_discriminates(named: int, rows: int, params: Params = DEFAULTS) -> bool:
+    """Mechanism 15 as we apply it (a departure, issue 32; docs/memory.md): does a name that ``named`` of a
+    scope's ``rows`` (records and episodes searched) mention earn the name bonus there?
+
+    Yes while it names at most ``name_bonus_max_share`` (half) of them, or while the scope is no larger than
+    one search's candidates (``recall_candidates``: every row is a candidate anyway, the bonus only orders
+    them). No when it names more: in a one-to-one chat the person's name is on every one of their episodes
+    ("X said: …"), so +0.5 would lift every episode over every record and rank nothing by meaning.
+    """
+    if rows <= params.recall_candidates:
+        return True
+    return named <= params.name_bonus_max_share * rows
 
 
 def mention_names(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 The appraisal forms the feeling to keep with the mood withheld (57, 58); when its answer cannot be
 read the reply's own moment is kept (59). The temperament bends it (60). The event is kept as it
 happened — "X said: … / <imp> replied: …", or only what the person said when the imp stayed silent or
-the reply waits for approval (47) — with the retelling (61) and the embedding of that text (62). A
+the reply waits for approval (47) — with the retelling (61) and the embedding of what the person said
+(62; ours: the seed embeds the whole text, see ``searched_text``). A
 moment of the same sign as the conversation's living record joins it and restores it (64, 66); a change
 of sign opens a new record, whose vector is its conclusion (63), and the strongest same-sign lived
 association of the turn comes back as an echo (65). A moment the appraisal calls lasting (something a
@@ -111,6 +112,15 @@ def event_text(person: str, said: str, imp: str, replied: str | None) -> str:
         replied = _cut(replied, reply_room)
         said = _cut(said, room - len(replied))
     return f"{head}{said}{middle}{replied}"
+
+
+def searched_text(said: str, as_happened: str) -> str:
+    """What an episode's vector embeds (mechanism 62, a departure: issue 32, docs/memory.md): the person's own
+    words, cut to the episode's bound; the as-it-happened text only when they said nothing in words (an
+    image alone). The seed embeds "X said: … / <imp> replied: …": the speaker's label and the reply dilute
+    what was said, and a search for it fell behind a plain vector search of the words themselves."""
+    words = said.strip()
+    return _cut(words, MAX_EPISODE_CHARS) if words else as_happened
 
 
 def strongest_echo(felt: Felt, associations: Sequence[RecordView]) -> RecordView | None:

@@ -1,6 +1,7 @@
 """Recall: what comes to mind, composed in the box from the host's ranked search (mechanisms 14-31).
 
-The host scores (cosine × felt strength, name bonus, episodes, top k, the length check: 14-17, 30);
+The host scores (cosine × the weight of the felt strength, the name bonus where a name discriminates, the
+episodes that match best, top k, the length check: 14-17, 30; issue 32's departures in docs/memory.md);
 this module does the rest (seed 002, "Involuntary recall", "Deliberate recall", "Plain recall";
 subtle points 2, 4, 5):
 
@@ -31,7 +32,7 @@ from box.memory.laws import DEFAULTS, Params, collapse, mentions, names_in, quer
 from box.memory.store_client import StoreClient
 from box.protocol.memory import ConstructKind, RecordView
 
-RECALL_EPISODES = 3  # seed 002: recall loads 3 episodes per candidate
+RECALL_EPISODES = 3  # seed 002: recall loads 3 episodes per candidate (issue 32: the best-matching first)
 FILTER_FALLBACK_KEEP = 3  # mechanism 20: an unreadable filter answer keeps the first 3
 DELIBERATE_ROOM = 4  # seed 002, "Deliberate recall": the filter with room 4
 OWN_OF_KIND = 3  # mechanism 27

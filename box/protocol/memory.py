@@ -88,9 +88,11 @@ class RecordView(FromHost):
     happened_at: datetime
     last_felt: datetime
     statement: str | None = None  # a construct's statement (mechanism 83), shown "I believe: <statement>"
-    score: float | None = None  # memory.search only: cosine × felt (+ name bonus), or the hit episode's
+    score: float | None = (
+        None  # memory.search only: cosine × (0.75 + 0.25 felt) (+ name bonus), or the hit episode's
+    )
     hit_episode: Id | None = None  # memory.search only: the episode that beat its record (mechanism 16)
-    episodes: list[EpisodeView] = Field(default_factory=list)  # newest first, the hit episode first
+    episodes: list[EpisodeView] = Field(default_factory=list)  # newest first; a search's best-matching first
     vector: list[float] | None = None  # only when asked (rumination collapse compares vectors)
 
 
@@ -129,9 +131,11 @@ class _Reading(FromBox):
 
 
 class SearchParams(_Reading):
-    """``memory.search``: rank by cosine × felt strength, +name bonus for a record or episode naming one of
-    ``names`` as a whole word (case-insensitive); an episode that beats its record replaces the record's score
-    (mechanisms 14-17). Records and episodes whose vector has another length are never scored (30)."""
+    """``memory.search``: rank by cosine × (0.75 + 0.25 × felt strength), +name bonus for a record or episode
+    naming one of ``names`` as a whole word (case-insensitive) where the name discriminates; an episode that
+    beats its record replaces the record's score; each record's ``episodes`` are its best-matching first
+    (mechanisms 14-17 as docs/memory.md applies them, issue 32). Records and episodes whose vector has another
+    length are never scored (30)."""
 
     vector: Vector
     names: list[PersonName] = Field(default_factory=list, max_length=MAX_NAMES)

@@ -407,7 +407,8 @@ def slot_json(scope: str, entry: SlotEntry) -> dict[str, Any]:
 @click.option("-k", "k", type=click.IntRange(1, MAX_K), default=10, show_default=True, help="How many.")
 @output_options
 def search_command(imp: str, text: str, scopes: tuple[str, ...], k: int, out: Output) -> None:
-    """Search IMP's memory by meaning: cosine × felt strength, as its recall ranks (no association filter).
+    """Search IMP's memory by meaning: cosine, with felt strength breaking near ties, as its recall ranks (no
+    association filter).
 
     \b
     The text is embedded with the imp's [memory] embedder: through the gateway

@@ -15,12 +15,15 @@ larger than the bound is scored and then dropped, so the cache never holds more 
 
 Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices of length d only:
 
-1. record score = cosine × felt strength now, +0.5 (``name_bonus``) when the record text names one of the
-   names as a whole word, written as a name (``laws.mentions``, the rule the box applies too; the text: a
-   construct's statement, then the conclusion);
-2. every episode of a scored record: cosine × its record's felt strength, +0.5 when its as-it-happened text
-   names someone; the best episode replaces its record's score when it beats it, and is the hit episode;
-3. the top k, highest first.
+1. record score = cosine × the recall weight of its felt strength now (``laws.recall_weight``:
+   0.75 + 0.25 × felt — ours, issue 32: fading breaks ties instead of outweighing meaning), +0.5
+   (``name_bonus``) when the record text names one of the names as a whole word, written as a name
+   (``laws.mentions``, the rule the box applies too; the text: a construct's statement, then the conclusion) — only for a
+   name that discriminates in that scope (``laws.name_discriminates``: it names at most half of the rows);
+2. every episode of a scored record: cosine × its record's recall weight, +0.5 when its as-it-happened text
+   names such a name; the best episode replaces its record's score when it beats it, and is the hit episode;
+3. the top k, highest first; each names its record's best-matching episodes (``Hit.matched``), which the
+   store loads before the newest (issue 32: a long record shows the turns the words are about).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns
+from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns, name_discriminates
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -64,6 +67,12 @@ def felt_now(
     tau = params.fade_tau_days * np.where(valence < 0, params.fade_negative_slowdown, 1.0)
     t_days = np.maximum(0.0, now_s - last_felt_s) / DAY_S
     return intensity * (params.fade_floor + (1.0 - params.fade_floor) * np.exp(-t_days / tau))
+
+
+def recall_weight_now(felt: npt.NDArray[np.float64], params: Params = DEFAULTS) -> npt.NDArray[np.float64]:
+    """``box.memory.laws.recall_weight`` over arrays: what fading multiplies a cosine by (issue 32)."""
+    w = min(1.0, max(0.0, params.recall_felt_weight))
+    return (1.0 - w) + w * felt
 
 
 # ------------------------------------------------------------------ rows as loaded from the store
@@ -211,16 +220,18 @@ class _Texts:
                 mask[rows[low:high]] = True
         return mask
 
-    def naming(self, names: Sequence[str]) -> npt.NDArray[np.bool_]:
+    def naming(self, names: Sequence[str], budget: list[int] | None = None) -> npt.NDArray[np.bool_]:
         """A row mask: the rows whose text names any of ``names`` (``laws.mention_names``: lowercased), as
         ``laws.mentions`` decides it. A one-word name by a 64-bit keyed hash (Python's ``hash``: salted per
         process, so no box can aim at a collision); any other name by the laws' own patterns over the rows
-        that hold all its words, within ``NAME_SCAN_CHARS`` of text a request (see the class doc)."""
+        that hold all its words, within ``NAME_SCAN_CHARS`` of text a request (see the class doc): ``budget``,
+        one request's characters left, shared by every call of that request (spent in place)."""
         mask = np.zeros(len(self.rows), dtype=bool)
         if not names or not self.rows:
             return mask
         self._index()
-        budget = NAME_SCAN_CHARS
+        if budget is None:
+            budget = [NAME_SCAN_CHARS]
         for name in names:
             words = list(dict.fromkeys(_WORD.findall(name)))
             if words == [name]:  # one word: exactly the rows that have it, written as its kind of name needs
@@ -232,8 +243,8 @@ class _Texts:
             patterns = mention_patterns([name])  # several words, or none: the laws' patterns over those rows
             for row in np.flatnonzero(holding & ~mask):
                 text = self.rows[row]
-                budget -= len(text) * len(patterns)  # each pattern is one pass over the text
-                if budget < 0:
+                budget[0] -= len(text) * len(patterns)  # each pattern is one pass over the text
+                if budget[0] < 0:
                     return mask  # the request's name work is spent: the rest names no one this time
                 if any(pattern.search(text) is not None for pattern in patterns):
                     mask[row] = True
@@ -362,36 +373,40 @@ class ScopeMatrix:
         kinds: Sequence[str],
         now_s: float,
         params: Params = DEFAULTS,
+        per_record: int = 0,
     ) -> list[Hit]:
         """This matrix's best ``k`` records for ``query`` (already normalised, of this matrix's length).
 
         A record's final score is the best of its own score and its episodes' (mechanism 16), so the top k
         records are the first k distinct records in the merged, descending list of record and episode
         scores. Only the best few episodes are ranked (doubling until the answer is exact), never all.
+        ``per_record``: each hit also names up to that many of its record's episodes that match the query
+        best, best first (``Hit.matched``; issue 32: a long record shows the turns the words are about).
         """
         n = len(self.record_ids)
         if n == 0:
             return []
         felt = felt_now(self._intensity.view, self._valence.view, self._last_felt.view, now_s, params)
-        felt32 = felt.astype(np.float32)
-        scores = self._vectors.view @ query * felt32  # mechanism 14
-        if names:
-            scores += np.float32(params.name_bonus) * self._texts.naming(names)  # mechanism 15
+        weight = recall_weight_now(felt, params).astype(np.float32)  # mechanism 14, as we weigh fading
+        scores = self._vectors.view @ query * weight  # mechanism 14
         construct = self._construct.view
         allowed = np.ones(n, dtype=bool)
         if "construct" not in kinds:
             allowed &= ~construct
         if "lived" not in kinds:
             allowed &= construct
+        m = len(self.episode_ids)
+        owner = self._episode_record.view
+        named, episodes_named = self._discriminating(names, allowed, owner, params)
+        if named is not None:
+            scores += np.float32(params.name_bonus) * named  # mechanism 15
         scores[~allowed] = -np.inf
         records = top_k(scores, k)
-        m = len(self.episode_ids)
         if not m:
             return [Hit(self.record_ids[r], float(scores[r])) for r in records if np.isfinite(scores[r])]
-        owner = self._episode_record.view
-        episode_scores = self._episode_vectors.view @ query * felt32[owner]  # mechanism 16: its record's felt
-        if names:
-            episode_scores += np.float32(params.name_bonus) * self._episode_texts.naming(names)
+        episode_scores = self._episode_vectors.view @ query * weight[owner]  # mechanism 16: its record's felt
+        if episodes_named is not None:
+            episode_scores += np.float32(params.name_bonus) * episodes_named
         episode_scores[~allowed[owner]] = -np.inf
         take = min(m, 4 * k)
         while True:
@@ -413,10 +428,69 @@ class ScopeMatrix:
             if complete or (len(chosen) == k and min(s for s, _ in chosen.values()) >= lowest_episode):
                 break
             take = min(m, take * 2)
+        matched = self._matched(chosen, owner, episode_scores, per_record)
         return [
-            Hit(self.record_ids[row], score, self.episode_ids[episode] if episode >= 0 else None)
+            Hit(
+                self.record_ids[row],
+                score,
+                self.episode_ids[episode] if episode >= 0 else None,
+                tuple(self.episode_ids[e] for e in matched.get(row, ())),
+            )
             for row, (score, episode) in chosen.items()
         ]
+
+    def _discriminating(
+        self,
+        names: Sequence[str],
+        allowed: npt.NDArray[np.bool_],
+        owner: npt.NDArray[np.int64],
+        params: Params,
+    ) -> tuple[npt.NDArray[np.bool_] | None, npt.NDArray[np.bool_] | None]:
+        """The records and the episodes that earn the name bonus (None: none), by the names that earn it in this
+        scope (``laws.name_discriminates``): those that mention at most half of the rows searched (records and
+        episodes of the kinds asked), once there are more rows than one search takes. Each name is looked for
+        once, all of them within one request's ``NAME_SCAN_CHARS`` (issue 32 #5)."""
+        if not names:
+            return None, None
+        episodes_allowed = allowed[owner]
+        rows = int(allowed.sum()) + int(episodes_allowed.sum())
+        budget = [NAME_SCAN_CHARS]
+        records_named = np.zeros(len(self.record_ids), dtype=bool)
+        episodes_named = np.zeros(len(self.episode_ids), dtype=bool)
+        for name in names:
+            in_records = self._texts.naming([name], budget)
+            in_episodes = self._episode_texts.naming([name], budget)
+            count = int((in_records & allowed).sum()) + int((in_episodes & episodes_allowed).sum())
+            if name_discriminates(count, rows, params):
+                records_named |= in_records
+                episodes_named |= in_episodes
+        return (records_named if records_named.any() else None), (
+            episodes_named if episodes_named.any() else None
+        )
+
+    @staticmethod
+    def _matched(
+        chosen: dict[int, tuple[float, int]],
+        owner: npt.NDArray[np.int64],
+        episode_scores: npt.NDArray[np.float32],
+        per_record: int,
+    ) -> dict[int, list[int]]:
+        """Each chosen record's ``per_record`` best-scoring episodes, best first (the newer row on a tie)."""
+        if per_record <= 0 or not chosen:
+            return {}
+        rows = np.fromiter(chosen, dtype=np.int64, count=len(chosen))
+        mine = np.nonzero(np.isin(owner, rows) & np.isfinite(episode_scores))[0]
+        if not mine.size:
+            return {}
+        order = mine[
+            np.lexsort((-mine, -episode_scores[mine], owner[mine]))
+        ]  # by record, best (then newest) first
+        found: dict[int, list[int]] = {}
+        for e in order.tolist():
+            best = found.setdefault(int(owner[e]), [])
+            if len(best) < per_record:
+                best.append(e)
+        return found
 
 
 @dataclass(frozen=True)
@@ -424,6 +498,7 @@ class Hit:
     record_id: str
     score: float
     hit_episode: str | None = None
+    matched: tuple[str, ...] = ()  # the record's episodes that match the query best, best first (issue 32)
 
 
 # ------------------------------------------------------------------ the cache
@@ -467,8 +542,10 @@ class VectorCache:
         kinds: Sequence[str],
         now_s: float,
         params: Params = DEFAULTS,
+        per_record: int = 0,
     ) -> list[Hit]:
-        """The top ``k`` records of ``imp`` over ``scopes`` for ``query`` (mechanisms 14-17, 30)."""
+        """The top ``k`` records of ``imp`` over ``scopes`` for ``query`` (mechanisms 14-17, 30); each hit names
+        its ``per_record`` best-matching episodes."""
         unit = normalised(query)
         dims = int(unit.size)
         cleaned = mention_names(list(names))
@@ -476,7 +553,9 @@ class VectorCache:
         for scope in dict.fromkeys(scopes):
             hits.extend(
                 self._use(
-                    (imp, scope, dims), loader, lambda e: e.score(unit, cleaned, k, kinds, now_s, params)
+                    (imp, scope, dims),
+                    loader,
+                    lambda e: e.score(unit, cleaned, k, kinds, now_s, params, per_record),  # fmt: skip
                 )
             )
         hits.sort(key=lambda h: (-h.score, h.record_id))

@@ -754,6 +754,13 @@ def _about_stmt(shape: str) -> Any:
     )  # fmt: skip
 
 
+def _hit_first(hit: Hit) -> tuple[str, ...]:
+    """A hit's best-matching episodes with its hit episode first (mechanism 16)."""
+    if hit.hit_episode is None:
+        return hit.matched
+    return (hit.hit_episode, *(e for e in hit.matched if e != hit.hit_episode))
+
+
 def _rows_by_id(shape: str) -> Any:
     """The rows of ``ids`` within the reach: looked up by id first (a scope scan would be slow on SQLite)."""
     ids = select(_R).where(_R.c.id.in_(bindparam("ids", expanding=True))).limit(bindparam("n")).subquery("r")
@@ -783,8 +790,10 @@ def _newest_episodes(shape: str) -> Any:
     )
 
 
-def _episode_by_id(shape: str) -> Any:
-    return select(*_EPISODE_COLUMNS).where(_E.c.id == bindparam("eid"), _Reach.criterion(_E, shape))
+def _episodes_by_ids(shape: str) -> Any:
+    return select(*_EPISODE_COLUMNS).where(
+        _E.c.id.in_(bindparam("ids", expanding=True)), _Reach.criterion(_E, shape)
+    )
 
 
 def _scopes_of_ids(shape: str) -> Any:
@@ -1034,32 +1043,37 @@ class MemoryStore(Store, Loader):
             found.setdefault(row["record_id"], []).append(self._episode(row))
         return found
 
-    def _episode_by_id(self, conn: Connection, reach: _Reach, episode_id: str) -> EpisodeView | None:
-        statement = _per_reach("episode", reach, _episode_by_id)
-        row = conn.execute(statement, reach.params(eid=episode_id)).mappings().first()
-        return self._episode(row) if row else None
-
     def _with_episodes(
         self,
         conn: Connection,
         reach: _Reach,
         views: list[RecordView],
         per_record: int,
-        hits: dict[str, str | None] | None = None,
+        matched: dict[str, tuple[str, ...]] | None = None,
     ) -> list[RecordView]:
-        """Load each record's newest episodes; a search's hit episode goes first (mechanisms 16, 116)."""
+        """Load each record's episodes, ``per_record`` at most: a search's best-matching ones first (the hit
+        episode first of all: mechanism 16), then the newest (116) to fill the rest.
+
+        The seed loads the hit and the 3 newest; on a long record (a session of one feeling holds dozens of
+        turns) that showed one turn the words are about and three that happened to be last (issue 32)."""
         if per_record <= 0:
             return views
         newest = self._episodes_of(conn, reach, [view.id for view in views], per_record)
+        shown = {e.id for episodes in newest.values() for e in episodes}
+        missing = [eid for ids in (matched or {}).values() for eid in ids[:per_record] if eid not in shown]
+        loaded: dict[str, EpisodeView] = {}
+        if missing:  # one read for every matched episode that is not among its record's newest
+            statement = _per_reach("episodes-by-id", reach, _episodes_by_ids)
+            for row in conn.execute(statement, reach.params(ids=missing)).mappings():
+                loaded[row["id"]] = self._episode(row)
         for view in views:
             episodes = newest.get(view.id, [])
-            hit_id = (hits or {}).get(view.id)
-            if hit_id is not None:
-                hit = next((e for e in episodes if e.id == hit_id), None) or self._episode_by_id(
-                    conn, reach, hit_id
-                )
-                if hit is not None:
-                    episodes = [hit, *(e for e in episodes if e.id != hit_id)]
+            wanted = list((matched or {}).get(view.id, ()))[:per_record]
+            if wanted:
+                have = {e.id: e for e in episodes} | loaded
+                first = [have[eid] for eid in wanted if eid in have]
+                ids = {e.id for e in first}
+                episodes = (first + [e for e in episodes if e.id not in ids])[:per_record]
             view.episodes = episodes
         return views
 
@@ -1083,8 +1097,9 @@ class MemoryStore(Store, Loader):
 
         seen = self.db.read(generations)  # every scope's generation in one read: the cache checks them
         ranked: list[Hit] = self.cache.search(
-            _Seen(self, reach.imp, seen), reach.imp, tuple(seen), vector, names, k, kinds, now.timestamp()
-        )
+            _Seen(self, reach.imp, seen), reach.imp, tuple(seen), vector, names, k, kinds, now.timestamp(),
+            per_record=episodes,
+        )  # fmt: skip
         if not ranked:
             return []
 
@@ -1099,9 +1114,8 @@ class MemoryStore(Store, Loader):
                 view.score = hit.score
                 view.hit_episode = hit.hit_episode
                 views.append(view)
-            return self._with_episodes(
-                conn, reach, views, episodes, {h.record_id: h.hit_episode for h in ranked}
-            )
+            matched = {h.record_id: _hit_first(h) for h in ranked}
+            return self._with_episodes(conn, reach, views, episodes, matched)
 
         return self.db.read(read)
 

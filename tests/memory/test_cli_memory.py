@@ -259,7 +259,8 @@ def test_search_and_remember_embed_through_the_gateway_metered_and_audited(
         assert call.purpose == "embedding"  # the host's purpose header, as the fake read it
         assert (call.body["model"], call.body["dimensions"]) == ("text-embedding-3-small", 256)
     assert given["dims"] == 256 and found[0]["id"] == given["record"]
-    assert found[0]["score"] == pytest.approx(0.6, abs=0.005)  # cosine 1 (the same text) × felt 0.6
+    # cosine 1 (the same text) × (0.75 + 0.25 × felt 0.6): issue 32's weight of fading in a recall score
+    assert found[0]["score"] == pytest.approx(0.9, abs=0.005)
     rows = [r for r in audit_rows() if r["method"] == "model.request"]
     assert len(rows) == 3
     for row in rows:

@@ -114,11 +114,9 @@ async def test_m62_m63_the_event_as_it_happened_and_the_vectors(kit: Kit) -> Non
     event = "Ann said: I love lighthouses\npip replied: hello"
     assert kept.episodes[0].as_happened == event
     embedded = [" ".join(c.body["input"]) for c in kit.model.of("embedding")]
-    assert embedded == [
-        "I love lighthouses",
-        event,
-        "Ann likes lighthouses.",
-    ]  # words, event (62), conclusion (63)
+    # The words (recall's query, and the event's vector: mechanism 62 as we apply it — issue 32, the person's
+    # words, not the diluted "Ann said: … / pip replied: …"; embedded once), then the conclusion (63).
+    assert embedded == ["I love lighthouses", "Ann likes lighthouses."]
     assert all(c.body["dimensions"] == 64 for c in kit.model.of("embedding"))
 
 

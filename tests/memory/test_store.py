@@ -61,8 +61,9 @@ def test_m14_a_faded_record_ranks_below_an_equally_similar_fresh_one(
     fresh, _ = guild.encode(moment("we baked bread again", intensity=0.8, vector=axis(1)))
     found = guild.search(axis(1), k=2)
     assert [r.id for r in found] == [fresh, old]
-    assert found[0].score == pytest.approx(0.8, abs=1e-6)
-    assert found[1].score == pytest.approx(0.446012, abs=1e-6)  # 0.8 × (0.3 + 0.7·e^−1)
+    # Issue 32: cosine × (0.75 + 0.25 × felt) — fading orders equal meanings, it no longer outweighs meaning.
+    assert found[0].score == pytest.approx(0.95, abs=1e-6)  # 0.75 + 0.25 × 0.8
+    assert found[1].score == pytest.approx(0.861503, abs=1e-6)  # 0.75 + 0.25 × 0.8 × (0.3 + 0.7·e^−1)
     assert found[1].felt == pytest.approx(0.446012, abs=1e-6)
     assert found[1].intensity == 0.8  # fading is at read time: the stored intensity is untouched
 
@@ -71,8 +72,8 @@ def test_m15_a_record_naming_someone_as_a_whole_word_scores_half_more(guild: Sco
     named, _ = guild.encode(moment("I walked with Alice by the river", intensity=0.6, vector=axis(2)))
     partial, _ = guild.encode(moment("I walked with Alicia by the river", intensity=0.6, vector=axis(2)))
     scores = {r.id: r.score for r in guild.search(axis(2), names=["alice"], k=5)}
-    assert scores[named] == pytest.approx(1.1, abs=1e-6)
-    assert scores[partial] == pytest.approx(0.6, abs=1e-6)
+    assert scores[named] == pytest.approx(1.4, abs=1e-6)  # 0.75 + 0.25 × 0.6, +0.5 (issue 32's weight)
+    assert scores[partial] == pytest.approx(0.9, abs=1e-6)
 
 
 def test_m15_names_with_regex_and_sql_characters_are_taken_literally(guild: ScopedMemory) -> None:
@@ -80,8 +81,8 @@ def test_m15_names_with_regex_and_sql_characters_are_taken_literally(guild: Scop
     named, _ = guild.encode(moment(f"I argued with {odd} today", intensity=0.4, vector=axis(3)))
     other, _ = guild.encode(moment("I argued with OXBrien (50X_off) today", intensity=0.4, vector=axis(3)))
     scores = {r.id: r.score for r in guild.search(axis(3), names=[odd, "a.b", "%", "_"], k=5)}
-    assert scores[named] == pytest.approx(0.9, abs=1e-6)
-    assert scores[other] == pytest.approx(0.4, abs=1e-6)
+    assert scores[named] == pytest.approx(1.35, abs=1e-6)  # 0.75 + 0.25 × 0.4, +0.5
+    assert scores[other] == pytest.approx(0.85, abs=1e-6)
     assert [r.id for r in guild.about(odd)] == [named]
     assert guild.about("%") == [] and guild.about("_") == []
 
@@ -97,9 +98,10 @@ def test_m16_an_episode_that_beats_its_record_becomes_the_hit_and_is_listed_firs
     (hit,) = guild.search(axis(2), k=1)
     assert hit.id == record
     assert hit.hit_episode == first
-    assert hit.score == pytest.approx(0.499757, abs=1e-6)  # 1 × 0.5 × fade(3 min)
-    assert [e.id for e in hit.episodes] == [first, later[2], later[1], later[0]]
-    (plain,) = guild.search(axis(3), k=1)  # the newest three are loaded, newest first
+    assert hit.score == pytest.approx(0.874939, abs=1e-6)  # 1 × (0.75 + 0.25 × 0.5 × fade(3 min)): issue 32
+    # Issue 32: 3 episodes, the best-matching first (the hit), then the equally (un)matching ones newest first.
+    assert [e.id for e in hit.episodes] == [first, later[2], later[1]]
+    (plain,) = guild.search(axis(3), k=1)  # three match equally: the hit, then newest first
     assert plain.hit_episode == later[0]
     assert [e.id for e in plain.episodes] == [later[0], later[2], later[1]]
 

@@ -116,7 +116,8 @@ async def test_m15_a_construct_is_recalled_by_a_name_in_its_statement(
         vector=axis(7),
     ))  # fmt: skip
     found = await ask(service, guild_box, "memory.search", {"vector": axis(7), "names": ["maren"]})
-    assert [(r.id, round(r.score, 6)) for r in found.records] == [(formed.record_id, 1.0)]  # 0.5 + 0.5 bonus
+    # 1 × (0.75 + 0.25 × 0.5) (issue 32's weight of fading) + 0.5 bonus
+    assert [(r.id, round(r.score, 6)) for r in found.records] == [(formed.record_id, 1.375)]
     about = await ask(service, guild_box, "memory.about", {"person": "Maren"})
     assert [r.id for r in about.records] == [formed.record_id]
 
