@@ -245,10 +245,11 @@ IN_VIEW_CHARS = 300
 
 def in_view_line(prompts: Prompts, model: str | None, record: RecordView) -> str:
     """A record a search found in this conversation's focus: its conclusion and the event that matched
-    (the hit episode, as it happened: it is this conversation's, 40), so the imp reads what it remembers
-    from just now (issue 32, finding 6)."""
+    (its first episode, as it happened: the host's search lists a record's episodes that match the words
+    first, the hit before them; it is this conversation's, 40), so the imp reads what it remembers from just
+    now (issue 32, finding 6)."""
     conclusion = cut(record.conclusion.replace("\n", " "), IN_VIEW_CHARS)
-    hit = record.episodes[0] if record.hit_episode is not None and record.episodes else None
+    hit = record.episodes[0] if record.episodes else None
     if hit is None:
         return prompts.render("search.in_view.entry", model, conclusion=conclusion)
     event = cut(hit.as_happened.replace("\n", " / "), IN_VIEW_CHARS)

@@ -168,7 +168,9 @@ async def test_m16_an_episode_that_only_ties_its_record_is_not_the_hit(kit: Kit)
         )  # fmt: skip
     [tied] = (await store.search(axis(1), k=1, episodes=3)).records
     assert tied.hit_episode is None  # a tie: the record keeps its own score (16)
-    assert [e.message_id for e in tied.episodes] == ["new2", "new1", "new0"]
+    # Shown first all the same: a record lists its episodes that match the words best, the newest filling the
+    # rest (issue 32, finding 8; docs/memory.md, "Where recall departs from the seed").
+    assert [e.message_id for e in tied.episodes] == ["old", "new2", "new1"]
     kit.clock.advance(timedelta(minutes=1))
     await store.encode(
         mem.EncodeParams(join=first.record_id, episode=mem.NewEpisode(
