@@ -302,9 +302,11 @@ class Script:
         h = _stable(words)
         valence = [0.5, 0.4, 0.3, -0.3][h % 4]  # mostly pleasant; a change of sign opens a record (64)
         intensity = 0.3 + 0.1 * (h % 5)
+        # "lasting" false throughout: the ranking is measured on the seed's records (a lived moment joins the
+        # conversation's record of its sign); which lines a real model would keep apart is not scripted here.
         return {"feeling": "interest" if valence > 0 else "unease",
                 "conclusion": f"{PERSON.capitalize()} told me: {words[:200]}",
-                "valence": valence, "intensity": intensity}  # fmt: skip
+                "valence": valence, "intensity": intensity, "lasting": False}  # fmt: skip
 
     @staticmethod
     def filter(request: RecordedRequest) -> dict[str, Any]:

@@ -19,9 +19,9 @@ Scoring (mechanisms 14-17, 30), for a query vector of length d over the matrices
    0.75 + 0.25 × felt — ours, issue 32: fading breaks ties instead of outweighing meaning), +0.5
    (``name_bonus``) when the record text names one of the names as a whole word, written as a name
    (``laws.mentions``, the rule the box applies too; the text: a construct's statement, then the conclusion) — only for a
-   name that discriminates in that scope (``laws.name_discriminates``: it names at most half of the rows);
+   name that discriminates in that scope (``laws.name_discriminates``: it names at most half of the records);
 2. every episode of a scored record: cosine × its record's recall weight, +0.5 when its as-it-happened text
-   names such a name; the best episode replaces its record's score when it beats it, and is the hit episode;
+   names a name that discriminates among the episodes; the best episode replaces its record's score when it beats it, and is the hit episode;
 3. the top k, highest first; each names its record's best-matching episodes (``Hit.matched``), which the
    store loads before the newest (issue 32: a long record shows the turns the words are about).
 """
@@ -447,22 +447,26 @@ class ScopeMatrix:
         params: Params,
     ) -> tuple[npt.NDArray[np.bool_] | None, npt.NDArray[np.bool_] | None]:
         """The records and the episodes that earn the name bonus (None: none), by the names that earn it in this
-        scope (``laws.name_discriminates``): those that mention at most half of the rows searched (records and
-        episodes of the kinds asked), once there are more rows than one search takes. Each name is looked for
-        once, all of them within one request's ``NAME_SCAN_CHARS`` (issue 32 #5)."""
+        scope (``laws.name_discriminates``), among the records and among the episodes apart: a name earns it
+        among the records of the kinds asked while it names at most half of them (once there are more than one
+        search takes), and among their episodes likewise. Apart, because a name may be on every record and on
+        few episodes or the other way round (the person's name is written as a name in a record's conclusion,
+        "Jo told me", and as they spell it in an episode, "jo said"): counted together, it would lift every
+        record of one side over every episode of the other. Each name is looked for once, all of them within one
+        request's ``NAME_SCAN_CHARS`` (issue 32 #5)."""
         if not names:
             return None, None
         episodes_allowed = allowed[owner]
-        rows = int(allowed.sum()) + int(episodes_allowed.sum())
+        record_rows, episode_rows = int(allowed.sum()), int(episodes_allowed.sum())
         budget = [NAME_SCAN_CHARS]
         records_named = np.zeros(len(self.record_ids), dtype=bool)
         episodes_named = np.zeros(len(self.episode_ids), dtype=bool)
         for name in names:
             in_records = self._texts.naming([name], budget)
             in_episodes = self._episode_texts.naming([name], budget)
-            count = int((in_records & allowed).sum()) + int((in_episodes & episodes_allowed).sum())
-            if name_discriminates(count, rows, params):
+            if name_discriminates(int((in_records & allowed).sum()), record_rows, params):
                 records_named |= in_records
+            if name_discriminates(int((in_episodes & episodes_allowed).sum()), episode_rows, params):
                 episodes_named |= in_episodes
         return (records_named if records_named.any() else None), (
             episodes_named if episodes_named.any() else None

@@ -124,8 +124,9 @@ async def test_equally_relevant_memories_are_still_ordered_by_how_strongly_they_
 
 async def test_the_person_named_on_every_episode_earns_no_bonus(kit: Kit) -> None:
     """A one-to-one chat: "Ann said: …" on every episode. Seed: every unrelated record scores 0.5 + 0 through
-    its episodes, above the record that means the words (1 × 0.4 felt). Ours: 13 records and 26 episodes, Ann
-    on 26 rows (more than half): no bonus, and the meaning ranks."""
+    its episodes, above the record that means the words (1 × 0.4 felt). Ours: Ann on all 26 episodes (more than
+    half of them): no bonus among the episodes, and the meaning ranks; among the 13 records only the meant one
+    names her, so there she still singles it out (+0.5)."""
     meant, _ = await keep(kit, "hello", conclusion="Ann's brother is a pilot", vector=axis(1),
                           episode_vector=axis(3), intensity=0.4)  # fmt: skip
     await keep(kit, "hi again", join=meant, vector=axis(3))
@@ -135,7 +136,22 @@ async def test_the_person_named_on_every_episode_earns_no_bonus(kit: Kit) -> Non
     found = await Recall(kit.store(), Fixed(axis(1)), KeepNone()).plain("what does my brother do?")
     assert found[0].id == meant
     result = await kit.store().search(axis(1), ["ann"], k=3)
-    assert result.records[0].id == meant and result.records[0].score == pytest.approx(0.85, abs=1e-3)
+    assert result.records[0].id == meant and result.records[0].score == pytest.approx(0.85 + 0.5, abs=1e-3)
+
+
+async def test_records_and_episodes_are_counted_apart_for_the_name_bonus(kit: Kit) -> None:
+    """A person who spells their name "jo": every record's conclusion names them as a name ("Jo told me …"),
+    no episode does ("jo said: …" is not written as a name). Counted together Jo names 13 of 26 rows (half), so
+    every record would earn +0.5 and bury the one whose episode means the words; counted apart, Jo is on every
+    record (no bonus among records) and on no episode, and the meaning ranks."""
+    meant, episode = await keep(kit, "we swam in the lake", conclusion="Jo told me about a swim",
+                                vector=axis(3), episode_vector=toward(1, 3, 0.4), author="jo")  # fmt: skip
+    for n in range(12):
+        await keep(kit, f"small talk {n}", conclusion=f"Jo told me small thing {n}", vector=axis(4),
+                   episode_vector=axis(5), author="jo")  # fmt: skip
+    result = await kit.store().search(axis(1), ["jo"], k=3)
+    assert result.records[0].id == meant and result.records[0].hit_episode == episode
+    assert result.records[0].score < 0.5  # no name bonus on either side: the episode's meaning alone
 
 
 async def test_a_name_on_few_rows_still_earns_the_bonus(kit: Kit) -> None:
