@@ -264,6 +264,7 @@ def like_pattern(name: str) -> str:
 # (b"memo"; the two-key space is apart from the one-key space of the migrator's lock).
 MESSAGE_LOCK_CLASS = 0x6D656D6F
 MAX_CACHED_COUNTS = 10_000  # (imp, scope) totals kept between writes
+ABOUT_SCAN_CHARS = 1_000_000  # issue 32 #5: record text one memory.about reads for its name, strongest first
 MAX_RULES = 1_000  # learned rules kept per imp: past it the weakest goes (dormant first, then oldest)
 MAX_CONVERSATIONS_PER_CHANNEL = (
     200  # people whose conversation state a channel keeps (the most recently saved)
@@ -1128,22 +1129,29 @@ class MemoryStore(Store, Loader):
         exclude: Iterable[str] = (),
         kinds: Sequence[str] = BOTH_KINDS,
     ) -> list[RowMapping]:
-        """Records authored by ``person`` (exact name or id) or naming them, strongest stored intensity first."""
+        """Records authored by ``person`` (exact name or id) or naming them, strongest stored intensity first.
+
+        The name is looked for in at most ``ABOUT_SCAN_CHARS`` of record text a request (issue 32 #5): a box
+        asking about a common word ("the") is answered from the strongest records read by then, never made to
+        scan every record of a large memory."""
         excluded = set(exclude)
         found: list[RowMapping] = []
+        budget = ABOUT_SCAN_CHARS
         statement = _per_reach("about", reach, _about_stmt)
         params = reach.params(kinds=list(kinds), person=person, pattern=like_pattern(person.strip().lower()))
         for row in conn.execute(statement, params).mappings():
             if row["id"] in excluded:
                 continue
-            if (
-                row["author"] == person
-                or row["author_id"] == person
-                or laws.mentions(_row_text(row), [person])
-            ):
-                found.append(row)
-                if len(found) >= k:
-                    break
+            if row["author"] != person and row["author_id"] != person:
+                text = _row_text(row)
+                budget -= len(text)
+                if budget < 0:
+                    break  # the request's name work is spent: what it found among the strongest stands
+                if not laws.mentions(text, [person]):
+                    continue
+            found.append(row)
+            if len(found) >= k:
+                break
         return found
 
     def _refeel(

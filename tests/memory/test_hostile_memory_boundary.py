@@ -497,3 +497,39 @@ def test_the_name_bonus_is_the_laws_whole_word_rule(mdb_store: MemoryStore, name
     hits = scoped.search([1.0] + [0.0] * 63, [name], 50, episodes=0)
     named = {r.conclusion for r in hits if (r.score or 0) > 1.25}  # 1.0, +0.5 for a name
     assert named == {text for text in texts if mentions(text, [name])}
+
+
+def test_memory_about_reads_a_bounded_amount_of_text_for_a_name(
+    mdb_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 #5: ``memory.about`` looks for the name in at most ABOUT_SCAN_CHARS of record text a request,
+    strongest first. A box asking about a common word reads no more than that whatever the memory's size; a
+    person named among the strongest is still found, and one named only past the bound is not (this time)."""
+    import impyard.memory.store as store_module
+
+    monkeypatch.setattr(store_module, "ABOUT_SCAN_CHARS", 5_000, raising=False)
+    scoped = mdb_store.scoped("pip", SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,)), "c1")
+    filler = (
+        " and the weathering went on" * 35
+    )  # ~900 characters a record, "erin" in each (SQL finds them all)
+    for n, (intensity, who) in enumerate([(0.9, "Dana"), *[(0.5, "someone")] * 20, (0.1, "Erin")]):
+        record = mem.NewRecord(author="ann", author_id="u1", feeling="calm", conclusion=f"{who} came by{filler}",
+                               valence=0.2, intensity=intensity, vector=hashing_vector(f"visit {n}"))  # fmt: skip
+        scoped.encode(
+            mem.EncodeParams(record=record, episode=mem.NewEpisode(author="ann", as_happened=f"- {n}"))
+        )
+    scanned = [0]
+    real = store_module.laws.mentions
+
+    def counting(text: str, names: Any) -> bool:
+        scanned[0] += len(text)
+        return real(text, names)
+
+    monkeypatch.setattr(store_module.laws, "mentions", counting)
+    assert [r.conclusion.split()[0] for r in scoped.about("Dana", k=5)] == ["Dana"]
+    scanned[0] = 0
+    assert scoped.about("weathering", k=50) == []  # in every record, never written as a name
+    assert scanned[0] <= 5_000
+    assert scoped.about("Erin", k=5) == []  # the weakest record, past the bound: not read this time
+    monkeypatch.setattr(store_module, "ABOUT_SCAN_CHARS", 1_000_000)
+    assert [r.conclusion.split()[0] for r in scoped.about("Erin", k=5)] == ["Erin"]
