@@ -274,7 +274,12 @@ def worker_main() -> None:
     args = parser.parse_args()
     import anyio
 
-    figures = anyio.run(evaluate, args.embedder, args.days, not args.no_nights)
+    if not os.environ.get("IMPYARD_HOME"):  # run by hand: a home of its own, never the user's
+        with tempfile.TemporaryDirectory(prefix="memory-days-") as tmp:
+            os.environ["IMPYARD_HOME"] = str(Path(tmp) / "home")
+            figures = anyio.run(evaluate, args.embedder, args.days, not args.no_nights)
+    else:
+        figures = anyio.run(evaluate, args.embedder, args.days, not args.no_nights)
     Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
 
 
