@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import sys
 
@@ -67,5 +66,4 @@ cli.add_command(hosts_command)
 
 def main() -> None:
     """The ``impyard`` script; user errors and bugs are shown by ``ImpyardGroup`` (cli/errors.py)."""
-    faulthandler.enable()  # a crash in native code (SQLite, numpy) leaves every thread's Python stack on stderr
     cli(prog_name="impyard")
