@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_openai import FakeOpenAI
 
 # By the schema name of the call (box/memory: association_filter.SCHEMA, moment.SCHEMA, summary.SCHEMA).
 MEMORY_ANSWERS: dict[str, dict[str, Any]] = {

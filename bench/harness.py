@@ -19,8 +19,6 @@ from pydantic import BaseModel
 
 from bench.env import ROOT
 from bench.stats import percentile
-from box.program import serve as serve_box
-from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.history import HistoryCommitParams, HistoryCommitResult, HistoryLineView, HistoryLoadResult
 from box.protocol.models import (
     Author,
@@ -43,7 +41,7 @@ from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import SessionKey
 from impyard.surfaces import RecordingSurface
-from impyard.testing.pipes import byte_pipe
+from testing.inprocess import InProcessBackend
 
 MODES = ("warm", "cold")  # [sessions] mode; cold = a fresh box per message
 PERSONA = "You are Pip, a friendly imp who answers briefly."
@@ -344,11 +342,12 @@ class TimedBackend:
 
 @dataclass
 class InProcessBox:
-    """The box program (``box.program.serve``) on in-memory pipes, with a minimal host: no session manager,
-    no subprocess, no policy, ledger or audit. ``model.request`` goes straight to the fake model through
-    the same broker; ``discord.send`` lands on the surface directly."""
+    """The box program on the in-process backend (``testing.inprocess``: the same program, in this process, on
+    in-memory streams), with a minimal host: no session manager, no subprocess, no policy, ledger or audit.
+    ``model.request`` goes straight to the fake model through the same broker; ``discord.send`` lands on the
+    surface directly."""
 
-    peer: Peer
+    box: RunningBox
     surface: TimingSurface
     channel_id: str
     imp_name: str
@@ -364,7 +363,7 @@ class InProcessBox:
             message=msg, framing=framing, recent=self.history[-HISTORY_SENT:], now=datetime.now(UTC)
         )
         start = time.perf_counter()
-        await self.peer.request("mailbox.deliver", params, timeout=REPLY_TIMEOUT_S)
+        await self.box.deliver(params, timeout=REPLY_TIMEOUT_S)
         landed = await self.surface.reply_to(msg.id, timeout_s=1)
         reply = self.surface.sent[-1]
         self.history.append(
@@ -376,56 +375,58 @@ class InProcessBox:
         return (landed - start) * 1000
 
 
+@dataclass
+class MinimalHost:
+    """The baseline's host side: the model through the broker, sends onto the surface, the box's own lines in
+    memory (the host keeps them, issue 22); stages and logs dropped."""
+
+    broker: ModelBroker
+    surface: TimingSurface
+    kept: list[HistoryLineView] = field(default_factory=list)
+
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
+        if method == "model.request":
+            assert isinstance(params, ModelRequestParams)
+            response = await self.broker.call(params.path, encode_body(params.body), params.purpose)
+            return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
+        if method == "discord.send":
+            assert isinstance(params, DiscordSendParams)
+            ids = await self.surface.send(params.channel_id, params.content, params.reply_to, (), params.kind)
+            return DiscordSendResult(status="delivered", message_ids=ids)
+        if method == "history.load":
+            return HistoryLoadResult(lines=self.kept[-20:])
+        if method == "history.commit":
+            assert isinstance(params, HistoryCommitParams)
+            known = {(line.id, line.role) for line in self.kept}
+            fresh = [
+                HistoryLineView(**line.model_dump())
+                for line in params.lines
+                if (line.id, line.role) not in known
+            ]
+            self.kept.extend(fresh)
+            del self.kept[:-20]
+            return HistoryCommitResult(stored=len(fresh))
+        return None  # turn.stage, log
+
+
 @asynccontextmanager
 async def in_process_box(
     upstream: Upstream, imp: str, channel_id: str, state_dir: Path
 ) -> AsyncIterator[InProcessBox]:
     """``imp``'s settings and persona, exactly as ``box.init`` carries them to a real box; its own state dir."""
     surface = TimingSurface()
-    kept: list[HistoryLineView] = []  # the box's own lines, in memory (the host keeps them, issue 22)
     broker = ModelBroker(upstream.config())
-
-    async def minimal_host(method: str, params: BaseModel) -> BaseModel | None:
-        if method == "model.request":
-            assert isinstance(params, ModelRequestParams)
-            response = await broker.call(params.path, encode_body(params.body), params.purpose)
-            return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
-        if method == "discord.send":
-            assert isinstance(params, DiscordSendParams)
-            ids = await surface.send(params.channel_id, params.content, params.reply_to, (), params.kind)
-            return DiscordSendResult(status="delivered", message_ids=ids)
-        if method == "history.load":
-            return HistoryLoadResult(lines=kept[-20:])
-        if method == "history.commit":
-            assert isinstance(params, HistoryCommitParams)
-            known = {(line.id, line.role) for line in kept}
-            fresh = [
-                HistoryLineView(**line.model_dump())
-                for line in params.lines
-                if (line.id, line.role) not in known
-            ]
-            kept.extend(fresh)
-            del kept[:-20]
-            return HistoryCommitResult(stored=len(fresh))
-        return None  # turn.stage, log
-
     store = ImpStore()
     init = BoxInitParams(
         protocol=1, imp=store.imp_spec(store.get(imp)),
         session=SessionInfo(id=f"{imp}:{channel_id}", channel_id=channel_id, channel_kind="dm", channel_name=channel_id),
         now=datetime.now(UTC),
     )  # fmt: skip
-    await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
-    host_out, box_in = byte_pipe()
-    box_out, host_in = byte_pipe()
-    peer = Peer(host_in, host_out, serves=HOST_METHODS, calls=BOX_METHODS, handler=minimal_host)
+    spec = BoxSpec(imp, channel_id, state_dir)
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(peer.run)
-            tg.start_soon(serve_box, box_in, box_out, state_dir)
-            await peer.request("box.init", init, timeout=REPLY_TIMEOUT_S)
-            yield InProcessBox(peer, surface, channel_id, imp)
-            tg.cancel_scope.cancel()
+        async with InProcessBackend().open(spec, MinimalHost(broker, surface)) as box:
+            await box.init(init, timeout=REPLY_TIMEOUT_S)
+            yield InProcessBox(box, surface, channel_id, imp)
     finally:
         await broker.aclose()
 

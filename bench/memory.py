@@ -82,7 +82,7 @@ from impyard.paths import home
 from impyard.runtime import open_runtime
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskStore
-from impyard.testing.pipes import byte_pipe
+from testing.pipes import byte_pipe
 
 DIMS = 256  # MemorySettings.dimensions: what a gateway-embedded imp stores
 K, EPISODES = 10, 3  # the engine's involuntary search (seed 002: top 10 × 3 episodes)

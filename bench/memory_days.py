@@ -133,7 +133,7 @@ def appraise(request: Any) -> dict[str, Any]:
 
 
 def script(fake: Any, embedder: str) -> None:
-    from impyard.testing.fake_openai import envelope
+    from testing.fake_openai import envelope
 
     fake.script(appraise, purpose="appraisal")
     fake.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
@@ -186,7 +186,7 @@ async def evaluate(embedder: str, days: int = DAYS, nights_on: bool = True) -> d
     from impyard.imps import ImpStore
     from impyard.runtime import open_runtime
     from impyard.surfaces import RecordingSurface
-    from impyard.testing.fake_openai import FakeOpenAI
+    from testing.fake_openai import FakeOpenAI
 
     memory: dict[str, Any] = {"enabled": True, "embedder": "hashing"}
     if embedder == "real":

@@ -60,7 +60,7 @@ from impyard.memory.departures import depart_now, wait_finished
 from impyard.runtime import open_runtime
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 
 IMP = "mnemo"
 PERSON = "jo"

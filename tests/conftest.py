@@ -19,6 +19,7 @@ from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.process import ProcessBackend
 from impyard.backends.runtimes import RUNTIME_ENV, RuntimeChoice
 from impyard.db import Database, open_database
+from tests.fixtures import fake, fake_model, kit, model  # noqa: F401 - the shared fixtures of the test kit
 
 # Every Docker test of the lockdown, the protocol and end to end runs once per runtime (issue 22).
 RUNTIMES = ("runc", "runsc")

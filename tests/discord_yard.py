@@ -21,7 +21,7 @@ from impyard.discord.client import DiscordSettings
 from impyard.discord.serve import DiscordHost, open_discord_host
 from impyard.imps import ImpStore
 from impyard.sessions import Delivery
-from impyard.testing.fake_discord import (
+from testing.fake_discord import (
     FakeBot,
     FakeChannel,
     FakeDiscord,
@@ -29,7 +29,7 @@ from impyard.testing.fake_discord import (
     FakeUser,
     member,
 )
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 
 T = TypeVar("T")
 
@@ -125,15 +125,6 @@ async def until(predicate: Callable[[], T], timeout: float = WAIT_S) -> T:
 
 def settings_for(fake: FakeDiscord) -> DiscordSettings:
     return DiscordSettings(api_base=fake.api_base, guild_ready_timeout_s=0.05)
-
-
-@pytest.fixture(name="model")
-def model_fixture(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The fake OpenAI, as the host's model API (import ``model_fixture`` to use it as ``model``)."""
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", server.api_key)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        yield server
 
 
 @asynccontextmanager

@@ -1,4 +1,5 @@
-"""A scripted host for driving real boxes without the gateway: canned model answers, recorded sends."""
+"""A scripted host for driving real boxes without the gateway: canned model answers, recorded sends; and pip's
+box on the in-process backend."""
 
 from __future__ import annotations
 
@@ -16,17 +17,14 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 
-from box.protocol import BOX_METHODS, HOST_METHODS, ErrorCode, Peer, RpcError
+from box.protocol import ErrorCode, RpcError
 from box.protocol.history import HistoryCommitParams, HistoryCommitResult, HistoryLoadResult
 from box.protocol.models import (
     Attachment,
     Author,
     BoxInitParams,
-    BoxInitResult,
     DeliverParams,
-    DeliverResult,
     DiscordSendResult,
-    EmptyFromHost,
     Framing,
     HistoryEntry,
     HttpFetchResult,
@@ -35,14 +33,12 @@ from box.protocol.models import (
     ModelRequestResult,
     ResponderSettings,
     SessionInfo,
-    TaskRunParams,
-    TaskRunResult,
 )
-from impyard.backends import BoxSpec
+from impyard.backends import BoxHost, BoxSpec, RunningBox
 from impyard.clock import SystemClock
 from impyard.db import open_database
 from impyard.responder_history import HistoryBounds, ResponderHistory, line_views
-from impyard.testing.pipes import byte_pipe
+from testing.inprocess import InProcessBackend
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 _DATABASES = Path(tempfile.mkdtemp(prefix="impyard-scripted-host-"))
@@ -202,51 +198,11 @@ def deliver_params(
     )
 
 
-@dataclass
-class InProcessBox:
-    """The real box program on in-memory pipes, for tests that inject its seams (a fake sleep, a memory)."""
-
-    peer: Peer
-
-    async def init(self, params: BoxInitParams) -> BoxInitResult:
-        result = await self.peer.request("box.init", params, timeout=10)
-        assert isinstance(result, BoxInitResult)
-        return result
-
-    async def deliver(self, params: DeliverParams) -> DeliverResult:
-        result = await self.peer.request("mailbox.deliver", params, timeout=30)
-        assert isinstance(result, DeliverResult)
-        return result
-
-    async def run_task(self, params: TaskRunParams) -> TaskRunResult:
-        result = await self.peer.request("task.run", params, timeout=30)
-        assert isinstance(result, TaskRunResult)
-        return result
-
-    async def notify(self, method: str, params: BaseModel) -> None:
-        await self.peer.notify(method, params)
-
-
 @asynccontextmanager
 async def in_process_box(
-    host: ScriptedHost, state_dir: Path, *, channel_id: str = "c1", **seams: Any
-) -> AsyncIterator[InProcessBox]:
-    """``box.program.serve`` in this process (pip's box of ``channel_id``), talking to ``host`` through a real
-    protocol peer; ``seams`` go to the box program (``sleep``, ``memory``, ``tools``)."""
-    from box.program import serve
-
-    host_out, box_in = byte_pipe()
-    box_out, host_in = byte_pipe()
-    spec = BoxSpec("pip", channel_id, state_dir)
-
-    async def handle(method: str, params: BaseModel) -> BaseModel | None:
-        return await host.serve(spec, method, params)
-
-    peer = Peer(host_in, host_out, serves=HOST_METHODS, calls=BOX_METHODS, handler=handle)
-    await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(peer.run)
-        tg.start_soon(lambda: serve(box_in, box_out, state_dir, **seams))
-        yield InProcessBox(peer)
-        await peer.request("box.shutdown", EmptyFromHost(), timeout=10)
-        tg.cancel_scope.cancel()
+    host: BoxHost, state_dir: Path, *, channel_id: str = "c1", **seams: Any
+) -> AsyncIterator[RunningBox]:
+    """pip's box of ``channel_id`` on the in-process backend (``testing.inprocess``), served by ``host``;
+    ``seams`` go to the box program (``sleep``, ``memory``, ``tools``)."""
+    async with InProcessBackend(**seams).open(BoxSpec("pip", channel_id, state_dir), host) as box:
+        yield box

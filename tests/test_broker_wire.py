@@ -33,7 +33,7 @@ from impyard.broker import (
     selected_headers,
 )
 from impyard.policy_models import UpstreamSettings
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.anyio
 

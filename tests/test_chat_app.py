@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
@@ -21,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from impyard.cli import cli
-from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from testing.fake_openai import FakeOpenAI, envelope, slow
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 REPO = Path(__file__).resolve().parent.parent
@@ -29,12 +28,6 @@ ENTER = "\r"  # what a terminal sends for the Enter key
 LEFT, UP = "\x1b[D", "\x1b[A"
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"  # bracketed paste, as a terminal wraps a paste
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 def add_imp(name: str = "pip") -> None:

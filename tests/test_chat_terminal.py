@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
@@ -17,17 +16,13 @@ from click.testing import CliRunner
 from impyard import paths
 from impyard.backends.docker import DockerBackend
 from impyard.cli import cli
-from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.conftest import RUNTIMES, use_runtime
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        server.script(envelope(answer="Hello from Pip!", answer_needed=True))
-        yield server
+pytestmark = pytest.mark.fake_model(answer="Hello from Pip!")
 
 
 def spawn_chat(fake: FakeOpenAI, home: Path, *args: str, answers_cpr: bool = False) -> pexpect.spawn:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,9 +21,12 @@ from impyard.imps import ImpStore
 from impyard.instance import SUPERVISE_LOCK_FILENAME
 from impyard.paths import box_dir_name
 from impyard.tasks import TaskRequest, TaskStore
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 
 KEY = "sk-impyard-cli-tasks-SECRET-19fe"
+
+
+pytestmark = pytest.mark.fake_model(key=KEY, env=True)
 
 
 def run(*args: str) -> Result:
@@ -198,14 +200,6 @@ def test_schedule_add_refuses_bad_input_and_writes_nothing(
 
 
 # --- impyard supervise ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        yield server
 
 
 def test_supervise_once_runs_what_is_due_and_prints_posts_to_the_terminal(pip: str, fake: FakeOpenAI) -> None:

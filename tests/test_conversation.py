@@ -11,7 +11,7 @@ import base64
 import dataclasses
 import gc
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,20 +26,11 @@ from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import Delivery, TurnHandle
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="hello there")]
 
 CHANNEL = "900"
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", server.api_key)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        server.script(envelope(answer="hello there", answer_needed=True))
-        yield server
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import getpass
 import io
 import json
 import os
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,23 +27,14 @@ from impyard.imps import ImpStore
 from impyard.supervisor import SupervisorSettings
 from impyard.tasks import Task, TaskStore
 from impyard.terminal import run_chat
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI
 from tests.test_departures import ANN, DM_CHANNEL, departing_box, talk
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="Hello from Pip!")]
 
 USER = getpass.getuser()
 TERMINAL = f"terminal:{USER}"  # the terminal's channel and the operator's id there
 LOOP = SupervisorSettings(tick_s=0.05, shutdown_grace_s=2.0)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        server.script(envelope(answer="Hello from Pip!", answer_needed=True))
-        monkeypatch.setenv("OPENAI_API_KEY", server.api_key or "sk-impyard-test")
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        yield server
 
 
 def add_pip(memory: bool = True) -> None:

@@ -18,7 +18,7 @@ import pytest
 from impyard.discord.client import wanted_intents
 from impyard.discord.inbound import audience_of, to_inbound
 from impyard.discord.presence import status_text
-from impyard.testing.fake_discord import (
+from testing.fake_discord import (
     ChannelType,
     FakeChannel,
     FakeDiscord,

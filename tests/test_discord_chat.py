@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
-from impyard.testing.fake_discord import FakeAttachment
-from impyard.testing.fake_openai import TINY_PNG, FakeOpenAI, envelope, slow
+from testing.fake_discord import FakeAttachment
+from testing.fake_openai import TINY_PNG, FakeOpenAI, envelope, slow
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -27,7 +27,6 @@ from tests.discord_yard import (
     QUIET,
     THREAD,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
     until,
 )

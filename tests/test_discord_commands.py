@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from impyard.cli import cli
-from impyard.testing.fake_discord import CallbackType, FakeInteraction, FakeUser, Perm
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_discord import CallbackType, FakeInteraction, FakeUser, Perm
+from testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -24,7 +24,6 @@ from tests.discord_yard import (
     OLIVE,
     OWNERS,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
 

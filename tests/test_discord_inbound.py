@@ -15,7 +15,7 @@ from impyard.discord.client import wanted_intents
 from impyard.discord.inbound import skip_reason, to_inbound
 from impyard.discord.surface import DiscordSurface
 from impyard.surfaces import OutgoingFile
-from impyard.testing.fake_discord import (
+from testing.fake_discord import (
     FakeAttachment,
     FakeChannel,
     FakeDiscord,

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
     ALICE,
     GENERAL,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
 

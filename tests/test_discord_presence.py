@@ -16,8 +16,8 @@ import pytest
 from box.protocol.models import DeliverResult
 from impyard.discord.presence import PresenceService, status_text
 from impyard.sessions import SessionKey
-from impyard.testing.fake_discord import PresenceUpdate
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_discord import PresenceUpdate
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -27,7 +27,6 @@ from tests.discord_yard import (
     OWNERS,
     WAIT_S,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
 

@@ -28,14 +28,13 @@ from impyard.imps import ImpStore
 from impyard.instance import AlreadyRunning
 from impyard.supervisor import SupervisorSettings
 from impyard.tasks import TaskRequest, TaskStore
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
     ALICE,
     GENERAL,
     GUILD,
     add_pip,
     make_fake,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
     settings_for,
     until,

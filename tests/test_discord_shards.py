@@ -27,10 +27,9 @@ from impyard.cli import cli
 from impyard.db import open_database
 from impyard.discord.serve import shard_scope
 from impyard.discord.shards import Shard, ShardError, shard_of
-from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
-from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
+from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.discord_yard import (
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
 

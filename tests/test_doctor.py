@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from impyard.doctor import (
 )
 from impyard.imp_config import new_imp_settings, validate_config
 from impyard.imps import ImpStore
-from impyard.testing.fake_openai import FakeOpenAI, error
+from testing.fake_openai import FakeOpenAI, error
 
 BUILT = DockerFacts(reachable=True, version="27.0", expected_image="impyard-box:abc", image_present=True)
 
@@ -56,12 +55,6 @@ def dead_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 def env(fake: FakeOpenAI, **more: str) -> dict[str, str]:

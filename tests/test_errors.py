@@ -59,7 +59,7 @@ INTERNAL = {
     "impyard.broker.ResponseTooLarge",
     "impyard.memory.vectors.VectorError",
     "impyard.chat_console.Interrupted",
-    "impyard.testing.fake_openai._Refused",  # the fake's refusal, turned into an HTTP error body at once
+    "testing.fake_openai._Refused",  # the fake's refusal, turned into an HTTP error body at once
     "impyard.backends.engine.EngineError",  # the engine API's refusal: the Docker backend says it as a BoxError
     "impyard.backends.multiplex.MultiplexError",  # a malformed attach stream: that box ends, as a BoxError
     "impyard.db._Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown

@@ -12,7 +12,7 @@ import discord
 import pytest
 from discord import app_commands
 
-from impyard.testing.fake_discord import (
+from testing.fake_discord import (
     CallbackType,
     FakeAttachment,
     FakeBot,

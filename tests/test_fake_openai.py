@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from impyard.testing.fake_openai import (
+from testing.fake_openai import (
     DEFAULT_ENVELOPE,
     PURPOSE_HEADER,
     TINY_PNG,

@@ -1,7 +1,7 @@
 """The loopback fake OpenAI refuses what the real API refuses (issue 16), driven by the real openai SDK.
 
 Each refusal is compared with the status and error body the real API answers (written out here, quoted
-from the API reference and from real 400s; see the sources in impyard/testing/fake_openai.py), and each
+from the API reference and from real 400s; see the sources in testing/fake_openai.py), and each
 shape the real API takes is shown to pass. SPEC-001 ENV-21 (tools + reasoning effort on chat), ENV-22
 (Responses reasoning) and ENV-23 (response-only fields refused in passed-back input items) are pinned.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from impyard.testing.fake_openai import (
+from testing.fake_openai import (
     LOCAL_SERVER_MODEL,
     OPENAI_MODELS,
     FakeOpenAI,
@@ -1174,7 +1174,7 @@ def test_a_refusal_comes_before_the_rules_uses_none_and_is_logged(
     fake: FakeOpenAI, client: openai.OpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     rule = fake.script(envelope(answer="scripted"), times=1)
-    with caplog.at_level(logging.WARNING, logger="impyard.testing.fake_openai"):
+    with caplog.at_level(logging.WARNING, logger="testing.fake_openai"):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model="gpt-4.1", messages=USER, reasoning_effort="low")
     assert rule.used == 0
@@ -1189,7 +1189,7 @@ def test_a_refusal_comes_before_the_rules_uses_none_and_is_logged(
 
 
 def test_a_scripted_error_is_not_a_rejection(fake: FakeOpenAI, client: openai.OpenAI) -> None:
-    from impyard.testing.fake_openai import error
+    from testing.fake_openai import error
 
     fake.script(error(429, "slow down"), times=1)
     with pytest.raises(openai.RateLimitError):

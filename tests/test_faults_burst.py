@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pexpect
@@ -24,7 +24,7 @@ from box.protocol.models import DiscordSendParams, ModelRequestParams
 from impyard.chat_commands import paste_message
 from impyard.chat_console import typed_lines
 from impyard.rate_precheck import SendOutlook, precheck
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.test_chat_app import (
     ENTER,
     IMPYARD,
@@ -35,13 +35,6 @@ from tests.test_chat_app import (
     spawn,
 )
 from tests.test_gateway import CHAT_BODY, Harness, make_harness
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
 
 # ------------------------------------------------------------------ the paste: one message (pure)
 

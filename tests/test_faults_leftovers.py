@@ -23,18 +23,12 @@ from impyard.backends.docker import DockerBackend, run_argv
 from impyard.backends.process import ProcessBackend
 from impyard.db import open_database
 from impyard.supervisor.orphans import leftovers
-from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.test_gateway import CHAT_BODY, Harness, make_harness
 from tests.test_gateway import KEY as GATEWAY_KEY
 from tests.test_supervisor import KEY, TRUSTED, alive, yard
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 
 # --- issue 19 #4a: the pure rule ------------------------------------------------------------------------

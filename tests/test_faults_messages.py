@@ -4,7 +4,6 @@ across a restart are mentioned to their person exactly once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,11 +22,11 @@ from impyard.runtime import open_runtime
 from impyard.sessions import SessionSettings
 from impyard.surfaces import RecordingSurface
 from impyard.tasks.attestation import RunEnd, RunFacts, attest
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI
 from tests.scripted import ScriptedHost, chat_result, deliver_params, in_process_box, init_params
 from tests.test_sessions import Recorder, delivery, manager
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="hello there")]
 
 
 async def no_sleep(_: float) -> None:
@@ -128,15 +127,6 @@ def test_task_show_says_which_failure() -> None:
 # --- missed across a restart: mentioned once ---------------------------------------------------------
 
 CHANNEL = "900"
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", server.api_key or "")
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        server.script(envelope(answer="hello there", answer_needed=True))
-        yield server
 
 
 async def test_messages_missed_across_a_restart_are_mentioned_exactly_once(fake: FakeOpenAI) -> None:

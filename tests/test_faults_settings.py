@@ -3,8 +3,6 @@ and a typo in imp.toml holds that imp's tasks (blocked, with the reason) until t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anyio
 import pytest
 
@@ -21,16 +19,10 @@ from impyard.backends.process import ProcessBackend
 from impyard.imp_config import validate_config
 from impyard.imps import ImpConfigError
 from impyard.supervisor.held import blocked_reason
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.test_supervisor import KEY, TRUSTED, yard
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 
 # --- issue 19 #6b: a typo in imp.toml holds the imp's tasks ----------------------------------------------

@@ -40,15 +40,14 @@ from impyard.db import Database, open_database
 from impyard.gateway import Gateway
 from impyard.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
-from impyard.testing.pipes import byte_pipe
-from impyard.testing.web import local_site
 from impyard.trust import ChannelInfo, DbChannelTrust
+from testing.fake_openai import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
+from testing.pipes import byte_pipe
+from testing.web import local_site
 from tests.scripted import NOW, deliver_params, init_params
 
-pytestmark = pytest.mark.anyio
-
 KEY = "sk-impyard-test-SECRET-4f9a1c7e2b"  # the host's model key: must never reach the box or the audit
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 CHAT_BODY: dict[str, Any] = {
     "model": "gpt-4.1-mini",
     "messages": [{"role": "user", "content": "hi"}],
@@ -99,12 +98,6 @@ class Harness:
         DbChannelTrust(self.db, self.clock).upsert(
             ChannelInfo(channel_id, kind=kind, trusted=trusted, guild_id=guild_id)
         )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 def make_harness(

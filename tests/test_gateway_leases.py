@@ -12,10 +12,10 @@ import pytest
 from box.protocol import ErrorCode
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelRequestParams
 from impyard.gates import Approver
-from impyard.testing.fake_openai import FakeOpenAI, envelope
-from tests.test_gateway import CHAT_BODY, Harness, fake, make_harness, policy_with  # noqa: F401 - fixture
+from testing.fake_openai import FakeOpenAI, envelope
+from tests.test_gateway import CHAT_BODY, KEY, Harness, make_harness, policy_with
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 LOST = "lost lease shard:1/2: the lease passed to beta pid 200 (token 4, this host held 3)"
 

@@ -8,7 +8,6 @@ Discord.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -21,21 +20,13 @@ from impyard.imps import ImpStore
 from impyard.supervisor import SupervisorSettings, open_supervisor
 from impyard.surfaces import SURFACE_DISCORD, SURFACE_LOG, SURFACE_TERMINAL, RecordingSurface, surface_of
 from impyard.tasks import TaskRequest
-from impyard.testing.fake_openai import FakeOpenAI, envelope
 from impyard.trust import ChannelInfo
+from testing.fake_openai import FakeOpenAI, envelope
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True)]
 
 DISCORD_CHANNEL = "100000000000000001"
 FAST = SupervisorSettings(tick_s=0.05, shutdown_grace_s=2.0)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", server.api_key)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        yield server
 
 
 def held_post(gates: GateStore, channel_id: str, content: str) -> Gate:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from impyard.paths import home
-from impyard.testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
     BOB,
     CAROL,
@@ -25,7 +25,6 @@ from tests.discord_yard import (
     OLIVE,
     OWNERS,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
     until,
 )

@@ -28,7 +28,7 @@ from impyard.fetch import EXTRACT_TIMEOUT_S
 from impyard.gateway import Gateway
 from impyard.policy import build_policy, default_policy_path
 from impyard.surfaces import RecordingSurface
-from impyard.testing.web import local_site
+from testing.web import local_site
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ every text call's output, reserves the call's true worst case, and never settles
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,10 @@ from impyard.gateway import Gateway
 from impyard.ledger import Ledger
 from impyard.policy import Policy, build_policy, default_policy_path
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, envelope
-
-pytestmark = pytest.mark.anyio
+from testing.fake_openai import FakeOpenAI, envelope
 
 KEY = "sk-impyard-test-hostile-budget-91c3"
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 LIMIT_MICROS = 100_000  # pip's day: $0.10
 HUGE = {
     "prompt_tokens": 1_000_000,
@@ -41,12 +40,6 @@ SPEC = BoxSpec("pip", "c1", Path("/nonexistent"), run_id="hostile")
 def policy_with(extra: str) -> Policy:
     default = default_policy_path()
     return build_policy([("ops.toml", extra), (str(default), default.read_text())])
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 @pytest.fixture

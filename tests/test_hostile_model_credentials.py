@@ -29,7 +29,7 @@ from impyard.db import open_database
 from impyard.gateway import Gateway
 from impyard.policy import load_policy
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, FakeResponse
+from testing.fake_openai import FakeOpenAI, FakeResponse
 from tests.scripted import deliver_params, init_params
 
 pytestmark = pytest.mark.anyio

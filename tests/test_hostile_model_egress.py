@@ -7,7 +7,6 @@ reservation or cost; an operator can name image hosts in a rule.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,20 +22,13 @@ from impyard.db import open_database
 from impyard.gateway import Gateway
 from impyard.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, envelope
-
-pytestmark = pytest.mark.anyio
+from testing.fake_openai import FakeOpenAI, envelope
 
 KEY = "sk-impyard-test-hostile-egress-3b7e"
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 SPEC = BoxSpec("pip", "c1", Path("/nonexistent"), run_id="hostile")
 MEMORIES = "pip's private memories: ann's address is 12 Owl Lane"
 SAY = {"role": "user", "content": MEMORIES}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 def gateway_for(tmp_path: Path, fake: FakeOpenAI, policy: Policy) -> Gateway:

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from impyard.leases import LeaseInfo, LeaseLost, LeaseStore
 from impyard.liveness import Holder
 from impyard.tables import leases as leases_table
 from impyard.terminal import run_chat
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI
 from tests.discord_yard import ALICE, GENERAL, serving
 from tests.test_discord_shards import TOKEN, make_fake, prepare_home, wait_for_line
 
@@ -48,6 +47,7 @@ ALPHA = Holder("alpha", "b00t", 100, "5")
 BETA = Holder("beta", "f00d", 200, "7")
 FAR = Holder("far-away", "b00t", 4242, "9")  # a host of another machine
 START_S = 60
+pytestmark = pytest.mark.fake_model(answer="Hello from Pip!")
 
 
 def info(name: str, holder: Holder | None, expires_in_s: float, **detail: object) -> LeaseInfo:
@@ -132,13 +132,6 @@ def test_hosts_with_a_bad_database_url_is_one_line() -> None:
 @pytest.fixture
 def shared_db(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'shared.db'}"
-
-
-@pytest.fixture
-def model() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        server.script(envelope(answer="Hello from Pip!", answer_needed=True))
-        yield server
 
 
 def env_for(home: Path, database: str, model: FakeOpenAI) -> dict[str, str]:

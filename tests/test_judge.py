@@ -37,8 +37,8 @@ from impyard.judge import (
 )
 from impyard.policy import policy_from_text
 from impyard.policy_models import TrustSettings
-from impyard.testing.fake_openai import envelope as full_envelope
 from impyard.trust import ChannelInfo, channel_is_trusted, decide_trust
+from testing.fake_openai import envelope as full_envelope
 
 POLICY = policy_from_text(
     """

@@ -10,7 +10,7 @@ which refuses what the real API refuses.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,12 @@ from box.protocol.models import DeliverParams, DeliverResult, ModelRequestResult
 from impyard.failure_words import WORDS, words_for
 from impyard.policy import build_policy, default_policy_path
 from impyard.terminal import ChatSurface
-from impyard.testing.fake_openai import LOCAL_SERVER_MODEL, FakeOpenAI, FakeResponse, envelope, tool_call
+from testing.fake_openai import LOCAL_SERVER_MODEL, FakeOpenAI, FakeResponse, envelope, tool_call
 from tests.scripted import deliver_params
 from tests.test_responder_gateway import Rig, open_rig
 
-pytestmark = pytest.mark.anyio
-
 KEY = "sk-impyard-test-refusals-2b7e"
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 UNSUPPORTED = {
     "error": {
         "message": "Unsupported parameter: 'reasoning_effort' is not supported with this model.",
@@ -156,12 +155,6 @@ purposes = { reply = ["llama3.2"] }
 input = 0
 output = 0
 """
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from box.protocol.models import (
     ModelRequestResult,
     TurnStageParams,
 )
-from impyard.testing.pipes import byte_pipe
+from testing.pipes import byte_pipe
 from tests.scripted import deliver_params, init_params
 
 pytestmark = pytest.mark.anyio

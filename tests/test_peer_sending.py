@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.models import LogParams, TurnStageParams
-from impyard.testing.pipes import byte_pipe
+from testing.pipes import byte_pipe
 
 pytestmark = pytest.mark.anyio
 

@@ -36,9 +36,9 @@ from impyard.gateway import Gateway
 from impyard.ledger import Ledger
 from impyard.policy import Policy, load_policy
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, envelope
-from impyard.testing.web import local_site
 from impyard.trust import ChannelInfo, DbChannelTrust
+from testing.fake_openai import FakeOpenAI, envelope
+from testing.web import local_site
 
 KEY = "sk-impyard-explain-test-7d1e44a0c9"
 OPS = """\

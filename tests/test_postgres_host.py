@@ -5,7 +5,7 @@ PostgreSQL server can run)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import anyio
@@ -21,25 +21,16 @@ from impyard.imps import ImpStore
 from impyard.inbound import Inbound
 from impyard.runtime import Runtime, open_runtime
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI
 
 CHANNEL = "4242"
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="hello from postgres")]
 
 
 @pytest.fixture
 def on_postgres(migrated_postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(dburl.ENV, migrated_postgres_url)
     return migrated_postgres_url
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", str(server.api_key))
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        server.script(envelope(answer="hello from postgres", answer_needed=True))
-        yield server
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ engine in a real box over the host's real store (the memory Kit).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -201,13 +200,6 @@ async def test_with_memory_off_there_is_nothing_to_reflect_on_or_forget(tmp_path
 
 
 # ------------------------------------------------------------------ the real engine in a real box
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def test_m107_a_sleep_task_folds_and_forgets_in_a_real_box(kit: Kit) -> None:

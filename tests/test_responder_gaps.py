@@ -37,7 +37,7 @@ from box.protocol.models import (
 from box.render import Payload
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
-from impyard.testing.fake_openai import TINY_PNG_B64
+from testing.fake_openai import TINY_PNG_B64
 from tests.scripted import NOW, ScriptedHost, chat_result, deliver_params, envelope, init_params
 
 pytestmark = pytest.mark.anyio

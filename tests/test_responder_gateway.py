@@ -29,7 +29,8 @@ from impyard.db import Database, open_database
 from impyard.gateway import Gateway
 from impyard.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import (
+from impyard.trust import ChannelInfo, DbChannelTrust
+from testing.fake_openai import (
     TINY_PNG,
     TINY_PNG_B64,
     FakeOpenAI,
@@ -39,13 +40,11 @@ from impyard.testing.fake_openai import (
     refusal,
     tool_call,
 )
-from impyard.testing.web import local_site
-from impyard.trust import ChannelInfo, DbChannelTrust
+from testing.web import local_site
 from tests.scripted import NOW, deliver_params, init_params
 
-pytestmark = pytest.mark.anyio
-
 KEY = "sk-impyard-test-responder-7c1d"
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 
 def policy_with(extra: str) -> Policy:
@@ -74,12 +73,6 @@ class Rig:
     def audit(self) -> list[tuple[str, str, str | None]]:
         rows = self.db.query("SELECT method, verdict, purpose FROM audit ORDER BY id")
         return [(row[0], row[1], row[2]) for row in rows]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 @asynccontextmanager

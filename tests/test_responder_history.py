@@ -26,13 +26,12 @@ from impyard.clock import FixedClock
 from impyard.db import Database
 from impyard.imps import ImpStore
 from impyard.responder_history import HistoryBounds, ResponderHistory
-from impyard.testing.fake_openai import FakeOpenAI, envelope
-from impyard.testing.pipes import byte_pipe
+from testing.fake_openai import FakeOpenAI, envelope
+from testing.pipes import byte_pipe
 from tests.scripted import deliver_params, init_params
-from tests.test_gateway import Harness, Watching, make_harness
-from tests.test_gateway import fake as fake  # noqa: F401 - the fixture
+from tests.test_gateway import KEY, Harness, Watching, make_harness
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 T0 = datetime(2026, 5, 10, 12, 0, tzinfo=UTC)
 

@@ -9,28 +9,21 @@ rounds), ENV-19 (the pinned envelope schema in the bodies of both paths).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope, error, tool_call
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope, error, tool_call
 from tests.scripted import deliver_params, in_process_box, init_params
 from tests.test_envelope_schema import PINNED_SCHEMA
 from tests.test_responder_gateway import Rig, open_rig
 
-pytestmark = pytest.mark.anyio
-
 KEY = "sk-impyard-test-upstream-4e2a"
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 REAL_WAIT_S = 0.05  # each fake sleep takes this long in real time
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from impyard.runtime import open_runtime
 from impyard.storage_faults import CommitUncertain
 from impyard.surfaces import RecordingSurface
 from impyard.tables import channels
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 
 pytestmark = pytest.mark.anyio
 

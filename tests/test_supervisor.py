@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,23 +39,16 @@ from impyard.schedules import ScheduleRequest
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest
-from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
 from impyard.trust import ChannelInfo, DbChannelTrust
-
-pytestmark = pytest.mark.anyio
+from testing.fake_openai import FakeOpenAI, envelope, slow
 
 KEY = "sk-impyard-supervise-SECRET-77aa"
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 T0 = datetime(2026, 5, 11, 8, 59, 59, tzinfo=UTC)  # a Monday, one second before 09:00 UTC
 TRUSTED = "100000000000000001"  # a channel the operator trusts: the task's post goes out alone
 UNTRUSTED = "100000000000000002"  # a channel nobody trusted: the post is gated
 BAD_BOX = Path(__file__).parent / "boxes" / "bad_box.py"
 FAST = SupervisorSettings(tick_s=0.05, shutdown_grace_s=2.0)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 @dataclass

@@ -42,13 +42,11 @@ from impyard.supervisor.fence import RunFence, fenced
 from impyard.surfaces import RecordingSurface
 from impyard.tables import leases
 from impyard.tasks import TaskRequest
-from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.test_faults_leftovers import plant_process_box
-from tests.test_supervisor import KEY, Yard, alive, fake, wait_until, yard
+from tests.test_supervisor import KEY, Yard, alive, wait_until, yard
 
-__all__ = ["fake"]  # the FakeOpenAI fixture, shared with the supervisor's tests
-
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 REPO = Path(__file__).resolve().parent.parent
 FAR = Holder("far-away", "0ddba11", 4242, "9")  # a host of another machine: only its lease's expiry frees it

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,22 +28,16 @@ from impyard.supervisor.settings import (
     task_state_retention_from_env,
 )
 from impyard.tasks import Task
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.test_supervisor import KEY, T0, TRUSTED, UNTRUSTED, Yard, hanging_box, wait_until, yard
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 RETENTION = timedelta(days=7)
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 FAST = SupervisorSettings(tick_s=0.05, shutdown_grace_s=0.2, prune_every_s=0.05)
 TASK_ID = "t-0123456789"
 DIR = box_dir_name(TASK_ID)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(api_key=KEY) as server:
-        yield server
 
 
 # --- the rule -------------------------------------------------------------------------------------------

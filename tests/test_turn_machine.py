@@ -21,7 +21,7 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Attachment, Framing, HttpFetchResult, ModelRequestResult
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
-from impyard.testing.fake_openai import TINY_PNG_B64
+from testing.fake_openai import TINY_PNG_B64
 from tests.scripted import (
     NOW,
     ScriptedHost,

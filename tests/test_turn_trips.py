@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
@@ -37,9 +37,9 @@ from impyard.gateway import Gateway
 from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="hello there")]
 
 CHANNEL = "4242"
 HOST = "host"  # calls made outside any box request: routing, and recording the turn's outcome
@@ -98,15 +98,6 @@ class TripCounter:
     def take(self) -> Counter[str]:
         taken, self.counts = self.counts, Counter()
         return taken
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", str(server.api_key))
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        server.script(envelope(answer="hello there", answer_needed=True))
-        yield server
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import docker
 import pytest
 
 from impyard.backends.plan import LABEL_CHANNEL
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.test_discord_shards import (
     ALICE,
     CAROL,

@@ -626,7 +626,7 @@ async def test_m104_m113_a_day_and_a_night_in_real_boxes(
     the supervisor — here with the real box program (``python -m box`` in process boxes), the real store and the
     fake OpenAI for the night's plan. Its reflections find no readable thought in the fake's default answer and
     end quietly; the night folds the day's two records and forgets the faded one."""
-    from impyard.testing.fake_openai import FakeOpenAI
+    from testing.fake_openai import FakeOpenAI
 
     say(db, "pip", GUILD_CHANNEL, s(0))
     remember(db, "pip", GUILD_SCOPE, s(60), "Ann brought a cake", 0.6)  # the night's plan: 1, the anchor

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from box.protocol.memory import PresenceEntry
 from impyard.db import open_database
 from impyard.memory.store import MemoryStore
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 from tests.memory.engine_kit import NOW, Kit, facts, verdict
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
@@ -35,16 +34,15 @@ def appraise(request: RecordedRequest) -> dict[str, object]:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        server.script(envelope(answer="How lovely!", answer_needed=True, told="The operator spoke with pip."),
+def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
+    fake_model.script(envelope(answer="How lovely!", answer_needed=True, told="The operator spoke with pip."),
                       purpose="reply")  # fmt: skip
-        server.script(appraise, purpose="appraisal")
-        server.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
-        server.script({"summary": "The operator told me about their cat."}, purpose="summary")
-        server.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
-                       "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
-        yield server
+    fake_model.script(appraise, purpose="appraisal")
+    fake_model.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
+    fake_model.script({"summary": "The operator told me about their cat."}, purpose="summary")
+    fake_model.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
+                      "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
+    return fake_model
 
 
 def chat(fake: FakeOpenAI, home: Path, said: str) -> None:

@@ -24,7 +24,7 @@ from impyard.history import History
 from impyard.imps import ImpStore
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_openai import FakeOpenAI
 
 CAROL_ID, DAVE_ID = "2003", "2004"
 GUILD = "guild:1000"
@@ -233,9 +233,8 @@ def test_forget_asks_first_and_a_no_changes_nothing(store: MemoryStore) -> None:
 
 
 @pytest.fixture
-def model() -> Iterator[tuple[FakeOpenAI, dict[str, str]]]:
-    with FakeOpenAI() as fake:
-        yield fake, {"OPENAI_API_KEY": fake.api_key or "", "OPENAI_BASE_URL": fake.base_url}
+def model(fake_model: FakeOpenAI) -> tuple[FakeOpenAI, dict[str, str]]:
+    return fake_model, {"OPENAI_API_KEY": fake_model.api_key or "", "OPENAI_BASE_URL": fake_model.base_url}
 
 
 def audit_rows() -> list[dict[str, Any]]:

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -14,13 +12,6 @@ from box.protocol import memory as mem
 from tests.memory.engine_kit import Kit, appraisal, envelope, memory_block, vector, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def sent(kit: Kit) -> list[str]:

@@ -21,9 +21,7 @@ service, or the memory service itself for the host's vector cache.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -31,13 +29,6 @@ from box.protocol import memory as mem
 from tests.memory.engine_kit import IMP, Kit, appraisal, envelope, memory_block, vector, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def sent(kit: Kit) -> list[str]:

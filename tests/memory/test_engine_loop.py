@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -16,13 +14,6 @@ from box.memory.prompts import Prompts
 from tests.memory.engine_kit import Kit, draft, envelope, facts, memory_block, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def known(kit: Kit) -> None:

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from tests.memory.engine_kit import NOW, Kit, appraisal, envelope, memory_block, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def newest(kit: Kit):  # type: ignore[no-untyped-def]

@@ -6,7 +6,6 @@ Through the real box program with memory on, against the host's real memory stor
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,17 +17,10 @@ from box.memory.words import INTENSITY_SCALE
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import Attachment
 from impyard.memory.scopes import SessionScopes
-from impyard.testing.fake_openai import TINY_PNG_B64
+from testing.fake_openai import TINY_PNG_B64
 from tests.memory.engine_kit import NOW, Kit, appraisal, envelope, memory_block, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def scene(**fields: object) -> contexts.Scene:

@@ -8,9 +8,7 @@ the critical path of a plain turn, bad input (a failed embedding, a message of 1
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +17,6 @@ from box.protocol.models import ModelRequestResult
 from tests.memory.engine_kit import Kit, appraisal, envelope, memory_block, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def saved(kit: Kit, person: str = "u1") -> dict:  # type: ignore[type-arg]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,6 @@ from impyard.memory.scopes import SessionScopes
 from tests.memory.engine_kit import NOW, Call, FakeClient, Kit, memory_block
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def test_m44_summary_cadence_none_yet_then_every_third_turn_needs_three_events(kit: Kit) -> None:

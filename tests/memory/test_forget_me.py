@@ -19,8 +19,8 @@ from box.protocol.models import Author, Message
 from impyard.discord.commands import forgotten_text
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import Forgotten, MemoryStore
-from impyard.testing.fake_discord import CallbackType, FakeInteraction, FakeUser, InteractionResponse
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_discord import CallbackType, FakeInteraction, FakeUser, InteractionResponse
+from testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
     ALICE,
     CAROL,
@@ -29,7 +29,6 @@ from tests.discord_yard import (
     GENERAL,
     GUILD,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
     until,
 )

@@ -27,7 +27,7 @@ from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.process import ProcessBackend
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
     ALICE,
     CAROL,
@@ -35,7 +35,6 @@ from tests.discord_yard import (
     GENERAL,
     GUILD,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
 

@@ -55,12 +55,11 @@ from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.supervisor.fence import RunFence
 from impyard.surfaces import RecordingSurface
 from impyard.tasks import TaskRequest, TaskStore
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
     ALICE,
     GENERAL,
     GUILD,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
 

@@ -11,7 +11,7 @@ the fact lasting: it opens a record of its own that no night forgets, while the 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,9 @@ from impyard.db import open_database
 from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.surfaces import RecordingSurface
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True)]
 
 CHANNEL = "4242"
 SISTER = "Maja"
@@ -53,18 +53,15 @@ def appraise(request: RecordedRequest) -> dict[str, Any]:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch, impyard_home: Path) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", str(server.api_key))
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        server.script(appraise, purpose="appraisal")
-        server.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
-        server.script({"summary": "Ann and I talked."}, purpose="summary")
-        server.script({"greeting": None, "feeling": "glad", "conclusion": "Ann is here.", "valence": 0.2,
-                       "intensity": 0.2, "search": None}, purpose="arrival")  # fmt: skip
-        server.script({"groups": []}, purpose="sleep")
-        server.script(envelope(answer="I see!", answer_needed=True), purpose="reply")
-        yield server
+def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
+    fake_model.script(appraise, purpose="appraisal")
+    fake_model.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
+    fake_model.script({"summary": "Ann and I talked."}, purpose="summary")
+    fake_model.script({"greeting": None, "feeling": "glad", "conclusion": "Ann is here.", "valence": 0.2,
+                      "intensity": 0.2, "search": None}, purpose="arrival")  # fmt: skip
+    fake_model.script({"groups": []}, purpose="sleep")
+    fake_model.script(envelope(answer="I see!", answer_needed=True), purpose="reply")
+    return fake_model
 
 
 @pytest.fixture

@@ -7,9 +7,7 @@ once — is tested in tests/test_departures*.py; here the box runs what the task
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +15,6 @@ from box.memory.conversation import SavedConversation
 from tests.memory.engine_kit import IMP, Kit, appraisal, arrival, envelope, facts, memory_block
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def saved(kit: Kit, person_id: str = "u1") -> SavedConversation:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,13 +28,6 @@ from tests.memory.engine_kit import IMP, NOW, DirectPeer, Kit, thought, vector
 pytestmark = pytest.mark.anyio
 
 WOKE = NOW - timedelta(hours=1)  # the imp woke an hour before the kit's now
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def requested(engine: ChatMemory) -> list[str]:

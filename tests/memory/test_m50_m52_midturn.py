@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.memory.engine_kit import Kit, envelope, memory_block, thought
 from tests.memory.test_engine_loop import known, sent
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def test_m50_introspect_reflects_then_asks_the_reply_again(kit: Kit) -> None:

@@ -7,9 +7,7 @@ fake model answering the introspection calls. Expectations are written out, neve
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,13 +26,6 @@ from tests.memory.engine_kit import IMP, DirectPeer, FakeClient, Kit, thought
 pytestmark = pytest.mark.anyio
 
 NO_INVENTION = "You may not invent events your memory does not hold."
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def reflector(

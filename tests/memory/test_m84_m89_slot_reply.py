@@ -7,7 +7,6 @@ appraisal never sees it (89, 57), and a construct never shows outside its scope.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,13 +21,6 @@ pytestmark = pytest.mark.anyio
 
 GUILD = SessionScopes("guild:g1", ("guild:g1",))
 OTHER_GUILD = SessionScopes("guild:g2", ("guild:g2",))
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def form(kit: Kit, kind: str, statement: str, *, intensity: float = 0.6, channel: str = "c1") -> str:

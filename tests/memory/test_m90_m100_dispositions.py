@@ -6,10 +6,8 @@ box's ``Learner`` and ``ModelSelector`` run against the real host store (the Kit
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,13 +28,6 @@ pytestmark = pytest.mark.anyio
 PROMPTS = Prompts.load()
 HURT_RULE = "when someone mocks my drawings → I stay quiet and keep my distance"
 KIND_RULE = "when someone shares good news → I celebrate with them warmly"
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def model_of(kit: Kit) -> MemoryModel:

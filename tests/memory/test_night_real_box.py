@@ -6,7 +6,6 @@ the host's gateway and folds and forgets through the host's real store. Nothing 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,18 +17,13 @@ from impyard.db import open_database
 from impyard.imps import ImpStore
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
-from impyard.testing.fake_openai import FakeOpenAI
+from testing.fake_openai import FakeOpenAI
 from tests.memory.conftest import moment
 
 SCOPE = "terminal"
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        monkeypatch.setenv("OPENAI_API_KEY", server.api_key)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        yield server
+pytestmark = pytest.mark.fake_model(env=True)
 
 
 def remember(text: str, intensity: float, at: datetime) -> str:

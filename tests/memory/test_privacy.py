@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from impyard.cli import cli
 from impyard.memory.store import MemoryStore
-from impyard.testing.fake_discord import FakeChannel, FakeUser
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from testing.fake_discord import FakeChannel, FakeUser
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -30,7 +30,6 @@ from tests.discord_yard import (
     GENERAL,
     GUILD,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
     until,
 )

@@ -20,8 +20,8 @@ from sqlalchemy import text
 
 from impyard.cli import cli
 from impyard.memory.scopes import SessionScopes
-from impyard.testing.fake_discord import FakeChannel, Overwrite, hidden_from_everyone
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest
+from testing.fake_discord import FakeChannel, Overwrite, hidden_from_everyone
+from testing.fake_openai import FakeOpenAI, RecordedRequest
 from tests.discord_yard import (
     ALICE,
     BOB,
@@ -30,7 +30,6 @@ from tests.discord_yard import (
     GENERAL,
     GUILD,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
     until,
 )

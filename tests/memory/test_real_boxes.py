@@ -21,7 +21,7 @@ import pytest
 from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
 from impyard.memory.store import MemoryStore
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 from tests.conftest import RUNTIMES, docker_backend_for
 from tests.discord_yard import (
     ALICE,
@@ -30,7 +30,6 @@ from tests.discord_yard import (
     GUILD,
     QUIET,
     Yard,
-    model_fixture,  # noqa: F401 - the `model` fixture
     serving,
 )
 

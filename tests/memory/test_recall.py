@@ -6,9 +6,8 @@ through JSON as on the wire), the hashing embedder, a scripted filter; the probe
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -20,13 +19,6 @@ from box.protocol.memory import RecordView
 from tests.memory.engine_kit import Kit, envelope, memory_block, vector, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 class ScriptedFilter:

@@ -14,9 +14,8 @@ JSON as on the wire) with vectors chosen so the cosines are known exactly:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -28,13 +27,6 @@ from tests.memory.engine_kit import Kit, facts, verdict
 pytestmark = pytest.mark.anyio
 
 DIMS = 64
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def axis(i: int) -> list[float]:

@@ -15,13 +15,12 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
 import pytest
 
-from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 FACT = "The operator's dog is called Rex."
@@ -54,16 +53,15 @@ def choose(request: RecordedRequest) -> dict[str, object]:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        server.script(envelope(answer="Sure.", answer_needed=True, told="The operator spoke with pip."),
+def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
+    fake_model.script(envelope(answer="Sure.", answer_needed=True, told="The operator spoke with pip."),
                       purpose="reply")  # fmt: skip
-        server.script(appraise, purpose="appraisal")
-        server.script(choose, purpose="filter")
-        server.script({"summary": "The operator told me about their dog."}, purpose="summary")
-        server.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
-                       "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
-        yield server
+    fake_model.script(appraise, purpose="appraisal")
+    fake_model.script(choose, purpose="filter")
+    fake_model.script({"summary": "The operator told me about their dog."}, purpose="summary")
+    fake_model.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
+                      "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
+    return fake_model
 
 
 def chat(fake: FakeOpenAI, home: Path, lines: list[str]) -> list[int]:

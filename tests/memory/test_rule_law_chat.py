@@ -24,7 +24,7 @@ from impyard.db import open_database
 from impyard.memory.store import MemoryStore
 from impyard.supervisor import SupervisorSettings
 from impyard.terminal import run_chat
-from impyard.testing.fake_openai import FakeOpenAI, envelope
+from testing.fake_openai import FakeOpenAI, envelope
 from tests.test_departures import talk
 from tests.test_departures_chat import Pipe, add_pip, depart_tasks
 

@@ -14,9 +14,7 @@ Through the real box program with memory on, against the host's real memory stor
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -45,13 +43,6 @@ MACHINERY = (
     "your state holds",
 )
 RECORD_COUNT = re.compile(r"\b\d+ records?\b", re.IGNORECASE)
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 async def test_the_prompts_carry_no_machinery_lines_and_say_to_keep_the_inner_sense_to_oneself(

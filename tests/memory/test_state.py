@@ -5,9 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -22,13 +20,6 @@ from tests.memory.engine_kit import NOW, Kit, appraisal, draft, envelope, facts,
 
 pytestmark = pytest.mark.anyio
 AT = datetime(2026, 12, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def kit(tmp_path: Path) -> Iterator[Kit]:
-    world = Kit(tmp_path)
-    yield world
-    world.close()
 
 
 def record(rid: str, felt: float, *, kind: str = "lived", conclusion: str | None = None, intensity: float | None = None,
