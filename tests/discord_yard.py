@@ -1,7 +1,7 @@
 """A running ``impyard serve`` host against the loopback fake Discord and the fake OpenAI, for the Discord tests.
 
-Real parts: the discord.py client, the box (process backend unless a test passes another), the
-gateway, SQLite under the test's IMPYARD_HOME. The guild: ALICE owns it, BOB is an administrator,
+Real parts: the discord.py client, the box program (in this process, ``testing.inprocess``, unless a test
+passes another backend), the gateway, SQLite under the test's IMPYARD_HOME. The guild: ALICE owns it, BOB is an administrator,
 CAROL, DAVE and ERIN are members with no rights, OLIVE is pip's configured owner (no server rights).
 """
 
@@ -16,7 +16,6 @@ import anyio
 import pytest
 
 from impyard.backends import BoxBackend
-from impyard.backends.process import ProcessBackend
 from impyard.discord.client import DiscordSettings
 from impyard.discord.serve import DiscordHost, open_discord_host
 from impyard.imps import ImpStore
@@ -30,6 +29,7 @@ from testing.fake_discord import (
     member,
 )
 from testing.fake_openai import FakeOpenAI, envelope
+from testing.inprocess import InProcessBackend
 
 T = TypeVar("T")
 
@@ -147,7 +147,7 @@ async def serving(
         monkeypatch.setenv("IMPYARD_DISCORD_TOKEN_PIP", fake.token)
         with fake.patch_discord():  # puts Route.BASE and the gateway back afterwards
             async with open_discord_host(
-                ["pip"], settings=settings_for(fake), backends={"pip": backend or ProcessBackend(warn=False)},
+                ["pip"], settings=settings_for(fake), backends={"pip": backend or InProcessBackend()},
                 ready_timeout_s=10, **options,
             ) as host:  # fmt: skip
                 for channel in trusted:

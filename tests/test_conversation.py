@@ -1,7 +1,7 @@
 """The conversation pipeline end to end: history → wake → framing → session → real box → gateway → surface.
 
-Real parts: the process backend's box, the gateway with the loopback fake
-OpenAI, SQLite under a temporary IMPYARD_HOME. (The Docker variant runs in
+Real parts: the real box program (in this process: ``testing.inprocess``), the gateway with the loopback
+fake OpenAI, SQLite under a temporary IMPYARD_HOME. (The process and Docker variants run in
 test_chat_terminal.py.)
 """
 
@@ -19,7 +19,6 @@ import anyio
 import pytest
 
 from box.protocol.models import Attachment, Author, Message
-from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
 from impyard.conversation import MAX_INBOUND_CHARS, Inbound
 from impyard.imps import ImpStore
@@ -27,6 +26,7 @@ from impyard.runtime import Runtime, open_runtime
 from impyard.sessions import Delivery, TurnHandle
 from impyard.surfaces import RecordingSurface
 from testing.fake_openai import FakeOpenAI, envelope
+from testing.inprocess import InProcessBackend
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="hello there")]
 
@@ -44,7 +44,7 @@ async def runtime(
 ) -> AsyncIterator[tuple[Runtime, RecordingSurface]]:
     ImpStore().add("pip", "You are Pip.")
     surface = RecordingSurface()
-    backend = ProcessBackend(warn=False)
+    backend = InProcessBackend()
     async with open_runtime(
         ["pip"],
         surface,
@@ -279,7 +279,7 @@ async def test_unanswered_wakes_are_answered_after_a_restart_if_fresh_else_misse
     fake: FakeOpenAI, clock: FixedClock
 ) -> None:
     ImpStore().add("pip", "You are Pip.")
-    backend = ProcessBackend(warn=False)
+    backend = InProcessBackend()
     surface = RecordingSurface()
     async with open_runtime(
         ["pip"], surface, clock=clock, backends={"pip": backend}, surfaces=("discord",)
@@ -324,7 +324,7 @@ async def test_typing_shows_from_render_and_stops_when_the_turn_ends(
     ImpStore().add("pip", "You are Pip.")
     surface = TypingSurface()
     async with open_runtime(
-        ["pip"], surface, clock=clock, backends={"pip": ProcessBackend(warn=False)}, surfaces=("discord",)
+        ["pip"], surface, clock=clock, backends={"pip": InProcessBackend()}, surfaces=("discord",)
     ) as rt:
         rt.channels.set_trusted(CHANNEL, True)
         seen = spy(rt)

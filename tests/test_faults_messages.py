@@ -11,7 +11,6 @@ import pytest
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Author, Message
-from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
 from impyard.discord.shards import Shard
 from impyard.failure_words import WORDS, words_for
@@ -23,6 +22,7 @@ from impyard.sessions import SessionSettings
 from impyard.surfaces import RecordingSurface
 from impyard.tasks.attestation import RunEnd, RunFacts, attest
 from testing.fake_openai import FakeOpenAI
+from testing.inprocess import InProcessBackend
 from tests.scripted import ScriptedHost, chat_result, deliver_params, in_process_box, init_params
 from tests.test_sessions import Recorder, delivery, manager
 
@@ -132,7 +132,7 @@ CHANNEL = "900"
 async def test_messages_missed_across_a_restart_are_mentioned_exactly_once(fake: FakeOpenAI) -> None:
     ImpStore().add("pip", "You are Pip.")
     clock = FixedClock()
-    backend = ProcessBackend(warn=False)
+    backend = InProcessBackend()
     surface = RecordingSurface()
     stale = clock.now() - timedelta(minutes=30)
 
@@ -178,7 +178,7 @@ async def test_after_a_restart_a_shard_host_answers_only_its_own_shards_channels
     servers (and shard 0 the DMs); another shard's are left, unmarked, to the host that serves it."""
     ImpStore().add("pip", "You are Pip.")
     clock = FixedClock()
-    backend = ProcessBackend(warn=False)
+    backend = InProcessBackend()
     surface = RecordingSurface()
     stale = clock.now() - timedelta(minutes=30)
     even, odd = str(2_000 << 22), str(2_001 << 22)  # servers of shard 0 and shard 1 of 2

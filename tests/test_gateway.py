@@ -668,7 +668,7 @@ async def test_end_to_end_a_real_box_replies_through_the_gateway(
 async def test_end_to_end_a_refusal_reaches_the_box_as_a_legible_failure(
     tmp_path: Path, fake: FakeOpenAI
 ) -> None:
-    from impyard.backends.process import ProcessBackend
+    from testing.inprocess import InProcessBackend
 
     h = make_harness(
         tmp_path,
@@ -678,7 +678,7 @@ async def test_end_to_end_a_refusal_reaches_the_box_as_a_legible_failure(
         ),
     )
     spec = BoxSpec("pip", "c1", tmp_path / "state")
-    async with ProcessBackend(warn=False).open(spec, h.gateway) as box:
+    async with InProcessBackend().open(spec, h.gateway) as box:
         await box.init(init_params(imp="pip", channel_id="c1", kind="dm"), timeout=30)
         result = await box.deliver(deliver_params("hi", "m1"), timeout=30)
     assert (

@@ -13,7 +13,6 @@ from datetime import timedelta
 import pytest
 from click.testing import CliRunner
 
-from impyard.backends.process import ProcessBackend
 from impyard.cli import cli
 from impyard.gates import Approver, Gate, GateStore
 from impyard.imps import ImpStore
@@ -22,6 +21,7 @@ from impyard.surfaces import SURFACE_DISCORD, SURFACE_LOG, SURFACE_TERMINAL, Rec
 from impyard.tasks import TaskRequest
 from impyard.trust import ChannelInfo
 from testing.fake_openai import FakeOpenAI, envelope
+from testing.inprocess import InProcessBackend
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True)]
 
@@ -76,7 +76,7 @@ async def test_a_task_posting_to_discord_is_not_delivered_by_a_supervisor_withou
     fake.script(envelope(answer="Daily summary: all quiet."), purpose="reply")
     ImpStore().add("pip", "You are Pip.")
     surface = RecordingSurface()
-    backend = ProcessBackend(warn=False)
+    backend = InProcessBackend()
     async with open_supervisor(
         surface=surface, settings=FAST, lock=False, backend_for=lambda imp: backend
     ) as supervisor:
@@ -98,7 +98,7 @@ async def test_a_standalone_supervisor_still_posts_to_its_task_log(fake: FakeOpe
     fake.script(envelope(answer="Noted."), purpose="reply")
     ImpStore().add("pip", "You are Pip.")
     surface = RecordingSurface()
-    backend = ProcessBackend(warn=False)
+    backend = InProcessBackend()
     async with open_supervisor(
         surface=surface, settings=FAST, lock=False, backend_for=lambda imp: backend
     ) as supervisor:

@@ -14,7 +14,6 @@ from click.testing import CliRunner
 
 from box.protocol.models import Author, Message
 from impyard import dburl
-from impyard.backends.process import ProcessBackend
 from impyard.cli import cli
 from impyard.clock import FixedClock
 from impyard.imps import ImpStore
@@ -22,6 +21,7 @@ from impyard.inbound import Inbound
 from impyard.runtime import Runtime, open_runtime
 from impyard.surfaces import RecordingSurface
 from testing.fake_openai import FakeOpenAI
+from testing.inprocess import InProcessBackend
 
 CHANNEL = "4242"
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="hello from postgres")]
@@ -38,7 +38,7 @@ async def runtime(on_postgres: str, fake: FakeOpenAI) -> AsyncIterator[tuple[Run
     ImpStore().add("pip", "You are Pip.")
     surface = RecordingSurface()
     async with open_runtime(
-        ["pip"], surface, clock=FixedClock(), backends={"pip": ProcessBackend(warn=False)},
+        ["pip"], surface, clock=FixedClock(), backends={"pip": InProcessBackend()},
         surfaces=("discord", "terminal"), pump_period_s=None,
     ) as rt:  # fmt: skip
         yield rt, surface

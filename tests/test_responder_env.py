@@ -1,8 +1,8 @@
 """SPEC-001's responder contract, one named test per rule, through the box protocol.
 
-Most run the real `python -m box` on the process backend against a ScriptedHost; the ones that need
-a seam inside the box (a fake sleep for the backoff, a memory engine, a slow synchronous tool) run
-the same box program in this process over in-memory pipes (``in_process_box``). The rules whose
+Each runs the real box program in this process (``testing.inprocess``) against a ScriptedHost; the
+ones that need a seam inside the box (a fake sleep for the backoff, a memory engine, a slow synchronous
+tool) inject it (``in_process_box``). The rules whose
 exact upstream request bodies matter are in ``test_responder_gateway.py`` (the real gateway and
 the fake OpenAI): ENV-15, ENV-19 .. ENV-24.
 """
@@ -25,9 +25,9 @@ from box.protocol.history import HistoryLine
 from box.protocol.models import Author, HistoryEntry, MailboxEventParams, ModelRequestResult
 from box.tools import Tool, ToolRegistry
 from impyard.backends import BoxSpec
-from impyard.backends.process import ProcessBackend
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
 from impyard.responder_history import HistoryBounds
+from testing.inprocess import InProcessBackend
 from tests.scripted import (
     NOW,
     ScriptedHost,
@@ -54,7 +54,7 @@ async def run_turns(
     channel_name: str = "",
     **settings: Any,
 ) -> list[Any]:
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         await running.init(
             init_params(kind=kind, channel_name=channel_name, **{"retry_backoff_s": 0, **settings}),
             timeout=30,
@@ -287,7 +287,7 @@ async def test_env_13_reaction_clear_is_recorded(tmp_path: Path) -> None:
     event = MailboxEventParams(
         kind="reaction_clear", channel_id="c1", message_id="m0", reactions=["👍", "🎉"], at=NOW
     )
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         await running.init(init_params(), timeout=30)
         await running.peer.notify("mailbox.event", event)
         await running.peer.notify(
@@ -306,7 +306,7 @@ async def test_env_13_an_event_no_turn_followed_is_kept_when_the_box_shuts_down(
     event = MailboxEventParams(
         kind="reaction_clear", channel_id="c1", message_id="m0", reactions=["👍"], at=NOW
     )
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         await running.init(init_params(), timeout=30)
         await running.peer.notify("mailbox.event", event)
     [record] = stored(host)

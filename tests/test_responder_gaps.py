@@ -36,8 +36,8 @@ from box.protocol.models import (
 )
 from box.render import Payload
 from impyard.backends import BoxSpec
-from impyard.backends.process import ProcessBackend
 from testing.fake_openai import TINY_PNG_B64
+from testing.inprocess import InProcessBackend
 from tests.scripted import NOW, ScriptedHost, chat_result, deliver_params, envelope, init_params
 
 pytestmark = pytest.mark.anyio
@@ -66,7 +66,7 @@ def spec(tmp_path: Path) -> BoxSpec:
 
 async def run_turns(tmp_path: Path, host: ScriptedHost, *deliveries: Any, **settings: Any) -> list[Any]:
     settings = {"kind": "guild", "channel_name": "general", "retry_backoff_s": 0, **settings}
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         await running.init(init_params(**settings), timeout=30)
         return [await running.deliver(params, timeout=30) for params in deliveries]
 
@@ -168,7 +168,7 @@ def test_env_02_the_framing_note_says_what_a_silent_answer_means(
 
 async def test_seed_003_the_prompt_package_names_the_imps_model_and_impyards_version(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("hi"))])
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         init = init_params(kind="guild", channel_name="general", model="gpt-5.1", vision_model="gpt-4.1")
         await running.init(init.model_copy(update={"impyard_version": "9.8.7"}), timeout=30)
         await running.deliver(deliver_params("which model are you?"), timeout=30)

@@ -1,4 +1,4 @@
-"""The responder end to end: the real box (process backend) → the real gateway → the loopback fake OpenAI.
+"""The responder end to end: the real box program (in this process) → the real gateway → the loopback fake OpenAI.
 
 Where SPEC-001 pins the exact request body (ENV-15, ENV-19 .. ENV-24) the fake's recorded requests are
 checked; the envelope acts (pictures, picture edits, staff notes, hack alerts, another channel) and the
@@ -22,7 +22,6 @@ import pytest
 from box.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
-from impyard.backends.process import ProcessBackend
 from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
 from impyard.db import Database, open_database
@@ -40,6 +39,7 @@ from testing.fake_openai import (
     refusal,
     tool_call,
 )
+from testing.inprocess import InProcessBackend
 from testing.web import local_site
 from tests.scripted import NOW, deliver_params, init_params
 
@@ -63,7 +63,7 @@ class Rig:
     async def turns(self, *deliveries: DeliverParams, **settings: Any) -> list[DeliverResult]:
         """One box session (the imp pip in the DM c1) serving ``deliveries`` in order."""
         kind = settings.pop("kind", "dm")
-        async with ProcessBackend(warn=False).open(BoxSpec("pip", "c1", self.state_dir), self.gateway) as box:
+        async with InProcessBackend().open(BoxSpec("pip", "c1", self.state_dir), self.gateway) as box:
             await box.init(init_params(kind=kind, **{"retry_backoff_s": 0, **settings}), timeout=30)
             return [await box.deliver(params, timeout=30) for params in deliveries]
 

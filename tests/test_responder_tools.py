@@ -13,7 +13,7 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Attachment, ModelRequestResult
 from box.tools import Tool, ToolCall, ToolRegistry, search_tool
 from impyard.backends import BoxSpec
-from impyard.backends.process import ProcessBackend
+from testing.inprocess import InProcessBackend
 from tests.scripted import (
     ScriptedHost,
     chat_result,
@@ -32,7 +32,7 @@ def spec(tmp_path: Path) -> BoxSpec:
 
 
 async def run_turn(tmp_path: Path, host: ScriptedHost, params: Any = None, **settings: Any) -> Any:
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         await running.init(init_params(**{"retry_backoff_s": 0, **settings}), timeout=30)
         return await running.deliver(params or deliver_params("hi"), timeout=30)
 

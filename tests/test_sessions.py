@@ -1,4 +1,5 @@
-"""The session manager with real boxes (process backend): bursts, idle, races, crashes, ceilings, shutdown."""
+"""The session manager with real boxes: bursts, idle, races, crashes, ceilings, shutdown. The box program runs in
+this process (``testing.inprocess``), but where a box is killed: a box process (the process backend)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from impyard.sessions import (
     SessionSettings,
     merge_batch,
 )
+from testing.inprocess import InProcessBackend
 from tests.scripted import NOW, ScriptedHost, init_params
 
 pytestmark = pytest.mark.anyio
@@ -144,9 +146,12 @@ async def manager(
     host: ScriptedHost,
     recorder: Recorder,
     settings: SessionSettings | None = None,
+    *,
+    backend: BoxBackend | None = None,
     **kwargs: object,
 ) -> AsyncIterator[SessionManager]:
-    plan = Plan(ProcessBackend(warn=False), tmp_path, settings)
+    """``backend``: the in-process box unless given (a test that kills boxes gives the process backend)."""
+    plan = Plan(backend or InProcessBackend(), tmp_path, settings)
     async with SessionManager(plan=plan, host=host, events=recorder, **kwargs) as sessions:  # type: ignore[arg-type]
         yield sessions
 
@@ -216,7 +221,7 @@ async def test_a_message_arriving_as_the_idle_window_ends_is_delivered_once(
 
 async def test_a_box_that_dies_mid_turn_is_reported_and_replaced(tmp_path: Path) -> None:
     host, recorder = ScriptedHost(hold=anyio.Event()), Recorder()
-    async with manager(tmp_path, host, recorder) as sessions:
+    async with manager(tmp_path, host, recorder, backend=ProcessBackend(warn=False)) as sessions:
         sessions.deliver(delivery(1))
         with anyio.fail_after(20):
             while host.model_calls == 0:
@@ -237,7 +242,9 @@ async def test_a_box_that_dies_mid_turn_is_reported_and_replaced(tmp_path: Path)
 
 async def test_the_turn_ceiling_stops_the_turn_and_kills_the_box(tmp_path: Path) -> None:
     host, recorder = ScriptedHost(hold=anyio.Event()), Recorder()
-    async with manager(tmp_path, host, recorder, SessionSettings(turn_ceiling_s=0.5)) as sessions:
+    async with manager(
+        tmp_path, host, recorder, SessionSettings(turn_ceiling_s=0.5), backend=ProcessBackend(warn=False)
+    ) as sessions:
         sessions.deliver(delivery(1))
         await recorder.until(lambda: len(recorder.outcomes) == 1 and recorder.notices)
         assert recorder.outcomes[0][1].outcome == "failed"
@@ -294,7 +301,7 @@ async def test_a_failed_turn_in_respond_framing_gets_a_notice(tmp_path: Path) ->
 
 async def test_shutdown_kills_every_box(tmp_path: Path) -> None:
     host, recorder = ScriptedHost(hold=anyio.Event()), Recorder()
-    async with manager(tmp_path, host, recorder) as sessions:
+    async with manager(tmp_path, host, recorder, backend=ProcessBackend(warn=False)) as sessions:
         sessions.deliver(delivery(1, key=SessionKey("pip", "a")))
         sessions.deliver(delivery(2, key=SessionKey("pip", "b")))
         with anyio.fail_after(20):

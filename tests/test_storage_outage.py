@@ -25,7 +25,6 @@ import sqlalchemy as sa
 from bench.pgcluster import PostgresServer, postgres_bin, start_cluster, throwaway_database
 from box.protocol.models import Author, Message
 from impyard import dburl, storage_faults
-from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
 from impyard.db import Database, open_database
 from impyard.imps import ImpStore
@@ -35,6 +34,7 @@ from impyard.storage_faults import CommitUncertain
 from impyard.surfaces import RecordingSurface
 from impyard.tables import channels
 from testing.fake_openai import FakeOpenAI, envelope
+from testing.inprocess import InProcessBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -197,7 +197,7 @@ async def test_a_message_that_arrives_while_the_server_is_down_is_answered_once_
         ImpStore().add("pip", "You are Pip.")
         surface = RecordingSurface()
         async with open_runtime(
-            ["pip"], surface, clock=FixedClock(), backends={"pip": ProcessBackend(warn=False)},
+            ["pip"], surface, clock=FixedClock(), backends={"pip": InProcessBackend()},
             surfaces=("discord", "terminal"), pump_period_s=None,
         ) as rt:  # fmt: skip
             now = rt.host.clock.now()

@@ -1,4 +1,4 @@
-"""The turn machine of seed 003, through the box protocol (the real `python -m box`, process backend).
+"""The turn machine of seed 003, through the box protocol (the real box program, in this process).
 
 The scenarios of seed 003: respond success, judge deciding to respond, judge staying silent, tool
 continuation, image-assisted reply, send failure, generic failure — and PostSend's rule: history and
@@ -20,8 +20,8 @@ from box.machine import Stage, TurnContext, TurnInput, TurnMachine
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Attachment, Framing, HttpFetchResult, ModelRequestResult
 from impyard.backends import BoxSpec
-from impyard.backends.process import ProcessBackend
 from testing.fake_openai import TINY_PNG_B64
+from testing.inprocess import InProcessBackend
 from tests.scripted import (
     NOW,
     ScriptedHost,
@@ -45,7 +45,7 @@ def records(host: ScriptedHost) -> list[tuple[str, str, str]]:
 
 
 async def run_turns(tmp_path: Path, host: ScriptedHost, *deliveries: Any, **settings: Any) -> list[Any]:
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         await running.init(init_params(**{"retry_backoff_s": 0, **settings}), timeout=30)
         return [await running.deliver(params, timeout=30) for params in deliveries]
 
@@ -172,7 +172,7 @@ async def test_a_prompt_task_runs_through_the_machine(tmp_path: Path) -> None:
     from box.protocol.models import TaskRunParams, TaskSpec
 
     host = ScriptedHost(answers=[chat_result(envelope("nothing to report", answer_needed=False))])
-    async with ProcessBackend(warn=False).open(spec(tmp_path), host) as running:
+    async with InProcessBackend().open(spec(tmp_path), host) as running:
         await running.init(init_params(kind="task"), timeout=30)
         result = await running.run_task(
             TaskRunParams(task=TaskSpec(id="t1", kind="prompt", prompt="Check in"), now=NOW)
