@@ -43,6 +43,7 @@ class InProcessBox(Process):
         self._box_err, self._stderr = byte_pipe()
         self._scope = anyio.CancelScope()
         self._returncode: int | None = None
+        self._killed = False
         self._ended = anyio.Event()
 
     async def run(self) -> None:
@@ -55,14 +56,17 @@ class InProcessBox(Process):
                 await serve(self._box_in, self._box_out, self.state_dir, **self.seams)
                 self._returncode = 0
             except Exception:  # noqa: BLE001 - a box's crash is its exit code and stderr, as a process's is
-                self._returncode = CRASHED
-                await self._write_stderr(traceback.format_exc())
-        if self._returncode is None:
+                if not self._killed:  # what a killed program raises on its closed pipes is no crash
+                    self._returncode = CRASHED
+                    await self._write_stderr(traceback.format_exc())
+        if self._killed or self._returncode is None:
             self._returncode = KILLED
-        with anyio.CancelScope(shield=True):
-            for stream in (self._box_out, self._box_err, self._box_in):
-                await stream.aclose()
+        self._close_box_ends()
         self._ended.set()
+
+    def _close_box_ends(self) -> None:
+        for stream in (self._box_out, self._box_err, self._box_in):
+            stream.close()
 
     async def _write_stderr(self, text: str) -> None:
         try:
@@ -76,13 +80,18 @@ class InProcessBox(Process):
         return self._returncode
 
     def terminate(self) -> None:
-        self._scope.cancel()
+        self.kill()
 
     def kill(self) -> None:
+        """As SIGKILL: the program is cancelled and its pipes close at once, so nothing it still awaits (a
+        shielded cleanup, a request to the host) can keep it alive."""
+        if self._returncode is None:
+            self._killed = True
         self._scope.cancel()
+        self._close_box_ends()
 
     def send_signal(self, signal: signal.Signals) -> None:
-        self._scope.cancel()
+        self.kill()
 
     @property
     def pid(self) -> int:
@@ -105,11 +114,9 @@ class InProcessBox(Process):
         return self._stderr
 
     async def aclose(self) -> None:
-        self._scope.cancel()
-        with anyio.CancelScope(shield=True):
-            await self._ended.wait()
-            for stream in (self._stdin, self._stdout, self._stderr):
-                await stream.aclose()
+        self.kill()
+        for stream in (self._stdin, self._stdout, self._stderr):
+            stream.close()
 
 
 class InProcessBackend:

@@ -14,8 +14,12 @@ class MemoryByteSend(ByteSendStream):
     async def send(self, item: bytes) -> None:
         await self._stream.send(item)
 
+    def close(self) -> None:
+        """At once, as a dead process's end of a pipe closes: the reader gets EOF."""
+        self._stream.close()
+
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        self.close()
 
 
 class MemoryByteReceive(ByteReceiveStream):
@@ -25,8 +29,12 @@ class MemoryByteReceive(ByteReceiveStream):
     async def receive(self, max_bytes: int = 65536) -> bytes:
         return await self._stream.receive()
 
+    def close(self) -> None:
+        """At once, as a dead process's end of a pipe closes: the writer gets a broken pipe."""
+        self._stream.close()
+
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        self.close()
 
 
 def byte_pipe() -> tuple[MemoryByteSend, MemoryByteReceive]:

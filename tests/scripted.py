@@ -38,6 +38,7 @@ from impyard.backends import BoxHost, BoxSpec, RunningBox
 from impyard.clock import SystemClock
 from impyard.db import open_database
 from impyard.responder_history import HistoryBounds, ResponderHistory, line_views
+from testing.fake_openai import envelope as full_envelope
 from testing.inprocess import InProcessBackend
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -46,19 +47,9 @@ atexit.register(shutil.rmtree, _DATABASES, ignore_errors=True)
 
 
 def envelope(answer: str | None = "hello", answer_needed: bool = True, **fields: Any) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "answer": answer,
-        "answer_needed": answer_needed,
-        "channel": None,
-        "staff": None,
-        "picture": None,
-        "picture_count": None,
-        "picture_edit": False,
-        "hack": False,
-        "moment": None,
-        "told": None,
-        "action": {"type": "none", "text": None},
-    }
+    """The reply envelope of ``testing.fake_openai``, answering "hello" unless told; ``fields`` are set as given
+    (an unknown one too: a box must cope with what a model sends)."""
+    value = full_envelope(answer=answer, answer_needed=answer_needed)
     value.update(fields)
     return value
 

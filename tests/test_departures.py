@@ -51,6 +51,7 @@ from impyard.policy import load_policy
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest, TaskStore
+from testing.inprocess import InProcessBackend
 from tests import scripted
 
 pytestmark = pytest.mark.anyio
@@ -452,7 +453,7 @@ async def test_m103_a_real_box_with_memory_off_answers_done_with_nothing_to_refl
 ) -> None:
     async with yard(db, imps, clock) as y:
         task = y.tasks.add(TaskRequest("quiet", None, kind="depart", channel_id=GUILD_CHANNEL, person=ANN))
-        await y.supervisor(ProcessBackend(warn=False)).run(once=True)  # `python -m box`, the real program
+        await y.supervisor(InProcessBackend()).run(once=True)  # the real box program, in this process
         done = y.tasks.get(task.id)
     assert (done.state, done.box_outcome, done.box_summary) == (
         "done",

@@ -15,11 +15,11 @@ from box.attempts import (
     with_attempts,
 )
 from box.protocol.models import ResponderSettings
-from impyard.backends.process import ProcessBackend
 from impyard.imp_config import validate_config
 from impyard.imps import ImpConfigError
 from impyard.supervisor.held import blocked_reason
 from testing.fake_openai import FakeOpenAI, envelope
+from testing.inprocess import InProcessBackend
 from tests.test_supervisor import KEY, TRUSTED, yard
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
@@ -43,7 +43,7 @@ def test_the_blocked_reason_names_the_file_line_and_key() -> None:
 
 async def test_a_typo_in_imp_toml_holds_the_task_until_the_file_is_fixed(fake: FakeOpenAI) -> None:
     fake.script(envelope(answer="Posted after the fix."), purpose="reply")
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         task = y.add(channel_id=TRUSTED)
         path = y.imps.config_path("pip")
         good = path.read_text()
@@ -66,7 +66,7 @@ async def test_a_typo_in_imp_toml_holds_the_task_until_the_file_is_fixed(fake: F
 
 
 async def test_a_removed_imp_still_fails_its_tasks(fake: FakeOpenAI) -> None:
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         task = y.add(channel_id=TRUSTED)
         y.imps.remove("pip")
         await y.supervisor.run(once=True)

@@ -1,7 +1,8 @@
 """The supervise loop end to end: real boxes, the real gateway, the fake OpenAI, a recording surface, a fixed clock.
 
-Boxes run on the process backend (and on Docker where the ``backend`` fixture
-can start it); time that decides anything is the FixedClock, moved by the test;
+Boxes run the real box program in this process (``testing.inprocess``) where the test is about the loop; as
+box processes where one is killed, hangs or is orphaned, and on every backend (process, Docker where the
+``backend`` fixture can start it) in the first test; time that decides anything is the FixedClock, moved by the test;
 the loop's own tick is real but short.
 """
 
@@ -41,6 +42,7 @@ from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest
 from impyard.trust import ChannelInfo, DbChannelTrust
 from testing.fake_openai import FakeOpenAI, envelope, slow
+from testing.inprocess import InProcessBackend
 
 KEY = "sk-impyard-supervise-SECRET-77aa"
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
@@ -184,7 +186,7 @@ async def test_a_scheduled_task_runs_in_a_real_box_and_posts_through_the_gateway
 
 async def test_the_concurrency_cap_holds_with_ten_due_tasks(fake: FakeOpenAI) -> None:
     fake.script(slow(envelope(answer="done"), 0.4), purpose="reply")
-    counting = CountingBackend(ProcessBackend(warn=False))
+    counting = CountingBackend(InProcessBackend())
     async with yard(fake, counting, SupervisorSettings(concurrency=3, tick_s=0.05)) as y:
         tasks = [y.add(f"task {n}", channel_id=TRUSTED) for n in range(10)]
         await y.supervisor.run(once=True)
@@ -220,7 +222,7 @@ async def test_a_budget_exhausted_imps_task_is_deferred_and_runs_after_the_windo
     fake: FakeOpenAI,
 ) -> None:
     fake.script(envelope(answer="Good morning."), purpose="reply")
-    counting = CountingBackend(ProcessBackend(warn=False))
+    counting = CountingBackend(InProcessBackend())
     async with yard(fake, counting) as y:
         y.clock.set(datetime(2026, 5, 11, 21, 30, tzinfo=UTC))
         ledger = Ledger(y.db, y.gateway.policy, y.clock)
@@ -244,7 +246,7 @@ async def test_a_budget_exhausted_imps_task_is_deferred_and_runs_after_the_windo
 
 async def test_a_task_refused_for_budget_inside_its_box_is_deferred_not_failed(fake: FakeOpenAI) -> None:
     fake.script(envelope(answer="Good morning."), purpose="reply")
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         y.clock.set(datetime(2026, 5, 11, 21, 30, tzinfo=UTC))
         ledger = Ledger(y.db, y.gateway.policy, y.clock)
         ledger.settle(
@@ -266,7 +268,7 @@ async def test_a_task_refused_for_budget_inside_its_box_is_deferred_not_failed(f
 async def test_a_gate_approval_triggers_a_continuation_exactly_once(fake: FakeOpenAI) -> None:
     fake.script(envelope(answer="Weekly digest: three releases."), purpose="reply", times=1)
     fake.script(envelope(answer="Noted; nothing more to do.", answer_needed=False), purpose="reply")
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         task = y.add("Post the weekly digest", channel_id=UNTRUSTED, wake_on_resolve=True)
         await y.supervisor.run(once=True)
         waiting = y.task(task.id)
@@ -296,7 +298,7 @@ async def test_a_gate_approval_triggers_a_continuation_exactly_once(fake: FakeOp
         assert f"gate {gate.id}) was approved by operator:ann" in told and "ship it" in told
         for _ in range(2):  # more ticks, and a fresh supervisor: still exactly one follow-up
             await y.supervisor.run(once=True)
-        await y.fresh_supervisor(ProcessBackend(warn=False)).run(once=True)
+        await y.fresh_supervisor(InProcessBackend()).run(once=True)
         assert len([t for t in y.supervisor.tasks.latest() if t.origin == "continuation"]) == 1
         assert len(fake.requests) == 2
 
@@ -304,7 +306,7 @@ async def test_a_gate_approval_triggers_a_continuation_exactly_once(fake: FakeOp
 async def test_a_denied_gate_wakes_the_task_with_the_denial(fake: FakeOpenAI) -> None:
     fake.script(envelope(answer="Hot take!"), purpose="reply", times=1)
     fake.script(envelope(answer="Understood.", answer_needed=False), purpose="reply")
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         task = y.add("Post something", channel_id=UNTRUSTED, wake_on_resolve=True)
         await y.supervisor.run(once=True)
         [gate] = y.supervisor.tasks.gates_of(task.id)
@@ -404,7 +406,7 @@ async def test_stopping_the_supervisor_requeues_what_is_still_running(fake: Fake
 
 
 async def test_an_unknown_kind_is_the_boxes_business(fake: FakeOpenAI) -> None:
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         task = y.supervisor.tasks.add(TaskRequest("pip", None, kind="dream", channel_id=TRUSTED))
         await y.supervisor.run(once=True)
         failed = y.task(task.id)
@@ -413,7 +415,7 @@ async def test_an_unknown_kind_is_the_boxes_business(fake: FakeOpenAI) -> None:
 
 
 async def test_a_task_whose_imp_was_removed_fails_visibly(fake: FakeOpenAI) -> None:
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         task = y.add(channel_id=TRUSTED)
         y.imps.remove("pip")
         await y.supervisor.run(once=True)
@@ -429,7 +431,7 @@ async def test_the_briefing_gives_the_box_its_own_imps_past_outcomes(fake: FakeO
     fake.script(envelope(answer="Bob's secret result."), purpose="reply", times=1)
     fake.script(envelope(answer="Monday: shipped 1.2."), purpose="reply", times=1)
     fake.script(envelope(answer="Tuesday: quiet."), purpose="reply")
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         y.imps.add("bob", box={"backend": "process"})
         y.supervisor.tasks.add(TaskRequest("bob", "Bob's private errand", channel_id=TRUSTED))
         await y.supervisor.run(once=True)
@@ -512,7 +514,7 @@ async def test_orphan_reclaim_after_a_killed_supervisor(fake: FakeOpenAI) -> Non
 
 
 async def test_a_task_that_acted_before_the_crash_is_not_run_twice(fake: FakeOpenAI) -> None:
-    async with yard(fake, ProcessBackend(warn=False)) as y:
+    async with yard(fake, InProcessBackend()) as y:
         task = y.add(channel_id=TRUSTED)
         y.supervisor.tasks.claim(task.id, "run-lost", "process")
         y.gateway.audit.write(

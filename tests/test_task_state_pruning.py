@@ -17,7 +17,6 @@ import anyio
 import pytest
 from click.testing import CliRunner
 
-from impyard.backends.process import ProcessBackend
 from impyard.cli import cli
 from impyard.paths import box_dir_name
 from impyard.supervisor import Supervisor, SupervisorSettings, pruning
@@ -29,6 +28,7 @@ from impyard.supervisor.settings import (
 )
 from impyard.tasks import Task
 from testing.fake_openai import FakeOpenAI, envelope
+from testing.inprocess import InProcessBackend
 from tests.test_supervisor import KEY, T0, TRUSTED, UNTRUSTED, Yard, hanging_box, wait_until, yard
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
@@ -178,7 +178,7 @@ async def test_a_finished_tasks_state_goes_after_the_retention_and_not_before(
 ) -> None:
     monkeypatch.delenv(TASK_STATE_RETENTION_ENV, raising=False)
     fake.script(envelope(answer="Daily summary: all quiet."), purpose="reply")
-    async with yard(fake, ProcessBackend(warn=False), SupervisorSettings(tick_s=0.05)) as y:
+    async with yard(fake, InProcessBackend(), SupervisorSettings(tick_s=0.05)) as y:
         task = y.add(channel_id=TRUSTED)
         await y.supervisor.run(once=True)
         assert y.task(task.id).state == "done" and y.task(task.id).finished_at == T0
@@ -201,7 +201,7 @@ async def test_running_and_awaiting_approval_are_kept_at_any_age(
 ) -> None:
     monkeypatch.delenv(TASK_STATE_RETENTION_ENV, raising=False)
     fake.script(envelope(answer="Weekly digest."), purpose="reply")
-    async with yard(fake, ProcessBackend(warn=False), SupervisorSettings(tick_s=0.05)) as y:
+    async with yard(fake, InProcessBackend(), SupervisorSettings(tick_s=0.05)) as y:
         gated, done = y.add(channel_id=UNTRUSTED), y.add(channel_id=TRUSTED)
         await y.supervisor.run(once=True)
         assert (y.task(gated.id).state, y.task(done.id).state) == ("needs_review", "done")
@@ -240,7 +240,7 @@ async def test_links_foreign_names_and_other_dirs_are_never_touched(
     (outside / "bob-tasks" / "tasks" / box_dir_name("t-bob0000001")).mkdir(parents=True)
     (outside / "precious.txt").write_text("the host's own file")
     long_ago = T0 - timedelta(days=90)
-    async with yard(fake, ProcessBackend(warn=False), SupervisorSettings(tick_s=0.05)) as y:
+    async with yard(fake, InProcessBackend(), SupervisorSettings(tick_s=0.05)) as y:
         root = tasks_dir(y)
         root.mkdir(parents=True)
         gone = old_dir(y, "t-gone000001", long_ago)  # no task row: a deleted task's dir
@@ -289,7 +289,7 @@ async def test_a_backlog_is_pruned_a_batch_a_pass_and_one_failure_stops_nothing(
         real_rmtree(path, *args, **kwargs)
 
     monkeypatch.setattr(pruning.shutil, "rmtree", rmtree)
-    async with yard(fake, ProcessBackend(warn=False), SupervisorSettings(tick_s=0.05, prune_batch=2)) as y:
+    async with yard(fake, InProcessBackend(), SupervisorSettings(tick_s=0.05, prune_batch=2)) as y:
         long_ago = T0 - timedelta(days=30)
         backlog = [old_dir(y, f"t-backlog{n:03d}", long_ago + timedelta(minutes=n)) for n in range(5)]
         old_dir(y, "t-stuck00001", long_ago - timedelta(days=1))  # the oldest: first in every pass
@@ -314,17 +314,15 @@ async def test_only_the_supervisor_of_every_kind_prunes_and_off_keeps_all(
     fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TASK_STATE_RETENTION_ENV, "off")
-    async with yard(fake, ProcessBackend(warn=False), SupervisorSettings(tick_s=0.05)) as y:
+    async with yard(fake, InProcessBackend(), SupervisorSettings(tick_s=0.05)) as y:
         kept = old_dir(y, "t-kept000001", T0 - timedelta(days=400))
         await y.supervisor.run(once=True)
         assert kept.is_dir()
         monkeypatch.delenv(TASK_STATE_RETENTION_ENV)
-        departures = y.fresh_supervisor(
-            ProcessBackend(warn=False), SupervisorSettings(kinds=frozenset({"depart"}))
-        )
+        departures = y.fresh_supervisor(InProcessBackend(), SupervisorSettings(kinds=frozenset({"depart"})))
         await departures.run(once=True)
         assert kept.is_dir()
-        await y.fresh_supervisor(ProcessBackend(warn=False), SupervisorSettings()).run(once=True)
+        await y.fresh_supervisor(InProcessBackend(), SupervisorSettings()).run(once=True)
         assert not kept.exists()
 
 
@@ -335,7 +333,7 @@ async def test_the_state_root_is_where_pruning_looks(
     (tmp_path / "disk").mkdir()
     (tmp_path / "boxes").symlink_to(tmp_path / "disk")  # a link above the state dirs is the operator's own
     monkeypatch.setenv("IMPYARD_STATE_ROOT", str(tmp_path / "boxes"))
-    async with yard(fake, ProcessBackend(warn=False), SupervisorSettings(tick_s=0.05)) as y:
+    async with yard(fake, InProcessBackend(), SupervisorSettings(tick_s=0.05)) as y:
         gone = old_dir(y, "t-gone000001", T0 - timedelta(days=30))
         assert gone.is_relative_to(tmp_path / "boxes")
         home_side = y.imps.state_dir("pip") / "tasks" / box_dir_name("t-home000001")  # not under the root

@@ -51,6 +51,7 @@ from impyard.policy import load_policy
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest, TaskStore
+from testing.inprocess import InProcessBackend
 from tests.memory.conftest import moment
 
 pytestmark = pytest.mark.anyio
@@ -640,7 +641,7 @@ async def test_m104_m113_a_day_and_a_night_in_real_boxes(
             memory=memory_service(db, clock.now),
         )  # fmt: skip
         try:
-            real_box = ProcessBackend(warn=False)
+            real_box = InProcessBackend()
             supervisor = Supervisor(
                 db=db,
                 gateway=gateway,

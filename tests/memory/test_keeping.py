@@ -19,7 +19,6 @@ import anyio
 import pytest
 
 from box.protocol.models import Author, Message
-from impyard.backends.process import ProcessBackend
 from impyard.cli.memory_night import run_night
 from impyard.clock import FixedClock
 from impyard.conversation import Inbound
@@ -28,6 +27,7 @@ from impyard.imps import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.surfaces import RecordingSurface
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from testing.inprocess import InProcessBackend
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True)]
 
@@ -73,7 +73,7 @@ def clock() -> FixedClock:
 async def runtime(fake: FakeOpenAI, clock: FixedClock, impyard_home: Path) -> AsyncIterator[Runtime]:
     ImpStore().add("pip", "You are Pip.", memory={"enabled": True, "embedder": "hashing"})
     async with open_runtime(
-        ["pip"], RecordingSurface(), clock=clock, backends={"pip": ProcessBackend(warn=False)},
+        ["pip"], RecordingSurface(), clock=clock, backends={"pip": InProcessBackend()},
         surfaces=("discord", "terminal"), pump_period_s=None,
     ) as rt:  # fmt: skip
         yield rt

@@ -17,7 +17,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-from impyard.backends.process import ProcessBackend
 from impyard.channels import ChannelInfo, ChannelStore
 from impyard.clock import SystemClock
 from impyard.db import open_database
@@ -25,6 +24,7 @@ from impyard.memory.store import MemoryStore
 from impyard.supervisor import SupervisorSettings
 from impyard.terminal import run_chat
 from testing.fake_openai import FakeOpenAI, envelope
+from testing.inprocess import InProcessBackend
 from tests.test_departures import talk
 from tests.test_departures_chat import Pipe, add_pip, depart_tasks
 
@@ -66,7 +66,7 @@ async def test_a_german_imp_learns_a_rule_and_a_known_name_is_refused_by_the_hos
         pipe.send("Hallo Pip.\nDu verspottest ständig meine Arbeit.\nDas tut wirklich weh.\n/quit\n")
         pipe.close()
         with anyio.fail_after(120):
-            await run_chat("pip", stdin=pipe.reader, out=out, backends={"pip": ProcessBackend(warn=False)},
+            await run_chat("pip", stdin=pipe.reader, out=out, backends={"pip": InProcessBackend()},
                            departures=LOOP)  # fmt: skip
         learning = [r for r in server.requests if r.purpose == "learning"]
     [task] = [t for t in depart_tasks() if t.channel_id != CAROL_DM]
