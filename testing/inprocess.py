@@ -12,6 +12,7 @@ not about the process boundary uses it (the process backend's own tests keep ``P
 
 from __future__ import annotations
 
+import os
 import signal
 import traceback
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from anyio.abc import Process
 
 from impyard.backends.base import BoxHost, BoxSpec, RunningBox, supervise_process
 from impyard.backends.mounts import claimed_mount
+from impyard.backends.statedir import mark_foreign_writer
 from impyard.backends.stateroot import StateRoot, state_root
 from testing.pipes import MemoryByteReceive, MemoryByteSend, byte_pipe
 
@@ -128,15 +130,15 @@ class InProcessBackend:
         """``state_root``: as the process backend's (None: ``IMPYARD_STATE_ROOT``, else IMPYARD_HOME/imps)."""
         self.state_root = state_root
         self.seams = seams
-        self.started = 0  # boxes this backend opened
 
     @asynccontextmanager
     async def open(self, spec: BoxSpec, host: BoxHost) -> AsyncIterator[RunningBox]:
         state_dir = (self.state_root or state_root()).volume(spec.state_dir).path
         async with claimed_mount(spec, mount=state_dir):
             await anyio.Path(state_dir).mkdir(parents=True, exist_ok=True)
+            if os.getuid() == 0:
+                mark_foreign_writer(state_dir)  # as the process backend's: a later Docker box repairs once
             box = InProcessBox(state_dir, self.seams)
-            self.started += 1
 
             async def terminate() -> None:
                 box.kill()
