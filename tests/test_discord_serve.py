@@ -334,7 +334,7 @@ async def test_two_imps_each_post_as_their_own_bot_and_never_answer_each_other(
 ) -> None:
     import re
 
-    from impyard.backends.process import ProcessBackend
+    from testing.inprocess import InProcessBackend
     from tests.discord_yard import PIX, QUIET
 
     caplog.set_level(logging.DEBUG, "impyard.serve")
@@ -357,7 +357,7 @@ async def test_two_imps_each_post_as_their_own_bot_and_never_answer_each_other(
         monkeypatch.setenv("IMPYARD_DISCORD_TOKEN_PIP", fake.token)
         monkeypatch.setenv("IMPYARD_DISCORD_TOKEN_PIX", PIX.token)
         with fake.patch_discord():
-            backend = ProcessBackend(warn=False)
+            backend = InProcessBackend()
             async with open_discord_host(
                 settings=settings_for(fake), backends={"pip": backend, "pix": backend}
             ) as host:

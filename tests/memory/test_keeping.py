@@ -1,6 +1,6 @@
 """Issue 32, finding 7: what someone tells the imp about themselves is kept; the small talk around it may fade.
 
-Through the whole host (the process backend's real box, the gateway with the loopback fake OpenAI, the host's
+Through the whole host (the real box program in this process, the gateway with the loopback fake OpenAI, the host's
 store under a temporary IMPYARD_HOME) on a movable clock: Ann makes small talk, tells pip her sister's name once
 in the middle of it, makes more small talk; pip sleeps every night (``impyard memory night --consolidate``'s own
 code path, ``run_night``, on the same clock). Every moment is pleasant, so on the seed's rules the fact joins the
@@ -110,9 +110,10 @@ async def test_a_pleasant_fact_told_amid_small_talk_outlives_the_nights_that_for
     await say(rt, clock, 2, FACT)  # pleasant too: on the seed's rules it joins that record
     await say(rt, clock, 3, SMALL_TALK[1])
     forgot: int = 0
+    night_boxes = InProcessBackend()
     for _night in range(4):  # four nights, one a day
         clock.advance(hours=24)
-        report = await run_night("pip", consolidate=True, clock=clock, backend="process")
+        report = await run_night("pip", consolidate=True, clock=clock, backend_for=lambda imp: night_boxes)
         assert [task.state for _scope, task in report.tasks] == ["done"] * len(report.tasks), report
         forgot += sum(
             int((task.box_summary or "").split("forgot ")[1].split()[0]) for _s, task in report.tasks
