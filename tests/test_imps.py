@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from box.protocol.models import ImpSpec
 from impyard.cli import cli
-from impyard.imp_config import default_token_env, parse_config, render_config
-from impyard.imps import ImpConfig, ImpConfigError, ImpExists, ImpNameError, ImpNotFound, ImpStore
+from impyard.imps.config import default_token_env, parse_config, render_config
+from impyard.imps.store import ImpConfig, ImpConfigError, ImpExists, ImpNameError, ImpNotFound, ImpStore
 
 SECRET = "MTIzNDU2Nzg5MDEy.Gabcde.super-secret-token-value"
 

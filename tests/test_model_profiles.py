@@ -29,7 +29,7 @@ from box.model_profiles import (
 )
 from box.protocol.models import MemorySettings, ModelRequestResult, ResponderSettings
 from box.tools import Tool
-from impyard.imp_config import ImpConfigError, parse_config
+from impyard.imps.config import ImpConfigError, parse_config
 
 pytestmark = pytest.mark.anyio
 

@@ -11,10 +11,12 @@ import pytest
 import sqlalchemy as sa
 
 from impyard.clock import FixedClock
-from impyard.db import Database
 from impyard.durations import DurationError, format_duration, parse_duration
-from impyard.imps import ImpNotFound, ImpStore
-from impyard.schedules import (
+from impyard.imps.store import ImpNotFound, ImpStore
+from impyard.storage.db import Database
+from impyard.storage.tables import channels, schedules, tasks
+from impyard.tasks import TaskError, TaskStore
+from impyard.tasks.schedules import (
     MAX_CATCH_UP,
     MAX_QUEUED_PER_SCHEDULE,
     ScheduleError,
@@ -29,8 +31,6 @@ from impyard.schedules import (
     parse_timezone,
     recent_fires,
 )
-from impyard.tables import channels, schedules, tasks
-from impyard.tasks import TaskError, TaskStore
 from tests.racing import RACE_ROUNDS, race, reopen, two_racers
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # a Monday

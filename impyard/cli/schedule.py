@@ -10,10 +10,11 @@ import click
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
-from impyard.imps import ImpError, ImpStore
-from impyard.schedules import (
+from impyard.imps.store import ImpError, ImpStore
+from impyard.storage.db import DatabaseError, open_database
+from impyard.tasks import TaskError, TaskStore
+from impyard.tasks.schedules import (
     MISSED_POLICIES,
     Schedule,
     ScheduleError,
@@ -21,7 +22,6 @@ from impyard.schedules import (
     ScheduleStore,
     describe_next,
 )
-from impyard.tasks import TaskError, TaskStore
 
 
 @contextmanager
