@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,7 +40,7 @@ from impyard.backends.docker import DockerBackend, box_user
 from impyard.conversation.pipeline import Inbound
 from impyard.conversation.sessions import SessionKey
 from impyard.gateway.broker import ModelBroker, UpstreamConfig, encode_body
-from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.surfaces import Post, RecordingSurface
 from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.testing.pipes import byte_pipe
@@ -239,20 +239,11 @@ class TimingSurface(RecordingSurface):
     replied_at: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     _landed: dict[str, anyio.Event] = field(default_factory=dict)
 
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[Any],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
-        ids = await super().send(channel_id, content, reply_to, files, kind)
-        if reply_to is not None:
-            self.replied_at[reply_to].append(time.perf_counter())
-            self._landed.setdefault(reply_to, anyio.Event()).set()
+    async def send(self, post: Post) -> list[str]:
+        ids = await super().send(replace(post, imp=""))
+        if post.reply_to is not None:
+            self.replied_at[post.reply_to].append(time.perf_counter())
+            self._landed.setdefault(post.reply_to, anyio.Event()).set()
         return ids
 
     async def reply_to(self, message_id: str, timeout_s: float = REPLY_TIMEOUT_S) -> float:
@@ -392,7 +383,9 @@ async def in_process_box(
             return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
         if method == "discord.send":
             assert isinstance(params, DiscordSendParams)
-            ids = await surface.send(params.channel_id, params.content, params.reply_to, (), params.kind)
+            ids = await surface.send(
+                Post(params.channel_id, params.content, params.reply_to, (), params.kind)
+            )
             return DiscordSendResult(status="delivered", message_ids=ids)
         if method == "history.load":
             return HistoryLoadResult(lines=kept[-20:])

@@ -72,6 +72,7 @@ from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
 from impyard.imps.config import ImpExists
 from impyard.imps.store import ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.departures import depart_now
 from impyard.memory.scopes import SessionScopes, dm_scope
 from impyard.memory.service import MemoryService, memory_service
@@ -493,7 +494,7 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
             [MEMORY_ON, MEMORY_OFF, MEMORY_RULES], surface,
             backends={MEMORY_ON: backend, MEMORY_OFF: backend, MEMORY_RULES: backend}, surfaces=("discord",),
         ) as runtime:  # fmt: skip
-            memory = runtime.gateway.memory
+            memory = memory_service_of(runtime.gateway)
             assert memory is not None, "the host keeps no memory store"
             rng = np.random.default_rng(7)
             records = unit_rows(rng, remembered)

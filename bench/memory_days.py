@@ -185,6 +185,7 @@ async def evaluate(embedder: str, days: int = DAYS, nights_on: bool = True) -> d
     from impyard.conversation.pipeline import Inbound
     from impyard.gateway.surfaces import RecordingSurface
     from impyard.imps.store import ImpStore
+    from impyard.memory.act import memory_service_of
     from impyard.runtime import open_runtime
     from impyard.testing.fake_openai import FakeOpenAI
 
@@ -250,7 +251,7 @@ async def evaluate(embedder: str, days: int = DAYS, nights_on: bool = True) -> d
                 reached = any(all(word in block for word in fact.evidence) for block in blocks)
                 asked.append({"day": fact.day, "valence": fact.valence, "intensity": fact.intensity,
                               "evidence": list(fact.evidence), "recalled": reached, "reply_calls": len(blocks)})  # fmt: skip
-            memory_service = rt.gateway.memory
+            memory_service = memory_service_of(rt.gateway)
             assert memory_service is not None
             remaining = await rt.db.run(memory_service.store.count, IMP)
     stored = stored_texts()

@@ -57,6 +57,7 @@ from impyard.clock import FixedClock
 from impyard.conversation.inbound import MAX_TERMINAL_CHARS, Inbound
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.imps.store import ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.departures import depart_now, wait_finished
 from impyard.runtime import open_runtime
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
@@ -445,7 +446,7 @@ async def run_conversation(
                         await _depart(runtime, departures)
                         say(f"  {conv.name}: chat {n + 1}/{len(conv.sessions)} typed")
                     outcome.ingest_s = time.perf_counter() - began
-                    store = runtime.gateway.memory.store  # type: ignore[union-attr]
+                    store = memory_service_of(runtime.gateway).store  # type: ignore[union-attr]
                     episodes = await runtime.db.run(_episodes, store.db)
                     outcome.records = await runtime.db.run(store.count, IMP)
                     outcome.episodes = len(episodes)

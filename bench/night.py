@@ -28,6 +28,7 @@ from bench.stats import ratio
 from impyard.clock import iso
 from impyard.imps.config import ImpExists
 from impyard.imps.store import ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.scopes import TERMINAL
 from impyard.memory.store import MemoryStore
 from impyard.runtime import open_runtime
@@ -66,7 +67,7 @@ async def _night(ctx: Context, imp: str, remembered: int) -> dict[str, Any]:
     )  # before the host starts: its pump never waits
     surface = TimingSurface()
     async with open_runtime([imp], surface, backends={imp: backend}, surfaces=("discord",)) as runtime:
-        memory = runtime.gateway.memory
+        memory = memory_service_of(runtime.gateway)
         assert memory is not None, "the host keeps no memory store"
         before = await runtime.db.run(memory.store.count, imp)
         size_before = await runtime.db.run(_db_bytes, runtime.db)

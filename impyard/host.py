@@ -27,19 +27,26 @@ from dataclasses import dataclass, field
 from impyard.channels.store import ChannelStore
 from impyard.clock import Clock, SystemClock
 from impyard.conversation.history import History, retention_from_env
+from impyard.conversation.history_act import HistoryAct
 from impyard.conversation.history_surface import HistorySurface
 from impyard.conversation.responder_history import HistoryBounds, ResponderHistory, import_legacy_homes
 from impyard.gateway.audit import AuditLog
-from impyard.gateway.broker import UpstreamConfig
-from impyard.gateway.core import GateCallback, Gateway, GatewayStores, host_secrets
+from impyard.gateway.broker import ModelBroker, UpstreamConfig
+from impyard.gateway.core import GateCallback, Gateway, GatewayStores, StageCallback, host_secrets
+from impyard.gateway.fetch import HttpFetcher
+from impyard.gateway.fetch_act import FetchAct
 from impyard.gateway.gate_pump import GatePump
 from impyard.gateway.gates import GateStore
 from impyard.gateway.ledger import Ledger
+from impyard.gateway.model_act import ModelAct
 from impyard.gateway.policy import Policy, load_policy
+from impyard.gateway.send_act import SendAct
 from impyard.gateway.surfaces import Surface
+from impyard.gateway.trust import ChannelTrust
 from impyard.imps.store import ImpConfig, ImpStore
+from impyard.memory.act import MemoryAct
 from impyard.memory.audience import move_to_own_scope
-from impyard.memory.service import cache_bytes_from_env, memory_service
+from impyard.memory.service import MemoryService, cache_bytes_from_env, memory_service
 from impyard.memory.store import MemoryStore
 from impyard.storage.db import Database, open_database
 
@@ -70,6 +77,64 @@ class Host:
     def imp_user_id(self, imp: str) -> str:
         """The imp's own user id on the surface (its bot's id on Discord), or a stable stand-in."""
         return self.imp_user_ids.get(imp, f"imp:{imp}")
+
+
+def build_gateway(
+    *,
+    policy: Policy,
+    surface: Surface,
+    stores: GatewayStores | None = None,
+    db: Database | None = None,
+    channels: ChannelTrust | None = None,
+    clock: Clock | None = None,
+    secrets: Collection[str] | None = None,
+    owners: Mapping[str, Collection[str]] | None = None,
+    staff_channels: Mapping[str, Collection[str]] | None = None,
+    on_stage: StageCallback | None = None,
+    upstream: UpstreamConfig | None = None,
+    broker: ModelBroker | None = None,
+    surfaces: Collection[str] | None = None,
+    on_gate: GateCallback | None = None,
+    fetcher: HttpFetcher | None = None,
+    responder_history: ResponderHistory | None = None,
+    memory: MemoryService | None = None,
+    settle_abandoned: bool = True,
+) -> Gateway:
+    """The gateway's core with its five acts registered, each given what it acts with:
+
+    * the core: ``policy``, its ``stores`` (or ``db`` and ``channels`` to build them over: tests, ``policy
+      check``), ``clock``, ``secrets`` (redacted; the model key is added), ``owners`` (who approves an imp's
+      gates), ``staff_channels``, ``on_stage`` (hears every ``turn.stage``: a window for tests);
+    * ``model.request``: ``broker`` (or one over ``upstream``, default the environment's);
+    * ``discord.send``: ``surface``, ``surfaces`` (where it posts, ``surface_of`` names; None = everywhere),
+      ``on_gate`` (a gate was opened: the Discord surface posts an approval card);
+    * ``http.fetch``: ``fetcher`` (or one under the policy's ``[http]``);
+    * ``history.*``: ``responder_history`` (or one over the database with the default limits, issue 22);
+    * ``memory.*``: ``memory`` (None: a box asking for memory is refused, issue 23).
+
+    ``settle_abandoned=False`` writes nothing at start: a gateway that only answers ``dry_run``; else the model
+    calls a stopped host left in flight are settled first (issue 19 #4)."""
+    clock = clock or SystemClock()
+    broker = broker or ModelBroker(upstream or UpstreamConfig.from_env(), policy.upstream)
+    hidden = host_secrets(broker.config, secrets)
+    if stores is None:
+        if db is None:
+            raise TypeError("the gateway needs its stores (or a database to build them over)")
+        stores = GatewayStores.over(db, policy=policy, clock=clock, secrets=hidden, channels=channels)
+    gateway = Gateway(
+        policy=policy, stores=stores, secrets=hidden, clock=clock, owners=owners, staff_channels=staff_channels,
+        on_stage=on_stage,
+        acts=[
+            ModelAct(broker),
+            SendAct(surface, surfaces=surfaces, on_gate=on_gate),
+            FetchAct(fetcher or HttpFetcher(policy.http)),
+            MemoryAct(memory),
+            HistoryAct(responder_history or ResponderHistory(stores.db, clock)),
+        ],
+    )  # fmt: skip
+    if settle_abandoned:
+        gateway.settle_orphans()
+    return gateway
 
 
 @asynccontextmanager
@@ -113,7 +178,7 @@ async def open_host(
             surface, history, lambda imp: user_ids.get(imp, f"imp:{imp}"), clock,
             default_imp=next(iter(known)) if len(known) == 1 else "",
         )  # fmt: skip
-        gateway = Gateway(
+        gateway = build_gateway(
             policy=policy,
             stores=stores,
             upstream=upstream,

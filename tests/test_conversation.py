@@ -23,6 +23,7 @@ from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
 from impyard.conversation.pipeline import MAX_INBOUND_CHARS, Inbound
 from impyard.conversation.sessions import Delivery, TurnHandle
+from impyard.gateway.send_act import SendAct
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
@@ -226,7 +227,7 @@ async def test_the_pump_leaves_gates_of_another_surface_alone(
     await answered(rt, "m1")
     (gate,) = rt.gateway.gates.latest()
     await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
-    rt.gateway.surfaces = frozenset(
+    rt.gateway.act(SendAct).surfaces = frozenset(
         {"terminal"}
     )  # from here on this is `impyard chat`: it reaches the terminal only
     assert await rt.host.pump.run_once() == []

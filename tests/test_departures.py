@@ -43,6 +43,7 @@ from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.core import Gateway
 from impyard.gateway.policy import load_policy
 from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
 from impyard.imps.store import ImpStore
 from impyard.memory.departures import Due, depart_now, due, memory_imps, queue, queue_due
 from impyard.memory.scopes import scopes_of
@@ -349,7 +350,7 @@ class Yard:
 
 @asynccontextmanager
 async def yard(db: Database, imps: ImpStore, clock: FixedClock) -> AsyncIterator[Yard]:
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),

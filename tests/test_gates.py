@@ -22,6 +22,7 @@ from impyard.gateway.gates import Approver, Gate, GateError, deciding_guild, may
 from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
 from impyard.storage import tables
 from impyard.storage.db import MIGRATIONS, Database, open_database
 
@@ -60,7 +61,7 @@ def make_setup(tmp_path: Path, policy: Policy | None = None) -> Setup:
     db = open_database(tmp_path / "impyard.db")
     clock = FixedClock(datetime(2026, 6, 1, 9, 0, tzinfo=UTC))
     surface = RecordingSurface()
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy or load_policy(), db=db, surface=surface, clock=clock,
         upstream=UpstreamConfig(api_key=None), owners={"pip": ["owner-1"]}, secrets=[],
     )  # fmt: skip

@@ -32,7 +32,7 @@ from box.protocol.models import (
     SendFile,
     TurnStageParams,
 )
-from impyard.backends import BoxSpec
+from impyard.backends import BoxSpec, QuietHost
 from impyard.backends.process import box_environment
 from impyard.clock import FixedClock
 from impyard.gateway.broker import UpstreamConfig, encode_body
@@ -40,6 +40,7 @@ from impyard.gateway.core import Gateway
 from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
 from impyard.storage.db import Database, open_database
 from impyard.testing.fake_openai import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
 from impyard.testing.pipes import byte_pipe
@@ -118,7 +119,7 @@ def make_harness(
     async def on_stage(spec: BoxSpec, params: TurnStageParams) -> None:
         harness_stages.append(f"{spec.imp}:{params.stage}")
 
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy or load_policy(),
         db=db,
         surface=surface,
@@ -610,8 +611,11 @@ async def test_fetch_refuses_urls_with_credentials_and_other_schemes(h: Harness)
 async def test_turn_stage_reaches_the_callback_and_log_the_logger(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert await h.call("turn.stage", TurnStageParams(message_id="m1", stage="render")) is None
+    await h.gateway.turn_stage(h.spec, TurnStageParams(message_id="m1", stage="render"))
     assert h.stages == ["pip:render"]
+    with pytest.raises(RpcError) as caught:  # a stage is a notification of its own (BoxHost.turn_stage)
+        await h.call("turn.stage", TurnStageParams(message_id="m1", stage="render"))
+    assert caught.value.code == ErrorCode.METHOD_NOT_FOUND
     with caplog.at_level(logging.INFO, logger="impyard.box.pip"):
         await h.call("log", LogParams(level="warning", message="box says hi", fields={"n": 1}))
     assert any(r.name == "impyard.box.pip" and "box says hi" in r.getMessage() for r in caplog.records)
@@ -622,11 +626,14 @@ async def test_turn_stage_reaches_the_callback_and_log_the_logger(
 
 
 @dataclass
-class Watching:
+class Watching(QuietHost):
     """Wraps the gateway and keeps everything it hands to the box."""
 
     gateway: Gateway
     handed_to_box: list[str] = field(default_factory=list)
+
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        await self.gateway.turn_stage(spec, params, woken=woken)
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         try:

@@ -14,7 +14,7 @@ from box.protocol.models import Author, Message, ReplyRef
 from impyard.clock import FixedClock
 from impyard.conversation.history import History
 from impyard.conversation.history_surface import HistorySurface
-from impyard.gateway.surfaces import OutgoingFile, RecordingSurface
+from impyard.gateway.surfaces import OutgoingFile, Post, RecordingSurface
 from impyard.storage.db import Database, open_database
 from impyard.storage.tables import history as history_table
 
@@ -126,7 +126,7 @@ async def test_a_picture_only_post_is_kept_with_its_file_not_as_an_empty_message
     history = History(any_engine_db, clock)
     surface = HistorySurface(RecordingSurface(), history, lambda imp: f"id-{imp}", clock)
     picture = OutgoingFile("owl.png", b"\x89PNG" + b"\x00" * 96)
-    [sent] = await surface.send("c1", "", "m1", [picture], "reply", imp="pip")
+    [sent] = await surface.send(Post("c1", "", "m1", (picture,), "reply", "pip"))
     [shown] = history.shown("pip", ["c1"], 10)
     assert (shown.message_id, shown.content, shown.attachments) == (sent, "", 1)
     kept = select(history_table.c.attachments).where(history_table.c.message_id == sent)

@@ -195,13 +195,13 @@ async def test_a_box_flooding_refused_requests_is_audited_in_bounds_and_killed(t
 async def test_a_box_cannot_forge_a_line_of_the_host_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from impyard.gateway.core import Gateway
     from impyard.gateway.policy import load_policy
     from impyard.gateway.surfaces import TerminalSurface
+    from impyard.host import build_gateway
     from impyard.storage.db import open_database
 
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(policy=load_policy(), db=db, surface=TerminalSurface())
+    gateway = build_gateway(policy=load_policy(), db=db, surface=TerminalSurface())
     forged = "hello\n2026-12-03 06:00:00 ERROR impyard.gateway.core: budget reset\r\x1b[2J\u202e"
     with caplog.at_level(logging.DEBUG):
         await gateway.serve(

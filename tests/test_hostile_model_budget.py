@@ -24,6 +24,7 @@ from impyard.gateway.core import Gateway
 from impyard.gateway.ledger import Ledger
 from impyard.gateway.policy import Policy, build_policy, default_policy_path
 from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 
@@ -52,7 +53,7 @@ def fake() -> Iterator[FakeOpenAI]:
 @pytest.fixture
 async def gateway(tmp_path: Path, fake: FakeOpenAI) -> AsyncIterator[Gateway]:
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy_with(f"[budgets.per_imp]\ndaily_usd = {LIMIT_MICROS / 1_000_000}\n"),
         db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, 12, 0, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],
@@ -226,7 +227,7 @@ async def test_a_priced_tier_and_an_allowed_stored_context_are_reserved_and_char
         '[prices."gpt-4.1"]\ninput = 2.0\nservice_tiers = { priority = 2.0 }\n'
     )
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy_with(ops), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],
     )  # fmt: skip

@@ -25,9 +25,9 @@ from impyard.cli import cli
 from impyard.clock import FixedClock
 from impyard.gateway.audit import AuditRecord, known_secrets, redact_url, url_secrets
 from impyard.gateway.broker import ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
-from impyard.gateway.core import Gateway
 from impyard.gateway.policy import load_policy
 from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, FakeResponse
 from tests.scripted import deliver_params, init_params
@@ -75,7 +75,7 @@ async def test_an_unreachable_proxy_is_reported_without_its_credentials(
         if configured == "environment"
         else {"upstream": UpstreamConfig(base_url=url, api_key=KEY), "secrets": [KEY]}
     )
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(),
         db=db,
         surface=RecordingSurface(),
@@ -107,7 +107,7 @@ async def test_an_unreachable_proxy_is_reported_without_its_credentials(
 
 async def test_the_box_and_its_journal_never_see_them(tmp_path: Path, dead_port: int) -> None:
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=base_url(f"127.0.0.1:{dead_port}"), api_key=KEY), secrets=[KEY],
     )  # fmt: skip
@@ -172,7 +172,7 @@ async def test_an_upstream_that_echoes_them_has_them_redacted_before_the_box_see
             purpose="reply",
         )
         db = open_database(tmp_path / "impyard.db")
-        gateway = Gateway(
+        gateway = build_gateway(
             policy=load_policy(), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
             upstream=UpstreamConfig(base_url=f"{fake.base_url}?key={QUERY_KEY}", api_key=KEY), secrets=[KEY],
         )  # fmt: skip

@@ -22,6 +22,7 @@ from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.core import Gateway
 from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 
@@ -40,7 +41,7 @@ def fake() -> Iterator[FakeOpenAI]:
 
 
 def gateway_for(tmp_path: Path, fake: FakeOpenAI, policy: Policy) -> Gateway:
-    return Gateway(
+    return build_gateway(
         policy=policy, db=open_database(tmp_path / "impyard.db"), surface=RecordingSurface(),
         clock=FixedClock(datetime(2026, 5, 10, 12, 0, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],

@@ -106,23 +106,9 @@ def upward_imports() -> list[str]:
     return wrong
 
 
-# Arrows still pointing up, each to be removed by the work named beside it; the test fails when one is gone too
-# (then delete it here) or when a new one appears.
-PENDING = {
-    # issue 35, the gateway by act: the send, history and memory acts register with the gateway from their
-    # own packages, so the gateway's core knows none of them.
-    "impyard/gateway/core.py: gateway imports impyard.conversation.history_surface (conversation)",
-    "impyard/gateway/core.py: gateway imports impyard.conversation.responder_history (conversation)",
-    "impyard/gateway/core.py: gateway imports impyard.memory.scopes (memory)",
-    "impyard/gateway/core.py: gateway imports impyard.memory.service (memory)",
-}
-
-
 def test_every_import_points_down_the_layers() -> None:
-    wrong = {line.split(":", 1)[0] + ":" + line.split(":", 2)[2] for line in upward_imports()}
-    assert wrong == PENDING, "imports against the layers (docs/architecture.md):\n  " + "\n  ".join(
-        sorted(wrong ^ PENDING)
-    )
+    wrong = upward_imports()
+    assert not wrong, "imports against the layers (docs/architecture.md):\n  " + "\n  ".join(wrong)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from box.model import http_failure
 from box.protocol.models import DeliverParams, DeliverResult, ModelRequestResult, ResponderSettings
 from impyard.failure_words import WORDS, words_for
 from impyard.gateway.policy import build_policy, default_policy_path
+from impyard.gateway.surfaces import Post
 from impyard.terminal.chat import ChatSurface
 from impyard.testing.fake_openai import LOCAL_SERVER_MODEL, FakeOpenAI, FakeResponse, envelope, tool_call
 from tests.scripted import deliver_params
@@ -136,8 +137,8 @@ async def test_the_terminal_says_it_once_in_its_outcome_line() -> None:
     console = Console()
     surface = ChatSurface("pip", console)  # type: ignore[arg-type]
     surface.skip_notices = frozenset(WORDS.values())  # as `impyard chat` sets it
-    await surface.send("c1", REFUSED_NOTICE, None, (), "notice")
-    await surface.send("c1", "The imp is unwell today.", None, (), "notice")
+    await surface.send(Post("c1", REFUSED_NOTICE, kind="notice"))
+    await surface.send(Post("c1", "The imp is unwell today.", kind="notice"))
     assert console.lines == ["(impyard) The imp is unwell today."]
 
 

@@ -36,6 +36,7 @@ from impyard.gateway.ledger import Ledger
 from impyard.gateway.policy import Policy, load_policy
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
 from impyard.storage.db import Database, default_path, open_database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from impyard.testing.web import local_site
@@ -205,7 +206,7 @@ class Yard:
         return sample
 
     def gateway(self, *, key: bool = True) -> Gateway:
-        return Gateway(
+        return build_gateway(
             policy=self.policy, db=self.db, surface=self.surface, clock=SystemClock(),
             upstream=UpstreamConfig(base_url=self.fake.base_url, api_key=KEY if key else None), secrets=[KEY],
         )  # fmt: skip

@@ -24,11 +24,13 @@ from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
+from impyard.conversation.history_act import HistoryAct
 from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.core import Gateway
 from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
 from impyard.storage.db import Database, open_database
 from impyard.testing.fake_openai import (
     TINY_PNG,
@@ -91,7 +93,7 @@ async def open_rig(
     db = open_database(tmp_path / "impyard.db")
     clock = FixedClock(datetime(2026, 12, 2, 10, 0, tzinfo=UTC))
     surface = RecordingSurface()
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy or load_policy(), db=db, surface=surface, clock=clock,
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=key), owners={"pip": {"owner-1"}}, secrets=[key],
     )  # fmt: skip
@@ -375,7 +377,7 @@ async def test_env_09_another_channel_is_judged_by_the_gateway_as_its_own_act(ri
     assert result.outcome == "pending" and rig.surface.sent == []  # gated: never auto-sent elsewhere
     [gate] = rig.gateway.gates.latest()
     assert gate.target == "news-1" and gate.payload["kind"] == "other" and gate.payload["reply_to"] is None
-    records = rig.gateway.responder_history.lines("pip", "c1")  # kept by the host (issue 22)
+    records = rig.gateway.act(HistoryAct).history.lines("pip", "c1")  # kept by the host (issue 22)
     assert [(r.id, r.role) for r in records] == [("m1", "user")]  # pending: no claim the reply was seen
 
 

@@ -22,8 +22,9 @@ from box.protocol.codec import NdjsonDecoder
 from box.protocol.history import MAX_COMMIT_LINES, MAX_LINE_CHARS, MAX_LOAD_CHARS, HistoryLine, Role
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
+from impyard.conversation import history_act as gateway_module
+from impyard.conversation.history_act import HistoryAct
 from impyard.conversation.responder_history import HistoryBounds, ResponderHistory
-from impyard.gateway import core as gateway_module
 from impyard.imps.store import ImpStore
 from impyard.storage.db import Database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
@@ -222,7 +223,7 @@ async def test_a_box_reads_and_writes_only_its_own_channels_lines(tmp_path: Path
         assert (await box.call("history.commit", mine))["result"] == {"stored": 1}
         [seen] = (await box.call("history.load", {}))["result"]["lines"]
         assert seen["content"] == "hello guild"
-    lines = h.gateway.responder_history.lines("pip")
+    lines = h.gateway.act(HistoryAct).history.lines("pip")
     assert [(r.channel_id, r.content) for r in lines] == [
         ("dm-ann", "my pin is 4711"),
         ("guild-1", "hello guild"),
@@ -255,11 +256,11 @@ async def test_every_byte_of_a_commit_is_bounded_and_nothing_is_half_written(
     tmp_path: Path, fake: FakeOpenAI, params: dict[str, Any], field: str
 ) -> None:
     h = make_harness(tmp_path, fake)
-    h.gateway.responder_history.commit("pip", "c1", [line(0)])
+    h.gateway.act(HistoryAct).history.commit("pip", "c1", [line(0)])
     async with raw_box(h, h.spec) as box:
         answer = await box.call("history.commit", params)
     assert answer["error"]["code"] == -32602 and field in json.dumps(answer["error"]["data"])
-    assert ids(h.gateway.responder_history.lines("pip")) == ["c1/m0"]  # nothing written, nothing trimmed
+    assert ids(h.gateway.act(HistoryAct).history.lines("pip")) == ["c1/m0"]  # nothing written, nothing trimmed
 
 
 async def test_a_box_flooding_history_requests_is_refused(
@@ -294,7 +295,7 @@ async def test_a_guild_box_is_never_handed_a_dms_lines(
         await box.init(init_params(imp="pip", channel_id="c1", kind="dm"), timeout=60)
         result = await box.deliver(deliver_params("remember: my pin is 4711", "m1"), timeout=60)
     assert result.outcome == "sent"
-    assert "4711" in " ".join(r.content for r in h.gateway.responder_history.lines("pip", "c1"))
+    assert "4711" in " ".join(r.content for r in h.gateway.act(HistoryAct).history.lines("pip", "c1"))
     fake.script(
         envelope(answer="hi all"), purpose="reply", usage={"prompt_tokens": 10, "completion_tokens": 5}
     )
@@ -309,7 +310,7 @@ async def test_a_guild_box_is_never_handed_a_dms_lines(
         "4711" in text for text in watching.handed_to_box
     )  # nothing the host answered the guild box
     assert "4711" not in json.dumps(fake.requests[-1].body)  # nor its prompt
-    channels = [r.channel_id for r in h.gateway.responder_history.lines("pip")]
+    channels = [r.channel_id for r in h.gateway.act(HistoryAct).history.lines("pip")]
     assert channels[:2] == ["c1", "c1"] and set(channels[2:]) == {"guild-1"}  # each its own channel's lines
     assert not list((tmp_path / "state").rglob("history.json"))  # no history file under any /state
 

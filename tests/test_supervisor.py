@@ -35,6 +35,7 @@ from impyard.gateway.ledger import Ledger
 from impyard.gateway.policy import load_policy
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
 from impyard.imps.store import ImpStore
 from impyard.storage.db import Database, open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
@@ -96,7 +97,7 @@ async def yard(
     db = open_database(url=database_url)
     clock = FixedClock(now)
     surface = RecordingSurface()
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=surface, clock=clock,
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],
     )  # fmt: skip

@@ -28,11 +28,12 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import DiscordSendParams, LogParams
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.process import ProcessBackend
-from impyard.clock import FixedClock
+from impyard.clock import FixedClock, SystemClock
 from impyard.gateway.broker import UpstreamConfig
-from impyard.gateway.core import Gateway
+from impyard.gateway.core import Gateway, GatewayStores
 from impyard.gateway.policy import load_policy
 from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
 from impyard.imps.store import ImpStore
 from impyard.storage import liveness
 from impyard.storage.db import Database, open_database
@@ -123,9 +124,10 @@ class SeenGateway(Gateway):
 async def test_the_fence_refuses_every_act_once_the_runs_lease_is_lost_with_an_audit_row(
     db: Database,
 ) -> None:
+    policy = load_policy()
     gateway = SeenGateway(
-        policy=load_policy(), db=db, surface=RecordingSurface(), secrets=[KEY],
-        upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key=KEY),
+        policy=policy, stores=GatewayStores.over(db, policy=policy, clock=SystemClock(), secrets=[KEY]),
+        secrets=[KEY],
     )  # fmt: skip
     gateway.seen = []
     guard = Guard()
@@ -203,7 +205,7 @@ async def supervisor_on(url: str, settings: SupervisorSettings | None = None) ->
     imps = ImpStore()
     imps.add("pip", box={"backend": "process"})
     db = open_database(url=url)
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), secrets=[KEY],
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key=KEY),
     )  # fmt: skip

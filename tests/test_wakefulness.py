@@ -32,6 +32,7 @@ from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.core import Gateway
 from impyard.gateway.policy import load_policy
 from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
 from impyard.imps.store import ImpStore
 from impyard.memory.compact import compact, pays
 from impyard.memory.scopes import SessionScopes
@@ -319,7 +320,7 @@ class Yard:
 
 @asynccontextmanager
 async def yard(db: Database, imps: ImpStore, clock: FixedClock) -> AsyncIterator[Yard]:
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
@@ -634,7 +635,7 @@ async def test_m104_m113_a_day_and_a_night_in_real_boxes(
     remember(db, "pip", GUILD_SCOPE, s(-30 * 86400), "a faint chat", 0.3)  # faded below 0.6 at 30 days
     with FakeOpenAI() as fake:
         fake.script({"groups": [{"anchor": 1, "absorbed": [2], "summary_fact": "a cake"}]}, purpose="sleep")
-        gateway = Gateway(
+        gateway = build_gateway(
             policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
             upstream=UpstreamConfig(base_url=fake.base_url, api_key=fake.api_key),
             memory=memory_service(db, clock.now),

@@ -11,6 +11,7 @@ from impyard.backends.base import (
     BoxSpec,
     BoxStartError,
     BoxTimeout,
+    QuietHost,
     RefuseAllHost,
     RunningBox,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "BoxSpec",
     "BoxStartError",
     "BoxTimeout",
+    "QuietHost",
     "RefuseAllHost",
     "RunningBox",
 ]

@@ -10,7 +10,6 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
 
 import anyio
 import click
@@ -50,9 +49,9 @@ from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
 from impyard.cli.policy import home_database
 from impyard.clock import SystemClock
 from impyard.gateway.broker import UpstreamConfig
-from impyard.gateway.core import Gateway
 from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
-from impyard.gateway.surfaces import OutgoingFile, SurfaceError
+from impyard.gateway.surfaces import NoSurface
+from impyard.host import build_gateway
 from impyard.imps.store import ImpConfig, ImpError, ImpStore
 from impyard.storage import urls as dburl
 from impyard.storage.db import Database, DatabaseError, open_database
@@ -227,16 +226,6 @@ def _imps(policy: Policy | None) -> tuple[list[ImpConfig], list[Finding]]:
     return configs, rows
 
 
-class _NoSurface:
-    """The doctor posts nothing; a model call never reaches a surface."""
-
-    async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str,
-        *, imp: str = "",
-    ) -> list[str]:  # fmt: skip
-        raise SurfaceError("impyard doctor posts nothing")
-
-
 async def _dry_runs(policy: Policy, configs: list[ImpConfig]) -> dict[str, list[Refusal]]:
     """The gateway's own decision on each imp's model calls (``Gateway.dry_run``: judge, prices, request size,
     budget left), on the home's database; nothing is sent, reserved or audited. The model key is the endpoint
@@ -244,8 +233,8 @@ async def _dry_runs(policy: Policy, configs: list[ImpConfig]) -> dict[str, list[
     configured = UpstreamConfig.from_env()
     refusals: dict[str, list[Refusal]] = {}
     with home_database() as db:
-        gateway = Gateway(
-            policy=policy, db=db, surface=_NoSurface(), clock=SystemClock(), surfaces=(),
+        gateway = build_gateway(
+            policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), surfaces=(),
             upstream=UpstreamConfig(base_url=configured.base_url, api_key=DRY_RUN_KEY), settle_abandoned=False,
         )  # fmt: skip
         try:
@@ -301,8 +290,8 @@ def _endpoint(policy: Policy | None, imps: list[ImpConfig], *, skip: bool) -> Fi
 async def _call(policy: Policy, db: Database, config: ImpConfig, upstream: UpstreamConfig) -> Finding:
     """One tiny structured-output chat call through the gateway, as ``config``'s imp with its reply model."""
     model, base, imp = config.model.model, upstream.display_url, config.name
-    gateway = Gateway(
-        policy=policy, db=db, surface=_NoSurface(), clock=SystemClock(), upstream=upstream, surfaces=(),
+    gateway = build_gateway(
+        policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), upstream=upstream, surfaces=(),
         owners={imp: config.owners}, settle_abandoned=False,  # a running host's calls are not ours to settle
     )  # fmt: skip
     spec = BoxSpec(imp, OPERATOR_CHANNEL, ImpStore().state_dir(imp), run_id=f"doctor-{uuid.uuid4().hex}")

@@ -44,7 +44,8 @@ from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.core import Gateway
 from impyard.gateway.policy import PolicyError, load_policy
-from impyard.gateway.surfaces import OutgoingFile, SurfaceError
+from impyard.gateway.surfaces import NoSurface
+from impyard.host import build_gateway
 from impyard.imps.config import ImpConfig, ImpError
 from impyard.imps.store import ImpStore
 from impyard.memory.scopes import SCOPE_FORMS, TERMINAL, ScopeNameError, parse_scope
@@ -164,16 +165,6 @@ def memory_store() -> Iterator[tuple[MemoryStore, Database]]:
 # ------------------------------------------------------------------ the query's vector, made as the imp's boxes make it
 
 
-class _NoSurface:
-    """The operator's embedding call posts nothing; the gateway never reaches a surface for a model call."""
-
-    async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str,
-        *, imp: str = "",
-    ) -> list[str]:  # fmt: skip
-        raise SurfaceError("impyard memory posts nothing")
-
-
 @dataclass
 class _ThroughGateway:
     """``ModelCaller`` for the host itself: a ``model.request`` served by a gateway, as a box's would be."""
@@ -206,8 +197,8 @@ def embed(config: ImpConfig, db: Database, text: str) -> list[float]:
 
 async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, policy: Any) -> list[float]:
     clock = SystemClock()
-    gateway = Gateway(
-        policy=policy, db=db, surface=_NoSurface(), clock=clock, owners={config.name: config.owners},
+    gateway = build_gateway(
+        policy=policy, db=db, surface=NoSurface("impyard memory posts nothing"), clock=clock, owners={config.name: config.owners},
         surfaces=(), settle_abandoned=False,  # a running host's calls in flight are not this command's to settle
     )  # fmt: skip
     spec = BoxSpec(

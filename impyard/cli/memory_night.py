@@ -28,6 +28,7 @@ from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
 from impyard.gateway.surfaces import TerminalSurface
 from impyard.imps.store import ImpError
+from impyard.memory.act import memory_service_of
 from impyard.memory.wakefulness import SLEEP_KIND, forget_scopes, queue_night
 from impyard.storage.db import DatabaseError
 from impyard.supervisor import Supervisor, SupervisorSettings, open_supervisor
@@ -101,7 +102,7 @@ async def run_night(
             lambda: queue_night(supervisor.db, supervisor.tasks, imp, now, consolidate=consolidate)
         )
         host_forgot = (0, 0)
-        service = supervisor.gateway.memory
+        service = memory_service_of(supervisor.gateway)
         if beyond and service is not None:
             host_forgot = await supervisor.db.run(forget_scopes, service.store.forget_scope, imp, beyond)
         if queued:

@@ -7,13 +7,14 @@ gateway executes — a reply, a post approved at a gate, a task's post — is re
 from __future__ import annotations
 
 import mimetypes
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import replace
 
 from box.protocol.models import Attachment, Author, Message, ReplyRef
 from impyard.clock import Clock
 from impyard.conversation.history import History
 from impyard.conversation.typing_indicator import set_typing
-from impyard.gateway.surfaces import OutgoingFile, Surface
+from impyard.gateway.surfaces import OutgoingFile, Post, Surface
 
 
 class HistorySurface:
@@ -38,36 +39,20 @@ class HistorySurface:
         self.clock = clock
         self.default_imp = default_imp
 
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[object],
-        kind: str,
-        *,
-        imp: str = "",
-        then: Callable[[list[str]], None] | None = None,
-    ) -> list[str]:
-        """Post, then keep the post in the history. ``then`` (blocking, given the message ids: the gateway's audit
-        row) runs right after the post is kept, as a quick call of its own (issue 18)."""
-        imp = imp or self.default_imp
-        ids = await self.inner.send(channel_id, content, reply_to, files, kind, imp=imp)  # type: ignore[arg-type]
-        message: Message | None = None
-        if kind in ("reply", "other") and ids and imp:
+    async def send(self, post: Post) -> list[str]:
+        """Post, then keep the post in the history (its own quick transaction: the post is kept even when what
+        the caller does next fails). The ids go back to the caller, the gateway, which audits the post."""
+        if not post.imp and self.default_imp:
+            post = replace(post, imp=self.default_imp)
+        ids = await self.inner.send(post)
+        if post.kind in ("reply", "other") and ids and post.imp:
             message = Message(
-                id=ids[0], author=Author(id=self.imp_user_id(imp), name=imp, bot=True), content=content,
-                created_at=self.clock.now(), reply_to=ReplyRef(id=reply_to) if reply_to else None,
-                attachments=[_sent_file(item) for item in files if isinstance(item, OutgoingFile)],
+                id=ids[0], author=Author(id=self.imp_user_id(post.imp), name=post.imp, bot=True),
+                content=post.content, created_at=self.clock.now(),
+                reply_to=ReplyRef(id=post.reply_to) if post.reply_to else None,
+                attachments=[_sent_file(item) for item in post.files],
             )  # fmt: skip  # the message it answers: recovery never answers it twice (issue 19 #2)
-        if message is None and then is None:
-            return ids
-
-        # Two transactions: the post is kept even when ``then`` fails.
-        if message is not None:
-            await self.history.db.quick(self.history.record, channel_id, message, from_imp=imp)
-        if then is not None:
-            await self.history.db.quick(then, ids)
+            await self.history.db.quick(self.history.record, post.channel_id, message, from_imp=post.imp)
         return ids
 
     async def typing(self, channel_id: str, active: bool, *, imp: str = "") -> None:

@@ -45,7 +45,7 @@ from impyard.conversation.sessions import Delivery, SessionKey, SessionManager, 
 from impyard.conversation.typing_indicator import TypingIndicator
 from impyard.conversation.wake import WakeDecision, WakeFacts, decide_wake
 from impyard.failure_words import missed_line
-from impyard.gateway.surfaces import Surface, surface_of
+from impyard.gateway.surfaces import Post, Surface, surface_of
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.memory.scopes import presence, scopes_of
 from impyard.memory.scopes import resolve as resolve_scopes
@@ -412,7 +412,7 @@ class Conversations:
     async def notice(self, key: SessionKey, text: str) -> None:
         """A host-authored notice (a box died, too busy): posted directly, never a box act."""
         try:
-            await self.surface.send(key.channel_id, text, None, (), "notice", imp=key.imp)
+            await self.surface.send(Post(key.channel_id, text, kind="notice", imp=key.imp))
         except Exception as exc:  # noqa: BLE001 - a notice that cannot be posted is logged, not fatal
             log.warning("could not post a notice to %s: %s", key.channel_id, exc)
 

@@ -30,7 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import BaseModel
 
 from box.protocol import RpcError
-from box.protocol.memory import PresenceEntry
+from box.protocol.memory import PresenceEntry, SessionMemory
 from box.protocol.models import (
     BoxInitParams,
     DeliverParams,
@@ -50,7 +50,6 @@ SHUTDOWN_GRACE_S = 10.0
 DIED_NOTICE = "(I ran into a problem and had to restart. Please say that again.)"
 BUSY_NOTICE = "(I'm too busy to keep up with this channel right now — some messages will go unanswered.)"
 CEILING_NOTICE = "(That took too long, so I stopped. Please try again.)"
-STAGE_METHOD = "turn.stage"  # the box's notification of where its turn is (docs/protocol.md)
 
 
 @dataclass(frozen=True)
@@ -163,8 +162,9 @@ class SessionPlan(Protocol):
 
 class SessionBoxHost:
     """The host one session's box talks to: the gateway, which judges, executes and audits every request and
-    logs the box's ``log`` lines, with the box's ``turn.stage`` handed to the session's own observer first.
-    (The gateway still hears the stage: its per-turn bookkeeping counts turns per box, not per session.)"""
+    logs the box's ``log`` lines, with the box's ``turn.stage`` shown to the session's own observer and then
+    handed to the gateway (``Gateway.turn_stage``, the one place a stage is handled), told whether it names the
+    message this session handed its box."""
 
     def __init__(
         self,
@@ -181,40 +181,33 @@ class SessionBoxHost:
         self.key = key
         self.delivered = delivered
 
-    def given(self, spec: BoxSpec, init: BoxInitParams) -> None:
-        """The box is about to be told ``init``: the gateway serves its memory as ``init.memory`` says, and
-        refuses it all memory where that is None (issue 32 #1)."""
-        given = getattr(self.gateway, "given", None)
-        if given is not None:
-            given(spec, init.memory)
+    def given(self, spec: BoxSpec, memory: SessionMemory | None) -> None:
+        """The box is about to be told its ``box.init``: the gateway serves its memory as that says, and refuses
+        it all memory where it is None (issue 32 #1)."""
+        self.gateway.given(spec, memory)
+
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        try:
+            await self.observer.stage(params)
+        except Exception as exc:  # noqa: BLE001 - the indicator is cosmetic; the turn goes on
+            log.debug("session %s: observing stage %s failed: %s", self.key, params.stage, exc)
+        # Only the message this session handed this box starts a turn (issue 32 #2): an old id of the channel,
+        # replayed by a new box, is just a stage.
+        delivered = self.delivered()
+        await self.gateway.turn_stage(
+            spec, params, woken=delivered is not None and params.message_id == delivered
+        )
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
-        if method == STAGE_METHOD:
-            assert isinstance(params, TurnStageParams)  # validated by the protocol before it reaches a host
-            try:
-                await self.observer.stage(params)
-            except Exception as exc:  # noqa: BLE001 - the indicator is cosmetic; the turn goes on
-                log.debug("session %s: observing stage %s failed: %s", self.key, params.stage, exc)
-            turn_stage = getattr(self.gateway, "turn_stage", None)
-            if turn_stage is not None:
-                # Only the message this session handed this box starts a turn (issue 32 #2): an old id of the
-                # channel, replayed by a new box, is just a stage.
-                delivered = self.delivered()
-                await turn_stage(spec, params, woken=delivered is not None and params.message_id == delivered)
-                return None
         return await self.gateway.serve(spec, method, params)
 
     async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
         """A request the protocol refused before any host saw it: the gateway audits it."""
-        refused = getattr(self.gateway, "refused", None)
-        if refused is not None:
-            await refused(spec, method, code, reason)
+        await self.gateway.refused(spec, method, code, reason)
 
     async def closed(self, spec: BoxSpec) -> None:
         """The box ended: the gateway forgets what it kept for it (memory scopes, the last turn's tallies)."""
-        closed = getattr(self.gateway, "closed", None)
-        if closed is not None:
-            await closed(spec)
+        await self.gateway.closed(spec)
 
 
 def describe_error(exc: BaseException) -> str:
@@ -476,9 +469,8 @@ class SessionManager:
             session.boxes_started += 1
             self.boxes_started += 1
             init = await self.plan.init_for(key, self.now())
-            host.given(
-                spec, init
-            )  # before the box hears it: its memory is served as it is told (issue 32 #1)
+            # before the box hears it: its memory is served as it is told (issue 32 #1)
+            host.given(spec, init.memory)
             await box.init(init, timeout=INIT_TIMEOUT_S)
             started = self.monotonic()
             try:

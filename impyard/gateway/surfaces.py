@@ -7,7 +7,6 @@ recording surface for tests and a terminal surface that prints.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
@@ -49,18 +48,22 @@ def surface_of(channel_id: str, recorded: str | None = None) -> str:
     return SURFACE_LOG
 
 
+@dataclass(frozen=True)
+class Post:
+    """One post as the host makes it: into which channel, its text, the message it answers, its files, its kind
+    (``reply``, ``other``, ``notice``, ``staff``…) and the imp whose bot posts it ("" where the host has one)."""
+
+    channel_id: str
+    content: str
+    reply_to: str | None = None
+    files: tuple[OutgoingFile, ...] = ()
+    kind: str = "reply"
+    imp: str = ""
+
+
 class Surface(Protocol):
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[OutgoingFile],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
-        """Post as ``imp`` (each imp is its own bot) and return the message ids (several when chunked)."""
+    async def send(self, post: Post) -> list[str]:
+        """Post as ``post.imp`` (each imp is its own bot) and return the message ids (several when chunked)."""
         ...
 
 
@@ -83,22 +86,15 @@ class RecordingSurface:
     fail_with: str | None = None
     delay_s: float = 0.0  # widen race windows in concurrency tests
 
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[OutgoingFile],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
+    async def send(self, post: Post) -> list[str]:
         if self.delay_s:
             await anyio.sleep(self.delay_s)
         if self.fail_with is not None:
             raise SurfaceError(self.fail_with)
         ids = (f"rec-{len(self.sent) + 1}",)
-        self.sent.append(SentMessage(channel_id, content, reply_to, tuple(files), kind, ids, imp))
+        self.sent.append(
+            SentMessage(post.channel_id, post.content, post.reply_to, post.files, post.kind, ids, post.imp)
+        )
         return list(ids)
 
 
@@ -109,24 +105,26 @@ class TerminalSurface:
         self.stream = stream or sys.stdout
         self._count = 0
 
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[OutgoingFile],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
+    async def send(self, post: Post) -> list[str]:
         self._count += 1
         header = (
-            f"[{channel_id}]"
-            + (f" (reply to {reply_to})" if reply_to else "")
-            + (f" <{kind}>" if kind != "reply" else "")
+            f"[{post.channel_id}]"
+            + (f" (reply to {post.reply_to})" if post.reply_to else "")
+            + (f" <{post.kind}>" if post.kind != "reply" else "")
         )
-        lines = [header, content]
-        lines += [f"  [file {item.filename}, {len(item.data)} bytes]" for item in files]
+        lines = [header, post.content]
+        lines += [f"  [file {item.filename}, {len(item.data)} bytes]" for item in post.files]
         self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
         return [f"term-{self._count}"]
+
+
+class NoSurface:
+    """A gateway that posts nothing (``impyard doctor``, ``policy check``, ``memory`` queries): a send fails with
+    ``reason``; the acts these run never get that far."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def send(self, post: Post) -> list[str]:
+        raise SurfaceError(self.reason)

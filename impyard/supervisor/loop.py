@@ -68,6 +68,7 @@ from impyard.gateway.core import Gateway
 from impyard.gateway.gate_pump import GatePump
 from impyard.gateway.ledger import seconds_to_next_day
 from impyard.imps.store import ImpConfig, ImpConfigError, ImpError, ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.compact import compact
 from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
 from impyard.memory.scopes import SessionScopes
@@ -331,7 +332,7 @@ class Supervisor:
     async def _memory_clock(self) -> None:
         """Mechanisms 104-107: tick every memory imp (every ``memory_tick_s``); each imp's step is one
         transaction, so what is due is queued exactly once, and one imp's failure never stops the others."""
-        service = self.gateway.memory
+        service = memory_service_of(self.gateway)
         if service is None:
             return
         now = self.clock.now()
@@ -492,7 +493,7 @@ class Supervisor:
         spec = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
         kind = "task"
         memory = None
-        service = self.gateway.memory
+        service = memory_service_of(self.gateway)
         if task.kind in (DEPART_KIND, REFLECT_KIND):
             if info is not None and info.kind in ("dm", "guild", "terminal"):
                 kind = info.kind

@@ -22,7 +22,7 @@ import signal
 import sqlite3
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -40,7 +40,7 @@ from impyard.clock import Clock, SystemClock
 from impyard.conversation.inbound import MAX_TERMINAL_CHARS, Inbound
 from impyard.conversation.pipeline import Routed
 from impyard.failure_words import FAILURE_WORDS, REFUSED_WORDS
-from impyard.gateway.surfaces import OutgoingFile
+from impyard.gateway.surfaces import Post
 from impyard.memory.departures import depart_now, wait_finished
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
@@ -74,16 +74,8 @@ class ChatSurface:
         self.queued = 0  # messages waiting behind the running turn (the next turn takes them all)
         self.skip_notices: frozenset[str] = frozenset()  # said better by the turn's outcome line
 
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[OutgoingFile],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
+    async def send(self, post: Post) -> list[str]:
+        content, files, kind = post.content, post.files, post.kind
         if kind == "notice" and (
             content in self.skip_notices or (bool(self.skip_notices) and content.startswith(REFUSED_WORDS))
         ):

@@ -43,10 +43,11 @@ from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import FixedClock
 from impyard.conversation.history import History
 from impyard.gateway.broker import UpstreamConfig
-from impyard.gateway.core import Gateway
 from impyard.gateway.policy import load_policy
 from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
 from impyard.imps.store import ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import memory_service
@@ -143,7 +144,7 @@ async def test_a_prompt_task_box_is_refused_every_memory_request_and_nothing_rea
     imps.add("pip", box={"backend": "process"}, memory={"enabled": True, "embedder": "hashing"})
     clock = FixedClock(T0)
     ChannelStore(db, clock).upsert(ChannelInfo("task:pip", kind="task", name="pip's tasks"))
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
@@ -275,14 +276,15 @@ class Guard:
 async def fenced_run(db: Database, guard: Guard) -> AsyncIterator[tuple[RunFence, BoxSpec, MemoryStore]]:
     """A departure's box as the supervisor opens it (its channel's scopes, fenced by its run's lease)."""
     clock = FixedClock(T0)
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
     )  # fmt: skip
     spec = BoxSpec("pip", "c-guild", Path("/nonexistent"), run_id="run-1")
-    assert gateway.memory is not None
-    gateway.memory.open(spec, SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,)), fence=guard.check)
+    service = memory_service_of(gateway)
+    assert service is not None
+    service.open(spec, SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,)), fence=guard.check)
     try:
         yield RunFence(gateway, guard), spec, MemoryStore(db, clock.now)
     finally:
@@ -341,7 +343,7 @@ async def test_a_hosts_lost_lease_fences_its_chat_boxes_memory(db: Database) -> 
     """``serve`` and ``chat`` hold a host lease (the gateway's ``lease_guard``): once it is lost, a chat box's
     memory acts are refused like its posts."""
     clock = FixedClock(T0)
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
