@@ -12,8 +12,9 @@ What differs is only the surface a host posts through and the surfaces it reache
 
 The host builds the stores (channels, history, memory, the boxes' own history lines — an older home's
 imp-wide history file imported into them once, issue 22 — and the gateway's: audit, ledger, earned trust,
-gates) and hands them to the gateway, so adapters ask the same stores the gateway writes. The surface is
-wrapped so that an imp's own posts join the channel history. Opening checks the settings and the
+gates) and hands them to the gateway, so adapters ask the same stores the gateway writes. The gateway is a
+core with one handler per act, registered here (``build_gateway``): model, send, fetch, history, memory. The
+surface is wrapped so that an imp's own posts join the channel history. Opening checks the settings and the
 policy before anything starts; closing closes the gateway and the database on every path.
 """
 

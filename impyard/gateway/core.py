@@ -66,12 +66,15 @@ if TYPE_CHECKING:
     from impyard.storage.leases import LeaseGuard
 
 __all__ = [
+    "CALL_GRACE_S",
     "LEASE_RULE",
     "STORAGE_FAILED",
     "Decision",
+    "GateCallback",
     "Gateway",
     "GatewayStores",
     "RateMeter",
+    "StageCallback",
     "host_secrets",
     "storage_failed",
 ]

@@ -24,9 +24,7 @@ from impyard.gateway.core import Gateway
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import ONE_BY_ONE, MemoryService
 
-MEMORY_OFF = RpcError(
-    ErrorCode.DENIED, "denied: this host keeps no memory", {"rule": "memory-off", "reason": "no store"}
-)
+MEMORY_OFF_RULE = "memory-off"
 
 
 class MemoryAct(Act):
@@ -44,7 +42,11 @@ class MemoryAct(Act):
         record = request.record
         record.deferred = True  # no row per request: the turn's row comes from the service's tallies
         if self.service is None:
-            raise MEMORY_OFF
+            raise RpcError(
+                ErrorCode.DENIED,
+                "denied: this host keeps no memory",
+                {"rule": MEMORY_OFF_RULE, "reason": "no store"},
+            )
         try:
             return await self.service.serve(request.spec, request.method, request.params, fence=request.fence)
         except RpcError as exc:
