@@ -15,7 +15,6 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import HttpFetchParams, HttpFetchResult
 from impyard.backends.base import BoxSpec
 from impyard.gateway.act import Act, Decision, Request, denied, enforce, refusal
-from impyard.gateway.audit import AuditRecord
 from impyard.gateway.fetch import FetchFailed, FetchRefused, HttpFetcher
 from impyard.gateway.judge import RequestFacts, http_fetch_facts, judge
 from impyard.gateway.policy import Policy
@@ -34,10 +33,6 @@ class FetchAct(Act):
 
     def policy_changed(self, policy: Policy) -> None:
         self.fetcher.settings = policy.http
-
-    async def handle(self, request: Request) -> BaseModel:
-        assert isinstance(request.params, HttpFetchParams)
-        return await self._http_fetch(request.spec, request.params, request.record)
 
     async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision | None:
         if not isinstance(params, HttpFetchParams):
@@ -61,9 +56,9 @@ class FetchAct(Act):
             return limited, facts, rule
         return Decision("allowed", rule.name, "allowed"), facts, rule
 
-    async def _http_fetch(
-        self, spec: BoxSpec, params: HttpFetchParams, record: AuditRecord
-    ) -> HttpFetchResult:
+    async def handle(self, request: Request) -> HttpFetchResult:
+        spec, params, record = request.spec, request.params, request.record
+        assert isinstance(params, HttpFetchParams)
         decision, facts, rule = self._decide_fetch(spec, params, commit=True)
         record.detail = f"GET {facts.host}"
         enforce(decision, record)

@@ -113,10 +113,6 @@ class ModelAct(Act):
     async def aclose(self) -> None:
         await self.broker.aclose()
 
-    async def handle(self, request: Request) -> BaseModel:
-        assert isinstance(request.params, ModelRequestParams)
-        return await self._model_request(request.spec, request.params, request.record)
-
     async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision | None:
         if not isinstance(params, ModelRequestParams):
             return None
@@ -213,9 +209,9 @@ class ModelAct(Act):
         retry_after = limited.error.data["retry_after"] if limited and limited.error else None
         return SendOutlook(rule.name, rule.rate_per_minute, retry_after)
 
-    async def _model_request(
-        self, spec: BoxSpec, params: ModelRequestParams, record: AuditRecord
-    ) -> ModelRequestResult:
+    async def handle(self, request: Request) -> ModelRequestResult:
+        spec, params, record = request.spec, request.params, request.record
+        assert isinstance(params, ModelRequestParams)
         decision, plan = await self._decide_model(spec, params, commit=True)
         record.purpose = params.purpose
         record.detail = f"{params.path} model={plan.facts.model}"

@@ -22,7 +22,6 @@ from box.protocol.models import DiscordSendParams, DiscordSendResult
 from impyard.backends.base import BoxSpec
 from impyard.channels.store import ChannelInfo
 from impyard.gateway.act import Act, Decision, Request, denied, enforce
-from impyard.gateway.audit import AuditRecord
 from impyard.gateway.core import GateCallback
 from impyard.gateway.gates import Gate
 from impyard.gateway.judge import decode_file
@@ -70,10 +69,6 @@ class SendAct(Act):
         self.surfaces = frozenset(surfaces) if surfaces is not None else None
         self.on_gate = on_gate
 
-    async def handle(self, request: Request) -> BaseModel:
-        assert isinstance(request.params, DiscordSendParams)
-        return await self._discord_send(request.spec, request.params, request.record)
-
     async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision | None:
         if not isinstance(params, DiscordSendParams):
             return None
@@ -120,9 +115,9 @@ class SendAct(Act):
 
         return self.gateway.db.read(read)
 
-    async def _discord_send(
-        self, spec: BoxSpec, params: DiscordSendParams, record: AuditRecord
-    ) -> DiscordSendResult:
+    async def handle(self, request: Request) -> DiscordSendResult:
+        spec, params, record = request.spec, request.params, request.record
+        assert isinstance(params, DiscordSendParams)
         record.purpose = params.kind
         record.detail = f"to {params.channel_id}, {len(params.content)} chars, {len(params.files)} files"
         decision = await self._decide_send(spec, params, commit=True)
