@@ -61,9 +61,8 @@ STATE_CHECK_S = 2.0  # how often a running box's state dir is measured against i
 # machine has one at a time, so this is generous. Past it the box is killed: each request in flight
 # holds up to a 1 MiB line of host memory (issue 11 #6).
 MAX_REQUESTS_IN_FLIGHT = 8
-STAGE_METHOD = (
-    "turn.stage"  # the box's notification of where its turn is (docs/protocol.md): BoxHost.turn_stage
-)
+# The box's notification of where its turn is (docs/protocol.md): it goes to BoxHost.turn_stage, not serve.
+STAGE_METHOD = "turn.stage"
 # Refusals that count against a box's conduct: its requests were invalid or denied.
 _REFUSAL_CODES = frozenset(
     {ErrorCode.INVALID_PARAMS, ErrorCode.METHOD_NOT_FOUND, ErrorCode.INVALID_REQUEST, ErrorCode.DENIED}

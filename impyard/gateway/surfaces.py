@@ -7,7 +7,7 @@ recording surface for tests and a terminal surface that prints.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, TextIO
 
 import anyio
@@ -68,14 +68,10 @@ class Surface(Protocol):
 
 
 @dataclass(frozen=True)
-class SentMessage:
-    channel_id: str
-    content: str
-    reply_to: str | None
-    files: tuple[OutgoingFile, ...]
-    kind: str
-    message_ids: tuple[str, ...]
-    imp: str = ""
+class SentMessage(Post):
+    """A post a ``RecordingSurface`` took, with the message ids it answered."""
+
+    message_ids: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,7 +89,7 @@ class RecordingSurface:
             raise SurfaceError(self.fail_with)
         ids = (f"rec-{len(self.sent) + 1}",)
         self.sent.append(
-            SentMessage(post.channel_id, post.content, post.reply_to, post.files, post.kind, ids, post.imp)
+            SentMessage(**{item.name: getattr(post, item.name) for item in fields(post)}, message_ids=ids)
         )
         return list(ids)
 
