@@ -93,10 +93,8 @@ def build_gateway(
     staff_channels: Mapping[str, Collection[str]] | None = None,
     on_stage: StageCallback | None = None,
     upstream: UpstreamConfig | None = None,
-    broker: ModelBroker | None = None,
     surfaces: Collection[str] | None = None,
     on_gate: GateCallback | None = None,
-    fetcher: HttpFetcher | None = None,
     responder_history: ResponderHistory | None = None,
     memory: MemoryService | None = None,
     settle_abandoned: bool = True,
@@ -106,17 +104,17 @@ def build_gateway(
     * the core: ``policy``, its ``stores`` (or ``db`` and ``channels`` to build them over: tests, ``policy
       check``), ``clock``, ``secrets`` (redacted; the model key is added), ``owners`` (who approves an imp's
       gates), ``staff_channels``, ``on_stage`` (hears every ``turn.stage``: a window for tests);
-    * ``model.request``: ``broker`` (or one over ``upstream``, default the environment's);
+    * ``model.request``: a broker over ``upstream`` (default: the environment's), the one holder of the key;
     * ``discord.send``: ``surface``, ``surfaces`` (where it posts, ``surface_of`` names; None = everywhere),
       ``on_gate`` (a gate was opened: the Discord surface posts an approval card);
-    * ``http.fetch``: ``fetcher`` (or one under the policy's ``[http]``);
+    * ``http.fetch``: a fetcher under the policy's ``[http]``;
     * ``history.*``: ``responder_history`` (or one over the database with the default limits, issue 22);
     * ``memory.*``: ``memory`` (None: a box asking for memory is refused, issue 23).
 
     ``settle_abandoned=False`` writes nothing at start: a gateway that only answers ``dry_run``; else the model
     calls a stopped host left in flight are settled first (issue 19 #4)."""
     clock = clock or SystemClock()
-    broker = broker or ModelBroker(upstream or UpstreamConfig.from_env(), policy.upstream)
+    broker = ModelBroker(upstream or UpstreamConfig.from_env(), policy.upstream)
     hidden = host_secrets(broker.config, secrets)
     if stores is None:
         if db is None:
@@ -128,7 +126,7 @@ def build_gateway(
         acts=[
             ModelAct(broker),
             SendAct(surface, surfaces=surfaces, on_gate=on_gate),
-            FetchAct(fetcher or HttpFetcher(policy.http)),
+            FetchAct(HttpFetcher(policy.http)),
             MemoryAct(memory),
             HistoryAct(responder_history or ResponderHistory(stores.db, clock)),
         ],
