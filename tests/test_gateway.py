@@ -22,6 +22,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from box.protocol import BOX_METHODS, HOST_METHODS, ErrorCode, Peer, RpcError
+from box.protocol.memory import MEMORY_METHOD_NAMES
 from box.protocol.models import (
     DiscordSendParams,
     DiscordSendResult,
@@ -37,6 +38,8 @@ from impyard.backends.process import box_environment
 from impyard.clock import FixedClock
 from impyard.gateway.broker import UpstreamConfig, encode_body
 from impyard.gateway.core import Gateway
+from impyard.gateway.fetch import HttpFetcher
+from impyard.gateway.fetch_act import FetchAct
 from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
@@ -606,6 +609,15 @@ async def test_fetch_refuses_urls_with_credentials_and_other_schemes(h: Harness)
 
 
 # --- notifications ---------------------------------------------------------------------------------
+
+
+async def test_each_method_is_served_by_one_act_registered_by_the_host(h: Harness) -> None:
+    """The gateway by act (issue 35): the host registered the five acts; a second act for a method is refused."""
+    served = {method for act in h.gateway.acts for method in act.methods}
+    assert {"model.request", "discord.send", "http.fetch", "history.load", "history.commit"} <= served
+    assert {name for name in served if name.startswith("memory.")} == set(MEMORY_METHOD_NAMES)
+    with pytest.raises(ValueError, match="already served: http.fetch"):
+        h.gateway.register(FetchAct(HttpFetcher(h.gateway.policy.http)))
 
 
 async def test_turn_stage_reaches_the_callback_and_log_the_logger(

@@ -207,6 +207,11 @@ class Gateway:
         self._by_method.update(dict.fromkeys(act.methods, act))
         self._by_gate.update(dict.fromkeys(act.gated, act))
 
+    @property
+    def acts(self) -> tuple[Act, ...]:
+        """The registered acts, in the order the host registered them."""
+        return tuple(self._acts)
+
     def act(self, kind: type[A]) -> A | None:
         """The registered act of this type (the memory act, for the service it serves), or None."""
         return next((act for act in self._acts if isinstance(act, kind)), None)
