@@ -166,11 +166,11 @@ def stored_texts() -> str:
 
     db = open_database()
     try:
-        rows = db.query(
+        rows = db.read(lambda conn: conn.exec_driver_sql(
             "SELECT conclusion AS t FROM memory_records WHERE imp = ? UNION ALL"
             " SELECT as_happened AS t FROM memory_episodes WHERE imp = ?", (IMP, IMP),
-        )  # fmt: skip
-        return "\n".join(str(r["t"]) for r in rows).lower()
+        ).all())  # fmt: skip
+        return "\n".join(str(r.t) for r in rows).lower()
     finally:
         db.close()
 

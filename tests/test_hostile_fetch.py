@@ -29,6 +29,7 @@ from impyard.gateway.policy import build_policy, default_policy_path
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.storage.db import Database, open_database
 from impyard.testing.web import local_site
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -103,7 +104,7 @@ class Host:
         return result
 
     def last_audit(self) -> tuple[str, str, str]:
-        row = self.db.query("SELECT verdict, rule, reason FROM audit ORDER BY id DESC LIMIT 1")[0]
+        row = sqlfile.query(self.db, "SELECT verdict, rule, reason FROM audit ORDER BY id DESC LIMIT 1")[0]
         return row["verdict"], row["rule"], row["reason"]
 
 

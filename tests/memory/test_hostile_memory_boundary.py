@@ -56,6 +56,7 @@ from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.supervisor.fence import RunFence
 from impyard.tasks import TaskRequest, TaskStore
 from impyard.testing.fake_openai import FakeOpenAI
+from tests import sqlfile
 from tests.discord_yard import (
     ALICE,
     GENERAL,
@@ -114,7 +115,8 @@ def everything(store: MemoryStore) -> tuple[list[tuple[str, str, int]], int]:
 
 
 def memory_audit(db: Database, channel_id: str) -> list[tuple[str, str, str]]:
-    rows = db.query(
+    rows = sqlfile.query(
+        db,
         "SELECT method, verdict, rule FROM audit WHERE method LIKE 'memory.%' AND channel_id = ? ORDER BY id",
         (channel_id,),
     )
@@ -248,7 +250,7 @@ def test_wakes_go_with_their_messages_when_the_history_is_trimmed(db: Database) 
             history.record_wake("pip", channel, message_id)
             if (channel, n) != ("c1", 1):  # m001's turn never ended in c1 (a crash): its wake is kept
                 history.finish("pip", channel, [message_id], "sent")
-    kept = db.query("SELECT channel_id, message_id FROM wakes ORDER BY channel_id, message_id")
+    kept = sqlfile.query(db, "SELECT channel_id, message_id FROM wakes ORDER BY channel_id, message_id")
     # Pruned at the 64th, 128th and 192nd wake: then m189-m191 were in the history; m192-m199 came after.
     after = [f"m{n:03d}" for n in range(189, 200)]
     assert [(r["channel_id"], r["message_id"]) for r in kept] == [
