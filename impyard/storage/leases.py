@@ -54,6 +54,7 @@ from impyard.storage.lease_rules import (
 )
 from impyard.storage.liveness import Holder
 from impyard.storage.tables import leases
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.leases")
 
@@ -168,7 +169,7 @@ def task_lease_name(task_id: str, run_id: str) -> str:
 
 
 class LeaseStore(Store):
-    """The ``leases`` rows, for the process ``me`` (default: this one). Blocking; ``store.aio.m()`` awaits."""
+    """The ``leases`` rows, for the process ``me`` (default: this one). Blocking; ``store.db.run(store.m)`` awaits."""
 
     def __init__(
         self,
@@ -394,7 +395,7 @@ class LeaseKeeper:
             if anyio.current_time() < due and detail == written:
                 continue  # nothing new to say, and no renewal due yet: no write
             try:
-                await self.store.aio.renew(lease, detail, self.ttl)
+                await self.store.db.run(self.store.renew, lease, detail, self.ttl)
             except LeaseLost as exc:
                 self._lose(lease, exc.reason)
                 return
@@ -458,7 +459,7 @@ async def holding(
             describe = details.get(name)
             if describe is not None:
                 written[name] = dict(describe())
-            held.append(await store.aio.acquire(name, written.get(name), ttl))
+            held.append(await store.db.run(store.acquire, name, written.get(name), ttl))
         keeper = LeaseKeeper(
             store, held, renew_every=renew_every, ttl=ttl, details=details, written=written,
             detail_every=DETAIL_EVERY,
@@ -473,7 +474,7 @@ async def holding(
         with anyio.CancelScope(shield=True):
             for lease in reversed(held):
                 try:
-                    await store.aio.release(lease, forget=forget(lease.name))
+                    await store.db.run(store.release, lease, forget=forget(lease.name))
                 except RENEW_ERRORS as exc:  # it expires by itself
                     log.warning("could not release lease %s: %s", lease.name, exc)
 
@@ -504,10 +505,10 @@ async def hold_host(card: HostCard, claims: Sequence[str] = ()) -> AsyncIterator
     """What ``impyard serve``/``chat`` hold for their lives: ``claims`` (``shard:I/N``, ``channel:<id>``) and
     this process's ``host:`` record, on the database of ``IMPYARD_DATABASE_URL`` / the home (opened through the
     engine, so on either engine). ``LeaseHeld`` before anything else starts when a claim is held."""
-    db = await anyio.to_thread.run_sync(lambda: open_database())
+    db = await in_thread(open_database)
     try:
         store = LeaseStore(db)
-        await store.aio.forget_stale()
+        await store.db.run(store.forget_stale)
         me = host_lease_name(store.me)
         async with holding(store, [*claims, me], details={me: card.detail}) as keeper:
             yield keeper
