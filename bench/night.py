@@ -35,6 +35,7 @@ from impyard.runtime import open_runtime
 from impyard.storage.db import Database, open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskRequest, TaskStore
+from impyard.threads import in_thread
 
 DAY_RECORDS = 20  # lived since waking: what the night's plan folds
 WOKE_HOURS = 3
@@ -63,9 +64,7 @@ async def _night(ctx: Context, imp: str, remembered: int) -> dict[str, Any]:
     with suppress(ImpExists):
         ImpStore().add(imp, PERSONA, memory={"enabled": True, "embedder": "hashing"})
     now = datetime.now(UTC)
-    await anyio.to_thread.run_sync(
-        _seed, imp, remembered, now
-    )  # before the host starts: its pump never waits
+    await in_thread(_seed, imp, remembered, now)  # before the host starts: its pump never waits
     surface = TimingSurface()
     async with open_runtime([imp], surface, backends={imp: backend}, surfaces=("discord",)) as runtime:
         memory = runtime.gateway.memory

@@ -7,7 +7,6 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any
 
-import anyio
 from sqlalchemy import select
 
 from bench.costs import CpuMeter, TripCounter, session_processes
@@ -31,6 +30,7 @@ from impyard.conversation.sessions import SessionKey
 from impyard.paths import home
 from impyard.storage.db import Database
 from impyard.storage.tables import audit
+from impyard.threads import in_thread
 
 WARMUP_TURNS = 3  # per path, not counted: the first starts the box, the rest pay one-time imports
 TARGETS = {"overhead_p50_ms": 15.0, "overhead_p99_ms": 60.0, "ratio_p50": 1.2}
@@ -44,7 +44,7 @@ async def _meter(ctx: Context, name: str, running: Host) -> CpuMeter:
     session = running.runtime.sessions.sessions[SessionKey(running.imp, f"warm-{name}")]
     assert session.box is not None
     docker = docker_of(ctx.backends[name])
-    return CpuMeter(await anyio.to_thread.run_sync(session_processes, session.box, docker))
+    return CpuMeter(await in_thread(session_processes, session.box, docker))
 
 
 def _latencies(db: Database, channel_id: str) -> list[Any]:
