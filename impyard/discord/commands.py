@@ -66,7 +66,7 @@ class CommandHost:
 
     @property
     def gates(self) -> GateStore:
-        """The gate store the gateway was handed (awaited through ``aio``, never through its database)."""
+        """The gate store the gateway was handed (awaited through its own ``db.run``)."""
         return self.gateway.gates
 
 
