@@ -122,8 +122,8 @@ def test_m114_consolidate_folds_since_the_imp_woke_and_prints_each_scope(
     woke = datetime.now(UTC) - timedelta(hours=3)
     db = open_database()
     try:
-        save(sqlfile.connection(db), "pip", Wakefulness(awake=True, woke_at=woke, last_activity_at=woke,
-                                                 consolidated=False), woke)  # fmt: skip
+        awake = Wakefulness(awake=True, woke_at=woke, last_activity_at=woke, consolidated=False)
+        db.write(lambda conn: save(conn, "pip", awake, woke))
         tasks = TaskStore(db, FixedClock(datetime.now(UTC)), home)
         other = tasks.add(TaskRequest("bee", None, kind="sleep", scope=GUILD_SCOPE))  # bee's: left alone
         prompt = tasks.add(TaskRequest("pip", "Summarise the week"))  # not a sleep: left alone
@@ -141,7 +141,7 @@ def test_m114_consolidate_folds_since_the_imp_woke_and_prints_each_scope(
     assert seen["night"] == ["tea with Ann"]  # the records since waking, in that scope
     db = open_database()
     try:
-        state = load(sqlfile.connection(db), "pip")
+        state = db.read(lambda conn: load(conn, "pip"))
         tasks = TaskStore(db, FixedClock(datetime.now(UTC)), home)
         assert (tasks.get(other.id).state, tasks.get(prompt.id).state) == ("queued", "queued")
     finally:
