@@ -53,6 +53,7 @@ from impyard.storage.lease_rules import (
     verify,
 )
 from impyard.storage.liveness import Holder
+from impyard.storage.rows import RowMapper
 from impyard.storage.tables import leases
 
 log = logging.getLogger("impyard.leases")
@@ -147,6 +148,11 @@ def _detail(text: str | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+_LEASE_INFO = RowMapper(
+    LeaseInfo, token=int, acquired_at=_time, renewed_at=_time, expires_at=_time, detail=_detail
+)
 
 
 def _row(found: RowMapping | None) -> LeaseRow | None:
@@ -292,19 +298,7 @@ class LeaseStore(Store):
 
         def txn(conn: Connection) -> list[LeaseInfo]:
             rows = conn.execute(select(leases).order_by(leases.c.name)).mappings().all()
-            return [
-                LeaseInfo(
-                    name=r["name"],
-                    holder=Holder.parse(r["holder"]),
-                    holder_text=r["holder"],
-                    token=int(r["token"]),
-                    acquired_at=_time(r["acquired_at"]),
-                    renewed_at=_time(r["renewed_at"]),
-                    expires_at=_time(r["expires_at"]),
-                    detail=_detail(r["detail"]),
-                )  # fmt: skip
-                for r in rows
-            ]
+            return [_LEASE_INFO(r, holder=Holder.parse(r["holder"]), holder_text=r["holder"]) for r in rows]
 
         return self.db.read(txn)
 

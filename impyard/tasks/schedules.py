@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
@@ -40,6 +39,7 @@ from impyard.errors import ImpyardError
 from impyard.imps.store import ImpStore
 from impyard.storage.db import Database, Store
 from impyard.storage.portable import bytewise
+from impyard.storage.rows import Row, RowMapper
 from impyard.storage.tables import schedules
 from impyard.storage.tables import tasks as tasks_table
 from impyard.tasks import Task, TaskRequest, TaskStore, ValidTask, log_transition, validate_request
@@ -336,24 +336,13 @@ class Schedule:
         }
 
 
-def _row_to_schedule(row: Mapping[Any, Any]) -> Schedule:
+_SCHEDULE = RowMapper(Schedule)
+
+
+def _row_to_schedule(row: Row) -> Schedule:
     every = timedelta(seconds=row["every_s"]) if row["every_s"] is not None else None
-    return Schedule(
-        id=row["id"],
-        imp=row["imp"],
-        kind=row["kind"],
-        prompt=row["prompt"],
-        channel_id=row["channel_id"],
-        ceiling_s=row["ceiling_s"],
-        wake_on_resolve=bool(row["wake_on_resolve"]),
-        briefing=bool(row["briefing"]),
-        trigger=Trigger(every=every, cron=row["cron"], tz=row["tz"], anchor=parse_iso(row["anchor"])),
-        missed=row["missed"],
-        next_run=parse_iso(row["next_run"]),
-        paused=bool(row["paused"]),
-        last_fired=parse_iso(row["last_fired"]) if row["last_fired"] else None,
-        fired=row["fired"],
-        created_at=parse_iso(row["created_at"]),
+    return _SCHEDULE(
+        row, trigger=Trigger(every=every, cron=row["cron"], tz=row["tz"], anchor=parse_iso(row["anchor"]))
     )
 
 

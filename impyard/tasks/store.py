@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, exists, select, update
 from sqlalchemy.engine import Connection
 
-from impyard.clock import Clock, iso, parse_iso
-from impyard.gateway.audit import AuditRecord
+from impyard.clock import Clock, iso
+from impyard.gateway.audit import AuditRecord, row_to_record
 from impyard.gateway.gates import FINAL_STATES, OPEN_STATES, Gate, row_to_gate
 from impyard.imps.store import ImpStore
 from impyard.storage.db import Database, Store
@@ -38,7 +38,6 @@ MAX_BOX_SUMMARY_CHARS = 2_000  # what is kept of the box's own report
 JOURNAL_ENTRIES = 10
 FINISHED_STATES = ("done", "failed", "needs_review")  # what the journal shows
 REFUSED_VERDICTS = ("denied", "rate_limited", "budget_exhausted", "unreachable", "error")
-_AUDIT_COLUMNS = tuple(column.name for column in audit.columns)
 
 
 def log_transition(task_id: str, imp: str, old: str, new: str, **fields: object) -> None:
@@ -55,12 +54,6 @@ def _task_row(conn: Connection, task_id: str) -> Task | None:
 
 def _not_found(task_id: str) -> TaskError:
     return TaskError(f"no task {task_id!r}; `impyard task ls` lists them")
-
-
-def _audit_record(row: Any) -> AuditRecord:
-    values = {name: row[name] for name in _AUDIT_COLUMNS}
-    values["at"] = parse_iso(values["at"])
-    return AuditRecord(**values)
 
 
 class TaskStore(Store):
@@ -203,7 +196,7 @@ class TaskStore(Store):
             .where(task_runs.c.task_id == task_id)
             .order_by(audit.c.id)
         )
-        return self.db.read(lambda conn: [_audit_record(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: [row_to_record(row) for row in conn.execute(query).mappings()])
 
     def gates_of(self, task_id: str) -> list[Gate]:
         query = (
