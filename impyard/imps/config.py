@@ -15,7 +15,6 @@ import re
 import tomllib
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -27,7 +26,7 @@ from box.attempts import attempt_timeout_s
 from box.model_profiles import SettingProblem, config_problems
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
-from impyard.toml_errors import line_of, syntax_error_line
+from impyard.toml_errors import Problem, ProblemsError, line_of, syntax_error_line
 
 if TYPE_CHECKING:
     from impyard.backends.docker import DockerLimits
@@ -76,29 +75,16 @@ class ImpExists(ImpError):
     """``add`` of a name that is already an imp."""
 
 
-@dataclass(frozen=True)
-class ConfigProblem:
-    file: str
-    line: int | None
-    key: str
-    reason: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: key '{self.key}': {self.reason}" if self.key else f"{where}: {self.reason}"
+class ConfigProblem(Problem):
+    def key_text(self) -> str:
+        return f"key '{self.key}'"
 
 
-class ImpConfigError(ImpError):
+class ImpConfigError(ProblemsError[ConfigProblem], ImpError):
     """An imp's config (or persona, news or token file) is broken; ``problems`` lists every finding.
 
     The message is one line per problem: ``<file>[:<line>]: key '<key>': <reason and fix>``.
     """
-
-    def __init__(self, problems: list[ConfigProblem]) -> None:
-        self.problems = problems
-        first = problems[0]
-        self.file, self.line, self.key, self.reason = first.file, first.line, first.key, first.reason
-        super().__init__("\n".join(str(problem) for problem in problems))
 
 
 def validate_name(name: str) -> str:
