@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from impyard.errors import ImpyardError
+
 __all__ = ["Problem", "ProblemsError", "line_of", "syntax_error_line"]
 
 _STRINGS_AND_COMMENT = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'|#.*$")
@@ -47,9 +49,9 @@ class Problem:
 P = TypeVar("P", bound=Problem)
 
 
-class ProblemsError(Exception, Generic[P]):
+class ProblemsError(ImpyardError, Generic[P]):
     """A file that is broken: ``problems`` lists every finding, one line each; the message starts with the first,
-    whose place and reason are the error's own attributes. Mixed into each file kind's error class."""
+    whose place and reason are the error's own attributes. The base of each file kind's error class."""
 
     def __init__(self, problems: list[P]) -> None:
         self.problems = problems

@@ -37,7 +37,6 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 import impyard
-from impyard.errors import ImpyardError
 from impyard.gateway.policy_models import (
     BudgetLimit,
     Budgets,
@@ -59,7 +58,7 @@ DEFAULT_POLICY_NAME = "default.toml"
 MAX_POLICY_FILE_BYTES = 1_048_576
 
 
-class PolicyError(ProblemsError[Problem], ImpyardError):
+class PolicyError(ProblemsError[Problem]):
     """A policy file is broken; ``problems`` lists every finding, the message starts with the first."""
 
 
