@@ -7,12 +7,11 @@ from contextlib import contextmanager
 
 import click
 
-from impyard.cli.errors import CliError
+from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.durations import format_duration
 from impyard.imps.store import ImpError, ImpStore
-from impyard.storage.db import DatabaseError, open_database
 from impyard.tasks import TaskError, TaskStore
 from impyard.tasks.schedules import (
     MISSED_POLICIES,
@@ -26,18 +25,9 @@ from impyard.tasks.schedules import (
 
 @contextmanager
 def schedule_store() -> Iterator[ScheduleStore]:
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    clock = SystemClock()
-    imps = ImpStore()
-    try:
+    with database(ScheduleError, TaskError, ImpError) as db:
+        clock, imps = SystemClock(), ImpStore()
         yield ScheduleStore(db, clock, TaskStore(db, clock, imps), imps)
-    except (ScheduleError, TaskError, ImpError) as exc:
-        raise CliError(str(exc).splitlines()[0]) from exc
-    finally:
-        db.close()
 
 
 def _echo(schedule: Schedule, out: Output, verb: str) -> None:

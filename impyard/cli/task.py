@@ -8,12 +8,11 @@ from datetime import datetime
 
 import click
 
-from impyard.cli.errors import CliError
+from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.durations import format_duration
 from impyard.imps.store import ImpError, ImpStore
-from impyard.storage.db import DatabaseError, open_database
 from impyard.supervisor.settings import task_state_retention_from_env
 from impyard.tasks import TASK_STATES, Task, TaskError, TaskRequest, TaskStore
 
@@ -21,16 +20,8 @@ from impyard.tasks import TASK_STATES, Task, TaskError, TaskRequest, TaskStore
 @contextmanager
 def task_store() -> Iterator[TaskStore]:
     """The task store of this IMPYARD_HOME; refusals become one-line CLI errors."""
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    try:
+    with database(TaskError, ImpError) as db:
         yield TaskStore(db, SystemClock(), ImpStore())
-    except (TaskError, ImpError) as exc:
-        raise CliError(str(exc).splitlines()[0]) from exc
-    finally:
-        db.close()
 
 
 def _ago(when: datetime, now: datetime) -> str:
