@@ -14,11 +14,14 @@ import types
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields
 from datetime import datetime
-from typing import Any, Generic, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from impyard.clock import parse_iso
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 Convert = Callable[[Any], Any]  # a column's value -> the field's
 Row = Mapping[Any, Any]  # one row's columns by name (SQLAlchemy's ``RowMapping``, on either engine)
 
@@ -60,7 +63,7 @@ class RowMapper(Generic[T]):
     def __init__(self, cls: type[T], **convert: Convert) -> None:
         hints = get_type_hints(cls)
         self.cls = cls
-        names = {field.name for field in fields(cls)}  # type: ignore[arg-type]
+        names = {field.name for field in fields(cls)}
         unknown = set(convert) - names
         if unknown:
             raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
@@ -70,7 +73,7 @@ class RowMapper(Generic[T]):
                 convert.get(field.name) or _by_type(hints[field.name]),
                 field.default is not MISSING or field.default_factory is not MISSING,
             )
-            for field in fields(cls)  # type: ignore[arg-type]
+            for field in fields(cls)
             if field.init
         )
 
