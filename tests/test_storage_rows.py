@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
 
-from impyard.storage.rows import RowMapper, iso_or_none, json_of
+from impyard.storage.rows import OfRow, RowMapper, iso_or_none, json_of
 
 WHEN = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -43,6 +44,24 @@ def test_fields_by_name_converted_by_their_type() -> None:
 
 def test_given_fields_win_over_columns() -> None:
     assert RowMapper(Thing)(ROW, tags=["given"], note="n").tags == ["given"]
+
+
+def test_a_field_of_the_whole_row() -> None:
+    mapper = RowMapper(Thing, note=OfRow(lambda row: f"{row['id']}:{row['count']}"))
+    assert mapper(ROW).note == "x:3"
+
+
+def test_first_and_all_run_the_statement() -> None:
+    engine = create_engine("sqlite://")
+    mapper = RowMapper(Thing, tags=json_of(list))
+    query = text(
+        "SELECT 'x' AS id, :n AS count, 0 AS \"on\", '2026-03-01T12:00:00+00:00' AS at, NULL AS ended, NULL AS tags"
+    )
+    with engine.connect() as conn:
+        assert mapper.all(conn, query, {"n": 2}) == [Thing(id="x", count=2, on=False, at=WHEN, ended=None)]
+        assert mapper.first(conn, query, {"n": 5}) == Thing(id="x", count=5, on=False, at=WHEN, ended=None)
+        assert mapper.first(conn, text("SELECT 1 WHERE 0")) is None
+    engine.dispose()
 
 
 def test_a_field_without_a_default_needs_its_column() -> None:

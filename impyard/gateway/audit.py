@@ -178,5 +178,5 @@ class AuditLog(Store):
         """The last ``n`` rows (oldest first), optionally for one imp."""
         params: dict[str, Any] = {"n": max(0, n), "imp": imp}
         statement = _TAIL if imp is None else _TAIL_OF
-        rows = self.db.read(lambda conn: conn.execute(statement, params).mappings().all())
-        return [row_to_record(row) for row in reversed(rows)]
+        newest_first = self.db.read(lambda conn: row_to_record.all(conn, statement, params))
+        return newest_first[::-1]

@@ -157,8 +157,7 @@ row_to_gate = RowMapper(Gate, payload=json.loads, message_ids=lambda text: json.
 
 
 def _gate_row(conn: Connection, gate_id: str) -> Gate | None:
-    row = conn.execute(select(gates).where(gates.c.id == gate_id)).mappings().first()
-    return None if row is None else row_to_gate(row)
+    return row_to_gate.first(conn, select(gates).where(gates.c.id == gate_id))
 
 
 class GateStore(Store):
@@ -184,7 +183,7 @@ class GateStore(Store):
         if states:
             query = query.where(gates.c.state.in_(sorted(states)))
         query = query.order_by(bytewise(gates.c.created_at).desc(), bytewise(gates.c.id)).limit(max(0, limit))
-        return self.db.read(lambda conn: [row_to_gate(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: row_to_gate.all(conn, query))
 
     # ------------------------------------------------------------ transitions (inside ``Database.write``)
 

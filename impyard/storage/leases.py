@@ -53,7 +53,7 @@ from impyard.storage.lease_rules import (
     verify,
 )
 from impyard.storage.liveness import Holder
-from impyard.storage.rows import RowMapper
+from impyard.storage.rows import OfRow, RowMapper
 from impyard.storage.tables import leases
 
 log = logging.getLogger("impyard.leases")
@@ -151,8 +151,9 @@ def _detail(text: str | None) -> dict[str, Any]:
 
 
 _LEASE_INFO = RowMapper(
-    LeaseInfo, token=int, acquired_at=_time, renewed_at=_time, expires_at=_time, detail=_detail
-)
+    LeaseInfo, holder=Holder.parse, holder_text=OfRow(lambda row: row["holder"]), token=int, acquired_at=_time,
+    renewed_at=_time, expires_at=_time, detail=_detail,
+)  # fmt: skip
 
 
 def _row(found: RowMapping | None) -> LeaseRow | None:
@@ -295,12 +296,7 @@ class LeaseStore(Store):
 
     def list(self) -> list[LeaseInfo]:
         """Every lease row, by name."""
-
-        def txn(conn: Connection) -> list[LeaseInfo]:
-            rows = conn.execute(select(leases).order_by(leases.c.name)).mappings().all()
-            return [_LEASE_INFO(r, holder=Holder.parse(r["holder"]), holder_text=r["holder"]) for r in rows]
-
-        return self.db.read(txn)
+        return self.db.read(lambda conn: _LEASE_INFO.all(conn, select(leases).order_by(leases.c.name)))
 
     def forget_stale(self, kept: timedelta = HOST_ROWS_KEPT) -> int:
         """Delete the records of hosts, and the leases of task runs, that expired more than ``kept`` ago (killed

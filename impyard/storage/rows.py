@@ -2,9 +2,9 @@
 
 Each field takes the column of its name; how a column's value becomes the field's is read once from the field's
 type (an ISO text becomes a ``datetime``, ``None`` or empty staying ``None`` where the field may be; an integer
-column becomes a ``bool``) unless the store names a converter for that field. What no column holds (a value built
-from several columns, a second reading of one) the store passes when it maps the row. A field with a default
-that the row lacks keeps its default.
+column becomes a ``bool``) unless the store names a converter for that field. A field no one column holds is
+built from the whole row (``OfRow``), or passed when the row is mapped (what the row does not know). A field
+with a default that the row lacks keeps its default.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql import Executable
 
 from impyard.clock import parse_iso
 
@@ -24,6 +27,13 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound="DataclassInstance")
 Convert = Callable[[Any], Any]  # a column's value -> the field's
 Row = Mapping[Any, Any]  # one row's columns by name (SQLAlchemy's ``RowMapping``, on either engine)
+
+
+@dataclass(frozen=True)
+class OfRow:
+    """A field no one column holds, built from the whole row."""
+
+    build: Callable[[Row], Any]
 
 
 def iso_or_none(text: str | None) -> datetime | None:
@@ -58,15 +68,15 @@ def _by_type(hint: Any) -> Convert | None:
 
 
 class RowMapper(Generic[T]):
-    """Builds a ``cls`` (a dataclass) from a row; ``convert`` names a field's own converter (its column's value in)."""
+    """Builds a ``cls`` (a dataclass) from a row; ``convert`` names a field's own converter (its column's value
+    in), or ``OfRow`` for a field built from the whole row."""
 
-    def __init__(self, cls: type[T], **convert: Convert) -> None:
+    def __init__(self, cls: type[T], **convert: Convert | OfRow) -> None:
         hints = get_type_hints(cls)
-        self.cls = cls
-        names = {field.name for field in fields(cls)}
-        unknown = set(convert) - names
+        unknown = set(convert) - {field.name for field in fields(cls)}
         if unknown:
             raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
+        self.cls = cls
         self._plan = tuple(
             (
                 field.name,
@@ -78,11 +88,27 @@ class RowMapper(Generic[T]):
         )
 
     def __call__(self, row: Row, **given: Any) -> T:
-        """The object of ``row``; ``given``: the fields no single column holds, as they are."""
+        """The object of ``row``; ``given``: fields the row does not know, as they are."""
         values = dict(given)
         for name, convert, optional in self._plan:
-            if name in values or (optional and name not in row):
+            if name in values:
                 continue
-            value = row[name]
-            values[name] = value if convert is None else convert(value)
+            if isinstance(convert, OfRow):
+                values[name] = convert.build(row)
+            elif not optional or name in row:
+                value = row[name]
+                values[name] = value if convert is None else convert(value)
         return self.cls(**values)
+
+    def first(
+        self, conn: Connection, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> T | None:
+        """The object of the statement's first row, or None when it returned none."""
+        row = conn.execute(statement, params).mappings().first()
+        return None if row is None else self(row)
+
+    def all(
+        self, conn: Connection, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> list[T]:
+        """The objects of every row the statement returns, in its order."""
+        return [self(row) for row in conn.execute(statement, params).mappings()]

@@ -39,7 +39,7 @@ from impyard.errors import ImpyardError
 from impyard.imps.store import ImpStore
 from impyard.storage.db import Database, Store
 from impyard.storage.portable import bytewise
-from impyard.storage.rows import Row, RowMapper
+from impyard.storage.rows import OfRow, Row, RowMapper
 from impyard.storage.tables import schedules
 from impyard.storage.tables import tasks as tasks_table
 from impyard.tasks import Task, TaskRequest, TaskStore, ValidTask, log_transition, validate_request
@@ -336,14 +336,12 @@ class Schedule:
         }
 
 
-_SCHEDULE = RowMapper(Schedule)
-
-
-def _row_to_schedule(row: Row) -> Schedule:
+def _trigger(row: Row) -> Trigger:
     every = timedelta(seconds=row["every_s"]) if row["every_s"] is not None else None
-    return _SCHEDULE(
-        row, trigger=Trigger(every=every, cron=row["cron"], tz=row["tz"], anchor=parse_iso(row["anchor"]))
-    )
+    return Trigger(every=every, cron=row["cron"], tz=row["tz"], anchor=parse_iso(row["anchor"]))
+
+
+_row_to_schedule = RowMapper(Schedule, trigger=OfRow(_trigger))
 
 
 @dataclass(frozen=True)
@@ -358,8 +356,7 @@ class _Fired:
 
 
 def _schedule_row(conn: Connection, schedule_id: str) -> Schedule | None:
-    row = conn.execute(select(schedules).where(schedules.c.id == schedule_id)).mappings().first()
-    return None if row is None else _row_to_schedule(row)
+    return _row_to_schedule.first(conn, select(schedules).where(schedules.c.id == schedule_id))
 
 
 def _not_found(schedule_id: str) -> ScheduleError:
@@ -437,7 +434,7 @@ class ScheduleStore(Store):
         query = select(schedules).order_by(bytewise(schedules.c.next_run), bytewise(schedules.c.id))
         if imp is not None:
             query = query.where(schedules.c.imp == imp)
-        return self.db.read(lambda conn: [_row_to_schedule(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: _row_to_schedule.all(conn, query))
 
     # ------------------------------------------------------------ operator changes
 
