@@ -46,8 +46,11 @@ from impyard.gateway import Gateway
 from impyard.history import History
 from impyard.imp_config import ImpConfig, ImpError
 from impyard.imps import ImpStore
+from impyard.memory.errors import MemoryInvalid
+from impyard.memory.forgetting import mentions_are_forgettable
 from impyard.memory.scopes import SCOPE_FORMS, TERMINAL, ScopeNameError, parse_scope
-from impyard.memory.store import MemoryInvalid, MemoryStats, MemoryStore, mentions_are_forgettable
+from impyard.memory.stats import MemoryStats
+from impyard.memory.store import MemoryStore
 from impyard.policy import PolicyError, load_policy
 from impyard.surfaces import OutgoingFile, SurfaceError
 

@@ -32,7 +32,8 @@ from impyard.discord.buttons import Faces, action_button, custom_id_template, pe
 from impyard.gates import Approver, Gate, GateError, GateStore, may_decide
 from impyard.history import History
 from impyard.imps import ImpConfig
-from impyard.memory.store import Forgotten, MemoryStore
+from impyard.memory.forgetting import Forgotten
+from impyard.memory.store import MemoryStore
 from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
 
 if TYPE_CHECKING:

@@ -37,8 +37,8 @@ from sqlalchemy.engine import Connection
 from box.memory.laws import DEFAULTS, Params
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
+from impyard.memory.night import scopes_by_newest
 from impyard.memory.sql import execute
-from impyard.memory.store import scopes_by_newest
 from impyard.portable import bytewise, per_dialect, upsert
 from impyard.tables import history, memory_wakefulness, wakes
 from impyard.tables import tasks as task_rows
