@@ -75,12 +75,12 @@ def recall_weight_now(felt: npt.NDArray[np.float64], params: Params = DEFAULTS) 
     return (1.0 - w) + w * felt
 
 
-# ------------------------------------------------------------------ rows as loaded from the store
+# ------------------------------------------------------------------ rows as loaded for the cache (``cache_rows``)
 
 
 @dataclass
 class RecordRows:
-    """Records of one (imp, scope, dims), as the store loads them for the cache."""
+    """Records of one (imp, scope, dims), as ``cache_rows.CacheRows`` loads them for the cache."""
 
     ids: list[str] = field(default_factory=list)
     blobs: list[bytes] = field(default_factory=list)  # float16 vectors of the entry's length (vectors.pack)
@@ -106,7 +106,8 @@ class Generation:
 
 
 class Loader:
-    """What the cache needs from the store: rows of one (imp, scope, dims), all or written after ``since``."""
+    """What the cache needs loaded (``cache_rows.CacheRows`` over the database): a scope's generation, and the rows
+    of one (imp, scope, dims), all or written after ``since``. The cache calls it; it never calls back."""
 
     def generation(self, imp: str, scope: str) -> Generation:
         raise NotImplementedError
