@@ -10,14 +10,13 @@ from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.engine import Connection
 
 from box.memory import laws
-from impyard.clock import parse_iso
 from impyard.db import Database
+from impyard.memory import wakefulness
 from impyard.tables import memory_conversations as _C
 from impyard.tables import memory_dispositions as _D
 from impyard.tables import memory_episodes as _E
 from impyard.tables import memory_records as _R
 from impyard.tables import memory_slots as _S
-from impyard.tables import memory_wakefulness as _W
 
 _SCOPE_COUNTS = ("records", "episodes", "constructs", "given", "conversations", "slot")
 
@@ -37,8 +36,8 @@ class ScopeStats:
 
 @dataclass(frozen=True)
 class ClockStats:
-    """The imp's day as the supervisor's clock keeps it (``memory_wakefulness``; mechanisms 104-107), as
-    the operator is shown it (the clock's own state is ``wakefulness.Wakefulness``)."""
+    """The imp's day as the supervisor's clock keeps it (``wakefulness.Wakefulness``; mechanisms 104-107): the
+    part the operator is shown."""
 
     TIMES: ClassVar[tuple[str, ...]] = (
         "woke_at", "slept_at", "last_activity_at", "last_reflection_at", "last_sleep_at", "last_consolidation_at",
@@ -63,10 +62,6 @@ class MemoryStats:
     active_rules: int
     clock: ClockStats | None  # None: the supervisor's clock has not seen the imp yet
     database_bytes: int
-
-
-def _when(text: str | None) -> datetime | None:
-    return parse_iso(text) if text else None
 
 
 def gather(db: Database, imp: str) -> MemoryStats:
@@ -96,9 +91,7 @@ def gather(db: Database, imp: str) -> MemoryStats:
         rules = conn.execute(
             select(func.count(), counted(func.abs(_D.c.weight) > laws.DORMANT_WEIGHT)).where(_D.c.imp == imp)
         ).one()
-        clock = conn.execute(
-            select(_W.c.awake, *(_W.c[k] for k in ClockStats.TIMES)).where(_W.c.imp == imp)
-        ).first()
+        clock = wakefulness.seen(conn, imp)
         if conn.dialect.name == "postgresql":
             size = int(conn.execute(select(func.pg_database_size(func.current_database()))).scalar_one())
         else:
@@ -113,7 +106,7 @@ def gather(db: Database, imp: str) -> MemoryStats:
             rules=int(rules[0] or 0),
             active_rules=int(rules[1] or 0),
             clock=None if clock is None else ClockStats(
-                awake=bool(clock[0]), **{k: _when(clock[i]) for i, k in enumerate(ClockStats.TIMES, start=1)},
+                awake=clock.awake, **{k: getattr(clock, k) for k in ClockStats.TIMES}
             ),
             database_bytes=size,
         )  # fmt: skip

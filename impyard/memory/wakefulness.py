@@ -159,9 +159,14 @@ def _SAVE(dialect: str) -> Any:  # noqa: N802 - a statement
 
 def load(conn: Connection | sqlite3.Connection, imp: str) -> Wakefulness:
     """The imp's state; ``ASLEEP`` when the clock has never seen it."""
+    return seen(conn, imp) or ASLEEP
+
+
+def seen(conn: Connection | sqlite3.Connection, imp: str) -> Wakefulness | None:
+    """The imp's state as stored; None when the clock has never seen it (``impyard memory stats`` says so)."""
     rows = execute(conn, _LOAD, {"imp": imp})
     if not rows:
-        return ASLEEP
+        return None
     row = rows[0]
     return Wakefulness(
         awake=bool(row["awake"]),
