@@ -23,8 +23,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
-from box.attempts import attempt_timeout_s
-from box.model_profiles import SettingProblem, config_problems
+from box.common.attempts import attempt_timeout_s
+from box.common.model_profiles import SettingProblem, config_problems
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
 from impyard.toml_errors import line_of, syntax_error_line
@@ -774,7 +774,7 @@ def validate_config(
 
 
 def model_problems(model: ModelConfig) -> list[SettingProblem]:
-    """Issue 16: what ``[model]`` asks that its models cannot take (``box.model_profiles.config_problems``);
+    """Issue 16: what ``[model]`` asks that its models cannot take (``box.common.model_profiles.config_problems``);
     a reasoning effort or temperature counts only when written, since a default is adapted per model."""
     explicit = model.model_fields_set
     keys = ("model", "vision_model", "factual_model", "retry_model")

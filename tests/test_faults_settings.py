@@ -8,14 +8,8 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from box.attempts import (
-    MAX_ATTEMPTS,
-    ModelChooser,
-    ModelExhausted,
-    attempt_timeout_s,
-    backoff_s,
-    with_attempts,
-)
+from box.attempts import ModelChooser, ModelExhausted, with_attempts
+from box.common.attempts import MAX_ATTEMPTS, attempt_timeout_s, backoff_s
 from box.protocol.models import ResponderSettings
 from impyard.backends.process import ProcessBackend
 from impyard.imp_config import validate_config

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from box.model_profiles import model_notes
+from box.common.model_profiles import model_notes
 from box.protocol.models import ModelRequestParams
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of

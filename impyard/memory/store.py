@@ -75,8 +75,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory import laws
-from box.memory import slot as slot_law
+from box.common import laws
+from box.common import slot as slot_law
 from box.protocol.memory import (
     BOTH_KINDS,
     MAX_CONCLUSION_CHARS,

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
-from box.memory.laws import DEFAULTS, Params
+from box.common.laws import DEFAULTS, Params
 from impyard.clock import iso, parse_iso
 from impyard.db import Database
 from impyard.memory.sql import execute

@@ -7,7 +7,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import Restore
 from impyard.clock import FixedClock
 from impyard.db import Database, open_database

@@ -32,8 +32,8 @@ import pytest
 from pydantic import BaseModel
 
 import impyard.memory.cache as cache_module
-from box.memory.embedder import hashing_vector
-from box.memory.laws import mentions
+from box.common.embedding import hashing_vector
+from box.common.laws import mentions
 from box.protocol import ErrorCode, RpcError
 from box.protocol import memory as mem
 from box.protocol.models import Author, Message
