@@ -18,8 +18,8 @@ from box.attempts import (
 )
 from box.protocol.models import ResponderSettings
 from impyard.backends.process import ProcessBackend
-from impyard.imps.config import validate_config
 from impyard.imps.store import ImpConfigError
+from impyard.imps.validate import validate_config
 from impyard.supervisor.held import blocked_reason
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.test_supervisor import KEY, TRUSTED, yard

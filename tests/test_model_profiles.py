@@ -29,7 +29,8 @@ from box.model_profiles import (
 )
 from box.protocol.models import MemorySettings, ModelRequestResult, ResponderSettings
 from box.tools import Tool
-from impyard.imps.config import ImpConfigError, parse_config
+from impyard.imps.config import ImpConfigError
+from impyard.imps.validate import parse_config
 
 pytestmark = pytest.mark.anyio
 
