@@ -1,7 +1,7 @@
 """The responder's own conversation history (SPEC-001 ENV-05, ENV-07, ENV-11, ENV-13): its rules, and the
 box's side of the host that keeps it (issue 22).
 
-The lines are kept by the host, per imp and channel, in its database (``impyard.responder_history``); no
+The lines are kept by the host, per imp and channel, in its database (``impyard.conversation.responder_history``); no
 file under ``/state`` holds them and no two boxes share one. A box reaches its own channel's lines only
 through the protocol (``box.protocol.history``): one ``history.load`` when a turn builds its context, one
 ``history.commit`` when it has ended. A line (``Record``) and its trimming rules (``trim``, ``shrink_by_one``)

@@ -23,7 +23,7 @@ from impyard.failure_words import (
     task_failure,
     words_for,
 )
-from impyard.turn_words import reason
+from impyard.terminal.turn_words import reason
 
 
 def exhausted(*causes: str) -> ModelExhausted:

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from impyard.imps.render import render_config
+from impyard.imps.validate import parse_config
 from pydantic import BaseModel
 
 from box.protocol.models import ImpSpec
 from impyard.cli import cli
-from impyard.imp_config import default_token_env, parse_config, render_config
-from impyard.imps import ImpConfig, ImpConfigError, ImpExists, ImpNameError, ImpNotFound, ImpStore
+from impyard.imps.config import default_token_env
+from impyard.imps.store import ImpConfig, ImpConfigError, ImpExists, ImpNameError, ImpNotFound, ImpStore
 
 SECRET = "MTIzNDU2Nzg5MDEy.Gabcde.super-secret-token-value"
 

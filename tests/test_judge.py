@@ -22,9 +22,9 @@ from box.protocol.models import (
     SendFile,
 )
 from box.tools import Tool, ToolCall
-from impyard.fetch import address_refusal, extract_text, html_to_text
-from impyard.gates import Approver, Gate, may_decide
-from impyard.judge import (
+from impyard.gateway.fetch import address_refusal, extract_text, html_to_text
+from impyard.gateway.gates import Approver, Gate, may_decide
+from impyard.gateway.judge import (
     DEFAULT_DENY,
     MALFORMED,
     BodyFacts,
@@ -36,10 +36,10 @@ from impyard.judge import (
     judge,
     model_request_facts,
 )
-from impyard.policy import policy_from_text
-from impyard.policy_models import TrustSettings
+from impyard.gateway.policy import policy_from_text
+from impyard.gateway.policy_models import TrustSettings
+from impyard.gateway.trust import ChannelInfo, channel_is_trusted, decide_trust
 from impyard.testing.fake_openai import envelope as full_envelope
-from impyard.trust import ChannelInfo, channel_is_trusted, decide_trust
 
 POLICY = policy_from_text(
     """

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from impyard.imps.validate import parse_config
 
 from box import responses_api
 from box.common.envelope import ENVELOPE_SCHEMA
@@ -30,7 +31,7 @@ from box.common.request_bodies import chat_body, responses_body
 from box.memory.calls import MemoryModel
 from box.protocol.models import MemorySettings, ModelRequestResult, ResponderSettings
 from box.tools import Tool
-from impyard.imp_config import ImpConfigError, parse_config
+from impyard.imps.config import ImpConfigError
 
 pytestmark = pytest.mark.anyio
 

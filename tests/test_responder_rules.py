@@ -34,8 +34,8 @@ from box.responses_api import reduce_item
 from box.short_path import short_path_matches
 from box.tools import sanitize_result
 from impyard.clock import SystemClock
-from impyard.db import Database
-from impyard.responder_history import HistoryBounds, ResponderHistory
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory
+from impyard.storage.db import Database
 from tests.scripted import NOW, envelope
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """A line of the responder's own conversation history, and its trimming rules (ENV-07, ENV-11).
 
 The box reads and writes its channel's lines through the host (``box.history``); the host keeps them
-(``impyard.responder_history``) and trims them after each commit with these same rules and the imp's own
+(``impyard.conversation.responder_history``) and trims them after each commit with these same rules and the imp's own
 limits, so both sides agree on which lines a channel keeps.
 """
 

@@ -208,7 +208,7 @@ def cosine(a: list[float] | tuple[float, ...], b: list[float] | tuple[float, ...
 
 _WORD = re.compile(r"\w+")
 NAME_MIN_LETTERS = 3  # mechanism 15: shorter words ("I", "OK", "Al") are too short to tell anyone by
-# An explicit mention as the host writes it: Discord's <@id> is cleaned to "@name" (impyard.conversation).
+# An explicit mention as the host writes it: Discord's <@id> is cleaned to "@name" (impyard.conversation.pipeline).
 _EXPLICIT = re.compile(r"(?<![\w@])@([^\W_](?:[\w.\-']*[^\W_])?)")
 # A name of letters only (with spaces, hyphens, apostrophes, dots: "Mary-Jane", "O'Brien") can be a word
 # of some language too: Will, May, Max, Rose, Mark. Any other name (a digit, an underscore, a symbol:

@@ -42,20 +42,20 @@ from box.protocol.memory import (
 )
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends.base import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import Database, DatabaseError, open_database
+from impyard.conversation.history import History
 from impyard.durations import DurationError, format_duration, parse_duration
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imp_config import ImpConfig, ImpError
-from impyard.imps import ImpStore
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import PolicyError, load_policy
+from impyard.gateway.surfaces import OutgoingFile, SurfaceError
+from impyard.imps.config import ImpConfig, ImpError
+from impyard.imps.store import ImpStore
 from impyard.memory.scopes import SCOPE_FORMS, TERMINAL, ScopeNameError, parse_scope
 from impyard.memory.store import MemoryInvalid, MemoryStats, MemoryStore, mentions_are_forgettable
-from impyard.policy import PolicyError, load_policy
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.storage.db import Database, DatabaseError, open_database
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's embedding calls are audited on
 EMBED_DEADLINE_S = 30.0  # a busy model API is retried (mechanism 121) for at most this long

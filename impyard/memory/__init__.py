@@ -3,6 +3,8 @@
 ``store`` (tables, the scoped query layer, the operator API), ``vectors`` (compact blobs), ``cache``
 (the per-(imp, scope, dims) matrices and recall scoring), ``scopes`` (which scopes a session writes and
 reads; presence), ``service`` (the ``memory.*`` requests of a box).
+
+May import: the foundations, ``storage``, ``backends``, ``imps``, ``channels``, ``gateway``, ``tasks``.
 """
 
 from impyard.memory.cache import VectorCache

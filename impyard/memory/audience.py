@@ -29,8 +29,8 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
 from impyard.memory.scopes import channel_scope, guild_scope
-from impyard.portable import per_dialect, upsert
-from impyard.tables import (
+from impyard.storage.portable import per_dialect, upsert
+from impyard.storage.tables import (
     memory_conversations,
     memory_episodes,
     memory_generations,

@@ -40,10 +40,10 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from box.common.laws import DEFAULTS, explicit_mentions
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
-from impyard.imps import ImpConfig, ImpStore
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import (
+from impyard.imps.store import ImpConfig, ImpStore
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import (
     history,
     memory_conversations,
     memory_departures,

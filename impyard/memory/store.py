@@ -26,7 +26,7 @@ constructs of its own kind there (75, 82); the slot is kept per imp **and scope*
 changed only through the pure law of ``box.memory.slot`` (84-88); learned rules are per imp, shared by
 every scope, and name no one (90-98).
 
-The SQL is SQLAlchemy Core over ``impyard.tables`` (docs/storage.md), the same on SQLite and PostgreSQL:
+The SQL is SQLAlchemy Core over ``impyard.storage.tables`` (docs/storage.md), the same on SQLite and PostgreSQL:
 reads in ``db.read`` snapshots, writes in ``db.write`` functions that do database work only (PostgreSQL may run
 one again; caches are touched only after it returns). Every write of a scope's records, episodes or slot locks
 the scope's ``memory_generations`` row first (``_lock``: in one order, imp then scope; a message's lock before
@@ -95,7 +95,6 @@ from box.protocol.memory import (
     SlotEntry,
 )
 from impyard.clock import iso, parse_iso
-from impyard.db import Database, Store
 from impyard.errors import ImpyardError
 from impyard.memory.cache import (
     DEFAULT_CACHE_BYTES,
@@ -109,8 +108,9 @@ from impyard.memory.cache import (
 from impyard.memory.departures import Taught, known_people, taught
 from impyard.memory.scopes import SessionScopes, dm_scope
 from impyard.memory.vectors import normalised, pack, unpack, unpack_many
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import (
+from impyard.storage.db import Database, Store
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import (
     memory_conversations,
     memory_departures,
     memory_dispositions,

@@ -43,9 +43,9 @@ from box.protocol.models import (
 )
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import STORE_UNAVAILABLE, MemoryService, memory_service
+from impyard.storage.db import Database, open_database
 from tests import scripted
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)

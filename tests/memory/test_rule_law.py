@@ -24,12 +24,12 @@ import pytest
 from box.protocol import ErrorCode
 from box.protocol.models import Author, Message
 from impyard.backends.process import ProcessBackend
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.imps.store import ImpStore
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database
 from impyard.tasks import TaskRequest
 from tests.test_departures import T0, yard
 

@@ -10,7 +10,6 @@ import sqlalchemy as sa
 
 from box.protocol import memory as mem
 from impyard.clock import FixedClock, iso
-from impyard.db import Database, open_database
 from impyard.memory.cache import Generation, VectorCache
 from impyard.memory.store import (
     Forgotten,
@@ -22,6 +21,7 @@ from impyard.memory.store import (
     StoredRecord,
     mentions_are_forgettable,
 )
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import DM, GUILD, IMP, T0, axis, embed, moment, one, rows, write
 
 

@@ -20,7 +20,6 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock, iso
-from impyard.db import Database
 from impyard.memory import store as store_module
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
@@ -31,6 +30,7 @@ from impyard.memory.store import (
     forgets,
     member_refusal,
 )
+from impyard.storage.db import Database
 from tests.memory.conftest import DM, GUILD, IMP, T0, axis, moment, rows
 
 
