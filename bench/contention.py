@@ -25,11 +25,11 @@ from bench.ledgerload import policy
 from bench.pgcluster import PostgresServer, private_server, server_version, throwaway_database
 from bench.report import Row
 from bench.stats import ratio, summary
-from impyard import tables
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.ledger import Ledger, day_key, day_period, month_key, month_period
+from impyard.gateway.ledger import Ledger, day_key, day_period, month_key, month_period
 from impyard.paths import home
+from impyard.storage import tables
+from impyard.storage.db import open_database
 
 ESTIMATE_MICROS = 1_000
 IMP = "pip"

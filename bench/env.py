@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from impyard import gateway
+from impyard.gateway import core as gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,7 @@ from bench.harness import (
 )
 from bench.report import Row
 from bench.stats import ratio, summary
-from impyard.sessions import SessionKey
+from impyard.conversation.sessions import SessionKey
 
 TARGETS = {"lost": 0, "duplicated": 0, "rss_per_session_mib": 2.0}
 # issue 18, at 50 sessions: ≥ 3× the throughput measured before it (63 turns/s Docker, 85 process), p99 ≤ 600 ms;

@@ -13,21 +13,21 @@ from typing import Any
 from bench.harness import Context, fake_model, result
 from bench.report import Row
 from bench.stats import percentile, ratio, summary, timed
-from box.envelope import response_format
+from box.common.envelope import response_format
 from box.protocol.models import DiscordSendParams, ModelRequestParams
-from impyard.audit import AuditRecord
 from impyard.backends import BoxSpec
-from impyard.broker import ModelBroker, encode_body
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.gateway import Gateway
-from impyard.judge import judge, model_request_facts
-from impyard.ledger import ALL_IMPS, BudgetExhausted, Ledger
+from impyard.gateway.audit import AuditRecord
+from impyard.gateway.broker import ModelBroker, encode_body
+from impyard.gateway.core import Gateway
+from impyard.gateway.judge import judge, model_request_facts
+from impyard.gateway.ledger import ALL_IMPS, BudgetExhausted, Ledger
+from impyard.gateway.policy import load_policy
+from impyard.gateway.policy_models import BudgetLimit, Budgets
+from impyard.gateway.surfaces import RecordingSurface
 from impyard.paths import home
-from impyard.policy import load_policy
-from impyard.policy_models import BudgetLimit, Budgets
-from impyard.surfaces import RecordingSurface
+from impyard.storage.db import open_database
 
 CHANNEL = "gateway-bench"
 IMP = "pip"

@@ -37,19 +37,19 @@ from box.protocol.models import (
 )
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend, box_user
-from impyard.broker import ModelBroker, UpstreamConfig, encode_body
-from impyard.conversation import Inbound
-from impyard.imps import ImpStore
+from impyard.conversation.pipeline import Inbound
+from impyard.conversation.sessions import SessionKey
+from impyard.gateway.broker import ModelBroker, UpstreamConfig, encode_body
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.sessions import SessionKey
-from impyard.surfaces import RecordingSurface
 from impyard.testing.pipes import byte_pipe
 
 MODES = ("warm", "cold")  # [sessions] mode; cold = a fresh box per message
 PERSONA = "You are Pip, a friendly imp who answers briefly."
 TURN_MODEL_LATENCY_S = 0.020  # the scripted model's fixed answer time in the turn scenarios
 REPLY_TIMEOUT_S = 60.0
-HISTORY_SENT = 50  # what the host sends as `recent` (impyard.history.DEFAULT_RECENT)
+HISTORY_SENT = 50  # what the host sends as `recent` (impyard.conversation.history.DEFAULT_RECENT)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from bench.children import ready_then_wait, say
 from bench.env import isolated_home
 from bench.harness import Host, TimingSurface, add_imps, dm, imp_for
 from impyard.backends.process import ProcessBackend
-from impyard.channels import ChannelInfo
+from impyard.channels.store import ChannelInfo
 from impyard.runtime import open_runtime
 
 BACKEND = "process"

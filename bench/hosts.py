@@ -22,7 +22,7 @@ from bench.harness import TURN_MODEL_LATENCY_S, Context, Plan, fake_model, resul
 from bench.pgcluster import PostgresServer, private_server, server_version, throwaway_database
 from bench.report import Row
 from bench.stats import ratio, summary
-from impyard.db import open_database
+from impyard.storage.db import open_database
 
 TARGETS = {"lost": 0, "duplicated": 0}
 BASE = "sqlite"

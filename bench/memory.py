@@ -70,9 +70,8 @@ from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.memory import BOTH_KINDS, LearnParams, RecordView
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
-from impyard.db import open_database
-from impyard.imp_config import ImpExists
-from impyard.imps import ImpStore
+from impyard.imps.config import ImpExists
+from impyard.imps.store import ImpStore
 from impyard.memory import generations
 from impyard.memory.departures import depart_now
 from impyard.memory.records import insert_episode, insert_record
@@ -83,6 +82,7 @@ from impyard.memory.store import MemoryStore
 from impyard.memory.vectors import overlap_at_k
 from impyard.paths import home
 from impyard.runtime import open_runtime
+from impyard.storage.db import open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskStore
 from impyard.testing.pipes import byte_pipe

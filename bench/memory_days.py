@@ -162,7 +162,7 @@ def memory_block(request: Any) -> str:
 
 def stored_texts() -> str:
     """Every text the imp's store still holds (records and episodes), lowercased."""
-    from impyard.db import open_database
+    from impyard.storage.db import open_database
 
     db = open_database()
     try:
@@ -182,10 +182,10 @@ async def evaluate(embedder: str, days: int = DAYS, nights_on: bool = True) -> d
     from impyard.backends.process import ProcessBackend
     from impyard.cli.memory_night import run_night
     from impyard.clock import FixedClock
-    from impyard.conversation import Inbound
-    from impyard.imps import ImpStore
+    from impyard.conversation.pipeline import Inbound
+    from impyard.gateway.surfaces import RecordingSurface
+    from impyard.imps.store import ImpStore
     from impyard.runtime import open_runtime
-    from impyard.surfaces import RecordingSurface
     from impyard.testing.fake_openai import FakeOpenAI
 
     memory: dict[str, Any] = {"enabled": True, "embedder": "hashing"}

@@ -26,12 +26,12 @@ from bench.memory import near, seed, unit_rows
 from bench.report import Row
 from bench.stats import ratio
 from impyard.clock import iso
-from impyard.db import open_database
-from impyard.imp_config import ImpExists
-from impyard.imps import ImpStore
+from impyard.imps.config import ImpExists
+from impyard.imps.store import ImpStore
 from impyard.memory.scopes import TERMINAL
 from impyard.memory.store import MemoryStore
 from impyard.runtime import open_runtime
+from impyard.storage.db import open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskRequest, TaskStore
 

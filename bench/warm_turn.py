@@ -26,8 +26,8 @@ from bench.harness import (
 )
 from bench.report import Row
 from bench.stats import percentile, ratio, summary
+from impyard.conversation.sessions import SessionKey
 from impyard.paths import home
-from impyard.sessions import SessionKey
 
 WARMUP_TURNS = 3  # per path, not counted: the first starts the box, the rest pay one-time imports
 TARGETS = {"overhead_p50_ms": 15.0, "overhead_p99_ms": 60.0, "ratio_p50": 1.2}

@@ -24,23 +24,24 @@ from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from impyard.audit import AuditLog
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.clock import Clock, SystemClock
-from impyard.db import Database, open_database
-from impyard.gate_pump import GatePump
-from impyard.gates import GateStore
-from impyard.gateway import GateCallback, Gateway, GatewayStores, host_secrets
-from impyard.history import History, retention_from_env
-from impyard.history_surface import HistorySurface
-from impyard.imps import ImpConfig, ImpStore
-from impyard.ledger import Ledger
+from impyard.conversation.history import History, retention_from_env
+from impyard.conversation.history_surface import HistorySurface
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory, import_legacy_homes
+from impyard.gateway.audit import AuditLog
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import GateCallback, Gateway, GatewayStores, host_secrets
+from impyard.gateway.gate_pump import GatePump
+from impyard.gateway.gates import GateStore
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import Policy, load_policy
+from impyard.gateway.surfaces import Surface
+from impyard.imps.store import ImpConfig, ImpStore
+from impyard.memory.audience import move_to_own_scope
 from impyard.memory.service import cache_bytes_from_env, memory_service
 from impyard.memory.store import MemoryStore
-from impyard.policy import Policy, load_policy
-from impyard.responder_history import HistoryBounds, ResponderHistory, import_legacy_homes
-from impyard.surfaces import Surface
+from impyard.storage.db import Database, open_database
 
 log = logging.getLogger("impyard.host")
 
@@ -96,7 +97,7 @@ async def open_host(
     db = open_database()
     try:
         history = History(db, clock, retention=retention)
-        channels = ChannelStore(db, clock)
+        channels = ChannelStore(db, clock, on_private=move_to_own_scope)
         stores = GatewayStores.over(
             db, policy=policy, clock=clock, secrets=host_secrets(upstream), channels=channels
         )

@@ -17,10 +17,10 @@ import pytest
 
 from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
+from impyard.conversation.sessions import Delivery
 from impyard.discord.client import DiscordSettings
 from impyard.discord.serve import DiscordHost, open_discord_host
-from impyard.imps import ImpStore
-from impyard.sessions import Delivery
+from impyard.imps.store import ImpStore
 from impyard.testing.fake_discord import (
     FakeBot,
     FakeChannel,

@@ -40,8 +40,8 @@ from box.protocol.models import (
 )
 from impyard.backends import BoxSpec
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.responder_history import HistoryBounds, ResponderHistory, line_views
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory, line_views
+from impyard.storage.db import open_database
 from impyard.testing.pipes import byte_pipe
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)

@@ -17,10 +17,10 @@ from click.testing import CliRunner, Result
 
 from impyard.cli import cli
 from impyard.clock import FixedClock, SystemClock
-from impyard.db import open_database
-from impyard.imps import ImpStore
-from impyard.instance import SUPERVISE_LOCK_FILENAME
+from impyard.imps.store import ImpStore
 from impyard.paths import box_dir_name
+from impyard.storage.db import open_database
+from impyard.storage.instance import SUPERVISE_LOCK_FILENAME
 from impyard.tasks import TaskRequest, TaskStore
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 

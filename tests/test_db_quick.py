@@ -22,8 +22,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from impyard import db as db_module
-from impyard.db import BUSY_TIMEOUT_S, Database, open_database
+from impyard.storage import db as db_module
+from impyard.storage.db import BUSY_TIMEOUT_S, Database, open_database
 
 pytestmark = pytest.mark.anyio
 

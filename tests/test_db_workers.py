@@ -14,7 +14,7 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from impyard.db import Database, open_database
+from impyard.storage.db import Database, open_database
 
 pytestmark = pytest.mark.anyio
 

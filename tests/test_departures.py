@@ -36,20 +36,20 @@ from box.protocol.models import (
     TaskSpec,
 )
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.memory.departures import Due, depart_now, due, memory_imps, queue, queue_due
 from impyard.memory.scopes import scopes_of
 from impyard.memory.service import memory_service
 from impyard.memory.store import MemoryStore
-from impyard.policy import load_policy
+from impyard.storage.db import Database, open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
-from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest, TaskStore
 from tests import scripted
 

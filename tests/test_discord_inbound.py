@@ -14,7 +14,7 @@ import pytest
 from impyard.discord.client import wanted_intents
 from impyard.discord.inbound import skip_reason, to_inbound
 from impyard.discord.surface import DiscordSurface
-from impyard.surfaces import OutgoingFile
+from impyard.gateway.surfaces import OutgoingFile
 from impyard.testing.fake_discord import (
     FakeAttachment,
     FakeChannel,

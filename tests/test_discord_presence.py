@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from box.protocol.models import DeliverResult
+from impyard.conversation.sessions import SessionKey
 from impyard.discord.presence import PresenceService, status_text
-from impyard.sessions import SessionKey
 from impyard.testing.fake_discord import PresenceUpdate
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
@@ -51,7 +51,9 @@ async def statuses(yard: Yard, count: int) -> list[str | None]:
 async def test_seed_003_an_answered_turn_shows_where_the_imp_is_talking(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
 ) -> None:
-    monkeypatch.setattr("impyard.conversation.impyard_version", "9.8.7")  # the host's release, as it says it
+    monkeypatch.setattr(
+        "impyard.conversation.pipeline.impyard_version", "9.8.7"
+    )  # the host's release, as it says it
     async with serving(monkeypatch, model, pip=PRESENCE_ON) as yard:
         assert yard.host.presence is not None
         yard.host.presence.min_interval_s = 0.0  # spacing is tested on its own below

@@ -11,14 +11,14 @@ from pathlib import Path
 import discord
 import pytest
 
+from impyard.conversation.sessions import SessionKey, SessionManager
 from impyard.discord.approval_cards import CUSTOM_ID, card_text
 from impyard.discord.client import DiscordSettings, DiscordSetupError, wanted_intents
 from impyard.discord.commands import admin_reason
 from impyard.discord.serve import JsonLogFormatter, RedactTokens
 from impyard.discord.surface import DiscordSurface, is_discord_channel
-from impyard.gates import Gate
-from impyard.sessions import SessionKey, SessionManager
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.gateway.gates import Gate
+from impyard.gateway.surfaces import OutgoingFile, SurfaceError
 
 OWNERS = ["discord:42"]
 

@@ -21,7 +21,7 @@ from box.protocol.models import ModelRequestParams
 from impyard.backends import BoxSpec
 from impyard.backends.docker import DockerBackend, run_argv
 from impyard.backends.process import ProcessBackend
-from impyard.db import open_database
+from impyard.storage.db import open_database
 from impyard.supervisor.orphans import leftovers
 from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.test_gateway import CHAT_BODY, Harness, make_harness
@@ -216,9 +216,9 @@ async def test_a_call_cut_by_the_host_stopping_is_charged_its_reservation_and_sa
 RESERVE_AND_HANG = """
 import sys, time
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.ledger import Ledger
-from impyard.policy import load_policy
+from impyard.storage.db import open_database
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import load_policy
 db = open_database(sys.argv[1])
 Ledger(db, load_policy(), SystemClock()).reserve("pip", 4321, method="model.request", purpose="reply", model="m-1")
 print("reserved", flush=True)

@@ -14,16 +14,16 @@ import pytest
 import sqlalchemy as sa
 
 from box.protocol.models import DiscordSendParams, DiscordSendResult
-from impyard import tables
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import MIGRATIONS, Database, open_database
-from impyard.gates import Approver, Gate, GateError, deciding_guild, may_decide
-from impyard.gateway import Gateway
-from impyard.policy import Policy, build_policy, default_policy_path, load_policy
-from impyard.surfaces import RecordingSurface
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.gates import Approver, Gate, GateError, deciding_guild, may_decide
+from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.storage import tables
+from impyard.storage.db import MIGRATIONS, Database, open_database
 
 pytestmark = pytest.mark.anyio
 
@@ -80,8 +80,8 @@ async def s(tmp_path: Path) -> AsyncIterator[Setup]:
 async def test_a_gate_is_durable_and_frozen(s: Setup, tmp_path: Path) -> None:
     gate_id = await s.gated_send("the exact words")
     reopened = open_database(tmp_path / "impyard.db")  # another process (the CLI) sees the same gate
-    from impyard.audit import AuditLog
-    from impyard.gates import GateStore
+    from impyard.gateway.audit import AuditLog
+    from impyard.gateway.gates import GateStore
 
     gate = GateStore(reopened, s.clock, AuditLog(reopened, s.clock, [])).get(gate_id)
     assert gate.state == "pending" and gate.payload["content"] == "the exact words"

@@ -34,16 +34,16 @@ from box.protocol.models import (
 )
 from impyard.backends import BoxSpec
 from impyard.backends.process import box_environment
-from impyard.broker import UpstreamConfig, encode_body
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.policy import Policy, build_policy, default_policy_path, load_policy
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.broker import UpstreamConfig, encode_body
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.storage.db import Database, open_database
 from impyard.testing.fake_openai import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
 from impyard.testing.pipes import byte_pipe
 from impyard.testing.web import local_site
-from impyard.trust import ChannelInfo, DbChannelTrust
 from tests.scripted import NOW, deliver_params, init_params
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ import pytest
 
 from box.protocol import ErrorCode
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelRequestParams
-from impyard.gates import Approver
+from impyard.gateway.gates import Approver
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.test_gateway import CHAT_BODY, Harness, fake, make_harness, policy_with  # noqa: F401 - fixture
 
@@ -21,7 +21,7 @@ LOST = "lost lease shard:1/2: the lease passed to beta pid 200 (token 4, this ho
 
 
 class Guard:
-    """A LeaseKeeper as the gateway sees it (impyard.leases.LeaseGuard): None while held, else why not."""
+    """A LeaseKeeper as the gateway sees it (impyard.storage.leases.LeaseGuard): None while held, else why not."""
 
     def __init__(self) -> None:
         self.lost: str | None = None

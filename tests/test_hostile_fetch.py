@@ -21,13 +21,13 @@ import pytest
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import HttpFetchParams, HttpFetchResult
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.fetch import EXTRACT_TIMEOUT_S
-from impyard.gateway import Gateway
-from impyard.policy import build_policy, default_policy_path
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.fetch import EXTRACT_TIMEOUT_S
+from impyard.gateway.policy import build_policy, default_policy_path
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.storage.db import Database, open_database
 from impyard.testing.web import local_site
 
 pytestmark = pytest.mark.anyio

@@ -19,16 +19,16 @@ from click.testing import CliRunner
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
-from impyard.audit import AuditRecord, known_secrets, redact_url, url_secrets
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
-from impyard.broker import ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.gateway import Gateway
-from impyard.policy import load_policy
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.audit import AuditRecord, known_secrets, redact_url, url_secrets
+from impyard.gateway.broker import ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, FakeResponse
 from tests.scripted import deliver_params, init_params
 

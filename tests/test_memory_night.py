@@ -21,12 +21,12 @@ from click.testing import CliRunner, Result
 from impyard.backends.process import ProcessBackend
 from impyard.cli import cli, memory_night
 from impyard.clock import FixedClock, iso, parse_iso
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 from impyard.memory import wakefulness
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
 from impyard.memory.wakefulness import Wakefulness, load, save
+from impyard.storage.db import open_database
 from impyard.supervisor import Supervisor, open_supervisor
 from impyard.tasks import TaskRequest, TaskStore
 from tests.memory.conftest import moment

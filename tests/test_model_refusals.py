@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from box.attempts import ModelChooser, ModelExhausted, ModelRefused, with_attempts
-from box.failures import classify, tagged
+from box.common.failures import tagged
+from box.failures import classify
 from box.model import http_failure
 from box.protocol.models import DeliverParams, DeliverResult, ModelRequestResult, ResponderSettings
 from impyard.failure_words import WORDS, words_for
-from impyard.policy import build_policy, default_policy_path
-from impyard.terminal import ChatSurface
+from impyard.gateway.policy import build_policy, default_policy_path
+from impyard.terminal.chat import ChatSurface
 from impyard.testing.fake_openai import LOCAL_SERVER_MODEL, FakeOpenAI, FakeResponse, envelope, tool_call
 from tests.scripted import deliver_params
 from tests.test_responder_gateway import Rig, open_rig

@@ -25,20 +25,20 @@ from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import DiscordSendParams, DiscordSendResult, HttpFetchParams, ModelRequestParams
-from impyard.audit import AuditLog, AuditRecord
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.cli import cli
 from impyard.clock import FixedClock, SystemClock
-from impyard.db import Database, default_path, open_database
-from impyard.gates import GateStore
-from impyard.gateway import Gateway
-from impyard.ledger import Ledger
-from impyard.policy import Policy, load_policy
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.audit import AuditLog, AuditRecord
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.gates import GateStore
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import Policy, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.storage.db import Database, default_path, open_database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from impyard.testing.web import local_site
-from impyard.trust import ChannelInfo, DbChannelTrust
 
 KEY = "sk-impyard-explain-test-7d1e44a0c9"
 OPS = """\

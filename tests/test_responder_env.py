@@ -27,7 +27,7 @@ from box.tools import Tool, ToolRegistry
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
-from impyard.responder_history import HistoryBounds
+from impyard.conversation.responder_history import HistoryBounds
 from tests.scripted import (
     NOW,
     ScriptedHost,

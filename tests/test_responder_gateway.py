@@ -19,16 +19,17 @@ from typing import Any
 
 import pytest
 
-from box.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
+from box.common.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.policy import Policy, build_policy, default_policy_path, load_policy
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.storage.db import Database, open_database
 from impyard.testing.fake_openai import (
     TINY_PNG,
     TINY_PNG_B64,
@@ -40,7 +41,6 @@ from impyard.testing.fake_openai import (
     tool_call,
 )
 from impyard.testing.web import local_site
-from impyard.trust import ChannelInfo, DbChannelTrust
 from tests.scripted import NOW, deliver_params, init_params
 
 pytestmark = pytest.mark.anyio

@@ -16,16 +16,16 @@ from typing import Any
 import anyio
 import pytest
 
-from box.history import Record
+from box.common.history import Record
 from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.codec import NdjsonDecoder
 from box.protocol.history import MAX_COMMIT_LINES, MAX_LINE_CHARS, MAX_LOAD_CHARS, HistoryLine, Role
-from impyard import gateway as gateway_module
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.imps import ImpStore
-from impyard.responder_history import HistoryBounds, ResponderHistory
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory
+from impyard.gateway import core as gateway_module
+from impyard.imps.store import ImpStore
+from impyard.storage.db import Database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from impyard.testing.pipes import byte_pipe
 from tests.scripted import deliver_params, init_params
@@ -109,7 +109,7 @@ def test_forgetting_a_channel_drops_every_imps_lines_there_and_keeps_the_counts(
 def test_a_commit_is_one_transaction_with_what_joins_it(any_engine_db: Database) -> None:
     """The lines, the trim, the counter and the caller's row (the gateway's audit row) commit together: when the
     caller's part fails, none of it is kept."""
-    from impyard.audit import AuditLog, AuditRecord
+    from impyard.gateway.audit import AuditLog, AuditRecord
 
     history = store(any_engine_db, limit=2)
     audit = AuditLog(any_engine_db, FixedClock(T0), secrets=[])
@@ -367,7 +367,7 @@ def test_an_old_file_that_cannot_be_read_safely_is_set_aside_untouched(
     elif kind == "a directory":
         (state / "history.json").mkdir()
     else:
-        monkeypatch.setattr("impyard.responder_history.MAX_LEGACY_BYTES", 10)
+        monkeypatch.setattr("impyard.conversation.responder_history.MAX_LEGACY_BYTES", 10)
         legacy_file(state, [record("dm", 0)])
     history = store(any_engine_db)
     done = history.import_legacy("pip", state)
@@ -380,8 +380,8 @@ def test_an_old_file_that_cannot_be_read_safely_is_set_aside_untouched(
 async def test_a_host_opening_an_older_home_brings_its_history_in() -> None:
     """The upgrade itself: ``open_host`` imports each imp's old file before any box runs; the box of each
     channel then gets its own lines back, and a second start imports nothing."""
+    from impyard.gateway.surfaces import RecordingSurface
     from impyard.host import open_host
-    from impyard.surfaces import RecordingSurface
 
     imps = ImpStore()
     imps.add("pip", "You are Pip.")
@@ -398,7 +398,7 @@ def test_removing_an_imp_keeps_its_lines_and_purging_forgets_them() -> None:
     from click.testing import CliRunner
 
     from impyard.cli import cli
-    from impyard.db import open_database
+    from impyard.storage.db import open_database
 
     imps = ImpStore()
     imps.add("pip", "You are Pip.")

@@ -15,8 +15,7 @@ from box.protocol.memory import PresenceEntry
 from box.protocol.models import Author, BoxInitParams, DeliverResult, Framing, Message, TurnStageParams
 from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
-from impyard.failure_words import WORDS
-from impyard.sessions import (
+from impyard.conversation.sessions import (
     BUSY_NOTICE,
     CEILING_NOTICE,
     DIED_NOTICE,
@@ -26,6 +25,7 @@ from impyard.sessions import (
     SessionSettings,
     merge_batch,
 )
+from impyard.failure_words import WORDS
 from tests.scripted import NOW, ScriptedHost, init_params
 
 pytestmark = pytest.mark.anyio

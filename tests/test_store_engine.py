@@ -14,8 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from impyard import dburl, tables
-from impyard.db import Database, DatabaseError, NotPortedError, open_database
+from impyard.storage import tables
+from impyard.storage import urls as dburl
+from impyard.storage.db import Database, DatabaseError, NotPortedError, open_database
 
 RACERS = 2
 BOTH_READ_WAIT_S = 1.0  # how long a racer waits, after its check, for the other to have checked too

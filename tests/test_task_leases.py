@@ -26,21 +26,21 @@ from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import DiscordSendParams, LogParams
-from impyard import liveness
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.imps import ImpStore
-from impyard.leases import LeaseStore, task_lease_name
-from impyard.liveness import Holder
-from impyard.policy import load_policy
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
+from impyard.storage import liveness
+from impyard.storage.db import Database, open_database
+from impyard.storage.leases import LeaseStore, task_lease_name
+from impyard.storage.liveness import Holder
+from impyard.storage.tables import leases
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.supervisor.fence import RunFence, fenced
-from impyard.surfaces import RecordingSurface
-from impyard.tables import leases
 from impyard.tasks import TaskRequest
 from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.test_faults_leftovers import plant_process_box
@@ -389,7 +389,7 @@ HOST_A = """
 import sys, anyio
 from impyard.backends.process import ProcessBackend
 from impyard.supervisor import SupervisorSettings, open_supervisor
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.surfaces import RecordingSurface
 
 async def main():
     backend = ProcessBackend(warn=False)

@@ -24,14 +24,15 @@ from click.testing import CliRunner
 
 from box.protocol.models import Author, Message
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.cli import cli
 from impyard.clock import FixedClock, iso
-from impyard.db import Database
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.memory.compact import compact, pays
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import memory_service
@@ -47,9 +48,8 @@ from impyard.memory.wakefulness import (
     step,
     tick,
 )
-from impyard.policy import load_policy
+from impyard.storage.db import Database
 from impyard.supervisor import Supervisor, SupervisorSettings
-from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest, TaskStore
 from tests.memory.conftest import moment
 

@@ -28,7 +28,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from box.memory.laws import DEFAULTS, Params, collapse, mentions, names_in, query_names
+from box.common.laws import DEFAULTS, Params, collapse, mentions, names_in, query_names
 from box.memory.store_client import StoreClient
 from box.protocol.memory import ConstructKind, RecordView
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, get_args
 
+from box.common.laws import DEFAULTS, NEUTRAL, Params, Temperament, same_sign
 from box.memory import introspection as view_of
 from box.memory.calls import TEMPERATURE_INTROSPECTION, MemoryModel
 from box.memory.contexts import Scene
 from box.memory.focus import Focus, cut
 from box.memory.introspection import Direction, IntrospectionView, Previous, Shown
-from box.memory.laws import DEFAULTS, NEUTRAL, Params, Temperament, same_sign
 from box.memory.moment import Felt
 from box.memory.prompts import Prompts
 from box.memory.recall import Embedder, plain_search

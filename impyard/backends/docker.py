@@ -171,7 +171,7 @@ class DockerBackend:
     @property
     def image(self) -> str:
         if self._image is None:
-            from impyard.boximage import expected_tag
+            from impyard.backends.image import expected_tag
 
             self._image = expected_tag()
         return self._image

@@ -6,12 +6,12 @@ import getpass
 
 import click
 
-from impyard.audit import AuditLog
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import Database, DatabaseError, open_database
-from impyard.gates import Approver, Gate, GateError, GateStore, deciding_guild
+from impyard.gateway.audit import AuditLog
+from impyard.gateway.gates import Approver, Gate, GateError, GateStore, deciding_guild
+from impyard.storage.db import Database, DatabaseError, open_database
 
 
 def _store() -> tuple[Database, GateStore]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from impyard.audit import AuditLog, AuditRecord
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
+from impyard.gateway.audit import AuditLog, AuditRecord
+from impyard.storage.db import DatabaseError, open_database
 
 AUDIT_COLUMNS = (
     Col("time (UTC)", no_wrap=True), "imp", "method", "purpose", "verdict", Col("rule", no_wrap=True),

@@ -19,12 +19,12 @@ from box.protocol.models import BoxInitParams, ImpSpec, ReportValue, SessionInfo
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RefuseAllHost
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend, DockerLimits
+from impyard.backends.lockdown import LockdownCheck, evaluate
 from impyard.backends.outside import observe_outside
 from impyard.backends.runtimes import RUNTIME_ENV, RUNTIME_SETTINGS, RuntimeChoice, RuntimeSetting
 from impyard.backends.stateroot import state_root
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
-from impyard.lockdown import LockdownCheck, evaluate
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -54,7 +54,7 @@ def build_command(base: str | None, force: bool) -> None:
     debootstrap. Example:
       impyard box build
     """
-    from impyard.boximage import BoxImageError, build_image
+    from impyard.backends.image import BoxImageError, build_image
 
     console = Console(stderr=True)
     try:

@@ -10,10 +10,10 @@ from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
 from impyard.cli.policy import load_policy_or_fail
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
-from impyard.imps import ImpConfigError, ImpError, ImpStore
-from impyard.ledger import ALL_IMPS, BudgetLimitError, BudgetRow, Ledger
-from impyard.policy_models import MAX_USD, NAME_PATTERN
+from impyard.gateway.ledger import ALL_IMPS, BudgetLimitError, BudgetRow, Ledger
+from impyard.gateway.policy_models import MAX_USD, NAME_PATTERN
+from impyard.imps.store import ImpConfigError, ImpError, ImpStore
+from impyard.storage.db import DatabaseError, open_database
 
 _POLICY_OPTION = click.option(
     "--policies", type=click.Path(path_type=Path, file_okay=False), default=None,

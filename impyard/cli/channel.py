@@ -6,12 +6,12 @@ from dataclasses import asdict
 
 import click
 
-from impyard.channels import ChannelError, ChannelStore
+from impyard.channels.store import ChannelError, ChannelStore
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
-from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo, channel_is_trusted
+from impyard.gateway.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo, channel_is_trusted
+from impyard.storage.db import DatabaseError, open_database
 
 
 def _store() -> ChannelStore:

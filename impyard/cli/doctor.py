@@ -1,7 +1,7 @@
 """``impyard doctor``: what stops a chat from working, each with its fix; exit 1 when anything does.
 
 This module observes (the disk, the policy, each imp's config, the gateway's dry run, one metered model
-call, Docker) and prints; what each observation means is ``impyard.doctor``'s rules.
+call, Docker) and prints; what each observation means is ``impyard.cli.doctor_rules``'s rules.
 """
 
 from __future__ import annotations
@@ -20,20 +20,13 @@ from rich.table import Table
 
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
-from impyard import dburl, paths
+from impyard import paths
 from impyard.backends import BoxStartError
 from impyard.backends.base import BoxSpec
 from impyard.backends.docker import DockerBackend
 from impyard.backends.runtimes import RuntimeChoice, runtime_choice
 from impyard.backends.stateroot import STATE_ROOT_ENV, state_root
-from impyard.broker import UpstreamConfig
-from impyard.cli.errors import CliError
-from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
-from impyard.cli.policy import home_database
-from impyard.clock import SystemClock
-from impyard.db import Database, DatabaseError, open_database
-from impyard.dburl import DatabaseUrlError
-from impyard.doctor import (
+from impyard.cli.doctor_rules import (
     PROBE_MAX_TOKENS,
     PROBE_SCHEMA,
     DockerFacts,
@@ -52,10 +45,18 @@ from impyard.doctor import (
     runtime_finding,
     state_finding,
 )
-from impyard.gateway import Gateway
-from impyard.imps import ImpConfig, ImpError, ImpStore
-from impyard.policy import Policy, PolicyError, load_policy, operator_policy_dir
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
+from impyard.cli.policy import home_database
+from impyard.clock import SystemClock
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
+from impyard.gateway.surfaces import OutgoingFile, SurfaceError
+from impyard.imps.store import ImpConfig, ImpError, ImpStore
+from impyard.storage import urls as dburl
+from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.urls import DatabaseUrlError
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's own calls are audited on
 MODEL_CALL_TIMEOUT_S = 60.0
@@ -372,7 +373,7 @@ def _answered_json(body: object) -> bool:
 
 def docker_facts() -> DockerFacts:
     """What the Docker engine answers: reachable, able to confine a box, and the box images it holds."""
-    from impyard.boximage import IMAGE_REPO, expected_tag
+    from impyard.backends.image import IMAGE_REPO, expected_tag
 
     backend = DockerBackend(runtime=RuntimeChoice())  # the runtime row reads IMPYARD_BOX_RUNTIME itself
     try:

@@ -20,18 +20,18 @@ import anyio
 import click
 
 from impyard.backends import BoxError
-from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.cli.memory import imp_config, memory_group
 from impyard.cli.output import Output, output_options
 from impyard.clock import Clock, iso
-from impyard.db import DatabaseError
-from impyard.imps import ImpError
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.policy import PolicyError
+from impyard.gateway.surfaces import TerminalSurface
+from impyard.imps.store import ImpError
 from impyard.memory.wakefulness import SLEEP_KIND, forget_scopes, queue_night
-from impyard.policy import PolicyError
+from impyard.storage.db import DatabaseError
 from impyard.supervisor import Supervisor, SupervisorSettings, open_supervisor
 from impyard.supervisor.backends import BackendFor
-from impyard.surfaces import TerminalSurface
 from impyard.tasks import Task
 
 NO_KEY = (

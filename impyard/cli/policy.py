@@ -19,18 +19,18 @@ from sqlalchemy.engine import Connection
 
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelPath, ModelRequestParams
 from impyard.backends.base import BoxSpec
-from impyard.broker import encode_body
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of
 from impyard.clock import SystemClock
-from impyard.db import DB_FILENAME, Database, default_path, open_database
-from impyard.gateway import Decision, Gateway
-from impyard.imp_config import ImpError
-from impyard.imps import ImpStore
-from impyard.policy import Policy, PolicyError, load_policy, operator_policy_dir
-from impyard.prices import SENT_CAP_KEY
-from impyard.surfaces import OutgoingFile, SurfaceError
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.gateway.broker import encode_body
+from impyard.gateway.core import Decision, Gateway
+from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
+from impyard.gateway.prices import SENT_CAP_KEY
+from impyard.gateway.surfaces import OutgoingFile, SurfaceError
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.imps.config import ImpError
+from impyard.imps.store import ImpStore
+from impyard.storage.db import DB_FILENAME, Database, default_path, open_database
 
 METHODS = ("model.request", "discord.send", "http.fetch")
 MODEL_PATHS: tuple[str, ...] = typing.get_args(ModelPath)

@@ -10,18 +10,12 @@ import click
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
-from impyard.imps import ImpError, ImpStore
-from impyard.schedules import (
-    MISSED_POLICIES,
-    Schedule,
-    ScheduleError,
-    ScheduleRequest,
-    ScheduleStore,
-    describe_next,
-)
+from impyard.imps.store import ImpError, ImpStore
+from impyard.storage.db import DatabaseError, open_database
 from impyard.tasks import TaskError, TaskStore
+from impyard.tasks.schedules import Schedule, ScheduleRequest, ScheduleStore, describe_next
+from impyard.tasks.triggers import MISSED_POLICIES, ScheduleError
 
 
 @contextmanager

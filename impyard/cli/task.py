@@ -11,9 +11,9 @@ import click
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
-from impyard.imps import ImpError, ImpStore
+from impyard.imps.store import ImpError, ImpStore
+from impyard.storage.db import DatabaseError, open_database
 from impyard.supervisor.settings import task_state_retention_from_env
 from impyard.tasks import TASK_STATES, Task, TaskError, TaskRequest, TaskStore
 

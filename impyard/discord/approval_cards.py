@@ -28,12 +28,12 @@ import discord
 from impyard.discord.buttons import Faces, action_button, custom_id_template, persistent_view
 from impyard.discord.inbound import channel_facts
 from impyard.discord.surface import is_discord_channel
-from impyard.gates import FINAL_STATES, Gate, GateError, deciding_guild
-from impyard.imps import ImpConfig
+from impyard.gateway.gates import FINAL_STATES, Gate, GateError, deciding_guild
+from impyard.imps.store import ImpConfig
 
 if TYPE_CHECKING:
     from impyard.discord.client import ImpClient
-    from impyard.gateway import Gateway
+    from impyard.gateway.core import Gateway
 
 log = logging.getLogger("impyard.discord.cards")
 

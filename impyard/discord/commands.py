@@ -27,19 +27,19 @@ from typing import TYPE_CHECKING, Any
 import discord
 from discord import app_commands
 
-from impyard.channels import ChannelModeError, ChannelStore, parse_mode
+from impyard.channels.store import ChannelModeError, ChannelStore, parse_mode
+from impyard.conversation.history import History
 from impyard.discord.buttons import Faces, action_button, custom_id_template, persistent_view
-from impyard.gates import Approver, Gate, GateError, GateStore, may_decide
-from impyard.history import History
-from impyard.imps import ImpConfig
+from impyard.gateway.gates import Approver, Gate, GateError, GateStore, may_decide
+from impyard.gateway.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
+from impyard.imps.store import ImpConfig
 from impyard.memory.forgetting import Forgotten
 from impyard.memory.store import MemoryStore
-from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
 
 if TYPE_CHECKING:
     from impyard.discord.approval_cards import ApprovalCards
     from impyard.discord.client import ImpClient
-    from impyard.gateway import Gateway
+    from impyard.gateway.core import Gateway
 
 log = logging.getLogger("impyard.discord.commands")
 

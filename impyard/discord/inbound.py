@@ -26,8 +26,8 @@ import anyio
 import discord
 
 from box.protocol.models import Attachment, Author, Message, ReplyRef
-from impyard.channels import PRIVATE, PUBLIC
-from impyard.conversation import Inbound, clean_content
+from impyard.channels.store import PRIVATE, PUBLIC
+from impyard.conversation.pipeline import Inbound, clean_content
 
 if TYPE_CHECKING:
     from impyard.discord.commands import CommandHost

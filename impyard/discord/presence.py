@@ -24,8 +24,8 @@ import anyio
 import discord
 
 from box.protocol.models import DeliverResult
-from impyard.channels import PRIVATE, ChannelStore
-from impyard.sessions import SessionKey
+from impyard.channels.store import PRIVATE, ChannelStore
+from impyard.conversation.sessions import SessionKey
 
 log = logging.getLogger("impyard.discord.presence")
 

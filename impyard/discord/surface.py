@@ -25,7 +25,7 @@ import anyio
 import discord
 
 from impyard.discord.chunks import chunk_message
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.gateway.surfaces import OutgoingFile, SurfaceError
 
 log = logging.getLogger("impyard.discord.surface")
 post_log = logging.getLogger("impyard.posts")

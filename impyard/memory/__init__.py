@@ -8,6 +8,8 @@
 ``errors`` beneath them. ``vectors`` (compact blobs), ``cache`` (the per-(imp, scope, dims) matrices and
 recall scoring) with ``cache_rows`` (what it loads), ``scopes`` (which scopes a session writes and reads;
 presence), ``service`` (the ``memory.*`` requests of a box).
+
+May import: the foundations, ``storage``, ``backends``, ``imps``, ``channels``, ``gateway``, ``tasks``.
 """
 
 from impyard.memory.cache import VectorCache

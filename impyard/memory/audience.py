@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection
 
 from impyard.memory import generations
 from impyard.memory.scopes import channel_scope, guild_scope
-from impyard.tables import (
+from impyard.storage.tables import (
     memory_conversations,
     memory_episodes,
     memory_records,

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns, name_discriminates
+from box.common.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns, name_discriminates
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -63,14 +63,14 @@ def felt_now(
     now_s: float,
     params: Params = DEFAULTS,
 ) -> npt.NDArray[np.float64]:
-    """``box.memory.laws.felt_strength`` over arrays (mechanisms 67-68); the tests hold the two equal."""
+    """``box.common.laws.felt_strength`` over arrays (mechanisms 67-68); the tests hold the two equal."""
     tau = params.fade_tau_days * np.where(valence < 0, params.fade_negative_slowdown, 1.0)
     t_days = np.maximum(0.0, now_s - last_felt_s) / DAY_S
     return intensity * (params.fade_floor + (1.0 - params.fade_floor) * np.exp(-t_days / tau))
 
 
 def recall_weight_now(felt: npt.NDArray[np.float64], params: Params = DEFAULTS) -> npt.NDArray[np.float64]:
-    """``box.memory.laws.recall_weight`` over arrays: what fading multiplies a cosine by (issue 32)."""
+    """``box.common.laws.recall_weight`` over arrays: what fading multiplies a cosine by (issue 32)."""
     w = min(1.0, max(0.0, params.recall_felt_weight))
     return (1.0 - w) + w * felt
 

@@ -13,11 +13,11 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
 from impyard.clock import parse_iso
-from impyard.db import Database
 from impyard.memory import generations
 from impyard.memory.cache import EpisodeRows, Generation, Loader, RecordRows
-from impyard.tables import memory_episodes as _E
-from impyard.tables import memory_records as _R
+from impyard.storage.db import Database
+from impyard.storage.tables import memory_episodes as _E
+from impyard.storage.tables import memory_records as _R
 
 
 def _loader_rows(since: bool) -> tuple[Any, Any]:

@@ -14,15 +14,15 @@ import numpy as np
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import ConstructParams, SlotEntry
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
 from impyard.memory import generations, slot
 from impyard.memory.records import REFEEL, SELF, insert_record
 from impyard.memory.vectors import normalised, unpack_many
-from impyard.portable import bytewise
-from impyard.tables import memory_records as _R
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise
+from impyard.storage.tables import memory_records as _R
 
 _TWINS = (
     select(_R.c.id, _R.c.intensity, _R.c.valence, _R.c.last_felt, _R.c.statement, _R.c.vector)

@@ -16,11 +16,11 @@ from sqlalchemy.engine import Connection
 
 from box.protocol.memory import MAX_CONVERSATION_STATE_BYTES
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
 from impyard.memory.errors import MemoryInvalid
 from impyard.memory.reach import Reach, per_reach
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import memory_conversations as _C
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import memory_conversations as _C
 
 MAX_CONVERSATIONS_PER_CHANNEL = (
     200  # people whose conversation state a channel keeps (the most recently saved)

@@ -14,17 +14,17 @@ from typing import Any
 from sqlalchemy import Table, bindparam, insert, literal, select
 from sqlalchemy.engine import Connection, RowMapping
 
-from impyard.db import Database
 from impyard.memory import generations
 from impyard.memory.dispositions import DISPOSITION_NAMES
 from impyard.memory.errors import MemoryInvalid
 from impyard.memory.records import EPISODE_NAMES, INSERT_EPISODE, INSERT_RECORD, RECORD_NAMES, new_id
 from impyard.memory.slot import INSERT_SLOT
-from impyard.tables import memory_conversations as _C
-from impyard.tables import memory_dispositions as _D
-from impyard.tables import memory_episodes as _E
-from impyard.tables import memory_records as _R
-from impyard.tables import memory_slots as _S
+from impyard.storage.db import Database
+from impyard.storage.tables import memory_conversations as _C
+from impyard.storage.tables import memory_dispositions as _D
+from impyard.storage.tables import memory_episodes as _E
+from impyard.storage.tables import memory_records as _R
+from impyard.storage.tables import memory_slots as _S
 
 COPY_BATCH = 500  # rows read in one batch while copying
 # Every table holding an imp's memory (``has_memory``, ``copy_imp``'s refusal).

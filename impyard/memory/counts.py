@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Connection
 
-from impyard.db import Database
 from impyard.memory import generations
 from impyard.memory.cache import Generation
-from impyard.tables import memory_records as _R
+from impyard.storage.db import Database
+from impyard.storage.tables import memory_records as _R
 
 MAX_CACHED_COUNTS = 10_000  # (imp, scope) totals kept between writes
 _SCOPE_COUNT = (

@@ -2,7 +2,7 @@
 no one — and the rule law that keeps them so (issue 32).
 
 A rule is the imp's character, read by every scope's boxes, so the host applies the rule law
-(``box.memory.laws.rule_refusal``) twice: before keeping a rule (``rule_refused``, with what the session's
+(``box.common.laws.rule_refusal``) twice: before keeping a rule (``rule_refused``, with what the session's
 channel taught) and before serving one (``served_rules``, with the people the imp knows now:
 ``KnownPeople``). At most ``MAX_RULES`` are kept per imp; past it the weakest goes.
 """
@@ -17,15 +17,15 @@ from datetime import datetime
 from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import MAX_RULE_CHARS, DispositionView, LearnParams, LearnResult
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
 from impyard.memory.departures import Taught, known_people, taught
 from impyard.memory.errors import MemoryDenied, MemoryInvalid
 from impyard.memory.records import new_id
-from impyard.portable import bytewise
-from impyard.tables import memory_dispositions as _D
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise
+from impyard.storage.tables import memory_dispositions as _D
 
 KNOWN_PEOPLE_S = 60.0  # how long the names checked as rules are served are kept (``KnownPeople``)
 MAX_KNOWN_IMPS = 10_000  # imps whose known people are kept between reads

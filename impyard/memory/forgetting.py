@@ -18,14 +18,14 @@ from typing import Any, Literal
 from sqlalchemy import Table, bindparam, delete, literal, or_, select, union
 from sqlalchemy.engine import Connection
 
-from box.memory import laws
+from box.common import laws
 from impyard.clock import iso
-from impyard.db import Database
 from impyard.memory import generations
 from impyard.memory.records import delete_memories, like_pattern, row_text
 from impyard.memory.scopes import dm_scope
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import (
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import (
     memory_conversations,
     memory_departures,
     memory_dispositions,

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from sqlalchemy import Integer, bindparam, cast, func, select, tuple_
 from sqlalchemy.engine import Connection
 
-from impyard.db import Database
 from impyard.memory.cache import Generation
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import memory_generations as _G
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import memory_generations as _G
 
 _T = TypeVar("_T")
 

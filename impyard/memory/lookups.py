@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, func, or_, select
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import BOTH_KINDS, EpisodeView, RecordView
 from impyard.memory import generations
 from impyard.memory.reach import Reach, per_reach
@@ -27,9 +27,9 @@ from impyard.memory.records import (
     like_pattern,
     row_text,
 )
-from impyard.portable import bytewise
-from impyard.tables import memory_episodes as _E
-from impyard.tables import memory_records as _R
+from impyard.storage.portable import bytewise
+from impyard.storage.tables import memory_episodes as _E
+from impyard.storage.tables import memory_records as _R
 
 ABOUT_SCAN_CHARS = 1_000_000  # issue 32 #5: record text one memory.about reads for its name, strongest first
 

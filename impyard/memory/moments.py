@@ -16,13 +16,13 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
 from box.protocol.memory import MAX_CONCLUSION_CHARS, EncodeParams, Restore
-from impyard.db import Database
 from impyard.memory import generations
 from impyard.memory.errors import MemoryDenied, MemoryForgotten, MemoryInvalid
 from impyard.memory.forgetting import message_forgotten
 from impyard.memory.reach import Reach, per_reach
 from impyard.memory.records import SELF, insert_episode, insert_record, refeel, restored_scopes
-from impyard.tables import memory_records as _R
+from impyard.storage.db import Database
+from impyard.storage.tables import memory_records as _R
 
 
 def _scope_in_reach(shape: str) -> Any:

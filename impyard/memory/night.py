@@ -14,16 +14,16 @@ from functools import partial
 from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import ConsolidateResult, RecordView
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
 from impyard.memory import generations, lookups
 from impyard.memory.reach import Reach
 from impyard.memory.records import record_view
-from impyard.portable import bytewise
-from impyard.tables import memory_episodes as _E
-from impyard.tables import memory_records as _R
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise
+from impyard.storage.tables import memory_episodes as _E
+from impyard.storage.tables import memory_records as _R
 
 CHUNK = 500  # ids in one IN (…)
 # Records forgotten per transaction: short enough not to hold the database long from other writers, large

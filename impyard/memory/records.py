@@ -3,7 +3,7 @@ re-felt and deleted.
 
 Records and episodes are separate tables (mechanism 116): an episode belongs to exactly one record, and a
 record has no event of its own; its valence is written once and never updated (117). Fading happens at
-read time with ``box.memory.laws`` on the host's clock (67, 122); re-feeling writes the faded strength
+read time with ``box.common.laws`` on the host's clock (67, 122); re-feeling writes the faded strength
 restored toward the new one, and ``last_felt = now`` always (69, 70).
 
 The record text that names are matched against (mechanism 15, ``row_text``): the conclusion for a lived
@@ -23,14 +23,14 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import EpisodeView, RecordView, Restore
 from impyard.clock import iso, parse_iso
 from impyard.memory import generations
 from impyard.memory.reach import Reach, per_reach
 from impyard.memory.vectors import pack, unpack
-from impyard.tables import memory_episodes as _E
-from impyard.tables import memory_records as _R
+from impyard.storage.tables import memory_episodes as _E
+from impyard.storage.tables import memory_records as _R
 
 SELF = "Self"  # the author of a given record (mechanism 115)
 

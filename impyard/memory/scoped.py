@@ -30,13 +30,13 @@ from box.protocol.memory import (
     Restore,
     SlotEntry,
 )
-from impyard.db import Database
 from impyard.memory import constructs, conversations, dispositions, lookups, moments, night, search, slot
 from impyard.memory.cache import VectorCache
 from impyard.memory.counts import RecordCounts
 from impyard.memory.reach import Reach
 from impyard.memory.records import record_view
 from impyard.memory.scopes import SessionScopes
+from impyard.storage.db import Database
 
 
 class MemoryParts(Protocol):

@@ -14,12 +14,12 @@ from datetime import datetime
 from sqlalchemy.engine import Connection
 
 from box.protocol.memory import BOTH_KINDS, RecordView
-from impyard.db import Database
 from impyard.memory import generations, lookups
 from impyard.memory.cache import Generation, Hit, VectorCache
 from impyard.memory.cache_rows import CacheRows
 from impyard.memory.reach import Reach
 from impyard.memory.records import record_view
+from impyard.storage.db import Database
 
 
 def _hit_first(hit: Hit) -> tuple[str, ...]:

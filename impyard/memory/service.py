@@ -58,17 +58,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from box.protocol import ErrorCode, RpcError
 from box.protocol import memory as mem
 from box.protocol.models import EmptyFromHost
-from impyard.audit import AuditRecord
 from impyard.backends.base import BoxSpec
 from impyard.backends.statedir import parse_size
-from impyard.db import Database, DatabaseError
 from impyard.errors import ImpyardError
+from impyard.gateway.audit import AuditRecord
 from impyard.memory.cache import DEFAULT_CACHE_BYTES, VectorCache
 from impyard.memory.errors import MemoryDenied, MemoryInvalid
 from impyard.memory.scoped import ScopedMemory
 from impyard.memory.scopes import SessionScopes, resolve
 from impyard.memory.store import MemoryStore
 from impyard.memory.vectors import VectorError
+from impyard.storage.db import Database, DatabaseError
 
 log = logging.getLogger("impyard.memory")
 

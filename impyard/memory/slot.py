@@ -1,5 +1,5 @@
 """The slot (issue 14; mechanisms 84-88): the constructs an imp holds in mind, kept per imp **and scope**
-(``memory_slots``) and changed only through the pure law of ``box.memory.slot``.
+(``memory_slots``) and changed only through the pure law of ``box.common.slot``.
 
 Every change is decided with the scope's generation row locked (``generations.lock``). As loaded (87), a
 construct a week unrefreshed, deleted or over the slot's size leaves it, and the stored slot follows.
@@ -13,15 +13,15 @@ from datetime import datetime
 from sqlalchemy import and_, bindparam, delete, insert, select
 from sqlalchemy.engine import Connection
 
-from box.memory import slot as slot_law
+from box.common import slot as slot_law
 from box.protocol.memory import SlotEntry
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
 from impyard.memory import generations, lookups
 from impyard.memory.reach import Reach
 from impyard.memory.records import record_view
-from impyard.tables import memory_records as _R
-from impyard.tables import memory_slots as _S
+from impyard.storage.db import Database
+from impyard.storage.tables import memory_records as _R
+from impyard.storage.tables import memory_slots as _S
 
 INSERT_SLOT = insert(_S)
 _found = _R.alias("r")

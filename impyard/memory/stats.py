@@ -9,14 +9,14 @@ from typing import Any, ClassVar
 from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.engine import Connection
 
-from box.memory import laws
-from impyard.db import Database
+from box.common import laws
 from impyard.memory import wakefulness
-from impyard.tables import memory_conversations as _C
-from impyard.tables import memory_dispositions as _D
-from impyard.tables import memory_episodes as _E
-from impyard.tables import memory_records as _R
-from impyard.tables import memory_slots as _S
+from impyard.storage.db import Database
+from impyard.storage.tables import memory_conversations as _C
+from impyard.storage.tables import memory_dispositions as _D
+from impyard.storage.tables import memory_episodes as _E
+from impyard.storage.tables import memory_records as _R
+from impyard.storage.tables import memory_slots as _S
 
 _SCOPE_COUNTS = ("records", "episodes", "constructs", "given", "conversations", "slot")
 

@@ -17,7 +17,7 @@ is in (``StoredRecord``). Each method hands its work to the module of its aggreg
 * ``generations`` (the lock every write of a scope takes first, and the version caches follow), ``reach``
   (the one scope filter), ``errors``.
 
-The SQL is SQLAlchemy Core over ``impyard.tables`` (docs/storage.md), the same on SQLite and PostgreSQL:
+The SQL is SQLAlchemy Core over ``impyard.storage.tables`` (docs/storage.md), the same on SQLite and PostgreSQL:
 reads in ``db.read`` snapshots, writes in ``db.write`` functions that do database work only (PostgreSQL may run
 one again; caches are touched only after it returns). Statements of a fixed shape are built once, with bind
 parameters, so SQLAlchemy's compiled cache serves every turn (issue 18).
@@ -31,7 +31,6 @@ from datetime import datetime
 from sqlalchemy.engine import Connection
 
 from box.protocol.memory import ConsolidateResult, DispositionView, RecordView, SlotEntry
-from impyard.db import Database, Store
 from impyard.memory import (
     copying,
     dispositions,
@@ -51,6 +50,7 @@ from impyard.memory.records import record_view
 from impyard.memory.scoped import ScopedMemory
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.stats import MemoryStats
+from impyard.storage.db import Database, Store
 
 Clock = Callable[[], datetime]
 

@@ -34,14 +34,14 @@ from typing import Any, Literal
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
-from box.memory.laws import DEFAULTS, Params
+from box.common.laws import DEFAULTS, Params
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
 from impyard.memory.night import scopes_by_newest
 from impyard.memory.sql import execute
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import history, memory_wakefulness, wakes
-from impyard.tables import tasks as task_rows
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import history, memory_wakefulness, wakes
+from impyard.storage.tables import tasks as task_rows
 from impyard.tasks import TaskError, TaskRequest, TaskStore, ValidTask, default_channel, validate_request
 
 log = logging.getLogger("impyard.memory.wakefulness")

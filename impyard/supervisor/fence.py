@@ -17,10 +17,10 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
-from impyard.audit import AuditRecord
 from impyard.backends import BoxSpec
-from impyard.gateway import LEASE_RULE, Gateway
-from impyard.leases import LeaseGuard
+from impyard.gateway.audit import AuditRecord
+from impyard.gateway.core import LEASE_RULE, Gateway
+from impyard.storage.leases import LeaseGuard
 
 # What a box asks the host to do in the world (the gateway's own handlers, and the memory store: a memory kept or
 # forgotten is an act as much as a post, issue 32 #5): each is fenced by the run's lease.

@@ -20,7 +20,7 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
    the same lockdown and the same gateway as a chat session.
 
 A task box runs ``task.run`` inside its ceiling; the host attests the result
-(``impyard.tasks.attest``). Issue 21: each run holds the lease ``task:<task>/<run>`` (``impyard.leases``) from
+(``impyard.tasks.attest``). Issue 21: each run holds the lease ``task:<task>/<run>`` (``impyard.storage.leases``) from
 before its claim to after its end, renewed while its box runs; the run's acts go through the gateway fenced by it
 (``impyard.supervisor.fence``), and a run whose lease is lost has its box stopped and its task ended as a reclaim
 would end it (unless the host that took the lease did so first). At start, and every ``reclaim_every_s`` after,
@@ -62,15 +62,12 @@ from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend
 from impyard.backends.stateroot import state_root
 from impyard.clock import Clock, iso
-from impyard.db import Database
+from impyard.conversation.sessions import describe_error
 from impyard.durations import format_duration
-from impyard.gate_pump import GatePump
-from impyard.gateway import Gateway
-from impyard.imps import ImpConfig, ImpConfigError, ImpError, ImpStore
-from impyard.lease_rules import reclaims
-from impyard.leases import RENEW_ERRORS, Lease, LeaseHeld, LeaseKeeper, LeaseStore, task_lease_name
-from impyard.ledger import seconds_to_next_day
-from impyard.liveness import here
+from impyard.gateway.core import Gateway
+from impyard.gateway.gate_pump import GatePump
+from impyard.gateway.ledger import seconds_to_next_day
+from impyard.imps.store import ImpConfig, ImpConfigError, ImpError, ImpStore
 from impyard.memory.compact import compact
 from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
 from impyard.memory.scopes import SessionScopes
@@ -78,8 +75,10 @@ from impyard.memory.scopes import resolve as resolve_scopes
 from impyard.memory.service import Fence
 from impyard.memory.wakefulness import REFLECT_KIND, SLEEP_KIND, forget_scopes
 from impyard.memory.wakefulness import step as memory_step
-from impyard.schedules import ScheduleStore
-from impyard.sessions import describe_error
+from impyard.storage.db import Database
+from impyard.storage.lease_rules import reclaims
+from impyard.storage.leases import RENEW_ERRORS, Lease, LeaseHeld, LeaseKeeper, LeaseStore, task_lease_name
+from impyard.storage.liveness import here
 from impyard.supervisor.backends import BackendFor
 from impyard.supervisor.budget import budget_wait
 from impyard.supervisor.fence import RunFence
@@ -102,6 +101,7 @@ from impyard.tasks import (
     reclaim_decision,
     render_briefing,
 )
+from impyard.tasks.schedules import ScheduleStore
 
 log = logging.getLogger("impyard.supervisor")
 

@@ -20,7 +20,7 @@ import anyio
 
 from impyard.backends import BoxError
 from impyard.backends.docker import LABEL_RUN, DockerBackend
-from impyard.imps import ImpError
+from impyard.imps.store import ImpError
 from impyard.supervisor.backends import BackendFor
 from impyard.tasks import MAX_CEILING, Task
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import anyio
 
-from impyard.imp_config import NAME_PATTERN, STATE_DIR
-from impyard.imps import TASK_DIRS
+from impyard.imps.config import NAME_PATTERN, STATE_DIR
+from impyard.imps.store import TASK_DIRS
 from impyard.paths import box_dir_name
 from impyard.tasks import Task
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.errors import ImpyardError
-from impyard.imps import ImpStore, validate_name
+from impyard.imps.store import ImpStore, validate_name
 
 Origin = Literal["manual", "schedule", "continuation", "event"]
 ORIGINS: tuple[Origin, ...] = ("manual", "schedule", "continuation", "event")

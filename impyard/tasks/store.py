@@ -19,13 +19,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, exists, select, update
 from sqlalchemy.engine import Connection
 
-from impyard.audit import AuditRecord
 from impyard.clock import Clock, iso, parse_iso
-from impyard.db import Database, Store
-from impyard.gates import FINAL_STATES, OPEN_STATES, Gate, row_to_gate
-from impyard.imps import ImpStore
-from impyard.portable import bytewise
-from impyard.tables import audit, gates, task_runs, tasks
+from impyard.gateway.audit import AuditRecord
+from impyard.gateway.gates import FINAL_STATES, OPEN_STATES, Gate, row_to_gate
+from impyard.imps.store import ImpStore
+from impyard.storage.db import Database, Store
+from impyard.storage.portable import bytewise
+from impyard.storage.tables import audit, gates, task_runs, tasks
 from impyard.tasks.attestation import Attestation, ReclaimAction, RunEnd, RunFacts, gates_verdict
 from impyard.tasks.prompts import JournalEntry, continuation_prompt
 from impyard.tasks.request import TaskError, TaskRequest, ValidTask, validate_request

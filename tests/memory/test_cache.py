@@ -7,14 +7,14 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import Restore
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
 from impyard.memory.cache import VectorCache, felt_now
 from impyard.memory.cache_rows import CacheRows
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import GUILD, IMP, T0, axis, moment, rows
 
 

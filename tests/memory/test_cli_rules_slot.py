@@ -9,9 +9,9 @@ import pytest
 
 from box.protocol.memory import ConstructParams, LearnParams
 from impyard.clock import SystemClock, iso
-from impyard.db import open_database
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 from tests.memory.test_cli_memory import hashing_imp, ok, refused, run
 
 GUILD = "guild:1000"

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol import memory as mem
 from impyard.cli import cli
 from impyard.clock import SystemClock, iso
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 
 GUILD = SessionScopes("guild:1000", ("guild:1000",))
 DM = SessionScopes("dm:2003", ("dm:2003", "guild:1000"))

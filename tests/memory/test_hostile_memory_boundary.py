@@ -32,29 +32,29 @@ import pytest
 from pydantic import BaseModel
 
 import impyard.memory.cache as cache_module
-from box.memory.embedder import hashing_vector
-from box.memory.laws import mentions
+from box.common.embedding import hashing_vector
+from box.common.laws import mentions
 from box.protocol import ErrorCode, RpcError
 from box.protocol import memory as mem
 from box.protocol.models import Author, Message
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.memory.cache import VectorCache
 from impyard.memory.cache_rows import CacheRows
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import memory_service
 from impyard.memory.store import MemoryStore
-from impyard.policy import load_policy
+from impyard.storage.db import Database
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.supervisor.fence import RunFence
-from impyard.surfaces import RecordingSurface
 from impyard.tasks import TaskRequest, TaskStore
 from impyard.testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
@@ -439,7 +439,7 @@ class CountingPattern:
 
 @pytest.fixture
 def mdb_store(tmp_path: Path) -> MemoryStore:
-    from impyard.db import open_database
+    from impyard.storage.db import open_database
 
     return MemoryStore(open_database(tmp_path / "m.db"), FixedClock(T0).now, VectorCache(64 * 1024 * 1024))
 

@@ -22,11 +22,11 @@ from box.protocol.models import Author, Message
 from impyard.backends.process import ProcessBackend
 from impyard.cli.memory_night import run_night
 from impyard.clock import FixedClock
-from impyard.conversation import Inbound
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.conversation.pipeline import Inbound
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.surfaces import RecordingSurface
+from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from box.common.laws import Temperament
 from box.memory import night
-from box.memory.laws import Temperament
 from box.memory.moment import Felt, encoding, joins, read_appraisal
 from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI
 from tests.memory.conftest import moment
 

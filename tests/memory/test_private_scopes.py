@@ -17,15 +17,15 @@ from click.testing import CliRunner
 
 from box.protocol.memory import ConstructParams
 from box.protocol.models import Author, Message
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.imps.store import ImpStore
 from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes, decide, parse_scope, presence, scopes_of
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import IMP, T0, embed, moment, rows
 from tests.test_memory_night import LONG_AGO, conclusions, night, remember, slept
 from tests.test_memory_night import home as home_fixture  # noqa: F401 - a fixture: pip, bee, the stand-in box

@@ -18,12 +18,12 @@ import anyio
 import pytest
 
 from impyard.backends.process import ProcessBackend
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import SystemClock
-from impyard.db import open_database
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 from impyard.supervisor import SupervisorSettings
-from impyard.terminal import run_chat
+from impyard.terminal.chat import run_chat
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.test_departures import talk
 from tests.test_departures_chat import Pipe, add_pip, depart_tasks

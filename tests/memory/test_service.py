@@ -15,12 +15,12 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
 from impyard.memory.cache import VectorCache
 from impyard.memory.cache_rows import CacheRows
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import DM, GUILD, IMP, axis, embed, moment, one, rows, write
 
 

@@ -20,12 +20,12 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock, iso
-from impyard.db import Database
 from impyard.memory import night as night_module
 from impyard.memory.night import anchor_refusal, combined_intensity, forgets, member_refusal
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database
 from tests.memory.conftest import DM, GUILD, IMP, T0, axis, moment, rows
 
 
