@@ -14,14 +14,8 @@ from impyard.clock import SystemClock
 from impyard.durations import format_duration
 from impyard.imps.store import ImpError, ImpStore
 from impyard.tasks import TaskError, TaskStore
-from impyard.tasks.schedules import (
-    MISSED_POLICIES,
-    Schedule,
-    ScheduleError,
-    ScheduleRequest,
-    ScheduleStore,
-    describe_next,
-)
+from impyard.tasks.schedules import Schedule, ScheduleRequest, ScheduleStore, describe_next
+from impyard.tasks.triggers import MISSED_POLICIES, ScheduleError
 
 
 @contextmanager
