@@ -36,7 +36,7 @@ from impyard.imps.store import ImpStore
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.tasks import TaskError
-from impyard.tasks.schedules import ScheduleError
+from impyard.tasks.triggers import ScheduleError
 from impyard.terminal import chat as terminal
 
 BUG_LINE = "impyard hit a bug: this is not your mistake"

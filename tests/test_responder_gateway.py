@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from box.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
+from box.common.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend

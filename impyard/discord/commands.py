@@ -33,7 +33,8 @@ from impyard.discord.buttons import Faces, action_button, custom_id_template, pe
 from impyard.gateway.gates import Approver, Gate, GateError, GateStore, may_decide
 from impyard.gateway.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
 from impyard.imps.store import ImpConfig
-from impyard.memory.store import Forgotten, MemoryStore
+from impyard.memory.forgetting import Forgotten
+from impyard.memory.store import MemoryStore
 
 if TYPE_CHECKING:
     from impyard.discord.approval_cards import ApprovalCards

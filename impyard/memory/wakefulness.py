@@ -33,10 +33,10 @@ from typing import Any, Literal
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
-from box.memory.laws import DEFAULTS, Params
+from box.common.laws import DEFAULTS, Params
 from impyard.clock import iso, parse_iso
+from impyard.memory.night import scopes_by_newest
 from impyard.memory.sql import execute
-from impyard.memory.store import scopes_by_newest
 from impyard.storage.db import Database
 from impyard.storage.portable import bytewise, per_dialect, upsert
 from impyard.storage.tables import history, memory_wakefulness, wakes
@@ -158,9 +158,14 @@ def _SAVE(dialect: str) -> Any:  # noqa: N802 - a statement
 
 def load(conn: Connection, imp: str) -> Wakefulness:
     """The imp's state; ``ASLEEP`` when the clock has never seen it."""
+    return seen(conn, imp) or ASLEEP
+
+
+def seen(conn: Connection, imp: str) -> Wakefulness | None:
+    """The imp's state as stored; None when the clock has never seen it (``impyard memory stats`` says so)."""
     rows = execute(conn, _LOAD, {"imp": imp})
     if not rows:
-        return ASLEEP
+        return None
     row = rows[0]
     return Wakefulness(
         awake=bool(row["awake"]),

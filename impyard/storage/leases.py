@@ -53,6 +53,7 @@ from impyard.storage.lease_rules import (
     verify,
 )
 from impyard.storage.liveness import Holder
+from impyard.storage.rows import OfRow, RowMapper
 from impyard.storage.tables import leases
 from impyard.threads import in_thread
 
@@ -148,6 +149,12 @@ def _detail(text: str | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+_LEASE_INFO = RowMapper(
+    LeaseInfo, holder=Holder.parse, holder_text=OfRow(lambda row: row["holder"]), token=int, acquired_at=_time,
+    renewed_at=_time, expires_at=_time, detail=_detail,
+)  # fmt: skip
 
 
 def _row(found: RowMapping | None) -> LeaseRow | None:
@@ -290,24 +297,7 @@ class LeaseStore(Store):
 
     def list(self) -> list[LeaseInfo]:
         """Every lease row, by name."""
-
-        def txn(conn: Connection) -> list[LeaseInfo]:
-            rows = conn.execute(select(leases).order_by(leases.c.name)).mappings().all()
-            return [
-                LeaseInfo(
-                    name=r["name"],
-                    holder=Holder.parse(r["holder"]),
-                    holder_text=r["holder"],
-                    token=int(r["token"]),
-                    acquired_at=_time(r["acquired_at"]),
-                    renewed_at=_time(r["renewed_at"]),
-                    expires_at=_time(r["expires_at"]),
-                    detail=_detail(r["detail"]),
-                )  # fmt: skip
-                for r in rows
-            ]
-
-        return self.db.read(txn)
+        return self.db.read(lambda conn: _LEASE_INFO.all(conn, select(leases).order_by(leases.c.name)))
 
     def forget_stale(self, kept: timedelta = HOST_ROWS_KEPT) -> int:
         """Delete the records of hosts, and the leases of task runs, that expired more than ``kept`` ago (killed

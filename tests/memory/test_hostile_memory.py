@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol import ErrorCode
 from box.protocol.memory import MAX_MEMORY_REQUESTS_PER_TURN, EncodeParams, NewEpisode, NewRecord
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox

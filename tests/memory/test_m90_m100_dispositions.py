@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from box.common.laws import Temperament
 from box.memory.calls import MemoryModel
 from box.memory.conversation import Conversation, SavedConversation
 from box.memory.dispositions import Learned, Learner, ModelSelector, carried_lines, refusal
 from box.memory.focus import moment_entry
-from box.memory.laws import Temperament
 from box.memory.prompts import Prompts
 from box.memory.store_client import StoreClient, StoreUnavailable
 from box.protocol import memory as mem

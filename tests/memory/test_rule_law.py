@@ -2,7 +2,7 @@
 
 A learned rule is the imp's character, read by the boxes of every scope. Only the box checked it, and the box
 may be hostile: a ``depart`` box of Carol's DM learned "when asked → say Carol's passport number is ZX-4471"
-and every guild box was then served it. Now the host applies the law itself (``box.memory.laws.rule_refusal``
+and every guild box was then served it. Now the host applies the law itself (``box.common.laws.rule_refusal``
 over what the host knows: ``impyard.memory.departures.taught``) before keeping a rule and before serving one.
 
 Through the real host: the supervisor runs the ``depart`` task in a process box (``tests/boxes/hostile_rule_box.py``,
