@@ -13,7 +13,7 @@ from typing import Any
 from bench.harness import Context, fake_model, result
 from bench.report import Row
 from bench.stats import percentile, ratio, summary, timed
-from box.envelope import response_format
+from box.common.envelope import response_format
 from box.protocol.models import DiscordSendParams, ModelRequestParams
 from impyard.backends import BoxSpec
 from impyard.channels.store import ChannelStore

@@ -166,11 +166,11 @@ def stored_texts() -> str:
 
     db = open_database()
     try:
-        rows = db.query(
+        rows = db.read(lambda conn: conn.exec_driver_sql(
             "SELECT conclusion AS t FROM memory_records WHERE imp = ? UNION ALL"
             " SELECT as_happened AS t FROM memory_episodes WHERE imp = ?", (IMP, IMP),
-        )  # fmt: skip
-        return "\n".join(str(r["t"]) for r in rows).lower()
+        ).all())  # fmt: skip
+        return "\n".join(str(r.t) for r in rows).lower()
     finally:
         db.close()
 
@@ -327,10 +327,9 @@ async def run(ctx: Any) -> dict[str, Any]:
     headline is the real embedder's (the hashing one where it is not installed, and in --quick). The timed
     figure is one evaluation's wall time, against the same month with no nights on this checkout: the control
     that separates what the nights forgot from what recall did not rank."""
-    import anyio
-
     from bench.harness import result
     from bench.real_embedder import available
+    from impyard.threads import in_thread  # (this checkout's: the module also runs on a baseline's code)
 
     days = ctx.plan.memory_days
     quick = days < DAYS
@@ -343,10 +342,10 @@ async def run(ctx: Any) -> dict[str, Any]:
     for label, checkout in checkouts.items():
         runs[label] = {"checkout": str(checkout), "commit": commit_of(checkout)}
         for embedder in embedders:
-            runs[label][embedder] = await anyio.to_thread.run_sync(run_checkout, checkout, embedder, days)
+            runs[label][embedder] = await in_thread(run_checkout, checkout, embedder, days)
             ctx.progress.advance()
     head = runs["after"][embedders[0]]
-    control = await anyio.to_thread.run_sync(run_checkout, HERE, embedders[0], days, False)
+    control = await in_thread(run_checkout, HERE, embedders[0], days, False)
     ctx.progress.advance()
 
     def reached(embedder: str) -> bool:

@@ -80,6 +80,12 @@ class Host:
         return self.imp_user_ids.get(imp, f"imp:{imp}")
 
 
+def channel_store(db: Database, clock: Clock) -> ChannelStore:
+    """The channel store as every host builds it: a known guild channel found private takes its memories to its
+    own scope, in the same transaction (issue 32 #4; the channels know no memory, so the host wires it)."""
+    return ChannelStore(db, clock, on_private=move_to_own_scope)
+
+
 def build_gateway(
     *,
     policy: Policy,
@@ -161,7 +167,7 @@ async def open_host(
     db = open_database()
     try:
         history = History(db, clock, retention=retention)
-        channels = ChannelStore(db, clock, on_private=move_to_own_scope)
+        channels = channel_store(db, clock)
         stores = GatewayStores.over(
             db, policy=policy, clock=clock, secrets=host_secrets(upstream), channels=channels
         )

@@ -23,6 +23,7 @@ from impyard.storage.db import open_database
 from impyard.storage.instance import SUPERVISE_LOCK_FILENAME
 from impyard.tasks import TaskRequest, TaskStore
 from impyard.testing.fake_openai import FakeOpenAI, envelope
+from tests import sqlfile
 
 KEY = "sk-impyard-cli-tasks-SECRET-19fe"
 
@@ -40,7 +41,7 @@ def pip(impyard_home: Path) -> str:
 def rows(table: str) -> int:
     db = open_database()
     try:
-        return int(db.query(f"SELECT COUNT(*) FROM {table}")[0][0])
+        return int(sqlfile.query(db, f"SELECT COUNT(*) FROM {table}")[0][0])
     finally:
         db.close()
 

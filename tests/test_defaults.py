@@ -18,7 +18,8 @@ from pydantic import BaseModel
 
 import impyard.imps.config
 from box.protocol.models import ImpSpec, MemorySettings, ResponderSettings
-from impyard.imps.config import MemoryConfig, ModelConfig, toml_value
+from impyard.imps.config import MemoryConfig, ModelConfig
+from impyard.imps.render import toml_value
 from impyard.imps.store import ImpStore
 
 # Written out on purpose: a changed default must change this table (and docs/configuration.md's tables) too.

@@ -33,8 +33,9 @@ from impyard.cli.doctor_rules import (
 )
 from impyard.clock import SystemClock
 from impyard.gateway.audit import AuditLog
-from impyard.imps.config import new_imp_settings, validate_config
+from impyard.imps.config import new_imp_settings
 from impyard.imps.store import ImpStore
+from impyard.imps.validate import validate_config
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, error
 

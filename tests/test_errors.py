@@ -36,7 +36,7 @@ from impyard.imps.store import ImpStore
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.tasks import TaskError
-from impyard.tasks.schedules import ScheduleError
+from impyard.tasks.triggers import ScheduleError
 from impyard.terminal import chat as terminal
 
 BUG_LINE = "impyard hit a bug: this is not your mistake"
@@ -63,7 +63,7 @@ INTERNAL = {
     "impyard.testing.fake_openai._Refused",  # the fake's refusal, turned into an HTTP error body at once
     "impyard.backends.engine.EngineError",  # the engine API's refusal: the Docker backend says it as a BoxError
     "impyard.backends.multiplex.MultiplexError",  # a malformed attach stream: that box ends, as a BoxError
-    "impyard.storage.db._Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown
+    "impyard.storage.quick.Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown
     "impyard.memory.service._LeaseLostInFlight",  # a fenced memory write rolled back: the box is refused (lease)
 }
 

@@ -24,6 +24,7 @@ from impyard.backends.process import ProcessBackend
 from impyard.storage.db import open_database
 from impyard.supervisor.orphans import leftovers
 from impyard.testing.fake_openai import FakeOpenAI, envelope, slow
+from tests import sqlfile
 from tests.test_gateway import CHAT_BODY, Harness, make_harness
 from tests.test_gateway import KEY as GATEWAY_KEY
 from tests.test_supervisor import KEY, TRUSTED, alive, yard
@@ -83,7 +84,7 @@ async def test_a_process_box_whose_task_is_not_running_is_swept_at_start(
                     task.id, "run-left-behind", "interrupted: the supervisor stopped"
                 )
             else:  # the task ended, its box outlived it
-                y.db.execute("UPDATE tasks SET state = 'failed' WHERE id = ?", (task.id,))
+                sqlfile.execute(y.db, "UPDATE tasks SET state = 'failed' WHERE id = ?", (task.id,))
             assert y.task(task.id).state != "running"
             await y.supervisor.reclaim()
             await anyio.to_thread.run_sync(lambda: planted.wait(timeout=10))
@@ -101,7 +102,7 @@ async def test_a_process_that_is_not_a_box_is_never_shot(fake: FakeOpenAI, tmp_p
         stranger = plant_process_box(tmp_path / "someone-else")  # the pid was recycled by another program
         try:
             y.supervisor.tasks.record_pid("run-recycled", stranger.pid)
-            y.db.execute("UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))
+            sqlfile.execute(y.db, "UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))
             await y.supervisor.reclaim()
             assert stranger.poll() is None
         finally:
@@ -115,7 +116,7 @@ async def test_a_labelled_task_box_of_a_finished_task_is_swept_at_start(
     backend = DockerBackend(box_image, home_id=test_home_id, role="task")
     async with yard(fake, backend) as y:
         task = y.add(channel_id=TRUSTED)
-        y.db.execute("UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))  # long over
+        sqlfile.execute(y.db, "UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))  # long over
         user = "10001:10001" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
         spec = BoxSpec("pip", TRUSTED, y.imps.state_dir("pip"), run_id="planted" + os.urandom(6).hex())
         backend.prepare_state_dir(spec.state_dir, user)
@@ -202,7 +203,7 @@ async def test_a_call_cut_by_the_host_stopping_is_charged_its_reservation_and_sa
         async with h.gateway.running(grace_s=0.2):
             tg.start_soon(box_request)
             await anyio.to_thread.run_sync(upstream.wait_for_requests, 1)
-    [reserved] = [row["reserved_micros"] for row in h.db.query("SELECT reserved_micros FROM ledger")]
+    [reserved] = [row["reserved_micros"] for row in sqlfile.query(h.db, "SELECT reserved_micros FROM ledger")]
     assert h.spent() == reserved > 0  # it reached the model API, which may bill it: fail closed
     [row] = _model_rows(h)
     assert (row["verdict"], row["cost_micros"]) == ("interrupted", reserved)

@@ -8,18 +8,12 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from box.attempts import (
-    MAX_ATTEMPTS,
-    ModelChooser,
-    ModelExhausted,
-    attempt_timeout_s,
-    backoff_s,
-    with_attempts,
-)
+from box.attempts import ModelChooser, ModelExhausted, with_attempts
+from box.common.attempts import MAX_ATTEMPTS, attempt_timeout_s, backoff_s
 from box.protocol.models import ResponderSettings
 from impyard.backends.process import ProcessBackend
-from impyard.imps.config import validate_config
 from impyard.imps.store import ImpConfigError
+from impyard.imps.validate import validate_config
 from impyard.supervisor.held import blocked_reason
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from tests.test_supervisor import KEY, TRUSTED, yard

@@ -24,7 +24,9 @@ from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
 from impyard.host import build_gateway
 from impyard.storage import tables
-from impyard.storage.db import MIGRATIONS, Database, open_database
+from impyard.storage.db import Database, open_database
+from impyard.storage.migrations.legacy import MIGRATIONS
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -441,7 +443,8 @@ def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_
     old = Database(tmp_path / "old.db", MIGRATIONS[:3])
     old.migrate()
     row = "('{id}', 'pip', 'r', 'chat', 'g1', 'discord.send', '{target}', '{{}}', 'x', '', 'executed', 't', 't', '{by}')"
-    old.execute(
+    sqlfile.execute(
+        old,
         "INSERT INTO gates (id, imp, run_id, session_channel, origin_guild, act, target, payload, payload_sha256, "
         "reason, state, created_at, deadline, decided_by) VALUES "
         + ", ".join(
@@ -451,18 +454,19 @@ def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_
                 ("g-far", "far", "user:discord:7"),
                 ("g-cli", "cli", "operator:root"),
             ]
-        )
+        ),
     )
-    old.execute(
+    sqlfile.execute(
+        old,
         "INSERT INTO earned_trust VALUES ('pip', 'discord.send', 'chat', 4, 't'), ('pip', 'discord.send', 'far', 4, 't'), "
-        "('pip', 'discord.send', 'cli', 4, 't')"
+        "('pip', 'discord.send', 'cli', 4, 't')",
     )
     old.close()
     db = open_database(tmp_path / "old.db")
-    guilds = {r["id"]: r["target_guild"] for r in db.query("SELECT id, target_guild FROM gates")}
+    guilds = {r["id"]: r["target_guild"] for r in sqlfile.query(db, "SELECT id, target_guild FROM gates")}
     earned = {
         r["target"]: r["clean_approvals"]
-        for r in db.query("SELECT target, clean_approvals FROM earned_trust")
+        for r in sqlfile.query(db, "SELECT target, clean_approvals FROM earned_trust")
     }
     db.close()
     assert guilds == {"g-own": "g1", "g-far": None, "g-cli": None}

@@ -48,6 +48,7 @@ from impyard.storage.db import Database, open_database
 from impyard.testing.fake_openai import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
 from impyard.testing.pipes import byte_pipe
 from impyard.testing.web import local_site
+from tests import sqlfile
 from tests.scripted import NOW, deliver_params, init_params
 
 pytestmark = pytest.mark.anyio
@@ -92,7 +93,7 @@ class Harness:
         return caught.value
 
     def audit(self) -> list[dict[str, Any]]:
-        return [dict(row) for row in self.db.query("SELECT * FROM audit ORDER BY id")]
+        return [dict(row) for row in sqlfile.query(self.db, "SELECT * FROM audit ORDER BY id")]
 
     def spent(self) -> int:
         return self.gateway.ledger.settled_total()
@@ -261,7 +262,7 @@ async def test_no_model_key_is_a_clear_error_and_no_upstream_call(tmp_path: Path
         ErrorCode.UPSTREAM_UNREACHABLE,
     )
     assert "OPENAI_API_KEY" in error_.message and "OPENAI_BASE_URL" in error_.message
-    assert fake.requests == [] and h.db.query("SELECT count(*) FROM ledger")[0][0] == 0
+    assert fake.requests == [] and sqlfile.query(h.db, "SELECT count(*) FROM ledger")[0][0] == 0
 
 
 async def test_the_hard_stop_makes_no_upstream_request(h: Harness) -> None:
@@ -320,7 +321,7 @@ async def test_model_requests_refused_by_policy_never_reach_the_upstream(
     assert error_.data["rule"] == rule and reason in error_.data["reason"], error_.data
     assert error_.message.startswith(f"denied by policy rule {rule}: ")
     assert fake.requests == []
-    assert h.db.query("SELECT count(*) FROM ledger")[0][0] == 0
+    assert sqlfile.query(h.db, "SELECT count(*) FROM ledger")[0][0] == 0
     row = h.audit()[-1]
     assert row["verdict"] == "denied" and row["rule"] == error_.data["rule"]
     await h.gateway.aclose()

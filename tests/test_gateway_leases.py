@@ -13,6 +13,7 @@ from box.protocol import ErrorCode
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelRequestParams
 from impyard.gateway.gates import Approver
 from impyard.testing.fake_openai import FakeOpenAI, envelope
+from tests import sqlfile
 from tests.test_gateway import CHAT_BODY, Harness, fake, make_harness, policy_with  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.anyio
@@ -76,9 +77,9 @@ async def test_a_host_that_lost_its_lease_refuses_every_act(
     assert (row["method"], row["verdict"], row["rule"]) == (method, "denied", "lease")
     assert LOST in row["reason"]
     # nothing reserved, nothing sent upstream, nothing posted, no gate opened
-    assert h.db.query("SELECT count(*) FROM ledger")[0][0] == 0 and h.gateway.ledger.totals() == {}
+    assert sqlfile.query(h.db, "SELECT count(*) FROM ledger")[0][0] == 0 and h.gateway.ledger.totals() == {}
     assert h.fake.requests == [] and h.surface.sent == []
-    assert h.db.query("SELECT count(*) FROM gates")[0][0] == 0
+    assert sqlfile.query(h.db, "SELECT count(*) FROM gates")[0][0] == 0
 
 
 async def test_an_approved_gate_stays_approved_on_a_host_that_lost_its_lease(

@@ -31,6 +31,7 @@ from impyard.gateway.surfaces import RecordingSurface
 from impyard.host import build_gateway
 from impyard.storage.db import Database, open_database
 from impyard.testing.web import local_site
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +106,7 @@ class Host:
         return result
 
     def last_audit(self) -> tuple[str, str, str]:
-        row = self.db.query("SELECT verdict, rule, reason FROM audit ORDER BY id DESC LIMIT 1")[0]
+        row = sqlfile.query(self.db, "SELECT verdict, rule, reason FROM audit ORDER BY id DESC LIMIT 1")[0]
         return row["verdict"], row["rule"], row["reason"]
 
 

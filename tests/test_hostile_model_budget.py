@@ -27,6 +27,7 @@ from impyard.gateway.surfaces import RecordingSurface
 from impyard.host import build_gateway
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -102,7 +103,7 @@ async def test_a_call_without_an_output_cap_is_sent_the_rules_cap(
         **body,
         key: 4096,
     }  # the default policy's model-text max_tokens; nothing else changed
-    [row] = gateway.db.query("SELECT detail FROM audit")
+    [row] = sqlfile.query(gateway.db, "SELECT detail FROM audit")
     assert "output_cap=4096 (set by the host)" in row["detail"]
 
 
@@ -136,7 +137,7 @@ async def test_no_sequence_of_requests_spends_past_the_hard_stop(
         for r in caplog.records
         if r.levelno == logging.ERROR
     )
-    rows = gateway.db.query("SELECT verdict, detail, cost_micros FROM audit ORDER BY id")
+    rows = sqlfile.query(gateway.db, "SELECT verdict, detail, cost_micros FROM audit ORDER BY id")
     assert all("OVER RESERVATION" in row["detail"] for row in rows if row["verdict"] == "allowed")
     assert sum(row["cost_micros"] for row in rows) == spent_today(gateway.ledger) <= LIMIT_MICROS
 
@@ -215,7 +216,7 @@ async def test_costs_the_price_table_cannot_bound_are_refused(
         await ask(gateway, path, body)
     assert caught.value.code == ErrorCode.DENIED
     assert caught.value.data["rule"] == rule and reason in caught.value.data["reason"]
-    assert fake.requests == [] and gateway.db.query("SELECT count(*) FROM ledger")[0][0] == 0
+    assert fake.requests == [] and sqlfile.query(gateway.db, "SELECT count(*) FROM ledger")[0][0] == 0
 
 
 async def test_a_priced_tier_and_an_allowed_stored_context_are_reserved_and_charged_in_full(
@@ -243,7 +244,7 @@ async def test_a_priced_tier_and_an_allowed_stored_context_are_reserved_and_char
     await ask(gateway, "/responses", body)
     [request] = fake.requests
     assert request.body == {**body, "max_output_tokens": 100}
-    [row] = db.query("SELECT reserved_micros, cost_micros FROM ledger")
+    [row] = sqlfile.query(db, "SELECT reserved_micros, cost_micros FROM ledger")
     assert row["reserved_micros"] >= 2 * (
         50_000 * 2 + 100 * 8
     )  # the stored context's worst case, doubled by the tier

@@ -30,6 +30,7 @@ from impyard.gateway.surfaces import RecordingSurface
 from impyard.host import build_gateway
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, FakeResponse
+from tests import sqlfile
 from tests.scripted import deliver_params, init_params
 
 pytestmark = pytest.mark.anyio
@@ -93,14 +94,14 @@ async def test_an_unreachable_proxy_is_reported_without_its_credentials(
         f"http://[redacted]@127.0.0.1:{dead_port}/v1?key=[redacted]" in error.message
     )  # still says where it tried
     assert leaked(json.dumps(error.to_wire())) == []
-    rows = [dict(row) for row in db.query("SELECT * FROM audit")]
+    rows = [dict(row) for row in sqlfile.query(db, "SELECT * FROM audit")]
     assert rows and leaked(json.dumps(rows, default=str)) == []
     assert leaked("\n".join(record.getMessage() for record in caplog.records)) == []
     # the audit's second line of defence knows them too, however the gateway was configured
     gateway.audit.write(
         AuditRecord(imp="pip", method="model.request", reason=f"echoed {url} and {USER}/{PASSWORD}")
     )
-    assert leaked(db.query("SELECT reason FROM audit ORDER BY id DESC LIMIT 1")[0]["reason"]) == []
+    assert leaked(sqlfile.query(db, "SELECT reason FROM audit ORDER BY id DESC LIMIT 1")[0]["reason"]) == []
     await gateway.aclose()
     db.close()
 

@@ -25,6 +25,7 @@ from impyard.gateway.surfaces import RecordingSurface
 from impyard.host import build_gateway
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -87,8 +88,8 @@ async def test_a_body_that_reaches_beyond_the_prompt_is_refused_by_the_rule_befo
     assert error.code == ErrorCode.DENIED
     assert error.data["rule"] == "model-text" and reason in error.data["reason"], error.data
     assert error.message.startswith("denied by policy rule model-text: ")
-    assert fake.requests == [] and gateway.db.query("SELECT count(*) FROM ledger")[0][0] == 0
-    [row] = gateway.db.query("SELECT verdict, rule, reason FROM audit")
+    assert fake.requests == [] and sqlfile.query(gateway.db, "SELECT count(*) FROM ledger")[0][0] == 0
+    [row] = sqlfile.query(gateway.db, "SELECT verdict, rule, reason FROM audit")
     assert (row["verdict"], row["rule"]) == ("denied", "model-text") and reason in row["reason"]
     await gateway.aclose()
     gateway.db.close()
@@ -116,7 +117,7 @@ async def test_an_operator_can_name_image_hosts_and_each_image_is_reserved_at_it
         ),
     )
     assert isinstance(result, ModelRequestResult) and result.status == 200
-    [row] = gateway.db.query("SELECT reserved_micros FROM ledger")
+    [row] = sqlfile.query(gateway.db, "SELECT reserved_micros FROM ledger")
     assert (
         row["reserved_micros"] >= 1600 * 2
     )  # gpt-4.1's image_input_tokens in the default price table, at $2/M

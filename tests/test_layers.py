@@ -18,7 +18,7 @@ IMPYARD = ROOT / "impyard"
 
 # Lowest first. A package may import only packages of a lower rank (and itself).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("foundations",),  # impyard/{errors,clock,durations,paths,toml_errors,failure_words}.py
+    ("foundations",),  # impyard/{errors,clock,durations,paths,toml_errors,failure_words,threads}.py
     ("storage",),
     ("backends",),
     ("imps",),
@@ -39,6 +39,7 @@ FOUNDATIONS = {
     "paths",
     "toml_errors",
     "failure_words",
+    "threads",
     "__init__",
     "__main__",
 }

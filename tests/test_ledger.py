@@ -40,8 +40,10 @@ from impyard.gateway.prices import (
 )
 from impyard.storage import migrations, tables
 from impyard.storage import urls as dburl
-from impyard.storage.db import LEGACY_VERSION, Database, open_database
+from impyard.storage.db import Database, open_database
 from impyard.storage.liveness import Holder, this_process
+from impyard.storage.migrations.legacy import LEGACY_VERSION
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -84,7 +86,7 @@ def test_the_database_is_wal_and_migrations_run_once(tmp_path: Path) -> None:  #
     frozen legacy list's, are tests/test_store_schema.py's)."""
     path = tmp_path / "x.db"
     db = open_database(path)
-    assert db.query("PRAGMA journal_mode")[0][0] == "wal"
+    assert sqlfile.query(db, "PRAGMA journal_mode")[0][0] == "wal"
     version, revision = db.version, db.revision
     assert revision == migrations.head()
     assert db.migrate() == version  # idempotent

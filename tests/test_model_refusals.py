@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from box.attempts import ModelChooser, ModelExhausted, ModelRefused, with_attempts
-from box.failures import classify, tagged
+from box.common.failures import tagged
+from box.failures import classify
 from box.model import http_failure
 from box.protocol.models import DeliverParams, DeliverResult, ModelRequestResult, ResponderSettings
 from impyard.failure_words import WORDS, words_for

@@ -40,6 +40,7 @@ from impyard.host import build_gateway
 from impyard.storage.db import Database, default_path, open_database
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 from impyard.testing.web import local_site
+from tests import sqlfile
 
 KEY = "sk-impyard-explain-test-7d1e44a0c9"
 OPS = """\
@@ -223,7 +224,7 @@ class Yard:
             code = exc.code
         finally:
             await gateway.aclose()
-        row = self.db.query("SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
+        row = sqlfile.query(self.db, "SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
         return row["verdict"], row["rule"], code
 
     def dump(self) -> list[str]:
@@ -375,7 +376,7 @@ async def test_a_rate_limit_already_reached_is_what_the_dry_run_says(
     with pytest.raises(RpcError) as caught:
         await gateway.serve(spec, method, params)
     assert caught.value.code == decision.error.code and caught.value.data["rule"] == decision.rule
-    row = yard.db.query("SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
+    row = sqlfile.query(yard.db, "SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
     assert (row["verdict"], row["rule"]) == (decision.verdict, decision.rule)
     await gateway.aclose()
 
@@ -405,7 +406,7 @@ async def test_a_dry_run_reserves_nothing_opens_no_gate_posts_nothing_and_audits
     assert yard.fake.requests == [] and yard.surface.sent == []
     # what the dry run promised, the live gateway does: the call is charged its measured cost, within the estimate
     await gateway.serve(spec, "model.request", model)
-    [reserved] = yard.db.query("SELECT reserved_micros FROM ledger")
+    [reserved] = sqlfile.query(yard.db, "SELECT reserved_micros FROM ledger")
     assert reserved[0] == allowed.estimate_micros
     result = await gateway.serve(spec, "discord.send", elsewhere)
     assert isinstance(result, DiscordSendResult) and result.status == "pending"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from box.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
+from box.common.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
@@ -43,6 +43,7 @@ from impyard.testing.fake_openai import (
     tool_call,
 )
 from impyard.testing.web import local_site
+from tests import sqlfile
 from tests.scripted import NOW, deliver_params, init_params
 
 pytestmark = pytest.mark.anyio
@@ -74,7 +75,7 @@ class Rig:
         return [request.body for request in self.fake.requests_for(path)]
 
     def audit(self) -> list[tuple[str, str, str | None]]:
-        rows = self.db.query("SELECT method, verdict, purpose FROM audit ORDER BY id")
+        rows = sqlfile.query(self.db, "SELECT method, verdict, purpose FROM audit ORDER BY id")
         return [(row[0], row[1], row[2]) for row in rows]
 
 

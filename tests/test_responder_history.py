@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from box.history import Record
+from box.common.history import Record
 from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.codec import NdjsonDecoder
 from box.protocol.history import MAX_COMMIT_LINES, MAX_LINE_CHARS, MAX_LOAD_CHARS, HistoryLine, Role

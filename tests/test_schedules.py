@@ -16,12 +16,11 @@ from impyard.imps.store import ImpNotFound, ImpStore
 from impyard.storage.db import Database
 from impyard.storage.tables import channels, schedules, tasks
 from impyard.tasks import TaskError, TaskStore
-from impyard.tasks.schedules import (
+from impyard.tasks.schedules import ScheduleRequest, ScheduleStore
+from impyard.tasks.triggers import (
     MAX_CATCH_UP,
     MAX_QUEUED_PER_SCHEDULE,
     ScheduleError,
-    ScheduleRequest,
-    ScheduleStore,
     Trigger,
     due_runs,
     first_run,

@@ -16,16 +16,11 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-import impyard.storage.db
+import impyard.storage.migrate
 from impyard.storage import migrations, tables
-from impyard.storage.db import (
-    LEGACY_VERSION,
-    MIGRATIONS,
-    Database,
-    DatabaseError,
-    open_database,
-    split_statements,
-)
+from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.migrations.legacy import LEGACY_VERSION, MIGRATIONS, split_statements
+from tests import sqlfile
 
 EXPECTED_TABLES = 25
 # Tables of revisions after the baseline (0002 leases, 0003 ledger_totals): a legacy home gets them at upgrade.
@@ -123,7 +118,7 @@ def counted_upgrades(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     runs: list[str] = []
     real = migrations.upgrade
     # no fresh file built from SQL this process recorded
-    monkeypatch.setattr(impyard.storage.db, "_FRESH_SQLITE", {})
+    monkeypatch.setattr(impyard.storage.migrate, "_FRESH_SQLITE", {})
 
     def upgrade(connection: sa.Connection, destination: str = "head") -> None:
         runs.append(destination)
@@ -162,7 +157,7 @@ def open_at_once(open_one: Callable[[], Database], count: int = 3) -> list[BaseE
 def test_alembic_builds_exactly_the_schema_the_legacy_migrations_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(impyard.storage.db, "_FRESH_SQLITE", {})  # Alembic itself, not a recording
+    monkeypatch.setattr(impyard.storage.migrate, "_FRESH_SQLITE", {})  # Alembic itself, not a recording
     legacy_home(tmp_path / "legacy.db")
     open_database(tmp_path / "fresh.db").close()
     legacy, whole = shape(sqlite_engine(tmp_path / "legacy.db")), shape(sqlite_engine(tmp_path / "fresh.db"))
@@ -178,9 +173,9 @@ def test_alembic_builds_exactly_the_schema_the_legacy_migrations_built(
 def test_a_fresh_file_built_again_from_the_recorded_sql_is_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(impyard.storage.db, "_FRESH_SQLITE", {})
+    monkeypatch.setattr(impyard.storage.migrate, "_FRESH_SQLITE", {})
     open_database(tmp_path / "first.db").close()  # by Alembic, recorded
-    assert impyard.storage.db._FRESH_SQLITE
+    assert impyard.storage.migrate._FRESH_SQLITE
     open_database(tmp_path / "second.db").close()  # from the recording
     first, second = Database(tmp_path / "first.db"), Database(tmp_path / "second.db")
     assert shape(sqlite_engine(tmp_path / "second.db")) == shape(sqlite_engine(tmp_path / "first.db"))
@@ -304,7 +299,9 @@ def test_an_older_home_is_brought_to_version_ten_then_stamped(tmp_path: Path, up
     db = open_database(path)
     assert db.revision == migrations.head()
     assert db.version == LEGACY_VERSION + (migrations.position(migrations.head()) or 0)
-    assert [tuple(r) for r in db.query("SELECT channel_id FROM channels")] == [("discord:1",)]  # kept
+    assert [tuple(r) for r in sqlfile.query(db, "SELECT channel_id FROM channels")] == [
+        ("discord:1",)
+    ]  # kept
     db.close()
     legacy_home(tmp_path / "reference.db")
     assert at_baseline(shape(sqlite_engine(path))) == shape(sqlite_engine(tmp_path / "reference.db"))

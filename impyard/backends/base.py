@@ -48,6 +48,7 @@ from box.protocol.models import (
 from impyard.backends.conduct import LOG_LIMITS, REFUSAL_LIMITS, Admission, NoiseMeter, printable
 from impyard.backends.statedir import StateQuota, StateUsage, measure_state_dir
 from impyard.errors import ImpyardError
+from impyard.threads import in_thread_abandoned_on_cancel
 
 log = logging.getLogger("impyard.box")
 
@@ -397,7 +398,7 @@ async def _measured(state_dir: Path, quota: StateQuota) -> StateUsage:
     fresh = cached is not None and anyio.current_time() - cached[0] < STATE_CHECK_S
     if cached is not None and fresh and cached[1].over(quota) is None:  # a verdict to kill is never reused
         return cached[1]
-    usage = await anyio.to_thread.run_sync(measure_state_dir, state_dir, quota, abandon_on_cancel=True)
+    usage = await in_thread_abandoned_on_cancel(measure_state_dir, state_dir, quota)
     _last_measured[key] = (anyio.current_time(), usage)
     return usage
 

@@ -25,6 +25,7 @@ from impyard.backends.runtimes import RUNTIME_ENV, RUNTIME_SETTINGS, RuntimeChoi
 from impyard.backends.stateroot import state_root
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
+from impyard.threads import in_thread
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -102,8 +103,8 @@ async def probe(backend: BoxBackend, state_dir: Path) -> Observation:
             TaskRunParams(task=TaskSpec(id="probe", kind="probe"), now=now), timeout=PROBE_TIMEOUT_S
         )
         if isinstance(backend, DockerBackend):  # while it runs: its cgroup goes with it
-            attrs = await anyio.to_thread.run_sync(backend.inspect_box, spec)
-            outside = await anyio.to_thread.run_sync(observe_outside, attrs)
+            attrs = await in_thread(backend.inspect_box, spec)
+            outside = await in_thread(observe_outside, attrs)
     runtime = backend.runtime if isinstance(backend, DockerBackend) else None
     return Observation(result.report, outside, runtime)
 

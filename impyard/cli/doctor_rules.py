@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from box.chat_api import chat_body
+from box.common.request_bodies import chat_body, responses_body
 from box.protocol.models import ResponderSettings
-from box.responses_api import responses_body
 from impyard.backends.base import BoxStartError
 from impyard.backends.runtimes import GVISOR, RuntimeChoice, install_hint, resolve_runtime, runtime_words
 from impyard.imps.config import ImpConfig

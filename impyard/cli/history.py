@@ -9,13 +9,13 @@ from contextlib import contextmanager
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
+from impyard.cli.database import database
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
 from impyard.clock import SystemClock, iso
 from impyard.conversation.history import History, ShownMessage, transcript
 from impyard.conversation.responder_history import ResponderHistory, import_legacy_homes
 from impyard.imps.store import ImpError, ImpNotFound, ImpStore, validate_name
-from impyard.storage.db import DatabaseError, open_database
 
 DEFAULT_SHOWN = 20
 MAX_SHOWN = 1000
@@ -35,14 +35,8 @@ def history_group() -> None:
 
 @contextmanager
 def history_store() -> Iterator[History]:
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    try:
+    with database() as db:
         yield History(db, SystemClock())
-    finally:
-        db.close()
 
 
 def _check_imp(name: str, history: History) -> list[str]:

@@ -15,12 +15,11 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from impyard.cli.errors import CliError
+from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock, iso
 from impyard.durations import format_duration
 from impyard.storage import liveness
-from impyard.storage.db import DatabaseError, open_database
 from impyard.storage.leases import HOST_PREFIX, LeaseInfo, LeaseStore
 from impyard.storage.liveness import Holder
 
@@ -167,15 +166,9 @@ def hosts_command(out: Output) -> None:
       impyard hosts
       IMPYARD_DATABASE_URL=postgresql://imp@db/yard impyard hosts --json
     """
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    try:
-        now = SystemClock().now()
+    now = SystemClock().now()
+    with database() as db:
         found = cluster(LeaseStore(db).list(), now)
-    finally:
-        db.close()
     if out.as_json:
         out.json(found)
         return

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from box.model_profiles import model_notes
+from box.common.model_profiles import model_notes
 from box.protocol.models import ModelRequestParams
 from impyard.cli.doctor_rules import model_uses
 from impyard.cli.errors import CliError
@@ -23,17 +23,11 @@ from impyard.conversation.responder_history import ResponderHistory
 from impyard.gateway.judge import judge, model_request_facts
 from impyard.gateway.policy import PolicyError, load_policy, operator_policy_dir
 from impyard.gateway.prices import PriceMissing, estimate_micros
-from impyard.imps.config import (
-    MAX_PERSONA_CHARS,
-    ImpConfig,
-    ImpConfigError,
-    ImpError,
-    new_imp_settings,
-    toml_value,
-    validate_config,
-)
+from impyard.imps.config import MAX_PERSONA_CHARS, ImpConfig, ImpConfigError, ImpError, new_imp_settings
 from impyard.imps.edit import UNSET, apply_settings, parse_assignment
+from impyard.imps.render import toml_value
 from impyard.imps.store import ImpStore, PersonaStatus, TokenStatus
+from impyard.imps.validate import validate_config
 from impyard.memory.store import MemoryStore
 from impyard.storage.db import open_database
 

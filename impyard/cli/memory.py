@@ -23,9 +23,15 @@ import anyio
 import click
 from rich.markup import escape
 
-from box.memory import laws
-from box.memory.calls import CallRecord, MemoryModel
-from box.memory.embedder import GatewayEmbedder, clip_for_embedding, hashing_vector
+from box.common import laws
+from box.common.busy import ask_while_busy
+from box.common.embedding import (
+    EMBEDDINGS_PATH,
+    clip_for_embedding,
+    embedding_body,
+    hashing_vector,
+    vector_of,
+)
 from box.protocol.memory import (
     MAX_CONCLUSION_CHARS,
     MAX_K,
@@ -48,8 +54,11 @@ from impyard.gateway.surfaces import NoSurface
 from impyard.host import build_gateway
 from impyard.imps.config import ImpConfig, ImpError
 from impyard.imps.store import ImpStore
+from impyard.memory.errors import MemoryInvalid
+from impyard.memory.forgetting import mentions_are_forgettable
 from impyard.memory.scopes import SCOPE_FORMS, TERMINAL, ScopeNameError, parse_scope
-from impyard.memory.store import MemoryInvalid, MemoryStats, MemoryStore, mentions_are_forgettable
+from impyard.memory.stats import MemoryStats
+from impyard.memory.store import MemoryStore
 from impyard.storage.db import Database, DatabaseError, open_database
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's embedding calls are audited on
@@ -167,7 +176,7 @@ def memory_store() -> Iterator[tuple[MemoryStore, Database]]:
 
 @dataclass
 class _ThroughGateway:
-    """``ModelCaller`` for the host itself: a ``model.request`` served by a gateway, as a box's would be."""
+    """``box.common.busy.ModelCaller`` for the host itself: a ``model.request`` served by a gateway, as a box's would be."""
 
     gateway: Gateway
     spec: BoxSpec
@@ -207,31 +216,32 @@ async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, pol
         ImpStore().path(config.name) / "state",
         run_id=f"cli-{uuid.uuid4().hex}",
     )
-    problems: list[str] = []
     started = anyio.current_time()
 
     def left() -> float:
         return EMBED_DEADLINE_S - (anyio.current_time() - started)
 
-    def note(record: CallRecord) -> None:
-        if record.error:
-            problems.append(record.error)
-
-    model = MemoryModel(
-        _ThroughGateway(gateway, spec),
-        config.imp_spec().memory,
-        config.model.model,
-        deadline=left,
-        recorders=(note,),
-        server=config.model.server,
-    )
-    embedder = GatewayEmbedder(model, config.memory.embedding_model, config.memory.dimensions)
+    # The box's own embedding call, made by the host (mechanisms 30, 63, 121): the same clip, body, busy
+    # backoff and answer check as a box's GatewayEmbedder, so the vector compares with the imp's own.
+    clipped = clip_for_embedding(text)
+    vector: list[float] | None = None
+    why: str | None = "the text has no words"  # blank text is not sent: the API refuses empty input
     try:
-        vector = await embedder.embed(text)
+        if clipped.strip():
+            dimensions = config.memory.dimensions
+            body = embedding_body(config.memory.embedding_model, clipped, dimensions)
+            asked = await ask_while_busy(
+                _ThroughGateway(gateway, spec),
+                EMBEDDINGS_PATH,
+                body,
+                "embedding",
+                sleep=anyio.sleep,
+                deadline=left,
+            )
+            vector, why = vector_of(asked, dimensions)
     finally:
         await gateway.aclose()
     if vector is None:
-        why = problems[-1] if problems else "the text has no words"
         raise CliError(f"the text could not be embedded ({why}); nothing was changed")
     return vector
 

@@ -31,7 +31,8 @@ from impyard.gateway.trust import ChannelInfo, DbChannelTrust
 from impyard.host import build_gateway
 from impyard.imps.config import ImpError
 from impyard.imps.store import ImpStore
-from impyard.storage.db import DB_FILENAME, Database, default_path, open_database
+from impyard.storage.db import Database, default_path, open_database
+from impyard.storage.urls import DB_FILENAME
 
 METHODS = ("model.request", "discord.send", "http.fetch")
 MODEL_PATHS: tuple[str, ...] = typing.get_args(ModelPath)

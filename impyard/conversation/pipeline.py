@@ -51,6 +51,7 @@ from impyard.memory.scopes import presence, scopes_of
 from impyard.memory.scopes import resolve as resolve_scopes
 from impyard.storage import faults as storage_faults
 from impyard.storage.db import STORAGE_ERRORS
+from impyard.threads import in_thread
 
 __all__ = [
     "MAX_ATTACHMENTS",
@@ -223,7 +224,7 @@ class Conversations:
         """``recent``: the channel's window as routing read it (None: read it here, after a restart)."""
         assert self.sessions is not None, "attach a SessionManager first"
         if recent is None:
-            recent = await self.history.aio.recent(channel_id, imp=imp)
+            recent = await self.history.db.run(self.history.recent, channel_id, imp=imp)
         framing = decide_framing(
             channel_kind=kind,
             addressed=addressed,
@@ -247,8 +248,8 @@ class Conversations:
         ]
         handle = self.sessions.deliver(Delivery(key, message, framing, recent))
         if handle.outcome == "busy":
-            await self.history.aio.finish(
-                imp, channel_id, [message.id], "busy", "the channel's queue was full"
+            await self.history.db.run(
+                self.history.finish, imp, channel_id, [message.id], "busy", "the channel's queue was full"
             )
         return Routed(handle.outcome, handle if handle.accepted else None)
 
@@ -258,26 +259,28 @@ class Conversations:
         """After a restart: answer woken messages that are still fresh; the stale ones are marked missed and
         mentioned to their person once (issue 19 #5), where this host's surface ``reaches`` (None: any) and, for a
         host serving one Discord shard, in the channels ``owns`` says are its shard's (issue 21)."""
-        before = await self.history.aio.unfinished()
+        before = await self.history.db.run(self.history.unfinished)
         # Issue 19 #5: a channel this host cannot post to is left to the host that can (`serve` for Discord, a
         # terminal chat for its own): it answers or mentions them when it starts, instead of them being marked
         # missed here and never told. Issue 21: so is another shard's channel, to the host serving that shard.
         elsewhere = {w.channel_id for w in before if not await self._reaches(w.channel_id, reaches, owns)}
-        fresh = await self.history.aio.triage(skip_channels=elsewhere)  # the stale ones marked missed
+        fresh = await self.history.db.run(
+            self.history.triage, skip_channels=elsewhere
+        )  # the stale ones marked missed
         answered = {(wake.imp, wake.channel_id, wake.message.id) for wake in fresh}
         missed = [
             w
             for w in before
             if w.channel_id not in elsewhere
             and (w.imp, w.channel_id, w.message.id) not in answered
-            and await self.history.aio.outcome(w.imp, w.channel_id, w.message.id) == "missed"
+            and await self.history.db.run(self.history.outcome, w.imp, w.channel_id, w.message.id) == "missed"
         ]  # not those answered before the restart whose outcome was lost (issue 19 #2): triage marked them sent
         await self._mention_missed(missed)
         resumed = 0
         for wake in fresh:
             if wake.imp not in self.configs:
                 continue
-            info = await self.channels.aio.info(wake.channel_id)
+            info = await self.channels.db.run(self.channels.info, wake.channel_id)
             kind = info.kind if info else "guild"
             log.info("answering %s in %s after a restart", wake.message.id, wake.channel_id)
             await self._to_session(
@@ -294,7 +297,7 @@ class Conversations:
     ) -> bool:
         if reaches is None and owns is None:
             return True
-        info = await self.channels.aio.info(channel_id)
+        info = await self.channels.db.run(self.channels.info, channel_id)
         if reaches is not None and surface_of(channel_id, info.surface if info else None) not in reaches:
             return False
         return owns is None or owns(info)
@@ -307,7 +310,7 @@ class Conversations:
             if wake.imp in self.configs:
                 grouped.setdefault((wake.imp, wake.channel_id, wake.message.author.id), []).append(wake)
         for (imp, channel_id, _), wakes in grouped.items():
-            info = await self.channels.aio.info(channel_id)
+            info = await self.channels.db.run(self.channels.info, channel_id)
             shared = info is not None and info.kind not in ("dm", "terminal")
             name = wakes[0].message.author.name if shared else None
             await self.notice(
@@ -322,8 +325,8 @@ class Conversations:
     async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
         """What a new box of this session is told; the channel and the persona are read off the event loop."""
         config = self.configs[key.imp]
-        info = await self.channels.aio.info(key.channel_id)
-        imp = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
+        info = await self.channels.db.run(self.channels.info, key.channel_id)
+        imp = await in_thread(self.imps.imp_spec, config)
         kind = info.kind if info and info.kind in ("dm", "guild", "terminal", "task") else "guild"
         scopes = (
             await resolve_scopes(self.channels.db, key.imp, key.channel_id) if imp.memory.enabled else None

@@ -9,7 +9,7 @@ the gateway for the box's own channel alone.
 The rules stay SPEC-001's, applied here with the imp's own settings (``[model] history_limit`` and
 ``history_per_channel``; never a number a box sends): the imp's lines are trimmed to the limit before
 the model call (on ``load``) and after appending (on ``commit``) — ENV-07 — the busiest channel losing its
-oldest line first (ENV-11, ``box.history.trim``, the same function the box used on its file).
+oldest line first (ENV-11, ``box.common.history.trim``, the same function the box used on its file).
 
 ``import_legacy`` brings an existing home's imp-wide ``state/history.json`` (and its counters) into the
 table once, then renames the file ``history.json.imported``: nothing is lost, nothing is imported twice.
@@ -32,7 +32,7 @@ from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from box.history import Record, aware, trim
+from box.common.history import Record, aware, trim
 from box.protocol.history import MAX_LINE_CHARS, MAX_LOAD_CHARS, HistoryLine, HistoryLineView
 from box.protocol.models import ResponderSettings
 from impyard.clock import Clock, iso, parse_iso

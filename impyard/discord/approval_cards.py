@@ -174,7 +174,7 @@ class ApprovalCards:
         if guild_id is None:
             return gate
         log.info("gate %s: <#%s> is in guild %s; its admins may decide", gate.id, gate.target, guild_id)
-        return await self.gateway.gates.aio.learn_target_guild(gate.id, guild_id)
+        return await self.gateway.gates.db.run(self.gateway.gates.learn_target_guild, gate.id, guild_id)
 
     async def post(self, gate: Gate) -> Card | None:
         config = self.configs.get(gate.imp)
@@ -207,7 +207,7 @@ class ApprovalCards:
             log.info("card click on %s by %s refused: %s", gate_id, approver.id, exc)
             await interaction.followup.send(f"Nothing was changed: {exc}", ephemeral=True)
             if exc.kind in ("not_pending", "expired"):
-                await self.refresh(await self.gateway.gates.aio.get(gate_id))
+                await self.refresh(await self.gateway.gates.db.run(self.gateway.gates.get, gate_id))
             return
         log.info("gate %s %s from its card by %s", gate.id, gate.state, approver.id)
         self.cards.pop(gate.id, None)
@@ -241,7 +241,7 @@ class ApprovalCards:
             return
         for gate_id in list(self.cards):
             try:
-                gate = await self.gateway.gates.aio.get(gate_id)
+                gate = await self.gateway.gates.db.run(self.gateway.gates.get, gate_id)
             except GateError:
                 self.cards.pop(gate_id, None)
                 continue

@@ -288,12 +288,14 @@ class DiscordHost:
         they get a row when their first message comes."""
         channels = self.runtime.channels
         wanted = {seen.channel_id for seen in event.channels}
-        known_now = {info.channel_id: info for info in await channels.aio.all() if info.channel_id in wanted}
+        known_now = {
+            info.channel_id: info for info in await channels.db.run(channels.all) if info.channel_id in wanted
+        }
         for seen in event.channels:
             known = known_now.get(seen.channel_id)
             if known is None or known.kind != "guild" or known.audience == seen.audience:
                 continue
-            await channels.aio.seen(
+            await channels.db.run(channels.seen,
                 seen.channel_id, surface=SURFACE_DISCORD, kind="guild", name=seen.name, guild_id=seen.guild_id,
                 audience=seen.audience,
             )  # fmt: skip

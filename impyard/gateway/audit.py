@@ -22,6 +22,7 @@ from impyard.clock import Clock, iso, parse_iso
 from impyard.storage.db import Database, Store
 from impyard.storage.liveness import this_process
 from impyard.storage.prepared import Prepared
+from impyard.storage.rows import RowMapper
 from impyard.storage.tables import audit
 
 REDACTED = "[redacted]"
@@ -127,6 +128,7 @@ _COLUMNS = (
     "at", "imp", "run_id", "channel_id", "method", "purpose", "verdict", "rule", "reason",
     "cost_micros", "gate_id", "latency_ms", "detail", "host",
 )  # fmt: skip
+row_to_record = RowMapper(AuditRecord, at=parse_iso)  # every row has its time (``AuditLog.row``)
 _INSERT = Prepared(insert(audit))  # the lean path on SQLite (issue 18): a row every act
 _TAIL = (
     select(audit.c.id, *(audit.c[name] for name in _COLUMNS))
@@ -176,11 +178,5 @@ class AuditLog(Store):
         """The last ``n`` rows (oldest first), optionally for one imp."""
         params: dict[str, Any] = {"n": max(0, n), "imp": imp}
         statement = _TAIL if imp is None else _TAIL_OF
-        rows = self.db.read(lambda conn: conn.execute(statement, params).all())
-        return [self._record(row) for row in reversed(rows)]
-
-    @staticmethod
-    def _record(row: Any) -> AuditRecord:
-        data = dict(zip(_COLUMNS, row[1:], strict=True))
-        data["at"] = parse_iso(data["at"])
-        return AuditRecord(id=row[0], **data)
+        newest_first = self.db.read(lambda conn: row_to_record.all(conn, statement, params))
+        return newest_first[::-1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -35,12 +35,13 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from box.protocol.models import DiscordSendParams
-from impyard.clock import Clock, iso, parse_iso
+from impyard.clock import Clock, iso
 from impyard.errors import ImpyardError
 from impyard.gateway.audit import AuditLog, AuditRecord
 from impyard.gateway.trust import EarnedTrust
 from impyard.storage.db import Database, Store
 from impyard.storage.portable import bytewise
+from impyard.storage.rows import RowMapper
 from impyard.storage.tables import gates
 
 GateState = Literal["pending", "approved", "denied", "expired", "executing", "executed", "failed"]
@@ -152,37 +153,11 @@ def freeze(payload: dict[str, Any]) -> tuple[str, str]:
     return text, hashlib.sha256(text.encode()).hexdigest()
 
 
-def row_to_gate(row: Mapping[Any, Any]) -> Gate:
-    def when(name: str) -> datetime | None:
-        return parse_iso(row[name]) if row[name] else None
-
-    return Gate(
-        id=row["id"],
-        imp=row["imp"],
-        run_id=row["run_id"],
-        session_channel=row["session_channel"],
-        origin_guild=row["origin_guild"],
-        act=row["act"],
-        target=row["target"],
-        payload=json.loads(row["payload"]),
-        payload_sha256=row["payload_sha256"],
-        reason=row["reason"],
-        state=row["state"],
-        created_at=parse_iso(row["created_at"]),
-        deadline=parse_iso(row["deadline"]),
-        decided_at=when("decided_at"),
-        decided_by=row["decided_by"],
-        decision_note=row["decision_note"],
-        executed_at=when("executed_at"),
-        message_ids=json.loads(row["message_ids"]) if row["message_ids"] else [],
-        error=row["error"],
-        target_guild=row["target_guild"],
-    )
+row_to_gate = RowMapper(Gate, payload=json.loads, message_ids=lambda text: json.loads(text) if text else [])
 
 
 def _gate_row(conn: Connection, gate_id: str) -> Gate | None:
-    row = conn.execute(select(gates).where(gates.c.id == gate_id)).mappings().first()
-    return None if row is None else row_to_gate(row)
+    return row_to_gate.first(conn, select(gates).where(gates.c.id == gate_id))
 
 
 class GateStore(Store):
@@ -208,7 +183,7 @@ class GateStore(Store):
         if states:
             query = query.where(gates.c.state.in_(sorted(states)))
         query = query.order_by(bytewise(gates.c.created_at).desc(), bytewise(gates.c.id)).limit(max(0, limit))
-        return self.db.read(lambda conn: [row_to_gate(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: row_to_gate.all(conn, query))
 
     # ------------------------------------------------------------ transitions (inside ``Database.write``)
 

@@ -268,8 +268,8 @@ def model_request_facts(
 # web_search, code_interpreter, image_generation, file_search) and image URLs make it fetch attacker URLs
 # carrying the imp's context; file ids and stored responses pull in data of unknown size and owner; and
 # all of it costs outside the price table. So each path admits only the keys, tool types, input items,
-# content parts and image URLs below -- which cover every body the box's responder builds (box/chat_api.py,
-# box/responses_api.py, box/images.py) -- and the matched rule refuses the rest, by name.
+# content parts and image URLs below -- which cover every body the box's responder builds
+# (box/common/request_bodies.py, box/images.py) -- and the matched rule refuses the rest, by name.
 
 _TEXT_KEYS = frozenset({
     "model", "stream", "temperature", "top_p", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",

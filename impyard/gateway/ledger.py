@@ -34,6 +34,7 @@ from impyard.storage.db import Database, Store
 from impyard.storage.liveness import Holder, alive, this_process
 from impyard.storage.portable import per_dialect, upsert
 from impyard.storage.prepared import Prepared
+from impyard.storage.rows import RowMapper
 from impyard.storage.tables import budget_limits, ledger, ledger_totals
 
 ALL_IMPS = "*"  # the scope of the fleet-wide limit
@@ -165,6 +166,9 @@ class Orphan:
             f"interrupted: in flight since {self.created_at} and never settled by its host; charged its "
             "reservation, since the model API may bill a request it received"
         )
+
+
+_ORPHAN = RowMapper(Orphan, id=int, reserved_micros=int)
 
 
 @dataclass(frozen=True)
@@ -489,10 +493,7 @@ class Ledger(Store):
                 why = "too-old"
             else:
                 continue
-            candidates[int(row.id)] = Orphan(
-                int(row.id), row.imp, int(row.reserved_micros), row.method, row.purpose, row.model, row.created_at,
-                holder, why,
-            )  # fmt: skip
+            candidates[int(row.id)] = _ORPHAN(row._mapping, holder=holder, why=why)
         if not candidates:
             return []
 

@@ -37,7 +37,6 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 import impyard
-from impyard.errors import ImpyardError
 from impyard.gateway.policy_models import (
     BudgetLimit,
     Budgets,
@@ -51,7 +50,7 @@ from impyard.gateway.policy_models import (
     UpstreamSettings,
 )
 from impyard.paths import home
-from impyard.toml_errors import line_of, syntax_error_line
+from impyard.toml_errors import Problem, ProblemsError, line_of, syntax_error_line
 
 DEFAULT_POLICY_ENV = "IMPYARD_DEFAULT_POLICY"
 POLICY_DIR_ENV = "IMPYARD_POLICY_DIR"
@@ -59,26 +58,8 @@ DEFAULT_POLICY_NAME = "default.toml"
 MAX_POLICY_FILE_BYTES = 1_048_576
 
 
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int | None
-    key: str
-    reason: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.key}: {self.reason}" if self.key else f"{where}: {self.reason}"
-
-
-class PolicyError(ImpyardError):
+class PolicyError(ProblemsError[Problem]):
     """A policy file is broken; ``problems`` lists every finding, the message starts with the first."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        first = problems[0]
-        self.file, self.line, self.key, self.reason = first.file, first.line, first.key, first.reason
-        super().__init__("\n".join(str(problem) for problem in problems))
 
 
 @dataclass(frozen=True)

@@ -114,24 +114,15 @@ class EarnedTrust(Store):
 
     def record_approval(self, conn: Connection, imp: str, act: str, target: str) -> None:
         """Inside the caller's write transaction (the gate decision and the count change together)."""
-        row = {
-            "imp": imp,
-            "act": act,
-            "target": target,
-            "clean_approvals": 1,
-            "updated_at": iso(self.clock.now()),
-        }
-        conn.execute(_upserts(conn.dialect.name)[True], row)
+        self._record(conn, imp, act, target, approved=True)
 
     def record_denial(self, conn: Connection, imp: str, act: str, target: str) -> None:
-        row = {
-            "imp": imp,
-            "act": act,
-            "target": target,
-            "clean_approvals": 0,
-            "updated_at": iso(self.clock.now()),
-        }
-        conn.execute(_upserts(conn.dialect.name)[False], row)
+        self._record(conn, imp, act, target, approved=False)
+
+    def _record(self, conn: Connection, imp: str, act: str, target: str, *, approved: bool) -> None:
+        now = iso(self.clock.now())
+        row = {"imp": imp, "act": act, "target": target, "clean_approvals": int(approved), "updated_at": now}
+        conn.execute(_upserts(conn.dialect.name)[approved], row)
 
 
 _e = earned_trust.c

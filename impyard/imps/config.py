@@ -1,10 +1,11 @@
-"""The imp config: ``imp.toml``'s typed model, its validation with errors that name file, line and key, and rendering.
+"""The imp config: ``imp.toml``'s typed model and the errors a broken one raises.
 
 A broken file raises ``ImpConfigError`` naming the file, the line (where it can
 be found), the key, the reason and the fix; nothing is ever half-loaded. The box
 receives only ``ImpConfig.imp_spec()``: name, persona and responder/memory
 settings, never owners, tokens or host paths (docs/architecture.md). The store that
-adds, reads and removes imps is ``impyard.imps.store``.
+adds, reads and removes imps is ``impyard.imps.store``; a file is read and checked by
+``impyard.imps.validate`` and written back by ``impyard.imps.render``.
 """
 
 from __future__ import annotations
@@ -12,22 +13,17 @@ from __future__ import annotations
 import difflib
 import json
 import re
-import tomllib
 import typing
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from box.attempts import attempt_timeout_s
-from box.model_profiles import SettingProblem, config_problems
+from box.common.attempts import attempt_timeout_s
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
-from impyard.toml_errors import line_of, syntax_error_line
+from impyard.toml_errors import Problem, ProblemsError
 
 if TYPE_CHECKING:
     from impyard.backends.docker import DockerLimits
@@ -76,29 +72,16 @@ class ImpExists(ImpError):
     """``add`` of a name that is already an imp."""
 
 
-@dataclass(frozen=True)
-class ConfigProblem:
-    file: str
-    line: int | None
-    key: str
-    reason: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: key '{self.key}': {self.reason}" if self.key else f"{where}: {self.reason}"
+class ConfigProblem(Problem):
+    def key_text(self) -> str:
+        return f"key '{self.key}'"
 
 
-class ImpConfigError(ImpError):
+class ImpConfigError(ProblemsError[ConfigProblem], ImpError):
     """An imp's config (or persona, news or token file) is broken; ``problems`` lists every finding.
 
     The message is one line per problem: ``<file>[:<line>]: key '<key>': <reason and fix>``.
     """
-
-    def __init__(self, problems: list[ConfigProblem]) -> None:
-        self.problems = problems
-        first = problems[0]
-        self.file, self.line, self.key, self.reason = first.file, first.line, first.key, first.reason
-        super().__init__("\n".join(str(problem) for problem in problems))
 
 
 def validate_name(name: str) -> str:
@@ -710,241 +693,3 @@ class ImpConfig(_Strict):
 def default_token_env(name: str) -> str:
     """``IMPYARD_DISCORD_TOKEN_<NAME>``: the name upper-cased, dashes as underscores."""
     return TOKEN_ENV_PREFIX + name.upper().replace("-", "_")
-
-
-# ------------------------------------------------------------------ validation with errors that name file, line, key
-
-
-def parse_config(text: str, file: str, *, expected_name: str | None = None) -> ImpConfig:
-    """Parse and validate imp.toml text; raise ``ImpConfigError`` naming ``file``, the line and the key."""
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-        raise ImpConfigError(
-            [
-                ConfigProblem(
-                    file,
-                    syntax_error_line(exc),
-                    "",
-                    f'not valid TOML: {reason}; fix the syntax (text values need "quotes")',
-                )
-            ]
-        ) from None
-    return validate_config(raw, file, text=text, expected_name=expected_name)
-
-
-def validate_config(
-    raw: dict[str, Any], file: str, *, text: str | None = None, expected_name: str | None = None
-) -> ImpConfig:
-    """Validate a parsed config; every problem names the key (and, given ``text``, the line)."""
-    secrets = list(_secret_keys(raw))
-    problems = [ConfigProblem(file, _locate(text, path), _key_text(path), SECRET_FIX) for path in secrets]
-    try:
-        config = ImpConfig.model_validate(raw)
-    except ValidationError as exc:
-        for error in exc.errors():
-            loc = tuple(error["loc"])
-            if loc in secrets:
-                continue  # already reported, with the secret-specific fix
-            problems.append(ConfigProblem(file, _locate(text, loc), _key_text(loc), _reason(error, loc)))
-        problems.sort(key=lambda problem: problem.line or 1 << 30)
-        raise ImpConfigError(problems) from None
-    if problems:
-        raise ImpConfigError(problems)
-    problems = [
-        ConfigProblem(file, _locate(text, ("model", problem.key)), f"model.{problem.key}", problem.reason)
-        for problem in model_problems(config.model)
-    ]
-    if problems:
-        raise ImpConfigError(problems)  # issue 16: asks for what no request to this model could carry
-    if expected_name is not None and config.name != expected_name:
-        raise ImpConfigError(
-            [
-                ConfigProblem(
-                    file,
-                    _locate(text, ("name",)),
-                    "name",
-                    f"must be {json.dumps(expected_name)}, the directory's name (got {json.dumps(config.name)}); "
-                    "fix the name or rename the directory",
-                )
-            ]
-        )
-    return config
-
-
-def model_problems(model: ModelConfig) -> list[SettingProblem]:
-    """Issue 16: what ``[model]`` asks that its models cannot take (``box.model_profiles.config_problems``);
-    a reasoning effort or temperature counts only when written, since a default is adapted per model."""
-    explicit = model.model_fields_set
-    keys = ("model", "vision_model", "factual_model", "retry_model")
-    return config_problems(
-        models={key: getattr(model, key) for key in keys if getattr(model, key) is not None},
-        server=model.server,
-        reasoning_effort=model.reasoning_effort if "reasoning_effort" in explicit else None,
-        temperature=model.temperature if "temperature" in explicit else None,
-        tools=bool(model.tools),
-        use_responses_api=model.use_responses_api,
-    )
-
-
-def _secret_keys(raw: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    if isinstance(raw, dict):
-        for key, value in raw.items():
-            if key.lower() in SECRET_KEYS:
-                yield (*prefix, key)
-            else:
-                yield from _secret_keys(value, (*prefix, key))
-
-
-def _key_text(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _field_info(loc: tuple[Any, ...]) -> FieldInfo | None:
-    """The FieldInfo of the deepest config field on ``loc`` (list indexes skipped)."""
-    model: type[BaseModel] | None = ImpConfig
-    info: FieldInfo | None = None
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if model is None or part not in model.model_fields:
-            return info
-        info = model.model_fields[part]
-        annotation = info.annotation
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    return info
-
-
-def _got(value: Any) -> str:
-    if isinstance(value, dict):
-        return "a table"
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= MAX_GOT_CHARS else text[: MAX_GOT_CHARS - 1] + "…"
-
-
-def _reason(error: Any, loc: tuple[Any, ...]) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        section = _field_info(loc[:-1]) if len(loc) > 1 else None
-        model = section.annotation if section is not None else ImpConfig
-        known = list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
-        close = [k for k in known if _similar(str(loc[-1]), k)]
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        # The value is never echoed: an unknown key might hold a secret.
-        return f"unknown key; {hint}remove it or fix its spelling (known here: {', '.join(known)})"
-    if kind == "missing":
-        return 'missing; add it (name = "<the directory\'s name>")' if loc == ("name",) else "missing"
-    if kind == "value_error":
-        return str(error["ctx"]["error"])
-    info = _field_info(loc)
-    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
-    expect = extra.get("expect")
-    if not expect:
-        return error["msg"]
-    if loc and loc[0] == "discord":
-        return f"must be {expect}"  # discord values are not echoed: a pasted token must not reach a log
-    return f"must be {expect} (got {_got(error['input'])})"
-
-
-def _similar(a: str, b: str) -> bool:
-    return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio() >= 0.75
-
-
-def _locate(text: str | None, loc: tuple[Any, ...]) -> int | None:
-    """The line of the key on ``loc`` (else of its table's header); ``None`` without the text."""
-    return None if text is None else line_of(text, loc)
-
-
-# ------------------------------------------------------------------ writing imp.toml (by hand: it keeps the comments)
-
-
-def _toml_string(value: str) -> str:
-    if "\\" in value and "'" not in value and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        return f"'{value}'"  # a literal string: regexes stay readable
-    out = []
-    for char in value:
-        code = ord(char)
-        if char == "\\":
-            out.append("\\\\")
-        elif char == '"':
-            out.append('\\"')
-        elif char in "\b\t\n\f\r":
-            out.append({"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}[char])
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
-
-
-def toml_value(value: Any) -> str:
-    """One TOML value: strings, booleans, numbers, (nested) lists and inline tables of them."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)  # finite by validation; repr always has a '.' or an exponent
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):  # an inline table ([memory] models)
-        items = ", ".join(f"{_toml_key(str(key))} = {toml_value(item)}" for key, item in value.items())
-        return "{ " + items + " }" if items else "{}"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def _field_lines(
-    model: BaseModel,
-    cls: type[BaseModel],
-    *,
-    skip: tuple[str, ...] = (),
-    shown_defaults: dict[str, Any] | None = None,
-) -> list[str]:
-    lines: list[str] = []
-    explicit = model.model_fields_set
-    for key, info in cls.model_fields.items():
-        annotation = info.annotation
-        if key in skip or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            continue
-        lines.append(f"# {info.description}")
-        if key in explicit:
-            lines.append(f"{key} = {toml_value(getattr(model, key))}")
-        else:
-            default = info.get_default(call_default_factory=True)
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            if shown_defaults and key in shown_defaults:
-                lines.append(f"# {key} = {toml_value(shown_defaults[key])}")
-            elif default is not None:
-                lines.append(f"# {key} = {toml_value(default)}")
-            elif extra.get("example") is not None:
-                lines.append(f"# {key} = {toml_value(extra['example'])}  # an example; unset by default")
-    return lines
-
-
-def render_config(config: ImpConfig) -> str:
-    """imp.toml text: keys set explicitly are written, every other key is a commented-out default."""
-    lines = [
-        f"# The imp {json.dumps(config.name)}. Edit, then check with: impyard imp show {config.name}",
-        "# Every key but `name` is optional; a commented-out key shows its default.",
-        "# Secrets never go here: the Discord token is read from [discord] token_env or token_file.",
-        "",
-        f"name = {toml_value(config.name)}",
-        *_field_lines(config, ImpConfig, skip=("name",)),
-    ]
-    for key, info in ImpConfig.model_fields.items():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            section = getattr(config, key)
-            shown = {"token_env": default_token_env(config.name)} if key == "discord" else None
-            lines += ["", f"[{key}]", *_field_lines(section, annotation, shown_defaults=shown)]
-    return "\n".join(lines) + "\n"

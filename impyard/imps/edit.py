@@ -19,7 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from impyard.imps.config import ImpConfig, ImpError, render_config, toml_value, validate_config
+from impyard.imps.config import ImpConfig, ImpError
+from impyard.imps.render import render_config, toml_value
+from impyard.imps.validate import validate_config
 
 KEY_PART = re.compile(r"^[A-Za-z0-9_-]+$")
 _HEADER = re.compile(r"^\s*\[")

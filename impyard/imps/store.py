@@ -45,12 +45,10 @@ from impyard.imps.config import (  # the config API is re-exported: callers impo
     ImpExists,
     ImpNameError,
     ImpNotFound,
-    _locate,
-    parse_config,
-    render_config,
-    validate_config,
     validate_name,
 )
+from impyard.imps.render import render_config
+from impyard.imps.validate import locate, parse_config, validate_config
 from impyard.paths import box_dir_name, home, state_root
 
 SESSION_DIRS = "channels"  # under the state dir: one /state per chat channel
@@ -426,7 +424,7 @@ class ImpStore:
                 problems.append(
                     ConfigProblem(
                         str(self.config_path(config.name)),
-                        _locate(text, loc),
+                        locate(text, loc),
                         ".".join(loc),
                         f"{json.dumps(value)} lies in a box's state dir, which the box writes; "
                         "move the file next to imp.toml",

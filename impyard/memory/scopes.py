@@ -46,7 +46,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
-from box.memory.laws import DEFAULTS
+from box.common.laws import DEFAULTS
 from box.protocol.memory import PresenceEntry, SessionMemory
 from impyard.channels.store import PRIVATE
 from impyard.clock import iso, parse_iso

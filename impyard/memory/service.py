@@ -64,8 +64,10 @@ from impyard.backends.statedir import parse_size
 from impyard.errors import ImpyardError
 from impyard.gateway.audit import AuditRecord
 from impyard.memory.cache import DEFAULT_CACHE_BYTES, VectorCache
+from impyard.memory.errors import MemoryDenied, MemoryInvalid
+from impyard.memory.scoped import ScopedMemory
 from impyard.memory.scopes import SessionScopes, resolve
-from impyard.memory.store import MemoryDenied, MemoryInvalid, MemoryStore, ScopedMemory
+from impyard.memory.store import MemoryStore
 from impyard.memory.vectors import VectorError
 from impyard.storage.db import Database, DatabaseError
 

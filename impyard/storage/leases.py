@@ -53,7 +53,9 @@ from impyard.storage.lease_rules import (
     verify,
 )
 from impyard.storage.liveness import Holder
+from impyard.storage.rows import OfRow, RowMapper
 from impyard.storage.tables import leases
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.leases")
 
@@ -149,6 +151,12 @@ def _detail(text: str | None) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+_LEASE_INFO = RowMapper(
+    LeaseInfo, holder=Holder.parse, holder_text=OfRow(lambda row: row["holder"]), token=int, acquired_at=_time,
+    renewed_at=_time, expires_at=_time, detail=_detail,
+)  # fmt: skip
+
+
 def _row(found: RowMapping | None) -> LeaseRow | None:
     if found is None:
         return None
@@ -168,7 +176,7 @@ def task_lease_name(task_id: str, run_id: str) -> str:
 
 
 class LeaseStore(Store):
-    """The ``leases`` rows, for the process ``me`` (default: this one). Blocking; ``store.aio.m()`` awaits."""
+    """The ``leases`` rows, for the process ``me`` (default: this one). Blocking; ``store.db.run(store.m)`` awaits."""
 
     def __init__(
         self,
@@ -289,24 +297,7 @@ class LeaseStore(Store):
 
     def list(self) -> list[LeaseInfo]:
         """Every lease row, by name."""
-
-        def txn(conn: Connection) -> list[LeaseInfo]:
-            rows = conn.execute(select(leases).order_by(leases.c.name)).mappings().all()
-            return [
-                LeaseInfo(
-                    name=r["name"],
-                    holder=Holder.parse(r["holder"]),
-                    holder_text=r["holder"],
-                    token=int(r["token"]),
-                    acquired_at=_time(r["acquired_at"]),
-                    renewed_at=_time(r["renewed_at"]),
-                    expires_at=_time(r["expires_at"]),
-                    detail=_detail(r["detail"]),
-                )  # fmt: skip
-                for r in rows
-            ]
-
-        return self.db.read(txn)
+        return self.db.read(lambda conn: _LEASE_INFO.all(conn, select(leases).order_by(leases.c.name)))
 
     def forget_stale(self, kept: timedelta = HOST_ROWS_KEPT) -> int:
         """Delete the records of hosts, and the leases of task runs, that expired more than ``kept`` ago (killed
@@ -394,7 +385,7 @@ class LeaseKeeper:
             if anyio.current_time() < due and detail == written:
                 continue  # nothing new to say, and no renewal due yet: no write
             try:
-                await self.store.aio.renew(lease, detail, self.ttl)
+                await self.store.db.run(self.store.renew, lease, detail, self.ttl)
             except LeaseLost as exc:
                 self._lose(lease, exc.reason)
                 return
@@ -458,7 +449,7 @@ async def holding(
             describe = details.get(name)
             if describe is not None:
                 written[name] = dict(describe())
-            held.append(await store.aio.acquire(name, written.get(name), ttl))
+            held.append(await store.db.run(store.acquire, name, written.get(name), ttl))
         keeper = LeaseKeeper(
             store, held, renew_every=renew_every, ttl=ttl, details=details, written=written,
             detail_every=DETAIL_EVERY,
@@ -473,7 +464,7 @@ async def holding(
         with anyio.CancelScope(shield=True):
             for lease in reversed(held):
                 try:
-                    await store.aio.release(lease, forget=forget(lease.name))
+                    await store.db.run(store.release, lease, forget=forget(lease.name))
                 except RENEW_ERRORS as exc:  # it expires by itself
                     log.warning("could not release lease %s: %s", lease.name, exc)
 
@@ -504,10 +495,10 @@ async def hold_host(card: HostCard, claims: Sequence[str] = ()) -> AsyncIterator
     """What ``impyard serve``/``chat`` hold for their lives: ``claims`` (``shard:I/N``, ``channel:<id>``) and
     this process's ``host:`` record, on the database of ``IMPYARD_DATABASE_URL`` / the home (opened through the
     engine, so on either engine). ``LeaseHeld`` before anything else starts when a claim is held."""
-    db = await anyio.to_thread.run_sync(lambda: open_database())
+    db = await in_thread(open_database)
     try:
         store = LeaseStore(db)
-        await store.aio.forget_stale()
+        await store.db.run(store.forget_stale)
         me = host_lease_name(store.me)
         async with holding(store, [*claims, me], details={me: card.detail}) as keeper:
             yield keeper

@@ -251,14 +251,16 @@ class Chat:
         if count is None:
             self.console.say("(impyard) use /history or /history N, with N from 1 to 1000")
             return
-        messages = await self.runtime.history.aio.shown(self.imp, [self.channel_id], count)
+        messages = await self.runtime.history.db.run(
+            self.runtime.history.shown, self.imp, [self.channel_id], count
+        )
         if not messages:
             self.console.say("(impyard) no history in this conversation yet")
             return
         self.console.say("\n".join(transcript(self.imp, messages)))
 
     async def clear(self) -> None:
-        count = await self.runtime.history.aio.count(self.channel_id)
+        count = await self.runtime.history.db.run(self.runtime.history.count, self.channel_id)
         if not count:
             self.console.say("(impyard) this conversation has no history to forget")
             return
@@ -269,9 +271,11 @@ class Chat:
         if not await self.confirm(question):
             self.console.say("(impyard) kept the history")
             return
-        removed = await self.runtime.history.aio.clear(self.channel_id)
+        removed = await self.runtime.history.db.run(self.runtime.history.clear, self.channel_id)
         try:  # the imp's own copy of its exchanges (kept by the host, issue 22) is merged into its prompt: it goes too
-            await self.runtime.host.responder_history.aio.forget_channel(self.channel_id)
+            await self.runtime.host.responder_history.db.run(
+                self.runtime.host.responder_history.forget_channel, self.channel_id
+            )
         except (OSError, sqlite3.Error, SQLAlchemyError) as exc:
             log.warning("could not forget %s in %s's own history lines: %s", self.channel_id, self.imp, exc)
             self.console.say(

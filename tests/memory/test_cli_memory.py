@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol.memory import EncodeParams, NewEpisode, NewRecord
 from box.protocol.models import Author, Message
 from impyard.cli import cli

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol.memory import EncodeParams, NewEpisode, NewRecord
 from box.protocol.models import Author, Message
 from impyard.discord.commands import forgotten_text
 from impyard.memory.act import memory_service_of
+from impyard.memory.forgetting import Forgotten
 from impyard.memory.scopes import SessionScopes
-from impyard.memory.store import Forgotten, MemoryStore
+from impyard.memory.store import MemoryStore
 from impyard.testing.fake_discord import CallbackType, FakeInteraction, FakeUser, InteractionResponse
 from impyard.testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (

@@ -28,6 +28,7 @@ from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
 from impyard.storage.db import open_database
 from impyard.testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +100,7 @@ def episodes() -> list[str]:
     try:
         return [
             str(r["as_happened"])
-            for r in db.query("SELECT as_happened FROM memory_episodes WHERE imp = 'pip'")
+            for r in sqlfile.query(db, "SELECT as_happened FROM memory_episodes WHERE imp = 'pip'")
         ]
     finally:
         db.close()

@@ -24,8 +24,10 @@ import impyard.imps.config
 from box.protocol.models import ImpSpec, MemorySettings
 from impyard.cli import cli
 from impyard.cli.chat import pick_imp
-from impyard.imps.config import ImpConfigError, MemoryConfig, new_imp_settings, parse_config, toml_value
+from impyard.imps.config import ImpConfigError, MemoryConfig, new_imp_settings
+from impyard.imps.render import toml_value
 from impyard.imps.store import ImpStore
+from impyard.imps.validate import parse_config
 
 # Written out on purpose: a changed default must change this table, the template and docs/memory.md's table too.
 DEFAULTS: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """The host database's one migration history, for SQLite and PostgreSQL alike: Alembic, configured in code.
 
 Revisions live in ``versions/`` and are numbered ``0001``, ``0002``, ... in one line (no branches). ``0001`` is
-the baseline: exactly the schema the ten legacy SQLite migrations of ``impyard.storage.db.LEGACY_MIGRATIONS`` built. A
+the baseline: exactly the schema the ten legacy SQLite migrations of ``impyard.storage.migrations.legacy.MIGRATIONS`` built. A
 developer adds a revision with ``python -m impyard.storage.migrations revision -m "what it does"`` (docs/storage.md).
 """
 

@@ -1,4 +1,4 @@
-"""baseline: exactly the schema of the ten legacy SQLite migrations (impyard.storage.db.LEGACY_MIGRATIONS, user_version 10)
+"""baseline: exactly the schema of the ten legacy SQLite migrations (impyard.storage.migrations.legacy.MIGRATIONS, user_version 10)
 
 Revision ID: 0001
 Revises:

@@ -1,6 +1,6 @@
 """Model profiles: which request parameters each model family and each model server takes (issue 16).
 
-The responder's request builders (``box.chat_api``, ``box.responses_api``, ``box.memory.calls``) send only
+The request builders (``box.common.request_bodies``, ``box.memory.calls``, ``impyard doctor``) send only
 what the configured model takes; the host refuses, when imp.toml is loaded, a ``[model]`` table that asks
 for what no request could carry (``config_problems``), and ``impyard imp add`` / ``imp set`` name a model
 that impyard has no profile for. Pure: no I/O, plain values in and out.

@@ -1,6 +1,6 @@
 """The accessibility slot: what the imp holds in mind now (mechanisms 84-89; subtle point 13). Pure.
 
-Both sides import it, like ``box.memory.laws``: the host applies these rules atomically when a box forms or
+Both sides import it, like ``box.common.laws``: the host applies these rules atomically when a box forms or
 refreshes a construct (``memory.construct``, ``memory.slot.refresh``) and when it loads the slot
 (``memory.slot``); the box renders what the host returns. The slot is kept per imp **and per scope**: a
 thought formed in a DM is held in the DM's slot and never shown in a guild (docs/memory.md).
@@ -21,7 +21,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from box.memory.laws import DEFAULTS
+from box.common.laws import DEFAULTS
 
 RESERVED_KINDS = frozenset({"decision", "goal", "dream"})  # mechanism 84: one reserved place for the act
 
