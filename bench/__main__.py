@@ -32,9 +32,9 @@ from bench.harness import Context, NamedBackend, Plan, add_imps, result
 from bench.report import RowsOf, markdown, rich_table, rows
 from impyard.backends import BoxBackend, BoxStartError
 from impyard.backends.docker import DockerBackend
+from impyard.backends.image import BoxImageError, build_image, expected_tag, image_present
 from impyard.backends.process import ProcessBackend
 from impyard.backends.runtimes import RuntimeChoice
-from impyard.boximage import BoxImageError, build_image, expected_tag, image_present
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"  # bench/results/ is git-ignored
 BUSY_LOAD = 0.5  # a 1-minute load average above this at the start means someone else is using the CPUs

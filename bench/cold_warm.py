@@ -31,7 +31,7 @@ from bench.harness import (
 )
 from bench.report import Row
 from bench.stats import ratio, since_ms, summary
-from impyard.backends import BoxSpec
+from impyard.backends import BoxSpec, QuietHost
 from impyard.backends.docker import DockerBackend
 from impyard.paths import home
 
@@ -44,10 +44,11 @@ ONE_LINER = (
 )
 
 
-class _FirstLine:
+class _FirstLine(QuietHost):
     """A host that notes when the box's first line has reached it."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.arrived = anyio.Event()
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:

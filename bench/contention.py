@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
 import sqlalchemy as sa
 
 from bench.children import Child, child_env, run_together, split
@@ -25,11 +24,12 @@ from bench.ledgerload import policy
 from bench.pgcluster import PostgresServer, private_server, server_version, throwaway_database
 from bench.report import Row
 from bench.stats import ratio, summary
-from impyard import tables
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.ledger import Ledger, day_key, day_period, month_key, month_period
+from impyard.gateway.ledger import Ledger, day_key, day_period, month_key, month_period
 from impyard.paths import home
+from impyard.storage import tables
+from impyard.storage.db import open_database
+from impyard.threads import in_thread
 
 ESTIMATE_MICROS = 1_000
 IMP = "pip"
@@ -127,10 +127,10 @@ async def _one(ctx: Context, engine: str, mode: str, url: str, load: Contention)
               [IMP, str(threads), str(ESTIMATE_MICROS), str(load.cap_micros), at.isoformat(), str(load.fit + 1)], env)
         for index, threads in enumerate(split(load.workers, processes))
     ]  # fmt: skip
-    merged = merge(await anyio.to_thread.run_sync(run_together, children))
+    merged = merge(await in_thread(run_together, children))
     if merged["dialects"] != [engine] or merged["caps_read"] != [load.cap_micros]:
         raise RuntimeError(f"the workers ran on {merged['dialects']} with caps {merged['caps_read']}")
-    checked = await anyio.to_thread.run_sync(_rows_say, url, load.cap_micros, at)
+    checked = await in_thread(_rows_say, url, load.cap_micros, at)
     ctx.progress.advance()
     clean = checked["met"] and not merged["errors"] and merged["granted_by_workers"] == checked["granted"]
     return {**merged, **checked, "met": clean and merged["refused_by"] == [f"imp:{IMP}/day"]}

@@ -15,7 +15,7 @@ from bench.env import rss_kib
 from impyard.backends import RunningBox
 from impyard.backends.docker import DockerBackend, container_name
 from impyard.backends.engine import AttachedBox
-from impyard.db import Database
+from impyard.storage.db import Database
 
 PROC = Path("/proc")
 CGROUP = Path("/sys/fs/cgroup")

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from impyard import gateway
+from impyard.conversation import history_act as gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 

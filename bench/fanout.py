@@ -26,7 +26,8 @@ from bench.harness import (
 )
 from bench.report import Row
 from bench.stats import ratio, summary
-from impyard.sessions import SessionKey
+from impyard.conversation.sessions import SessionKey
+from impyard.threads import in_thread
 
 TARGETS = {"lost": 0, "duplicated": 0, "rss_per_session_mib": 2.0}
 # issue 18, at 50 sessions: ≥ 3× the throughput measured before it (63 turns/s Docker, 85 process), p99 ≤ 600 ms;
@@ -91,7 +92,7 @@ async def _level(ctx: Context, name: str, sessions: int, messages: int) -> dict[
             for channel in channels:
                 tg.start_soon(one, channel, 0, starts)
         running.ended_ms.clear()
-        processes = await anyio.to_thread.run_sync(_processes, ctx, name, running, channels)
+        processes = await in_thread(_processes, ctx, name, running, channels)
         meters = [CpuMeter(p, engine=[]) for p in processes] + [CpuMeter(SessionProcesses(box=[]))]
         for meter in meters:
             meter.start()

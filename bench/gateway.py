@@ -13,21 +13,21 @@ from typing import Any
 from bench.harness import Context, fake_model, result
 from bench.report import Row
 from bench.stats import percentile, ratio, summary, timed
-from box.envelope import response_format
+from box.common.envelope import response_format
 from box.protocol.models import DiscordSendParams, ModelRequestParams
-from impyard.audit import AuditRecord
 from impyard.backends import BoxSpec
-from impyard.broker import ModelBroker, encode_body
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.gateway import Gateway
-from impyard.judge import judge, model_request_facts
-from impyard.ledger import ALL_IMPS, BudgetExhausted, Ledger
+from impyard.gateway.audit import AuditRecord
+from impyard.gateway.broker import ModelBroker, encode_body
+from impyard.gateway.judge import judge, model_request_facts
+from impyard.gateway.ledger import ALL_IMPS, BudgetExhausted, Ledger
+from impyard.gateway.policy import load_policy
+from impyard.gateway.policy_models import BudgetLimit, Budgets
+from impyard.gateway.surfaces import Post, RecordingSurface
+from impyard.host import build_gateway
 from impyard.paths import home
-from impyard.policy import load_policy
-from impyard.policy_models import BudgetLimit, Budgets
-from impyard.surfaces import RecordingSurface
+from impyard.storage.db import open_database
 
 CHANNEL = "gateway-bench"
 IMP = "pip"
@@ -120,7 +120,7 @@ async def run(ctx: Context) -> dict[str, Any]:
         ChannelStore(db, SystemClock()).seen(CHANNEL, surface="discord", kind="dm")
         with fake_model(0.0) as upstream:
             surface = RecordingSurface()
-            gateway = Gateway(policy=policy, db=db, surface=surface, upstream=upstream.config())
+            gateway = build_gateway(policy=policy, db=db, surface=surface, upstream=upstream.config())
             broker = ModelBroker(upstream.config(), policy.upstream)
             spec = BoxSpec(imp=IMP, channel_id=CHANNEL, state_dir=home() / "gateway-state")
             raw = encode_body(request.body)
@@ -137,7 +137,7 @@ async def run(ctx: Context) -> dict[str, Any]:
                     with timed(send_gateway):
                         await gateway.serve(spec, "discord.send", send)
                     with timed(send_surface):
-                        await surface.send(send.channel_id, send.content, send.reply_to, (), send.kind)
+                        await surface.send(Post(send.channel_id, send.content, send.reply_to, (), send.kind))
                     with timed(ledger_ms):
                         gateway.ledger.settle(gateway.ledger.reserve(IMP, 1000, method="model.request"), 900)
                     with timed(audit_ms):

@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,21 +33,21 @@ from box.protocol.models import (
     ModelRequestResult,
     SessionInfo,
 )
-from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
+from impyard.backends import BoxBackend, BoxHost, BoxSpec, QuietHost, RunningBox
 from impyard.backends.docker import DockerBackend, box_user
-from impyard.broker import ModelBroker, UpstreamConfig, encode_body
-from impyard.conversation import Inbound
-from impyard.imps import ImpStore
+from impyard.conversation.pipeline import Inbound
+from impyard.conversation.sessions import SessionKey
+from impyard.gateway.broker import ModelBroker, UpstreamConfig, encode_body
+from impyard.gateway.surfaces import Post, RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.sessions import SessionKey
-from impyard.surfaces import RecordingSurface
 from testing.inprocess import InProcessBackend
 
 MODES = ("warm", "cold")  # [sessions] mode; cold = a fresh box per message
 PERSONA = "You are Pip, a friendly imp who answers briefly."
 TURN_MODEL_LATENCY_S = 0.020  # the scripted model's fixed answer time in the turn scenarios
 REPLY_TIMEOUT_S = 60.0
-HISTORY_SENT = 50  # what the host sends as `recent` (impyard.history.DEFAULT_RECENT)
+HISTORY_SENT = 50  # what the host sends as `recent` (impyard.conversation.history.DEFAULT_RECENT)
 
 
 @dataclass(frozen=True)
@@ -237,20 +237,11 @@ class TimingSurface(RecordingSurface):
     replied_at: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     _landed: dict[str, anyio.Event] = field(default_factory=dict)
 
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[Any],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
-        ids = await super().send(channel_id, content, reply_to, files, kind)
-        if reply_to is not None:
-            self.replied_at[reply_to].append(time.perf_counter())
-            self._landed.setdefault(reply_to, anyio.Event()).set()
+    async def send(self, post: Post) -> list[str]:
+        ids = await super().send(replace(post, imp=""))
+        if post.reply_to is not None:
+            self.replied_at[post.reply_to].append(time.perf_counter())
+            self._landed.setdefault(post.reply_to, anyio.Event()).set()
         return ids
 
     async def reply_to(self, message_id: str, timeout_s: float = REPLY_TIMEOUT_S) -> float:
@@ -376,7 +367,7 @@ class InProcessBox:
 
 
 @dataclass
-class MinimalHost:
+class MinimalHost(QuietHost):
     """The baseline's host side: the model through the broker, sends onto the surface, the box's own lines in
     memory (the host keeps them, issue 22); stages and logs dropped."""
 
@@ -391,7 +382,9 @@ class MinimalHost:
             return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
         if method == "discord.send":
             assert isinstance(params, DiscordSendParams)
-            ids = await self.surface.send(params.channel_id, params.content, params.reply_to, (), params.kind)
+            ids = await self.surface.send(
+                Post(params.channel_id, params.content, params.reply_to, (), params.kind)
+            )
             return DiscordSendResult(status="delivered", message_ids=ids)
         if method == "history.load":
             return HistoryLoadResult(lines=self.kept[-20:])

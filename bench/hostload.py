@@ -23,8 +23,9 @@ from bench.children import ready_then_wait, say
 from bench.env import isolated_home
 from bench.harness import Host, TimingSurface, add_imps, dm, imp_for
 from impyard.backends.process import ProcessBackend
-from impyard.channels import ChannelInfo
+from impyard.channels.store import ChannelInfo
 from impyard.runtime import open_runtime
+from impyard.threads import in_thread
 
 BACKEND = "process"
 
@@ -46,7 +47,7 @@ async def serve(prefix: str, sessions: int, messages: int) -> dict[str, Any]:
         async with anyio.create_task_group() as tg:  # every channel's first message: its box starts
             for channel in channels:
                 tg.start_soon(running.turn, dm(channel, 0))
-        await anyio.to_thread.run_sync(ready_then_wait)
+        await in_thread(ready_then_wait)
 
         async def conversation(channel: str) -> None:
             for n in range(1, messages + 1):

@@ -15,14 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from bench.children import Child, child_env, run_together, split
 from bench.harness import TURN_MODEL_LATENCY_S, Context, Plan, fake_model, result
 from bench.pgcluster import PostgresServer, private_server, server_version, throwaway_database
 from bench.report import Row
 from bench.stats import ratio, summary
-from impyard.db import open_database
+from impyard.storage.db import open_database
+from impyard.threads import in_thread
 
 TARGETS = {"lost": 0, "duplicated": 0}
 BASE = "sqlite"
@@ -83,7 +82,7 @@ async def _measure(ctx: Context, name: str, load: Load, url: str | None) -> dict
               [str(index), f"hosts-{name}-h{index}-", str(count), str(load.messages)], env)
         for index, count in enumerate(split(load.sessions, hosts))
     ]  # fmt: skip
-    answers = await anyio.to_thread.run_sync(run_together, children)
+    answers = await in_thread(run_together, children)
     merged = merge(answers)
     if merged["dialects"] != [engine]:
         raise RuntimeError(f"{LABELS[name]} ran on {merged['dialects']}, not {engine}")

@@ -18,10 +18,10 @@ from datetime import datetime
 
 from bench.children import ready_then_wait, say
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.ledger import BudgetExhausted, Ledger
-from impyard.policy import Policy, policy_from_text
-from impyard.prices import micros_to_usd
+from impyard.gateway.ledger import BudgetExhausted, Ledger
+from impyard.gateway.policy import Policy, policy_from_text
+from impyard.gateway.prices import micros_to_usd
+from impyard.storage.db import open_database
 
 
 def policy(cap_micros: int) -> Policy:

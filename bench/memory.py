@@ -70,16 +70,20 @@ from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.memory import BOTH_KINDS, LearnParams, RecordView
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
-from impyard.db import open_database
-from impyard.imp_config import ImpExists
-from impyard.imps import ImpStore
+from impyard.imps.config import ImpExists
+from impyard.imps.store import ImpStore
+from impyard.memory import generations
+from impyard.memory.act import memory_service_of
 from impyard.memory.departures import depart_now
+from impyard.memory.records import insert_episode, insert_record
+from impyard.memory.scoped import ScopedMemory
 from impyard.memory.scopes import SessionScopes, dm_scope
 from impyard.memory.service import MemoryService, memory_service
-from impyard.memory.store import MemoryStore, ScopedMemory
+from impyard.memory.store import MemoryStore
 from impyard.memory.vectors import overlap_at_k
 from impyard.paths import home
 from impyard.runtime import open_runtime
+from impyard.storage.db import open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskStore
 from testing.pipes import byte_pipe
@@ -140,7 +144,7 @@ def seed(
     intensity = rng.uniform(0.05, 1.0, n)
     valence = rng.uniform(-1.0, 1.0, n)
     with store.db.begin() as conn:
-        gen = store._bump(conn, imp, scope)
+        gen = generations.bump(conn, imp, scope)
         for i in range(n):
             author = NAMES[i % len(NAMES)]
             author_id = PERSON_ID if author == PERSON else f"p-{author}"
@@ -149,13 +153,13 @@ def seed(
             said = (
                 f"{author} said: let me tell you about thing {i}, it happened at the market on a rainy day."
             )
-            record_id = store._insert_record(
+            record_id = insert_record(
                 conn, imp=imp, scope=scope, gen=gen, kind="lived", construct_kind=None, origin="lived",
                 author=author, author_id=author_id, feeling="curious", conclusion=conclusion,
                 valence=float(valence[i]), intensity=float(intensity[i]), happened_at=at, last_felt=at,
                 vector=records[i], now=now,
             )  # fmt: skip
-            store._insert_episode(
+            insert_episode(
                 conn, record_id=record_id, imp=imp, scope=scope, gen=gen, channel_id=channel_id,
                 message_id=None, author=author, author_id=author_id,
                 as_happened=f"{said} / Pip replied: how lovely, tell me more about thing {i}!",
@@ -493,7 +497,7 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
             [MEMORY_ON, MEMORY_OFF, MEMORY_RULES], surface,
             backends={MEMORY_ON: backend, MEMORY_OFF: backend, MEMORY_RULES: backend}, surfaces=("discord",),
         ) as runtime:  # fmt: skip
-            memory = runtime.gateway.memory
+            memory = memory_service_of(runtime.gateway)
             assert memory is not None, "the host keeps no memory store"
             rng = np.random.default_rng(7)
             records = unit_rows(rng, remembered)

@@ -162,15 +162,15 @@ def memory_block(request: Any) -> str:
 
 def stored_texts() -> str:
     """Every text the imp's store still holds (records and episodes), lowercased."""
-    from impyard.db import open_database
+    from impyard.storage.db import open_database
 
     db = open_database()
     try:
-        rows = db.query(
+        rows = db.read(lambda conn: conn.exec_driver_sql(
             "SELECT conclusion AS t FROM memory_records WHERE imp = ? UNION ALL"
             " SELECT as_happened AS t FROM memory_episodes WHERE imp = ?", (IMP, IMP),
-        )  # fmt: skip
-        return "\n".join(str(r["t"]) for r in rows).lower()
+        ).all())  # fmt: skip
+        return "\n".join(str(r.t) for r in rows).lower()
     finally:
         db.close()
 
@@ -182,10 +182,11 @@ async def evaluate(embedder: str, days: int = DAYS, nights_on: bool = True) -> d
     from impyard.backends.process import ProcessBackend
     from impyard.cli.memory_night import run_night
     from impyard.clock import FixedClock
-    from impyard.conversation import Inbound
-    from impyard.imps import ImpStore
+    from impyard.conversation.pipeline import Inbound
+    from impyard.gateway.surfaces import RecordingSurface
+    from impyard.imps.store import ImpStore
+    from impyard.memory.act import memory_service_of
     from impyard.runtime import open_runtime
-    from impyard.surfaces import RecordingSurface
     from testing.fake_openai import FakeOpenAI
 
     memory: dict[str, Any] = {"enabled": True, "embedder": "hashing"}
@@ -250,7 +251,7 @@ async def evaluate(embedder: str, days: int = DAYS, nights_on: bool = True) -> d
                 reached = any(all(word in block for word in fact.evidence) for block in blocks)
                 asked.append({"day": fact.day, "valence": fact.valence, "intensity": fact.intensity,
                               "evidence": list(fact.evidence), "recalled": reached, "reply_calls": len(blocks)})  # fmt: skip
-            memory_service = rt.gateway.memory
+            memory_service = memory_service_of(rt.gateway)
             assert memory_service is not None
             remaining = await rt.db.run(memory_service.store.count, IMP)
     stored = stored_texts()
@@ -326,10 +327,9 @@ async def run(ctx: Any) -> dict[str, Any]:
     headline is the real embedder's (the hashing one where it is not installed, and in --quick). The timed
     figure is one evaluation's wall time, against the same month with no nights on this checkout: the control
     that separates what the nights forgot from what recall did not rank."""
-    import anyio
-
     from bench.harness import result
     from bench.real_embedder import available
+    from impyard.threads import in_thread  # (this checkout's: the module also runs on a baseline's code)
 
     days = ctx.plan.memory_days
     quick = days < DAYS
@@ -342,10 +342,10 @@ async def run(ctx: Any) -> dict[str, Any]:
     for label, checkout in checkouts.items():
         runs[label] = {"checkout": str(checkout), "commit": commit_of(checkout)}
         for embedder in embedders:
-            runs[label][embedder] = await anyio.to_thread.run_sync(run_checkout, checkout, embedder, days)
+            runs[label][embedder] = await in_thread(run_checkout, checkout, embedder, days)
             ctx.progress.advance()
     head = runs["after"][embedders[0]]
-    control = await anyio.to_thread.run_sync(run_checkout, HERE, embedders[0], days, False)
+    control = await in_thread(run_checkout, HERE, embedders[0], days, False)
     ctx.progress.advance()
 
     def reached(embedder: str) -> bool:

@@ -1,7 +1,7 @@
 """Scenario ``memory_evidence`` (issue 32, finding 8): does what a person said reach the model when they ask?
 
 A conversation is typed through the real pipeline — the session manager of ``impyard chat`` (``Conversations.route``
-on the terminal channel, as ``impyard.terminal.Chat.send`` does), the real box on the process backend, the host's
+on the terminal channel, as ``impyard.terminal.chat.Chat.send`` does), the real box on the process backend, the host's
 gateway and memory store — one message per line said, one chat per session at its own date (the host's clock is
 moved; every age and every fading follows it), each chat ended by the person leaving (``/quit``: the departure
 task runs, mechanism 103). The model is the loopback fake OpenAI, scripted so every call is deterministic (the
@@ -54,12 +54,13 @@ from bench.real_embedder import DIMS, EmbedderMissing, RealEmbedder, available
 from bench.report import Row
 from box.protocol.models import Author, Message
 from impyard.clock import FixedClock
-from impyard.imps import ImpStore
-from impyard.inbound import MAX_TERMINAL_CHARS, Inbound
+from impyard.conversation.inbound import MAX_TERMINAL_CHARS, Inbound
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.departures import depart_now, wait_finished
 from impyard.runtime import open_runtime
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
-from impyard.surfaces import RecordingSurface
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 
 IMP = "mnemo"
@@ -445,7 +446,7 @@ async def run_conversation(
                         await _depart(runtime, departures)
                         say(f"  {conv.name}: chat {n + 1}/{len(conv.sessions)} typed")
                     outcome.ingest_s = time.perf_counter() - began
-                    store = runtime.gateway.memory.store  # type: ignore[union-attr]
+                    store = memory_service_of(runtime.gateway).store  # type: ignore[union-attr]
                     episodes = await runtime.db.run(_episodes, store.db)
                     outcome.records = await runtime.db.run(store.count, IMP)
                     outcome.episodes = len(episodes)

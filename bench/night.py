@@ -20,20 +20,23 @@ from typing import Any
 
 import anyio
 import numpy as np
+from sqlalchemy.engine import Connection
 
 from bench.harness import PERSONA, TURN_MODEL_LATENCY_S, Context, TimingSurface, fake_model, result
 from bench.memory import near, seed, unit_rows
 from bench.report import Row
 from bench.stats import ratio
 from impyard.clock import iso
-from impyard.db import open_database
-from impyard.imp_config import ImpExists
-from impyard.imps import ImpStore
+from impyard.imps.config import ImpExists
+from impyard.imps.store import ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.scopes import TERMINAL
 from impyard.memory.store import MemoryStore
 from impyard.runtime import open_runtime
+from impyard.storage.db import Database, open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskRequest, TaskStore
+from impyard.threads import in_thread
 
 DAY_RECORDS = 20  # lived since waking: what the night's plan folds
 WOKE_HOURS = 3
@@ -49,11 +52,12 @@ def _rss_hwm_kib(pid: int) -> int | None:
     return None
 
 
-def _db_bytes(db: Any) -> int:
-    conn = db.connection()
-    pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
-    size = int(conn.execute("PRAGMA page_size").fetchone()[0])
-    return pages * size
+def _db_bytes(db: Database) -> int:
+    def measure(conn: Connection) -> int:
+        pages = int(conn.exec_driver_sql("PRAGMA page_count").scalar_one())
+        return pages * int(conn.exec_driver_sql("PRAGMA page_size").scalar_one())
+
+    return db.read(measure)
 
 
 async def _night(ctx: Context, imp: str, remembered: int) -> dict[str, Any]:
@@ -61,12 +65,10 @@ async def _night(ctx: Context, imp: str, remembered: int) -> dict[str, Any]:
     with suppress(ImpExists):
         ImpStore().add(imp, PERSONA, memory={"enabled": True, "embedder": "hashing"})
     now = datetime.now(UTC)
-    await anyio.to_thread.run_sync(
-        _seed, imp, remembered, now
-    )  # before the host starts: its pump never waits
+    await in_thread(_seed, imp, remembered, now)  # before the host starts: its pump never waits
     surface = TimingSurface()
     async with open_runtime([imp], surface, backends={imp: backend}, surfaces=("discord",)) as runtime:
-        memory = runtime.gateway.memory
+        memory = memory_service_of(runtime.gateway)
         assert memory is not None, "the host keeps no memory store"
         before = await runtime.db.run(memory.store.count, imp)
         size_before = await runtime.db.run(_db_bytes, runtime.db)
@@ -128,21 +130,23 @@ def _seed(imp: str, remembered: int, now: datetime) -> None:
         db.close()
 
 
-def _redate_day(db: Any, imp: str, now: datetime) -> None:
+def _redate_day(db: Database, imp: str, now: datetime) -> None:
     """The day's records (the newest seeded ones) lived within the last hours: what the night folds."""
-    with db.transaction() as conn:
-        rows = conn.execute(
+    with db.begin() as conn:
+        rows = conn.exec_driver_sql(
             "SELECT id FROM memory_records WHERE imp = ? AND conclusion LIKE '%thing %' ORDER BY created_at DESC,"
             " rowid DESC LIMIT ?",
             (imp, DAY_RECORDS),
         ).fetchall()
         for n, row in enumerate(rows):
             at = iso(now - timedelta(minutes=5 * (n + 1)))
-            conn.execute(
+            conn.exec_driver_sql(
                 "UPDATE memory_records SET happened_at = ?, last_felt = ?, intensity = 0.7 WHERE id = ?",
                 (at, at, row[0]),
             )
-            conn.execute("UPDATE memory_episodes SET happened_at = ? WHERE record_id = ?", (at, row[0]))
+            conn.exec_driver_sql(
+                "UPDATE memory_episodes SET happened_at = ? WHERE record_id = ?", (at, row[0])
+            )
 
 
 async def run(ctx: Context) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any
 
-import anyio
+from sqlalchemy import select
 
 from bench.costs import CpuMeter, TripCounter, session_processes
 from bench.harness import (
@@ -26,8 +26,11 @@ from bench.harness import (
 )
 from bench.report import Row
 from bench.stats import percentile, ratio, summary
+from impyard.conversation.sessions import SessionKey
 from impyard.paths import home
-from impyard.sessions import SessionKey
+from impyard.storage.db import Database
+from impyard.storage.tables import audit
+from impyard.threads import in_thread
 
 WARMUP_TURNS = 3  # per path, not counted: the first starts the box, the rest pay one-time imports
 TARGETS = {"overhead_p50_ms": 15.0, "overhead_p99_ms": 60.0, "ratio_p50": 1.2}
@@ -41,7 +44,13 @@ async def _meter(ctx: Context, name: str, running: Host) -> CpuMeter:
     session = running.runtime.sessions.sessions[SessionKey(running.imp, f"warm-{name}")]
     assert session.box is not None
     docker = docker_of(ctx.backends[name])
-    return CpuMeter(await anyio.to_thread.run_sync(session_processes, session.box, docker))
+    return CpuMeter(await in_thread(session_processes, session.box, docker))
+
+
+def _latencies(db: Database, channel_id: str) -> list[Any]:
+    """The gateway's audit rows of one channel: (method, latency in ms)."""
+    query = select(audit.c.method, audit.c.latency_ms).where(audit.c.channel_id == channel_id)
+    return list(db.read(lambda conn: conn.execute(query).all()))
 
 
 def _gateway_split(rows: list[Any]) -> dict[str, float]:
@@ -95,10 +104,8 @@ async def run(ctx: Context) -> dict[str, Any]:
                     ctx.progress.advance()
             routing = {name: round(percentile(running.routing_ms, 50), 3) for name, running in hosts.items()}
             ended = {name: summary(running.ended_ms[WARMUP_TURNS:]) for name, running in hosts.items()}
-            audit = "SELECT method, latency_ms FROM audit WHERE channel_id = ?"
             splits = {
-                name: _gateway_split(h.runtime.db.query(audit, (f"warm-{name}",)))
-                for name, h in hosts.items()
+                name: _gateway_split(_latencies(h.runtime.db, f"warm-{name}")) for name, h in hosts.items()
             }
     baseline: dict[str, Any] = {**summary(base), "cpu_ms_per_turn": summary(host_cpu["baseline"])}
     variants: dict[str, Any] = {}

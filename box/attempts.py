@@ -18,8 +18,9 @@ same request would be refused the same way: it is not retried, and ``ModelRefuse
 failure notice and the log say it once, and why.
 
 Each attempt has its own time limit (issue 19 #6), derived by the host from the turn ceiling and the attempt
-count (``attempt_timeout_s``, sent as ``ResponderSettings.attempt_timeout_s``): a hung upstream costs one
-attempt, not the whole turn, so all three attempts fit inside the ceiling.
+count (``box.common.attempts.attempt_timeout_s``, sent as ``ResponderSettings.attempt_timeout_s``): a hung
+upstream costs one attempt, not the whole turn, so all three attempts fit inside the ceiling. The counts and
+the backoff are ``box.common.attempts``: the host runs them too.
 """
 
 from __future__ import annotations
@@ -30,20 +31,13 @@ from typing import TypeVar
 
 import anyio
 
+from box.common.attempts import MAX_ATTEMPTS, RATE_LIMITED_STATUS, RETRYABLE_RPC_CODES, backoff_s
 from box.model import ModelCallFailed
-from box.protocol import ErrorCode, RpcError
+from box.protocol import RpcError
 from box.protocol.models import ResponderSettings
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
-
-MAX_ATTEMPTS = 3  # ENV-12
-MAX_WAIT_S = 30.0  # never sit in a turn longer than this for one retry
-RATE_LIMITED_STATUS = 429
-CEILING_SHARE = 0.9  # of the turn ceiling, what the attempts may use (the rest: context, sending the reply)
-MIN_ATTEMPT_TIMEOUT_S = 0.5
-# Gateway refusals that may pass with time; a policy denial or an exhausted budget will not.
-RETRYABLE_RPC_CODES = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.UPSTREAM_UNREACHABLE})
 
 
 class ModelExhausted(RuntimeError):
@@ -95,23 +89,6 @@ def as_attempt_failure(error: RpcError) -> ModelCallFailed | None:
     return ModelCallFailed(
         error.message, retry_after=float(retry_after) if isinstance(retry_after, int | float) else None
     )
-
-
-def backoff_s(attempt: int, base_s: float, retry_after: float | None = None) -> float:
-    """ENV-12: base × 2^(attempt-1), at least what the host asked for, at most MAX_WAIT_S."""
-    delay = base_s * (2 ** (attempt - 1))
-    if retry_after is not None:
-        delay = max(delay, retry_after)
-    return min(delay, MAX_WAIT_S)
-
-
-def attempt_timeout_s(
-    ceiling_s: float, *, attempts: int = MAX_ATTEMPTS, base_backoff_s: float = 1.0
-) -> float:
-    """Issue 19 #6 (ENV-12): the time one attempt may take so ``attempts`` attempts and the backoffs between
-    them fit in ``CEILING_SHARE`` of the turn ceiling (at least ``MIN_ATTEMPT_TIMEOUT_S``)."""
-    waits = sum(backoff_s(n, base_backoff_s) for n in range(1, attempts))
-    return max(MIN_ATTEMPT_TIMEOUT_S, (ceiling_s * CEILING_SHARE - waits) / attempts)
 
 
 async def _timed(attempt: Callable[[int], Awaitable[T]], n: int, timeout_s: float | None) -> T:

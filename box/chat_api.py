@@ -1,16 +1,8 @@
-"""The reply call on ``/chat/completions``: request bodies and reading the answer (SPEC-001 ENV-18, -19, -21).
+"""The reply call on ``/chat/completions``: reading the answer (SPEC-001 ENV-18, ENV-19).
 
-Every call carries the strict ``envelope`` response format (ENV-19), tool-followup calls
-included. With function tools attached the call also carries ``reasoning_effort`` from the
-settings (ENV-21); a tool-less call never does. Whatever comes back that is not a valid
-envelope or a tool call — an HTTP error, a refusal, malformed JSON — is a failed attempt
-(ENV-18): there is no repair path.
-
-Each body carries only what the chosen model takes (issue 16, ``box.model_profiles``): no
-``reasoning_effort`` for a model that does not reason, the nearest effort it takes otherwise
-(``none`` is gpt-5's ``minimal``); ``temperature`` only where the model takes it with that
-effort; the output cap under the key it takes; the envelope schema with or without ``strict``
-as the server takes it; and images as a text note for a model that cannot see them.
+The request body is ``box.common.request_bodies.chat_body`` (the host's doctor sends it too). Whatever comes
+back that is not a valid envelope or a tool call — an HTTP error, a refusal, malformed JSON — is a failed
+attempt (ENV-18): there is no repair path.
 """
 
 from __future__ import annotations
@@ -21,51 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from box.envelope import ENVELOPE_NAME, ENVELOPE_SCHEMA, Envelope
+from box.common.envelope import Envelope
 from box.model import ModelCallFailed, http_failure
-from box.model_profiles import profile_for
-from box.protocol.models import ModelRequestResult, ResponderSettings
-from box.tools import Tool, ToolCall
-
-PATH = "/chat/completions"
-# In place of an image part, for a model that cannot see (issue 16): the model learns one was there.
-UNSEEN_IMAGE_NOTE = "[an image was attached here; this model cannot see images]"
-
-
-def chat_body(
-    settings: ResponderSettings, model: str, messages: list[dict[str, Any]], tools: list[Tool]
-) -> dict[str, Any]:
-    profile = profile_for(model, settings.server)  # issue 16: only what this model takes
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": messages if profile.vision else without_images(messages),
-        profile.output_cap_key: settings.max_tokens,
-        "response_format": profile.response_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),  # ENV-19, on every call
-    }
-    # ENV-21: an effort only when tools are attached (and the model reasons at all).
-    effort = profile.effort_for(settings.reasoning_effort) if tools else None
-    if settings.temperature is not None and profile.takes_temperature(effort):
-        body["temperature"] = settings.temperature
-    if tools:
-        body["tools"] = [tool.chat_shape() for tool in tools]
-        if effort is not None:
-            body["reasoning_effort"] = effort
-    return body
-
-
-def without_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages with each image part replaced by ``UNSEEN_IMAGE_NOTE`` (a model without vision)."""
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = [
-                {"type": "text", "text": UNSEEN_IMAGE_NOTE} if part.get("type") == "image_url" else part
-                for part in content
-            ]
-            message = {**message, "content": content}
-        out.append(message)
-    return out
+from box.protocol.models import ModelRequestResult
+from box.tools import ToolCall
 
 
 def parse_envelope(content: Any) -> Envelope:

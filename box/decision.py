@@ -12,7 +12,7 @@ addresses nobody — is decided on the envelope: ``answer_needed = false`` stays
 
 from __future__ import annotations
 
-from box.envelope import Envelope
+from box.common.envelope import Envelope
 from box.protocol.models import Framing, Message
 
 

@@ -1,41 +1,22 @@
-"""What kind of failure ended a turn, said to the host as a short tag on ``DeliverResult.error`` (issue 19 #5).
+"""Which kind of failure ended a turn, read off the exception the turn machine caught (issue 19 #5).
 
-The protocol keeps its field: a failed turn's ``error`` (and a failed task's ``summary``) starts with
-``[kind] `` and goes on with the detail for logs, e.g. ``[rate_limited] no usable answer after 3 attempts:
-model returned HTTP 429``. The host reads the tag (``impyard.failure_words``) to tell the person, in one line,
-which failure it was; an untagged or unknown tag reads as ``unknown``. ``classify`` is a pure rule on the
-exception the turn machine caught: its class, its protocol error code, and for ``ModelExhausted`` the last
-attempt's cause, found by the words ``box.model``, ``box.attempts`` and the gateway write.
+``classify`` is a pure rule on that exception: its class, its protocol error code, and for ``ModelExhausted``
+the last attempt's cause, found by the words ``box.model``, ``box.attempts`` and the gateway write. The kinds,
+the ``[kind]`` tag the box puts on a failed turn's ``error`` and the reading of it on the host are
+``box.common.failures``.
 """
 
 from __future__ import annotations
 
 import re
 import sqlite3
-from typing import Final, Literal, get_args
+from typing import Final
 
 from box.attempts import ModelExhausted, ModelRefused
+from box.common.failures import FailureKind
 from box.machine import SendFailed
 from box.model import ModelCallFailed
 from box.protocol import ErrorCode, RpcError
-
-FailureKind = Literal[
-    "rate_limited",  # HTTP 429 from the model, or the gateway's rate limit on model calls
-    "upstream",  # the model API answered with an error (HTTP 5xx and the like)
-    "model_refused",  # issue 16: the model API refused the request as sent (HTTP 400 unsupported_parameter …)
-    "timeout",  # the model API did not answer in time (a hung model)
-    "unreachable",  # the model API could not be reached (network, no key configured)
-    "denied",  # a policy rule denied the request
-    "budget",  # a budget window is exhausted
-    "send_limited",  # the reply was refused by a send rate limit
-    "store",  # a disk or database write failed (full, read-only)
-    "bad_answer",  # the model answered, but never with something usable
-    "host",  # the host's gateway failed on the request
-    "unknown",
-]
-KINDS: Final[frozenset[str]] = frozenset(get_args(FailureKind))
-
-TAG = re.compile(r"^\[([a-z_]{1,20})\] ?")  # the prefix on DeliverResult.error / TaskRunResult.summary
 
 # The last attempt's cause inside ModelExhausted's message: the words box.model and the gateway write.
 _ATTEMPT_CAUSES: Final[tuple[tuple[re.Pattern[str], FailureKind], ...]] = (
@@ -114,20 +95,3 @@ def _told_kind(error: RpcError) -> object:
     if error.code != ErrorCode.INTERNAL_ERROR or not isinstance(error.data, dict):
         return None
     return error.data.get("kind")
-
-
-def tagged(kind: FailureKind, detail: str) -> str:
-    """``[kind] detail``: what the box puts in a failed turn's ``error``."""
-    return f"[{kind}] {detail}"
-
-
-def split_tag(error: str | None) -> tuple[FailureKind, str]:
-    """The tag and the detail of an ``error`` / ``summary``; an untagged text or a tag not known is ``unknown``
-    (the text is a box's: only a known kind is believed, and the detail is never shown as the host's words)."""
-    text = error or ""
-    match = TAG.match(text)
-    if match is None:
-        return "unknown", text
-    kind = match.group(1)
-    detail = text[match.end() :]
-    return (kind, detail) if kind in KINDS else ("unknown", detail)  # type: ignore[return-value]

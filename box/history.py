@@ -1,11 +1,12 @@
 """The responder's own conversation history (SPEC-001 ENV-05, ENV-07, ENV-11, ENV-13): its rules, and the
 box's side of the host that keeps it (issue 22).
 
-The lines are kept by the host, per imp and channel, in its database (``impyard.responder_history``); no
+The lines are kept by the host, per imp and channel, in its database (``impyard.conversation.responder_history``); no
 file under ``/state`` holds them and no two boxes share one. A box reaches its own channel's lines only
 through the protocol (``box.protocol.history``): one ``history.load`` when a turn builds its context, one
-``history.commit`` when it has ended. The trimming rules below (``trim``, ``shrink_by_one``) are pure and
-imported by both sides: the host applies them to the imp's lines with the imp's own limits.
+``history.commit`` when it has ended. A line (``Record``) and its trimming rules (``trim``, ``shrink_by_one``)
+are ``box.common.history``: pure, run by both sides; the host applies them to the imp's lines with the imp's
+own limits.
 
 How it combines with the host's ``recent`` (see ``combine``): the host's ``recent`` is
 authoritative for what was said in the channel — everyone's messages, and the imp's own
@@ -19,13 +20,12 @@ or a DM leaks into a prompt), and cut to ``history_limit`` (ENV-07).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import datetime
 from operator import itemgetter
-from typing import Any, Literal
 
+from box.common.history import Record, Role, aware
 from box.protocol import ErrorCode, Peer, RpcError
 from box.protocol.history import (
     MAX_COMMIT_LINES,
@@ -43,57 +43,6 @@ log = logging.getLogger("box.history")
 
 MAX_RECORD_CHARS = MAX_LINE_CHARS  # a record is context, not an archive of everything
 MAX_HELD_LINES = MAX_COMMIT_LINES - 2  # events held for the next commit, beside the turn's own two lines
-
-Role = Literal["user", "assistant", "event"]
-
-
-@dataclass(frozen=True)
-class Record:
-    """One entry of the box's history: a message someone wrote, the imp's delivered reply, or an event."""
-
-    channel_id: str
-    id: str  # the Discord message id (for a reply: its first delivered id)
-    role: Role
-    author: str  # display name
-    content: str
-    at: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "at": self.at.isoformat()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Record:
-        return cls(
-            channel_id=str(data["channel_id"]),
-            id=str(data["id"]),
-            role=data["role"] if data["role"] in ("user", "assistant", "event") else "event",
-            author=str(data["author"]),
-            content=str(data["content"]),
-            at=datetime.fromisoformat(data["at"]),
-        )
-
-
-# ------------------------------------------------------------------ rules (pure)
-
-
-def shrink_by_one(records: Sequence[Record], per_channel: int) -> list[Record]:
-    """ENV-11: drop the oldest record of a channel holding more than ``per_channel``; else the oldest overall."""
-    if not records:
-        return []
-    counts = Counter(record.channel_id for record in records)
-    for index, record in enumerate(records):
-        if counts[record.channel_id] > per_channel:
-            return [*records[:index], *records[index + 1 :]]
-    return list(records[1:])
-
-
-def trim(records: Sequence[Record], limit: int, per_channel: int) -> list[Record]:
-    """ENV-07: shrink (ENV-11's way) until at most ``limit`` records are left."""
-    kept = list(records)
-    while len(kept) > limit:
-        kept = shrink_by_one(kept, per_channel)
-    return kept
-
 
 _AT = itemgetter(4)  # a candidate's time (combine)
 
@@ -132,11 +81,6 @@ def combine(
 
 
 # ------------------------------------------------------------------ the host keeps them (issue 22)
-
-
-def aware(at: datetime) -> datetime:
-    """A time with its zone (a time without one is UTC), so lines from both sources sort together."""
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 class HostHistory:

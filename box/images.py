@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from box.envelope import Envelope
+from box.common.envelope import Envelope
 from box.model import ModelClient
 from box.protocol import RpcError
 from box.protocol.models import ResponderSettings, SendFile

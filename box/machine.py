@@ -38,9 +38,10 @@ from typing import Any
 
 import box
 from box import decision
+from box.common.envelope import Envelope
+from box.common.history import Record
 from box.context import PromptPackage, VersionInfo, build_package, context_suffix, message_body
-from box.envelope import Envelope
-from box.history import HostHistory, Record, combine
+from box.history import HostHistory, combine
 from box.images import ImageFailed, NoPictures, PictureMaker, history_markers, image_request, wants_picture
 from box.memory import NO_TURN, CommittedTurn, MemoryEngine, MemoryTurn, TurnFacts
 from box.protocol import Peer, PeerClosed, RpcError

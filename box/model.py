@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from box.common.attempts import retry_after_of
 from box.protocol import Peer
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 
@@ -55,15 +56,6 @@ class ModelClient:
         )
         assert isinstance(result, ModelRequestResult)
         return result
-
-
-def retry_after_of(result: ModelRequestResult) -> float | None:
-    """The upstream's ``retry-after`` header in seconds, if it sent one."""
-    value = result.headers.get("retry-after")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def refusal_cause(body: Any) -> str | None:

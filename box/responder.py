@@ -17,9 +17,11 @@ from datetime import UTC, datetime
 import anyio
 
 from box.attempts import ModelChooser
+from box.common.failures import tagged
+from box.common.history import Record
 from box.context import message_body
-from box.failures import classify, tagged
-from box.history import HostHistory, Record
+from box.failures import classify
+from box.history import HostHistory
 from box.images import image_scope
 from box.machine import TurnContext, TurnDeps, TurnInput, TurnMachine
 from box.memory import MemoryEngine, NoMemory

@@ -1,18 +1,11 @@
-"""The reply call on ``/responses`` behind ``use_responses_api`` (SPEC-001 ENV-22, ENV-23, ENV-24).
+"""The reply call on ``/responses`` behind ``use_responses_api``: the tool loop's items and reading the answer
+(SPEC-001 ENV-22, ENV-23, ENV-24).
 
-Same model choice as chat/completions; the envelope schema goes in ``text.format``; tools
-in the flat Responses shape; ``reasoning`` carries the configured effort (tools and
-reasoning together are fine here). The tool loop is stateless: ``store: false`` and
-``include: ["reasoning.encrypted_content"]``, and on a function call the reasoning and
-function_call output items are passed back as input *reduced to their input fields*
-(response-only fields such as ``status`` are refused upstream), followed by one
-``function_call_output`` per call, matched by ``call_id``. A refusal part is a failed
-attempt (ENV-24), like malformed output (ENV-18).
-
-Only what the chosen model takes is sent (issue 16, ``box.model_profiles``): ``reasoning`` and
-``include: ["reasoning.encrypted_content"]`` only for a reasoning model (with the nearest effort
-it takes), ``temperature`` only where it goes with that effort, image parts as a text note for a
-model that cannot see them.
+The request body is ``box.common.request_bodies.responses_body`` (the host's doctor sends it too). The tool
+loop is stateless: on a function call the reasoning and function_call output items are passed back as input
+*reduced to their input fields* (response-only fields such as ``status`` are refused upstream), followed by
+one ``function_call_output`` per call, matched by ``call_id``. A refusal part is a failed attempt (ENV-24),
+like malformed output (ENV-18).
 """
 
 from __future__ import annotations
@@ -20,61 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from box.chat_api import UNSEEN_IMAGE_NOTE, parse_envelope
-from box.envelope import ENVELOPE_NAME, ENVELOPE_SCHEMA, Envelope
+from box.chat_api import parse_envelope
+from box.common.envelope import Envelope
 from box.model import ModelCallFailed, http_failure
-from box.model_profiles import profile_for
-from box.protocol.models import ModelRequestResult, ResponderSettings
-from box.tools import Tool, ToolCall
-
-PATH = "/responses"
-INCLUDE = ["reasoning.encrypted_content"]  # ENV-23
+from box.protocol.models import ModelRequestResult
+from box.tools import ToolCall
 
 # ENV-23: the fields each passed-back item may carry as *input*; anything else is response-only.
 INPUT_FIELDS: dict[str, tuple[str, ...]] = {
     "reasoning": ("type", "id", "summary", "encrypted_content"),
     "function_call": ("type", "id", "call_id", "name", "arguments"),
 }
-
-
-def responses_body(
-    settings: ResponderSettings, model: str, instructions: str, items: list[dict[str, Any]], tools: list[Tool]
-) -> dict[str, Any]:
-    profile = profile_for(model, settings.server)  # issue 16: only what this model takes
-    effort = profile.effort_for(settings.reasoning_effort)
-    body: dict[str, Any] = {
-        "model": model,
-        "instructions": instructions,
-        "input": items if profile.vision else without_images(items),
-        "max_output_tokens": settings.max_tokens,
-        "text": profile.text_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),
-        "store": False,  # ENV-23: nothing retained server-side
-    }
-    if effort is not None:
-        body["reasoning"] = {"effort": effort}  # ENV-22: allowed with tools on this API
-        body["include"] = list(INCLUDE)  # ENV-23: a model that does not reason has no reasoning to keep
-    if settings.temperature is not None and profile.takes_temperature(effort):
-        body["temperature"] = settings.temperature
-    if tools:
-        body["tools"] = [tool.responses_shape() for tool in tools]
-    return body
-
-
-def without_images(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input items with each ``input_image`` part replaced by ``UNSEEN_IMAGE_NOTE`` (a model without vision)."""
-    out = []
-    for item in items:
-        content = item.get("content")
-        if isinstance(content, list):
-            content = [
-                {"type": "input_text", "text": UNSEEN_IMAGE_NOTE}
-                if isinstance(part, dict) and part.get("type") == "input_image"
-                else part
-                for part in content
-            ]
-            item = {**item, "content": content}
-        out.append(item)
-    return out
 
 
 def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,8 +14,9 @@ from typing import Any
 
 from box import chat_api, responses_api
 from box.attempts import ModelChooser, Sleep, with_attempts
+from box.common.envelope import Envelope
+from box.common.request_bodies import CHAT_PATH, RESPONSES_PATH, chat_body, responses_body
 from box.context import PromptPackage
-from box.envelope import Envelope
 from box.model import ModelClient
 from box.protocol.models import ResponderSettings
 from box.tools import Tool, ToolRegistry
@@ -52,10 +53,8 @@ class ReplyCaller:
             attached = tools if hop < rounds else []  # the last hop answers without tools
 
             async def attempt(_: int, attached: list[Tool] = attached) -> chat_api.ChatReply:
-                body = chat_api.chat_body(
-                    self.settings, self._model(package), package.chat_messages(), attached
-                )
-                result = await self.client.call(chat_api.PATH, body, PURPOSE)
+                body = chat_body(self.settings, self._model(package), package.chat_messages(), attached)
+                result = await self.client.call(CHAT_PATH, body, PURPOSE)
                 return chat_api.parse_chat(result, tools_attached=bool(attached))
 
             reply = await with_attempts(
@@ -81,10 +80,8 @@ class ReplyCaller:
             attached = tools if hop < rounds else []  # ENV-23: an exhausted loop forces a tool-less answer
 
             async def attempt(_: int, attached: list[Tool] = attached) -> responses_api.ResponsesReply:
-                body = responses_api.responses_body(
-                    self.settings, self._model(package), package.system, items, attached
-                )
-                result = await self.client.call(responses_api.PATH, body, PURPOSE)
+                body = responses_body(self.settings, self._model(package), package.system, items, attached)
+                result = await self.client.call(RESPONSES_PATH, body, PURPOSE)
                 return responses_api.parse_responses(result, tools_attached=bool(attached))
 
             reply = await with_attempts(

@@ -1,6 +1,6 @@
 """What a person reads when a turn or a task fails, and when a message was missed (issue 19 #5).
 
-Pure rules: the kind of failure (the box's ``[kind]`` tag on ``DeliverResult.error``, see ``box.failures``)
+Pure rules: the kind of failure (the box's ``[kind]`` tag on ``DeliverResult.error``, see ``box.common.failures``)
 maps to one line, the same in the terminal, on Discord and in ``impyard task show``. The box's detail is
 never shown as the host's words: only a known kind is believed; anything else reads as the fallback.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from box.failures import FailureKind, split_tag
+from box.common.failures import FailureKind, split_tag
 
 # issue 19 #5: one line per kind of failure; the budget's says when its window resets.
 WORDS: Final[dict[FailureKind, str]] = {

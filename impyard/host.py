@@ -12,8 +12,9 @@ What differs is only the surface a host posts through and the surfaces it reache
 
 The host builds the stores (channels, history, memory, the boxes' own history lines — an older home's
 imp-wide history file imported into them once, issue 22 — and the gateway's: audit, ledger, earned trust,
-gates) and hands them to the gateway, so adapters ask the same stores the gateway writes. The surface is
-wrapped so that an imp's own posts join the channel history. Opening checks the settings and the
+gates) and hands them to the gateway, so adapters ask the same stores the gateway writes. The gateway is a
+core with one handler per act, registered here (``build_gateway``): model, send, fetch, history, memory. The
+surface is wrapped so that an imp's own posts join the channel history. Opening checks the settings and the
 policy before anything starts; closing closes the gateway and the database on every path.
 """
 
@@ -24,23 +25,31 @@ from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from impyard.audit import AuditLog
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.clock import Clock, SystemClock
-from impyard.db import Database, open_database
-from impyard.gate_pump import GatePump
-from impyard.gates import GateStore
-from impyard.gateway import GateCallback, Gateway, GatewayStores, host_secrets
-from impyard.history import History, retention_from_env
-from impyard.history_surface import HistorySurface
-from impyard.imps import ImpConfig, ImpStore
-from impyard.ledger import Ledger
-from impyard.memory.service import cache_bytes_from_env, memory_service
+from impyard.conversation.history import History, retention_from_env
+from impyard.conversation.history_act import HistoryAct
+from impyard.conversation.history_surface import HistorySurface
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory, import_legacy_homes
+from impyard.gateway.audit import AuditLog
+from impyard.gateway.broker import ModelBroker, UpstreamConfig
+from impyard.gateway.core import GateCallback, Gateway, GatewayStores, StageCallback, host_secrets
+from impyard.gateway.fetch import HttpFetcher
+from impyard.gateway.fetch_act import FetchAct
+from impyard.gateway.gate_pump import GatePump
+from impyard.gateway.gates import GateStore
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.model_act import ModelAct
+from impyard.gateway.policy import Policy, load_policy
+from impyard.gateway.send_act import SendAct
+from impyard.gateway.surfaces import Surface
+from impyard.gateway.trust import ChannelTrust
+from impyard.imps.store import ImpConfig, ImpStore
+from impyard.memory.act import MemoryAct
+from impyard.memory.audience import move_to_own_scope
+from impyard.memory.service import MemoryService, cache_bytes_from_env, memory_service
 from impyard.memory.store import MemoryStore
-from impyard.policy import Policy, load_policy
-from impyard.responder_history import HistoryBounds, ResponderHistory, import_legacy_homes
-from impyard.surfaces import Surface
+from impyard.storage.db import Database, open_database
 
 log = logging.getLogger("impyard.host")
 
@@ -71,6 +80,68 @@ class Host:
         return self.imp_user_ids.get(imp, f"imp:{imp}")
 
 
+def channel_store(db: Database, clock: Clock) -> ChannelStore:
+    """The channel store as every host builds it: a known guild channel found private takes its memories to its
+    own scope, in the same transaction (issue 32 #4; the channels know no memory, so the host wires it)."""
+    return ChannelStore(db, clock, on_private=move_to_own_scope)
+
+
+def build_gateway(
+    *,
+    policy: Policy,
+    surface: Surface,
+    stores: GatewayStores | None = None,
+    db: Database | None = None,
+    channels: ChannelTrust | None = None,
+    clock: Clock | None = None,
+    secrets: Collection[str] | None = None,
+    owners: Mapping[str, Collection[str]] | None = None,
+    staff_channels: Mapping[str, Collection[str]] | None = None,
+    on_stage: StageCallback | None = None,
+    upstream: UpstreamConfig | None = None,
+    surfaces: Collection[str] | None = None,
+    on_gate: GateCallback | None = None,
+    responder_history: ResponderHistory | None = None,
+    memory: MemoryService | None = None,
+    settle_abandoned: bool = True,
+) -> Gateway:
+    """The gateway's core with its five acts registered, each given what it acts with:
+
+    * the core: ``policy``, its ``stores`` (or ``db`` and ``channels`` to build them over: tests, ``policy
+      check``), ``clock``, ``secrets`` (redacted; the model key is added), ``owners`` (who approves an imp's
+      gates), ``staff_channels``, ``on_stage`` (hears every ``turn.stage``: a window for tests);
+    * ``model.request``: a broker over ``upstream`` (default: the environment's), the one holder of the key;
+    * ``discord.send``: ``surface``, ``surfaces`` (where it posts, ``surface_of`` names; None = everywhere),
+      ``on_gate`` (a gate was opened: the Discord surface posts an approval card);
+    * ``http.fetch``: a fetcher under the policy's ``[http]``;
+    * ``history.*``: ``responder_history`` (or one over the database with the default limits, issue 22);
+    * ``memory.*``: ``memory`` (None: a box asking for memory is refused, issue 23).
+
+    ``settle_abandoned=False`` writes nothing at start: a gateway that only answers ``dry_run``; else the model
+    calls a stopped host left in flight are settled first (issue 19 #4)."""
+    clock = clock or SystemClock()
+    broker = ModelBroker(upstream or UpstreamConfig.from_env(), policy.upstream)
+    hidden = host_secrets(broker.config, secrets)
+    if stores is None:
+        if db is None:
+            raise TypeError("the gateway needs its stores (or a database to build them over)")
+        stores = GatewayStores.over(db, policy=policy, clock=clock, secrets=hidden, channels=channels)
+    gateway = Gateway(
+        policy=policy, stores=stores, secrets=hidden, clock=clock, owners=owners, staff_channels=staff_channels,
+        on_stage=on_stage,
+        acts=[
+            ModelAct(broker),
+            SendAct(surface, surfaces=surfaces, on_gate=on_gate),
+            FetchAct(HttpFetcher(policy.http)),
+            MemoryAct(memory),
+            HistoryAct(responder_history or ResponderHistory(stores.db, clock)),
+        ],
+    )  # fmt: skip
+    if settle_abandoned:
+        gateway.settle_orphans()
+    return gateway
+
+
 @asynccontextmanager
 async def open_host(
     surface: Surface,
@@ -96,7 +167,7 @@ async def open_host(
     db = open_database()
     try:
         history = History(db, clock, retention=retention)
-        channels = ChannelStore(db, clock)
+        channels = channel_store(db, clock)
         stores = GatewayStores.over(
             db, policy=policy, clock=clock, secrets=host_secrets(upstream), channels=channels
         )
@@ -112,7 +183,7 @@ async def open_host(
             surface, history, lambda imp: user_ids.get(imp, f"imp:{imp}"), clock,
             default_imp=next(iter(known)) if len(known) == 1 else "",
         )  # fmt: skip
-        gateway = Gateway(
+        gateway = build_gateway(
             policy=policy,
             stores=stores,
             upstream=upstream,

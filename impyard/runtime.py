@@ -19,17 +19,17 @@ from impyard.backends import BoxBackend
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend
 from impyard.backends.stateroot import state_root
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import Clock
-from impyard.conversation import Conversations
-from impyard.db import Database
-from impyard.gate_pump import GATE_PUMP_S
-from impyard.gateway import GateCallback, Gateway
-from impyard.history import History
+from impyard.conversation.history import History
+from impyard.conversation.pipeline import Conversations
+from impyard.conversation.sessions import SessionManager
+from impyard.gateway.core import GateCallback, Gateway
+from impyard.gateway.gate_pump import GATE_PUMP_S
+from impyard.gateway.surfaces import SURFACE_TERMINAL, Surface
 from impyard.host import Host, open_host
-from impyard.imps import ImpConfig, ImpStore
-from impyard.sessions import SessionManager
-from impyard.surfaces import SURFACE_TERMINAL, Surface
+from impyard.imps.store import ImpConfig, ImpStore
+from impyard.storage.db import Database
 
 log = logging.getLogger("impyard.runtime")
 

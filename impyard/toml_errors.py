@@ -3,7 +3,8 @@
 Used by the imp config and the policy files to turn a pydantic error ``loc`` (or a
 ``tomllib`` error) into ``<file>:<line>``. Best effort, line based: the text has
 already parsed, so only valid TOML needs reading; what the key is called and why
-it is wrong stay with each file's own messages.
+it is wrong stay with each file's own messages. A finding is a ``Problem``; an error
+that lists every finding of a file is a ``ProblemsError``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-__all__ = ["line_of", "syntax_error_line"]
+from impyard.errors import ImpyardError
+
+__all__ = ["Problem", "ProblemsError", "line_of", "syntax_error_line"]
 
 _STRINGS_AND_COMMENT = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'|#.*$")
 _KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""")
@@ -21,6 +26,38 @@ _KEY_LINE = re.compile(
     r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*="""
 )
 _SYNTAX_LINE = re.compile(r"at line (\d+)")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding in a file: ``<file>[:<line>]: <key>: <reason and fix>``."""
+
+    file: str
+    line: int | None
+    key: str
+    reason: str
+
+    def key_text(self) -> str:
+        """How the message names the key."""
+        return self.key
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.key_text()}: {self.reason}" if self.key else f"{where}: {self.reason}"
+
+
+P = TypeVar("P", bound=Problem)
+
+
+class ProblemsError(ImpyardError, Generic[P]):
+    """A file that is broken: ``problems`` lists every finding, one line each; the message starts with the first,
+    whose place and reason are the error's own attributes. The base of each file kind's error class."""
+
+    def __init__(self, problems: list[P]) -> None:
+        self.problems = problems
+        first = problems[0]
+        self.file, self.line, self.key, self.reason = first.file, first.line, first.key, first.reason
+        super().__init__("\n".join(str(problem) for problem in problems))
 
 
 def line_of(text: str, path: Sequence[str | int]) -> int | None:

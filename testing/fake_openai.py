@@ -2111,7 +2111,7 @@ def _content_text(answer: Any) -> str:
         return answer
     if isinstance(answer, dict | list):
         return json.dumps(answer)
-    if hasattr(answer, "model_dump_json"):  # a pydantic model, e.g. box.envelope.Envelope
+    if hasattr(answer, "model_dump_json"):  # a pydantic model, e.g. box.common.envelope.Envelope
         return answer.model_dump_json()
     raise TypeError(f"cannot render a {type(answer).__name__} as model output")
 

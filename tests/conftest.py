@@ -13,12 +13,12 @@ import docker.errors
 import pytest
 
 from bench.pgcluster import PostgresServer, postgres_bin, private_server, throwaway_database
-from impyard import dburl
 from impyard.backends import BoxStartError
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.process import ProcessBackend
 from impyard.backends.runtimes import RUNTIME_ENV, RuntimeChoice
-from impyard.db import Database, open_database
+from impyard.storage import urls as dburl
+from impyard.storage.db import Database, open_database
 from tests.fixtures import fake, fake_model, kit, model  # noqa: F401 - the shared fixtures of the test kit
 
 # Every Docker test of the lockdown, the protocol and end to end runs once per runtime (issue 22).
@@ -58,7 +58,7 @@ def box_image() -> str:
         DockerBackend(image="unused").client()
     except BoxStartError as exc:
         pytest.skip(f"no Docker engine can run here: {exc}")
-    from impyard.boximage import build_image
+    from impyard.backends.image import build_image
 
     return build_image(progress=lambda line: None)
 

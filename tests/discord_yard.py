@@ -16,10 +16,10 @@ import anyio
 import pytest
 
 from impyard.backends import BoxBackend
+from impyard.conversation.sessions import Delivery
 from impyard.discord.client import DiscordSettings
 from impyard.discord.serve import DiscordHost, open_discord_host
-from impyard.imps import ImpStore
-from impyard.sessions import Delivery
+from impyard.imps.store import ImpStore
 from testing.fake_discord import (
     FakeBot,
     FakeChannel,

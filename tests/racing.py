@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from impyard.db import Database, open_database
+from impyard.storage.db import Database, open_database
 
 RACE_ROUNDS = 50  # items raced per test: enough that the two processes overlap in some of them
 RACE_WAIT_S = 60.0  # how long the test waits for a worker's answer before it is a failure

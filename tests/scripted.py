@@ -33,11 +33,12 @@ from box.protocol.models import (
     ModelRequestResult,
     ResponderSettings,
     SessionInfo,
+    TurnStageParams,
 )
-from impyard.backends import BoxHost, BoxSpec, RunningBox
+from impyard.backends import BoxHost, BoxSpec, QuietHost, RunningBox
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.responder_history import HistoryBounds, ResponderHistory, line_views
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory, line_views
+from impyard.storage.db import open_database
 from testing.fake_openai import envelope as full_envelope
 from testing.inprocess import InProcessBackend
 
@@ -62,7 +63,7 @@ def chat_result(content: dict[str, Any] | str, status: int = 200) -> ModelReques
 
 
 @dataclass
-class ScriptedHost:
+class ScriptedHost(QuietHost):
     """Answers model.request from a list (the last one repeats); delivers every send."""
 
     answers: list[ModelRequestResult | RpcError] = field(default_factory=lambda: [chat_result(envelope())])
@@ -92,6 +93,9 @@ class ScriptedHost:
     def model_requests(self) -> list[Any]:
         """The model.request params the box sent, in order (``.path``, ``.body``, ``.purpose``)."""
         return [params for method, params in self.calls if method == "model.request"]
+
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        await self.serve(spec, "turn.stage", params)  # recorded in order with the requests
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         self.calls.append((method, params))

@@ -35,9 +35,9 @@ from bench.memory import (
 )
 from bench.pgcluster import postgres_bin
 from impyard.backends import BoxSpec
-from impyard.db import open_database
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import memory_service
+from impyard.storage.db import open_database
 
 ROOT = Path(__file__).resolve().parent.parent
 

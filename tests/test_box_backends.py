@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from impyard.backends import BoxSpec, BoxStartError, RefuseAllHost
 from impyard.backends.docker import DockerBackend, DockerLimits, run_argv
+from impyard.backends.lockdown import evaluate
 from impyard.backends.process import ProcessBackend
 from impyard.cli import cli
 from impyard.cli.box import probe
-from impyard.lockdown import evaluate
 from tests.scripted import ScriptedHost, chat_result, deliver_params, envelope, init_params
 
 pytestmark = pytest.mark.anyio
@@ -269,7 +269,7 @@ async def test_a_docker_box_can_use_state_a_process_box_wrote_as_root(
 
 
 def test_doctor_reports_each_imps_token_without_showing_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from impyard.imps import ImpStore
+    from impyard.imps.store import ImpStore
 
     ImpStore().add("pip")
     ImpStore().add("pix")

@@ -18,9 +18,9 @@ import pytest
 from impyard.backends import BoxHost, BoxSpec, BoxStartError, RunningBox
 from impyard.backends.mounts import CLAIMS_DIR, overlaps
 from impyard.backends.process import ProcessBackend
-from impyard.imps import ImpStore
+from impyard.conversation.sessions import SessionKey, SessionSettings
+from impyard.imps.store import ImpStore
 from impyard.paths import box_dir_name
-from impyard.sessions import SessionKey, SessionSettings
 from tests.scripted import ScriptedHost, init_params
 from tests.test_sessions import Plan, Recorder, delivery
 
@@ -137,7 +137,7 @@ class SlowToClose:
 async def test_a_session_waits_for_the_previous_box_of_its_channel_to_let_go(tmp_path: Path) -> None:
     """The next message of a channel whose box is still closing starts a new session: its box must wait for
     the old one's /state, not be refused (the session manager keys sessions by imp and channel)."""
-    from impyard.sessions import SessionManager
+    from impyard.conversation.sessions import SessionManager
 
     backend = SlowToClose()
     plan = Plan(backend, tmp_path, SessionSettings(idle_s=0.05))  # type: ignore[arg-type]

@@ -24,8 +24,8 @@ from impyard.backends.runtimes import (
     runtime_choice,
 )
 from impyard.cli import cli
-from impyard.doctor import DockerFacts, runtime_finding
-from impyard.imps import ImpStore
+from impyard.cli.doctor_rules import DockerFacts, runtime_finding
+from impyard.imps.store import ImpStore
 from impyard.runtime import backends_for
 from tests.conftest import docker_backend_for
 from tests.scripted import ScriptedHost, init_params

@@ -14,7 +14,7 @@ from impyard.backends.mounts import CLAIMS_DIR
 from impyard.backends.plan import STATE_ENV, box_plan
 from impyard.backends.process import ProcessBackend
 from impyard.backends.stateroot import STATE_ROOT_ENV, StateRoot, StateVolume, state_root
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 from tests.scripted import ScriptedHost, init_params
 
 ROOT = Path("/srv/boxes")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import box
-from impyard import boximage
-from impyard.boximage import BoxImageError, build_image, debian_mirror, expected_tag, image_present
+from impyard.backends import image as boximage
+from impyard.backends.image import BoxImageError, build_image, debian_mirror, expected_tag, image_present
 
 TAG_RE = re.compile(r"^impyard-box:[0-9a-f]{12}$")
 REAL_BOX_DIR = Path(box.__file__).parent

@@ -22,8 +22,8 @@ from typing import Any
 import anyio
 import pytest
 
-from impyard import broker as broker_module
-from impyard.broker import (
+from impyard.gateway import broker as broker_module
+from impyard.gateway.broker import (
     ModelBroker,
     UpstreamConfig,
     UpstreamResponse,
@@ -32,7 +32,7 @@ from impyard.broker import (
     httpcore,
     selected_headers,
 )
-from impyard.policy_models import UpstreamSettings
+from impyard.gateway.policy_models import UpstreamSettings
 from testing.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.anyio

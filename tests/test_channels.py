@@ -11,11 +11,11 @@ import sys
 import pytest
 from sqlalchemy.engine import Connection
 
-from impyard.audit import MAX_FIELD_CHARS, REDACTED, AuditLog, AuditRecord
-from impyard.channels import ChannelError, ChannelInfo, ChannelModeError, ChannelStore
+from impyard.channels.store import ChannelError, ChannelInfo, ChannelModeError, ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.trust import EarnedTrust
+from impyard.gateway.audit import MAX_FIELD_CHARS, REDACTED, AuditLog, AuditRecord
+from impyard.gateway.trust import EarnedTrust
+from impyard.storage.db import Database
 
 SECRET = "sk-test-0123456789abcdef"
 
@@ -170,8 +170,8 @@ def test_an_audit_row_names_the_host_process_that_wrote_it(
     log = AuditLog(any_engine_db, clock, secrets=[])
     log.write(AuditRecord(imp="pip", method="model.request", verdict="allowed"))
     script = (
-        "import sys; from impyard.audit import AuditLog, AuditRecord; from impyard.clock import FixedClock; "
-        "from impyard.db import open_database; db = open_database(url=sys.argv[1]); "
+        "import sys; from impyard.gateway.audit import AuditLog, AuditRecord; from impyard.clock import FixedClock; "
+        "from impyard.storage.db import open_database; db = open_database(url=sys.argv[1]); "
         "AuditLog(db, FixedClock(), secrets=[]).write(AuditRecord(imp='pip', method='discord.send', verdict='allowed'));"
         " print(__import__('os').getpid())"
     )

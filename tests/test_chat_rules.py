@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from box.protocol.models import DeliverResult
-from impyard.chat_commands import Command, history_count, message_text, mode_answer, parse
-from impyard.turn_words import MAX_REASON_CHARS, outcome_line, reason, route_line, stage_line
+from impyard.terminal.commands import Command, history_count, message_text, mode_answer, parse
+from impyard.terminal.turn_words import MAX_REASON_CHARS, outcome_line, reason, route_line, stage_line
 
 
 @pytest.mark.parametrize(

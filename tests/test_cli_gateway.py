@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from impyard.audit import AuditLog, AuditRecord
 from impyard.cli import cli
 from impyard.clock import FixedClock, SystemClock
-from impyard.db import open_database
-from impyard.gates import GateStore
-from impyard.imps import ImpStore
-from impyard.ledger import Ledger
-from impyard.policy import load_policy
+from impyard.gateway.audit import AuditLog, AuditRecord
+from impyard.gateway.gates import GateStore
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import load_policy
+from impyard.imps.store import ImpStore
+from impyard.storage.db import open_database
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:

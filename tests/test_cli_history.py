@@ -14,10 +14,10 @@ from box.protocol.history import HistoryLine
 from box.protocol.models import Author, Message
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.history import History
-from impyard.imps import ImpStore
-from impyard.responder_history import ResponderHistory
+from impyard.conversation.history import History
+from impyard.conversation.responder_history import ResponderHistory
+from impyard.imps.store import ImpStore
+from impyard.storage.db import open_database
 
 START = datetime(2025, 3, 4, 9, 30, tzinfo=UTC)
 TERMINAL = "terminal:alice"

@@ -10,8 +10,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from impyard.audit import AuditLog, AuditRecord
-from impyard.channels import ChannelStore
+from impyard.backends.lockdown import evaluate
+from impyard.channels.store import ChannelStore
 from impyard.cli import cli
 from impyard.cli.output import (
     JSON_HELP,
@@ -28,10 +28,10 @@ from impyard.cli.output import (
     tsv_field,
 )
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.imps import ImpStore
-from impyard.lockdown import evaluate
-from impyard.trust import ChannelInfo
+from impyard.gateway.audit import AuditLog, AuditRecord
+from impyard.gateway.trust import ChannelInfo
+from impyard.imps.store import ImpStore
+from impyard.storage.db import open_database
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -16,12 +16,13 @@ from click.testing import CliRunner, Result
 
 from impyard.cli import cli
 from impyard.clock import FixedClock, SystemClock
-from impyard.db import open_database
-from impyard.imps import ImpStore
-from impyard.instance import SUPERVISE_LOCK_FILENAME
+from impyard.imps.store import ImpStore
 from impyard.paths import box_dir_name
+from impyard.storage.db import open_database
+from impyard.storage.instance import SUPERVISE_LOCK_FILENAME
 from impyard.tasks import TaskRequest, TaskStore
 from testing.fake_openai import FakeOpenAI, envelope
+from tests import sqlfile
 
 KEY = "sk-impyard-cli-tasks-SECRET-19fe"
 
@@ -42,7 +43,7 @@ def pip(impyard_home: Path) -> str:
 def rows(table: str) -> int:
     db = open_database()
     try:
-        return int(db.query(f"SELECT COUNT(*) FROM {table}")[0][0])
+        return int(sqlfile.query(db, f"SELECT COUNT(*) FROM {table}")[0][0])
     finally:
         db.close()
 

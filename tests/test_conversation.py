@@ -20,11 +20,12 @@ import pytest
 
 from box.protocol.models import Attachment, Author, Message
 from impyard.clock import FixedClock
-from impyard.conversation import MAX_INBOUND_CHARS, Inbound
-from impyard.imps import ImpStore
+from impyard.conversation.pipeline import MAX_INBOUND_CHARS, Inbound
+from impyard.conversation.sessions import Delivery, TurnHandle
+from impyard.gateway.send_act import SendAct
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.sessions import Delivery, TurnHandle
-from impyard.surfaces import RecordingSurface
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.inprocess import InProcessBackend
 
@@ -189,7 +190,7 @@ async def test_an_untrusted_channel_reply_waits_for_approval(
 async def test_a_gate_approved_on_the_cli_is_sent_once_by_the_running_host(
     runtime: tuple[Runtime, RecordingSurface], clock: FixedClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from impyard.gates import Approver
+    from impyard.gateway.gates import Approver
 
     rt, surface = runtime
     rt.channels.set_trusted(CHANNEL, False)
@@ -209,7 +210,7 @@ async def test_a_gate_approved_on_the_cli_is_sent_once_by_the_running_host(
 async def test_the_pump_leaves_gates_of_another_surface_alone(
     runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
 ) -> None:
-    from impyard.gates import Approver
+    from impyard.gateway.gates import Approver
 
     rt, surface = runtime
     rt.channels.set_trusted(CHANNEL, False)
@@ -217,7 +218,7 @@ async def test_the_pump_leaves_gates_of_another_surface_alone(
     await answered(rt, "m1")
     (gate,) = rt.gateway.gates.latest()
     await rt.gateway.decide(gate.id, Approver(kind="operator", id="root"), approve=True, execute=False)
-    rt.gateway.surfaces = frozenset(
+    rt.gateway.act(SendAct).surfaces = frozenset(
         {"terminal"}
     )  # from here on this is `impyard chat`: it reaches the terminal only
     assert await rt.host.pump.run_once() == []
@@ -337,7 +338,7 @@ async def test_typing_shows_from_render_and_stops_when_the_turn_ends(
 
 
 def test_attachment_data_is_bounded_in_total_so_a_delivery_fits_one_line() -> None:
-    from impyard.conversation import MAX_ATTACHMENT_DATA_B64, bound_attachments
+    from impyard.conversation.pipeline import MAX_ATTACHMENT_DATA_B64, bound_attachments
 
     item = Attachment(filename="a.png", content_type="image/png", size=300_000, data_b64="A" * 400_000)
     kept = bound_attachments([item, item.model_copy(update={"filename": "b.png"})])
@@ -363,7 +364,7 @@ async def test_finished_turns_nobody_waits_for_are_not_kept(
 ) -> None:
     """Issue 12: under `serve` nobody awaits turns; once a turn is recorded the host keeps nothing of its
     messages but their ids, in a bounded memory (it used to keep one event per woken message)."""
-    from impyard.conversation import RECENTLY_FINISHED
+    from impyard.conversation.pipeline import RECENTLY_FINISHED
 
     rt, _ = runtime
     handles = []

@@ -22,8 +22,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from impyard import db as db_module
-from impyard.db import BUSY_TIMEOUT_S, Database, open_database
+from impyard.storage import quick as quick_module
+from impyard.storage.db import Database, open_database
+from impyard.storage.engines import BUSY_TIMEOUT_S
 
 pytestmark = pytest.mark.anyio
 
@@ -161,7 +162,7 @@ async def test_a_connection_borrowed_from_the_pool_waits_for_the_lock_as_before(
     thread borrows, after quick work and after the loop's connection was dropped and replaced, still does."""
     _scratch(db)
     await db.quick(db.write, _insert(1))
-    db._local.inline_writer.invalidate()  # dropped (a broken connection): replaced on the next quick call
+    db._quick._loop.writer.invalidate()  # dropped (a broken connection): replaced on the next quick call
     await db.quick(db.write, _insert(2))
 
     def settings() -> list[tuple[int, int]]:
@@ -187,19 +188,19 @@ async def test_the_wal_is_checkpointed_off_the_event_loop(
 ) -> None:
     """The loop's connection does not checkpoint (that copies pages and syncs the file): every
     ``CHECKPOINT_EVERY`` quick writes a worker does, and the WAL is reused instead of growing with every write."""
-    monkeypatch.setattr(db_module, "CHECKPOINT_EVERY", 16)
+    monkeypatch.setattr(quick_module, "CHECKPOINT_EVERY", 16)
     db = open_database(tmp_path / "impyard.db")
     try:
         _scratch(db)
         payload = b"x" * 8000  # two pages a row
         checkpoints: list[int] = []
-        original = Database._checkpoint
+        original = quick_module.QuickPath._checkpoint
 
-        def counted(self: Database) -> None:
+        def counted(self: quick_module.QuickPath) -> None:
             checkpoints.append(threading.get_ident())
             original(self)
 
-        monkeypatch.setattr(Database, "_checkpoint", counted)
+        monkeypatch.setattr(quick_module.QuickPath, "_checkpoint", counted)
         for n in range(400):  # 800 pages and more: a WAL never checkpointed holds 3.2 MB
             await db.quick(db.write, _insert(n, payload))
             await anyio.sleep(0.001)  # time for the worker's checkpoint
@@ -217,12 +218,12 @@ async def test_quick_work_too_heavy_for_the_loop_is_logged_once(
     function. Waiting (here a sleep; in life a core busy elsewhere) is not the work's weight."""
 
     def slow() -> None:
-        until = time.thread_time() + db_module.QUICK_SLOW_S * 1.5
+        until = time.thread_time() + quick_module.QUICK_SLOW_S * 1.5
         while time.thread_time() < until:
             pass
 
     def waits() -> None:
-        time.sleep(db_module.QUICK_SLOW_S * 1.5)
+        time.sleep(quick_module.QUICK_SLOW_S * 1.5)
 
     caplog.set_level(logging.WARNING, logger="impyard.db")
     seen: list[int] = []
@@ -249,5 +250,5 @@ async def test_a_checkpoint_still_queued_when_the_database_closed_does_nothing(d
     _scratch(db)
     await db.quick(db.write, _insert(1))
     db.close()
-    db._checkpoint()
+    db._quick._checkpoint()
     assert db._engine is None and db._kept == []

@@ -9,12 +9,13 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 import sqlalchemy as sa
 
-from impyard.db import Database, open_database
+from impyard.storage.db import Database, open_database
 
 pytestmark = pytest.mark.anyio
 
@@ -23,39 +24,50 @@ async def test_work_runs_off_the_loop_on_a_connection_of_its_own_thread(db: Data
     loop_thread = threading.get_ident()
 
     def where() -> tuple[int, int]:
-        return threading.get_ident(), id(db.connection())
+        with db.connect() as conn:
+            return threading.get_ident(), id(conn)
 
     thread, connection = await db.run(where)
     assert thread != loop_thread
-    assert connection != id(db.connection())  # the loop thread's own connection is another one
+    with db.connect() as conn:
+        assert id(conn) != connection  # the loop thread's own connection is another one
+
+
+def _sql(db: Database, sql: str, params: tuple[object, ...] = ()) -> int:
+    return db.write(lambda conn: conn.exec_driver_sql(sql, params).rowcount)
+
+
+def _rows(db: Database, sql: str) -> list[sa.Row[Any]]:
+    return db.read(lambda conn: list(conn.exec_driver_sql(sql).all()))
 
 
 async def test_results_and_errors_come_back_as_themselves(db: Database) -> None:
-    db.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)")
-    assert await db.run(db.execute, "INSERT INTO t VALUES (?)", (1,)) is not None
-    assert [row["x"] for row in await db.run(db.query, "SELECT x FROM t")] == [1]
-    with pytest.raises(sqlite3.IntegrityError):
-        await db.run(db.execute, "INSERT INTO t VALUES (?)", (1,))
+    _sql(db, "CREATE TABLE t (x INTEGER PRIMARY KEY)")
+    assert await db.run(_sql, db, "INSERT INTO t VALUES (?)", (1,)) == 1
+    assert [row.x for row in await db.run(_rows, db, "SELECT x FROM t")] == [1]
+    with pytest.raises(sa.exc.IntegrityError) as caught:
+        await db.run(_sql, db, "INSERT INTO t VALUES (?)", (1,))
+    assert isinstance(caught.value.orig, sqlite3.IntegrityError)
     with pytest.raises(KeyError, match="missing"):  # keyword arguments reach the work
         await db.run(lambda **kw: kw["missing"], kwargs=1)
 
 
 async def test_a_cancelled_caller_waits_for_its_transaction_to_end(db: Database) -> None:
-    db.execute("CREATE TABLE t (x INTEGER)")
+    _sql(db, "CREATE TABLE t (x INTEGER)")
     started = threading.Event()
 
     def slow_write() -> None:
-        with db.transaction() as conn:
-            conn.execute("INSERT INTO t VALUES (1)")
+        with db.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
             started.set()
             time.sleep(0.3)
-            conn.execute("INSERT INTO t VALUES (2)")
+            conn.exec_driver_sql("INSERT INTO t VALUES (2)")
 
     with anyio.move_on_after(0.05) as scope:
         await db.run(slow_write)
     assert scope.cancelled_caught
     # Cancelled, but only once the transaction was committed: nothing runs on behind the caller's back.
-    assert [row[0] for row in db.query("SELECT x FROM t ORDER BY x")] == [1, 2]
+    assert [row[0] for row in _rows(db, "SELECT x FROM t ORDER BY x")] == [1, 2]
 
 
 async def test_a_long_call_never_holds_up_the_next(db: Database) -> None:

@@ -1,7 +1,7 @@
 """One source for each responder and memory default (issue 12): the box's, which imp.toml takes.
 
 The box (box/protocol/models.py) must not import impyard, so the defaults live on the box side and
-``impyard.imp_config`` reads them from there; these tests pin the values and that provenance.
+``impyard.imps.config`` reads them from there; these tests pin the values and that provenance.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-import impyard.imp_config
+import impyard.imps.config
 from box.protocol.models import ImpSpec, MemorySettings, ResponderSettings
-from impyard.imp_config import MemoryConfig, ModelConfig, toml_value
-from impyard.imps import ImpStore
+from impyard.imps.config import MemoryConfig, ModelConfig
+from impyard.imps.render import toml_value
+from impyard.imps.store import ImpStore
 
 # Written out on purpose: a changed default must change this table (and docs/configuration.md's tables) too.
 EXPECTED: dict[tuple[str, str], Any] = {
@@ -89,8 +90,8 @@ def test_a_fresh_imp_toml_gives_the_box_its_own_default(
 
 
 def fresh_imp_config(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """A second copy of impyard.imp_config, built now: its defaults are read at class creation."""
-    spec = importlib.util.spec_from_file_location("impyard._imp_config_copy", impyard.imp_config.__file__)
+    """A second copy of impyard.imps.config, built now: its defaults are read at class creation."""
+    spec = importlib.util.spec_from_file_location("impyard._imp_config_copy", impyard.imps.config.__file__)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # pydantic resolves annotations through it

@@ -36,23 +36,24 @@ from box.protocol.models import (
     TaskSpec,
 )
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.imps.store import ImpStore
 from impyard.memory.departures import Due, depart_now, due, memory_imps, queue, queue_due
 from impyard.memory.scopes import scopes_of
 from impyard.memory.service import memory_service
 from impyard.memory.store import MemoryStore
-from impyard.policy import load_policy
+from impyard.storage.db import Database, open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
-from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest, TaskStore
 from testing.inprocess import InProcessBackend
-from tests import scripted
+from tests import scripted, sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -115,8 +116,9 @@ def due_in(db: Database, now: datetime, imps: Collection[str], **options: Any) -
 
 
 def departure_rows(db: Database) -> list[tuple[str, str, str, str, str | None]]:
-    rows = db.query(
-        "SELECT imp, channel_id, person, last_input_at, task_id FROM memory_departures ORDER BY last_input_at"
+    rows = sqlfile.query(
+        db,
+        "SELECT imp, channel_id, person, last_input_at, task_id FROM memory_departures ORDER BY last_input_at",
     )
     return [(r["imp"], r["channel_id"], r["person"], r["last_input_at"], r["task_id"]) for r in rows]
 
@@ -154,11 +156,13 @@ def test_m103_trimmed_history_falls_back_to_the_conversations_own_last_input(
     db: Database, imps: ImpStore, channels: ChannelStore
 ) -> None:
     talk(db, "pip", GUILD_CHANNEL, ANN, T0)
-    db.execute("DELETE FROM history")  # trimmed away
+    sqlfile.execute(db, "DELETE FROM history")  # trimmed away
     saved_later = T0 + timedelta(hours=1)
-    db.execute("UPDATE memory_conversations SET updated_at = ?", (saved_later.isoformat(),))
+    sqlfile.execute(db, "UPDATE memory_conversations SET updated_at = ?", (saved_later.isoformat(),))
     assert due_in(db, T0 + timedelta(seconds=1801), {"pip"}) == [Due("pip", GUILD_CHANNEL, ANN, T0)]
-    db.execute("UPDATE memory_conversations SET state = '{}'")  # no last input saved either: the save time
+    sqlfile.execute(
+        db, "UPDATE memory_conversations SET state = '{}'"
+    )  # no last input saved either: the save time
     assert due_in(db, T0 + timedelta(seconds=1801), {"pip"}) == []
     assert due_in(db, saved_later + timedelta(seconds=1801), {"pip"}) == [
         Due("pip", GUILD_CHANNEL, ANN, saved_later)
@@ -171,7 +175,7 @@ def test_m103_a_conversation_the_box_marked_departed_is_not_departed_again(
     talk(db, "pip", GUILD_CHANNEL, ANN, T0)
     state = {"version": 1, "person": "Ann", "person_id": ANN, "last_input_at": T0.isoformat(),
              "departed_at": (T0 + timedelta(seconds=5)).isoformat()}  # fmt: skip
-    db.execute("UPDATE memory_conversations SET state = ?", (json.dumps(state),))
+    sqlfile.execute(db, "UPDATE memory_conversations SET state = ?", (json.dumps(state),))
     assert due_in(db, T0 + timedelta(hours=1), {"pip"}) == []
 
 
@@ -350,7 +354,7 @@ class Yard:
 
 @asynccontextmanager
 async def yard(db: Database, imps: ImpStore, clock: FixedClock) -> AsyncIterator[Yard]:
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
@@ -565,6 +569,6 @@ def test_the_departures_table_key_is_the_stretch_of_talk(db: Database) -> None:
         "2026-05-11T09:31:00.000000+00:00",
     )
     sql = "INSERT INTO memory_departures (imp, channel_id, person, last_input_at, task_id, queued_at) VALUES (?,?,?,?,?,?)"
-    db.execute(sql, row)
+    sqlfile.execute(db, sql, row)
     with pytest.raises(sqlite3.IntegrityError):
-        db.execute(sql, row)
+        sqlfile.execute(db, sql, row)

@@ -1,6 +1,6 @@
 """Leaving ``impyard chat`` is a departure (mechanism 103), and a long chat departs whoever else has left.
 
-The chat runs in this process (``impyard.terminal.run_chat``) over a pipe, as a script would run it, against
+The chat runs in this process (``impyard.terminal.chat.run_chat``) over a pipe, as a script would run it, against
 the fake OpenAI; its boxes are the real box program with a stand-in memory engine
 (``tests/boxes/departing_box.py``) that keeps the conversation in the host's store and, on a departure, says
 what it saw. ``/quit`` and the end of input queue the departure and run it before the chat ends; Ctrl-C is
@@ -20,13 +20,13 @@ from typing import Any
 import anyio
 import pytest
 
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import SystemClock
-from impyard.db import Database, open_database
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
+from impyard.storage.db import Database, open_database
 from impyard.supervisor import SupervisorSettings
 from impyard.tasks import Task, TaskStore
-from impyard.terminal import run_chat
+from impyard.terminal.chat import run_chat
 from testing.fake_openai import FakeOpenAI
 from tests.test_departures import ANN, DM_CHANNEL, departing_box, talk
 

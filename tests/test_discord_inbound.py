@@ -14,7 +14,7 @@ import pytest
 from impyard.discord.client import wanted_intents
 from impyard.discord.inbound import skip_reason, to_inbound
 from impyard.discord.surface import DiscordSurface
-from impyard.surfaces import OutgoingFile
+from impyard.gateway.surfaces import OutgoingFile, Post
 from testing.fake_discord import (
     FakeAttachment,
     FakeChannel,
@@ -152,7 +152,7 @@ async def test_the_surface_chunks_puts_files_last_and_pings_nobody(
     surface = DiscordSurface({"pip": client})
     text = "@everyone look. " + "\n\n".join("word " * 300 for _ in range(2))  # two chunks
     files = [OutgoingFile(f"f{n}.txt", f"file {n}".encode()) for n in range(12)]
-    ids = await surface.send(str(GENERAL), text, str(question.id), files, "reply", imp="pip")
+    ids = await surface.send(Post(str(GENERAL), text, str(question.id), tuple(files), "reply", "pip"))
     posted = fake.messages(GENERAL)
     assert ids == [str(m.id) for m in posted] and len(posted) == 3
     assert [len(m.files) for m in posted] == [0, 10, 2]  # the last chunk carries the files; the rest follow

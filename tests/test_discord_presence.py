@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from box.protocol.models import DeliverResult
+from impyard.conversation.sessions import SessionKey
 from impyard.discord.presence import PresenceService, status_text
-from impyard.sessions import SessionKey
 from testing.fake_discord import PresenceUpdate
 from testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
@@ -50,7 +50,9 @@ async def statuses(yard: Yard, count: int) -> list[str | None]:
 async def test_seed_003_an_answered_turn_shows_where_the_imp_is_talking(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
 ) -> None:
-    monkeypatch.setattr("impyard.conversation.impyard_version", "9.8.7")  # the host's release, as it says it
+    monkeypatch.setattr(
+        "impyard.conversation.pipeline.impyard_version", "9.8.7"
+    )  # the host's release, as it says it
     async with serving(monkeypatch, model, pip=PRESENCE_ON) as yard:
         assert yard.host.presence is not None
         yard.host.presence.min_interval_s = 0.0  # spacing is tested on its own below
@@ -135,11 +137,17 @@ class _Info:
         self.kind, self.name, self.audience = "guild", name, None
 
 
+class _Db:
+    async def run(self, fn: Any, *args: Any) -> Any:  # the shape of Database.run
+        return fn(*args)
+
+
 class _Channels:
-    class aio:  # noqa: N801 - the shape of ChannelStore.aio
-        @staticmethod
-        async def info(channel_id: str) -> _Info:
-            return _Info(channel_id)
+    db = _Db()
+
+    @staticmethod
+    def info(channel_id: str) -> _Info:
+        return _Info(channel_id)
 
 
 async def test_seed_003_updates_are_spaced_the_latest_wins_and_the_status_clears_when_idle() -> None:

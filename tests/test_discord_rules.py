@@ -11,14 +11,14 @@ from pathlib import Path
 import discord
 import pytest
 
+from impyard.conversation.sessions import SessionKey, SessionManager
 from impyard.discord.approval_cards import CUSTOM_ID, card_text
 from impyard.discord.client import DiscordSettings, DiscordSetupError, wanted_intents
 from impyard.discord.commands import admin_reason
 from impyard.discord.serve import JsonLogFormatter, RedactTokens
 from impyard.discord.surface import DiscordSurface, is_discord_channel
-from impyard.gates import Gate
-from impyard.sessions import SessionKey, SessionManager
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.gateway.gates import Gate
+from impyard.gateway.surfaces import OutgoingFile, Post, SurfaceError
 
 OWNERS = ["discord:42"]
 
@@ -104,12 +104,12 @@ async def test_task_log_posts_go_to_the_log_and_unknown_imps_are_refused(
     caplog.set_level(logging.INFO, "impyard.posts")
     surface = DiscordSurface({})
     ids = await surface.send(
-        "task:pip", "done: 3 items", None, [OutgoingFile("a.txt", b"x")], "reply", imp="pip"
+        Post("task:pip", "done: 3 items", None, (OutgoingFile("a.txt", b"x"),), "reply", "pip")
     )
     assert ids == ["log-1"]
     assert caplog.records[-1].getMessage() == "[task:pip] pip (reply): done: 3 items [files: a.txt]"
     with pytest.raises(SurfaceError, match="imp pix has no Discord bot connected"):
-        await surface.send("1001", "hi", None, [], "reply", imp="pix")
+        await surface.send(Post("1001", "hi", imp="pix"))
 
 
 def gate(state: str = "pending", **fields: object) -> Gate:

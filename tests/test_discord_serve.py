@@ -21,11 +21,11 @@ from impyard import paths
 from impyard.backends.docker import DockerBackend
 from impyard.cli import cli
 from impyard.clock import SystemClock
-from impyard.db import open_database
 from impyard.discord.client import DiscordSetupError
 from impyard.discord.serve import open_discord_host, serve
-from impyard.imps import ImpStore
-from impyard.instance import AlreadyRunning
+from impyard.imps.store import ImpStore
+from impyard.storage.db import open_database
+from impyard.storage.instance import AlreadyRunning
 from impyard.supervisor import SupervisorSettings
 from impyard.tasks import TaskRequest, TaskStore
 from testing.fake_openai import FakeOpenAI, envelope

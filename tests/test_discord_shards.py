@@ -22,11 +22,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from impyard.channels import ChannelInfo
+from impyard.channels.store import ChannelInfo
 from impyard.cli import cli
-from impyard.db import open_database
 from impyard.discord.serve import shard_scope
 from impyard.discord.shards import Shard, ShardError, shard_of
+from impyard.storage.db import open_database
 from testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
 from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.discord_yard import (

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from impyard.cli.reference import REGENERATE, render, slug
-from impyard.imp_config import BoxConfig, DiscordConfig, ImpConfig, MemoryConfig, ModelConfig, SessionsConfig
+from impyard.imps.config import BoxConfig, DiscordConfig, ImpConfig, MemoryConfig, ModelConfig, SessionsConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

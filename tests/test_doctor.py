@@ -16,11 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from impyard.audit import AuditLog
 from impyard.cli import cli
-from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.doctor import (
+from impyard.cli.doctor_rules import (
     FREE_FAIL_BYTES,
     FREE_WARN_BYTES,
     DockerFacts,
@@ -33,8 +30,12 @@ from impyard.doctor import (
     model_uses,
     state_finding,
 )
-from impyard.imp_config import new_imp_settings, validate_config
-from impyard.imps import ImpStore
+from impyard.clock import SystemClock
+from impyard.gateway.audit import AuditLog
+from impyard.imps.config import new_imp_settings
+from impyard.imps.store import ImpStore
+from impyard.imps.validate import validate_config
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, error
 
 BUILT = DockerFacts(reachable=True, version="27.0", expected_image="impyard-box:abc", image_present=True)
@@ -202,7 +203,7 @@ def test_a_broken_policy_is_named_as_the_gateway_names_it(fake: FakeOpenAI, impy
         '[[rules]]\nname = "x"\nmethod = "model.request"\naction = "maybe"\n'
     )
     add_pip()
-    from impyard.policy import PolicyError, load_policy
+    from impyard.gateway.policy import PolicyError, load_policy
 
     with pytest.raises(PolicyError) as gateway_error:
         load_policy()

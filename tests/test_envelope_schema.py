@@ -3,7 +3,7 @@
 the same shape (ENV-18). That both request paths carry exactly this schema, strict and named ``envelope``,
 is checked on the upstream's recorded bodies in ``test_responder_upstream.py``.
 
-The expectation is written out here on purpose, never read from ``box.envelope``: dropping
+The expectation is written out here on purpose, never read from ``box.common.envelope``: dropping
 ``moment.refeels`` or loosening ``action`` must fail this test.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from box.envelope import ENVELOPE_SCHEMA, Envelope
+from box.common.envelope import ENVELOPE_SCHEMA, Envelope
 from tests.scripted import envelope
 
 PINNED_SCHEMA: dict[str, Any] = json.loads(

@@ -14,29 +14,30 @@ import pytest
 from click.testing import CliRunner, Result
 
 import impyard
-from impyard import __version__, terminal
+from impyard import __version__
 from impyard.backends.base import BoxDied, BoxError, BoxStartError, BoxTimeout
-from impyard.boximage import BoxImageError
-from impyard.broker import UpstreamUnreachable
-from impyard.channels import ChannelError, ChannelModeError, ChannelStore
+from impyard.backends.image import BoxImageError
+from impyard.channels.store import ChannelError, ChannelModeError, ChannelStore
 from impyard.cli import cli, main
 from impyard.cli.errors import CliError
-from impyard.db import DatabaseError
+from impyard.conversation.history import RetentionError, retention_from_env
 from impyard.discord.client import DiscordSetupError
 from impyard.durations import DurationError
 from impyard.errors import ImpyardError
-from impyard.fetch import FetchFailed, FetchRefused, TextRefused
-from impyard.gates import GateError
-from impyard.history import RetentionError, retention_from_env
-from impyard.imp_config import ImpConfigError, ImpError, ImpExists, ImpNameError, ImpNotFound
-from impyard.imps import ImpStore
-from impyard.instance import AlreadyRunning
-from impyard.ledger import BudgetExhausted, BudgetLimitError, Ledger
-from impyard.policy import PolicyError
-from impyard.prices import PriceMissing
-from impyard.schedules import ScheduleError
-from impyard.surfaces import SurfaceError
+from impyard.gateway.broker import UpstreamUnreachable
+from impyard.gateway.fetch import FetchFailed, FetchRefused, TextRefused
+from impyard.gateway.gates import GateError
+from impyard.gateway.ledger import BudgetExhausted, BudgetLimitError, Ledger
+from impyard.gateway.policy import PolicyError
+from impyard.gateway.prices import PriceMissing
+from impyard.gateway.surfaces import SurfaceError
+from impyard.imps.config import ImpConfigError, ImpError, ImpExists, ImpNameError, ImpNotFound
+from impyard.imps.store import ImpStore
+from impyard.storage.db import DatabaseError
+from impyard.storage.instance import AlreadyRunning
 from impyard.tasks import TaskError
+from impyard.tasks.triggers import ScheduleError
+from impyard.terminal import chat as terminal
 
 BUG_LINE = "impyard hit a bug: this is not your mistake"
 
@@ -55,14 +56,13 @@ STILL_VALUE_ERRORS = [
 ]  # fmt: skip
 # Exceptions of impyard/ that are internal signalling, never shown to a user: the only ones outside the root.
 INTERNAL = {
-    "impyard.judge._Outside",
-    "impyard.broker.ResponseTooLarge",
+    "impyard.gateway.judge._Outside",
+    "impyard.gateway.broker.ResponseTooLarge",
     "impyard.memory.vectors.VectorError",
-    "impyard.chat_console.Interrupted",
-    "testing.fake_openai._Refused",  # the fake's refusal, turned into an HTTP error body at once
+    "impyard.terminal.console.Interrupted",
     "impyard.backends.engine.EngineError",  # the engine API's refusal: the Docker backend says it as a BoxError
     "impyard.backends.multiplex.MultiplexError",  # a malformed attach stream: that box ends, as a BoxError
-    "impyard.db._Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown
+    "impyard.storage.quick.Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown
     "impyard.memory.service._LeaseLostInFlight",  # a fenced memory write rolled back: the box is refused (lease)
 }
 

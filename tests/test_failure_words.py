@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from box.attempts import ModelExhausted
-from box.failures import classify, split_tag, tagged
+from box.common.failures import split_tag, tagged
+from box.failures import classify
 from box.machine import SendFailed
 from box.model import ModelCallFailed
 from box.protocol import ErrorCode, RpcError
@@ -22,7 +23,7 @@ from impyard.failure_words import (
     task_failure,
     words_for,
 )
-from impyard.turn_words import reason
+from impyard.terminal.turn_words import reason
 
 
 def exhausted(*causes: str) -> ModelExhausted:
@@ -142,7 +143,7 @@ def test_each_kind_has_its_own_line(error: str, words: str) -> None:
 def test_every_kind_but_unknown_has_words_and_they_differ() -> None:
     from typing import get_args
 
-    from box.failures import FailureKind
+    from box.common.failures import FailureKind
 
     kinds = [kind for kind in get_args(FailureKind) if kind != "unknown"]
     assert sorted(WORDS) == sorted(kinds)

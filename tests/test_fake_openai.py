@@ -220,7 +220,7 @@ def test_default_answer_is_a_valid_envelope(fake: FakeOpenAI, client: openai.Ope
     assert body == DEFAULT_ENVELOPE
     assert body["answer"] == "ok" and body["answer_needed"] is True
     assert body["action"] == {"type": "none", "text": None}
-    envelope_model = pytest.importorskip("box.envelope", reason="box package not importable").Envelope
+    envelope_model = pytest.importorskip("box.common.envelope", reason="box package not importable").Envelope
     envelope_model.model_validate(body)
 
 

@@ -2,7 +2,7 @@
 
 The paste is driven in a pseudo-terminal (a plain terminal, ``TERM=dumb``: no bracketed paste, so a paste
 arrives as lines, each ended by Enter) against the fake OpenAI, whose requests are counted. The precheck is
-tested as a table (``impyard.rate_precheck``), at the gateway (its audit row, nothing sent upstream), and in
+tested as a table (``impyard.gateway.rate_precheck``), at the gateway (its audit row, nothing sent upstream), and in
 the whole chat: a script of 25 messages gets 20 replies and 5 one-line refusals, and the model is asked 20
 times, not 25.
 """
@@ -21,9 +21,9 @@ from prompt_toolkit.keys import Keys
 
 from box.protocol import ErrorCode
 from box.protocol.models import DiscordSendParams, ModelRequestParams
-from impyard.chat_commands import paste_message
-from impyard.chat_console import typed_lines
-from impyard.rate_precheck import SendOutlook, precheck
+from impyard.gateway.rate_precheck import SendOutlook, precheck
+from impyard.terminal.commands import paste_message
+from impyard.terminal.console import typed_lines
 from testing.fake_openai import FakeOpenAI, envelope
 from tests.test_chat_app import (
     ENTER,

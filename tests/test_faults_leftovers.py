@@ -21,9 +21,10 @@ from box.protocol.models import ModelRequestParams
 from impyard.backends import BoxSpec
 from impyard.backends.docker import DockerBackend, run_argv
 from impyard.backends.process import ProcessBackend
-from impyard.db import open_database
+from impyard.storage.db import open_database
 from impyard.supervisor.orphans import leftovers
 from testing.fake_openai import FakeOpenAI, envelope, slow
+from tests import sqlfile
 from tests.test_gateway import CHAT_BODY, Harness, make_harness
 from tests.test_gateway import KEY as GATEWAY_KEY
 from tests.test_supervisor import KEY, TRUSTED, alive, yard
@@ -77,7 +78,7 @@ async def test_a_process_box_whose_task_is_not_running_is_swept_at_start(
                     task.id, "run-left-behind", "interrupted: the supervisor stopped"
                 )
             else:  # the task ended, its box outlived it
-                y.db.execute("UPDATE tasks SET state = 'failed' WHERE id = ?", (task.id,))
+                sqlfile.execute(y.db, "UPDATE tasks SET state = 'failed' WHERE id = ?", (task.id,))
             assert y.task(task.id).state != "running"
             await y.supervisor.reclaim()
             await anyio.to_thread.run_sync(lambda: planted.wait(timeout=10))
@@ -95,7 +96,7 @@ async def test_a_process_that_is_not_a_box_is_never_shot(fake: FakeOpenAI, tmp_p
         stranger = plant_process_box(tmp_path / "someone-else")  # the pid was recycled by another program
         try:
             y.supervisor.tasks.record_pid("run-recycled", stranger.pid)
-            y.db.execute("UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))
+            sqlfile.execute(y.db, "UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))
             await y.supervisor.reclaim()
             assert stranger.poll() is None
         finally:
@@ -109,7 +110,7 @@ async def test_a_labelled_task_box_of_a_finished_task_is_swept_at_start(
     backend = DockerBackend(box_image, home_id=test_home_id, role="task")
     async with yard(fake, backend) as y:
         task = y.add(channel_id=TRUSTED)
-        y.db.execute("UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))  # long over
+        sqlfile.execute(y.db, "UPDATE tasks SET state = 'done' WHERE id = ?", (task.id,))  # long over
         user = "10001:10001" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
         spec = BoxSpec("pip", TRUSTED, y.imps.state_dir("pip"), run_id="planted" + os.urandom(6).hex())
         backend.prepare_state_dir(spec.state_dir, user)
@@ -196,7 +197,7 @@ async def test_a_call_cut_by_the_host_stopping_is_charged_its_reservation_and_sa
         async with h.gateway.running(grace_s=0.2):
             tg.start_soon(box_request)
             await anyio.to_thread.run_sync(upstream.wait_for_requests, 1)
-    [reserved] = [row["reserved_micros"] for row in h.db.query("SELECT reserved_micros FROM ledger")]
+    [reserved] = [row["reserved_micros"] for row in sqlfile.query(h.db, "SELECT reserved_micros FROM ledger")]
     assert h.spent() == reserved > 0  # it reached the model API, which may bill it: fail closed
     [row] = _model_rows(h)
     assert (row["verdict"], row["cost_micros"]) == ("interrupted", reserved)
@@ -210,9 +211,9 @@ async def test_a_call_cut_by_the_host_stopping_is_charged_its_reservation_and_sa
 RESERVE_AND_HANG = """
 import sys, time
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.ledger import Ledger
-from impyard.policy import load_policy
+from impyard.storage.db import open_database
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import load_policy
 db = open_database(sys.argv[1])
 Ledger(db, load_policy(), SystemClock()).reserve("pip", 4321, method="model.request", purpose="reply", model="m-1")
 print("reserved", flush=True)

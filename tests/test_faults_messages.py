@@ -12,14 +12,14 @@ import pytest
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Author, Message
 from impyard.clock import FixedClock
+from impyard.conversation.responder_history import ResponderHistory
+from impyard.conversation.sessions import SessionSettings
 from impyard.discord.shards import Shard
 from impyard.failure_words import WORDS, words_for
-from impyard.gateway import storage_failed
-from impyard.imps import ImpStore
-from impyard.responder_history import ResponderHistory
+from impyard.gateway.core import storage_failed
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import open_runtime
-from impyard.sessions import SessionSettings
-from impyard.surfaces import RecordingSurface
 from impyard.tasks.attestation import RunEnd, RunFacts, attest
 from testing.fake_openai import FakeOpenAI
 from testing.inprocess import InProcessBackend

@@ -6,17 +6,11 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from box.attempts import (
-    MAX_ATTEMPTS,
-    ModelChooser,
-    ModelExhausted,
-    attempt_timeout_s,
-    backoff_s,
-    with_attempts,
-)
+from box.attempts import ModelChooser, ModelExhausted, with_attempts
+from box.common.attempts import MAX_ATTEMPTS, attempt_timeout_s, backoff_s
 from box.protocol.models import ResponderSettings
-from impyard.imp_config import validate_config
-from impyard.imps import ImpConfigError
+from impyard.imps.store import ImpConfigError
+from impyard.imps.validate import validate_config
 from impyard.supervisor.held import blocked_reason
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.inprocess import InProcessBackend
@@ -29,7 +23,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 
 def test_the_blocked_reason_names_the_file_line_and_key() -> None:
-    from impyard.imp_config import ConfigProblem
+    from impyard.imps.config import ConfigProblem
 
     error = ImpConfigError(
         [ConfigProblem("/h/imps/pip/imp.toml", 12, "sessions.turn_ceiling_s", "must be a number"),
@@ -123,6 +117,6 @@ async def test_a_hung_upstream_gets_three_attempts_not_one() -> None:
 
 
 def test_the_boxs_default_attempt_timeout_is_the_one_derived_for_the_default_ceiling() -> None:
-    from impyard.imp_config import SessionsConfig
+    from impyard.imps.config import SessionsConfig
 
     assert ResponderSettings().attempt_timeout_s == attempt_timeout_s(SessionsConfig().turn_ceiling_s)

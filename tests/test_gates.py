@@ -14,16 +14,19 @@ import pytest
 import sqlalchemy as sa
 
 from box.protocol.models import DiscordSendParams, DiscordSendResult
-from impyard import tables
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import MIGRATIONS, Database, open_database
-from impyard.gates import Approver, Gate, GateError, deciding_guild, may_decide
-from impyard.gateway import Gateway
-from impyard.policy import Policy, build_policy, default_policy_path, load_policy
-from impyard.surfaces import RecordingSurface
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.gates import Approver, Gate, GateError, deciding_guild, may_decide
+from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
+from impyard.storage import tables
+from impyard.storage.db import Database, open_database
+from impyard.storage.migrations.legacy import MIGRATIONS
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +63,7 @@ def make_setup(tmp_path: Path, policy: Policy | None = None) -> Setup:
     db = open_database(tmp_path / "impyard.db")
     clock = FixedClock(datetime(2026, 6, 1, 9, 0, tzinfo=UTC))
     surface = RecordingSurface()
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy or load_policy(), db=db, surface=surface, clock=clock,
         upstream=UpstreamConfig(api_key=None), owners={"pip": ["owner-1"]}, secrets=[],
     )  # fmt: skip
@@ -80,8 +83,8 @@ async def s(tmp_path: Path) -> AsyncIterator[Setup]:
 async def test_a_gate_is_durable_and_frozen(s: Setup, tmp_path: Path) -> None:
     gate_id = await s.gated_send("the exact words")
     reopened = open_database(tmp_path / "impyard.db")  # another process (the CLI) sees the same gate
-    from impyard.audit import AuditLog
-    from impyard.gates import GateStore
+    from impyard.gateway.audit import AuditLog
+    from impyard.gateway.gates import GateStore
 
     gate = GateStore(reopened, s.clock, AuditLog(reopened, s.clock, [])).get(gate_id)
     assert gate.state == "pending" and gate.payload["content"] == "the exact words"
@@ -440,7 +443,8 @@ def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_
     old = Database(tmp_path / "old.db", MIGRATIONS[:3])
     old.migrate()
     row = "('{id}', 'pip', 'r', 'chat', 'g1', 'discord.send', '{target}', '{{}}', 'x', '', 'executed', 't', 't', '{by}')"
-    old.execute(
+    sqlfile.execute(
+        old,
         "INSERT INTO gates (id, imp, run_id, session_channel, origin_guild, act, target, payload, payload_sha256, "
         "reason, state, created_at, deadline, decided_by) VALUES "
         + ", ".join(
@@ -450,18 +454,19 @@ def test_the_migration_records_target_guilds_and_restarts_earned_trust_approved_
                 ("g-far", "far", "user:discord:7"),
                 ("g-cli", "cli", "operator:root"),
             ]
-        )
+        ),
     )
-    old.execute(
+    sqlfile.execute(
+        old,
         "INSERT INTO earned_trust VALUES ('pip', 'discord.send', 'chat', 4, 't'), ('pip', 'discord.send', 'far', 4, 't'), "
-        "('pip', 'discord.send', 'cli', 4, 't')"
+        "('pip', 'discord.send', 'cli', 4, 't')",
     )
     old.close()
     db = open_database(tmp_path / "old.db")
-    guilds = {r["id"]: r["target_guild"] for r in db.query("SELECT id, target_guild FROM gates")}
+    guilds = {r["id"]: r["target_guild"] for r in sqlfile.query(db, "SELECT id, target_guild FROM gates")}
     earned = {
         r["target"]: r["clean_approvals"]
-        for r in db.query("SELECT target, clean_approvals FROM earned_trust")
+        for r in sqlfile.query(db, "SELECT target, clean_approvals FROM earned_trust")
     }
     db.close()
     assert guilds == {"g-own": "g1", "g-far": None, "g-cli": None}

@@ -1,6 +1,6 @@
 """The gate store on both engines (issue 21): every transition is one conditional UPDATE in ``Database.write``,
 so a gate approved once executes once — also when two processes (two hosts) share the database and race for it.
-Assertions go through the store or portable SQL on impyard.tables, never SQLite's own rows."""
+Assertions go through the store or portable SQL on impyard.storage.tables, never SQLite's own rows."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from impyard.audit import AuditLog
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.gates import Approver, Gate, GateError, GateStore
-from impyard.tables import audit, earned_trust, gates
+from impyard.gateway.audit import AuditLog
+from impyard.gateway.gates import Approver, Gate, GateError, GateStore
+from impyard.storage.db import Database
+from impyard.storage.tables import audit, earned_trust, gates
 from tests.racing import RACE_ROUNDS, race, reopen, two_racers
 
 NOW = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)

@@ -22,6 +22,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from box.protocol import BOX_METHODS, HOST_METHODS, ErrorCode, Peer, RpcError
+from box.protocol.memory import MEMORY_METHOD_NAMES
 from box.protocol.models import (
     DiscordSendParams,
     DiscordSendResult,
@@ -32,18 +33,22 @@ from box.protocol.models import (
     SendFile,
     TurnStageParams,
 )
-from impyard.backends import BoxSpec
+from impyard.backends import BoxSpec, QuietHost
 from impyard.backends.process import box_environment
-from impyard.broker import UpstreamConfig, encode_body
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.policy import Policy, build_policy, default_policy_path, load_policy
-from impyard.surfaces import RecordingSurface
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.gateway.broker import UpstreamConfig, encode_body
+from impyard.gateway.core import Gateway
+from impyard.gateway.fetch import HttpFetcher
+from impyard.gateway.fetch_act import FetchAct
+from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
+from impyard.storage.db import Database, open_database
 from testing.fake_openai import PURPOSE_HEADER, FakeOpenAI, FakeResponse, envelope, error, slow
 from testing.pipes import byte_pipe
 from testing.web import local_site
+from tests import sqlfile
 from tests.scripted import NOW, deliver_params, init_params
 
 KEY = "sk-impyard-test-SECRET-4f9a1c7e2b"  # the host's model key: must never reach the box or the audit
@@ -87,7 +92,7 @@ class Harness:
         return caught.value
 
     def audit(self) -> list[dict[str, Any]]:
-        return [dict(row) for row in self.db.query("SELECT * FROM audit ORDER BY id")]
+        return [dict(row) for row in sqlfile.query(self.db, "SELECT * FROM audit ORDER BY id")]
 
     def spent(self) -> int:
         return self.gateway.ledger.settled_total()
@@ -111,7 +116,7 @@ def make_harness(
     async def on_stage(spec: BoxSpec, params: TurnStageParams) -> None:
         harness_stages.append(f"{spec.imp}:{params.stage}")
 
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy or load_policy(),
         db=db,
         surface=surface,
@@ -250,7 +255,7 @@ async def test_no_model_key_is_a_clear_error_and_no_upstream_call(tmp_path: Path
         ErrorCode.UPSTREAM_UNREACHABLE,
     )
     assert "OPENAI_API_KEY" in error_.message and "OPENAI_BASE_URL" in error_.message
-    assert fake.requests == [] and h.db.query("SELECT count(*) FROM ledger")[0][0] == 0
+    assert fake.requests == [] and sqlfile.query(h.db, "SELECT count(*) FROM ledger")[0][0] == 0
 
 
 async def test_the_hard_stop_makes_no_upstream_request(h: Harness) -> None:
@@ -309,7 +314,7 @@ async def test_model_requests_refused_by_policy_never_reach_the_upstream(
     assert error_.data["rule"] == rule and reason in error_.data["reason"], error_.data
     assert error_.message.startswith(f"denied by policy rule {rule}: ")
     assert fake.requests == []
-    assert h.db.query("SELECT count(*) FROM ledger")[0][0] == 0
+    assert sqlfile.query(h.db, "SELECT count(*) FROM ledger")[0][0] == 0
     row = h.audit()[-1]
     assert row["verdict"] == "denied" and row["rule"] == error_.data["rule"]
     await h.gateway.aclose()
@@ -600,11 +605,23 @@ async def test_fetch_refuses_urls_with_credentials_and_other_schemes(h: Harness)
 # --- notifications ---------------------------------------------------------------------------------
 
 
+async def test_each_method_is_served_by_one_act_registered_by_the_host(h: Harness) -> None:
+    """The gateway by act (issue 35): the host registered the five acts; a second act for a method is refused."""
+    served = {method for act in h.gateway.acts for method in act.methods}
+    assert {"model.request", "discord.send", "http.fetch", "history.load", "history.commit"} <= served
+    assert {name for name in served if name.startswith("memory.")} == set(MEMORY_METHOD_NAMES)
+    with pytest.raises(ValueError, match="already served: http.fetch"):
+        h.gateway.register(FetchAct(HttpFetcher(h.gateway.policy.http)))
+
+
 async def test_turn_stage_reaches_the_callback_and_log_the_logger(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert await h.call("turn.stage", TurnStageParams(message_id="m1", stage="render")) is None
+    await h.gateway.turn_stage(h.spec, TurnStageParams(message_id="m1", stage="render"))
     assert h.stages == ["pip:render"]
+    with pytest.raises(RpcError) as caught:  # a stage is a notification of its own (BoxHost.turn_stage)
+        await h.call("turn.stage", TurnStageParams(message_id="m1", stage="render"))
+    assert caught.value.code == ErrorCode.METHOD_NOT_FOUND
     with caplog.at_level(logging.INFO, logger="impyard.box.pip"):
         await h.call("log", LogParams(level="warning", message="box says hi", fields={"n": 1}))
     assert any(r.name == "impyard.box.pip" and "box says hi" in r.getMessage() for r in caplog.records)
@@ -615,11 +632,14 @@ async def test_turn_stage_reaches_the_callback_and_log_the_logger(
 
 
 @dataclass
-class Watching:
+class Watching(QuietHost):
     """Wraps the gateway and keeps everything it hands to the box."""
 
     gateway: Gateway
     handed_to_box: list[str] = field(default_factory=list)
+
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        await self.gateway.turn_stage(spec, params, woken=woken)
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
         try:

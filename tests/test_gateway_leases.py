@@ -11,9 +11,17 @@ import pytest
 
 from box.protocol import ErrorCode
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelRequestParams
-from impyard.gates import Approver
+from impyard.gateway.gates import Approver
 from testing.fake_openai import FakeOpenAI, envelope
-from tests.test_gateway import CHAT_BODY, KEY, Harness, make_harness, policy_with
+from tests import sqlfile
+from tests.test_gateway import (
+    CHAT_BODY,
+    KEY,
+    Harness,
+    fake,  # noqa: F401 - fixture
+    make_harness,
+    policy_with,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
@@ -21,7 +29,7 @@ LOST = "lost lease shard:1/2: the lease passed to beta pid 200 (token 4, this ho
 
 
 class Guard:
-    """A LeaseKeeper as the gateway sees it (impyard.leases.LeaseGuard): None while held, else why not."""
+    """A LeaseKeeper as the gateway sees it (impyard.storage.leases.LeaseGuard): None while held, else why not."""
 
     def __init__(self) -> None:
         self.lost: str | None = None
@@ -76,9 +84,9 @@ async def test_a_host_that_lost_its_lease_refuses_every_act(
     assert (row["method"], row["verdict"], row["rule"]) == (method, "denied", "lease")
     assert LOST in row["reason"]
     # nothing reserved, nothing sent upstream, nothing posted, no gate opened
-    assert h.db.query("SELECT count(*) FROM ledger")[0][0] == 0 and h.gateway.ledger.totals() == {}
+    assert sqlfile.query(h.db, "SELECT count(*) FROM ledger")[0][0] == 0 and h.gateway.ledger.totals() == {}
     assert h.fake.requests == [] and h.surface.sent == []
-    assert h.db.query("SELECT count(*) FROM gates")[0][0] == 0
+    assert sqlfile.query(h.db, "SELECT count(*) FROM gates")[0][0] == 0
 
 
 async def test_an_approved_gate_stays_approved_on_a_host_that_lost_its_lease(

@@ -12,11 +12,11 @@ from sqlalchemy.engine import Connection
 
 from box.protocol.models import Author, Message, ReplyRef
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.history import History
-from impyard.history_surface import HistorySurface
-from impyard.surfaces import OutgoingFile, RecordingSurface
-from impyard.tables import history as history_table
+from impyard.conversation.history import History
+from impyard.conversation.history_surface import HistorySurface
+from impyard.gateway.surfaces import OutgoingFile, Post, RecordingSurface
+from impyard.storage.db import Database, open_database
+from impyard.storage.tables import history as history_table
 
 
 def msg(n: int, clock: FixedClock, content: str = "hi") -> Message:
@@ -86,14 +86,14 @@ def test_retention_must_keep_something(tmp_path: Path, clock: FixedClock) -> Non
 
 @pytest.mark.parametrize(("raw", "expected"), [("", 1000), ("25", 25)])
 def test_retention_from_the_environment(raw: str, expected: int) -> None:
-    from impyard.history import retention_from_env
+    from impyard.conversation.history import retention_from_env
 
     assert retention_from_env({"IMPYARD_HISTORY_RETENTION": raw}) == expected
 
 
 @pytest.mark.parametrize("raw", ["0", "-3", "lots", "1e3"])
 def test_a_bad_retention_setting_is_a_clear_error(raw: str) -> None:
-    from impyard.history import retention_from_env
+    from impyard.conversation.history import retention_from_env
 
     with pytest.raises(ValueError, match="IMPYARD_HISTORY_RETENTION"):
         retention_from_env({"IMPYARD_HISTORY_RETENTION": raw})
@@ -126,7 +126,7 @@ async def test_a_picture_only_post_is_kept_with_its_file_not_as_an_empty_message
     history = History(any_engine_db, clock)
     surface = HistorySurface(RecordingSurface(), history, lambda imp: f"id-{imp}", clock)
     picture = OutgoingFile("owl.png", b"\x89PNG" + b"\x00" * 96)
-    [sent] = await surface.send("c1", "", "m1", [picture], "reply", imp="pip")
+    [sent] = await surface.send(Post("c1", "", "m1", (picture,), "reply", "pip"))
     [shown] = history.shown("pip", ["c1"], 10)
     assert (shown.message_id, shown.content, shown.attachments) == (sent, "", 1)
     kept = select(history_table.c.attachments).where(history_table.c.message_id == sent)

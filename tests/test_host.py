@@ -14,12 +14,18 @@ import pytest
 from click.testing import CliRunner
 
 from impyard.cli import cli
-from impyard.gates import Approver, Gate, GateStore
-from impyard.imps import ImpStore
+from impyard.gateway.gates import Approver, Gate, GateStore
+from impyard.gateway.surfaces import (
+    SURFACE_DISCORD,
+    SURFACE_LOG,
+    SURFACE_TERMINAL,
+    RecordingSurface,
+    surface_of,
+)
+from impyard.gateway.trust import ChannelInfo
+from impyard.imps.store import ImpStore
 from impyard.supervisor import SupervisorSettings, open_supervisor
-from impyard.surfaces import SURFACE_DISCORD, SURFACE_LOG, SURFACE_TERMINAL, RecordingSurface, surface_of
 from impyard.tasks import TaskRequest
-from impyard.trust import ChannelInfo
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.inprocess import InProcessBackend
 

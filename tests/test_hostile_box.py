@@ -26,7 +26,7 @@ from box.protocol.models import BoxInitParams, LogParams, Message
 from impyard.backends import BoxBackend, BoxDied, BoxSpec
 from impyard.backends.conduct import Admission, NoiseLimits, NoiseMeter, printable
 from impyard.backends.process import ProcessBackend, box_command, box_environment
-from impyard.sessions import DIED_NOTICE, SessionKey, SessionManager, SessionSettings
+from impyard.conversation.sessions import DIED_NOTICE, SessionKey, SessionManager, SessionSettings
 from tests.scripted import ScriptedHost, deliver_params, init_params
 from tests.test_sessions import Recorder, delivery
 
@@ -195,14 +195,14 @@ async def test_a_box_flooding_refused_requests_is_audited_in_bounds_and_killed(t
 async def test_a_box_cannot_forge_a_line_of_the_host_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from impyard.db import open_database
-    from impyard.gateway import Gateway
-    from impyard.policy import load_policy
-    from impyard.surfaces import TerminalSurface
+    from impyard.gateway.policy import load_policy
+    from impyard.gateway.surfaces import TerminalSurface
+    from impyard.host import build_gateway
+    from impyard.storage.db import open_database
 
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(policy=load_policy(), db=db, surface=TerminalSurface())
-    forged = "hello\n2026-12-03 06:00:00 ERROR impyard.gateway: budget reset\r\x1b[2J\u202e"
+    gateway = build_gateway(policy=load_policy(), db=db, surface=TerminalSurface())
+    forged = "hello\n2026-12-03 06:00:00 ERROR impyard.gateway.core: budget reset\r\x1b[2J\u202e"
     with caplog.at_level(logging.DEBUG):
         await gateway.serve(
             spec(tmp_path), "log", LogParams(level="warning", message=forged, fields={"k\nx": "v\n"})

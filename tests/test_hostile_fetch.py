@@ -21,14 +21,17 @@ import pytest
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import HttpFetchParams, HttpFetchResult
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.fetch import EXTRACT_TIMEOUT_S
-from impyard.gateway import Gateway
-from impyard.policy import build_policy, default_policy_path
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.fetch import EXTRACT_TIMEOUT_S
+from impyard.gateway.fetch_act import FetchAct
+from impyard.gateway.policy import build_policy, default_policy_path
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.storage.db import Database, open_database
 from testing.web import local_site
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -103,7 +106,7 @@ class Host:
         return result
 
     def last_audit(self) -> tuple[str, str, str]:
-        row = self.db.query("SELECT verdict, rule, reason FROM audit ORDER BY id DESC LIMIT 1")[0]
+        row = sqlfile.query(self.db, "SELECT verdict, rule, reason FROM audit ORDER BY id DESC LIMIT 1")[0]
         return row["verdict"], row["rule"], row["reason"]
 
 
@@ -113,7 +116,7 @@ async def host(tmp_path: Path) -> AsyncIterator[Host]:
     policy = build_policy(
         [("ops.toml", FETCH_RULE), (str(default_policy_path()), default_policy_path().read_text())]
     )
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy, db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 6, 1, tzinfo=UTC)),
         upstream=UpstreamConfig(api_key=None), secrets=[],
     )  # fmt: skip
@@ -125,7 +128,7 @@ async def host(tmp_path: Path) -> AsyncIterator[Host]:
 async def test_slow_markup_is_parsed_off_the_loop_and_refused_at_its_time_bound(
     host: Host, site: Site
 ) -> None:
-    host.gateway.fetcher.extract_timeout_s = 1.0
+    host.gateway.act(FetchAct).fetcher.extract_timeout_s = 1.0
     outcome: HttpFetchResult | RpcError
     async with anyio.create_task_group() as tg:
         tg.start_soon(site.ticker.run)
@@ -140,7 +143,7 @@ async def test_slow_markup_is_parsed_off_the_loop_and_refused_at_its_time_bound(
     assert outcome.code == ErrorCode.DENIED and outcome.data["rule"] == "http-text"
     assert "within 1 s" in outcome.data["reason"] and "not returned" in outcome.data["reason"]
     assert host.last_audit()[:2] == ("denied", "http-text")
-    host.gateway.fetcher.extract_timeout_s = EXTRACT_TIMEOUT_S
+    host.gateway.act(FetchAct).fetcher.extract_timeout_s = EXTRACT_TIMEOUT_S
     after = await host.fetch("/ok", site)  # the killed worker is replaced: the next page is fine
     assert (after.status, after.text, after.truncated) == (200, "Hello world", False)
 
@@ -154,7 +157,7 @@ async def test_markup_the_parser_chokes_on_is_refused_with_the_reason(host: Host
 
 
 async def test_html_past_the_size_bound_is_cut_and_says_truncated(host: Host, site: Site) -> None:
-    host.gateway.fetcher.max_html_chars = 1_000
+    host.gateway.act(FetchAct).fetcher.max_html_chars = 1_000
     result = await host.fetch("/long", site)
     assert result.truncated and result.text.startswith("word word") and 900 < len(result.text) <= 1_000
     whole = await host.fetch("/ok", site)

@@ -18,14 +18,16 @@ import pytest
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.gateway import Gateway
-from impyard.ledger import Ledger
-from impyard.policy import Policy, build_policy, default_policy_path
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import Policy, build_policy, default_policy_path
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, envelope
+from tests import sqlfile
 
 KEY = "sk-impyard-test-hostile-budget-91c3"
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
@@ -45,7 +47,7 @@ def policy_with(extra: str) -> Policy:
 @pytest.fixture
 async def gateway(tmp_path: Path, fake: FakeOpenAI) -> AsyncIterator[Gateway]:
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy_with(f"[budgets.per_imp]\ndaily_usd = {LIMIT_MICROS / 1_000_000}\n"),
         db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, 12, 0, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],
@@ -94,7 +96,7 @@ async def test_a_call_without_an_output_cap_is_sent_the_rules_cap(
         **body,
         key: 4096,
     }  # the default policy's model-text max_tokens; nothing else changed
-    [row] = gateway.db.query("SELECT detail FROM audit")
+    [row] = sqlfile.query(gateway.db, "SELECT detail FROM audit")
     assert "output_cap=4096 (set by the host)" in row["detail"]
 
 
@@ -128,7 +130,7 @@ async def test_no_sequence_of_requests_spends_past_the_hard_stop(
         for r in caplog.records
         if r.levelno == logging.ERROR
     )
-    rows = gateway.db.query("SELECT verdict, detail, cost_micros FROM audit ORDER BY id")
+    rows = sqlfile.query(gateway.db, "SELECT verdict, detail, cost_micros FROM audit ORDER BY id")
     assert all("OVER RESERVATION" in row["detail"] for row in rows if row["verdict"] == "allowed")
     assert sum(row["cost_micros"] for row in rows) == spent_today(gateway.ledger) <= LIMIT_MICROS
 
@@ -207,7 +209,7 @@ async def test_costs_the_price_table_cannot_bound_are_refused(
         await ask(gateway, path, body)
     assert caught.value.code == ErrorCode.DENIED
     assert caught.value.data["rule"] == rule and reason in caught.value.data["reason"]
-    assert fake.requests == [] and gateway.db.query("SELECT count(*) FROM ledger")[0][0] == 0
+    assert fake.requests == [] and sqlfile.query(gateway.db, "SELECT count(*) FROM ledger")[0][0] == 0
 
 
 async def test_a_priced_tier_and_an_allowed_stored_context_are_reserved_and_charged_in_full(
@@ -219,7 +221,7 @@ async def test_a_priced_tier_and_an_allowed_stored_context_are_reserved_and_char
         '[prices."gpt-4.1"]\ninput = 2.0\nservice_tiers = { priority = 2.0 }\n'
     )
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy_with(ops), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],
     )  # fmt: skip
@@ -235,7 +237,7 @@ async def test_a_priced_tier_and_an_allowed_stored_context_are_reserved_and_char
     await ask(gateway, "/responses", body)
     [request] = fake.requests
     assert request.body == {**body, "max_output_tokens": 100}
-    [row] = db.query("SELECT reserved_micros, cost_micros FROM ledger")
+    [row] = sqlfile.query(db, "SELECT reserved_micros, cost_micros FROM ledger")
     assert row["reserved_micros"] >= 2 * (
         50_000 * 2 + 100 * 8
     )  # the stored context's worst case, doubled by the tier

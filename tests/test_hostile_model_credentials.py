@@ -19,17 +19,18 @@ from click.testing import CliRunner
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
-from impyard.audit import AuditRecord, known_secrets, redact_url, url_secrets
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
-from impyard.broker import ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.gateway import Gateway
-from impyard.policy import load_policy
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.audit import AuditRecord, known_secrets, redact_url, url_secrets
+from impyard.gateway.broker import ModelBroker, UpstreamConfig, UpstreamUnreachable, encode_body
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, FakeResponse
+from tests import sqlfile
 from tests.scripted import deliver_params, init_params
 
 pytestmark = pytest.mark.anyio
@@ -75,7 +76,7 @@ async def test_an_unreachable_proxy_is_reported_without_its_credentials(
         if configured == "environment"
         else {"upstream": UpstreamConfig(base_url=url, api_key=KEY), "secrets": [KEY]}
     )
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(),
         db=db,
         surface=RecordingSurface(),
@@ -93,21 +94,21 @@ async def test_an_unreachable_proxy_is_reported_without_its_credentials(
         f"http://[redacted]@127.0.0.1:{dead_port}/v1?key=[redacted]" in error.message
     )  # still says where it tried
     assert leaked(json.dumps(error.to_wire())) == []
-    rows = [dict(row) for row in db.query("SELECT * FROM audit")]
+    rows = [dict(row) for row in sqlfile.query(db, "SELECT * FROM audit")]
     assert rows and leaked(json.dumps(rows, default=str)) == []
     assert leaked("\n".join(record.getMessage() for record in caplog.records)) == []
     # the audit's second line of defence knows them too, however the gateway was configured
     gateway.audit.write(
         AuditRecord(imp="pip", method="model.request", reason=f"echoed {url} and {USER}/{PASSWORD}")
     )
-    assert leaked(db.query("SELECT reason FROM audit ORDER BY id DESC LIMIT 1")[0]["reason"]) == []
+    assert leaked(sqlfile.query(db, "SELECT reason FROM audit ORDER BY id DESC LIMIT 1")[0]["reason"]) == []
     await gateway.aclose()
     db.close()
 
 
 async def test_the_box_and_its_journal_never_see_them(tmp_path: Path, dead_port: int) -> None:
     db = open_database(tmp_path / "impyard.db")
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=base_url(f"127.0.0.1:{dead_port}"), api_key=KEY), secrets=[KEY],
     )  # fmt: skip
@@ -172,7 +173,7 @@ async def test_an_upstream_that_echoes_them_has_them_redacted_before_the_box_see
             purpose="reply",
         )
         db = open_database(tmp_path / "impyard.db")
-        gateway = Gateway(
+        gateway = build_gateway(
             policy=load_policy(), db=db, surface=RecordingSurface(), clock=FixedClock(datetime(2026, 5, 10, tzinfo=UTC)),
             upstream=UpstreamConfig(base_url=f"{fake.base_url}?key={QUERY_KEY}", api_key=KEY), secrets=[KEY],
         )  # fmt: skip

@@ -16,13 +16,15 @@ import pytest
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.gateway import Gateway
-from impyard.policy import Policy, build_policy, default_policy_path, load_policy
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, envelope
+from tests import sqlfile
 
 KEY = "sk-impyard-test-hostile-egress-3b7e"
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
@@ -32,7 +34,7 @@ SAY = {"role": "user", "content": MEMORIES}
 
 
 def gateway_for(tmp_path: Path, fake: FakeOpenAI, policy: Policy) -> Gateway:
-    return Gateway(
+    return build_gateway(
         policy=policy, db=open_database(tmp_path / "impyard.db"), surface=RecordingSurface(),
         clock=FixedClock(datetime(2026, 5, 10, 12, 0, tzinfo=UTC)),
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],
@@ -78,8 +80,8 @@ async def test_a_body_that_reaches_beyond_the_prompt_is_refused_by_the_rule_befo
     assert error.code == ErrorCode.DENIED
     assert error.data["rule"] == "model-text" and reason in error.data["reason"], error.data
     assert error.message.startswith("denied by policy rule model-text: ")
-    assert fake.requests == [] and gateway.db.query("SELECT count(*) FROM ledger")[0][0] == 0
-    [row] = gateway.db.query("SELECT verdict, rule, reason FROM audit")
+    assert fake.requests == [] and sqlfile.query(gateway.db, "SELECT count(*) FROM ledger")[0][0] == 0
+    [row] = sqlfile.query(gateway.db, "SELECT verdict, rule, reason FROM audit")
     assert (row["verdict"], row["rule"]) == ("denied", "model-text") and reason in row["reason"]
     await gateway.aclose()
     gateway.db.close()
@@ -107,7 +109,7 @@ async def test_an_operator_can_name_image_hosts_and_each_image_is_reserved_at_it
         ),
     )
     assert isinstance(result, ModelRequestResult) and result.status == 200
-    [row] = gateway.db.query("SELECT reserved_micros FROM ledger")
+    [row] = sqlfile.query(gateway.db, "SELECT reserved_micros FROM ledger")
     assert (
         row["reserved_micros"] >= 1600 * 2
     )  # gpt-4.1's image_input_tokens in the default price table, at $2/M

@@ -25,18 +25,18 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from impyard import leases as leases_module
 from impyard.backends.process import ProcessBackend
 from impyard.cli import cli
 from impyard.cli.hosts import cluster
 from impyard.clock import FixedClock
-from impyard.db import open_database
 from impyard.discord.shards import Shard
-from impyard.imps import ImpStore
-from impyard.leases import LeaseInfo, LeaseLost, LeaseStore
-from impyard.liveness import Holder
-from impyard.tables import leases as leases_table
-from impyard.terminal import run_chat
+from impyard.imps.store import ImpStore
+from impyard.storage import leases as leases_module
+from impyard.storage.db import open_database
+from impyard.storage.leases import LeaseInfo, LeaseLost, LeaseStore
+from impyard.storage.liveness import Holder
+from impyard.storage.tables import leases as leases_table
+from impyard.terminal.chat import run_chat
 from testing.fake_openai import FakeOpenAI
 from tests.discord_yard import ALICE, GENERAL, serving
 from tests.test_discord_shards import TOKEN, make_fake, prepare_home, wait_for_line

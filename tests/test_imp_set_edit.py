@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from impyard.cli import cli
-from impyard.imp_config import new_imp_settings
-from impyard.imps import ImpStore
+from impyard.imps.config import new_imp_settings
+from impyard.imps.store import ImpStore
 
 EDITOR_SCRIPT = """
 import json, os, sys

@@ -13,8 +13,10 @@ from pydantic import BaseModel
 
 from box.protocol.models import ImpSpec
 from impyard.cli import cli
-from impyard.imp_config import default_token_env, parse_config, render_config
-from impyard.imps import ImpConfig, ImpConfigError, ImpExists, ImpNameError, ImpNotFound, ImpStore
+from impyard.imps.config import default_token_env
+from impyard.imps.render import render_config
+from impyard.imps.store import ImpConfig, ImpConfigError, ImpExists, ImpNameError, ImpNotFound, ImpStore
+from impyard.imps.validate import parse_config
 
 SECRET = "MTIzNDU2Nzg5MDEy.Gabcde.super-secret-token-value"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from impyard.instance import AlreadyRunning, InstanceLock
+from impyard.storage.instance import AlreadyRunning, InstanceLock
 
 
 def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from impyard.instance import InstanceLock\n"
+        [sys.executable, "-c", "import sys, time; from impyard.storage.instance import InstanceLock\n"
          "from pathlib import Path\nwith InstanceLock(Path(sys.argv[1]), 'chat'):\n print('held', flush=True); time.sleep(30)",
          str(tmp_path)],
         stdout=subprocess.PIPE, text=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from impyard.instance import HomeNotWritable, InstanceLock
+from impyard.storage.instance import HomeNotWritable, InstanceLock
 
 
 def test_a_home_that_is_not_a_directory_is_one_clear_line(tmp_path: Path) -> None:

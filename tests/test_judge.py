@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from box import chat_api, responses_api
-from box.envelope import Envelope
+from box.common.envelope import Envelope
+from box.common.request_bodies import chat_body, responses_body
 from box.images import image_request
 from box.protocol.models import (
     DiscordSendParams,
@@ -21,9 +22,9 @@ from box.protocol.models import (
     SendFile,
 )
 from box.tools import Tool, ToolCall
-from impyard.fetch import address_refusal, extract_text, html_to_text
-from impyard.gates import Approver, Gate, may_decide
-from impyard.judge import (
+from impyard.gateway.fetch import address_refusal, extract_text, html_to_text
+from impyard.gateway.gates import Approver, Gate, may_decide
+from impyard.gateway.judge import (
     DEFAULT_DENY,
     MALFORMED,
     BodyFacts,
@@ -35,9 +36,9 @@ from impyard.judge import (
     judge,
     model_request_facts,
 )
-from impyard.policy import policy_from_text
-from impyard.policy_models import TrustSettings
-from impyard.trust import ChannelInfo, channel_is_trusted, decide_trust
+from impyard.gateway.policy import policy_from_text
+from impyard.gateway.policy_models import TrustSettings
+from impyard.gateway.trust import ChannelInfo, channel_is_trusted, decide_trust
 from testing.fake_openai import envelope as full_envelope
 
 POLICY = policy_from_text(
@@ -479,7 +480,7 @@ def _tool() -> Tool:
 
 @pytest.mark.parametrize("temperature", [None, 0.3])
 def test_every_body_the_box_builds_passes_the_allow_list(temperature: float | None) -> None:
-    """The responder's own requests (box/chat_api.py, box/responses_api.py, box/images.py) are never refused."""
+    """The responder's own requests (box/common/request_bodies.py, box/images.py) are never refused."""
     settings = ResponderSettings(temperature=temperature, reasoning_effort="low")
     call = ToolCall("call_1", "search", '{"query": "owls"}')
     vision = [{"type": "text", "text": "ann: look"}, {"type": "image_url", "image_url": {"url": PNG}}]
@@ -498,16 +499,16 @@ def test_every_body_the_box_builds_passes_the_allow_list(temperature: float | No
     ]  # fmt: skip
     envelope = Envelope.model_validate(full_envelope(picture="an owl", picture_count=2, picture_edit=True))
     bodies = [
-        (CHAT, chat_api.chat_body(settings, "gpt-4.1", messages, [_tool()])),
-        (CHAT, chat_api.chat_body(settings, "gpt-4.1", messages, [])),
-        (RESP, responses_api.responses_body(settings, "gpt-4.1", "You are Pip.", items, [_tool()])),
-        (RESP, responses_api.responses_body(settings, "gpt-4.1", "You are Pip.", items, [])),
+        (CHAT, chat_body(settings, "gpt-4.1", messages, [_tool()])),
+        (CHAT, chat_body(settings, "gpt-4.1", messages, [])),
+        (RESP, responses_body(settings, "gpt-4.1", "You are Pip.", items, [_tool()])),
+        (RESP, responses_body(settings, "gpt-4.1", "You are Pip.", items, [])),
         (lambda r: (r.path, r.body))(image_request(settings, envelope, [PNG], "draw")),
         (lambda r: (r.path, r.body))(image_request(settings, envelope, [], "draw")),
         # issue 16: what the profiles send instead: effort, include, max_tokens, a schema without strict
-        (CHAT, chat_api.chat_body(settings, "gpt-5.1", messages, [_tool()])),
-        (RESP, responses_api.responses_body(settings, "gpt-5.1", "You are Pip.", items, [_tool()])),
-        (CHAT, chat_api.chat_body(ResponderSettings(server="ollama"), "llama3.2", messages, [_tool()])),
+        (CHAT, chat_body(settings, "gpt-5.1", messages, [_tool()])),
+        (RESP, responses_body(settings, "gpt-5.1", "You are Pip.", items, [_tool()])),
+        (CHAT, chat_body(ResponderSettings(server="ollama"), "llama3.2", messages, [_tool()])),
     ]
     for path, body in bodies:
         found = inspect_body(path, body)

@@ -6,8 +6,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from impyard.lease_rules import Decision, LeaseRow, Outcome, decide, granted, reclaims, refusal, verify
-from impyard.liveness import Holder
+from impyard.storage.lease_rules import (
+    Decision,
+    LeaseRow,
+    Outcome,
+    decide,
+    granted,
+    reclaims,
+    refusal,
+    verify,
+)
+from impyard.storage.liveness import Holder
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 ME = Holder("alpha", "b00t", 100, "555")

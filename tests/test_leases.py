@@ -20,11 +20,11 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from impyard import leases as leases_module
-from impyard import liveness
 from impyard.clock import FixedClock
-from impyard.db import Database, DatabaseError, open_database
-from impyard.leases import (
+from impyard.storage import leases as leases_module
+from impyard.storage import liveness
+from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.leases import (
     HostCard,
     Lease,
     LeaseHeld,
@@ -34,8 +34,8 @@ from impyard.leases import (
     holding,
     host_lease_name,
 )
-from impyard.liveness import Holder
-from impyard.tables import leases
+from impyard.storage.liveness import Holder
+from impyard.storage.tables import leases
 
 ME = Holder("alpha", "b00t", 100, "555")
 OTHER = Holder("beta", "f00d", 200, "777")
@@ -293,8 +293,8 @@ RACER = textwrap.dedent(
     """
     import sys
     from datetime import timedelta
-    from impyard.db import open_database
-    from impyard.leases import LeaseHeld, LeaseStore
+    from impyard.storage.db import open_database
+    from impyard.storage.leases import LeaseHeld, LeaseStore
 
     store = LeaseStore(open_database(url=sys.argv[1]))
     print("ready", flush=True)
@@ -311,8 +311,8 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from datetime import timedelta
-    from impyard.db import open_database
-    from impyard.leases import LeaseStore
+    from impyard.storage.db import open_database
+    from impyard.storage.leases import LeaseStore
 
     lease = LeaseStore(open_database(url=sys.argv[1])).acquire(sys.argv[2], {}, timedelta(seconds=60))
     print("held", lease.token, flush=True)

@@ -18,14 +18,17 @@ import anyio.lowlevel
 import pytest
 import sqlalchemy as sa
 
-from impyard import dburl, migrations, tables
 from impyard.clock import FixedClock
-from impyard.db import LEGACY_VERSION, Database, open_database
-from impyard.ledger import ALL_IMPS, BudgetExhausted, Ledger, seconds_to_next_day, seconds_to_next_month
-from impyard.liveness import Holder, this_process
-from impyard.policy import policy_from_text
-from impyard.policy_models import Price
-from impyard.prices import (
+from impyard.gateway.ledger import (
+    ALL_IMPS,
+    BudgetExhausted,
+    Ledger,
+    seconds_to_next_day,
+    seconds_to_next_month,
+)
+from impyard.gateway.policy import policy_from_text
+from impyard.gateway.policy_models import Price
+from impyard.gateway.prices import (
     PROMPT_OVERHEAD_TOKENS,
     PriceMissing,
     Usage,
@@ -35,6 +38,12 @@ from impyard.prices import (
     token_cost_micros,
     usage_from_response,
 )
+from impyard.storage import migrations, tables
+from impyard.storage import urls as dburl
+from impyard.storage.db import Database, open_database
+from impyard.storage.liveness import Holder, this_process
+from impyard.storage.migrations.legacy import LEGACY_VERSION
+from tests import sqlfile
 
 pytestmark = pytest.mark.anyio
 
@@ -77,7 +86,7 @@ def test_the_database_is_wal_and_migrations_run_once(tmp_path: Path) -> None:  #
     frozen legacy list's, are tests/test_store_schema.py's)."""
     path = tmp_path / "x.db"
     db = open_database(path)
-    assert db.query("PRAGMA journal_mode")[0][0] == "wal"
+    assert sqlfile.query(db, "PRAGMA journal_mode")[0][0] == "wal"
     version, revision = db.version, db.revision
     assert revision == migrations.head()
     assert db.migrate() == version  # idempotent
@@ -442,9 +451,9 @@ import json, sys, time
 from datetime import datetime
 from pathlib import Path
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.ledger import BudgetExhausted, Ledger
-from impyard.policy import policy_from_text
+from impyard.storage.db import open_database
+from impyard.gateway.ledger import BudgetExhausted, Ledger
+from impyard.gateway.policy import policy_from_text
 
 url, here, me, processes = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 calls, estimate, policy, window = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from box.protocol.models import ReportValue
+from impyard.backends.lockdown import LockdownCheck, Side, evaluate, judge
 from impyard.backends.outside import observe_outside
-from impyard.lockdown import LockdownCheck, Side, evaluate, judge
 
 MIB = 1024**2
 CID = "c0ffee" * 10 + "abcd"

@@ -21,14 +21,15 @@ from click.testing import CliRunner, Result
 from impyard.backends.process import ProcessBackend
 from impyard.cli import cli, memory_night
 from impyard.clock import FixedClock, iso, parse_iso
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 from impyard.memory import wakefulness
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
 from impyard.memory.wakefulness import Wakefulness, load, save
+from impyard.storage.db import open_database
 from impyard.supervisor import Supervisor, open_supervisor
 from impyard.tasks import TaskRequest, TaskStore
+from tests import sqlfile
 from tests.memory.conftest import moment
 
 NIGHT_BOX = Path(__file__).parent / "boxes" / "night_box.py"
@@ -66,7 +67,9 @@ def remember(imp: str, scope: str, text: str, intensity: float, at: datetime) ->
 def conclusions(imp: str) -> list[tuple[str, str]]:
     db = open_database()
     try:
-        rows = db.query("SELECT scope, conclusion FROM memory_records WHERE imp = ? ORDER BY 1, 2", (imp,))
+        rows = sqlfile.query(
+            db, "SELECT scope, conclusion FROM memory_records WHERE imp = ? ORDER BY 1, 2", (imp,)
+        )
         return [(r["scope"], r["conclusion"]) for r in rows]
     finally:
         db.close()
@@ -119,8 +122,8 @@ def test_m114_consolidate_folds_since_the_imp_woke_and_prints_each_scope(
     woke = datetime.now(UTC) - timedelta(hours=3)
     db = open_database()
     try:
-        save(db.connection(), "pip", Wakefulness(awake=True, woke_at=woke, last_activity_at=woke,
-                                                 consolidated=False), woke)  # fmt: skip
+        awake = Wakefulness(awake=True, woke_at=woke, last_activity_at=woke, consolidated=False)
+        db.write(lambda conn: save(conn, "pip", awake, woke))
         tasks = TaskStore(db, FixedClock(datetime.now(UTC)), home)
         other = tasks.add(TaskRequest("bee", None, kind="sleep", scope=GUILD_SCOPE))  # bee's: left alone
         prompt = tasks.add(TaskRequest("pip", "Summarise the week"))  # not a sleep: left alone
@@ -138,7 +141,7 @@ def test_m114_consolidate_folds_since_the_imp_woke_and_prints_each_scope(
     assert seen["night"] == ["tea with Ann"]  # the records since waking, in that scope
     db = open_database()
     try:
-        state = load(db.connection(), "pip")
+        state = db.read(lambda conn: load(conn, "pip"))
         tasks = TaskStore(db, FixedClock(datetime.now(UTC)), home)
         assert (tasks.get(other.id).state, tasks.get(prompt.id).state) == ("queued", "queued")
     finally:

@@ -2,7 +2,7 @@
 ``[model]`` table that asks for what no request could carry is refused when imp.toml is loaded.
 
 The expectations are written out from the OpenAI API reference and the local servers' documentation (see
-``box/model_profiles.py``): gpt-5.1 takes efforts none..high and temperature only with effort none; gpt-5
+``box/common/model_profiles.py``): gpt-5.1 takes efforts none..high and temperature only with effort none; gpt-5
 takes minimal..high and no temperature but its own; the o-series low..high; gpt-4.1 and gpt-4o no reasoning
 parameters at all (400 ``unsupported_parameter``, SPEC-001 ENV-21 / ENV-22); local servers take
 ``max_tokens`` and a json_schema with (vLLM, LM Studio) or without (Ollama, llama.cpp) ``strict``.
@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from box import chat_api, responses_api
-from box.envelope import ENVELOPE_SCHEMA
-from box.memory.calls import MemoryModel
-from box.model_profiles import (
+from box import responses_api
+from box.common.envelope import ENVELOPE_SCHEMA
+from box.common.model_profiles import (
     SERVER_PROFILES,
     ModelProfile,
     SettingProblem,
@@ -27,9 +26,12 @@ from box.model_profiles import (
     model_notes,
     profile_for,
 )
+from box.common.request_bodies import chat_body, responses_body
+from box.memory.calls import MemoryModel
 from box.protocol.models import MemorySettings, ModelRequestResult, ResponderSettings
 from box.tools import Tool
-from impyard.imp_config import ImpConfigError, parse_config
+from impyard.imps.config import ImpConfigError
+from impyard.imps.validate import parse_config
 
 pytestmark = pytest.mark.anyio
 
@@ -180,24 +182,24 @@ def test_a_chat_call_with_tools_carries_only_what_the_model_takes(
     model: str, server: str, temperature: float | None, effort: str, expected: dict[str, Any]
 ) -> None:
     settings = ResponderSettings(server=server, temperature=temperature, reasoning_effort=effort)
-    body = chat_api.chat_body(settings, model, _messages(), [SEARCH])
+    body = chat_body(settings, model, _messages(), [SEARCH])
     tools = [SEARCH.chat_shape()]
     assert body == {"model": model, "messages": _messages(), "tools": tools, **expected}
 
 
 @pytest.mark.parametrize("model", ["gpt-5.1", "gpt-5", "gpt-4.1"])
 def test_env_21_a_tool_less_chat_call_never_carries_an_effort(model: str) -> None:
-    body = chat_api.chat_body(ResponderSettings(reasoning_effort="high"), model, _messages(), [])
+    body = chat_body(ResponderSettings(reasoning_effort="high"), model, _messages(), [])
     assert "reasoning_effort" not in body and "tools" not in body
 
 
 def test_a_model_that_cannot_see_gets_a_note_where_the_image_was() -> None:
-    body = chat_api.chat_body(ResponderSettings(), "o3-mini", _messages(), [])
+    body = chat_body(ResponderSettings(), "o3-mini", _messages(), [])
     assert body["messages"][1]["content"] == [
         {"type": "text", "text": "ann: look"},
         {"type": "text", "text": "[an image was attached here; this model cannot see images]"},
     ]
-    assert chat_api.chat_body(ResponderSettings(), "gpt-5.1", _messages(), [])["messages"] == _messages()
+    assert chat_body(ResponderSettings(), "gpt-5.1", _messages(), [])["messages"] == _messages()
 
 
 # ------------------------------------------------------------------ the Responses API (ENV-22, ENV-23)
@@ -221,7 +223,7 @@ def test_a_responses_call_carries_only_what_the_model_takes(
 ) -> None:
     settings = ResponderSettings(reasoning_effort=effort, temperature=temperature)
     items = [{"role": "user", "content": "ann: hi"}]
-    body = responses_api.responses_body(settings, model, "You are Pip.", items, [SEARCH])
+    body = responses_body(settings, model, "You are Pip.", items, [SEARCH])
     assert body == {
         "model": model,
         "instructions": "You are Pip.",
@@ -238,7 +240,7 @@ def test_a_responses_call_carries_only_what_the_model_takes(
 
 def test_a_responses_call_to_a_model_that_cannot_see() -> None:
     items = responses_api.input_items(_messages()[1:])
-    body = responses_api.responses_body(ResponderSettings(), "o3-mini", "You are Pip.", items, [])
+    body = responses_body(ResponderSettings(), "o3-mini", "You are Pip.", items, [])
     assert body["input"] == [
         {
             "role": "user",

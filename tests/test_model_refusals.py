@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 
 from box.attempts import ModelChooser, ModelExhausted, ModelRefused, with_attempts
-from box.failures import classify, tagged
+from box.common.failures import tagged
+from box.failures import classify
 from box.model import http_failure
 from box.protocol.models import DeliverParams, DeliverResult, ModelRequestResult, ResponderSettings
 from impyard.failure_words import WORDS, words_for
-from impyard.policy import build_policy, default_policy_path
-from impyard.terminal import ChatSurface
+from impyard.gateway.policy import build_policy, default_policy_path
+from impyard.gateway.surfaces import Post
+from impyard.terminal.chat import ChatSurface
 from testing.fake_openai import LOCAL_SERVER_MODEL, FakeOpenAI, FakeResponse, envelope, tool_call
 from tests.scripted import deliver_params
 from tests.test_responder_gateway import Rig, open_rig
@@ -135,8 +137,8 @@ async def test_the_terminal_says_it_once_in_its_outcome_line() -> None:
     console = Console()
     surface = ChatSurface("pip", console)  # type: ignore[arg-type]
     surface.skip_notices = frozenset(WORDS.values())  # as `impyard chat` sets it
-    await surface.send("c1", REFUSED_NOTICE, None, (), "notice")
-    await surface.send("c1", "The imp is unwell today.", None, (), "notice")
+    await surface.send(Post("c1", REFUSED_NOTICE, kind="notice"))
+    await surface.send(Post("c1", "The imp is unwell today.", kind="notice"))
     assert console.lines == ["(impyard) The imp is unwell today."]
 
 

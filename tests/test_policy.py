@@ -13,8 +13,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from impyard.cli import cli
-from impyard.policy import PolicyError, default_policy_path, load_policy, policy_from_text
-from impyard.policy_models import PolicyFile
+from impyard.gateway.policy import PolicyError, default_policy_path, load_policy, policy_from_text
+from impyard.gateway.policy_models import PolicyFile
 
 ALLOW_REPLY = """
 [[rules]]
@@ -398,7 +398,7 @@ def test_policy_check_and_budget_show_name_the_file_and_key_of_a_bad_number(
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
 def test_budget_set_refuses_a_non_finite_amount_with_one_line(value: str) -> None:
-    from impyard.imps import ImpStore
+    from impyard.imps.store import ImpStore
 
     ImpStore().add("pip")  # budget set refuses an imp that does not exist (issue 17)
     result = CliRunner().invoke(cli, ["budget", "set", "pip", "--daily", value])

@@ -25,20 +25,22 @@ from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import DiscordSendParams, DiscordSendResult, HttpFetchParams, ModelRequestParams
-from impyard.audit import AuditLog, AuditRecord
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.cli import cli
 from impyard.clock import FixedClock, SystemClock
-from impyard.db import Database, default_path, open_database
-from impyard.gates import GateStore
-from impyard.gateway import Gateway
-from impyard.ledger import Ledger
-from impyard.policy import Policy, load_policy
-from impyard.surfaces import RecordingSurface
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.gateway.audit import AuditLog, AuditRecord
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.gates import GateStore
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import Policy, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
+from impyard.storage.db import Database, default_path, open_database
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.web import local_site
+from tests import sqlfile
 
 KEY = "sk-impyard-explain-test-7d1e44a0c9"
 OPS = """\
@@ -205,7 +207,7 @@ class Yard:
         return sample
 
     def gateway(self, *, key: bool = True) -> Gateway:
-        return Gateway(
+        return build_gateway(
             policy=self.policy, db=self.db, surface=self.surface, clock=SystemClock(),
             upstream=UpstreamConfig(base_url=self.fake.base_url, api_key=KEY if key else None), secrets=[KEY],
         )  # fmt: skip
@@ -222,7 +224,7 @@ class Yard:
             code = exc.code
         finally:
             await gateway.aclose()
-        row = self.db.query("SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
+        row = sqlfile.query(self.db, "SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
         return row["verdict"], row["rule"], code
 
     def dump(self) -> list[str]:
@@ -374,7 +376,7 @@ async def test_a_rate_limit_already_reached_is_what_the_dry_run_says(
     with pytest.raises(RpcError) as caught:
         await gateway.serve(spec, method, params)
     assert caught.value.code == decision.error.code and caught.value.data["rule"] == decision.rule
-    row = yard.db.query("SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
+    row = sqlfile.query(yard.db, "SELECT verdict, rule FROM audit ORDER BY id DESC LIMIT 1")[0]
     assert (row["verdict"], row["rule"]) == (decision.verdict, decision.rule)
     await gateway.aclose()
 
@@ -404,7 +406,7 @@ async def test_a_dry_run_reserves_nothing_opens_no_gate_posts_nothing_and_audits
     assert yard.fake.requests == [] and yard.surface.sent == []
     # what the dry run promised, the live gateway does: the call is charged its measured cost, within the estimate
     await gateway.serve(spec, "model.request", model)
-    [reserved] = yard.db.query("SELECT reserved_micros FROM ledger")
+    [reserved] = sqlfile.query(yard.db, "SELECT reserved_micros FROM ledger")
     assert reserved[0] == allowed.estimate_micros
     result = await gateway.serve(spec, "discord.send", elsewhere)
     assert isinstance(result, DiscordSendResult) and result.status == "pending"

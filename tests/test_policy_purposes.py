@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from impyard.cli import cli
-from impyard.judge import DEFAULT_DENY, RequestFacts, judge
-from impyard.policy import default_policy_path, load_policy, policy_from_text
-from impyard.prices import estimate_micros
+from impyard.gateway.judge import DEFAULT_DENY, RequestFacts, judge
+from impyard.gateway.policy import default_policy_path, load_policy, policy_from_text
+from impyard.gateway.prices import estimate_micros
 
 POLICY = policy_from_text(
     """

@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from box.protocol.models import Author, Message
-from impyard import dburl
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.imps import ImpStore
-from impyard.inbound import Inbound
+from impyard.conversation.inbound import Inbound
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.surfaces import RecordingSurface
+from impyard.storage import urls as dburl
 from testing.fake_openai import FakeOpenAI
 from testing.inprocess import InProcessBackend
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
 from bench.pgcluster import PostgresServer  # noqa: F401 - the fixtures below come from conftest
-from impyard.prepared import Prepared
+from impyard.storage.prepared import Prepared
 
 META = sa.MetaData()
 THINGS = sa.Table(

@@ -26,7 +26,7 @@ from box.protocol.models import Author, HistoryEntry, MailboxEventParams, ModelR
 from box.tools import Tool, ToolRegistry
 from impyard.backends import BoxSpec
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
-from impyard.responder_history import HistoryBounds
+from impyard.conversation.responder_history import HistoryBounds
 from testing.inprocess import InProcessBackend
 from tests.scripted import (
     NOW,

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from box.common.envelope import Envelope
 from box.context import PromptPackage, context_suffix
-from box.envelope import Envelope
 from box.images import ImageRequest, MadePicture, ScopeClosed, image_scope
 from box.machine import Stage, TurnContext, TurnInput, TurnMachine
 from box.protocol.models import (

@@ -19,16 +19,18 @@ from typing import Any
 
 import pytest
 
-from box.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
+from box.common.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.policy import Policy, build_policy, default_policy_path, load_policy
-from impyard.surfaces import RecordingSurface
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.conversation.history_act import HistoryAct
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import Policy, build_policy, default_policy_path, load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
+from impyard.storage.db import Database, open_database
 from testing.fake_openai import (
     TINY_PNG,
     TINY_PNG_B64,
@@ -41,6 +43,7 @@ from testing.fake_openai import (
 )
 from testing.inprocess import InProcessBackend
 from testing.web import local_site
+from tests import sqlfile
 from tests.scripted import NOW, deliver_params, init_params
 
 KEY = "sk-impyard-test-responder-7c1d"
@@ -71,7 +74,7 @@ class Rig:
         return [request.body for request in self.fake.requests_for(path)]
 
     def audit(self) -> list[tuple[str, str, str | None]]:
-        rows = self.db.query("SELECT method, verdict, purpose FROM audit ORDER BY id")
+        rows = sqlfile.query(self.db, "SELECT method, verdict, purpose FROM audit ORDER BY id")
         return [(row[0], row[1], row[2]) for row in rows]
 
 
@@ -84,7 +87,7 @@ async def open_rig(
     db = open_database(tmp_path / "impyard.db")
     clock = FixedClock(datetime(2026, 12, 2, 10, 0, tzinfo=UTC))
     surface = RecordingSurface()
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=policy or load_policy(), db=db, surface=surface, clock=clock,
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=key), owners={"pip": {"owner-1"}}, secrets=[key],
     )  # fmt: skip
@@ -368,7 +371,7 @@ async def test_env_09_another_channel_is_judged_by_the_gateway_as_its_own_act(ri
     assert result.outcome == "pending" and rig.surface.sent == []  # gated: never auto-sent elsewhere
     [gate] = rig.gateway.gates.latest()
     assert gate.target == "news-1" and gate.payload["kind"] == "other" and gate.payload["reply_to"] is None
-    records = rig.gateway.responder_history.lines("pip", "c1")  # kept by the host (issue 22)
+    records = rig.gateway.act(HistoryAct).history.lines("pip", "c1")  # kept by the host (issue 22)
     assert [(r.id, r.role) for r in records] == [("m1", "user")]  # pending: no claim the reply was seen
 
 

@@ -16,16 +16,17 @@ from typing import Any
 import anyio
 import pytest
 
-from box.history import Record
+from box.common.history import Record
 from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.codec import NdjsonDecoder
 from box.protocol.history import MAX_COMMIT_LINES, MAX_LINE_CHARS, MAX_LOAD_CHARS, HistoryLine, Role
-from impyard import gateway as gateway_module
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.imps import ImpStore
-from impyard.responder_history import HistoryBounds, ResponderHistory
+from impyard.conversation import history_act as gateway_module
+from impyard.conversation.history_act import HistoryAct
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory
+from impyard.imps.store import ImpStore
+from impyard.storage.db import Database
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.pipes import byte_pipe
 from tests.scripted import deliver_params, init_params
@@ -108,7 +109,7 @@ def test_forgetting_a_channel_drops_every_imps_lines_there_and_keeps_the_counts(
 def test_a_commit_is_one_transaction_with_what_joins_it(any_engine_db: Database) -> None:
     """The lines, the trim, the counter and the caller's row (the gateway's audit row) commit together: when the
     caller's part fails, none of it is kept."""
-    from impyard.audit import AuditLog, AuditRecord
+    from impyard.gateway.audit import AuditLog, AuditRecord
 
     history = store(any_engine_db, limit=2)
     audit = AuditLog(any_engine_db, FixedClock(T0), secrets=[])
@@ -221,7 +222,7 @@ async def test_a_box_reads_and_writes_only_its_own_channels_lines(tmp_path: Path
         assert (await box.call("history.commit", mine))["result"] == {"stored": 1}
         [seen] = (await box.call("history.load", {}))["result"]["lines"]
         assert seen["content"] == "hello guild"
-    lines = h.gateway.responder_history.lines("pip")
+    lines = h.gateway.act(HistoryAct).history.lines("pip")
     assert [(r.channel_id, r.content) for r in lines] == [
         ("dm-ann", "my pin is 4711"),
         ("guild-1", "hello guild"),
@@ -254,11 +255,12 @@ async def test_every_byte_of_a_commit_is_bounded_and_nothing_is_half_written(
     tmp_path: Path, fake: FakeOpenAI, params: dict[str, Any], field: str
 ) -> None:
     h = make_harness(tmp_path, fake)
-    h.gateway.responder_history.commit("pip", "c1", [line(0)])
+    h.gateway.act(HistoryAct).history.commit("pip", "c1", [line(0)])
     async with raw_box(h, h.spec) as box:
         answer = await box.call("history.commit", params)
     assert answer["error"]["code"] == -32602 and field in json.dumps(answer["error"]["data"])
-    assert ids(h.gateway.responder_history.lines("pip")) == ["c1/m0"]  # nothing written, nothing trimmed
+    kept = h.gateway.act(HistoryAct).history.lines("pip")
+    assert ids(kept) == ["c1/m0"]  # nothing written, nothing trimmed
 
 
 async def test_a_box_flooding_history_requests_is_refused(
@@ -293,7 +295,7 @@ async def test_a_guild_box_is_never_handed_a_dms_lines(
         await box.init(init_params(imp="pip", channel_id="c1", kind="dm"), timeout=60)
         result = await box.deliver(deliver_params("remember: my pin is 4711", "m1"), timeout=60)
     assert result.outcome == "sent"
-    assert "4711" in " ".join(r.content for r in h.gateway.responder_history.lines("pip", "c1"))
+    assert "4711" in " ".join(r.content for r in h.gateway.act(HistoryAct).history.lines("pip", "c1"))
     fake.script(
         envelope(answer="hi all"), purpose="reply", usage={"prompt_tokens": 10, "completion_tokens": 5}
     )
@@ -308,7 +310,7 @@ async def test_a_guild_box_is_never_handed_a_dms_lines(
         "4711" in text for text in watching.handed_to_box
     )  # nothing the host answered the guild box
     assert "4711" not in json.dumps(fake.requests[-1].body)  # nor its prompt
-    channels = [r.channel_id for r in h.gateway.responder_history.lines("pip")]
+    channels = [r.channel_id for r in h.gateway.act(HistoryAct).history.lines("pip")]
     assert channels[:2] == ["c1", "c1"] and set(channels[2:]) == {"guild-1"}  # each its own channel's lines
     assert not list((tmp_path / "state").rglob("history.json"))  # no history file under any /state
 
@@ -366,7 +368,7 @@ def test_an_old_file_that_cannot_be_read_safely_is_set_aside_untouched(
     elif kind == "a directory":
         (state / "history.json").mkdir()
     else:
-        monkeypatch.setattr("impyard.responder_history.MAX_LEGACY_BYTES", 10)
+        monkeypatch.setattr("impyard.conversation.responder_history.MAX_LEGACY_BYTES", 10)
         legacy_file(state, [record("dm", 0)])
     history = store(any_engine_db)
     done = history.import_legacy("pip", state)
@@ -379,8 +381,8 @@ def test_an_old_file_that_cannot_be_read_safely_is_set_aside_untouched(
 async def test_a_host_opening_an_older_home_brings_its_history_in() -> None:
     """The upgrade itself: ``open_host`` imports each imp's old file before any box runs; the box of each
     channel then gets its own lines back, and a second start imports nothing."""
+    from impyard.gateway.surfaces import RecordingSurface
     from impyard.host import open_host
-    from impyard.surfaces import RecordingSurface
 
     imps = ImpStore()
     imps.add("pip", "You are Pip.")
@@ -397,7 +399,7 @@ def test_removing_an_imp_keeps_its_lines_and_purging_forgets_them() -> None:
     from click.testing import CliRunner
 
     from impyard.cli import cli
-    from impyard.db import open_database
+    from impyard.storage.db import open_database
 
     imps = ImpStore()
     imps.add("pip", "You are Pip.")

@@ -7,11 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from box.attempts import ModelChooser, ModelExhausted, backoff_s, with_attempts
+from box.attempts import ModelChooser, ModelExhausted, with_attempts
+from box.common.attempts import backoff_s
+from box.common.envelope import Envelope
+from box.common.history import Record, shrink_by_one, trim
 from box.context import build_package, context_suffix, persona_prefix, user_content
 from box.decision import answers
-from box.envelope import Envelope
-from box.history import PromptEntry, Record, combine, shrink_by_one, trim
+from box.history import PromptEntry, combine
 from box.model import ModelCallFailed
 from box.protocol import ErrorCode, RpcError
 from box.protocol.history import HistoryLine
@@ -32,8 +34,8 @@ from box.responses_api import reduce_item
 from box.short_path import short_path_matches
 from box.tools import sanitize_result
 from impyard.clock import SystemClock
-from impyard.db import Database
-from impyard.responder_history import HistoryBounds, ResponderHistory
+from impyard.conversation.responder_history import HistoryBounds, ResponderHistory
+from impyard.storage.db import Database
 from tests.scripted import NOW, envelope
 
 pytestmark = pytest.mark.anyio

@@ -11,15 +11,16 @@ import pytest
 import sqlalchemy as sa
 
 from impyard.clock import FixedClock
-from impyard.db import Database
 from impyard.durations import DurationError, format_duration, parse_duration
-from impyard.imps import ImpNotFound, ImpStore
-from impyard.schedules import (
+from impyard.imps.store import ImpNotFound, ImpStore
+from impyard.storage.db import Database
+from impyard.storage.tables import channels, schedules, tasks
+from impyard.tasks import TaskError, TaskStore
+from impyard.tasks.schedules import ScheduleRequest, ScheduleStore
+from impyard.tasks.triggers import (
     MAX_CATCH_UP,
     MAX_QUEUED_PER_SCHEDULE,
     ScheduleError,
-    ScheduleRequest,
-    ScheduleStore,
     Trigger,
     due_runs,
     first_run,
@@ -29,8 +30,6 @@ from impyard.schedules import (
     parse_timezone,
     recent_fires,
 )
-from impyard.tables import channels, schedules, tasks
-from impyard.tasks import TaskError, TaskStore
 from tests.racing import RACE_ROUNDS, race, reopen, two_racers
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # a Monday

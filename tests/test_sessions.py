@@ -16,8 +16,7 @@ from box.protocol.memory import PresenceEntry
 from box.protocol.models import Author, BoxInitParams, DeliverResult, Framing, Message, TurnStageParams
 from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
-from impyard.failure_words import WORDS
-from impyard.sessions import (
+from impyard.conversation.sessions import (
     BUSY_NOTICE,
     CEILING_NOTICE,
     DIED_NOTICE,
@@ -27,6 +26,7 @@ from impyard.sessions import (
     SessionSettings,
     merge_batch,
 )
+from impyard.failure_words import WORDS
 from testing.inprocess import InProcessBackend
 from tests.scripted import NOW, ScriptedHost, init_params
 

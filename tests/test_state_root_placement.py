@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from impyard.cli import cli
-from impyard.doctor import DockerFacts
-from impyard.imps import ImpStore
+from impyard.cli.doctor_rules import DockerFacts
+from impyard.imps.store import ImpStore
 from impyard.paths import box_dir_name, home
 
 

@@ -1,4 +1,4 @@
-"""What a failure of the host's own database was (impyard.storage_faults; issue 19 #1, issue 21): a table of
+"""What a failure of the host's own database was (impyard.storage.faults; issue 19 #1, issue 21): a table of
 errors as each engine and the disk raise them, and the kind and words each one gets."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from sqlalchemy.exc import OperationalError as SAOperationalError
 
-from impyard.storage_faults import CommitUncertain, Fault, classify, waits_for, words
+from impyard.storage.faults import CommitUncertain, Fault, classify, waits_for, words
 
 
 def _sqlite(message: str, code: int | None) -> sqlite3.Error:

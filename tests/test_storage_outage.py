@@ -24,15 +24,16 @@ import sqlalchemy as sa
 
 from bench.pgcluster import PostgresServer, postgres_bin, start_cluster, throwaway_database
 from box.protocol.models import Author, Message
-from impyard import dburl, storage_faults
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.imps import ImpStore
-from impyard.inbound import Inbound
+from impyard.conversation.inbound import Inbound
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import open_runtime
-from impyard.storage_faults import CommitUncertain
-from impyard.surfaces import RecordingSurface
-from impyard.tables import channels
+from impyard.storage import faults as storage_faults
+from impyard.storage import urls as dburl
+from impyard.storage.db import Database, open_database
+from impyard.storage.faults import CommitUncertain
+from impyard.storage.tables import channels
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.inprocess import InProcessBackend
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from box.protocol.models import Author, Message
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.history import History
+from impyard.conversation.history import History
+from impyard.storage.db import Database
 
 
 def writes(db: Database) -> int:

@@ -14,8 +14,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from impyard import dburl, tables
-from impyard.db import Database, DatabaseError, NotPortedError, open_database
+from impyard.storage import tables
+from impyard.storage import urls as dburl
+from impyard.storage.db import Database, DatabaseError, NotPortedError, open_database
+from tests import sqlfile
 
 RACERS = 2
 BOTH_READ_WAIT_S = 1.0  # how long a racer waits, after its check, for the other to have checked too
@@ -240,26 +242,28 @@ def test_sqlite_engine_connections_are_wal_with_a_busy_timeout(tmp_path: Path) -
     db.close()
 
 
-def test_the_legacy_connection_and_the_engine_share_one_file(tmp_path: Path) -> None:
+def test_a_plain_sqlite3_reader_of_the_file_sees_what_the_engine_wrote(tmp_path: Path) -> None:
     db = open_database(tmp_path / "impyard.db")
     db.write(lambda conn: add_channel(conn, "discord:1"))
-    assert [row[0] for row in db.query("SELECT channel_id FROM channels")] == ["discord:1"]
+    assert [row[0] for row in sqlfile.query(db, "SELECT channel_id FROM channels")] == ["discord:1"]
     db.close()
 
 
 # --- PostgreSQL: what is not ported, and connection failures -------------------------------------------------
 
 
-def test_the_legacy_connection_is_refused_on_postgresql_naming_the_caller(postgres_url: str) -> None:
+def test_asking_a_postgresql_database_for_its_sqlite_file_is_refused_naming_the_caller(
+    postgres_url: str,
+) -> None:
     db = open_database(url=postgres_url)
     try:
         with pytest.raises(NotPortedError) as caught:
-            db.query("SELECT 1")
+            db.path  # noqa: B018 - the property is what refuses
         message = str(caught.value)
-        assert "test_the_legacy_connection_is_refused_on_postgresql_naming_the_caller" in message
-        assert "does not run on PostgreSQL yet" in message and "unset IMPYARD_DATABASE_URL" in message
+        assert "test_asking_a_postgresql_database_for_its_sqlite_file_is_refused_naming_the_caller" in message
+        assert "needs a SQLite file" in message and db.url.where() in message
         with pytest.raises(NotPortedError):
-            db.transaction().__enter__()
+            sqlfile.query(db, "SELECT 1")  # a test's raw look needs the file too
     finally:
         db.close()
 

@@ -1,6 +1,6 @@
 """One schema and one migration history for SQLite and PostgreSQL (issue 21): Alembic's baseline is exactly the
 schema the ten legacy migrations built; an older home is brought to it and stamped; two openers never both
-migrate; a database newer than this impyard is refused; the stores' tables (impyard.tables) are the migrated ones."""
+migrate; a database newer than this impyard is refused; the stores' tables (impyard.storage.tables) are the migrated ones."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-import impyard.db
-from impyard import migrations, tables
-from impyard.db import LEGACY_VERSION, MIGRATIONS, Database, DatabaseError, open_database, split_statements
+import impyard.storage.migrate
+from impyard.storage import migrations, tables
+from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.migrations.legacy import LEGACY_VERSION, MIGRATIONS, split_statements
+from tests import sqlfile
 
 EXPECTED_TABLES = 25
 # Tables of revisions after the baseline (0002 leases, 0003 ledger_totals): a legacy home gets them at upgrade.
@@ -115,7 +117,8 @@ def counted_upgrades(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every Alembic upgrade run, slowed down so that two openers overlap in it if they can."""
     runs: list[str] = []
     real = migrations.upgrade
-    monkeypatch.setattr(impyard.db, "_FRESH_SQLITE", {})  # no fresh file built from SQL this process recorded
+    # no fresh file built from SQL this process recorded
+    monkeypatch.setattr(impyard.storage.migrate, "_FRESH_SQLITE", {})
 
     def upgrade(connection: sa.Connection, destination: str = "head") -> None:
         runs.append(destination)
@@ -154,7 +157,7 @@ def open_at_once(open_one: Callable[[], Database], count: int = 3) -> list[BaseE
 def test_alembic_builds_exactly_the_schema_the_legacy_migrations_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(impyard.db, "_FRESH_SQLITE", {})  # Alembic itself, not a recording
+    monkeypatch.setattr(impyard.storage.migrate, "_FRESH_SQLITE", {})  # Alembic itself, not a recording
     legacy_home(tmp_path / "legacy.db")
     open_database(tmp_path / "fresh.db").close()
     legacy, whole = shape(sqlite_engine(tmp_path / "legacy.db")), shape(sqlite_engine(tmp_path / "fresh.db"))
@@ -170,9 +173,9 @@ def test_alembic_builds_exactly_the_schema_the_legacy_migrations_built(
 def test_a_fresh_file_built_again_from_the_recorded_sql_is_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(impyard.db, "_FRESH_SQLITE", {})
+    monkeypatch.setattr(impyard.storage.migrate, "_FRESH_SQLITE", {})
     open_database(tmp_path / "first.db").close()  # by Alembic, recorded
-    assert impyard.db._FRESH_SQLITE
+    assert impyard.storage.migrate._FRESH_SQLITE
     open_database(tmp_path / "second.db").close()  # from the recording
     first, second = Database(tmp_path / "first.db"), Database(tmp_path / "second.db")
     assert shape(sqlite_engine(tmp_path / "second.db")) == shape(sqlite_engine(tmp_path / "first.db"))
@@ -236,7 +239,7 @@ def test_the_postgresql_types_are_the_portable_ones(postgres_url: str) -> None:
 def test_the_stores_tables_are_the_migrated_schema(
     engine: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """impyard.tables (what a ported store's SQL names) has no difference from a database at the head."""
+    """impyard.storage.tables (what a ported store's SQL names) has no difference from a database at the head."""
     if engine == "sqlite":
         db = open_database(tmp_path / "impyard.db")
     else:
@@ -272,7 +275,7 @@ def test_the_history_is_one_line_from_the_baseline() -> None:
 
 
 def test_the_helper_shows_the_head(capsys: pytest.CaptureFixture[str]) -> None:
-    from impyard.migrations.__main__ import main
+    from impyard.storage.migrations.__main__ import main
 
     main(["heads"])
     assert f"{migrations.head()} (head)" in capsys.readouterr().out
@@ -296,7 +299,9 @@ def test_an_older_home_is_brought_to_version_ten_then_stamped(tmp_path: Path, up
     db = open_database(path)
     assert db.revision == migrations.head()
     assert db.version == LEGACY_VERSION + (migrations.position(migrations.head()) or 0)
-    assert [tuple(r) for r in db.query("SELECT channel_id FROM channels")] == [("discord:1",)]  # kept
+    assert [tuple(r) for r in sqlfile.query(db, "SELECT channel_id FROM channels")] == [
+        ("discord:1",)
+    ]  # kept
     db.close()
     legacy_home(tmp_path / "reference.db")
     assert at_baseline(shape(sqlite_engine(path))) == shape(sqlite_engine(tmp_path / "reference.db"))

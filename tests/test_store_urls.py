@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from impyard import dburl
-from impyard.db import DatabaseError, open_database
-from impyard.dburl import DatabaseUrlError
+from impyard.storage import urls as dburl
+from impyard.storage.db import DatabaseError, open_database
+from impyard.storage.urls import DatabaseUrlError
 
 SECRET = "s3cr3t-Pa55"
 

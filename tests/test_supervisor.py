@@ -23,24 +23,25 @@ from typing import Any
 import anyio
 import pytest
 
-from impyard.audit import AuditRecord
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend, run_argv
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gate_pump import GatePump
-from impyard.gates import Approver, GateStore
-from impyard.gateway import Gateway
-from impyard.imps import ImpStore
-from impyard.ledger import Ledger
-from impyard.policy import load_policy
-from impyard.schedules import ScheduleRequest
+from impyard.gateway.audit import AuditRecord
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.gate_pump import GatePump
+from impyard.gateway.gates import Approver, GateStore
+from impyard.gateway.ledger import Ledger
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
+from impyard.imps.store import ImpStore
+from impyard.storage.db import Database, open_database
 from impyard.supervisor import Supervisor, SupervisorSettings
-from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.tasks.schedules import ScheduleRequest
 from testing.fake_openai import FakeOpenAI, envelope, slow
 from testing.inprocess import InProcessBackend
 
@@ -91,7 +92,7 @@ async def yard(
     db = open_database(url=database_url)
     clock = FixedClock(now)
     surface = RecordingSurface()
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=surface, clock=clock,
         upstream=UpstreamConfig(base_url=fake.base_url, api_key=KEY), secrets=[KEY],
     )  # fmt: skip
@@ -461,7 +462,7 @@ SUPERVISOR_SCRIPT = """
 import sys, anyio
 from impyard.backends.process import ProcessBackend
 from impyard.supervisor import SupervisorSettings, open_supervisor
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.surfaces import RecordingSurface
 
 async def main():
     backend = ProcessBackend(command=[sys.executable, sys.argv[1], "silent"], warn=False)

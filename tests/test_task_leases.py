@@ -26,21 +26,22 @@ from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import DiscordSendParams, LogParams
-from impyard import liveness
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
-from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.gateway import Gateway
-from impyard.imps import ImpStore
-from impyard.leases import LeaseStore, task_lease_name
-from impyard.liveness import Holder
-from impyard.policy import load_policy
+from impyard.clock import FixedClock, SystemClock
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway, GatewayStores
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.imps.store import ImpStore
+from impyard.storage import liveness
+from impyard.storage.db import Database, open_database
+from impyard.storage.leases import LeaseStore, task_lease_name
+from impyard.storage.liveness import Holder
+from impyard.storage.tables import leases
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.supervisor.fence import RunFence, fenced
-from impyard.surfaces import RecordingSurface
-from impyard.tables import leases
 from impyard.tasks import TaskRequest
 from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.test_faults_leftovers import plant_process_box
@@ -121,9 +122,10 @@ class SeenGateway(Gateway):
 async def test_the_fence_refuses_every_act_once_the_runs_lease_is_lost_with_an_audit_row(
     db: Database,
 ) -> None:
+    policy = load_policy()
     gateway = SeenGateway(
-        policy=load_policy(), db=db, surface=RecordingSurface(), secrets=[KEY],
-        upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key=KEY),
+        policy=policy, stores=GatewayStores.over(db, policy=policy, clock=SystemClock(), secrets=[KEY]),
+        secrets=[KEY],
     )  # fmt: skip
     gateway.seen = []
     guard = Guard()
@@ -201,7 +203,7 @@ async def supervisor_on(url: str, settings: SupervisorSettings | None = None) ->
     imps = ImpStore()
     imps.add("pip", box={"backend": "process"})
     db = open_database(url=url)
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), secrets=[KEY],
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key=KEY),
     )  # fmt: skip
@@ -387,7 +389,7 @@ HOST_A = """
 import sys, anyio
 from impyard.backends.process import ProcessBackend
 from impyard.supervisor import SupervisorSettings, open_supervisor
-from impyard.surfaces import RecordingSurface
+from impyard.gateway.surfaces import RecordingSurface
 
 async def main():
     backend = ProcessBackend(warn=False)

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from impyard import tables
-from impyard.audit import AuditLog
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.gates import Approver, Gate, GateStore
-from impyard.imps import ImpNameError, ImpNotFound, ImpStore
-from impyard.ledger import ALL_IMPS, BudgetRow
+from impyard.gateway.audit import AuditLog
+from impyard.gateway.gates import Approver, Gate, GateStore
+from impyard.gateway.ledger import ALL_IMPS, BudgetRow
+from impyard.imps.store import ImpNameError, ImpNotFound, ImpStore
+from impyard.storage import tables
+from impyard.storage.db import Database
 from impyard.supervisor import budget_wait
 from impyard.tasks import (
     MAX_PROMPT_CHARS,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from box.common.envelope import Envelope
 from box.context import PromptPackage
-from box.envelope import Envelope
 from box.machine import Stage, TurnContext, TurnInput, TurnMachine
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Attachment, Framing, HttpFetchResult, ModelRequestResult

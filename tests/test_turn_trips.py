@@ -31,12 +31,12 @@ from box.protocol.models import Author, Message
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
-from impyard.conversation import Inbound
-from impyard.db import Database
-from impyard.gateway import Gateway
-from impyard.imps import ImpStore
+from impyard.conversation.pipeline import Inbound
+from impyard.gateway.core import Gateway
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.surfaces import RecordingSurface
+from impyard.storage.db import Database
 from testing.fake_openai import FakeOpenAI
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True, answer="hello there")]

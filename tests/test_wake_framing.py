@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from impyard.framing import RecentAuthor, decide_framing
-from impyard.wake import WakeFacts, decide_wake
+from impyard.conversation.framing import RecentAuthor, decide_framing
+from impyard.conversation.wake import WakeFacts, decide_wake
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

@@ -12,26 +12,29 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy.engine import Connection
 
 from box.protocol.models import Author, Message
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.cli import cli
 from impyard.clock import FixedClock, iso
-from impyard.db import Database
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.imps.store import ImpStore
 from impyard.memory.compact import compact, pays
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import memory_service
@@ -47,11 +50,11 @@ from impyard.memory.wakefulness import (
     step,
     tick,
 )
-from impyard.policy import load_policy
+from impyard.storage.db import Database
 from impyard.supervisor import Supervisor, SupervisorSettings
-from impyard.surfaces import RecordingSurface
 from impyard.tasks import Task, TaskRequest, TaskStore
 from testing.inprocess import InProcessBackend
+from tests import sqlfile
 from tests.memory.conftest import moment
 
 pytestmark = pytest.mark.anyio
@@ -181,19 +184,27 @@ def test_m104_m107_a_day_ticked_every_30_s() -> None:
 
 
 def test_the_state_is_kept_per_imp_and_a_new_imp_is_asleep(db: Database) -> None:
-    conn = db.connection()
     state = Wakefulness(
         awake=True, woke_at=s(0), slept_at=s(-50), last_activity_at=s(10), last_channel="c1", wake_pending=True,
         introspected_idle=False, consolidated=False, last_reflection_at=s(5), last_sleep_at=s(-40),
         last_consolidation_at=s(-40),
     )  # fmt: skip
-    save(conn, "pip", state, s(10))
-    save(conn, "pip", state, s(11))  # written again: one row
-    assert load(conn, "pip") == state
-    assert load(conn, "bee") == ASLEEP == Wakefulness(awake=False, consolidated=True)
-    assert [tuple(r) for r in db.query("SELECT imp, updated_at FROM memory_wakefulness")] == [
+    db.write(lambda conn: save(conn, "pip", state, s(10)))
+    db.write(lambda conn: save(conn, "pip", state, s(11)))  # written again: one row
+    assert read(db, load, "pip") == state
+    assert read(db, load, "bee") == ASLEEP == Wakefulness(awake=False, consolidated=True)
+    assert [tuple(r) for r in sqlfile.query(db, "SELECT imp, updated_at FROM memory_wakefulness")] == [
         ("pip", iso(s(11)))
     ]
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def read(db: Database, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(conn, *args)`` in a read-only snapshot of ``db``."""
+    return db.read(lambda conn: fn(conn, *args, **kwargs))
 
 
 def say(db: Database, imp: str, channel: str, at: datetime, *, woke: bool = True) -> None:
@@ -210,26 +221,25 @@ def finished_task(db: Database, imps: ImpStore, kind: str, channel: str, at: dat
     """A task of ``kind`` of pip that finished (done) at ``at``."""
     tasks = TaskStore(db, FixedClock(at), imps)
     task = tasks.add(TaskRequest("pip", None, kind=kind, channel_id=channel, person=ANN))
-    db.execute("UPDATE tasks SET state = 'done', finished_at = ? WHERE id = ?", (iso(at), task.id))
+    sqlfile.execute(db, "UPDATE tasks SET state = 'done', finished_at = ? WHERE id = ?", (iso(at), task.id))
     return tasks.get(task.id)
 
 
 def test_m104_activity_is_a_message_that_woke_the_imp_or_a_departure(
     db: Database, imps: ImpStore, channels: ChannelStore
 ) -> None:
-    conn = db.connection()
     say(db, "pip", GUILD_CHANNEL, s(0))
     say(db, "pip", GUILD_CHANNEL, s(100), woke=False)  # heard, but it did not wake pip: not pip's activity
     say(db, "bee", GUILD_CHANNEL, s(200))  # another imp's
     say(db, "pip", DM_CHANNEL, s(300))
     finished_task(db, imps, "reflect", GUILD_CHANNEL, s(400))  # the clock's own tasks are never activity
     finished_task(db, imps, "sleep", GUILD_CHANNEL, s(450))
-    assert activities(conn, "pip", None) == [Activity(s(0), GUILD_CHANNEL), Activity(s(300), DM_CHANNEL)]
-    assert activities(conn, "pip", s(0)) == [Activity(s(300), DM_CHANNEL)]
-    assert activities(conn, "pip", s(300)) == []
+    assert read(db, activities, "pip", None) == [Activity(s(0), GUILD_CHANNEL), Activity(s(300), DM_CHANNEL)]
+    assert read(db, activities, "pip", s(0)) == [Activity(s(300), DM_CHANNEL)]
+    assert read(db, activities, "pip", s(300)) == []
     finished_task(db, imps, "depart", DM_CHANNEL, s(2200))  # Ann left the DM: pip thought it over
-    assert activities(conn, "pip", s(300)) == [Activity(s(2200), DM_CHANNEL)]
-    assert activities(conn, "quiet", None) == []
+    assert read(db, activities, "pip", s(300)) == [Activity(s(2200), DM_CHANNEL)]
+    assert read(db, activities, "quiet", None) == []
 
 
 def test_m104_a_step_takes_in_the_first_activity_as_the_waking(db: Database, imps: ImpStore) -> None:
@@ -278,8 +288,8 @@ def remember(db: Database, imp: str, scope: str, at: datetime, text: str, intens
 
 
 def conclusions(db: Database, imp: str) -> list[tuple[str, str]]:
-    rows = db.query(
-        "SELECT scope, conclusion FROM memory_records WHERE imp = ? ORDER BY scope, conclusion", (imp,)
+    rows = sqlfile.query(
+        db, "SELECT scope, conclusion FROM memory_records WHERE imp = ? ORDER BY scope, conclusion", (imp,)
     )
     return [(r["scope"], r["conclusion"]) for r in rows]
 
@@ -320,7 +330,7 @@ class Yard:
 
 @asynccontextmanager
 async def yard(db: Database, imps: ImpStore, clock: FixedClock) -> AsyncIterator[Yard]:
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
@@ -368,7 +378,7 @@ async def test_m104_m107_a_whole_day_through_the_supervisor(
         assert y.day() == [("reflect", 5, "done"), ("reflect", 660, "done")]  # once per silence
         await y.at(supervisor, 7260)  # mechanism 106: asleep; it reflected in this silence already
         await y.at(supervisor, 7830)
-        assert len(y.day()) == 2 and not load(db.connection(), "pip").awake
+        assert len(y.day()) == 2 and not read(db, load, "pip").awake
         assert conclusions(db, "pip") == [
             (DM_SCOPE, "a faint DM"),
             (DM_SCOPE, "a vivid DM"),
@@ -402,7 +412,7 @@ async def test_m104_m107_a_whole_day_through_the_supervisor(
         (GUILD_SCOPE, "Ann brought a cake"),
         (GUILD_SCOPE, "the old picnic"),
     ]  # fmt: skip  (the box forgot in the guild, the host in the DM scope)
-    state = load(db.connection(), "pip")
+    state = read(db, load, "pip")
     assert state == Wakefulness(
         awake=False, woke_at=s(0), slept_at=s(7260), last_activity_at=s(60), last_channel=GUILD_CHANNEL,
         wake_pending=False, introspected_idle=True, consolidated=True, last_reflection_at=s(660),
@@ -422,7 +432,7 @@ async def test_m106_a_long_silence_seen_late_reflects_before_sleep(
         await y.at(supervisor, 60 + 7205)  # no tick saw the 600 s mark: it reflects, then falls asleep
         assert y.day() == [("reflect", 1, "done"), ("reflect", 7265, "done")]
         assert seen(y.clock_tasks()[-1])["channel_kind"] == "dm"  # in the channel of the latest activity
-        assert load(db.connection(), "pip").slept_at == s(7265)
+        assert read(db, load, "pip").slept_at == s(7265)
         await y.at(supervisor, 7265 + 600)
         assert y.day()[2:] == [("sleep", 7865, "done")]
 
@@ -441,7 +451,7 @@ async def test_m104_activity_during_sleep_wakes_the_imp_and_its_night_waits_for_
         await y.at(supervisor, 7510)  # woken: the pending reflection
         await y.at(supervisor, 7800)  # awake: no night now
         assert y.day() == [("reflect", 1, "done"), ("reflect", 7510, "done")]
-        state = load(db.connection(), "pip")
+        state = read(db, load, "pip")
         assert (state.awake, state.woke_at, state.consolidated) == (True, s(7500), False)
         for at in (7500 + 7200, 7500 + 7200 + 600):
             await y.at(supervisor, at)
@@ -467,13 +477,13 @@ async def test_m104_m107_two_imps_are_ticked_independently(
             await y.at(supervisor, at)
         assert y.day("pip") == [("reflect", 1, "done"), ("reflect", 660, "done"), ("sleep", 7860, "done")]
         assert y.day("bee") == [("reflect", 3601, "done"), ("reflect", 4260, "done")]  # bee is still awake
-        assert load(db.connection(), "bee").awake
+        assert read(db, load, "bee").awake
         for at in (3660 + 7200, 3660 + 7800):
             await y.at(supervisor, at)
         assert y.day("bee")[2:] == [("sleep", 11460, "done")]
         assert seen(y.clock_tasks("bee")[-1])["writes"] == DM_SCOPE
         assert len(y.day("pip")) == 3  # pip's sleep was not run again
-        assert y.day("quiet") == [] and load(db.connection(), "quiet") == ASLEEP  # memory off: no clock
+        assert y.day("quiet") == [] and read(db, load, "quiet") == ASLEEP  # memory off: no clock
 
 
 async def test_m107_a_crash_mid_sleep_never_runs_the_night_twice(
@@ -513,7 +523,7 @@ async def test_m107_a_night_already_waiting_is_not_queued_again(
     say(db, "pip", GUILD_CHANNEL, s(60))
     again = step(db, tasks, "pip", s(660))  # the silence reflection: the first one has not run yet
     assert (again.actions, again.queued) == (("reflect",), ())
-    db.execute("UPDATE tasks SET state = 'done' WHERE kind = 'reflect'")
+    sqlfile.execute(db, "UPDATE tasks SET state = 'done' WHERE kind = 'reflect'")
     step(db, tasks, "pip", s(7260))
     night = step(db, tasks, "pip", s(7860))
     assert len(night.queued) == 2 and night.forget == ()
@@ -583,7 +593,7 @@ async def test_a_kinds_limited_supervisor_runs_no_memory_clock(
     say(db, "pip", GUILD_CHANNEL, s(0))
     async with yard(db, imps, clock) as y:
         await y.at(y.supervisor(replace(FAST, kinds=frozenset({"depart"}))), 5)  # chat's departures loop
-        assert y.day() == [] and load(db.connection(), "pip") == ASLEEP
+        assert y.day() == [] and read(db, load, "pip") == ASLEEP
 
 
 def test_supervise_takes_memory_tick(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -611,10 +621,10 @@ def test_compacting_pays_over_a_quarter_of_free_pages(free: int, pages: int, exp
 def test_the_database_shrinks_after_forgetting_when_it_pays(db: Database) -> None:
     for n in range(400):
         remember(db, "pip", GUILD_SCOPE, s(n), f"moment {n} " + "words " * 50, 0.8)
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    sqlfile.execute(db, "PRAGMA wal_checkpoint(TRUNCATE)")
     size = db.path.stat().st_size
     assert compact(db) is False  # nothing free: no VACUUM
-    db.execute("DELETE FROM memory_records WHERE imp = 'pip'")
+    sqlfile.execute(db, "DELETE FROM memory_records WHERE imp = 'pip'")
     assert compact(db) is True
     assert db.path.stat().st_size < size / 2
     assert compact(db) is False
@@ -635,7 +645,7 @@ async def test_m104_m113_a_day_and_a_night_in_real_boxes(
     remember(db, "pip", GUILD_SCOPE, s(-30 * 86400), "a faint chat", 0.3)  # faded below 0.6 at 30 days
     with FakeOpenAI() as fake:
         fake.script({"groups": [{"anchor": 1, "absorbed": [2], "summary_fact": "a cake"}]}, purpose="sleep")
-        gateway = Gateway(
+        gateway = build_gateway(
             policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
             upstream=UpstreamConfig(base_url=fake.base_url, api_key=fake.api_key),
             memory=memory_service(db, clock.now),
@@ -662,11 +672,12 @@ async def test_m104_m113_a_day_and_a_night_in_real_boxes(
     ]  # fmt: skip  (waking's reflection is this silence's: one message, one reflection)
     night = y.clock_tasks()[-1]
     assert night.box_summary == "folded 1 record into 1; forgot 1 record", night.box_summary
-    rows = db.query(
+    rows = sqlfile.query(
+        db,
         "SELECT conclusion, intensity, (SELECT COUNT(*) FROM memory_episodes e WHERE e.record_id = r.id) AS n"
-        " FROM memory_records r WHERE imp = 'pip'"
+        " FROM memory_records r WHERE imp = 'pip'",
     )
     assert [(r["conclusion"], round(r["intensity"], 4), r["n"]) for r in rows] == [
         ("Ann brought a cake", round(1 - 0.4 * 0.7, 4), 2),
     ]  # folded (109, 110), and the faded chat forgotten (112)
-    assert not load(db.connection(), "pip").awake
+    assert not read(db, load, "pip").awake

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from box.envelope import Envelope
+from box.common.envelope import Envelope
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import Framing, Message
 

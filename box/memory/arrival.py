@@ -19,11 +19,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from box.common.laws import Temperament
 from box.memory import contexts as ctx
 from box.memory.calls import TEMPERATURE_REPLY, MemoryModel
 from box.memory.contexts import Scene
 from box.memory.focus import FocusEntry, cut, moment_entry
-from box.memory.laws import Temperament
 from box.memory.moment import read_appraisal
 from box.memory.prompts import Prompts
 from box.memory.recall import Recall

@@ -14,11 +14,12 @@ through ``box.model.ModelClient``. What is different from the reply machinery in
   parser is tolerant (fences, a leading "+", the first ``{…}``).
 * **Busy backoff (121).** HTTP 429 and 5xx — and the gateway's own "rate limited" / "upstream
   unreachable" refusals, which mean the same — are retried after 2, 5, 10, 20, 40 and 60 s, but a
-  wait that would end past the turn's deadline is not started: the call fails instead.
+  wait that would end past the turn's deadline is not started: the call fails instead
+  (``box.common.busy``, which the host's own embedding calls follow too).
 * **Every call is logged (119)**, success or failure, one JSON line per HTTP attempt, to
   ``/state/memory-calls.jsonl`` (rotated, one ``.1`` kept); a failed write never fails the call.
 * **Only what the model takes (issue 16).** The body is shaped by the routed model's profile
-  (``box.model_profiles``): the purpose's temperature only where the model takes one (not on gpt-5 or
+  (``box.common.model_profiles``): the purpose's temperature only where the model takes one (not on gpt-5 or
   the o-series), the output cap under the key it takes, the schema with or without ``strict`` as the
   server takes it.
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -35,20 +35,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
-from box.attempts import RETRYABLE_RPC_CODES
-from box.model import retry_after_of
-from box.model_profiles import OPENAI, profile_for
-from box.protocol import RpcError
-from box.protocol.models import MemoryPurpose, MemorySettings, ModelRequestResult
+from box.common.busy import Asked, ModelCaller, ask_while_busy
+from box.common.embedding import EMBEDDINGS_PATH, embedding_body, vector_of
+from box.common.model_profiles import OPENAI, profile_for
+from box.common.request_bodies import CHAT_PATH
+from box.protocol.models import MemoryPurpose, MemorySettings
 
 log = logging.getLogger("box.memory.calls")
-
-CHAT_PATH = "/chat/completions"
-EMBEDDINGS_PATH = "/embeddings"
 
 # Temperatures per purpose (seed 002, "Hard-coded constants").
 TEMPERATURE_REPLY = 0.4  # mechanism 46
@@ -65,9 +62,6 @@ TEMPERATURE_SLEEP = 0.3  # mechanism 108
 # MAX_ATTEMPTS (ENV-12, ENV-18). The reply never goes through ``chat_json``.
 JSON_RETRIES = 1  # mechanism 120: every other call is asked once more
 
-BUSY_BACKOFF_S: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 40.0, 60.0)  # mechanism 121
-RATE_LIMITED_STATUS = 429
-
 # Mechanism 120: the note that goes with a re-ask (machinery text, not a prompt template).
 NOT_JSON_NOTE = (
     "Your previous reply was NOT valid JSON. Answer again with one JSON object only: "
@@ -76,12 +70,6 @@ NOT_JSON_NOTE = (
 
 CALL_LOG_FILE = "memory-calls.jsonl"  # mechanism 119, under the box's state dir
 ANSWER_LOG_CHARS = 20_000  # an answer longer than this is cut in the log (never in the call)
-
-
-class ModelCaller(Protocol):
-    """What ``MemoryModel`` needs of ``box.model.ModelClient``: one gateway call."""
-
-    async def call(self, path: str, body: dict[str, Any], purpose: str) -> ModelRequestResult: ...
 
 
 # ------------------------------------------------------------------ mechanism 120: tolerant JSON
@@ -247,14 +235,6 @@ def _no_deadline() -> float | None:
     return None
 
 
-@dataclass
-class _Attempt:
-    """The outcome of one gateway request, after busy retries."""
-
-    result: ModelRequestResult | None
-    error: str | None
-
-
 class MemoryModel:
     """The memory engine's model calls (mechanisms 55, 119-121); see the module docstring.
 
@@ -366,10 +346,10 @@ class MemoryModel:
         The answer is checked, not trusted: ``data[0].embedding`` must be a list of exactly
         ``dimensions`` finite numbers; anything else is no vector this time (and a log line).
         """
-        body = {"model": model, "input": [text], "dimensions": dimensions}
+        body = embedding_body(model, text, dimensions)
         started, wall = time.monotonic(), self.clock()
         attempt = await self._request(EMBEDDINGS_PATH, body, "embedding")
-        vector, problem = _embedding_of(attempt, dimensions)
+        vector, problem = vector_of(attempt, dimensions)
         await self._record(
             CallRecord(
                 purpose="embedding",
@@ -389,35 +369,11 @@ class MemoryModel:
             log.warning("memory embedding (%s) failed: %s", model, problem)
         return vector
 
-    async def _request(self, path: str, body: dict[str, Any], purpose: str) -> _Attempt:
+    async def _request(self, path: str, body: dict[str, Any], purpose: str) -> Asked:
         """One gateway request with the busy backoff (121); never raises for the model's failure."""
-        waits = iter(BUSY_BACKOFF_S)
-        while True:
-            left = self.deadline()
-            if left is not None and left <= 0:
-                return _Attempt(None, "the turn's deadline has passed")
-            result: ModelRequestResult | None
-            try:
-                result = await self.client.call(path, body, purpose)
-            except RpcError as exc:
-                if exc.code not in RETRYABLE_RPC_CODES:
-                    return _Attempt(None, f"refused by the gateway: {exc.message[:200]}")
-                result, retry_after, why = None, _rpc_retry_after(exc), f"gateway: {exc.message[:200]}"
-            else:
-                if result.status == 200:
-                    return _Attempt(result, None)
-                retry_after, why = retry_after_of(result), f"HTTP {result.status}"
-                if result.status != RATE_LIMITED_STATUS and result.status < 500:
-                    return _Attempt(result, why)  # mechanism 121: only "busy" is retried
-            wait = next(waits, None)
-            if wait is None:
-                return _Attempt(result, f"{why}; still busy after {len(BUSY_BACKOFF_S)} retries")
-            if retry_after is not None:
-                wait = max(wait, retry_after)  # the host said when to come back
-            left = self.deadline()
-            if left is not None and wait >= left:
-                return _Attempt(result, f"{why}; the next retry would pass the turn's deadline")
-            await self.sleep(wait)
+        return await ask_while_busy(
+            self.client, path, body, purpose, sleep=self.sleep, deadline=self.deadline
+        )
 
     async def _record(self, record: CallRecord) -> None:
         for recorder in self.recorders:
@@ -426,18 +382,13 @@ class MemoryModel:
             await self.call_log.append(record)
 
 
-def _rpc_retry_after(error: RpcError) -> float | None:
-    value = error.data.get("retry_after") if isinstance(error.data, dict) else None
-    return float(value) if isinstance(value, int | float) else None
-
-
 def _last_user(messages: list[dict[str, Any]]) -> str:
     """The user text of the call; a re-ask logs the original request plus the note."""
     users = [str(m["content"]) for m in messages if m["role"] == "user"]
     return users[0] if len(users) == 1 else f"{users[0]}\n\n[re-ask] {users[-1]}"
 
 
-def _chat_content(attempt: _Attempt) -> tuple[str | None, str | None]:
+def _chat_content(attempt: Asked) -> tuple[str | None, str | None]:
     """The answer text of a chat call, or None and why not."""
     result = attempt.result
     if result is None or result.status != 200:
@@ -454,22 +405,3 @@ def _chat_content(attempt: _Attempt) -> tuple[str | None, str | None]:
     if not isinstance(content, str):
         return None, "the answer has no text"
     return content, None
-
-
-def _embedding_of(attempt: _Attempt, dimensions: int) -> tuple[list[float] | None, str | None]:
-    """Mechanism 30: a vector only when it is exactly ``dimensions`` finite numbers."""
-    result = attempt.result
-    if result is None or result.status != 200:
-        return None, attempt.error or "no answer"
-    body = result.body
-    data = body.get("data") if isinstance(body, dict) else None
-    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
-        return None, "the answer has no data[0]"
-    raw = data[0].get("embedding")
-    if not isinstance(raw, list):
-        return None, "data[0].embedding is not a list"
-    if len(raw) != dimensions:
-        return None, f"the vector has {len(raw)} dimensions, not {dimensions}"
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in raw):
-        return None, "the vector holds something other than finite numbers"
-    return [float(x) for x in raw], None

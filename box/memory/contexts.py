@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from box.common.laws import mentions
 from box.memory.focus import Focus, FocusEntry, authored_by, cut
-from box.memory.laws import mentions
 from box.memory.prompts import Prompts
 from box.memory.state import State
 from box.memory.words import INTENSITY_SCALE, age_words, clock_line, strength_words, valence_words

@@ -2,7 +2,7 @@
 
 A disposition is a learned rule, "when <situation> → <act>", naming no one: the imp's character, shared by
 every scope. The box asks the model; the host keeps the rules and applies the arithmetic (95-98, in
-``impyard.memory.store`` over ``box.memory.laws`` section J).
+``impyard.memory.store`` over ``box.common.laws`` section J).
 
 * **Carried lines (92)**: what the imp carries now — at most 3 short lines from its 12 most recently felt
   records. Learning and selection both read them: without them a question that presses on a sore point
@@ -25,16 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from box.memory.calls import (
-    TEMPERATURE_CLASSIFICATION,
-    TEMPERATURE_LEARNING,
-    TEMPERATURE_SELECTION,
-    MemoryModel,
-)
-from box.memory.contexts import construct_statement
-from box.memory.conversation import Conversation
-from box.memory.focus import cut
-from box.memory.laws import (
+from box.common.laws import (
     DEFAULTS,
     NEUTRAL,
     RULE_MAX_WORDS,
@@ -45,6 +36,15 @@ from box.memory.laws import (
     rule_refusal,
     rule_weight,
 )
+from box.memory.calls import (
+    TEMPERATURE_CLASSIFICATION,
+    TEMPERATURE_LEARNING,
+    TEMPERATURE_SELECTION,
+    MemoryModel,
+)
+from box.memory.contexts import construct_statement
+from box.memory.conversation import Conversation
+from box.memory.focus import cut
 from box.memory.prompts import Prompts
 from box.memory.store_client import StoreClient, StoreUnavailable
 from box.protocol import ErrorCode, RpcError

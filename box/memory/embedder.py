@@ -2,7 +2,9 @@
 
 Two embedders share one small interface. ``GatewayEmbedder`` asks the imp's embedding model
 through the gateway; ``HashingEmbedder`` is the offline bag-of-words one the tests use (and an
-imp may choose, ``[memory] embedder = "hashing"``): deterministic, no model, 64 dimensions.
+imp may choose, ``[memory] embedder = "hashing"``): deterministic, no model, 64 dimensions. What is
+embedded of a text, the hashing vector and the checked answer are ``box.common.embedding``: the host
+embeds the same way for ``impyard memory``.
 
 Neither raises for a model failure: ``None`` means "no vector this time" and the engine stores the
 record without one (it is then found by recency and by person, not by meaning). Text with no
@@ -11,19 +13,11 @@ words has no vector either: a zero vector cannot be normalised and would match n
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
 from dataclasses import dataclass
 from typing import Protocol
 
+from box.common.embedding import HASHING_DIMS, clip_for_embedding, hashing_vector
 from box.memory.calls import MemoryModel
-
-EMBED_MAX_CHARS = 8_000  # a long message is embedded by its beginning; its meaning is there
-EMBED_MAX_BYTES = 12_000  # and at most this much UTF-8, so CJK text stays under a model's token limit
-HASHING_DIMS = 64  # seed 002: the test embedder's 64 buckets
-
-_TOKEN = re.compile(r"\w+")
 
 
 class Embedder(Protocol):
@@ -35,15 +29,6 @@ class Embedder(Protocol):
     async def embed(self, text: str) -> list[float] | None:
         """The vector of ``text``, or None: no vector this time (never raises for a model failure)."""
         ...
-
-
-def clip_for_embedding(text: str) -> str:
-    """The part of ``text`` that is embedded: ≤ 8,000 characters and ≤ 12,000 UTF-8 bytes, whole characters."""
-    clipped = text[:EMBED_MAX_CHARS]
-    data = clipped.encode("utf-8")
-    if len(data) > EMBED_MAX_BYTES:
-        clipped = data[:EMBED_MAX_BYTES].decode("utf-8", errors="ignore")
-    return clipped
 
 
 @dataclass
@@ -59,18 +44,6 @@ class HashingEmbedder:
 
     async def embed(self, text: str) -> list[float] | None:
         return hashing_vector(clip_for_embedding(text))
-
-
-def hashing_vector(text: str, dims: int = HASHING_DIMS) -> list[float] | None:
-    """The hashing embedder's vector (pure, synchronous); None for a text without words."""
-    counts = [0.0] * dims
-    for token in _TOKEN.findall(text.lower()):
-        bucket = int.from_bytes(hashlib.md5(token.encode("utf-8")).digest(), "big") % dims
-        counts[bucket] += 1.0
-    norm = math.sqrt(sum(c * c for c in counts))
-    if norm == 0:
-        return None
-    return [c / norm for c in counts]
 
 
 class GatewayEmbedder:

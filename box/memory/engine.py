@@ -31,18 +31,19 @@ from typing import Any, Protocol
 
 import anyio
 
-from box.envelope import Envelope
+from box.common.busy import ModelCaller
+from box.common.envelope import Envelope
+from box.common.laws import DEFAULTS, Params, Temperament
 from box.memory import NO_TURN, CommittedTurn, MemoryTurn, TurnFacts
 from box.memory import contexts as ctx
 from box.memory.arrival import Arrival, Arrived
 from box.memory.association_filter import ModelFilter
-from box.memory.calls import TEMPERATURE_APPRAISAL, CallLog, MemoryModel, ModelCaller
+from box.memory.calls import TEMPERATURE_APPRAISAL, CallLog, MemoryModel
 from box.memory.contexts import ReplyView, Scene, SearchNote
 from box.memory.conversation import Conversation
 from box.memory.dispositions import Learner, ModelSelector, carried_lines
 from box.memory.embedder import GatewayEmbedder, HashingEmbedder
 from box.memory.focus import authored_by, cut, moment_entry
-from box.memory.laws import DEFAULTS, Params, Temperament
 from box.memory.moment import SCHEMA as APPRAISAL_SCHEMA
 from box.memory.moment import Felt, encoding, event_text, joins, read_appraisal, reply_moment, searched_text
 from box.memory.prompts import Prompts

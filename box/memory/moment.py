@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from box.envelope import Envelope
-from box.memory.laws import Temperament, bend, same_sign
+from box.common.envelope import Envelope
+from box.common.laws import Temperament, bend, same_sign
 from box.protocol.memory import (
     MAX_CONCLUSION_CHARS,
     MAX_EPISODE_CHARS,

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from box.common.laws import DEFAULTS, Params
 from box.memory.calls import TEMPERATURE_SLEEP, MemoryModel
 from box.memory.contexts import Scene, construct_statement
 from box.memory.focus import cut
-from box.memory.laws import DEFAULTS, Params
 from box.memory.prompts import Prompts
 from box.memory.store_client import StoreClient, StoreUnavailable
 from box.memory.words import age_words, clock_line, strength_words, valence_words

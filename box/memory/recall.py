@@ -28,7 +28,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from box.memory.laws import DEFAULTS, Params, collapse, mentions, names_in, query_names
+from box.common.laws import DEFAULTS, Params, collapse, mentions, names_in, query_names
 from box.memory.store_client import StoreClient
 from box.protocol.memory import ConstructKind, RecordView
 
@@ -110,6 +110,19 @@ def _kept(candidates: Sequence[RecordView], verdict: FilterVerdict | None) -> li
     return [candidates[i] for i in chosen]
 
 
+async def plain_search(
+    store: StoreClient, embedder: Embedder, query: str, params: Params = DEFAULTS
+) -> list[RecordView]:
+    """Mechanism 29: a plain search — the nearest records to ``query``, unfiltered, the focus not excluded,
+    each with ``RECALL_EPISODES`` episodes (they stay: subtle point 5). Nothing when the embedding fails.
+    Arrival's search (``Recall.plain``) and reflection's search_more (mechanism 80) are this one search."""
+    vector = await embedder.embed(query)
+    if vector is None:
+        return []
+    result = await store.search(vector, [], k=params.recall_candidates, episodes=RECALL_EPISODES)
+    return result.records
+
+
 class Recall:
     def __init__(
         self,
@@ -188,14 +201,8 @@ class Recall:
         )
 
     async def plain(self, query: str) -> list[RecordView]:
-        """Mechanism 29: the nearest records, unfiltered, focus not excluded."""
-        vector = await self.embedder.embed(query)
-        if vector is None:
-            return []
-        result = await self.store.search(
-            vector, [], k=self.params.recall_candidates, episodes=RECALL_EPISODES
-        )
-        return result.records
+        """Mechanism 29: the nearest records, unfiltered, focus not excluded (``plain_search``)."""
+        return await plain_search(self.store, self.embedder, query, self.params)
 
     async def about_person(self, person: str) -> list[RecordView]:
         """Mechanism 28: the strongest records (raw intensity) by or about the person; no similarity, no filter."""

@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, get_args
 
+from box.common.laws import DEFAULTS, NEUTRAL, Params, Temperament, same_sign
 from box.memory import introspection as view_of
 from box.memory.calls import TEMPERATURE_INTROSPECTION, MemoryModel
 from box.memory.contexts import Scene
 from box.memory.focus import Focus, cut
 from box.memory.introspection import Direction, IntrospectionView, Previous, Shown
-from box.memory.laws import DEFAULTS, NEUTRAL, Params, Temperament, same_sign
 from box.memory.moment import Felt
 from box.memory.prompts import Prompts
-from box.memory.recall import RECALL_EPISODES, Embedder
+from box.memory.recall import Embedder, plain_search
 from box.memory.store_client import StoreClient
 from box.protocol.memory import (
     MAX_CONCLUSION_CHARS,
@@ -248,7 +248,7 @@ class Reflector:
             else:
                 assert step.text is not None
                 direction = Direction("search", step.text)  # mechanism 80
-                recalled = await self._search(step.text)
+                recalled = await plain_search(self.store, self.embedder, step.text, self.params)  # 80 (29)
         return reflected
 
     async def _step(self, answer: Answer, shown: list[Shown], reflected: Reflected) -> tuple[Step, Previous]:
@@ -301,18 +301,6 @@ class Reflector:
                 slot=True,
             )
         )
-
-    async def _search(self, query: str) -> list[RecordView]:
-        """Mechanism 80 (29): a plain search — the nearest records, unfiltered, the focus not excluded.
-
-        The search loads 3 episodes per record and those stay (subtle point 5)."""
-        vector = await self.embedder.embed(query)
-        if vector is None:
-            return []
-        result = await self.store.search(
-            vector, [], k=self.params.recall_candidates, episodes=RECALL_EPISODES
-        )
-        return result.records
 
 
 def _start(seed: Seed | None) -> tuple[Previous | None, Direction | None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from box.memory.laws import DEFAULTS, Params, admit, rumination_clusters
+from box.common.laws import DEFAULTS, Params, admit, rumination_clusters
 from box.protocol.memory import RecordView
 
 

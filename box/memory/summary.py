@@ -12,10 +12,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from box.common.laws import DEFAULTS, Params
 from box.memory import contexts
 from box.memory.calls import TEMPERATURE_SUMMARY, MemoryModel
 from box.memory.conversation import Conversation
-from box.memory.laws import DEFAULTS, Params
 from box.memory.prompts import Prompts
 from box.protocol.models import MemoryPurpose
 

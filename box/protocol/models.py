@@ -53,7 +53,7 @@ class ResponderSettings(FromHost):
     reasoning_effort: Annotated[str, Field(max_length=16)] = "none"  # ENV-21 / ENV-22
     use_responses_api: bool = False  # ENV-22
     # Issue 16: where OPENAI_BASE_URL points ("openai", "ollama", "llama.cpp", "vllm", "lmstudio",
-    # "compatible"); with the model it picks the profile of what a request may carry (box.model_profiles).
+    # "compatible"); with the model it picks the profile of what a request may carry (box.common.model_profiles).
     server: Annotated[str, Field(max_length=32)] = "openai"
     responses_tool_rounds: int = Field(default=4, ge=1, le=16)  # ENV-23
     tool_rounds: int = Field(default=3, ge=0, le=16)  # chat/completions tool rounds
@@ -66,7 +66,7 @@ class ResponderSettings(FromHost):
     staff_channel: Id | None = None  # ENV-03: where staff notes and hack alerts go
     retry_backoff_s: float = Field(default=1.0, ge=0, le=60)  # ENV-12: first backoff; doubles per attempt
     # Issue 19 #6: how long one model attempt may take; the host derives it from the turn ceiling and
-    # ENV-12's attempt count (box.attempts.attempt_timeout_s); the default is its value for the default
+    # ENV-12's attempt count (box.common.attempts.attempt_timeout_s); the default is its value for the default
     # 120 s turn ceiling (tests/test_faults_settings.py holds the two together). None: no limit of its own.
     attempt_timeout_s: float | None = Field(default=35.0, gt=0, le=3600)
     image_model: ModelName = "gpt-image-1"

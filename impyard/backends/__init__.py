@@ -1,4 +1,7 @@
-"""Box backends: where a box runs (a Docker container, or a plain process for development)."""
+"""Box backends: where a box runs (a Docker container, or a plain process for development).
+
+May import: the foundations and ``storage``; of ``box/``, only ``box.protocol`` and what both sides run.
+"""
 
 from impyard.backends.base import (
     BoxBackend,
@@ -8,6 +11,7 @@ from impyard.backends.base import (
     BoxSpec,
     BoxStartError,
     BoxTimeout,
+    QuietHost,
     RefuseAllHost,
     RunningBox,
 )
@@ -20,6 +24,7 @@ __all__ = [
     "BoxSpec",
     "BoxStartError",
     "BoxTimeout",
+    "QuietHost",
     "RefuseAllHost",
     "RunningBox",
 ]

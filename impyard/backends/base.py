@@ -33,6 +33,7 @@ from box.protocol import (
     RpcError,
 )
 from box.protocol.codec import LineTooLong, NdjsonDecoder
+from box.protocol.memory import SessionMemory
 from box.protocol.models import (
     BoxInitParams,
     BoxInitResult,
@@ -42,10 +43,12 @@ from box.protocol.models import (
     LogParams,
     TaskRunParams,
     TaskRunResult,
+    TurnStageParams,
 )
 from impyard.backends.conduct import LOG_LIMITS, REFUSAL_LIMITS, Admission, NoiseMeter, printable
 from impyard.backends.statedir import StateQuota, StateUsage, measure_state_dir
 from impyard.errors import ImpyardError
+from impyard.threads import in_thread_abandoned_on_cancel
 
 log = logging.getLogger("impyard.box")
 
@@ -59,6 +62,8 @@ STATE_CHECK_S = 2.0  # how often a running box's state dir is measured against i
 # machine has one at a time, so this is generous. Past it the box is killed: each request in flight
 # holds up to a 1 MiB line of host memory (issue 11 #6).
 MAX_REQUESTS_IN_FLIGHT = 8
+# The box's notification of where its turn is (docs/protocol.md): it goes to BoxHost.turn_stage, not serve.
+STAGE_METHOD = "turn.stage"
 # Refusals that count against a box's conduct: its requests were invalid or denied.
 _REFUSAL_CODES = frozenset(
     {ErrorCode.INVALID_PARAMS, ErrorCode.METHOD_NOT_FOUND, ErrorCode.INVALID_REQUEST, ErrorCode.DENIED}
@@ -95,12 +100,52 @@ class BoxSpec:
 
 
 class BoxHost(Protocol):
-    """The host side of a box: serves the box's requests and notifications (the gateway, in real use)."""
+    """The host side of a box (the gateway, in real use; a session's or a task run's wrapper of it): every method
+    a backend's running box or a session calls on it."""
 
-    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None: ...
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
+        """A box's request (or its ``log`` line): the answer, or an ``RpcError`` refusal."""
+        ...
+
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        """The box's ``turn.stage`` notification. ``woken``: it names the message the host handed this box for
+        the turn now running (a session knows; a running box alone does not)."""
+        ...
+
+    async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+        """A request the protocol refused before any host saw it (recorded, within the box's refusal budget)."""
+        ...
+
+    async def closed(self, spec: BoxSpec) -> None:
+        """The box ended: the host forgets what it kept for it."""
+        ...
+
+    def given(self, spec: BoxSpec, memory: SessionMemory | None) -> None:
+        """What ``box.init`` gives the box (its memory, or none), told before it is sent (issue 32 #1)."""
+        ...
 
 
-class RefuseAllHost:
+class QuietHost:
+    """A ``BoxHost`` that hears a box's stages, refusals and end and keeps nothing of them; a subclass serves the
+    requests (``RefuseAllHost``, probes and test hosts)."""
+
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
+        raise NotImplementedError
+
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        pass
+
+    async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+        pass
+
+    async def closed(self, spec: BoxSpec) -> None:
+        pass
+
+    def given(self, spec: BoxSpec, memory: SessionMemory | None) -> None:
+        pass
+
+
+class RefuseAllHost(QuietHost):
     """A host that answers every request with a denial; for boxes that must not act (``box check``)."""
 
     async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
@@ -160,6 +205,10 @@ class RunningBox:
                 self._on_violation(f"flooded the host's log ({self._logs.suppressed} lines held back)")
             if not admission.show:
                 return None
+        if method == STAGE_METHOD:
+            assert isinstance(params, TurnStageParams)  # validated by the protocol before it reaches a host
+            await self._host.turn_stage(self.spec, params)
+            return None
         try:
             return await self._host.serve(self.spec, method, params)
         except RpcError as exc:
@@ -181,14 +230,12 @@ class RunningBox:
             self._on_violation(f"kept sending refused requests ({self._refusals.suppressed} over its budget)")
 
     async def _record_refusal(self, method: str, code: int, reason: str) -> None:
-        record = getattr(self._host, "refused", None)
-        if record is not None:
-            try:
-                await record(self.spec, method, code, reason)
-            except Exception:  # noqa: BLE001 - recording a refusal never fails the box's pipe
-                log.exception(
-                    "recording a refused request of box %s/%s failed", self.spec.imp, self.spec.channel_id
-                )
+        try:
+            await self._host.refused(self.spec, method, code, reason)
+        except Exception:  # noqa: BLE001 - recording a refusal never fails the box's pipe
+            log.exception(
+                "recording a refused request of box %s/%s failed", self.spec.imp, self.spec.channel_id
+            )
 
     def _note_held_back(self, summary: str | None, what: str) -> None:
         if summary:
@@ -204,12 +251,10 @@ class RunningBox:
             await self._record_refusal(
                 "(folded)", ErrorCode.INVALID_REQUEST, f"refusals not recorded one by one: {folded}"
             )
-        closed = getattr(self._host, "closed", None)
-        if closed is not None:
-            try:
-                await closed(self.spec)
-            except Exception:  # noqa: BLE001 - the host's bookkeeping never fails the box's end
-                log.exception("closing box %s/%s on the host failed", self.spec.imp, self.spec.channel_id)
+        try:
+            await self._host.closed(self.spec)
+        except Exception:  # noqa: BLE001 - the host's bookkeeping never fails the box's end
+            log.exception("closing box %s/%s on the host failed", self.spec.imp, self.spec.channel_id)
 
     def _on_violation(self, reason: str) -> None:
         # A box that breaks framing is misbehaving: it is killed, never the supervisor.
@@ -353,7 +398,7 @@ async def _measured(state_dir: Path, quota: StateQuota) -> StateUsage:
     fresh = cached is not None and anyio.current_time() - cached[0] < STATE_CHECK_S
     if cached is not None and fresh and cached[1].over(quota) is None:  # a verdict to kill is never reused
         return cached[1]
-    usage = await anyio.to_thread.run_sync(measure_state_dir, state_dir, quota, abandon_on_cancel=True)
+    usage = await in_thread_abandoned_on_cancel(measure_state_dir, state_dir, quota)
     _last_measured[key] = (anyio.current_time(), usage)
     return usage
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
 import docker
 import docker.errors
 from docker.models.containers import Container
@@ -42,6 +41,7 @@ from impyard.backends.runflags import create_request
 from impyard.backends.runtimes import RuntimeChoice, resolve_runtime, runtime_choice, runtime_words
 from impyard.backends.statedir import StateQuota, measure_state_dir, prepare_state_dir
 from impyard.backends.stateroot import STATE_MOUNT, StateRoot, StateVolume, state_root
+from impyard.threads import in_thread
 
 __all__ = [  # the labels and the mount point are the plan's; named here too, where callers have found them
     "LABEL_BOX", "LABEL_CHANNEL", "LABEL_HOME", "LABEL_IMP", "LABEL_ROLE", "LABEL_RUN", "STATE_MOUNT",
@@ -171,7 +171,7 @@ class DockerBackend:
     @property
     def image(self) -> str:
         if self._image is None:
-            from impyard.boximage import expected_tag
+            from impyard.backends.image import expected_tag
 
             self._image = expected_tag()
         return self._image
@@ -284,9 +284,9 @@ class DockerBackend:
     async def _open_claimed(
         self, spec: BoxSpec, host: BoxHost, command: list[str] | None, volume: StateVolume
     ) -> AsyncIterator[RunningBox]:
-        await anyio.to_thread.run_sync(self.preflight)
+        await in_thread(self.preflight)
         user = box_user()
-        await anyio.to_thread.run_sync(self.prepare_state_dir, volume.path, user)
+        await in_thread(self.prepare_state_dir, volume.path, user)
         name = container_name(spec)
         argv = run_argv(
             spec,

@@ -23,13 +23,11 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-
-import anyio
 
 from impyard import paths
 from impyard.backends.base import BoxSpec, BoxStartError
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.box")
 
@@ -158,7 +156,7 @@ async def claimed_mount(
 ) -> AsyncIterator[MountClaim]:
     """Hold ``spec``'s writable mount (``mount``, default its state dir) for the block (a backend's ``open``,
     around the box's whole life)."""
-    claim = await anyio.to_thread.run_sync(partial(MountClaim.take, spec, claims_dir, mount=mount))
+    claim = await in_thread(MountClaim.take, spec, claims_dir, mount=mount)
     try:
         yield claim
     finally:

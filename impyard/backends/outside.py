@@ -3,7 +3,7 @@ what the host's kernel applies to it (its cgroup, and NoNewPrivs of its process 
 
 Under gVisor a box cannot see its own cgroups, so ``impyard box check`` confirms the limits from here.
 Reading only. The keys of the cgroup limits are those of the box's own report (``box.probe``), so one rule
-(``impyard.lockdown``) judges both sides.
+(``impyard.backends.lockdown``) judges both sides.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The ``impyard`` command line: groups are nouns, subcommands verbs (docs/contributing.md)."""
+"""The ``impyard`` command line: groups are nouns, subcommands verbs (docs/contributing.md).
+
+May import: any package (the command line is the top of the house); nothing imports it.
+"""
 
 from __future__ import annotations
 

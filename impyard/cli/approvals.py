@@ -6,20 +6,17 @@ import getpass
 
 import click
 
-from impyard.audit import AuditLog
+from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import Database, DatabaseError, open_database
-from impyard.gates import Approver, Gate, GateError, GateStore, deciding_guild
+from impyard.gateway.audit import AuditLog
+from impyard.gateway.gates import Approver, Gate, GateError, GateStore, deciding_guild
+from impyard.storage.db import Database
 
 
 def _store() -> tuple[Database, GateStore]:
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    clock = SystemClock()
+    db, clock = open_or_fail(), SystemClock()
     return db, GateStore(db, clock, AuditLog(db, clock))
 
 

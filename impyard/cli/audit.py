@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import click
 
-from impyard.audit import AuditLog, AuditRecord
-from impyard.cli.errors import CliError
+from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
+from impyard.gateway.audit import AuditLog, AuditRecord
 
 AUDIT_COLUMNS = (
     Col("time (UTC)", no_wrap=True), "imp", "method", "purpose", "verdict", Col("rule", no_wrap=True),
@@ -48,12 +47,8 @@ def tail_command(imp: str | None, count: int, out: Output) -> None:
       impyard audit tail
       impyard audit tail --imp pip -n 50 --json
     """
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    records = AuditLog(db, SystemClock()).tail(count, imp=imp)
-    db.close()
+    with database() as db:
+        records = AuditLog(db, SystemClock()).tail(count, imp=imp)
     out.listing(
         [record.to_json() for record in records],
         columns=AUDIT_COLUMNS,

@@ -19,12 +19,13 @@ from box.protocol.models import BoxInitParams, ImpSpec, ReportValue, SessionInfo
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RefuseAllHost
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerBackend, DockerLimits
+from impyard.backends.lockdown import LockdownCheck, evaluate
 from impyard.backends.outside import observe_outside
 from impyard.backends.runtimes import RUNTIME_ENV, RUNTIME_SETTINGS, RuntimeChoice, RuntimeSetting
 from impyard.backends.stateroot import state_root
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
-from impyard.lockdown import LockdownCheck, evaluate
+from impyard.threads import in_thread
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -54,7 +55,7 @@ def build_command(base: str | None, force: bool) -> None:
     debootstrap. Example:
       impyard box build
     """
-    from impyard.boximage import BoxImageError, build_image
+    from impyard.backends.image import BoxImageError, build_image
 
     console = Console(stderr=True)
     try:
@@ -102,8 +103,8 @@ async def probe(backend: BoxBackend, state_dir: Path) -> Observation:
             TaskRunParams(task=TaskSpec(id="probe", kind="probe"), now=now), timeout=PROBE_TIMEOUT_S
         )
         if isinstance(backend, DockerBackend):  # while it runs: its cgroup goes with it
-            attrs = await anyio.to_thread.run_sync(backend.inspect_box, spec)
-            outside = await anyio.to_thread.run_sync(observe_outside, attrs)
+            attrs = await in_thread(backend.inspect_box, spec)
+            outside = await in_thread(observe_outside, attrs)
     runtime = backend.runtime if isinstance(backend, DockerBackend) else None
     return Observation(result.report, outside, runtime)
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
+from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
 from impyard.cli.policy import load_policy_or_fail
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
-from impyard.imps import ImpConfigError, ImpError, ImpStore
-from impyard.ledger import ALL_IMPS, BudgetLimitError, BudgetRow, Ledger
-from impyard.policy_models import MAX_USD, NAME_PATTERN
+from impyard.gateway.ledger import ALL_IMPS, BudgetLimitError, BudgetRow, Ledger
+from impyard.gateway.policy_models import MAX_USD, NAME_PATTERN
+from impyard.imps.store import ImpConfigError, ImpError, ImpStore
 
 _POLICY_OPTION = click.option(
     "--policies", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -23,11 +23,7 @@ _POLICY_OPTION = click.option(
 
 def _ledger(policies: Path | None) -> Ledger:
     policy = load_policy_or_fail(policies)
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    return Ledger(db, policy, SystemClock())
+    return Ledger(open_or_fail(), policy, SystemClock())
 
 
 def _usd(micros: int | None) -> str:

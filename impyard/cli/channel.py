@@ -6,19 +6,16 @@ from dataclasses import asdict
 
 import click
 
-from impyard.channels import ChannelError, ChannelStore
+from impyard.channels.store import ChannelError, ChannelStore
+from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
-from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo, channel_is_trusted
+from impyard.gateway.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo, channel_is_trusted
 
 
 def _store() -> ChannelStore:
-    try:
-        return ChannelStore(open_database(), SystemClock())
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
+    return ChannelStore(open_or_fail(), SystemClock())
 
 
 def channel_json(info: ChannelInfo) -> dict[str, object]:

@@ -11,15 +11,15 @@ import anyio
 import click
 
 from impyard.backends import BoxError
-from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
-from impyard.db import DatabaseError
-from impyard.imp_config import new_imp_settings
-from impyard.imps import ImpError, ImpStore
-from impyard.instance import AlreadyRunning, InstanceLock
-from impyard.leases import LeaseHeld, LeaseLost
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.policy import PolicyError
+from impyard.imps.config import new_imp_settings
+from impyard.imps.store import ImpError, ImpStore
 from impyard.paths import home
-from impyard.policy import PolicyError
+from impyard.storage.db import DatabaseError
+from impyard.storage.instance import AlreadyRunning, InstanceLock
+from impyard.storage.leases import LeaseHeld, LeaseLost
 
 DEFAULT_IMP = "pip"
 LOG_FILE = Path("logs") / "chat.log"  # under IMPYARD_HOME
@@ -87,7 +87,7 @@ def chat_command(imp: str | None, backend: str | None) -> None:
       export OPENAI_API_KEY=sk-...
       impyard chat pip
     """
-    from impyard.terminal import run_chat
+    from impyard.terminal.chat import run_chat
 
     if not UpstreamConfig.from_env().api_key:
         raise CliError(NO_KEY)

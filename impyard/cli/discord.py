@@ -8,7 +8,7 @@ import anyio
 import click
 
 from impyard.cli.errors import CliError
-from impyard.imps import ImpConfig, ImpError, ImpStore
+from impyard.imps.store import ImpConfig, ImpError, ImpStore
 
 if TYPE_CHECKING:
     import discord

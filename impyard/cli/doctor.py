@@ -1,7 +1,7 @@
 """``impyard doctor``: what stops a chat from working, each with its fix; exit 1 when anything does.
 
 This module observes (the disk, the policy, each imp's config, the gateway's dry run, one metered model
-call, Docker) and prints; what each observation means is ``impyard.doctor``'s rules.
+call, Docker) and prints; what each observation means is ``impyard.cli.doctor_rules``'s rules.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
 
 import anyio
 import click
@@ -20,20 +19,13 @@ from rich.table import Table
 
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
-from impyard import dburl, paths
+from impyard import paths
 from impyard.backends import BoxStartError
 from impyard.backends.base import BoxSpec
 from impyard.backends.docker import DockerBackend
 from impyard.backends.runtimes import RuntimeChoice, runtime_choice
 from impyard.backends.stateroot import STATE_ROOT_ENV, state_root
-from impyard.broker import UpstreamConfig
-from impyard.cli.errors import CliError
-from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
-from impyard.cli.policy import home_database
-from impyard.clock import SystemClock
-from impyard.db import Database, DatabaseError, open_database
-from impyard.dburl import DatabaseUrlError
-from impyard.doctor import (
+from impyard.cli.doctor_rules import (
     PROBE_MAX_TOKENS,
     PROBE_SCHEMA,
     DockerFacts,
@@ -52,10 +44,18 @@ from impyard.doctor import (
     runtime_finding,
     state_finding,
 )
-from impyard.gateway import Gateway
-from impyard.imps import ImpConfig, ImpError, ImpStore
-from impyard.policy import Policy, PolicyError, load_policy, operator_policy_dir
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.cli.errors import CliError
+from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
+from impyard.cli.policy import home_database
+from impyard.clock import SystemClock
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
+from impyard.gateway.surfaces import NoSurface
+from impyard.host import build_gateway
+from impyard.imps.store import ImpConfig, ImpError, ImpStore
+from impyard.storage import urls as dburl
+from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.urls import DatabaseUrlError
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's own calls are audited on
 MODEL_CALL_TIMEOUT_S = 60.0
@@ -226,16 +226,6 @@ def _imps(policy: Policy | None) -> tuple[list[ImpConfig], list[Finding]]:
     return configs, rows
 
 
-class _NoSurface:
-    """The doctor posts nothing; a model call never reaches a surface."""
-
-    async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str,
-        *, imp: str = "",
-    ) -> list[str]:  # fmt: skip
-        raise SurfaceError("impyard doctor posts nothing")
-
-
 async def _dry_runs(policy: Policy, configs: list[ImpConfig]) -> dict[str, list[Refusal]]:
     """The gateway's own decision on each imp's model calls (``Gateway.dry_run``: judge, prices, request size,
     budget left), on the home's database; nothing is sent, reserved or audited. The model key is the endpoint
@@ -243,8 +233,8 @@ async def _dry_runs(policy: Policy, configs: list[ImpConfig]) -> dict[str, list[
     configured = UpstreamConfig.from_env()
     refusals: dict[str, list[Refusal]] = {}
     with home_database() as db:
-        gateway = Gateway(
-            policy=policy, db=db, surface=_NoSurface(), clock=SystemClock(), surfaces=(),
+        gateway = build_gateway(
+            policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), surfaces=(),
             upstream=UpstreamConfig(base_url=configured.base_url, api_key=DRY_RUN_KEY), settle_abandoned=False,
         )  # fmt: skip
         try:
@@ -300,8 +290,8 @@ def _endpoint(policy: Policy | None, imps: list[ImpConfig], *, skip: bool) -> Fi
 async def _call(policy: Policy, db: Database, config: ImpConfig, upstream: UpstreamConfig) -> Finding:
     """One tiny structured-output chat call through the gateway, as ``config``'s imp with its reply model."""
     model, base, imp = config.model.model, upstream.display_url, config.name
-    gateway = Gateway(
-        policy=policy, db=db, surface=_NoSurface(), clock=SystemClock(), upstream=upstream, surfaces=(),
+    gateway = build_gateway(
+        policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), upstream=upstream, surfaces=(),
         owners={imp: config.owners}, settle_abandoned=False,  # a running host's calls are not ours to settle
     )  # fmt: skip
     spec = BoxSpec(imp, OPERATOR_CHANNEL, ImpStore().state_dir(imp), run_id=f"doctor-{uuid.uuid4().hex}")
@@ -372,7 +362,7 @@ def _answered_json(body: object) -> bool:
 
 def docker_facts() -> DockerFacts:
     """What the Docker engine answers: reachable, able to confine a box, and the box images it holds."""
-    from impyard.boximage import IMAGE_REPO, expected_tag
+    from impyard.backends.image import IMAGE_REPO, expected_tag
 
     backend = DockerBackend(runtime=RuntimeChoice())  # the runtime row reads IMPYARD_BOX_RUNTIME itself
     try:

@@ -1,38 +1,24 @@
-"""``impyard history``: read and clear the host's channel history (impyard/history.py) for an imp."""
+"""``impyard history``: read and clear the host's channel history (impyard/conversation/history.py) for an imp."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC
 
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from impyard.backends.conduct import printable
+from impyard.cli.database import database
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
 from impyard.clock import SystemClock, iso
-from impyard.db import DatabaseError, open_database
-from impyard.history import History, ShownMessage
-from impyard.imps import ImpError, ImpNotFound, ImpStore, validate_name
-from impyard.responder_history import ResponderHistory, import_legacy_homes
+from impyard.conversation.history import History, ShownMessage, transcript
+from impyard.conversation.responder_history import ResponderHistory, import_legacy_homes
+from impyard.imps.store import ImpError, ImpNotFound, ImpStore, validate_name
 
 DEFAULT_SHOWN = 20
 MAX_SHOWN = 1000
-MAX_LINE_CHARS = 4000  # one line of a message as shown; the whole text is in --json
-INDENT = " " * 19  # under "YYYY-MM-DD HH:MM  "
-
-# What became of a message that woke the imp, in words; a sent turn shows as the reply that follows it.
-OUTCOME_WORDS = {
-    "silent": "{imp} chose not to reply",
-    "pending": "{imp}'s reply waits for approval (impyard approvals ls)",
-    "failed": "the turn failed",
-    "missed": "missed: not answered before a restart",
-    "busy": "not answered: the channel was too busy",
-    None: "no outcome yet: its turn is running, or the host stopped mid-turn",
-}
 
 
 @click.group("history")
@@ -49,14 +35,8 @@ def history_group() -> None:
 
 @contextmanager
 def history_store() -> Iterator[History]:
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    try:
+    with database() as db:
         yield History(db, SystemClock())
-    finally:
-        db.close()
 
 
 def _check_imp(name: str, history: History) -> list[str]:
@@ -107,31 +87,6 @@ def show_command(imp: str, channel: str | None, limit: int, out: Output) -> None
         return
     for line in transcript(imp, messages):
         click.echo(line)
-
-
-def transcript(imp: str, messages: list[ShownMessage]) -> list[str]:
-    """The messages as lines for people: a heading per channel, then time, author and text, and for a
-    message that woke the imp without a reply, what became of it. Box and user text is made printable."""
-    lines: list[str] = []
-    channel = None
-    for message in messages:
-        if message.channel_id != channel:
-            channel = message.channel_id
-            lines.append(f"── {printable(channel, 200)}")
-        when = message.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
-        author = printable(message.author_name, 100) + (
-            " (bot)" if message.author_bot and not message.from_imp else ""
-        )
-        text_lines = message.content.split("\n") or [""]
-        if message.attachments:
-            text_lines[-1] += f" [{message.attachments} attachment{'s' if message.attachments > 1 else ''}]"
-        lines.append(f"{when}  {author}: {printable(text_lines[0], MAX_LINE_CHARS)}")
-        lines.extend(f"{INDENT}{printable(line, MAX_LINE_CHARS)}" for line in text_lines[1:])
-        if message.woke and message.outcome != "sent":
-            words = OUTCOME_WORDS.get(message.outcome, message.outcome or "").format(imp=imp)
-            error = f": {printable(message.error, MAX_LINE_CHARS)}" if message.error else ""
-            lines.append(f"{INDENT}↳ {words}{error}")
-    return lines
 
 
 def _message_json(message: ShownMessage) -> dict[str, object]:

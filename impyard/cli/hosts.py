@@ -1,6 +1,6 @@
 """``impyard hosts``: the hosts serving from this database, and who holds each shard, terminal channel and task run.
 
-Read from the ``leases`` table (impyard.leases), so it sees every host that shares the database — two homes on
+Read from the ``leases`` table (impyard.storage.leases), so it sees every host that shares the database — two homes on
 one machine, or several machines on one PostgreSQL — not only this home: each ``impyard serve`` and
 ``impyard chat`` keeps a ``host:<hostname>/<pid>`` record there (home, command, shard, warm boxes, start),
 renewed while it runs, beside the shard and channel leases it holds (issue 21, "Seeing the cluster").
@@ -15,14 +15,13 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from impyard import liveness
-from impyard.cli.errors import CliError
+from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock, iso
-from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
-from impyard.leases import HOST_PREFIX, LeaseInfo, LeaseStore
-from impyard.liveness import Holder
+from impyard.storage import liveness
+from impyard.storage.leases import HOST_PREFIX, LeaseInfo, LeaseStore
+from impyard.storage.liveness import Holder
 
 HOST_COLUMNS = (
     Col("host", no_wrap=True), Col("pid", no_wrap=True), "command", "shard", "warm boxes", "holds", "home",
@@ -167,15 +166,9 @@ def hosts_command(out: Output) -> None:
       impyard hosts
       IMPYARD_DATABASE_URL=postgresql://imp@db/yard impyard hosts --json
     """
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    try:
-        now = SystemClock().now()
+    now = SystemClock().now()
+    with database() as db:
         found = cluster(LeaseStore(db).list(), now)
-    finally:
-        db.close()
     if out.as_json:
         out.json(found)
         return

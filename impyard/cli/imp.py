@@ -13,29 +13,23 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from box.model_profiles import model_notes
+from box.common.model_profiles import model_notes
 from box.protocol.models import ModelRequestParams
+from impyard.cli.doctor_rules import model_uses
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.doctor import model_uses
-from impyard.imp_config import (
-    MAX_PERSONA_CHARS,
-    ImpConfig,
-    ImpConfigError,
-    ImpError,
-    new_imp_settings,
-    toml_value,
-    validate_config,
-)
-from impyard.imp_edit import UNSET, apply_settings, parse_assignment
-from impyard.imps import ImpStore, PersonaStatus, TokenStatus
-from impyard.judge import judge, model_request_facts
+from impyard.conversation.responder_history import ResponderHistory
+from impyard.gateway.judge import judge, model_request_facts
+from impyard.gateway.policy import PolicyError, load_policy, operator_policy_dir
+from impyard.gateway.prices import PriceMissing, estimate_micros
+from impyard.imps.config import MAX_PERSONA_CHARS, ImpConfig, ImpConfigError, ImpError, new_imp_settings
+from impyard.imps.edit import UNSET, apply_settings, parse_assignment
+from impyard.imps.render import toml_value
+from impyard.imps.store import ImpStore, PersonaStatus, TokenStatus
+from impyard.imps.validate import validate_config
 from impyard.memory.store import MemoryStore
-from impyard.policy import PolicyError, load_policy, operator_policy_dir
-from impyard.prices import PriceMissing, estimate_micros
-from impyard.responder_history import ResponderHistory
+from impyard.storage.db import open_database
 
 PERSONA_PREVIEW_LINES = 5
 SECTIONS = ("model", "memory", "discord", "box", "sessions")

@@ -23,9 +23,15 @@ import anyio
 import click
 from rich.markup import escape
 
-from box.memory import laws
-from box.memory.calls import CallRecord, MemoryModel
-from box.memory.embedder import GatewayEmbedder, clip_for_embedding, hashing_vector
+from box.common import laws
+from box.common.busy import ask_while_busy
+from box.common.embedding import (
+    EMBEDDINGS_PATH,
+    clip_for_embedding,
+    embedding_body,
+    hashing_vector,
+    vector_of,
+)
 from box.protocol.memory import (
     MAX_CONCLUSION_CHARS,
     MAX_K,
@@ -36,20 +42,24 @@ from box.protocol.memory import (
 )
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends.base import BoxSpec
-from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import Database, DatabaseError, open_database
+from impyard.conversation.history import History
 from impyard.durations import DurationError, format_duration, parse_duration
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imp_config import ImpConfig, ImpError
-from impyard.imps import ImpStore
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
+from impyard.gateway.policy import PolicyError, load_policy
+from impyard.gateway.surfaces import NoSurface
+from impyard.host import build_gateway
+from impyard.imps.config import ImpConfig, ImpError
+from impyard.imps.store import ImpStore
+from impyard.memory.errors import MemoryInvalid
+from impyard.memory.forgetting import mentions_are_forgettable
 from impyard.memory.scopes import SCOPE_FORMS, TERMINAL, ScopeNameError, parse_scope
-from impyard.memory.store import MemoryInvalid, MemoryStats, MemoryStore, mentions_are_forgettable
-from impyard.policy import PolicyError, load_policy
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.memory.stats import MemoryStats
+from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, DatabaseError, open_database
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's embedding calls are audited on
 EMBED_DEADLINE_S = 30.0  # a busy model API is retried (mechanism 121) for at most this long
@@ -164,19 +174,9 @@ def memory_store() -> Iterator[tuple[MemoryStore, Database]]:
 # ------------------------------------------------------------------ the query's vector, made as the imp's boxes make it
 
 
-class _NoSurface:
-    """The operator's embedding call posts nothing; the gateway never reaches a surface for a model call."""
-
-    async def send(
-        self, channel_id: str, content: str, reply_to: str | None, files: Sequence[OutgoingFile], kind: str,
-        *, imp: str = "",
-    ) -> list[str]:  # fmt: skip
-        raise SurfaceError("impyard memory posts nothing")
-
-
 @dataclass
 class _ThroughGateway:
-    """``ModelCaller`` for the host itself: a ``model.request`` served by a gateway, as a box's would be."""
+    """``box.common.busy.ModelCaller`` for the host itself: a ``model.request`` served by a gateway, as a box's would be."""
 
     gateway: Gateway
     spec: BoxSpec
@@ -206,8 +206,8 @@ def embed(config: ImpConfig, db: Database, text: str) -> list[float]:
 
 async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, policy: Any) -> list[float]:
     clock = SystemClock()
-    gateway = Gateway(
-        policy=policy, db=db, surface=_NoSurface(), clock=clock, owners={config.name: config.owners},
+    gateway = build_gateway(
+        policy=policy, db=db, surface=NoSurface("impyard memory posts nothing"), clock=clock, owners={config.name: config.owners},
         surfaces=(), settle_abandoned=False,  # a running host's calls in flight are not this command's to settle
     )  # fmt: skip
     spec = BoxSpec(
@@ -216,31 +216,32 @@ async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, pol
         ImpStore().path(config.name) / "state",
         run_id=f"cli-{uuid.uuid4().hex}",
     )
-    problems: list[str] = []
     started = anyio.current_time()
 
     def left() -> float:
         return EMBED_DEADLINE_S - (anyio.current_time() - started)
 
-    def note(record: CallRecord) -> None:
-        if record.error:
-            problems.append(record.error)
-
-    model = MemoryModel(
-        _ThroughGateway(gateway, spec),
-        config.imp_spec().memory,
-        config.model.model,
-        deadline=left,
-        recorders=(note,),
-        server=config.model.server,
-    )
-    embedder = GatewayEmbedder(model, config.memory.embedding_model, config.memory.dimensions)
+    # The box's own embedding call, made by the host (mechanisms 30, 63, 121): the same clip, body, busy
+    # backoff and answer check as a box's GatewayEmbedder, so the vector compares with the imp's own.
+    clipped = clip_for_embedding(text)
+    vector: list[float] | None = None
+    why: str | None = "the text has no words"  # blank text is not sent: the API refuses empty input
     try:
-        vector = await embedder.embed(text)
+        if clipped.strip():
+            dimensions = config.memory.dimensions
+            body = embedding_body(config.memory.embedding_model, clipped, dimensions)
+            asked = await ask_while_busy(
+                _ThroughGateway(gateway, spec),
+                EMBEDDINGS_PATH,
+                body,
+                "embedding",
+                sleep=anyio.sleep,
+                deadline=left,
+            )
+            vector, why = vector_of(asked, dimensions)
     finally:
         await gateway.aclose()
     if vector is None:
-        why = problems[-1] if problems else "the text has no words"
         raise CliError(f"the text could not be embedded ({why}); nothing was changed")
     return vector
 

@@ -20,18 +20,19 @@ import anyio
 import click
 
 from impyard.backends import BoxError
-from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
 from impyard.cli.memory import imp_config, memory_group
 from impyard.cli.output import Output, output_options
 from impyard.clock import Clock, iso
-from impyard.db import DatabaseError
-from impyard.imps import ImpError
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.policy import PolicyError
+from impyard.gateway.surfaces import TerminalSurface
+from impyard.imps.store import ImpError
+from impyard.memory.act import memory_service_of
 from impyard.memory.wakefulness import SLEEP_KIND, forget_scopes, queue_night
-from impyard.policy import PolicyError
+from impyard.storage.db import DatabaseError
 from impyard.supervisor import Supervisor, SupervisorSettings, open_supervisor
 from impyard.supervisor.backends import BackendFor
-from impyard.surfaces import TerminalSurface
 from impyard.tasks import Task
 
 NO_KEY = (
@@ -101,7 +102,7 @@ async def run_night(
             lambda: queue_night(supervisor.db, supervisor.tasks, imp, now, consolidate=consolidate)
         )
         host_forgot = (0, 0)
-        service = supervisor.gateway.memory
+        service = memory_service_of(supervisor.gateway)
         if beyond and service is not None:
             host_forgot = await supervisor.db.run(forget_scopes, service.store.forget_scope, imp, beyond)
         if queued:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +19,20 @@ from sqlalchemy.engine import Connection
 
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelPath, ModelRequestParams
 from impyard.backends.base import BoxSpec
-from impyard.broker import encode_body
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of
 from impyard.clock import SystemClock
-from impyard.db import DB_FILENAME, Database, default_path, open_database
-from impyard.gateway import Decision, Gateway
-from impyard.imp_config import ImpError
-from impyard.imps import ImpStore
-from impyard.policy import Policy, PolicyError, load_policy, operator_policy_dir
-from impyard.prices import SENT_CAP_KEY
-from impyard.surfaces import OutgoingFile, SurfaceError
-from impyard.trust import ChannelInfo, DbChannelTrust
+from impyard.gateway.broker import encode_body
+from impyard.gateway.core import Decision
+from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
+from impyard.gateway.prices import SENT_CAP_KEY
+from impyard.gateway.surfaces import NoSurface
+from impyard.gateway.trust import ChannelInfo, DbChannelTrust
+from impyard.host import build_gateway
+from impyard.imps.config import ImpError
+from impyard.imps.store import ImpStore
+from impyard.storage.db import Database, default_path, open_database
+from impyard.storage.urls import DB_FILENAME
 
 METHODS = ("model.request", "discord.send", "http.fetch")
 MODEL_PATHS: tuple[str, ...] = typing.get_args(ModelPath)
@@ -328,22 +330,6 @@ class _SessionTrust:
         return channel_id in self.also_trusted or self.stored.is_trusted(channel_id, conn=conn)
 
 
-class _NoSurface:
-    """A dry run posts nothing; the gateway never gets this far."""
-
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[OutgoingFile],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
-        raise SurfaceError("policy check posts nothing")
-
-
 @contextmanager
 def home_database() -> Iterator[Database]:
     """The home's database, only read here (budgets spent, channel trust, earned trust); an empty scratch
@@ -373,8 +359,8 @@ async def dry_run(
     clock = SystemClock()
     with home_database() as db:
         trusted = frozenset({spec.channel_id} if session_trusted else ())
-        gateway = Gateway(
-            policy=policy, db=db, surface=_NoSurface(), clock=clock,
+        gateway = build_gateway(
+            policy=policy, db=db, surface=NoSurface("policy check posts nothing"), clock=clock,
             channels=_SessionTrust(DbChannelTrust(db, clock), trusted),
             staff_channels={spec.imp: staff_channels(spec.imp)}, settle_abandoned=False,
         )  # fmt: skip

@@ -7,37 +7,22 @@ from contextlib import contextmanager
 
 import click
 
-from impyard.cli.errors import CliError
+from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
+from impyard.cli.task import task_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
-from impyard.imps import ImpError, ImpStore
-from impyard.schedules import (
-    MISSED_POLICIES,
-    Schedule,
-    ScheduleError,
-    ScheduleRequest,
-    ScheduleStore,
-    describe_next,
-)
+from impyard.imps.store import ImpError, ImpStore
 from impyard.tasks import TaskError, TaskStore
+from impyard.tasks.schedules import Schedule, ScheduleRequest, ScheduleStore, describe_next
+from impyard.tasks.triggers import MISSED_POLICIES, ScheduleError
 
 
 @contextmanager
 def schedule_store() -> Iterator[ScheduleStore]:
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    clock = SystemClock()
-    imps = ImpStore()
-    try:
+    with database(ScheduleError, TaskError, ImpError) as db:
+        clock, imps = SystemClock(), ImpStore()
         yield ScheduleStore(db, clock, TaskStore(db, clock, imps), imps)
-    except (ScheduleError, TaskError, ImpError) as exc:
-        raise CliError(str(exc).splitlines()[0]) from exc
-    finally:
-        db.close()
 
 
 def _echo(schedule: Schedule, out: Output, verb: str) -> None:
@@ -93,26 +78,7 @@ def schedule_group() -> None:
     is_flag=True,
     help="Also fire right away (otherwise the first run is the next fire time).",
 )
-@click.option(
-    "--channel",
-    "channel_id",
-    default=None,
-    help=(
-        "Where its tasks post (default: the imp's task log, task:IMP); "
-        "a Discord channel needs `impyard serve --supervise`."
-    ),
-)
-@click.option("--ceiling", default=None, help="Longest each task's box may run, 10s to 6h (default 10m).")
-@click.option(
-    "--kind",
-    default="prompt",
-    show_default=True,
-    help="Task kind (an open set; the box decides what it means).",
-)
-@click.option(
-    "--wake-on-resolve", is_flag=True, help="When a gated post of a run is decided, queue a follow-up task."
-)
-@click.option("--briefing", is_flag=True, help="Give each run the imp's journal of its recent task outcomes.")
+@task_options(posts="Where its tasks post", box="each task's box", gated="a run", given="each run")
 @output_options
 def add_command(
     imp: str, prompt: str | None, every: str | None, cron: str | None, tz: str | None, missed: str, run_now: bool,

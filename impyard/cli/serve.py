@@ -8,14 +8,14 @@ import anyio
 import click
 
 from impyard.backends import BoxError
-from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
-from impyard.db import DatabaseError
 from impyard.discord.shards import SHARD_FORMAT, Shard, ShardError
-from impyard.imps import ImpError
-from impyard.instance import AlreadyRunning
-from impyard.leases import LeaseHeld, LeaseLost
-from impyard.policy import PolicyError
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.policy import PolicyError
+from impyard.imps.store import ImpError
+from impyard.storage.db import DatabaseError
+from impyard.storage.instance import AlreadyRunning
+from impyard.storage.leases import LeaseHeld, LeaseLost
 
 NO_KEY = (
     "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "

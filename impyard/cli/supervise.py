@@ -11,12 +11,12 @@ from anyio.abc import TaskStatus
 
 from impyard.backends import BoxError
 from impyard.backends.stateroot import state_root
-from impyard.broker import UpstreamConfig
 from impyard.cli.errors import CliError
-from impyard.db import DatabaseError
-from impyard.imps import ImpError
-from impyard.instance import AlreadyRunning
-from impyard.policy import PolicyError
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.policy import PolicyError
+from impyard.imps.store import ImpError
+from impyard.storage.db import DatabaseError
+from impyard.storage.instance import AlreadyRunning
 from impyard.supervisor import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
@@ -35,7 +35,7 @@ NO_KEY = (
 TRANSITION_LOGGERS = (
     "impyard.supervisor",
     "impyard.tasks",
-    "impyard.schedules",
+    "impyard.tasks.schedules",
     "impyard.memory.wakefulness",
 )
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
 import click
 
-from impyard.cli.errors import CliError
-from impyard.cli.output import Col, Output, output_options
+from impyard.cli.database import database
+from impyard.cli.output import Col, Command, Output, output_options
 from impyard.clock import SystemClock
-from impyard.db import DatabaseError, open_database
 from impyard.durations import format_duration
-from impyard.imps import ImpError, ImpStore
+from impyard.imps.store import ImpError, ImpStore
 from impyard.supervisor.settings import task_state_retention_from_env
 from impyard.tasks import TASK_STATES, Task, TaskError, TaskRequest, TaskStore
 
@@ -21,16 +20,8 @@ from impyard.tasks import TASK_STATES, Task, TaskError, TaskRequest, TaskStore
 @contextmanager
 def task_store() -> Iterator[TaskStore]:
     """The task store of this IMPYARD_HOME; refusals become one-line CLI errors."""
-    try:
-        db = open_database()
-    except DatabaseError as exc:
-        raise CliError(str(exc)) from exc
-    try:
+    with database(TaskError, ImpError) as db:
         yield TaskStore(db, SystemClock(), ImpStore())
-    except (TaskError, ImpError) as exc:
-        raise CliError(str(exc).splitlines()[0]) from exc
-    finally:
-        db.close()
 
 
 def _ago(when: datetime, now: datetime) -> str:
@@ -86,31 +77,36 @@ def task_group() -> None:
     """
 
 
+def task_options(*, posts: str, box: str, gated: str, given: str) -> Callable[[Command], Command]:
+    """The options of what a task is asked to do (``ValidTask``), shared by ``task add`` and ``schedule add``;
+    the words name what each command's options apply to (``posts``: "Where the task posts", ...)."""
+    options = (
+        click.option(
+            "--channel", "channel_id", default=None,
+            help=f"{posts} (default: the imp's task log, task:IMP); a Discord channel needs `impyard serve --supervise`.",
+        ),
+        click.option("--ceiling", default=None, help=f"Longest {box} may run, 10s to 6h (default 10m)."),
+        click.option(
+            "--kind", default="prompt", show_default=True, help="Task kind (an open set; the box decides what it means)."
+        ),
+        click.option(
+            "--wake-on-resolve", is_flag=True, help=f"When a gated post of {gated} is decided, queue a follow-up task."
+        ),
+        click.option("--briefing", is_flag=True, help=f"Give {given} the imp's journal of its recent task outcomes."),
+    )  # fmt: skip
+
+    def apply(command: Command) -> Command:
+        for option in reversed(options):  # the first option outermost: first in --help
+            command = option(command)
+        return command
+
+    return apply
+
+
 @task_group.command("add")
 @click.argument("imp")
 @click.argument("prompt", required=False)
-@click.option(
-    "--channel",
-    "channel_id",
-    default=None,
-    help=(
-        "Where the task posts (default: the imp's task log, task:IMP); "
-        "a Discord channel needs `impyard serve --supervise`."
-    ),
-)
-@click.option("--ceiling", default=None, help="Longest the box may run, 10s to 6h (default 10m).")
-@click.option(
-    "--kind",
-    default="prompt",
-    show_default=True,
-    help="Task kind (an open set; the box decides what it means).",
-)
-@click.option(
-    "--wake-on-resolve",
-    is_flag=True,
-    help="When a gated post of this task is decided, queue a follow-up task.",
-)
-@click.option("--briefing", is_flag=True, help="Give the box the imp's journal of its recent task outcomes.")
+@task_options(posts="Where the task posts", box="the box", gated="this task", given="the box")
 @output_options
 def add_command(
     imp: str, prompt: str | None, channel_id: str | None, ceiling: str | None, kind: str, wake_on_resolve: bool,

@@ -28,12 +28,12 @@ import discord
 from impyard.discord.buttons import Faces, action_button, custom_id_template, persistent_view
 from impyard.discord.inbound import channel_facts
 from impyard.discord.surface import is_discord_channel
-from impyard.gates import FINAL_STATES, Gate, GateError, deciding_guild
-from impyard.imps import ImpConfig
+from impyard.gateway.gates import FINAL_STATES, Gate, GateError, deciding_guild
+from impyard.imps.store import ImpConfig
 
 if TYPE_CHECKING:
     from impyard.discord.client import ImpClient
-    from impyard.gateway import Gateway
+    from impyard.gateway.core import Gateway
 
 log = logging.getLogger("impyard.discord.cards")
 
@@ -174,7 +174,7 @@ class ApprovalCards:
         if guild_id is None:
             return gate
         log.info("gate %s: <#%s> is in guild %s; its admins may decide", gate.id, gate.target, guild_id)
-        return await self.gateway.gates.aio.learn_target_guild(gate.id, guild_id)
+        return await self.gateway.gates.db.run(self.gateway.gates.learn_target_guild, gate.id, guild_id)
 
     async def post(self, gate: Gate) -> Card | None:
         config = self.configs.get(gate.imp)
@@ -207,7 +207,7 @@ class ApprovalCards:
             log.info("card click on %s by %s refused: %s", gate_id, approver.id, exc)
             await interaction.followup.send(f"Nothing was changed: {exc}", ephemeral=True)
             if exc.kind in ("not_pending", "expired"):
-                await self.refresh(await self.gateway.gates.aio.get(gate_id))
+                await self.refresh(await self.gateway.gates.db.run(self.gateway.gates.get, gate_id))
             return
         log.info("gate %s %s from its card by %s", gate.id, gate.state, approver.id)
         self.cards.pop(gate.id, None)
@@ -241,7 +241,7 @@ class ApprovalCards:
             return
         for gate_id in list(self.cards):
             try:
-                gate = await self.gateway.gates.aio.get(gate_id)
+                gate = await self.gateway.gates.db.run(self.gateway.gates.get, gate_id)
             except GateError:
                 self.cards.pop(gate_id, None)
                 continue

@@ -27,7 +27,7 @@ from discord import app_commands
 from impyard.discord.inbound import forget_deleted
 from impyard.discord.shards import Shard
 from impyard.errors import ImpyardError
-from impyard.imps import ImpConfig
+from impyard.imps.store import ImpConfig
 
 if TYPE_CHECKING:
     from impyard.discord.approval_cards import ApprovalCards

@@ -27,18 +27,19 @@ from typing import TYPE_CHECKING, Any
 import discord
 from discord import app_commands
 
-from impyard.channels import ChannelModeError, ChannelStore, parse_mode
+from impyard.channels.store import ChannelModeError, ChannelStore, parse_mode
+from impyard.conversation.history import History
 from impyard.discord.buttons import Faces, action_button, custom_id_template, persistent_view
-from impyard.gates import Approver, Gate, GateError, GateStore, may_decide
-from impyard.history import History
-from impyard.imps import ImpConfig
-from impyard.memory.store import Forgotten, MemoryStore
-from impyard.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
+from impyard.gateway.gates import Approver, Gate, GateError, GateStore, may_decide
+from impyard.gateway.trust import ALWAYS_TRUSTED_KINDS, ChannelInfo
+from impyard.imps.store import ImpConfig
+from impyard.memory.forgetting import Forgotten
+from impyard.memory.store import MemoryStore
 
 if TYPE_CHECKING:
     from impyard.discord.approval_cards import ApprovalCards
     from impyard.discord.client import ImpClient
-    from impyard.gateway import Gateway
+    from impyard.gateway.core import Gateway
 
 log = logging.getLogger("impyard.discord.commands")
 
@@ -66,7 +67,7 @@ class CommandHost:
 
     @property
     def gates(self) -> GateStore:
-        """The gate store the gateway was handed (awaited through ``aio``, never through its database)."""
+        """The gate store the gateway was handed (awaited through its own ``db.run``)."""
         return self.gateway.gates
 
 
@@ -181,7 +182,7 @@ async def _this_channel(interaction: discord.Interaction[ImpClient]) -> ChannelI
     channel = interaction.channel
     name = (getattr(channel, "name", "") or "")[:256]
     kind = "dm" if interaction.guild_id is None else "guild"
-    return await host.channels.aio.seen(
+    return await host.channels.db.run(host.channels.seen,
         str(interaction.channel_id), surface="discord", kind=kind, name=name,
         guild_id=str(interaction.guild_id) if interaction.guild_id else None,
     )  # fmt: skip
@@ -212,7 +213,7 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
             await _answer(interaction, f"Nothing was changed: {exc}.")
             return
         await _this_channel(interaction)
-        info = await host.channels.aio.set_mode(str(interaction.channel_id), checked)
+        info = await host.channels.db.run(host.channels.set_mode, str(interaction.channel_id), checked)
         log.info("channel %s mode set to %s by %s", info.channel_id, checked, interaction.user.id)
         await _answer(interaction, "Done. " + channel_text(info))
 
@@ -243,7 +244,7 @@ def build_tree(client: ImpClient) -> ImpCommandTree:
             return
         client, host = _context(interaction)
         await host.gateway.expire_due()
-        pending = await host.gates.aio.latest(("pending",))
+        pending = await host.gates.db.run(host.gates.latest, ("pending",))
         approver, owners = approver_of(interaction), host.gateway.owners.get(client.imp, frozenset())
         # Only the gates this user may decide here: the approver policy itself, never a looser filter (issue 11 #5).
         mine = [g for g in pending if g.imp == client.imp and may_decide(approver, g, owners)[0]]
@@ -297,7 +298,7 @@ async def _set_trust(interaction: discord.Interaction[ImpClient], trusted: bool)
         return
     _, host = _context(interaction)
     await _this_channel(interaction)
-    info = await host.channels.aio.set_trusted(str(interaction.channel_id), trusted)
+    info = await host.channels.db.run(host.channels.set_trusted, str(interaction.channel_id), trusted)
     log.info("channel %s trusted=%s by %s", info.channel_id, trusted, interaction.user.id)
     await _answer(interaction, "Done. " + channel_text(info))
 
@@ -319,7 +320,7 @@ async def decide_gate(
     client, host = _context(interaction)
     gate_id = gate_id.strip()[:64]
     try:
-        gate = await host.gates.aio.get(gate_id)
+        gate = await host.gates.db.run(host.gates.get, gate_id)
         if gate.imp != client.imp:
             return (
                 None,
@@ -407,8 +408,8 @@ def names_of(user: discord.abc.User) -> list[str]:
 
 async def forget_person(host: CommandHost, imp: str, person_id: str, names: list[str]) -> Forgotten:
     """Everything by ``person_id`` or about any of ``names`` or the names the history knows them by."""
-    known = await host.history.aio.author_names(person_id)
-    return await host.memory.aio.forget_person(imp, [person_id], [*names, *known])
+    known = await host.history.db.run(host.history.author_names, person_id)
+    return await host.memory.db.run(host.memory.forget_person, imp, [person_id], [*names, *known])
 
 
 class ForgetMeButton(discord.ui.DynamicItem[discord.ui.Button[Any]], template=FORGET_ME_ID):

@@ -26,8 +26,8 @@ import anyio
 import discord
 
 from box.protocol.models import Attachment, Author, Message, ReplyRef
-from impyard.channels import PRIVATE, PUBLIC
-from impyard.conversation import Inbound, clean_content
+from impyard.channels.store import PRIVATE, PUBLIC
+from impyard.conversation.pipeline import Inbound, clean_content
 
 if TYPE_CHECKING:
     from impyard.discord.commands import CommandHost
@@ -282,8 +282,10 @@ async def forget_deleted(host: CommandHost, channel_id: int, message_ids: Sequen
     counts = {"history": 0, "records": 0, "episodes": 0}
     try:
         for message_id in message_ids:
-            counts["history"] += await host.history.aio.forget(str(channel_id), str(message_id))
-            forgotten = await host.memory.aio.forget_message(str(channel_id), str(message_id))
+            counts["history"] += await host.history.db.run(
+                host.history.forget, str(channel_id), str(message_id)
+            )
+            forgotten = await host.memory.db.run(host.memory.forget_message, str(channel_id), str(message_id))
             counts["records"] += forgotten.get("records", 0)
             counts["episodes"] += forgotten.get("episodes", 0)
     except Exception:  # noqa: BLE001 - an event handler: log, and keep the bot running

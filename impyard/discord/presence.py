@@ -24,8 +24,8 @@ import anyio
 import discord
 
 from box.protocol.models import DeliverResult
-from impyard.channels import PRIVATE, ChannelStore
-from impyard.sessions import SessionKey
+from impyard.channels.store import PRIVATE, ChannelStore
+from impyard.conversation.sessions import SessionKey
 
 log = logging.getLogger("impyard.discord.presence")
 
@@ -82,7 +82,7 @@ class PresenceService:
         """``Conversations.after_turn``: note what the imp is doing now; the worker shows it. Never blocks."""
         if key.imp not in self.enabled or result.outcome != "sent":
             return  # only a delivered reply is something the imp did (a silent, pending or failed turn is not)
-        info = await self.channels.aio.info(key.channel_id)
+        info = await self.channels.db.run(self.channels.info, key.channel_id)
         text = status_text(info.kind, info.name, info.audience) if info else None
         if text is None:
             return

@@ -1,7 +1,7 @@
 """``impyard serve``: every configured imp's Discord bot, the session manager and the gateway in one process.
 
 Start, in order, so that nothing runs when something is wrong: the instance lock (one host per
-``IMPYARD_HOME``), the leases (``impyard.leases``: the shard's, one holder at a time across hosts, and the
+``IMPYARD_HOME``), the leases (``impyard.storage.leases``: the shard's, one holder at a time across hosts, and the
 host's own record for ``impyard hosts``; a lost lease stops the host, exit 1), the imps and their tokens
 (read on the host; a missing or rejected token stops here with the fix), login (REST only), the runtime (policy, database, gateway, sessions, the gate
 pump), then each bot's gateway connection. Inbound messages queue per imp and are routed in arrival
@@ -36,9 +36,9 @@ import discord
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from box.protocol.models import MailboxEventParams
-from impyard.audit import REDACTED
 from impyard.backends import BoxBackend
 from impyard.clock import Clock
+from impyard.conversation.sessions import SessionKey
 from impyard.discord.approval_cards import ApprovalCards
 from impyard.discord.client import DiscordSettings, DiscordSetupError, ImpClient
 from impyard.discord.commands import CommandHost
@@ -47,14 +47,14 @@ from impyard.discord.presence import PresenceService
 from impyard.discord.shards import Shard
 from impyard.discord.surface import DiscordSurface
 from impyard.failure_words import failure_line
-from impyard.imps import ImpConfig, ImpStore
-from impyard.instance import InstanceLock
-from impyard.leases import HostCard, hold_host
+from impyard.gateway.audit import REDACTED
+from impyard.gateway.surfaces import SURFACE_DISCORD, SURFACE_LOG
+from impyard.imps.store import ImpConfig, ImpStore
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
-from impyard.sessions import SessionKey
+from impyard.storage.instance import InstanceLock
+from impyard.storage.leases import HostCard, hold_host
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
-from impyard.surfaces import SURFACE_DISCORD, SURFACE_LOG
 
 log = logging.getLogger("impyard.serve")
 
@@ -288,12 +288,14 @@ class DiscordHost:
         they get a row when their first message comes."""
         channels = self.runtime.channels
         wanted = {seen.channel_id for seen in event.channels}
-        known_now = {info.channel_id: info for info in await channels.aio.all() if info.channel_id in wanted}
+        known_now = {
+            info.channel_id: info for info in await channels.db.run(channels.all) if info.channel_id in wanted
+        }
         for seen in event.channels:
             known = known_now.get(seen.channel_id)
             if known is None or known.kind != "guild" or known.audience == seen.audience:
                 continue
-            await channels.aio.seen(
+            await channels.db.run(channels.seen,
                 seen.channel_id, surface=SURFACE_DISCORD, kind="guild", name=seen.name, guild_id=seen.guild_id,
                 audience=seen.audience,
             )  # fmt: skip

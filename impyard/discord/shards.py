@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from impyard.channels import ChannelInfo
+from impyard.channels.store import ChannelInfo
 from impyard.errors import ImpyardError
 
 SHARD_FORMAT = "I/N, the shard I (from 0) of N shards, e.g. 0/2"

@@ -25,7 +25,7 @@ import anyio
 import discord
 
 from impyard.discord.chunks import chunk_message
-from impyard.surfaces import OutgoingFile, SurfaceError
+from impyard.gateway.surfaces import OutgoingFile, Post, SurfaceError
 
 log = logging.getLogger("impyard.discord.surface")
 post_log = logging.getLogger("impyard.posts")
@@ -81,16 +81,10 @@ class DiscordSurface:
 
     # ------------------------------------------------------------ posting
 
-    async def send(
-        self,
-        channel_id: str,
-        content: str,
-        reply_to: str | None,
-        files: Sequence[OutgoingFile],
-        kind: str,
-        *,
-        imp: str = "",
-    ) -> list[str]:
+    async def send(self, post: Post) -> list[str]:
+        channel_id, content, reply_to, files, kind, imp = (
+            post.channel_id, post.content, post.reply_to, post.files, post.kind, post.imp
+        )  # fmt: skip
         if not is_discord_channel(channel_id):
             return self._to_log(channel_id, content, files, kind, imp)
         channel = self._messageable(imp, channel_id)

@@ -23,24 +23,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
+from impyard.memory import generations
 from impyard.memory.scopes import channel_scope, guild_scope
-from impyard.portable import per_dialect, upsert
-from impyard.tables import (
+from impyard.storage.tables import (
     memory_conversations,
     memory_episodes,
-    memory_generations,
     memory_records,
     memory_slots,
 )
 
 log = logging.getLogger("impyard.memory.audience")
 
-_R, _E, _C, _S, _G = memory_records, memory_episodes, memory_conversations, memory_slots, memory_generations
+_R, _E, _C, _S = memory_records, memory_episodes, memory_conversations, memory_slots
 _CHUNK = 500
 
 _FORMED_IN = (
@@ -77,17 +75,6 @@ _MOVE_CONVERSATIONS = (
 )
 
 
-@per_dialect
-def _DELETED(dialect: str) -> Any:  # noqa: N802 - a statement
-    """A scope's generation moved on as a deletion (``MemoryStore._bump(deleted=True)``): caches reload it whole."""
-    statement = upsert(dialect)(_G).values(
-        imp=bindparam("imp"), scope=bindparam("scope"), version=1, deletes=1
-    )
-    return statement.on_conflict_do_update(
-        index_elements=[_G.c.imp, _G.c.scope], set_={"version": _G.c.version + 1, "deletes": _G.c.deletes + 1}
-    )
-
-
 def sources(channel_id: str, guild_id: str | None) -> list[str]:
     """The scopes a guild channel wrote before its audience was known."""
     found = [guild_scope(guild_id)] if guild_id else []
@@ -114,7 +101,7 @@ def move_to_own_scope(conn: Connection, channel_id: str, guild_id: str | None) -
         touched |= {(str(imp), str(scope)), (str(imp), dest)}
     # The generation rows first, in the store's one order (imp, then scope): its writers lock them first too.
     for imp, scope in sorted(touched):
-        conn.execute(_DELETED(conn.dialect.name), {"imp": imp, "scope": scope})
+        generations.bump(conn, imp, scope, deleted=True)  # a deletion: caches load both scopes again whole
     counts = {"records": 0, "episodes": 0, "conversations": 0}
     for (imp, source), ids in sorted(by_scope.items()):
         for chunk in _chunks(sorted(set(ids))):

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from box.memory.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns, name_discriminates
+from box.common.laws import DAY_S, DEFAULTS, Params, mention_names, mention_patterns, name_discriminates
 from impyard.memory.vectors import Floats, normalised, top_k, unpack_many
 
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
@@ -63,24 +63,24 @@ def felt_now(
     now_s: float,
     params: Params = DEFAULTS,
 ) -> npt.NDArray[np.float64]:
-    """``box.memory.laws.felt_strength`` over arrays (mechanisms 67-68); the tests hold the two equal."""
+    """``box.common.laws.felt_strength`` over arrays (mechanisms 67-68); the tests hold the two equal."""
     tau = params.fade_tau_days * np.where(valence < 0, params.fade_negative_slowdown, 1.0)
     t_days = np.maximum(0.0, now_s - last_felt_s) / DAY_S
     return intensity * (params.fade_floor + (1.0 - params.fade_floor) * np.exp(-t_days / tau))
 
 
 def recall_weight_now(felt: npt.NDArray[np.float64], params: Params = DEFAULTS) -> npt.NDArray[np.float64]:
-    """``box.memory.laws.recall_weight`` over arrays: what fading multiplies a cosine by (issue 32)."""
+    """``box.common.laws.recall_weight`` over arrays: what fading multiplies a cosine by (issue 32)."""
     w = min(1.0, max(0.0, params.recall_felt_weight))
     return (1.0 - w) + w * felt
 
 
-# ------------------------------------------------------------------ rows as loaded from the store
+# ------------------------------------------------------------------ rows as loaded for the cache (``cache_rows``)
 
 
 @dataclass
 class RecordRows:
-    """Records of one (imp, scope, dims), as the store loads them for the cache."""
+    """Records of one (imp, scope, dims), as ``cache_rows.CacheRows`` loads them for the cache."""
 
     ids: list[str] = field(default_factory=list)
     blobs: list[bytes] = field(default_factory=list)  # float16 vectors of the entry's length (vectors.pack)
@@ -106,7 +106,8 @@ class Generation:
 
 
 class Loader:
-    """What the cache needs from the store: rows of one (imp, scope, dims), all or written after ``since``."""
+    """What the cache needs loaded (``cache_rows.CacheRows`` over the database): a scope's generation, and the rows
+    of one (imp, scope, dims), all or written after ``since``. The cache calls it; it never calls back."""
 
     def generation(self, imp: str, scope: str) -> Generation:
         raise NotImplementedError

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 
-from impyard.db import Database
+from impyard.storage.db import Database
 
 log = logging.getLogger("impyard.memory")
 

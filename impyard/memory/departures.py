@@ -18,7 +18,7 @@ whose last input is at most ``LOOKBACK`` old (turning memory on never makes an i
 conversation it ever had).
 
 **What a departure taught from** (issue 32, ``taught`` and ``known_people``): the host keeps a learned rule only
-when the rule law (``box.memory.laws.rule_refusal``) finds nothing of a scope in it. The law reads, from the
+when the rule law (``box.common.laws.rule_refusal``) finds nothing of a scope in it. The law reads, from the
 host's own tables, never from the box: the people the imp knows — every author of its channels' history (the
 channels that ever woke it) and of its memories — and the departure's conversation itself: its channel's
 history of the last ``LOOKBACK`` (at most ``TAUGHT_MESSAGES`` messages, the imp's own replies included), with
@@ -38,12 +38,12 @@ import anyio
 from sqlalchemy import ColumnElement, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from box.memory.laws import DEFAULTS, explicit_mentions
+from box.common.laws import DEFAULTS, explicit_mentions
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
-from impyard.imps import ImpConfig, ImpStore
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import (
+from impyard.imps.store import ImpConfig, ImpStore
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import (
     history,
     memory_conversations,
     memory_departures,

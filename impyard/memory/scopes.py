@@ -46,14 +46,14 @@ from typing import Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
-from box.memory.laws import DEFAULTS
+from box.common.laws import DEFAULTS
 from box.protocol.memory import PresenceEntry, SessionMemory
-from impyard.channels import PRIVATE
+from impyard.channels.store import PRIVATE
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
 from impyard.errors import ImpyardError
-from impyard.portable import bytewise
-from impyard.tables import channels, history, wakes
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise
+from impyard.storage.tables import channels, history, wakes
 
 TERMINAL = "terminal"
 PRESENCE_LOOKBACK = timedelta(days=1)  # a stretch of talk is traced back at most this far for joined_at

@@ -27,16 +27,17 @@ imp for (``stage`` with the message id), a chat, depart or reflect box has its c
 memories in its own scope. A sleep task's box keeps its one scope.
 
 Audit in aggregate: one row per box turn, ``memory.*`` with the counts by method ("search 3, encode 1")
-and the total latency, returned by ``stage`` / ``turn_ended`` / ``close`` for the gateway to write.
+and the total latency, returned by ``stage`` / ``turn_ended`` / ``close`` for the gateway to write: the service
+writes no row itself.
 
-Wiring (the gateway and the session host):
+Wiring (``impyard.memory.act.MemoryAct``, the gateway's handler of ``memory.*``, registered by the host):
 
     service = memory_service(db, clock.now)                       # once, beside the gateway
     service.open(spec, await resolve(db, spec.imp, spec.channel_id))  # box start -> BoxInitParams.memory
     service.open(spec, None)                                      # a box given no memory (or never opened)
-    if method.startswith("memory."): return await service.serve(spec, method, params)   # Gateway.serve
-    if (row := service.stage(spec, params.stage)): write row     # Gateway.serve, turn.stage
-    if (row := service.close(spec)): write row                   # the box ended
+    return await service.serve(spec, method, params, fence=…)     # MemoryAct.handle
+    row = service.stage(spec, "context", message_id)              # MemoryAct.turn_started: the core writes it
+    row = service.close(spec)                                     # MemoryAct.closed: the core writes it
 """
 
 from __future__ import annotations
@@ -58,15 +59,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from box.protocol import ErrorCode, RpcError
 from box.protocol import memory as mem
 from box.protocol.models import EmptyFromHost
-from impyard.audit import AuditRecord
 from impyard.backends.base import BoxSpec
 from impyard.backends.statedir import parse_size
-from impyard.db import Database, DatabaseError
 from impyard.errors import ImpyardError
+from impyard.gateway.audit import AuditRecord
 from impyard.memory.cache import DEFAULT_CACHE_BYTES, VectorCache
+from impyard.memory.errors import MemoryDenied, MemoryInvalid
+from impyard.memory.scoped import ScopedMemory
 from impyard.memory.scopes import SessionScopes, resolve
-from impyard.memory.store import MemoryDenied, MemoryInvalid, MemoryStore, ScopedMemory
+from impyard.memory.store import MemoryStore
 from impyard.memory.vectors import VectorError
+from impyard.storage.db import Database, DatabaseError
 
 log = logging.getLogger("impyard.memory")
 

@@ -25,7 +25,6 @@ fold, so the first tick after their first activity runs a reflection.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -34,14 +33,14 @@ from typing import Any, Literal
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
-from box.memory.laws import DEFAULTS, Params
+from box.common.laws import DEFAULTS, Params
 from impyard.clock import iso, parse_iso
-from impyard.db import Database
+from impyard.memory.night import scopes_by_newest
 from impyard.memory.sql import execute
-from impyard.memory.store import scopes_by_newest
-from impyard.portable import bytewise, per_dialect, upsert
-from impyard.tables import history, memory_wakefulness, wakes
-from impyard.tables import tasks as task_rows
+from impyard.storage.db import Database
+from impyard.storage.portable import bytewise, per_dialect, upsert
+from impyard.storage.tables import history, memory_wakefulness, wakes
+from impyard.storage.tables import tasks as task_rows
 from impyard.tasks import TaskError, TaskRequest, TaskStore, ValidTask, default_channel, validate_request
 
 log = logging.getLogger("impyard.memory.wakefulness")
@@ -157,11 +156,16 @@ def _SAVE(dialect: str) -> Any:  # noqa: N802 - a statement
     )
 
 
-def load(conn: Connection | sqlite3.Connection, imp: str) -> Wakefulness:
+def load(conn: Connection, imp: str) -> Wakefulness:
     """The imp's state; ``ASLEEP`` when the clock has never seen it."""
+    return seen(conn, imp) or ASLEEP
+
+
+def seen(conn: Connection, imp: str) -> Wakefulness | None:
+    """The imp's state as stored; None when the clock has never seen it (``impyard memory stats`` says so)."""
     rows = execute(conn, _LOAD, {"imp": imp})
     if not rows:
-        return ASLEEP
+        return None
     row = rows[0]
     return Wakefulness(
         awake=bool(row["awake"]),
@@ -178,14 +182,13 @@ def load(conn: Connection | sqlite3.Connection, imp: str) -> Wakefulness:
     )
 
 
-def save(conn: Connection | sqlite3.Connection, imp: str, state: Wakefulness, now: datetime) -> None:
+def save(conn: Connection, imp: str, state: Wakefulness, now: datetime) -> None:
     """Write the imp's state (in the caller's transaction). Flags are 0/1 integers on both engines."""
     values: dict[str, Any] = {name: int(getattr(state, name)) for name in _FLAGS}
     values.update({name: iso(when) if (when := getattr(state, name)) else None for name in _TIMES})
-    dialect = "sqlite" if isinstance(conn, sqlite3.Connection) else conn.dialect.name
     execute(
         conn,
-        _SAVE(dialect),
+        _SAVE(conn.dialect.name),
         {"imp": imp, **values, "last_channel": state.last_channel, "updated_at": iso(now)},
     )
 
@@ -226,7 +229,7 @@ _ACTIVITY = (
 )  # fmt: skip
 
 
-def activities(conn: Connection | sqlite3.Connection, imp: str, after: datetime | None) -> list[Activity]:
+def activities(conn: Connection, imp: str, after: datetime | None) -> list[Activity]:
     """The imp's first and latest activity after ``after`` (all of it when None), oldest first: a message
     that woke it, or a departure it thought over (mechanism 104). Reflections and sleeps are never activity.
     The first one matters when the imp was asleep (it woke then); the latest, for the silence and its channel."""

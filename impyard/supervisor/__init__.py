@@ -7,6 +7,9 @@ of an imp over budget), ``fence`` (the gateway as a task run's box sees it: ever
 lease is lost), ``orphans`` (boxes a dead supervisor left: ``/proc`` and Docker labels), ``pruning``
 (finished tasks' state dirs past the retention: the pure rule ``should_remove`` and the link-safe removal), and
 ``assembly`` (``open_supervisor``: the instance lock, then its own host or ``serve``'s).
+
+May import: everything below it: the foundations, ``storage``, ``backends``, ``imps``, ``channels``,
+``gateway``, ``tasks``, ``memory``, ``conversation`` and the assembly (``impyard.host``).
 """
 
 from impyard.supervisor.assembly import TERMINAL_SURFACE_NOTICE, open_supervisor

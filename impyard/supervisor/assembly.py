@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from impyard.clock import Clock
+from impyard.gateway.surfaces import SURFACE_LOG, Surface, TerminalSurface
 from impyard.host import Host, open_host
-from impyard.instance import SUPERVISE_LOCK_FILENAME, InstanceLock
 from impyard.paths import home
+from impyard.storage.instance import SUPERVISE_LOCK_FILENAME, InstanceLock
 from impyard.supervisor.backends import BackendChooser, BackendFor
 from impyard.supervisor.loop import Supervisor
 from impyard.supervisor.settings import SupervisorSettings
-from impyard.surfaces import SURFACE_LOG, Surface, TerminalSurface
 
 log = logging.getLogger("impyard.supervisor")
 

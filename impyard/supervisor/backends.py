@@ -8,7 +8,7 @@ from impyard.backends import BoxBackend
 from impyard.backends.choose import choose_backend
 from impyard.backends.docker import DockerLimits
 from impyard.backends.stateroot import StateRoot
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 
 BackendFor = Callable[[str], BoxBackend]
 

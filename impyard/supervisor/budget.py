@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from impyard.ledger import ALL_IMPS, BudgetRow, seconds_to_next_day, seconds_to_next_month
+from impyard.gateway.ledger import ALL_IMPS, BudgetRow, seconds_to_next_day, seconds_to_next_month
 
 
 def budget_wait(rows: Sequence[BudgetRow], imp: str, now: datetime) -> tuple[int, str] | None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from box.protocol import ErrorCode, RpcError
-from impyard.audit import AuditRecord
+from box.protocol.memory import SessionMemory
+from box.protocol.models import TurnStageParams
 from impyard.backends import BoxSpec
-from impyard.gateway import LEASE_RULE, Gateway
-from impyard.leases import LeaseGuard
+from impyard.gateway.act import LEASE_RULE
+from impyard.gateway.core import Gateway
+from impyard.storage.leases import LeaseGuard
 
 # What a box asks the host to do in the world (the gateway's own handlers, and the memory store: a memory kept or
 # forgotten is an act as much as a post, issue 32 #5): each is fenced by the run's lease.
@@ -43,22 +44,18 @@ class RunFence:
         if fenced(method):
             stale = self.guard.check()
             if stale is not None:
-                raise await self._refused_for(spec, method, stale)
+                # The gateway audits the refusal and says what the box is answered.
+                raise await self.gateway.refuse(
+                    spec, method, LEASE_RULE, f"this task run holds no lease to act: {stale}"
+                )
         return await self.gateway.serve(spec, method, params)
 
-    async def _refused_for(self, spec: BoxSpec, method: str, stale: str) -> RpcError:
-        """The audit row of an act refused for a lost lease, and what the box is answered."""
-        reason = f"this task run holds no lease to act: {stale}"
-        record = AuditRecord(
-            imp=spec.imp, method=method, verdict="denied", rule=LEASE_RULE, reason=reason, run_id=spec.run_id,
-            channel_id=spec.channel_id,
-        )  # fmt: skip
-        await self.gateway.db.run(self.gateway.audit.write, record)
-        return RpcError(
-            ErrorCode.DENIED,
-            f"denied by policy rule {LEASE_RULE}: {reason}",
-            {"rule": LEASE_RULE, "reason": reason},
-        )
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        """A task's box starts no turn of a message the host handed it: its stage is just heard."""
+        await self.gateway.turn_stage(spec, params)
+
+    def given(self, spec: BoxSpec, memory: SessionMemory | None) -> None:
+        """Nothing: a task's box is opened by the supervisor, with its run's fence (``Supervisor._init_params``)."""
 
     async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
         """A request the protocol refused before any host saw it: the gateway audits it."""

@@ -6,7 +6,7 @@ reason as its outcome (``impyard task ls`` / ``task show``) and runs once the fi
 
 from __future__ import annotations
 
-from impyard.imps import ImpConfigError
+from impyard.imps.store import ImpConfigError
 
 BLOCKED_PREFIX = "blocked"
 MAX_REASON_CHARS = 300

@@ -20,7 +20,7 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
    the same lockdown and the same gateway as a chat session.
 
 A task box runs ``task.run`` inside its ceiling; the host attests the result
-(``impyard.tasks.attest``). Issue 21: each run holds the lease ``task:<task>/<run>`` (``impyard.leases``) from
+(``impyard.tasks.attest``). Issue 21: each run holds the lease ``task:<task>/<run>`` (``impyard.storage.leases``) from
 before its claim to after its end, renewed while its box runs; the run's acts go through the gateway fenced by it
 (``impyard.supervisor.fence``), and a run whose lease is lost has its box stopped and its task ended as a reclaim
 would end it (unless the host that took the lease did so first). At start, and every ``reclaim_every_s`` after,
@@ -62,15 +62,13 @@ from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend
 from impyard.backends.stateroot import state_root
 from impyard.clock import Clock, iso
-from impyard.db import Database
+from impyard.conversation.sessions import describe_error
 from impyard.durations import format_duration
-from impyard.gate_pump import GatePump
-from impyard.gateway import Gateway
-from impyard.imps import ImpConfig, ImpConfigError, ImpError, ImpStore
-from impyard.lease_rules import reclaims
-from impyard.leases import RENEW_ERRORS, Lease, LeaseHeld, LeaseKeeper, LeaseStore, task_lease_name
-from impyard.ledger import seconds_to_next_day
-from impyard.liveness import here
+from impyard.gateway.core import Gateway
+from impyard.gateway.gate_pump import GatePump
+from impyard.gateway.ledger import seconds_to_next_day
+from impyard.imps.store import ImpConfig, ImpConfigError, ImpError, ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.compact import compact
 from impyard.memory.departures import DEPART_KIND, memory_imps, queue_due
 from impyard.memory.scopes import SessionScopes
@@ -78,8 +76,10 @@ from impyard.memory.scopes import resolve as resolve_scopes
 from impyard.memory.service import Fence
 from impyard.memory.wakefulness import REFLECT_KIND, SLEEP_KIND, forget_scopes
 from impyard.memory.wakefulness import step as memory_step
-from impyard.schedules import ScheduleStore
-from impyard.sessions import describe_error
+from impyard.storage.db import Database
+from impyard.storage.lease_rules import reclaims
+from impyard.storage.leases import RENEW_ERRORS, Lease, LeaseHeld, LeaseKeeper, LeaseStore, task_lease_name
+from impyard.storage.liveness import here
 from impyard.supervisor.backends import BackendFor
 from impyard.supervisor.budget import budget_wait
 from impyard.supervisor.fence import RunFence
@@ -102,6 +102,8 @@ from impyard.tasks import (
     reclaim_decision,
     render_briefing,
 )
+from impyard.tasks.schedules import ScheduleStore
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.supervisor")
 
@@ -170,7 +172,7 @@ class Supervisor:
     async def reclaim(self) -> list[Task]:
         """At start: the tasks left ``running`` by a supervisor that stopped (``reclaim_pass``), then this home's
         leftover boxes (the supervisor of every kind). Run leases that ended a day ago are forgotten first."""
-        await self.leases.aio.forget_stale()
+        await self.leases.db.run(self.leases.forget_stale)
         reclaimed = await self.reclaim_pass()
         if self.settings.kinds is None and self.settings.imps is None:
             await self.sweep()
@@ -205,8 +207,8 @@ class Supervisor:
         if task.run_id is not None:
             name = task_lease_name(task.id, task.run_id)
             try:
-                lease = await self.leases.aio.acquire(
-                    name, self._lease_detail(task), self._run_lease_ttl, takes=reclaims
+                lease = await self.leases.db.run(
+                    self.leases.acquire, name, self._lease_detail(task), self._run_lease_ttl, takes=reclaims
                 )
             except LeaseHeld as exc:
                 if task.id not in self._left_alone:
@@ -250,7 +252,7 @@ class Supervisor:
         be released expires by itself."""
         with anyio.CancelScope(shield=True):
             try:
-                await self.leases.aio.release(lease, forget=forget)
+                await self.leases.db.run(self.leases.release, lease, forget=forget)
             except RENEW_ERRORS as exc:
                 log.warning("could not release lease %s: %s", lease.name, exc)
 
@@ -269,11 +271,11 @@ class Supervisor:
         since = self.clock.now() - SWEEP_WINDOW
         runs = await self.db.run(self.tasks.box_runs_since, since)
         state_dirs = {imp: self.imps.box_state_dir(imp) for _, imp, _ in runs}
-        killed = await anyio.to_thread.run_sync(sweep_process_boxes, runs, live, state_dirs)
+        killed = await in_thread(sweep_process_boxes, runs, live, state_dirs)
         dockers: dict[int, DockerBackend] = {}
-        for imp in await anyio.to_thread.run_sync(self.imps.names):
+        for imp in await in_thread(self.imps.names):
             try:
-                backend = await anyio.to_thread.run_sync(self.backend_for, imp)
+                backend = await in_thread(self.backend_for, imp)
             except (ImpError, BoxError):
                 continue  # no backend to look in: its boxes, if any, are reported by the next start that has one
             if isinstance(backend, DockerBackend):
@@ -324,14 +326,14 @@ class Supervisor:
         if last is not None and 0 <= (now - last).total_seconds() < self.settings.departure_scan_s:
             return
         self._departures_scanned = now
-        imps = await anyio.to_thread.run_sync(memory_imps, self.imps)
+        imps = await in_thread(memory_imps, self.imps)
         if imps:
             await self.db.run(queue_due, self.db, self.tasks, now, imps)
 
     async def _memory_clock(self) -> None:
         """Mechanisms 104-107: tick every memory imp (every ``memory_tick_s``); each imp's step is one
         transaction, so what is due is queued exactly once, and one imp's failure never stops the others."""
-        service = self.gateway.memory
+        service = memory_service_of(self.gateway)
         if service is None:
             return
         now = self.clock.now()
@@ -339,7 +341,7 @@ class Supervisor:
         if last is not None and 0 <= (now - last).total_seconds() < self.settings.memory_tick_s:
             return
         self._memory_ticked = now
-        imps = await anyio.to_thread.run_sync(memory_imps, self.imps)
+        imps = await in_thread(memory_imps, self.imps)
         for imp in sorted(name for name in imps if self.settings.serves(name)):
             try:
                 done = await self.db.run(memory_step, self.db, self.tasks, imp, now)
@@ -423,14 +425,14 @@ class Supervisor:
             if task.id in self.running:
                 continue
             try:
-                config = await anyio.to_thread.run_sync(self.imps.get, task.imp)
+                config = await in_thread(self.imps.get, task.imp)
             except ImpConfigError as exc:  # issue 19 #6: a typo holds the imp's tasks, never fails them
                 await self._hold(task, exc)
                 continue
             except ImpError as exc:
                 await self.db.run(self.tasks.fail, task.id, f"cannot run: {str(exc).splitlines()[0][:300]}")
                 continue
-            rows = await self.gateway.ledger.aio.summary()
+            rows = await self.gateway.ledger.db.run(self.gateway.ledger.summary)
             wait = budget_wait(rows, task.imp, self.clock.now())
             if wait is not None:
                 seconds, window = wait
@@ -443,7 +445,7 @@ class Supervisor:
                 )
                 continue
             try:
-                backend = await anyio.to_thread.run_sync(self.backend_for, task.imp)
+                backend = await in_thread(self.backend_for, task.imp)
             except ImpConfigError as exc:  # issue 19 #6: broken since it was read a moment ago
                 await self._hold(task, exc)
                 continue
@@ -452,8 +454,11 @@ class Supervisor:
                 continue
             run_id = uuid.uuid4().hex
             # Issue 21: the run's lease before the claim, so a running task is never seen without its lease.
-            lease = await self.leases.aio.acquire(
-                task_lease_name(task.id, run_id), self._lease_detail(task), self._run_lease_ttl
+            lease = await self.leases.db.run(
+                self.leases.acquire,
+                task_lease_name(task.id, run_id),
+                self._lease_detail(task),
+                self._run_lease_ttl,
             )
             claimed: Task | None = None
             try:
@@ -489,10 +494,10 @@ class Supervisor:
         request (issue 32 #1). ``fence``: the run's lease; once lost, the box's memory acts are refused and a
         write in flight is not committed (issue 32 #5)."""
         info = await self.db.run(self.gateway.channels.info, task.channel_id)
-        spec = await anyio.to_thread.run_sync(self.imps.imp_spec, config)
+        spec = await in_thread(self.imps.imp_spec, config)
         kind = "task"
         memory = None
-        service = self.gateway.memory
+        service = memory_service_of(self.gateway)
         if task.kind in (DEPART_KIND, REFLECT_KIND):
             if info is not None and info.kind in ("dm", "guild", "terminal"):
                 kind = info.kind
@@ -645,7 +650,7 @@ class Supervisor:
         attestation = attest(end, facts)
         not_before = None
         if attestation.deferred:
-            rows = await self.gateway.ledger.aio.summary()
+            rows = await self.gateway.ledger.db.run(self.gateway.ledger.summary)
             now = self.clock.now()
             wait = budget_wait(rows, task.imp, now)
             not_before = now + timedelta(seconds=wait[0] if wait else seconds_to_next_day(now))

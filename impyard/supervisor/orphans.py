@@ -13,16 +13,14 @@ import os
 import signal
 from collections.abc import Collection, Iterable
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
-
-import anyio
 
 from impyard.backends import BoxError
 from impyard.backends.docker import LABEL_RUN, DockerBackend
-from impyard.imps import ImpError
+from impyard.imps.store import ImpError
 from impyard.supervisor.backends import BackendFor
 from impyard.tasks import MAX_CEILING, Task
+from impyard.threads import in_thread
 
 # Process runs this recent are looked at by the sweep: older boxes are long past any ceiling (and pids recycle).
 SWEEP_WINDOW = MAX_CEILING + timedelta(hours=1)
@@ -58,17 +56,17 @@ async def remove_orphan_box(
     if not task.run_id:
         return
     try:
-        backend = await anyio.to_thread.run_sync(backend_for, task.imp)
+        backend = await in_thread(backend_for, task.imp)
     except (ImpError, BoxError) as exc:
         log.info("task %s: no backend to look for its box in (%s)", task.id, exc)
         return
     if isinstance(backend, DockerBackend):
         try:
-            containers = await anyio.to_thread.run_sync(lambda: backend.labelled(run=task.run_id or ""))
+            containers = await in_thread(backend.labelled, run=task.run_id or "")
             for container in containers:
                 if container.name is None:
                     continue
-                await anyio.to_thread.run_sync(backend.kill_by_name, container.name)
+                await in_thread(backend.kill_by_name, container.name)
                 log.warning("removed orphaned box %s of task %s", container.name, task.id)
         except Exception as exc:  # noqa: BLE001 - reclaim goes on; the box is reported
             log.error("could not remove the box of task %s (run %s): %s", task.id, task.run_id, exc)
@@ -103,10 +101,10 @@ async def sweep_docker_boxes(backends: Iterable[DockerBackend], live_runs: Colle
     removed = 0
     for backend in backends:
         try:
-            containers = await anyio.to_thread.run_sync(partial(backend.labelled, role=backend.role))
+            containers = await in_thread(backend.labelled, role=backend.role)
             named = [(c.name, c.labels.get(LABEL_RUN, "")) for c in containers if c.name is not None]
             for name in leftovers(named, live_runs):
-                await anyio.to_thread.run_sync(backend.kill_by_name, name)
+                await in_thread(backend.kill_by_name, name)
                 removed += 1
                 log.warning("removed leftover box %s", name)
         except Exception as exc:  # noqa: BLE001 - the sweep never stops the start; what is left is logged

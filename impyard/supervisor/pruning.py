@@ -28,12 +28,11 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 
-import anyio
-
-from impyard.imp_config import NAME_PATTERN, STATE_DIR
-from impyard.imps import TASK_DIRS
+from impyard.imps.config import NAME_PATTERN, STATE_DIR
+from impyard.imps.store import TASK_DIRS
 from impyard.paths import box_dir_name
 from impyard.tasks import Task
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.supervisor")
 
@@ -189,7 +188,7 @@ async def prune_task_state(
     ``lookup`` in chunks, and remove at most ``limit`` of those ``should_remove`` lets go. ``live``: the ids of
     tasks whose run this process still holds; ``skip``: ``(imp, name)`` of dirs that failed before (a dir that
     cannot be removed must not take a place in every batch)."""
-    candidates = await anyio.to_thread.run_sync(scan_task_dirs, root, now - retention)
+    candidates = await in_thread(scan_task_dirs, root, now - retention)
     candidates = [entry for entry in candidates if (entry.imp, entry.name) not in skip]
     chosen: list[TaskDir] = []
     for start in range(0, len(candidates), LOOKUP_CHUNK):
@@ -204,5 +203,5 @@ async def prune_task_state(
     batch = chosen[:limit]
     if not batch:
         return PruneReport(0, (), False)
-    removed, failed = await anyio.to_thread.run_sync(remove_task_dirs, root, batch)
+    removed, failed = await in_thread(remove_task_dirs, root, batch)
     return PruneReport(removed, tuple(failed), backlog=len(chosen) >= limit)

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.errors import ImpyardError
-from impyard.lease_rules import DEFAULT_TTL, RENEW_EVERY
+from impyard.storage.lease_rules import DEFAULT_TTL, RENEW_EVERY
 from impyard.tasks import KIND_PATTERN
 
 DEFAULT_CONCURRENCY = 3

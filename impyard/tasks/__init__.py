@@ -27,6 +27,8 @@ handed to the box as ``TaskSpec.args``).
 Modules: ``states`` (the lifecycle), ``request`` (validation), ``attestation`` (the pure rules),
 ``prompts`` (prompt text), ``rows`` (the row types), ``sql`` (queueing a task in portable SQL, shared with the
 schedules), ``store`` (``TaskStore``).
+
+May import: the foundations, ``storage``, ``backends``, ``imps``, ``channels``, ``gateway``.
 """
 
 from impyard.tasks.attestation import (

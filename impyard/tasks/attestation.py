@@ -8,7 +8,7 @@ from typing import Literal
 
 from impyard.durations import format_duration
 from impyard.failure_words import task_failure
-from impyard.gates import OPEN_STATES
+from impyard.gateway.gates import OPEN_STATES
 from impyard.tasks.states import TaskState
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from impyard.gates import Gate
+from impyard.gateway.gates import Gate
 from impyard.tasks.request import MAX_PROMPT_CHARS
 
 BRIEFING_MAX_CHARS = 4_000

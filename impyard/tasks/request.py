@@ -11,7 +11,7 @@ from typing import Literal
 
 from impyard.durations import DurationError, format_duration, parse_duration
 from impyard.errors import ImpyardError
-from impyard.imps import ImpStore, validate_name
+from impyard.imps.store import ImpStore, validate_name
 
 Origin = Literal["manual", "schedule", "continuation", "event"]
 ORIGINS: tuple[Origin, ...] = ("manual", "schedule", "continuation", "event")
@@ -59,8 +59,11 @@ class TaskRequest:
     args: Mapping[str, TaskArg] | None = None  # the kind's own arguments (a ``sleep`` task's ``since``)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ValidTask:
+    """What a task is asked to do, every field checked: what ``insert`` writes, and what a stored ``Task`` adds its
+    state to."""
+
     imp: str
     kind: str
     prompt: str | None
@@ -70,8 +73,8 @@ class ValidTask:
     ceiling_s: float
     wake_on_resolve: bool
     briefing: bool
-    scope: str | None = None
-    args: Mapping[str, TaskArg] = field(default_factory=dict)
+    scope: str | None = None  # a memory task's privacy scope (issue 15: a ``sleep`` task's one scope)
+    args: Mapping[str, TaskArg] = field(default_factory=dict)  # the kind's own arguments (``TaskSpec.args``)
 
 
 def parse_ceiling(value: str | float | timedelta | None) -> float:

@@ -1,33 +1,23 @@
-"""The task rows as read from the store (``Task``, ``TaskRun``), built from a row's columns by name (SQLAlchemy's
-``RowMapping``, on either engine)."""
+"""The task rows as read from the store (``Task``, ``TaskRun``), built from a row's columns by name
+(``impyard.storage.rows``)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from impyard.clock import iso, parse_iso
-from impyard.tasks.request import Origin, TaskArg
+from impyard.clock import iso
+from impyard.storage.rows import RowMapper, json_of
+from impyard.tasks.request import ValidTask
 from impyard.tasks.states import TaskState
 
-Row = Mapping[Any, Any]  # the columns of one row, by name
 
+@dataclass(frozen=True, kw_only=True)
+class Task(ValidTask):
+    """A stored task: what it was asked to do (``ValidTask``) and where it stands."""
 
-@dataclass(frozen=True)
-class Task:
     id: str
-    imp: str
-    kind: str
-    prompt: str | None
-    person: str | None
-    origin: Origin
-    channel_id: str
-    ceiling_s: float
-    wake_on_resolve: bool
-    briefing: bool
     state: TaskState
     attempts: int
     deferrals: int
@@ -45,8 +35,6 @@ class Task:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    scope: str | None = None  # a memory task's privacy scope (issue 15: a ``sleep`` task's one scope)
-    args: dict[str, TaskArg] = field(default_factory=dict)  # the kind's own arguments (``TaskSpec.args``)
 
     def elapsed(self, now: datetime) -> timedelta | None:
         """How long it has run (running) or ran (finished)."""
@@ -121,65 +109,7 @@ class TaskRun:
         }
 
 
-def _when(row: Row, name: str) -> datetime | None:
-    return parse_iso(row[name]) if row[name] else None
-
-
-def _args(text: str | None) -> dict[str, TaskArg]:
-    """A task's arguments from their JSON text; none when absent or unreadable (written only by ``insert``)."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def row_to_task(row: Row) -> Task:
-    return Task(
-        id=row["id"],
-        imp=row["imp"],
-        kind=row["kind"],
-        prompt=row["prompt"],
-        person=row["person"],
-        origin=row["origin"],
-        channel_id=row["channel_id"],
-        ceiling_s=row["ceiling_s"],
-        wake_on_resolve=bool(row["wake_on_resolve"]),
-        briefing=bool(row["briefing"]),
-        state=row["state"],
-        attempts=row["attempts"],
-        deferrals=row["deferrals"],
-        not_before=parse_iso(row["not_before"]),
-        cancel_requested=bool(row["cancel_requested"]),
-        run_id=row["run_id"],
-        outcome=row["outcome"],
-        box_outcome=row["box_outcome"],
-        box_summary=row["box_summary"],
-        schedule_id=row["schedule_id"],
-        scheduled_for=_when(row, "scheduled_for"),
-        parent_task=row["parent_task"],
-        parent_gate=row["parent_gate"],
-        created_at=parse_iso(row["created_at"]),
-        updated_at=parse_iso(row["updated_at"]),
-        started_at=_when(row, "started_at"),
-        finished_at=_when(row, "finished_at"),
-        scope=row["scope"],
-        args=_args(row["args"]),
-    )
-
-
-def row_to_run(row: Row) -> TaskRun:
-    return TaskRun(
-        run_id=row["run_id"],
-        task_id=row["task_id"],
-        attempt=row["attempt"],
-        backend=row["backend"],
-        box_pid=row["box_pid"],
-        started_at=parse_iso(row["started_at"]),
-        finished_at=_when(row, "finished_at"),
-        result=row["result"],
-        returncode=row["returncode"],
-        detail=row["detail"],
-    )
+row_to_task = RowMapper(
+    Task, args=json_of(dict)
+)  # args: written only by ``insert``; unreadable ones are none
+row_to_run = RowMapper(TaskRun)

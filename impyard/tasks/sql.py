@@ -1,4 +1,4 @@
-"""The tasks' rows in portable SQL (impyard.tables; SQLite and PostgreSQL, docs/storage.md): queueing a task and
+"""The tasks' rows in portable SQL (impyard.storage.tables; SQLite and PostgreSQL, docs/storage.md): queueing a task and
 its task-log channel, and reading tasks by id. Each function runs inside the caller's ``Database.write`` or
 ``Database.read``, whose transaction it joins, so it does database work only (a write may run more than once)."""
 
@@ -12,8 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from impyard.clock import iso
-from impyard.portable import upsert
-from impyard.tables import channels, tasks
+from impyard.storage.portable import upsert
+from impyard.storage.tables import channels, tasks
 from impyard.tasks.request import TASK_CHANNEL_PREFIX, ValidTask
 from impyard.tasks.rows import Task, row_to_task
 

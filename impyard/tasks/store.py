@@ -19,13 +19,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, exists, select, update
 from sqlalchemy.engine import Connection
 
-from impyard.audit import AuditRecord
-from impyard.clock import Clock, iso, parse_iso
-from impyard.db import Database, Store
-from impyard.gates import FINAL_STATES, OPEN_STATES, Gate, row_to_gate
-from impyard.imps import ImpStore
-from impyard.portable import bytewise
-from impyard.tables import audit, gates, task_runs, tasks
+from impyard.clock import Clock, iso
+from impyard.gateway.audit import AuditRecord, row_to_record
+from impyard.gateway.gates import FINAL_STATES, OPEN_STATES, Gate, row_to_gate
+from impyard.imps.store import ImpStore
+from impyard.storage.db import Database, Store
+from impyard.storage.portable import bytewise
+from impyard.storage.tables import audit, gates, task_runs, tasks
 from impyard.tasks.attestation import Attestation, ReclaimAction, RunEnd, RunFacts, gates_verdict
 from impyard.tasks.prompts import JournalEntry, continuation_prompt
 from impyard.tasks.request import TaskError, TaskRequest, ValidTask, validate_request
@@ -38,7 +38,6 @@ MAX_BOX_SUMMARY_CHARS = 2_000  # what is kept of the box's own report
 JOURNAL_ENTRIES = 10
 FINISHED_STATES = ("done", "failed", "needs_review")  # what the journal shows
 REFUSED_VERDICTS = ("denied", "rate_limited", "budget_exhausted", "unreachable", "error")
-_AUDIT_COLUMNS = tuple(column.name for column in audit.columns)
 
 
 def log_transition(task_id: str, imp: str, old: str, new: str, **fields: object) -> None:
@@ -49,18 +48,11 @@ def log_transition(task_id: str, imp: str, old: str, new: str, **fields: object)
 
 
 def _task_row(conn: Connection, task_id: str) -> Task | None:
-    row = conn.execute(select(tasks).where(tasks.c.id == task_id)).mappings().first()
-    return None if row is None else row_to_task(row)
+    return row_to_task.first(conn, select(tasks).where(tasks.c.id == task_id))
 
 
 def _not_found(task_id: str) -> TaskError:
     return TaskError(f"no task {task_id!r}; `impyard task ls` lists them")
-
-
-def _audit_record(row: Any) -> AuditRecord:
-    values = {name: row[name] for name in _AUDIT_COLUMNS}
-    values["at"] = parse_iso(values["at"])
-    return AuditRecord(**values)
 
 
 class TaskStore(Store):
@@ -74,7 +66,7 @@ class TaskStore(Store):
         return bytewise(column)
 
     def _rows(self, query: Select[Any]) -> list[Task]:
-        return self.db.read(lambda conn: [row_to_task(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: row_to_task.all(conn, query))
 
     def _move(self, task_id: str, moved: Any) -> Task | None:
         """One conditional UPDATE of a task in its own transaction: the task, moved, or None when it did not match."""
@@ -188,12 +180,11 @@ class TaskStore(Store):
 
     def runs(self, task_id: str) -> list[TaskRun]:
         query = select(task_runs).where(task_runs.c.task_id == task_id).order_by(task_runs.c.attempt)
-        return self.db.read(lambda conn: [row_to_run(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: row_to_run.all(conn, query))
 
     def run(self, run_id: str) -> TaskRun | None:
         query = select(task_runs).where(task_runs.c.run_id == run_id)
-        row = self.db.read(lambda conn: conn.execute(query).mappings().first())
-        return row_to_run(row) if row is not None else None
+        return self.db.read(lambda conn: row_to_run.first(conn, query))
 
     def audit_trail(self, task_id: str) -> list[AuditRecord]:
         """Every audit row of every run of the task (requests and gate transitions), oldest first."""
@@ -203,7 +194,7 @@ class TaskStore(Store):
             .where(task_runs.c.task_id == task_id)
             .order_by(audit.c.id)
         )
-        return self.db.read(lambda conn: [_audit_record(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: row_to_record.all(conn, query))
 
     def gates_of(self, task_id: str) -> list[Gate]:
         query = (
@@ -212,7 +203,7 @@ class TaskStore(Store):
             .where(task_runs.c.task_id == task_id)
             .order_by(self._c(gates.c.created_at), self._c(gates.c.id))
         )
-        return self.db.read(lambda conn: [row_to_gate(row) for row in conn.execute(query).mappings()])
+        return self.db.read(lambda conn: row_to_gate.all(conn, query))
 
     def run_facts(self, run_id: str) -> RunFacts:
         """What the host's records say the run did (never what the box says)."""

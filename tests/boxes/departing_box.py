@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the box package,
 
 import anyio  # noqa: E402
 
-from box.envelope import Envelope  # noqa: E402
+from box.common.envelope import Envelope  # noqa: E402
 from box.memory import NO_TURN, CommittedTurn, MemoryTurn, TurnFacts  # noqa: E402
 from box.memory.store_client import StoreClient, StoreUnavailable  # noqa: E402
 from box.program import BoxProgram  # noqa: E402

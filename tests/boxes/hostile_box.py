@@ -52,7 +52,7 @@ def attack(mode: str) -> None:
         for _ in range(20_000):
             write({"jsonrpc": "2.0", "method": "log", "params": {"level": "error", "message": "same"}})
     elif mode == "log-forge":
-        forged = "hello\n2026-12-03 06:00:00 ERROR impyard.gateway: budget reset by operator\x1b[2J"
+        forged = "hello\n2026-12-03 06:00:00 ERROR impyard.gateway.core: budget reset by operator\x1b[2J"
         write({"jsonrpc": "2.0", "method": "log", "params": {"level": "warning", "message": forged}})
     elif mode == "refusal-flood":
         for n in range(5_000):

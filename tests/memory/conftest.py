@@ -15,11 +15,11 @@ from sqlalchemy import text
 from box.protocol import memory as mem
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
 from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
 IMP = "ana"

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.memory.engine import ChatMemory
 from box.memory.prompts import Prompts
 from box.memory.store_client import StoreClient
@@ -43,9 +43,9 @@ from box.protocol.models import (
 )
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import STORE_UNAVAILABLE, MemoryService, memory_service
+from impyard.storage.db import Database, open_database
 from tests import scripted
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -505,6 +505,6 @@ def facts(
 
 def draft(**fields: Any) -> Any:
     """A parsed reply envelope, as ToolExecution hands it to ``next_hop``."""
-    from box.envelope import Envelope
+    from box.common.envelope import Envelope
 
     return Envelope.model_validate(envelope(**fields))

@@ -7,13 +7,14 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from box.memory import laws
+from box.common import laws
 from box.protocol.memory import Restore
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
 from impyard.memory.cache import VectorCache, felt_now
+from impyard.memory.cache_rows import CacheRows
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import GUILD, IMP, T0, axis, moment, rows
 
 
@@ -81,19 +82,20 @@ def test_the_cache_evicts_least_recently_used_and_never_holds_more_than_its_boun
 ) -> None:
     for scope in ("s1", "s2", "s3"):
         _fill(store, scope, 20)
+    rows = CacheRows(store.db)  # the cache's loader: what a search hands it
     probe = VectorCache(1 << 30)
-    one = probe.entry(store, (IMP, "s1", 64)).nbytes
+    one = probe.entry(rows, (IMP, "s1", 64)).nbytes
     cache = VectorCache(2 * one + one // 2)  # room for two entries, not three
     for scope in ("s1", "s2", "s3"):
-        cache.search(store, IMP, [scope], axis(0), [], 5, ("lived",), T0.timestamp())
+        cache.search(rows, IMP, [scope], axis(0), [], 5, ("lived",), T0.timestamp())
         assert cache.nbytes <= cache.max_bytes
     assert cache.keys() == [(IMP, "s2", 64), (IMP, "s3", 64)]
     assert cache.evictions == 1
-    cache.search(store, IMP, ["s2"], axis(0), [], 5, ("lived",), T0.timestamp())  # s2 is now the newest
-    cache.search(store, IMP, ["s1"], axis(0), [], 5, ("lived",), T0.timestamp())
+    cache.search(rows, IMP, ["s2"], axis(0), [], 5, ("lived",), T0.timestamp())  # s2 is now the newest
+    cache.search(rows, IMP, ["s1"], axis(0), [], 5, ("lived",), T0.timestamp())
     assert cache.keys() == [(IMP, "s2", 64), (IMP, "s1", 64)]
     tiny = VectorCache(one // 2)  # an entry larger than the bound is scored, then not kept
-    hits = tiny.search(store, IMP, ["s1"], axis(0), [], 5, ("lived",), T0.timestamp())
+    hits = tiny.search(rows, IMP, ["s1"], axis(0), [], 5, ("lived",), T0.timestamp())
     assert len(hits) == 5 and tiny.keys() == [] and tiny.nbytes == 0
 
 

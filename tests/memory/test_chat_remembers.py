@@ -18,8 +18,8 @@ import pexpect
 import pytest
 
 from box.protocol.memory import PresenceEntry
-from impyard.db import open_database
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 from tests.memory.engine_kit import NOW, Kit, facts, verdict
 

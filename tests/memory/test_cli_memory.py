@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol.memory import EncodeParams, NewEpisode, NewRecord
 from box.protocol.models import Author, Message
 from impyard.cli import cli
 from impyard.clock import SystemClock
-from impyard.db import open_database
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.imps.store import ImpStore
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI
 
 CAROL_ID, DAVE_ID = "2003", "2004"

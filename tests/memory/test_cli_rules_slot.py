@@ -9,9 +9,10 @@ import pytest
 
 from box.protocol.memory import ConstructParams, LearnParams
 from impyard.clock import SystemClock, iso
-from impyard.db import open_database
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
+from tests import sqlfile
 from tests.memory.test_cli_memory import hashing_imp, ok, refused, run
 
 GUILD = "guild:1000"
@@ -97,7 +98,8 @@ def test_slot_leaves_out_what_was_not_brought_to_mind_for_a_week(store: MemorySt
     hashing_imp()
     guild = store.scoped("pip", SessionScopes(GUILD, (GUILD,)), "1001")
     old, *_ = guild.construct(ConstructParams(construct_kind="thought", statement="an old thought"))
-    store.db.execute(
+    sqlfile.execute(
+        store.db,
         "UPDATE memory_slots SET activated_at = ? WHERE record_id = ?",
         (iso(SystemClock().now() - timedelta(days=8)), old),
     )
@@ -105,7 +107,7 @@ def test_slot_leaves_out_what_was_not_brought_to_mind_for_a_week(store: MemorySt
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "pip holds nothing in mind: its thoughts come when it reflects."
     assert (
-        store.db.query("SELECT COUNT(*) FROM memory_slots")[0][0] == 1
+        sqlfile.query(store.db, "SELECT COUNT(*) FROM memory_slots")[0][0] == 1
     )  # the operator's look changes nothing
 
 

@@ -15,14 +15,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol import memory as mem
 from impyard.cli import cli
 from impyard.clock import SystemClock, iso
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
+from tests import sqlfile
 
 GUILD = SessionScopes("guild:1000", ("guild:1000",))
 DM = SessionScopes("dm:2003", ("dm:2003", "guild:1000"))
@@ -72,7 +73,8 @@ def rows_of(store: MemoryStore, imp: str) -> dict[str, list[dict[str, Any]]]:
     """Every memory row of ``imp``, table by table, in a stable order."""
     return {
         table: [
-            dict(r) for r in store.db.query(f"SELECT * FROM {table} WHERE imp = ? ORDER BY {key}", (imp,))
+            dict(r)
+            for r in sqlfile.query(store.db, f"SELECT * FROM {table} WHERE imp = ? ORDER BY {key}", (imp,))
         ]
         for table, key in TABLES.items()
     }
@@ -105,12 +107,14 @@ def a_full_memory(store: MemoryStore, imp: str = "pip") -> dict[str, str]:
     dm.learn(mem.LearnParams(rule="when someone shares a secret → keep it", weight=0.6))
     store.remember(imp, "terminal", "I grew up by the sea.", 0.6, 0.7, age_hours=8760)
     now = iso(SystemClock().now())
-    store.db.execute(
+    sqlfile.execute(
+        store.db,
         "INSERT INTO memory_departures (imp, channel_id, person, last_input_at, queued_at) VALUES (?, '1001', "
         "'2003', ?, ?)",
         (imp, now, now),
     )
-    store.db.execute(
+    sqlfile.execute(
+        store.db,
         "INSERT INTO memory_wakefulness (imp, awake, woke_at, last_activity_at, last_channel, last_reflection_at,"
         " updated_at) VALUES (?, 1, ?, ?, '1001', ?, ?)",
         (imp, now, now, now, now),
@@ -289,7 +293,8 @@ def test_stats_counts_per_scope_and_shows_the_day(store: MemoryStore) -> None:
     )
 
     slept = iso(SystemClock().now() - timedelta(hours=3))
-    store.db.execute(
+    sqlfile.execute(
+        store.db,
         "UPDATE memory_wakefulness SET awake = 0, slept_at = ?, last_sleep_at = ?, last_consolidation_at = ?"
         " WHERE imp = 'pip'",
         (slept, slept, slept),

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from box.common.embedding import clip_for_embedding
 from box.memory.calls import CallRecord
-from box.memory.embedder import Embedder, GatewayEmbedder, HashingEmbedder, clip_for_embedding
+from box.memory.embedder import Embedder, GatewayEmbedder, HashingEmbedder
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import ModelRequestResult
 from tests.memory.test_calls import FakeClient, Sleeps, model

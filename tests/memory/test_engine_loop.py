@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from box.envelope import ENVELOPE_FIELDS
+from box.common.envelope import ENVELOPE_FIELDS
 from box.memory import CommittedTurn
 from box.memory.prompts import Prompts
 from tests.memory.engine_kit import Kit, draft, envelope, facts, memory_block, verdict

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol.memory import EncodeParams, NewEpisode, NewRecord
 from box.protocol.models import Author, Message
 from impyard.discord.commands import forgotten_text
+from impyard.memory.act import memory_service_of
+from impyard.memory.forgetting import Forgotten
 from impyard.memory.scopes import SessionScopes
-from impyard.memory.store import Forgotten, MemoryStore
+from impyard.memory.store import MemoryStore
 from testing.fake_discord import CallbackType, FakeInteraction, FakeUser, InteractionResponse
 from testing.fake_openai import FakeOpenAI
 from tests.discord_yard import (
@@ -191,7 +193,9 @@ async def test_commands_and_deletes_act_on_the_hosts_own_stores(
     async with serving(monkeypatch, model) as yard:
         commands = yard.host.clients["pip"].host
         assert commands is not None
-        assert commands.memory is yard.rt.host.memory is yard.rt.gateway.memory.store
+        service = memory_service_of(yard.rt.gateway)
+        assert service is not None
+        assert commands.memory is yard.rt.host.memory is service.store
         assert commands.history is yard.rt.host.history and commands.channels is yard.rt.host.channels
 
 

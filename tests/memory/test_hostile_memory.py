@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol import ErrorCode
 from box.protocol.memory import MAX_MEMORY_REQUESTS_PER_TURN, EncodeParams, NewEpisode, NewRecord
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
@@ -28,6 +28,7 @@ from impyard.backends.process import ProcessBackend
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
 from testing.fake_openai import FakeOpenAI
+from tests import sqlfile
 from tests.discord_yard import (
     ALICE,
     CAROL,
@@ -214,7 +215,7 @@ async def test_a_flood_of_memory_requests_ends_that_box_never_the_host(
         again = yard.fake.post_message(DM, CAROL, "and again?")
         await yard.answered(again.id)
         audit = (
-            yard.rt.gateway.db.connection()
+            sqlfile.connection(yard.rt.gateway.db)
             .execute(
                 "SELECT verdict, reason, detail FROM audit WHERE method = 'memory.*' AND channel_id = ?",
                 (str(GENERAL),),
@@ -248,7 +249,7 @@ async def test_malformed_and_oversized_memory_requests_are_refused_cleanly(
         await yard.answered(honest.id)
         stored = store_of(yard).show("pip", limit=100)
         conversations = (
-            yard.rt.gateway.db.connection()
+            sqlfile.connection(yard.rt.gateway.db)
             .execute("SELECT COUNT(*) FROM memory_conversations WHERE person = 'evil'")
             .fetchone()[0]
         )

@@ -32,30 +32,33 @@ import pytest
 from pydantic import BaseModel
 
 import impyard.memory.cache as cache_module
-from box.memory.embedder import hashing_vector
-from box.memory.laws import mentions
+from box.common.embedding import hashing_vector
+from box.common.laws import mentions
 from box.protocol import ErrorCode, RpcError
 from box.protocol import memory as mem
 from box.protocol.models import Author, Message
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.process import ProcessBackend
-from impyard.broker import UpstreamConfig
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.gateway import Gateway
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.policy import load_policy
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.host import build_gateway
+from impyard.imps.store import ImpStore
+from impyard.memory.act import memory_service_of
 from impyard.memory.cache import VectorCache
+from impyard.memory.cache_rows import CacheRows
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import memory_service
 from impyard.memory.store import MemoryStore
-from impyard.policy import load_policy
+from impyard.storage.db import Database
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.supervisor.fence import RunFence
-from impyard.surfaces import RecordingSurface
 from impyard.tasks import TaskRequest, TaskStore
 from testing.fake_openai import FakeOpenAI
+from tests import sqlfile
 from tests.discord_yard import (
     ALICE,
     GENERAL,
@@ -113,7 +116,8 @@ def everything(store: MemoryStore) -> tuple[list[tuple[str, str, int]], int]:
 
 
 def memory_audit(db: Database, channel_id: str) -> list[tuple[str, str, str]]:
-    rows = db.query(
+    rows = sqlfile.query(
+        db,
         "SELECT method, verdict, rule FROM audit WHERE method LIKE 'memory.%' AND channel_id = ? ORDER BY id",
         (channel_id,),
     )
@@ -142,7 +146,7 @@ async def test_a_prompt_task_box_is_refused_every_memory_request_and_nothing_rea
     imps.add("pip", box={"backend": "process"}, memory={"enabled": True, "embedder": "hashing"})
     clock = FixedClock(T0)
     ChannelStore(db, clock).upsert(ChannelInfo("task:pip", kind="task", name="pip's tasks"))
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
@@ -247,7 +251,7 @@ def test_wakes_go_with_their_messages_when_the_history_is_trimmed(db: Database) 
             history.record_wake("pip", channel, message_id)
             if (channel, n) != ("c1", 1):  # m001's turn never ended in c1 (a crash): its wake is kept
                 history.finish("pip", channel, [message_id], "sent")
-    kept = db.query("SELECT channel_id, message_id FROM wakes ORDER BY channel_id, message_id")
+    kept = sqlfile.query(db, "SELECT channel_id, message_id FROM wakes ORDER BY channel_id, message_id")
     # Pruned at the 64th, 128th and 192nd wake: then m189-m191 were in the history; m192-m199 came after.
     after = [f"m{n:03d}" for n in range(189, 200)]
     assert [(r["channel_id"], r["message_id"]) for r in kept] == [
@@ -274,14 +278,15 @@ class Guard:
 async def fenced_run(db: Database, guard: Guard) -> AsyncIterator[tuple[RunFence, BoxSpec, MemoryStore]]:
     """A departure's box as the supervisor opens it (its channel's scopes, fenced by its run's lease)."""
     clock = FixedClock(T0)
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
     )  # fmt: skip
     spec = BoxSpec("pip", "c-guild", Path("/nonexistent"), run_id="run-1")
-    assert gateway.memory is not None
-    gateway.memory.open(spec, SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,)), fence=guard.check)
+    service = memory_service_of(gateway)
+    assert service is not None
+    service.open(spec, SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,)), fence=guard.check)
     try:
         yield RunFence(gateway, guard), spec, MemoryStore(db, clock.now)
     finally:
@@ -340,7 +345,7 @@ async def test_a_hosts_lost_lease_fences_its_chat_boxes_memory(db: Database) -> 
     """``serve`` and ``chat`` hold a host lease (the gateway's ``lease_guard``): once it is lost, a chat box's
     memory acts are refused like its posts."""
     clock = FixedClock(T0)
-    gateway = Gateway(
+    gateway = build_gateway(
         policy=load_policy(), db=db, surface=RecordingSurface(), clock=clock,
         upstream=UpstreamConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-unused"),
         memory=memory_service(db, clock.now),
@@ -394,7 +399,7 @@ def test_the_vector_cache_counts_the_bytes_it_really_holds_emoji_text_included(
         scoped.encode(mem.EncodeParams(record=record, episode=episode))
     scoped.search(hashing_vector("moment 3"), ["ann", "🌷🐝"], 5)  # loaded, and its names work prepared
     (key,) = mdb_store.cache.keys()
-    entry = mdb_store.cache.entry(mdb_store, key)
+    entry = mdb_store.cache.entry(CacheRows(mdb_store.db), key)
     shared = {id(entry.key), id(entry.lock), *map(id, entry.key)}
     real = held_bytes(entry, shared)
     assert (
@@ -437,7 +442,7 @@ class CountingPattern:
 
 @pytest.fixture
 def mdb_store(tmp_path: Path) -> MemoryStore:
-    from impyard.db import open_database
+    from impyard.storage.db import open_database
 
     return MemoryStore(open_database(tmp_path / "m.db"), FixedClock(T0).now, VectorCache(64 * 1024 * 1024))
 
@@ -504,9 +509,9 @@ def test_memory_about_reads_a_bounded_amount_of_text_for_a_name(
     """Issue 32 #5: ``memory.about`` looks for the name in at most ABOUT_SCAN_CHARS of record text a request,
     strongest first. A box asking about a common word reads no more than that whatever the memory's size; a
     person named among the strongest is still found, and one named only past the bound is not (this time)."""
-    import impyard.memory.store as store_module
+    from impyard.memory import lookups
 
-    monkeypatch.setattr(store_module, "ABOUT_SCAN_CHARS", 5_000, raising=False)
+    monkeypatch.setattr(lookups, "ABOUT_SCAN_CHARS", 5_000, raising=False)
     scoped = mdb_store.scoped("pip", SessionScopes(GUILD_SCOPE, (GUILD_SCOPE,)), "c1")
     filler = (
         " and the weathering went on" * 35
@@ -518,17 +523,17 @@ def test_memory_about_reads_a_bounded_amount_of_text_for_a_name(
             mem.EncodeParams(record=record, episode=mem.NewEpisode(author="ann", as_happened=f"- {n}"))
         )
     scanned = [0]
-    real = store_module.laws.mentions
+    real = lookups.laws.mentions
 
     def counting(text: str, names: Any) -> bool:
         scanned[0] += len(text)
         return real(text, names)
 
-    monkeypatch.setattr(store_module.laws, "mentions", counting)
+    monkeypatch.setattr(lookups.laws, "mentions", counting)
     assert [r.conclusion.split()[0] for r in scoped.about("Dana", k=5)] == ["Dana"]
     scanned[0] = 0
     assert scoped.about("weathering", k=50) == []  # in every record, never written as a name
     assert scanned[0] <= 5_000
     assert scoped.about("Erin", k=5) == []  # the weakest record, past the bound: not read this time
-    monkeypatch.setattr(store_module, "ABOUT_SCAN_CHARS", 1_000_000)
+    monkeypatch.setattr(lookups, "ABOUT_SCAN_CHARS", 1_000_000)
     assert [r.conclusion.split()[0] for r in scoped.about("Erin", k=5)] == ["Erin"]

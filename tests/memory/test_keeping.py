@@ -21,13 +21,14 @@ import pytest
 from box.protocol.models import Author, Message
 from impyard.cli.memory_night import run_night
 from impyard.clock import FixedClock
-from impyard.conversation import Inbound
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.conversation.pipeline import Inbound
+from impyard.gateway.surfaces import RecordingSurface
+from impyard.imps.store import ImpStore
 from impyard.runtime import Runtime, open_runtime
-from impyard.surfaces import RecordingSurface
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 from testing.inprocess import InProcessBackend
+from tests import sqlfile
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True)]
 
@@ -96,7 +97,7 @@ def episodes() -> list[str]:
     try:
         return [
             str(r["as_happened"])
-            for r in db.query("SELECT as_happened FROM memory_episodes WHERE imp = 'pip'")
+            for r in sqlfile.query(db, "SELECT as_happened FROM memory_episodes WHERE imp = 'pip'")
         ]
     finally:
         db.close()

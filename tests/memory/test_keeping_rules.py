@@ -16,16 +16,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from box.common.laws import Temperament
 from box.memory import night
-from box.memory.laws import Temperament
 from box.memory.moment import Felt, encoding, joins, read_appraisal
 from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
+from impyard.memory.night import anchor_refusal, forgets, member_refusal
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
-from impyard.memory.store import MemoryStore, anchor_refusal, forgets, member_refusal
+from impyard.memory.store import MemoryStore
 from tests.memory.conftest import GUILD, IMP, T0, moment, rows
 
 pytestmark = pytest.mark.anyio

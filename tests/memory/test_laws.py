@@ -1,4 +1,4 @@
-"""The memory's pure laws (box/memory/laws.py): tables with the expected numbers written out."""
+"""The memory's pure laws (box/common/laws.py): tables with the expected numbers written out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from box.memory.laws import (
+from box.common.laws import (
     Temperament,
     admit,
     bend,

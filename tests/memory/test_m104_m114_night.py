@@ -23,6 +23,7 @@ from box.protocol import memory as mem
 from box.protocol.memory import ConstructParams, EpisodeView, RecordView
 from impyard.backends import BoxSpec
 from impyard.memory.scopes import SessionScopes
+from tests import sqlfile
 from tests.memory.engine_kit import IMP, NOW, DirectPeer, Kit, thought, vector
 
 pytestmark = pytest.mark.anyio
@@ -261,8 +262,8 @@ async def test_m111_the_plans_summary_fact_changes_no_stored_text(kit: Kit) -> N
     await night(kit)
     [kept] = await kit.records()
     assert (kept.id, kept.conclusion, kept.feeling) == (anchor, "Ann likes green tea.", "fondness")
-    rows = await kit.db.run(lambda: kit.db.query("SELECT * FROM memory_records"))
-    episodes = await kit.db.run(lambda: kit.db.query("SELECT * FROM memory_episodes"))
+    rows = await kit.db.run(lambda: sqlfile.query(kit.db, "SELECT * FROM memory_records"))
+    episodes = await kit.db.run(lambda: sqlfile.query(kit.db, "SELECT * FROM memory_episodes"))
     assert "SUMMARY-FACT" not in json.dumps([dict(r) for r in [*rows, *episodes]], default=str)
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from box.common.laws import DEFAULTS, NEUTRAL, Params, Temperament
 from box.memory.calls import MemoryModel
 from box.memory.embedder import HashingEmbedder
 from box.memory.focus import Focus, moment_entry
-from box.memory.laws import DEFAULTS, NEUTRAL, Params, Temperament
 from box.memory.prompts import Prompts
 from box.memory.reflection import Reflected, Reflector, Seed
 from box.memory.store_client import StoreClient, StoreUnavailable

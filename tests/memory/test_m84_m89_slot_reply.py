@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from box.memory.embedder import hashing_vector
+from box.common.embedding import hashing_vector
 from box.protocol import memory as mem
 from impyard.memory.scopes import SessionScopes
 from tests.memory.engine_kit import Kit, envelope, facts, memory_block, thought, verdict

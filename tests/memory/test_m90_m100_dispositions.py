@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
+from box.common.laws import Temperament
 from box.memory.calls import MemoryModel
 from box.memory.conversation import Conversation, SavedConversation
 from box.memory.dispositions import Learned, Learner, ModelSelector, carried_lines, refusal
 from box.memory.focus import moment_entry
-from box.memory.laws import Temperament
 from box.memory.prompts import Prompts
 from box.memory.store_client import StoreClient, StoreUnavailable
 from box.protocol import memory as mem
 from box.protocol.models import MemorySettings
+from tests import sqlfile
 from tests.memory.engine_kit import IMP, NOW, FakeClient, Kit, facts, vector
 
 pytestmark = pytest.mark.anyio
@@ -234,7 +235,7 @@ def spelled(n: int) -> str:
 
 
 async def test_m94_classification_offers_the_hundred_strongest(kit: Kit) -> None:
-    with kit.db.transaction() as conn:  # more than one turn's 64 requests could add
+    with sqlfile.transaction(kit.db) as conn:  # more than one turn's 64 requests could add
         conn.executemany(
             "INSERT INTO memory_dispositions (id, imp, rule, weight, count, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, 1, ?, ?)",
@@ -341,7 +342,7 @@ def conversation(*exchanges: str) -> Conversation:
 async def test_m98_m99_no_active_rule_no_selection_call(kit: Kit) -> None:
     assert await selector(kit).select(Turn(conversation(), "hello")) == []
     await kit.store().learn(KIND_RULE, 0.5)
-    with kit.db.transaction() as conn:  # the rule weakened to dormant (98), as contradictions do
+    with sqlfile.transaction(kit.db) as conn:  # the rule weakened to dormant (98), as contradictions do
         conn.execute("UPDATE memory_dispositions SET weight = 0.05")
     assert await selector(kit).select(Turn(conversation(), "great news!")) == []
     assert kit.model.of("selection") == []

@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import impyard.imp_config
+import impyard.imps.config
 from box.protocol.models import ImpSpec, MemorySettings
 from impyard.cli import cli
 from impyard.cli.chat import pick_imp
-from impyard.imp_config import ImpConfigError, MemoryConfig, new_imp_settings, parse_config, toml_value
-from impyard.imps import ImpStore
+from impyard.imps.config import ImpConfigError, MemoryConfig, new_imp_settings
+from impyard.imps.render import toml_value
+from impyard.imps.store import ImpStore
+from impyard.imps.validate import parse_config
 
 # Written out on purpose: a changed default must change this table, the template and docs/memory.md's table too.
 DEFAULTS: dict[str, Any] = {
@@ -90,7 +92,7 @@ def test_a_fresh_imp_toml_documents_and_sends_the_box_default(key: str, expected
 
 def _fresh_imp_config(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "impyard._imp_config_memory_copy", impyard.imp_config.__file__
+        "impyard._imp_config_memory_copy", impyard.imps.config.__file__
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

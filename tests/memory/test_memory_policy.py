@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from box.protocol.models import MemoryPurpose, MemorySettings, ResponderSettings
 from impyard.cli import cli
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 
 KEY = {"OPENAI_API_KEY": "sk-impyard-memory-policy-test"}  # the dry run checks a key is configured
 

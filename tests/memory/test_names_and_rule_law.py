@@ -1,4 +1,4 @@
-"""Names and the rule law as pure rules (``box.memory.laws``; mechanisms 15, 24, 90; issue 32), in several languages.
+"""Names and the rule law as pure rules (``box.common.laws``; mechanisms 15, 24, 90; issue 32), in several languages.
 
 Names are the people the imp knows and explicit mentions, matched where they are written as names: "Will" is
 someone, "I will" is not; mid-sentence "Monday" or "Python", and in German every noun, are no one. The rule law
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from box.memory.laws import (
+from box.common.laws import (
     clean_rule,
     explicit_mentions,
     marked_words,

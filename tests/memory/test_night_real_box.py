@@ -13,11 +13,12 @@ from click.testing import CliRunner
 
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import open_database
-from impyard.imps import ImpStore
+from impyard.imps.store import ImpStore
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI
+from tests import sqlfile
 from tests.memory.conftest import moment
 
 SCOPE = "terminal"
@@ -39,9 +40,10 @@ def remember(text: str, intensity: float, at: datetime) -> str:
 def records() -> dict[str, tuple[float, int]]:
     db = open_database()
     try:
-        rows = db.query(
+        rows = sqlfile.query(
+            db,
             "SELECT r.conclusion, r.intensity, (SELECT COUNT(*) FROM memory_episodes e WHERE e.record_id = r.id)"
-            " AS n FROM memory_records r WHERE r.imp = 'pip'"
+            " AS n FROM memory_records r WHERE r.imp = 'pip'",
         )
         return {str(r["conclusion"]): (round(float(r["intensity"]), 4), int(r["n"])) for r in rows}
     finally:
@@ -72,7 +74,9 @@ def test_a_night_in_a_real_box_folds_and_forgets(fake: FakeOpenAI) -> None:
     }
     db = open_database()
     try:
-        texts = json.dumps([dict(r) for r in db.query("SELECT conclusion, feeling FROM memory_records")])
+        texts = json.dumps(
+            [dict(r) for r in sqlfile.query(db, "SELECT conclusion, feeling FROM memory_records")]
+        )
     finally:
         db.close()
     assert "SUMMARY TEXT NEVER USED" not in texts  # mechanism 111

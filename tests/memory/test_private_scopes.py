@@ -17,15 +17,16 @@ from click.testing import CliRunner
 
 from box.protocol.memory import ConstructParams
 from box.protocol.models import Author, Message
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.cli import cli
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
-from impyard.history import History
-from impyard.imps import ImpStore
+from impyard.conversation.history import History
+from impyard.host import channel_store
+from impyard.imps.store import ImpStore
 from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes, decide, parse_scope, presence, scopes_of
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import IMP, T0, embed, moment, rows
 from tests.test_memory_night import LONG_AGO, conclusions, night, remember, slept
 from tests.test_memory_night import home as home_fixture  # noqa: F401 - a fixture: pip, bee, the stand-in box
@@ -172,7 +173,7 @@ def test_a_channel_found_private_takes_its_memories_along_once(
     """On SQLite and PostgreSQL."""
     mdb = any_engine_db
     store = MemoryStore(mdb, clock.now, VectorCache(64 * 1024 * 1024))
-    channels = ChannelStore(mdb, clock)
+    channels = channel_store(mdb, clock)  # as every host builds it
     # A home from before issue 32: both channels known, no audience; every channel wrote the server's scope.
     for channel, name in ((GENERAL, "general"), (STAFF, "staff"), (OTHER_STAFF, "mods")):
         channels.seen(channel, surface="discord", kind="guild", name=name, guild_id=G1)

@@ -201,7 +201,7 @@ def test_the_hosts_vectorised_weight_is_the_laws_weight() -> None:
     here: 0.75 at nothing felt, 1.0 felt fully."""
     import numpy as np
 
-    from box.memory.laws import recall_weight
+    from box.common.laws import recall_weight
     from impyard.memory.cache import recall_weight_now
 
     felt = np.array([0.0, 0.18, 0.5, 1.0])

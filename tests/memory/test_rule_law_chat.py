@@ -17,12 +17,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from impyard.channels import ChannelInfo, ChannelStore
+from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import SystemClock
-from impyard.db import open_database
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import open_database
 from impyard.supervisor import SupervisorSettings
-from impyard.terminal import run_chat
+from impyard.terminal.chat import run_chat
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.inprocess import InProcessBackend
 from tests.test_departures import talk

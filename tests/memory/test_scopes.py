@@ -7,11 +7,11 @@ from datetime import datetime, timedelta
 import pytest
 
 from box.protocol.models import Author, Message
-from impyard.channels import ChannelStore
+from impyard.channels.store import ChannelStore
 from impyard.clock import FixedClock
-from impyard.db import Database
-from impyard.history import History
+from impyard.conversation.history import History
 from impyard.memory.scopes import SessionScopes, decide, presence, resolve, scopes_of
+from impyard.storage.db import Database
 from tests.memory.conftest import IMP, T0
 
 pytestmark = pytest.mark.anyio

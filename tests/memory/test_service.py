@@ -15,11 +15,12 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
 from impyard.memory.cache import VectorCache
+from impyard.memory.cache_rows import CacheRows
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import DM, GUILD, IMP, axis, embed, moment, one, rows, write
 
 
@@ -375,7 +376,7 @@ async def test_two_hosts_writing_at_once_lose_nothing_and_both_caches_see_all(
             assert isinstance(found, mem.RecordsResult) and found.total == 400
             on_axis = [r for r in found.records if r.score is not None and r.score > 0.1]
             assert len(on_axis) == 8  # the moments on axis 0: i = 0, 64, 128, 192 from each writer
-            entry = service.store.cache.entry(service.store, (IMP, "guild:G1", 64))
+            entry = service.store.cache.entry(CacheRows(service.store.db), (IMP, "guild:G1", 64))
             assert len(entry) == 400 and entry.episodes == 400
     finally:
         for d in dbs:

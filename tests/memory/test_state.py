@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from box.common.laws import Params
 from box.memory import contexts
 from box.memory.focus import Focus, FocusEntry, moment_entry
-from box.memory.laws import Params
 from box.memory.prompts import Prompts
 from box.memory.state import State, compose
 from box.protocol import memory as mem

@@ -10,18 +10,13 @@ import sqlalchemy as sa
 
 from box.protocol import memory as mem
 from impyard.clock import FixedClock, iso
-from impyard.db import Database, open_database
 from impyard.memory.cache import Generation, VectorCache
-from impyard.memory.store import (
-    Forgotten,
-    MemoryDenied,
-    MemoryForgotten,
-    MemoryInvalid,
-    MemoryStore,
-    ScopedMemory,
-    StoredRecord,
-    mentions_are_forgettable,
-)
+from impyard.memory.errors import MemoryDenied, MemoryForgotten, MemoryInvalid
+from impyard.memory.forgetting import Forgotten, mentions_are_forgettable
+from impyard.memory.records import StoredRecord
+from impyard.memory.scoped import ScopedMemory
+from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database, open_database
 from tests.memory.conftest import DM, GUILD, IMP, T0, axis, embed, moment, one, rows, write
 
 

@@ -18,9 +18,9 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database
 from tests.memory.conftest import axis, embed, one, rows
 
 pytestmark = pytest.mark.anyio

@@ -13,11 +13,12 @@ from box.protocol import ErrorCode, RpcError
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock, iso
-from impyard.db import Database
+from impyard.memory.dispositions import MAX_RULES
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
-from impyard.memory.store import MAX_RULES, MemoryStore
-from impyard.tables import memory_dispositions
+from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database
+from impyard.storage.tables import memory_dispositions
 from tests.memory.conftest import DM, GUILD, IMP, rows
 from tests.memory.test_store_constructs import ask
 

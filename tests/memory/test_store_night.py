@@ -20,17 +20,12 @@ from box.protocol import memory as mem
 from box.protocol.models import HOST_METHODS
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock, iso
-from impyard.db import Database
-from impyard.memory import store as store_module
+from impyard.memory import night as night_module
+from impyard.memory.night import anchor_refusal, combined_intensity, forgets, member_refusal
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
-from impyard.memory.store import (
-    MemoryStore,
-    anchor_refusal,
-    combined_intensity,
-    forgets,
-    member_refusal,
-)
+from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database
 from tests.memory.conftest import DM, GUILD, IMP, T0, axis, moment, rows
 
 
@@ -351,8 +346,8 @@ async def test_m112_m113_a_night_s_forgetting_over_a_mixed_memory(
     monkeypatch: pytest.MonkeyPatch, batch: int,
 ) -> None:  # fmt: skip
     """One forget over records of every age: exactly the expected ones go; protected ones never."""
-    monkeypatch.setattr(store_module, "_FORGET_BATCH", batch)
-    monkeypatch.setattr(store_module, "_CHUNK", 2)
+    monkeypatch.setattr(night_module, "FORGET_BATCH", batch)
+    monkeypatch.setattr(night_module, "CHUNK", 2)
     start = clock.now()
     ids: dict[tuple[float, float], str] = {}
     for days, intensity, _ in FORGETTING:  # each written so that it is ``days`` old at the end

@@ -15,9 +15,10 @@ import pytest
 
 from box.protocol import memory as mem
 from impyard.clock import FixedClock
-from impyard.db import Database
 from impyard.memory.cache import Generation, VectorCache
-from impyard.memory.store import MemoryForgotten, MemoryStore
+from impyard.memory.errors import MemoryForgotten
+from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database
 from tests.memory.conftest import GUILD, IMP, T0, axis, moment, one, rows
 from tests.racing import RACE_ROUNDS, race, reopen, two_racers
 

@@ -10,9 +10,9 @@ import pytest
 
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
+from impyard.storage.db import Database
 from tests.memory.conftest import GUILD, IMP, axis, moment, one, rows
 from tests.memory.test_store_constructs import ask
 

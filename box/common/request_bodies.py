@@ -1,0 +1,122 @@
+"""The reply call's request bodies on ``/chat/completions`` and ``/responses`` (SPEC-001 ENV-19, -21, -22, -23).
+
+The box sends them (``box.tool_loop``; reading the answers is ``box.chat_api`` and ``box.responses_api``);
+``impyard doctor`` sends the same bodies to check that the configured model takes them. Every call carries
+the strict ``envelope`` response format (ENV-19), tool-followup calls included.
+
+Each body carries only what the chosen model takes (issue 16, ``box.common.model_profiles``): no reasoning
+effort for a model that does not reason, the nearest effort it takes otherwise (``none`` is gpt-5's
+``minimal``); ``temperature`` only where the model takes it with that effort; the output cap under the key it
+takes; the envelope schema with or without ``strict`` as the server takes it; and images as a text note for
+a model that cannot see them.
+
+* **chat/completions**: the schema in ``response_format``; ``reasoning_effort`` only when function tools are
+  attached (ENV-21), a tool-less call never carries one.
+* **Responses API** (``use_responses_api``): the schema in ``text.format``; tools in the flat Responses shape;
+  ``reasoning`` carries the configured effort (tools and reasoning together are fine here, ENV-22). The tool
+  loop is stateless: ``store: false`` and ``include: ["reasoning.encrypted_content"]`` (ENV-23), the latter
+  only for a reasoning model (one that does not reason has no reasoning to keep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from box.common.envelope import ENVELOPE_NAME, ENVELOPE_SCHEMA
+from box.common.model_profiles import profile_for
+from box.protocol.models import ResponderSettings
+
+CHAT_PATH = "/chat/completions"
+RESPONSES_PATH = "/responses"
+INCLUDE = ["reasoning.encrypted_content"]  # ENV-23
+# In place of an image part, for a model that cannot see (issue 16): the model learns one was there.
+UNSEEN_IMAGE_NOTE = "[an image was attached here; this model cannot see images]"
+
+
+class FunctionTool(Protocol):
+    """A function tool as each API lists it (``box.tools.Tool``)."""
+
+    def chat_shape(self) -> dict[str, Any]: ...
+
+    def responses_shape(self) -> dict[str, Any]: ...
+
+
+def chat_body(
+    settings: ResponderSettings, model: str, messages: list[dict[str, Any]], tools: Sequence[FunctionTool]
+) -> dict[str, Any]:
+    profile = profile_for(model, settings.server)  # issue 16: only what this model takes
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages if profile.vision else chat_without_images(messages),
+        profile.output_cap_key: settings.max_tokens,
+        "response_format": profile.response_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),  # ENV-19, on every call
+    }
+    # ENV-21: an effort only when tools are attached (and the model reasons at all).
+    effort = profile.effort_for(settings.reasoning_effort) if tools else None
+    if settings.temperature is not None and profile.takes_temperature(effort):
+        body["temperature"] = settings.temperature
+    if tools:
+        body["tools"] = [tool.chat_shape() for tool in tools]
+        if effort is not None:
+            body["reasoning_effort"] = effort
+    return body
+
+
+def chat_without_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages with each image part replaced by ``UNSEEN_IMAGE_NOTE`` (a model without vision)."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [
+                {"type": "text", "text": UNSEEN_IMAGE_NOTE} if part.get("type") == "image_url" else part
+                for part in content
+            ]
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+def responses_body(
+    settings: ResponderSettings,
+    model: str,
+    instructions: str,
+    items: list[dict[str, Any]],
+    tools: Sequence[FunctionTool],
+) -> dict[str, Any]:
+    profile = profile_for(model, settings.server)  # issue 16: only what this model takes
+    effort = profile.effort_for(settings.reasoning_effort)
+    body: dict[str, Any] = {
+        "model": model,
+        "instructions": instructions,
+        "input": items if profile.vision else input_without_images(items),
+        "max_output_tokens": settings.max_tokens,
+        "text": profile.text_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),
+        "store": False,  # ENV-23: nothing retained server-side
+    }
+    if effort is not None:
+        body["reasoning"] = {"effort": effort}  # ENV-22: allowed with tools on this API
+        body["include"] = list(INCLUDE)  # ENV-23: a model that does not reason has no reasoning to keep
+    if settings.temperature is not None and profile.takes_temperature(effort):
+        body["temperature"] = settings.temperature
+    if tools:
+        body["tools"] = [tool.responses_shape() for tool in tools]
+    return body
+
+
+def input_without_images(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items with each ``input_image`` part replaced by ``UNSEEN_IMAGE_NOTE`` (a model without vision)."""
+    out = []
+    for item in items:
+        content = item.get("content")
+        if isinstance(content, list):
+            content = [
+                {"type": "input_text", "text": UNSEEN_IMAGE_NOTE}
+                if isinstance(part, dict) and part.get("type") == "input_image"
+                else part
+                for part in content
+            ]
+            item = {**item, "content": content}
+        out.append(item)
+    return out

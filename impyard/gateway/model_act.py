@@ -1,0 +1,319 @@
+"""``model.request``: the gateway's act that calls the model API with the host's key (docs/security.md).
+
+judge (facts, the body allow-list, caps, size) → price and estimate → request size → model key → the reply's
+send outlook (``rate_precheck``) → rate limit → budget reserved (the ledger, atomic) → the broker's call, in the
+act's own task group (a call outlives a box that dies while the model answers, issue 19 #4) → the reservation
+settled at the measured cost, and the call's audit row written by the core in the trip after it (issue 18).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import anyio
+from anyio.abc import TaskGroup
+from pydantic import BaseModel
+
+from box.protocol import ErrorCode, RpcError
+from box.protocol.models import ModelRequestParams, ModelRequestResult
+from impyard.backends.base import BoxSpec
+from impyard.gateway.act import Act, Decision, Request, denied, enforce, storage_failed
+from impyard.gateway.audit import AuditRecord
+from impyard.gateway.broker import (
+    NO_KEY_MESSAGE,
+    ModelBroker,
+    UpstreamResponse,
+    UpstreamUnreachable,
+    encode_body,
+)
+from impyard.gateway.judge import RequestFacts, judge, model_request_facts
+from impyard.gateway.ledger import BudgetExhausted, Reservation
+from impyard.gateway.policy import Policy
+from impyard.gateway.policy_models import Price, Rule
+from impyard.gateway.prices import (
+    PriceMissing,
+    bound_output,
+    estimate_micros,
+    measured_micros,
+    tier_multiplier,
+)
+from impyard.gateway.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
+from impyard.storage.db import STORAGE_ERRORS
+
+log = logging.getLogger("impyard.gateway")
+
+PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
+UPSTREAM_RULE = "upstream-limits"
+
+
+@dataclass
+class _Plan:
+    """What a decision found on its way, for the handler that acts on it."""
+
+    facts: RequestFacts
+    rule: Rule | None = None
+    raw: bytes = b""  # model.request: the body as it is sent upstream
+    body: dict[str, Any] = field(default_factory=dict)
+    output_cap: int | None = None  # model.request: the cap the host added to a body that set none
+    price: Price | None = None
+    multiplier: float = 1.0
+    reservation: Reservation | None = None  # model.request, committed: the budget held for the call
+
+
+@dataclass(eq=False)
+class _UpstreamCall:
+    """One model call in flight: the handler waits on ``done``; ``orphaned`` once its box went away."""
+
+    spec: BoxSpec
+    params: ModelRequestParams
+    plan: _Plan
+    reservation: Reservation
+    estimate: int
+    record: AuditRecord
+    done: anyio.Event = field(default_factory=anyio.Event)
+    response: UpstreamResponse | None = None
+    error: RpcError | None = None
+    orphaned: bool = False
+    detached: bool = False  # runs in the gateway's task group
+
+
+class ModelAct(Act):
+    """Serves ``model.request`` through ``broker`` (the one holder of the model key)."""
+
+    methods: ClassVar[frozenset[str]] = frozenset({"model.request"})
+
+    def __init__(self, broker: ModelBroker) -> None:
+        self.broker = broker
+        self._calls: TaskGroup | None = None  # set while ``running``
+        self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
+
+    def policy_changed(self, policy: Policy) -> None:
+        self.broker.settings = policy.upstream
+
+    @asynccontextmanager
+    async def running(self, grace_s: float) -> AsyncIterator[None]:
+        """The act's own task group for model calls in flight: a call outlives a box that dies while the model
+        answers. On the way out, calls still running get ``grace_s`` to finish, then are cut (and charged their
+        reservation, with an audit row saying so)."""
+        async with anyio.create_task_group() as calls:
+            self._calls = calls
+            try:
+                yield
+            finally:
+                self._calls = None  # calls from here on run inline, cut with their caller
+                with anyio.CancelScope(shield=True), anyio.move_on_after(grace_s):
+                    for call in list(self._detached):
+                        await call.done.wait()
+                calls.cancel_scope.cancel()
+
+    async def aclose(self) -> None:
+        await self.broker.aclose()
+
+    async def dry_run(self, spec: BoxSpec, method: str, params: BaseModel) -> Decision | None:
+        if not isinstance(params, ModelRequestParams):
+            return None
+        decision, _ = await self._decide_model(spec, params, commit=False)
+        return decision
+
+    async def _decide_model(
+        self, spec: BoxSpec, params: ModelRequestParams, *, commit: bool
+    ) -> tuple[Decision, _Plan]:
+        """judge (facts, the body allow-list, caps, size) → price and estimate → request size → model key →
+        rate limit → budget. ``commit`` takes the rate-meter event and reserves the estimate (the live call)."""
+        raw = encode_body(params.body)
+        plan = _Plan(
+            model_request_facts(spec.imp, spec.channel_id, params, len(raw)), raw=raw, body=params.body
+        )
+        facts = plan.facts
+        verdict = judge(facts, self.gateway.policy)
+        if not verdict.allowed:
+            return denied(verdict.rule, verdict.reason), plan
+        assert verdict.matched is not None and facts.model is not None
+        rule = plan.rule = verdict.matched
+        price = self.gateway.policy.price(facts.model)
+        if price is None:
+            reason = (
+                f'model {facts.model!r} has no price in the price table (add [prices."{facts.model}"] to a policy '
+                "file); it is refused rather than assumed free"
+            )
+            return denied(PRICES_RULE, reason), plan
+        # issue 11 #3: a text call without an output cap is sent one within the rule's limit, so the upstream
+        # cannot write past the reservation; what is forwarded is what is priced.
+        cap = min(
+            limit
+            for limit in (rule.max_tokens, self.gateway.policy.upstream.default_output_tokens)
+            if limit is not None
+        )
+        body = bound_output(params.path, params.body, cap)
+        if body is not params.body:
+            plan.raw, plan.body, plan.output_cap = encode_body(body), body, cap
+        try:
+            multiplier = tier_multiplier(price, body.get("service_tier"), facts.model)
+            estimate = estimate_micros(
+                params.path, body, len(plan.raw), price, default_output_tokens=cap, input_images=facts.input_images,
+                inline_image_bytes=facts.inline_image_bytes,
+                stored_context_tokens=(rule.stored_context_tokens or 0) if facts.stored_context else 0,
+            )  # fmt: skip
+        except PriceMissing as exc:
+            return denied(PRICES_RULE, str(exc)), plan
+        plan.price, plan.multiplier = price, multiplier
+        if len(plan.raw) > self.gateway.policy.upstream.max_request_bytes:
+            reason = (
+                f"the body is {len(plan.raw)} bytes, over {self.gateway.policy.upstream.max_request_bytes}"
+            )
+            return replace(denied(UPSTREAM_RULE, reason), estimate_micros=estimate), plan
+        if not self.broker.configured:
+            error = RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, NO_KEY_MESSAGE, {"reason": "no model key configured"}
+            )
+            return Decision("unreachable", rule.name, NO_KEY_MESSAGE, error, estimate_micros=estimate), plan
+        refused = precheck(params.purpose, self._reply_outlook(spec, params.purpose))  # issue 19 #3
+        if refused is not None:  # before the model's own meter counts a call that is not made
+            decision = Decision("rate_limited", refused.rule, refused.reason, refused.error)
+            return replace(decision, estimate_micros=estimate), plan
+        limited = self.gateway.rate(rule, (spec.imp,), commit=commit)
+        if limited is not None:
+            return replace(limited, estimate_micros=estimate), plan
+        try:
+            if commit:
+                plan.reservation = await self.gateway.db.quick(
+                    self.gateway.ledger.reserve, spec.imp, estimate, method="model.request", purpose=params.purpose,
+                    model=facts.model,
+                )  # fmt: skip
+            else:
+                await self.gateway.db.quick(self.gateway.ledger.check_headroom, spec.imp, estimate)
+        except BudgetExhausted as exc:
+            error = RpcError(
+                ErrorCode.BUDGET_EXHAUSTED,
+                f"budget exhausted: {exc}",
+                {"ledger": exc.ledger, "retry_after": exc.retry_after_s},
+            )
+            return Decision("budget_exhausted", "budget", str(exc), error, estimate_micros=estimate), plan
+        return Decision("allowed", rule.name, "allowed", estimate_micros=estimate), plan
+
+    def _reply_outlook(self, spec: BoxSpec, purpose: str) -> SendOutlook | None:
+        """What the send rule of a reply in the turn's own channel says now (nothing counted); None for a call
+        whose answer is not such a reply, or a send no rule allows (refused for that, not checked here)."""
+        if purpose not in PRECHECKED_PURPOSES:
+            return None
+        probe = reply_probe(spec.channel_id)
+        verdict = self.gateway.judge_send(spec, probe)
+        if not verdict.allowed or verdict.matched is None:
+            return None
+        rule = verdict.matched
+        limited = self.gateway.rate(rule, (spec.imp, probe.channel_id), commit=False)
+        retry_after = limited.error.data["retry_after"] if limited and limited.error else None
+        return SendOutlook(rule.name, rule.rate_per_minute, retry_after)
+
+    async def handle(self, request: Request) -> ModelRequestResult:
+        spec, params, record = request.spec, request.params, request.record
+        assert isinstance(params, ModelRequestParams)
+        decision, plan = await self._decide_model(spec, params, commit=True)
+        record.purpose = params.purpose
+        record.detail = f"{params.path} model={plan.facts.model}"
+        if plan.output_cap is not None:
+            record.detail += f" output_cap={plan.output_cap} (set by the host)"
+        enforce(decision, record)
+        assert (
+            plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
+        )
+        call = _UpstreamCall(spec, params, plan, plan.reservation, decision.estimate_micros, record)
+        # The call writes its row in the trip that settles it (issue 18), whatever becomes of its caller.
+        record.deferred = True
+        if self._calls is None:  # no task group (a gateway used without ``running``): cut with its caller
+            await self._run_call(call)
+        else:
+            # Issue 19 #4: the call runs in the gateway's own task group, so a box that dies (or is killed) while
+            # the model answers does not cut it: the call ends and is charged what the upstream says it cost.
+            call.detached = True
+            self._detached.add(call)
+            self._calls.start_soon(self._run_call, call)
+            try:
+                await call.done.wait()
+            except anyio.get_cancelled_exc_class():
+                if not call.done.is_set():
+                    call.orphaned = True  # the box is gone: the row says so
+                raise
+        if call.error is not None:
+            raise call.error
+        assert call.response is not None
+        response = call.response
+        return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
+
+    async def _run_call(self, call: _UpstreamCall) -> None:
+        """The upstream call, then its settlement: the measured cost; 0 where nothing can have been billed (it
+        never left the host, or an error without usage came back); the reservation where the model API may have
+        billed a request it received but the answer never came (a hang, or the host stopping mid-call)."""
+        params, record, estimate = call.params, call.record, call.estimate
+        model = call.plan.facts.model
+        cost = estimate
+        try:
+            response = await self.broker.call(params.path, call.plan.raw, params.purpose)
+        except UpstreamUnreachable as exc:
+            cost = estimate if exc.sent else 0
+            record.verdict = "unreachable"
+            call.error = RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, f"model API unreachable: {exc}", {"reason": str(exc)}
+            )
+        except BaseException:  # cancelled: the host is stopping (a detached call), or the caller was cut
+            record.verdict = "interrupted"
+            cut = "the host stopped" if call.detached else "the request was cut"
+            record.reason = (
+                f"interrupted: {cut} before the model answered; charged the reservation, since the model API may "
+                "bill a request it received"
+            )
+            call.error = RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, "model request interrupted: the host is stopping"
+            )
+            raise
+        else:
+            assert call.plan.price is not None
+            measured = measured_micros(
+                params.path, response.body, call.plan.price, multiplier=call.plan.multiplier
+            )
+            if measured is not None:
+                cost = measured
+            elif not 200 <= response.status < 300:
+                cost = 0  # an upstream error without usage: nothing was generated
+            record.verdict = "allowed"
+            record.detail += f" status={response.status}"
+            call.response = response
+        finally:
+            record.cost_micros = min(
+                cost, estimate
+            )  # the ledger never charges past the reservation (issue 11 #3)
+            if cost > estimate:
+                log.error(
+                    "model.request by %s (%s %s): the upstream reported %d micro-USD, over the %d reserved; the "
+                    "reservation was charged. Its worst case did not hold: check [prices] and the rule's limits",
+                    call.spec.imp, params.path, model, cost, estimate,
+                )  # fmt: skip
+                record.detail += f"; OVER RESERVATION: the upstream reported {cost} micro-USD, {estimate} reserved and charged"
+            if call.error is not None:
+                record.reason = record.reason or call.error.message
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._settle_and_audit(call, cost)
+                except STORAGE_ERRORS as exc:
+                    # A full disk: the box is told so, in so many words (issue 19 #1).
+                    log.error("could not settle or audit %s for %s: %s", record.method, record.imp, exc)
+                    call.error = storage_failed(exc, self.gateway.db.url.where())
+                finally:
+                    call.done.set()
+                    self._detached.discard(call)
+
+    async def _settle_and_audit(self, call: _UpstreamCall, cost: int) -> None:
+        """The reservation settled at the measured cost, then the call's audit row: two quick transactions
+        (issue 18), so that a row that cannot be written never leaves the budget held."""
+        record = call.record
+        try:
+            await self.gateway.db.quick(self.gateway.ledger.settle, call.reservation, cost)
+        finally:
+            # Whether its box is gone is read here, once settled: a box cut while it settled is said to be too.
+            if call.orphaned and record.verdict != "interrupted":
+                record.detail += "; the box ended before the answer came: finished and settled for it"
+            await self.gateway.db.quick(self.gateway.row_now, record)  # the gateway's row, in its own trip
