@@ -79,7 +79,10 @@ case "${1:-}" in
         else
             banner "No Docker engine: the Docker tests will be SKIPPED (install docker.io and start dockerd to run them)."
         fi
-        exec "$VENV/bin/python" -m pytest "$@"
+        # In parallel (pytest-xdist): a worker per CPU, IMPYARD_TEST_WORKERS=N for another count (0: in this
+        # process, no workers); a -n among the arguments wins. loadgroup sends each test to the next free
+        # worker, except a module whose tests share an expensive fixture (xdist_group), kept on one worker.
+        exec "$VENV/bin/python" -m pytest -n "${IMPYARD_TEST_WORKERS:-auto}" --dist loadgroup "$@"
         ;;
     -h|--help|help)
         echo "usage: ./run.sh [IMP]                  chat with IMP (or the only imp, or choose one)" >&2

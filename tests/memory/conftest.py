@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from sqlalchemy import text
 from box.protocol import memory as mem
 from impyard.backends.base import BoxSpec
 from impyard.clock import FixedClock
-from impyard.db import Database, open_database
+from impyard.db import Database
 from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
@@ -105,8 +105,8 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-def mdb(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "memory.db")
+def mdb(tmp_path: Path, fresh_sqlite: Callable[[Path], Database]) -> Iterator[Database]:
+    database = fresh_sqlite(tmp_path / "memory.db")
     yield database
     database.close()
 
