@@ -3,6 +3,7 @@
 #   ./run.sh [IMP]    set everything up and run the main job: chat with an imp (IMP, or ask) in the terminal
 #   ./run.sh test     set everything up, check format, lint and types, and run the whole test suite
 #                     (with extra args: only pytest, with those args)
+#   ./run.sh quick    the inner loop: pytest without the slow and the Docker tests (extra args go to pytest)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -84,12 +85,18 @@ case "${1:-}" in
         # worker, except a module whose tests share an expensive fixture (xdist_group), kept on one worker.
         exec "$VENV/bin/python" -m pytest -n "${IMPYARD_TEST_WORKERS:-auto}" --dist loadgroup "$@"
         ;;
+    quick)
+        shift
+        exec "$VENV/bin/python" -m pytest -n "${IMPYARD_TEST_WORKERS:-auto}" --dist loadgroup \
+            -m "not slow and not docker" "$@"
+        ;;
     -h|--help|help)
         echo "usage: ./run.sh [IMP]                  chat with IMP (or the only imp, or choose one)" >&2
         echo "       ./run.sh test [pytest args...]  checks and tests" >&2
+        echo "       ./run.sh quick [pytest args...] the tests less the slow and the Docker ones" >&2
         ;;
     -*)
-        echo "usage: ./run.sh [IMP] | ./run.sh test [pytest args...]" >&2
+        echo "usage: ./run.sh [IMP] | ./run.sh test [pytest args...] | ./run.sh quick [pytest args...]" >&2
         exit 2
         ;;
     *)

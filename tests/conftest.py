@@ -23,6 +23,7 @@ from impyard.backends.process import ProcessBackend
 from impyard.backends.runtimes import RUNTIME_ENV, RuntimeChoice
 from impyard.db import Database, open_database
 from tests.postgres_session import SessionDatabase
+from tests.slow import SLOW_TESTS
 
 # Every Docker test of the lockdown, the protocol and end to end runs once per runtime (issue 22).
 RUNTIMES = ("runc", "runsc")
@@ -69,26 +70,49 @@ DOCKER_PARAMS = frozenset(RUNTIMES)
 POSTGRES_FIXTURES = frozenset({"postgres_server", "postgres_url", "migrated_postgres_url"})
 POSTGRES_PARAMS = frozenset({"postgresql"})
 SHARED_SCOPES = frozenset({"module", "class", "package"})
+SLOW_FALLBACK_S = 2.0  # the order of a test marked slow by hand, not measured in tests/slow.py
 
 
+_SECONDS = pytest.StashKey[float]()  # how long a test is expected to take, for the order
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks each test ``docker``, ``postgres`` or ``slow`` (``-m "not slow and not docker"``), and keeps the
+    tests of a module that share a module-scoped fixture on one xdist worker (``--dist loadgroup``), so an
+    expensive one (a second Docker engine, a PostgreSQL cluster of its own) is set up once, not once per worker.
+    Here, as each test is collected: before ``-m`` selects by the markers and xdist reads the groups."""
+    module, _, name = item.nodeid.partition("::")
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    params = {value for value in callspec.params.values() if isinstance(value, str)} if callspec else set()
+    if names & DOCKER_FIXTURES or params & DOCKER_PARAMS:
+        item.add_marker(pytest.mark.docker)
+    if names & POSTGRES_FIXTURES or params & POSTGRES_PARAMS:
+        item.add_marker(pytest.mark.postgres)
+    measured = SLOW_TESTS.get(module, {}).get(name.split("[")[0])
+    if measured is not None:
+        item.add_marker(pytest.mark.slow)
+    item.stash[_SECONDS] = measured or (SLOW_FALLBACK_S if item.get_closest_marker("slow") else 0.0)
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    if any(d.scope in SHARED_SCOPES for defs in definitions for d in defs):
+        item.add_marker(pytest.mark.xdist_group(module))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture scope) and its -m selection
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks each test ``docker`` or ``postgres`` by what it uses (``-m "not docker"``), and keeps the tests of
-    a module that share a module-scoped fixture on one xdist worker (``--dist loadgroup``), so an expensive one
-    (a second Docker engine, a PostgreSQL cluster of its own) is set up once, not once per worker."""
+    """The longest tests first, so that the workers finish together instead of one running a long test last
+    while the others wait; a group moves as one, by its longest test. Every xdist worker sorts alike."""
+    longest: dict[str, float] = {}
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        callspec = getattr(item, "callspec", None)
-        params = (
-            {value for value in callspec.params.values() if isinstance(value, str)} if callspec else set()
-        )
-        if names & DOCKER_FIXTURES or params & DOCKER_PARAMS:
-            item.add_marker(pytest.mark.docker)
-        if names & POSTGRES_FIXTURES or params & POSTGRES_PARAMS:
-            item.add_marker(pytest.mark.postgres)
-        info = getattr(item, "_fixtureinfo", None)
-        definitions = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope in SHARED_SCOPES for defs in definitions for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        group = _group_of(item)
+        longest[group] = max(longest.get(group, 0.0), item.stash.get(_SECONDS, 0.0))
+    items.sort(key=lambda item: -longest[_group_of(item)])  # stable: the rest keep their order
+
+
+def _group_of(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker is not None else str(id(item))
 
 
 @pytest.fixture

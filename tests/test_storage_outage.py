@@ -36,7 +36,7 @@ from impyard.surfaces import RecordingSurface
 from impyard.tables import channels
 from impyard.testing.fake_openai import FakeOpenAI, envelope
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]  # a cluster of its own, stopped and started
 
 
 @dataclass
