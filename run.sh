@@ -3,6 +3,7 @@
 #   ./run.sh [IMP]    set everything up and run the main job: chat with an imp (IMP, or ask) in the terminal
 #   ./run.sh test     set everything up, check format, lint and types, and run the whole test suite
 #                     (with extra args: only pytest, with those args)
+#   ./run.sh quick    the inner loop: pytest without the slow and the Docker tests (extra args go to pytest)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -79,14 +80,23 @@ case "${1:-}" in
         else
             banner "No Docker engine: the Docker tests will be SKIPPED (install docker.io and start dockerd to run them)."
         fi
-        exec "$VENV/bin/python" -m pytest "$@"
+        # In parallel (pytest-xdist): a worker per CPU, IMPYARD_TEST_WORKERS=N for another count (0: in this
+        # process, no workers); a -n among the arguments wins. loadgroup sends each test to the next free
+        # worker, except a module whose tests share an expensive fixture (xdist_group), kept on one worker.
+        exec "$VENV/bin/python" -m pytest -n "${IMPYARD_TEST_WORKERS:-auto}" --dist loadgroup "$@"
+        ;;
+    quick)
+        shift
+        exec "$VENV/bin/python" -m pytest -n "${IMPYARD_TEST_WORKERS:-auto}" --dist loadgroup \
+            -m "not slow and not docker" "$@"
         ;;
     -h|--help|help)
         echo "usage: ./run.sh [IMP]                  chat with IMP (or the only imp, or choose one)" >&2
         echo "       ./run.sh test [pytest args...]  checks and tests" >&2
+        echo "       ./run.sh quick [pytest args...] the tests less the slow and the Docker ones" >&2
         ;;
     -*)
-        echo "usage: ./run.sh [IMP] | ./run.sh test [pytest args...]" >&2
+        echo "usage: ./run.sh [IMP] | ./run.sh test [pytest args...] | ./run.sh quick [pytest args...]" >&2
         exit 2
         ;;
     *)

@@ -4,13 +4,16 @@ and the Docker backend under each OCI runtime (runc, and gVisor's runsc where th
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import docker.errors
 import pytest
+import pytest_timeout
 
 from bench.pgcluster import PostgresServer, postgres_bin, private_server, throwaway_database
 from impyard.backends import BoxStartError
@@ -20,9 +23,97 @@ from impyard.backends.runtimes import RUNTIME_ENV, RuntimeChoice
 from impyard.storage import urls as dburl
 from impyard.storage.db import Database, open_database
 from tests.fixtures import fake, fake_model, kit, model  # noqa: F401 - the shared fixtures of the test kit
+from tests.postgres_session import SessionDatabase
+from tests.slow import SLOW_TESTS
 
 # Every Docker test of the lockdown, the protocol and end to end runs once per runtime (issue 22).
 RUNTIMES = ("runc", "runsc")
+
+
+# pytest-timeout times the test function alone (timeout_func_only in pyproject.toml): a fixture's setup or
+# cleanup (a Docker engine's data root removed, a box image built) never counts against a test's 120 s. Setup and
+# teardown get their own, wider limit here, so a hung fixture still fails instead of stopping the suite.
+FIXTURE_TIMEOUT_S = 900
+
+
+@contextmanager
+def _fixture_timer(item: pytest.Item) -> Iterator[None]:
+    settings = pytest_timeout._get_item_settings(item)
+    if not settings.timeout or settings.timeout <= 0:  # --timeout=0 (no timeouts) turns this one off too
+        yield
+        return
+    hooks = item.config.pluginmanager.hook
+    hooks.pytest_timeout_set_timer(item=item, settings=settings._replace(timeout=FIXTURE_TIMEOUT_S))
+    try:
+        yield
+    finally:
+        hooks.pytest_timeout_cancel_timer(item=item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _fixture_timer(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with _fixture_timer(item):
+        return (yield)
+
+
+# --- markers for a quick inner loop, and what keeps a module on one xdist worker -----------------------------
+
+# Fixtures through which a test reaches Docker or PostgreSQL, and the parameter values that pick them (a test
+# that parametrises its engine or backend reaches the fixture with request.getfixturevalue).
+DOCKER_FIXTURES = frozenset({"box_image", "runtime_problems", "docker_backend", "box_runtime"})
+DOCKER_PARAMS = frozenset(RUNTIMES)
+POSTGRES_FIXTURES = frozenset({"postgres_server", "postgres_url", "migrated_postgres_url"})
+POSTGRES_PARAMS = frozenset({"postgresql"})
+SHARED_SCOPES = frozenset({"module", "class", "package"})
+SLOW_FALLBACK_S = 2.0  # the order of a test marked slow by hand, not measured in tests/slow.py
+
+
+_SECONDS = pytest.StashKey[float]()  # how long a test is expected to take, for the order
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks each test ``docker``, ``postgres`` or ``slow`` (``-m "not slow and not docker"``), and keeps the
+    tests of a module that share a module-scoped fixture on one xdist worker (``--dist loadgroup``), so an
+    expensive one (a second Docker engine, a PostgreSQL cluster of its own) is set up once, not once per worker.
+    Here, as each test is collected: before ``-m`` selects by the markers and xdist reads the groups."""
+    module, _, name = item.nodeid.partition("::")
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    params = {value for value in callspec.params.values() if isinstance(value, str)} if callspec else set()
+    if names & DOCKER_FIXTURES or params & DOCKER_PARAMS:
+        item.add_marker(pytest.mark.docker)
+    if names & POSTGRES_FIXTURES or params & POSTGRES_PARAMS:
+        item.add_marker(pytest.mark.postgres)
+    measured = SLOW_TESTS.get(module, {}).get(name.split("[")[0])
+    if measured is not None:
+        item.add_marker(pytest.mark.slow)
+    item.stash[_SECONDS] = measured or (SLOW_FALLBACK_S if item.get_closest_marker("slow") else 0.0)
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    if any(d.scope in SHARED_SCOPES for defs in definitions for d in defs):
+        item.add_marker(pytest.mark.xdist_group(module))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture scope) and its -m selection
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first, so that the workers finish together instead of one running a long test last
+    while the others wait; a group moves as one, by its longest test. Every xdist worker sorts alike."""
+    longest: dict[str, float] = {}
+    for item in items:
+        group = _group_of(item)
+        longest[group] = max(longest.get(group, 0.0), item.stash.get(_SECONDS, 0.0))
+    items.sort(key=lambda item: -longest[_group_of(item)])  # stable: the rest keep their order
+
+
+def _group_of(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker is not None else str(id(item))
 
 
 @pytest.fixture
@@ -43,10 +134,31 @@ def impyard_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite host database migrated once per test session (per xdist worker): each store test's own is a copy."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "impyard.db"
+    open_database(path).close()  # closed: the WAL is folded into the file, which is then the whole database
+    return path
+
+
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
+def fresh_sqlite(sqlite_template: Path) -> Callable[[Path], Database]:
+    """Opens a migrated SQLite database at a path: a copy of ``sqlite_template`` (opening it checks the revision
+    as every open does) instead of running the migrations again."""
+
+    def fresh(path: Path) -> Database:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sqlite_template, path)
+        return open_database(path)
+
+    return fresh
+
+
+@pytest.fixture
+def db(tmp_path: Path, fresh_sqlite: Callable[[Path], Database]) -> Iterator[Database]:
     """A fresh, migrated host database for store tests."""
-    database = open_database(tmp_path / "impyard.db")
+    database = fresh_sqlite(tmp_path / "impyard.db")
     yield database
     database.close()
 
@@ -195,26 +307,28 @@ def postgres_url(postgres_server: PostgresServer | str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def postgres_template(postgres_server: PostgresServer | str) -> Iterator[str | None]:
-    """A database migrated once per test session, the template of each store test's own (``CREATE DATABASE …
-    TEMPLATE``): a copy costs a fraction of running every Alembic revision again. None without a server."""
+def postgres_session(postgres_server: PostgresServer | str) -> Iterator[SessionDatabase | None]:
+    """The database migrated once per test session (per xdist worker) that ``migrated_postgres_url`` empties for
+    each test (``tests/postgres_session.py``). None without a server."""
     if isinstance(postgres_server, str):
         yield None
         return
-    with throwaway_database(postgres_server, "impyard_template") as name:
-        open_database(url=postgres_server.url_of(name)).close()  # migrated, then let go
-        yield name
+    database = SessionDatabase(postgres_server)
+    try:
+        yield database
+    finally:
+        database.close()
 
 
 @pytest.fixture
 def migrated_postgres_url(
-    postgres_server: PostgresServer | str, postgres_template: str | None
-) -> Iterator[str]:
-    """A throwaway database already at the newest revision (a copy of ``postgres_template``), for this test only."""
-    if isinstance(postgres_server, str) or postgres_template is None:
+    postgres_server: PostgresServer | str, postgres_session: SessionDatabase | None
+) -> str:
+    """A database at the newest revision with no rows and no other connection, for this test: the session's,
+    emptied (a test that needs a second database, or an unmigrated one, asks for ``postgres_url``)."""
+    if isinstance(postgres_server, str) or postgres_session is None:
         pytest.skip(str(postgres_server))
-    with throwaway_database(postgres_server, "impyard_test", postgres_template) as name:
-        yield postgres_server.url_of(name)
+    return postgres_session.fresh()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -222,7 +336,7 @@ def any_engine_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Da
     """A fresh, migrated host database on each engine in turn, for store tests that use the engine API
     (``db.write``/``db.read``/``db.begin``); the PostgreSQL run skips, visibly, only where no server can run."""
     if request.param == "sqlite":
-        database = open_database(tmp_path / "impyard.db")
+        database = request.getfixturevalue("fresh_sqlite")(tmp_path / "impyard.db")
     else:
         database = open_database(url=request.getfixturevalue("migrated_postgres_url"))
     yield database

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -76,7 +77,9 @@ async def test_the_backend_refuses_a_box_whose_state_overlaps_a_running_boxs(
         assert not (state / "c1" / "sub").exists()  # refused before anything touched its state dir
         async with backend.open(BoxSpec("pip", "c2", state / "c2"), ScriptedHost()) as beside:
             await beside.init(init_params(channel_id="c2"), timeout=60)  # its own dir: it starts
-    async with backend.open(BoxSpec("pip", "c1", state / "c1", run_id="again"), ScriptedHost()) as later:
+    async with backend.open(
+        BoxSpec("pip", "c1", state / "c1", run_id=f"again-{uuid.uuid4().hex[:6]}"), ScriptedHost()
+    ) as later:
         await later.init(init_params(), timeout=60)  # the first box is gone: its mount is free again
     assert list((tmp_path / "home" / CLAIMS_DIR).glob("*.claim")) == []  # every claim let go
 

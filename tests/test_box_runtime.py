@@ -168,6 +168,7 @@ def _without_runsc(backend: DockerBackend, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.anyio
+@pytest.mark.docker  # docker_backend_for: the marker cannot see it (tests/conftest.py)
 async def test_no_box_starts_when_runsc_is_asked_for_but_missing(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -188,6 +189,7 @@ async def test_no_box_starts_when_runsc_is_asked_for_but_missing(
 
 
 @pytest.mark.anyio
+@pytest.mark.docker  # docker_backend_for: the marker cannot see it (tests/conftest.py)
 async def test_auto_falls_back_to_runc_only_where_runsc_is_missing(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ import http.server
 import json
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -660,7 +661,10 @@ async def test_end_to_end_a_real_box_replies_through_the_gateway(
     fake.script(envelope(answer="hello ann"), purpose="reply", schema_name="envelope",
                 usage={"prompt_tokens": 300, "completion_tokens": 40})  # fmt: skip
     watching = Watching(h.gateway)
-    spec = BoxSpec("pip", "c1", tmp_path / "state", run_id="e2e-run")
+    run_id = (
+        f"e2e-{uuid.uuid4().hex[:8]}"  # the container's name: unique beside another worker's run of this test
+    )
+    spec = BoxSpec("pip", "c1", tmp_path / "state", run_id=run_id)
     async with backend.open(spec, watching) as box:
         await box.init(init_params(imp="pip", channel_id="c1", kind="dm"), timeout=60)
         result = await box.deliver(deliver_params("hi pip", "m1"), timeout=60)
@@ -677,7 +681,7 @@ async def test_end_to_end_a_real_box_replies_through_the_gateway(
         ("discord.send", "allowed"),
         ("history.commit", "allowed"),  # issue 22: the turn's own lines (its load folded in)
     ]
-    assert all(r["run_id"] == "e2e-run" for r in rows)
+    assert all(r["run_id"] == run_id for r in rows)
     assert KEY not in json.dumps(rows) and not any(KEY in text for text in watching.handed_to_box)
     assert KEY not in box_environment(spec.state_dir).values() and os.environ["OPENAI_API_KEY"] == KEY
     assert not any(KEY in str(path.read_bytes()) for path in spec.state_dir.rglob("*") if path.is_file())

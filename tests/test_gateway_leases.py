@@ -18,7 +18,6 @@ from tests.test_gateway import (
     CHAT_BODY,
     KEY,
     Harness,
-    fake,  # noqa: F401 - fixture
     make_harness,
     policy_with,
 )

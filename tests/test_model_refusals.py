@@ -180,7 +180,9 @@ async def test_a_refused_request_fails_the_turn_once_with_its_cause(
         result = await turn(rig, deliver_params("hi"))
     assert len(rig.fake.requests) == 1  # the upstream saw it once: not retried as if it were transient
     assert result.outcome == "failed" and words_for(result.error) == REFUSED_NOTICE
-    logged = [r.getMessage() for r in caplog.records if "unsupported_parameter" in r.getMessage()]
+    # The host's log of the box (an in-process box's own loggers are the box's, as a process's stderr is).
+    host_side = [r for r in caplog.records if r.name.startswith("impyard.box.pip")]
+    logged = [r.getMessage() for r in host_side if "unsupported_parameter" in r.getMessage()]
     assert len(logged) == 1 and "reasoning_effort" in logged[0]  # the log says it once, and why
 
 

@@ -37,7 +37,7 @@ from impyard.storage.tables import channels
 from testing.fake_openai import FakeOpenAI, envelope
 from testing.inprocess import InProcessBackend
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]  # a cluster of its own, stopped and started
 
 
 @dataclass

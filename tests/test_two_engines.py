@@ -22,7 +22,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from impyard.backends.plan import LABEL_CHANNEL
+from impyard import paths
+from impyard.backends.plan import LABEL_CHANNEL, LABEL_HOME
 from testing.fake_openai import FakeOpenAI, envelope
 from tests.test_discord_shards import (
     ALICE,
@@ -93,12 +94,15 @@ def second_engine(box_image: str) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _box_channels(docker_host: str) -> set[str]:
-    """The channels whose boxes run on that engine now."""
+def _box_channels(docker_host: str, homes: list[Path]) -> set[str]:
+    """The channels whose boxes of these homes run on that engine now (not another test's, running beside)."""
     client = docker.DockerClient(base_url=docker_host)
+    ours = {paths.home_id(home.resolve()) for home in homes}
     try:
         return {
-            c.labels.get(LABEL_CHANNEL, "") for c in client.containers.list(filters={"label": LABEL_CHANNEL})
+            c.labels.get(LABEL_CHANNEL, "")
+            for c in client.containers.list(filters={"label": LABEL_CHANNEL})
+            if c.labels.get(LABEL_HOME) in ours
         }
     finally:
         client.close()
@@ -130,7 +134,8 @@ def test_two_hosts_on_two_docker_engines_answer_every_message_once_each_on_its_o
                 lambda: sum(len(fake.messages(c)) for c in (EVEN_A, ODD_A, ODD_B)) >= len(asked),
                 timeout=START_S,
             )
-            on_first, on_second = _box_channels(first_engine), _box_channels(second_engine)
+            homes = [tmp_path / "home0", tmp_path / "home1"]
+            on_first, on_second = _box_channels(first_engine, homes), _box_channels(second_engine, homes)
         replies = [m for c in (EVEN_A, ODD_A, ODD_B) for m in fake.messages(c)]
     answered = {m.reference_id: m.content for m in replies}
     assert len(replies) == len(asked), [(m.channel_id, m.content) for m in replies]  # each exactly once

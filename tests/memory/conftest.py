@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from impyard.memory.cache import VectorCache
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.service import MemoryService
 from impyard.memory.store import MemoryStore
-from impyard.storage.db import Database, open_database
+from impyard.storage.db import Database
 
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
 IMP = "ana"
@@ -105,8 +105,8 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-def mdb(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(tmp_path / "memory.db")
+def mdb(tmp_path: Path, fresh_sqlite: Callable[[Path], Database]) -> Iterator[Database]:
+    database = fresh_sqlite(tmp_path / "memory.db")
     yield database
     database.close()
 
