@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from impyard.backends import BoxSpec
 from impyard.backends.docker import DockerBackend, run_argv
 from impyard.backends.process import ProcessBackend
 from impyard.storage.db import open_database
-from impyard.supervisor.orphans import leftovers
+from impyard.supervisor.orphans import leftovers, looks_like_box_process
 from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests import sqlfile
 from tests.test_gateway import CHAT_BODY, Harness, make_harness
@@ -57,9 +58,18 @@ def plant_process_box(state_dir: Path) -> subprocess.Popen[bytes]:
     """A process that is a box of the imp by every sign the host checks (its state dir, "box" in argv)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     env = {"PATH": os.environ.get("PATH", ""), "IMPYARD_STATE_DIR": str(state_dir)}
-    return subprocess.Popen(
+    planted = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(300)", "box"], env=env, start_new_session=True
     )
+    # Until the child has exec'd, /proc shows the forked test process, no box: on a busy machine a check could
+    # run in between. Wait (without a clock of its own: a deadline only against a hang) for the box's signs.
+    deadline = time.monotonic() + 60
+    while not looks_like_box_process(planted.pid, state_dir):
+        if planted.poll() is not None or time.monotonic() > deadline:
+            planted.kill()
+            raise AssertionError(f"the planted box {planted.pid} never showed a box's signs")
+        time.sleep(0.01)
+    return planted
 
 
 @pytest.mark.parametrize("left_as", ["interrupted", "failed"])

@@ -5,6 +5,8 @@ May import: any package (the command line is the top of the house); nothing impo
 
 from __future__ import annotations
 
+import faulthandler
+import io
 import logging
 import sys
 
@@ -69,4 +71,8 @@ cli.add_command(hosts_command)
 
 def main() -> None:
     """The ``impyard`` script; user errors and bugs are shown by ``ImpyardGroup`` (cli/errors.py)."""
+    try:  # a crash in native code (SQLite, numpy) leaves every thread's Python stack on stderr
+        faulthandler.enable()
+    except (io.UnsupportedOperation, AttributeError, ValueError):
+        pass  # a stderr with no file descriptor (a test runner's capture): nothing to write a crash to
     cli(prog_name="impyard")
