@@ -136,6 +136,14 @@ class ImpClient(discord.Client):
         self.cards: ApprovalCards | None = None
         self.bridge: Bridge | None = None  # set by `impyard serve`: where gateway events go
 
+    async def close(self) -> None:
+        """Close the connection, first cancelling the READY discord.py may still be holding back (its guild-ready
+        timeout): announced after the close, it would find the client's loop gone and fail in its own task."""
+        ready = self._connection._ready_task
+        if ready is not None:
+            ready.cancel()
+        await super().close()
+
     async def login_checked(self, token: str | None, source: str) -> None:
         """Log in (REST only) with a clear error for a missing or rejected token; then settle the intents."""
         if not token:
