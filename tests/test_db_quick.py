@@ -252,3 +252,38 @@ async def test_a_checkpoint_still_queued_when_the_database_closed_does_nothing(d
     db.close()
     db._quick._checkpoint()
     assert db._engine is None and db._kept == []
+
+
+async def test_closing_the_database_waits_for_a_running_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint runs on a worker inside SQLite: the database closes (and the process may exit) only once it
+    has ended, never with a thread still in SQLite on a connection of a disposed engine."""
+    monkeypatch.setattr(quick_module, "CHECKPOINT_EVERY", 1)
+    db = open_database(tmp_path / "impyard.db")
+    _scratch(db)
+    inside, release = threading.Event(), threading.Event()
+    order: list[str] = []
+    original = quick_module.QuickPath._checkpoint
+
+    def held(self: quick_module.QuickPath) -> None:
+        inside.set()
+        release.wait(60)
+        original(self)
+        order.append("checkpoint ended")
+
+    monkeypatch.setattr(quick_module.QuickPath, "_checkpoint", held)
+    await db.quick(db.write, _insert(1))  # the first write owes a checkpoint: a worker starts it
+    assert await anyio.to_thread.run_sync(inside.wait, 60)
+
+    def close() -> None:
+        db.close()
+        order.append("closed")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, close)
+        await anyio.sleep(
+            0.2
+        )  # close() is waiting for the checkpoint (were it not, "closed" would come first)
+        release.set()
+    assert order == ["checkpoint ended", "closed"]

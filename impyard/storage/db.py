@@ -270,7 +270,9 @@ class Database:
         return await self._quick.run(fn, *args, **kwargs)
 
     def close(self) -> None:
-        self._closed = True
+        self._closed = True  # a checkpoint queued from now on does nothing
+        if not self._quick.wait_checkpoint():
+            log.warning("closing %s while a WAL checkpoint still runs", self.url.where())
         with self._kept_lock:
             kept, self._kept = self._kept, []
         for engine_conn in kept:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("impyard.db")
 
 QUICK_SLOW_S = 0.02  # quick work using more CPU than this on the event loop is logged (once per function)
+CHECKPOINT_CLOSE_WAIT_S = 10.0  # how long closing the database waits for a running checkpoint (it is short)
 CHECKPOINT_EVERY = 64  # write commits made on the event loop between two WAL checkpoints (run on a worker)
 
 P = ParamSpec("P")
@@ -75,6 +76,8 @@ class QuickPath:
         )  # the loop thread's two connections, and whether one is in a transaction
         self._writes = 0  # write commits on the event loop since the last checkpoint
         self._checkpointing = False
+        self._checkpoint_done = threading.Event()  # set while no checkpoint runs: close() waits for one
+        self._checkpoint_done.set()
         self._named: set[str] = set()  # quick functions called at least once
         self._slow_named: set[str] = set()  # quick functions already logged as slow
 
@@ -167,7 +170,13 @@ class QuickPath:
         if self._writes < CHECKPOINT_EVERY or self._checkpointing:
             return
         self._writes, self._checkpointing = 0, True
+        self._checkpoint_done.clear()
         workers.start(self._checkpoint)
+
+    def wait_checkpoint(self, timeout_s: float = CHECKPOINT_CLOSE_WAIT_S) -> bool:
+        """Before the database closes: let a checkpoint running on a worker end, so that no thread is inside SQLite
+        on a connection of an engine being disposed (or of a process exiting). False: it was still running."""
+        return self._checkpoint_done.wait(timeout_s)
 
     def _checkpoint(self) -> None:
         """On a worker: copy the WAL's pages into the database file and start the WAL over, so that it is reused
@@ -178,6 +187,7 @@ class QuickPath:
         db = self._db
         if db.closed:
             self._checkpointing = False
+            self._checkpoint_done.set()
             return
         try:
             with db.connect() as conn:
@@ -191,6 +201,7 @@ class QuickPath:
             log.warning("could not checkpoint %s: %s", db.url.where(), storage_faults.describe(exc))
         finally:
             self._checkpointing = False
+            self._checkpoint_done.set()
 
     def _note_slow(self, fn: Callable[..., Any], cpu_s: float, wall_s: float) -> None:
         """Log quick work too heavy for the loop, once per function, and never its first call (which may compile
