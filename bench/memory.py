@@ -68,6 +68,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
+from sqlalchemy import select
 
 from bench.env import rss_kib
 from bench.harness import (
@@ -119,6 +120,7 @@ from impyard.memory.vectors import overlap_at_k
 from impyard.paths import home
 from impyard.runtime import open_runtime
 from impyard.storage.db import open_database
+from impyard.storage.tables import memory_records
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskStore
 from testing.pipes import byte_pipe
@@ -752,6 +754,7 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
                 }
             ctx.progress.advance()
             kept = await runtime.db.run(memory.store.count, MEMORY_ON)
+            local_stored = await runtime.db.run(stored_dims, memory.store, MEMORY_LOCAL, local_dims)
             reflection = await reflection_task(runtime, backend, probe)
     prices = shipped_prices()
     last = WARMUP_TURNS + turns
@@ -781,7 +784,8 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
         memory_on=figures[MEMORY_ON], memory_off=figures[MEMORY_OFF],
         first_turn={name: _per_turn([turn]) | {"latency_ms": round(turn.latency_ms, 1)} for name, turn in first.items()},
         remembered_before=remembered, records_after=kept, backend=backend.name,
-        cost=cost, local_embedder={"embedder": local, "dims": local_dims, "skipped": local_skipped},
+        cost=cost,
+        local_embedder={"embedder": local, "dims": local_dims, "skipped": local_skipped, "stored_dims": local_stored},
         tokens="estimated from each request as sent: characters / 4 of the messages, the schema and the tools, "
         "+3 a message (bench/memory_cost.py); output: the fake's completion_tokens",
         prices=f"shipped ({default_policy_path().name})",
@@ -810,6 +814,19 @@ def cost_checks(cost: dict[str, Any]) -> dict[str, bool]:
             cost[MEMORY_LOCAL]["normal_turn"]["before_reply_max"] <= limit
         )
     return checks
+
+
+def stored_dims(store: MemoryStore, imp: str, seeded: int) -> list[int]:
+    """The vector lengths of what ``imp``'s box stored itself (every length but the seed's, else the seed's if
+    the box stored that): a local embedder whose length the bench guessed wrong shows here."""
+    with store.db.begin() as conn:
+        found = conn.execute(
+            select(memory_records.c.dims)
+            .where(memory_records.c.imp == imp, memory_records.c.dims > 0)
+            .distinct()
+        ).scalars()
+        lengths = sorted(int(d) for d in found)
+    return [d for d in lengths if d != seeded] or [d for d in lengths if d == seeded]
 
 
 def learn_rules(store: MemoryStore, imp: str, count: int) -> None:
@@ -940,6 +957,14 @@ def cost_rows(s: dict[str, Any]) -> list[Row]:
                     f"; {path.replace('_', ' ')}: {f['before_reply']} before ({listed}), "
                     f"{f['sequential_before_reply']} in a row, {f['in_all']} in all"
                 )
+        if name == MEMORY_LOCAL and s["local_embedder"]["stored_dims"] not in (
+            [],
+            [s["local_embedder"]["dims"]],
+        ):
+            text += (
+                f"; the box stored vectors of {s['local_embedder']['stored_dims']} dimensions, the memories were "
+                f"seeded with {s['local_embedder']['dims']}: recall by meaning found none of them (set {LOCAL_DIMS_ENV})"
+            )
         key = "model_calls_before_reply_normal" + ("" if name == MEMORY_ON else "_local")
         rows.append(
             Row(f"model API calls before the reply, memory on ({embedder} embedder)", {}, None, None, text, checks.get(key))
