@@ -455,3 +455,20 @@ def test_the_host_judges_the_picture_body_the_box_sends() -> None:
         picture_body(ImpSpec(name="pip", responder=settings)),
     )
     assert IMAGE_PATH == GENERATIONS
+
+
+@pytest.mark.parametrize(("server", "bounded"), [("openai", False), ("llama.cpp", True), ("vllm", True)])
+def test_tool_arguments_are_bounded_as_the_server_takes_them(server: str, bounded: bool) -> None:
+    from box.common.request_bodies import chat_body, responses_body
+    from box.memory import NoMemory
+    from box.tools import search_tool, web_fetch_tool
+
+    tools = [search_tool(NoMemory()), web_fetch_tool(None)]  # type: ignore[arg-type]  # the peer is only run
+    assert all(bounds_problem(tool.parameters) is None for tool in tools)
+    settings = ResponderSettings(server=server)
+    body = chat_body(settings, "gpt-5.1", [{"role": "user", "content": "hi"}], tools)
+    sent = [shape["function"]["parameters"] for shape in body["tools"]]
+    assert ("maxLength" in json.dumps(sent)) is bounded
+    if server == "openai":  # the Responses API's flat shape too
+        flat = responses_body(settings, "gpt-5.1", "sys", [], tools)["tools"]
+        assert "maxLength" not in json.dumps(flat) and flat[0]["parameters"]["required"] == ["query"]

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from box.common.model_profiles import OPENAI
+from box.common.schema_bounds import OPENAI_STRICT, fit_schema
 from box.protocol.models import ResponderSettings
 
 ENVELOPE_NAME = "envelope"
@@ -201,10 +202,15 @@ ENVELOPE_SCHEMA: dict[str, Any] = envelope_schema()  # every field asked: the wh
 
 
 def response_format() -> dict[str, Any]:
-    """The chat/completions ``response_format`` that pins the envelope (ENV-19)."""
+    """The chat/completions ``response_format`` that pins the whole envelope (ENV-19), as OpenAI's strict
+    mode takes it (no ``maxLength``, issue 38); an imp's own calls send ``request_bodies.sent_schema``."""
     return {
         "type": "json_schema",
-        "json_schema": {"name": ENVELOPE_NAME, "strict": True, "schema": ENVELOPE_SCHEMA},
+        "json_schema": {
+            "name": ENVELOPE_NAME,
+            "strict": True,
+            "schema": fit_schema(ENVELOPE_SCHEMA, OPENAI_STRICT),
+        },
     }
 
 

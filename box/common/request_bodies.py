@@ -59,7 +59,7 @@ def chat_body(
     if settings.temperature is not None and profile.takes_temperature(effort):
         body["temperature"] = settings.temperature
     if tools:
-        body["tools"] = [tool.chat_shape() for tool in tools]
+        body["tools"] = [fit_tool(tool.chat_shape(), profile) for tool in tools]
         if effort is not None:
             body["reasoning_effort"] = effort
     return body
@@ -69,6 +69,22 @@ def sent_schema(settings: ResponderSettings, profile: ModelProfile) -> dict[str,
     """The envelope schema this imp sends (issue 38): the fields it is asked (``EnvelopeAsks``), with the
     bound keywords its server takes (``box.common.schema_bounds``). The same bytes on every call."""
     return fit_schema(envelope_schema(EnvelopeAsks.of(settings)), profile.schema_dialect)
+
+
+def fit_tool(shape: dict[str, Any], profile: ModelProfile) -> dict[str, Any]:
+    """A function tool (either API's shape) with the bounds of its parameters as the server takes them."""
+    function = shape.get("function")
+    if isinstance(function, dict) and isinstance(function.get("parameters"), dict):  # chat/completions
+        return {
+            **shape,
+            "function": {
+                **function,
+                "parameters": fit_schema(function["parameters"], profile.schema_dialect),
+            },
+        }
+    if isinstance(shape.get("parameters"), dict):  # the Responses API: flat
+        return {**shape, "parameters": fit_schema(shape["parameters"], profile.schema_dialect)}
+    return shape
 
 
 def chat_without_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,7 +125,7 @@ def responses_body(
     if settings.temperature is not None and profile.takes_temperature(effort):
         body["temperature"] = settings.temperature
     if tools:
-        body["tools"] = [tool.responses_shape() for tool in tools]
+        body["tools"] = [fit_tool(tool.responses_shape(), profile) for tool in tools]
     return body
 
 
