@@ -658,7 +658,7 @@ _SCHEMA_COMMON = frozenset(
      "definitions", "$schema", "$comment", "$id"}
 )  # fmt: skip
 _SCHEMA_BY_TYPE = {
-    "string": frozenset({"pattern", "format", "minLength", "maxLength"}),
+    "string": frozenset({"pattern", "format"}),  # [so] no minLength / maxLength: see _STRICT_REFUSED_BOUNDS
     "number": frozenset({"multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"}),
     "integer": frozenset({"multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"}),
     "object": frozenset({"properties", "required", "additionalProperties", "patternProperties"}),
@@ -667,6 +667,10 @@ _SCHEMA_BY_TYPE = {
     "null": frozenset(),
 }
 _SCHEMA_ALL_TYPED = frozenset().union(*_SCHEMA_BY_TYPE.values())
+# [so] issue 38: the guide's "Supported properties" list strings' pattern and format only; minLength and
+# maxLength are refused with a 400 "In context=('properties', 'x'), 'maxLength' is not permitted." ([live]
+# jina-ai/node-DeepResearch#79, vercel/ai's OpenAI provider notes). A box sending them to OpenAI is caught.
+_STRICT_REFUSED_BOUNDS = frozenset({"minLength", "maxLength"})
 _STRING_FORMATS = ("date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid")
 # [so] "A schema may have up to 5000 object properties total, with up to 10 levels of nesting." ...
 # "total string length of all property names, definition names, enum values, and const values cannot
@@ -2216,3 +2220,108 @@ def _parse_multipart(raw: bytes, content_type: str) -> dict[str, Any]:
         else:
             form[name] = value
     return form
+
+
+# ----------------------------------------------------------------- a small model on a local server (issue 38)
+
+# What a 0.5B instruct model on llama.cpp's server (grammar-constrained JSON) wrote into the envelope, field by
+# field (issue 38: `channel` in 48 of 48 envelopes, copied from the prompt's "Channel:" line; `staff` 48;
+# `picture` 40; `hack` 17; `action = search` 22).
+SMALL_MODEL_FILLS: dict[str, Any] = {
+    "answer": "Hello! How can I help you today?",
+    "answer_needed": True,
+    "channel": "a terminal session",
+    "staff": "x",
+    "picture": "cat",
+    "picture_count": 2,
+    "picture_edit": True,
+    "hack": True,
+    "told": "ann greeted the imp.",
+    "feeling": "curious",
+    "conclusion": "ann wants to talk.",
+    "valence": 0.3,
+    "intensity": 0.4,
+    "type": "search",
+    "text": "ann",
+}
+SMALL_MODEL_PHRASE = "1"  # what it repeats in an array nothing bounds (moment.refeels)
+
+
+class SmallModel:
+    """A scripted answer (``fake.script(SmallModel(), purpose="reply")``) that writes what a small model on a
+    grammar-constrained server writes: every field of the schema it was sent, nullable ones filled
+    (``SMALL_MODEL_FILLS``), and each array repeated as far as the grammar lets it. An array with
+    ``maxItems`` stops there; one without runs on until the output cap and the answer is cut off mid-JSON —
+    what llama.cpp returned in 8 of 28 reply calls. ``holds_to_schema=False``: a server that does not constrain
+    decoding at all (the schema only in the prompt) — every envelope field comes back, asked or not.
+    """
+
+    def __init__(self, *, holds_to_schema: bool = True, cap_chars: int = 4096) -> None:
+        self.holds_to_schema = holds_to_schema
+        self.cap_chars = cap_chars  # ~1,024 tokens
+        self.cut_off = 0  # answers cut off at the cap
+
+    def __call__(self, request: RecordedRequest) -> Any:
+        schema = _sent_schema(request.body)
+        if not self.holds_to_schema or schema is None:
+            answer = envelope(**{k: v for k, v in SMALL_MODEL_FILLS.items() if k in _ENVELOPE_KEYS})
+            answer["moment"] = {"feeling": "curious", "conclusion": "ok.", "valence": 0.3, "intensity": 0.4,
+                                "refeels": ["1"]}  # fmt: skip
+            answer["action"] = {"type": "search", "text": "ann"}
+            return answer
+        value, runaway = self._fill(schema, "")
+        if runaway:
+            self.cut_off += 1
+            return json.dumps(value)[: self.cap_chars]  # cut at the output cap: not JSON
+        return value
+
+    def _fill(self, node: Any, name: str) -> tuple[Any, bool]:
+        if not isinstance(node, dict):
+            return None, False
+        if "anyOf" in node:  # a nullable value as llama.cpp takes it: the small model picks the value
+            options = [o for o in node["anyOf"] if isinstance(o, dict) and o.get("type") != "null"]
+            return self._fill(options[0], name) if options else (None, False)
+        declared = node.get("type")
+        kinds = declared if isinstance(declared, list) else [declared]
+        kind = next((k for k in kinds if k != "null"), "null")
+        if "enum" in node:
+            wanted = SMALL_MODEL_FILLS.get(name)
+            return (wanted if wanted in node["enum"] else node["enum"][0]), False
+        if kind == "object":
+            out: dict[str, Any] = {}
+            runaway = False
+            for key, sub in (node.get("properties") or {}).items():
+                out[key], ran = self._fill(sub, key)
+                runaway = runaway or ran
+            return out, runaway
+        if kind == "array":
+            item, _ = self._fill(node.get("items") or {"type": "string"}, "")
+            bound = node.get("maxItems")
+            if bound is None:  # nothing stops the repetition but the output cap
+                return [item if item is not None else SMALL_MODEL_PHRASE] * self.cap_chars, True
+            return [item if item is not None else SMALL_MODEL_PHRASE] * int(bound), False
+        if kind == "string":
+            text = str(SMALL_MODEL_FILLS.get(name, SMALL_MODEL_PHRASE))
+            bound = node.get("maxLength")
+            return (text[: int(bound)] if bound is not None else text), False
+        if kind in ("number", "integer", "boolean"):
+            return SMALL_MODEL_FILLS.get(name, 0 if kind != "boolean" else True), False
+        return None, False
+
+
+_ENVELOPE_KEYS = frozenset(envelope())
+
+
+def _sent_schema(body: Any) -> dict[str, Any] | None:
+    """The JSON schema a chat/completions or Responses body asks for, or None."""
+    if not isinstance(body, dict):
+        return None
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
+        schema = fmt["json_schema"].get("schema")
+        return schema if isinstance(schema, dict) else None
+    text = body.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        schema = text["format"].get("schema")
+        return schema if isinstance(schema, dict) else None
+    return None

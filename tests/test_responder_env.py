@@ -123,6 +123,8 @@ async def test_env_03_a_staff_note_forces_delivery_and_goes_to_the_staff_channel
 
 
 async def test_env_03_without_a_staff_channel_the_note_is_logged_not_dropped(tmp_path: Path) -> None:
+    """Issue 38: without a staff channel ``staff`` is not asked; a note that comes anyway is logged, never
+    posted and never dropped silently."""
     host = ScriptedHost(answers=[chat_result(envelope("ok", staff="check this user"))])
     await run_turns(tmp_path, host, deliver_params("hi"))
     assert [sent.kind for sent in host.sent] == ["reply"]  # type: ignore[attr-defined]
@@ -198,7 +200,7 @@ async def test_env_09_another_channel_is_an_act_of_its_own(tmp_path: Path) -> No
     host = ScriptedHost(
         answers=[chat_result(envelope("announcing!", channel="news-9"))], send_status="pending"
     )
-    [result] = await run_turns(tmp_path, host, deliver_params("tell everyone"))
+    [result] = await run_turns(tmp_path, host, deliver_params("tell everyone"), post_channels=["news-9"])
     [sent] = host.sent
     assert (sent.channel_id, sent.kind, sent.reply_to) == ("news-9", "other", None)  # type: ignore[attr-defined]
     assert result.outcome == "pending"  # the host's gateway judges (here: gates) a send elsewhere

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from box.common.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
+from box.common.schema_bounds import OPENAI_STRICT, fit_schema
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
@@ -47,6 +48,10 @@ from tests import sqlfile
 from tests.scripted import NOW, deliver_params, init_params
 
 KEY = "sk-impyard-test-responder-7c1d"
+# Issue 38: an imp with a staff channel and another channel to post to is asked every field; OpenAI gets the
+# envelope without the string bounds it refuses (maxLength), with the array bounds it takes (maxItems).
+ALL_ASKED: dict[str, Any] = {"staff_channel": "staff-1", "post_channels": ["news-9"]}
+OPENAI_ENVELOPE = fit_schema(ENVELOPE_SCHEMA, OPENAI_STRICT)
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 
@@ -131,14 +136,18 @@ def test_env_19_the_pinned_field_list() -> None:
 async def test_env_19_every_chat_call_carries_the_strict_envelope_schema(rig: Rig) -> None:
     rig.fake.script(tool_call("search", {"query": "owls"}, call_id="call_1"), purpose="reply", times=1)
     rig.fake.script(envelope(answer="hoot"), purpose="reply")
-    await rig.turns(deliver_params("owls?"), tools=["search"])
+    await rig.turns(deliver_params("owls?"), tools=["search"], **ALL_ASKED)
     first, followup = rig.bodies()
     for body in (first, followup):  # the tool-followup call carries the same format
         fmt = body["response_format"]
         assert fmt["type"] == "json_schema"
         assert fmt["json_schema"]["name"] == "envelope" and fmt["json_schema"]["strict"] is True
         schema = fmt["json_schema"]["schema"]
-        assert schema == ENVELOPE_SCHEMA
+        assert schema == OPENAI_ENVELOPE
+        assert (
+            "maxLength" not in json.dumps(schema)
+            and schema["properties"]["moment"]["properties"]["refeels"]["maxItems"] == 3
+        )
         assert list(schema["properties"]) == list(ENVELOPE_FIELDS) == schema["required"]
         assert schema["additionalProperties"] is False
     nullable = {name for name, prop in ENVELOPE_SCHEMA["properties"].items() if "null" in prop["type"]}
@@ -209,6 +218,7 @@ async def test_env_22_the_responses_api_path(rig: Rig) -> None:
     results = await rig.turns(
         deliver_params("hi", "m1"), deliver_params("look", "m2", attachments=[photo]),
         use_responses_api=True, vision_model="gpt-4.1", tools=["search"], reasoning_effort="medium",
+        **ALL_ASKED,
     )  # fmt: skip
     assert [r.outcome for r in results] == ["sent", "sent"] and rig.fake.requests_for(
         "/chat/completions"
@@ -216,7 +226,7 @@ async def test_env_22_the_responses_api_path(rig: Rig) -> None:
     plain, vision = rig.bodies("/responses")
     assert plain["model"] == "gpt-5.1" and vision["model"] == "gpt-4.1"  # the same model selection
     assert plain["text"] == {
-        "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": ENVELOPE_SCHEMA}
+        "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": OPENAI_ENVELOPE}
     }
     assert plain["reasoning"] == {"effort": "medium"} and "reasoning_effort" not in plain
     assert plain["tools"][0]["type"] == "function" and plain["tools"][0]["name"] == "search"  # flat
@@ -367,7 +377,7 @@ async def test_env_09_another_channel_is_judged_by_the_gateway_as_its_own_act(ri
         '[[rules]]\nname = "announce"\nmethod = "discord.send"\naction = "allow"\nchannels = ["news-1"]\n'
     )
     rig.fake.script(envelope(answer="Big news!", channel="news-1"), purpose="reply")
-    [result] = await rig.turns(deliver_params("announce it"))
+    [result] = await rig.turns(deliver_params("announce it"), post_channels=["news-1"])  # the host's list
     assert result.outcome == "pending" and rig.surface.sent == []  # gated: never auto-sent elsewhere
     [gate] = rig.gateway.gates.latest()
     assert gate.target == "news-1" and gate.payload["kind"] == "other" and gate.payload["reply_to"] is None

@@ -32,8 +32,10 @@ OpenAI-compatible server (``response_format`` json_schema with ``strict``; tools
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
+
+from box.common.schema_bounds import FINE_TUNED, GUIDED, LLAMA_GRAMMAR, OPENAI_STRICT, SchemaDialect
 
 # The [model] server value for OpenAI itself, where a model's profile is picked by its name; every other
 # server ([model] server in imp.toml) has one profile in SERVER_PROFILES for all the models it serves.
@@ -60,6 +62,8 @@ class ModelProfile:
     responses_api: bool = True
     chat_tools_effort_none: bool = False  # function tools on chat/completions only with effort none (ENV-21)
     known: bool = True  # False: a name impyard has no profile for (a warning, never a refusal)
+    # Issue 38: the bound keywords (maxLength, maxItems) its structured output takes (box.common.schema_bounds)
+    schema_dialect: SchemaDialect = OPENAI_STRICT
 
     @property
     def reasoning(self) -> bool:
@@ -145,6 +149,18 @@ SERVER_PROFILES: Final[dict[str, ModelProfile]] = {
 }
 
 
+# Issue 38: how each server's structured output reads bounds (box.common.schema_bounds); a server not named
+# here keeps OpenAI's strict subset. Set apart from the table above, so each concern keeps its own lines.
+SERVER_SCHEMA_DIALECTS: Final[dict[str, SchemaDialect]] = {
+    "ollama": LLAMA_GRAMMAR,  # its runner hands the schema to llama.cpp's json-schema-to-grammar
+    "llama.cpp": LLAMA_GRAMMAR,
+    "lmstudio": LLAMA_GRAMMAR,  # llama.cpp's grammar for GGUF models
+    "vllm": GUIDED,
+}
+for _name, _dialect in SERVER_SCHEMA_DIALECTS.items():
+    SERVER_PROFILES[_name] = replace(SERVER_PROFILES[_name], schema_dialect=_dialect)
+
+
 def base_model(model: str) -> str:
     """A fine-tuned model's base (``ft:gpt-4.1-mini-2025-04-14:org::id`` → ``gpt-4.1-mini-2025-04-14``)."""
     name = model.strip().lower()
@@ -160,8 +176,14 @@ def profile_for(model: str, server: str = OPENAI) -> ModelProfile:
     name = base_model(model)
     for profile in OPENAI_FAMILIES:
         if name == profile.family or name.startswith(profile.family + "-"):
-            return profile
+            return _fine_tuned(profile) if model.strip().lower().startswith("ft:") else profile
     return UNKNOWN_OPENAI
+
+
+def _fine_tuned(profile: ModelProfile) -> ModelProfile:
+    """Issue 38: a fine-tuned model's strict schemas take no bound keywords at all (the Structured Outputs
+    guide: "When using fine-tuned models, additional constraints are unsupported")."""
+    return replace(profile, schema_dialect=FINE_TUNED)
 
 
 # ------------------------------------------------------------------ what a [model] table may ask for

@@ -2,7 +2,8 @@
 
 The box sends them (``box.tool_loop``; reading the answers is ``box.chat_api`` and ``box.responses_api``);
 ``impyard doctor`` sends the same bodies to check that the configured model takes them. Every call carries
-the strict ``envelope`` response format (ENV-19), tool-followup calls included.
+the strict ``envelope`` response format (ENV-19), tool-followup calls included: the fields this imp is asked
+and the bounds its server takes (issue 38, ``sent_schema``).
 
 Each body carries only what the chosen model takes (issue 16, ``box.common.model_profiles``): no reasoning
 effort for a model that does not reason, the nearest effort it takes otherwise (``none`` is gpt-5's
@@ -23,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from box.common.envelope import ENVELOPE_NAME, ENVELOPE_SCHEMA
-from box.common.model_profiles import profile_for
+from box.common.envelope import ENVELOPE_NAME, EnvelopeAsks, envelope_schema
+from box.common.model_profiles import ModelProfile, profile_for
+from box.common.schema_bounds import fit_schema
 from box.protocol.models import ResponderSettings
 
 CHAT_PATH = "/chat/completions"
@@ -50,17 +52,39 @@ def chat_body(
         "model": model,
         "messages": messages if profile.vision else chat_without_images(messages),
         profile.output_cap_key: settings.max_tokens,
-        "response_format": profile.response_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),  # ENV-19, on every call
+        "response_format": profile.response_format(ENVELOPE_NAME, sent_schema(settings, profile)),  # ENV-19
     }
     # ENV-21: an effort only when tools are attached (and the model reasons at all).
     effort = profile.effort_for(settings.reasoning_effort) if tools else None
     if settings.temperature is not None and profile.takes_temperature(effort):
         body["temperature"] = settings.temperature
     if tools:
-        body["tools"] = [tool.chat_shape() for tool in tools]
+        body["tools"] = [fit_tool(tool.chat_shape(), profile) for tool in tools]
         if effort is not None:
             body["reasoning_effort"] = effort
     return body
+
+
+def sent_schema(settings: ResponderSettings, profile: ModelProfile) -> dict[str, Any]:
+    """The envelope schema this imp sends (issue 38): the fields it is asked (``EnvelopeAsks``), with the
+    bound keywords its server takes (``box.common.schema_bounds``). The same bytes on every call."""
+    return fit_schema(envelope_schema(EnvelopeAsks.of(settings)), profile.schema_dialect)
+
+
+def fit_tool(shape: dict[str, Any], profile: ModelProfile) -> dict[str, Any]:
+    """A function tool (either API's shape) with the bounds of its parameters as the server takes them."""
+    function = shape.get("function")
+    if isinstance(function, dict) and isinstance(function.get("parameters"), dict):  # chat/completions
+        return {
+            **shape,
+            "function": {
+                **function,
+                "parameters": fit_schema(function["parameters"], profile.schema_dialect),
+            },
+        }
+    if isinstance(shape.get("parameters"), dict):  # the Responses API: flat
+        return {**shape, "parameters": fit_schema(shape["parameters"], profile.schema_dialect)}
+    return shape
 
 
 def chat_without_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,7 +116,7 @@ def responses_body(
         "instructions": instructions,
         "input": items if profile.vision else input_without_images(items),
         "max_output_tokens": settings.max_tokens,
-        "text": profile.text_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),
+        "text": profile.text_format(ENVELOPE_NAME, sent_schema(settings, profile)),
         "store": False,  # ENV-23: nothing retained server-side
     }
     if effort is not None:
@@ -101,7 +125,7 @@ def responses_body(
     if settings.temperature is not None and profile.takes_temperature(effort):
         body["temperature"] = settings.temperature
     if tools:
-        body["tools"] = [tool.responses_shape() for tool in tools]
+        body["tools"] = [fit_tool(tool.responses_shape(), profile) for tool in tools]
     return body
 
 

@@ -43,6 +43,7 @@ from box.common.busy import Asked, ModelCaller, ask_while_busy
 from box.common.embedding import EMBEDDINGS_PATH, embedding_body, vector_of
 from box.common.model_profiles import OPENAI, profile_for
 from box.common.request_bodies import CHAT_PATH
+from box.common.schema_bounds import fit_schema
 from box.protocol.models import MemoryPurpose, MemorySettings
 
 log = logging.getLogger("box.memory.calls")
@@ -306,7 +307,9 @@ class MemoryModel:
             if max_tokens is not None:
                 body[profile.output_cap_key] = max_tokens
             if schema is not None:
-                body["response_format"] = profile.response_format(purpose, schema)
+                body["response_format"] = profile.response_format(
+                    purpose, fit_schema(schema, profile.schema_dialect)
+                )  # issue 38: the bounds this server takes
             started, wall = time.monotonic(), self.clock()
             attempt = await self._request(CHAT_PATH, body, purpose)
             content, problem = _chat_content(attempt)

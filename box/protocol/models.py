@@ -26,6 +26,7 @@ MAX_SEND_CONTENT_CHARS = 20_000
 MAX_SEND_FILES = 10
 MAX_URL_CHARS = 2_048
 MAX_LOG_MESSAGE_CHARS = 4_000
+MAX_POST_CHANNELS = 25  # issue 38: other channels an imp's envelope may name
 
 # ---------------------------------------------------------------- host -> box
 
@@ -72,6 +73,12 @@ class ResponderSettings(FromHost):
     image_model: ModelName = "gpt-image-1"
     image_size: Annotated[str, Field(max_length=16)] = "1024x1024"
     image_quality: Annotated[str, Field(max_length=16)] = "low"  # small images fit one protocol line
+    # Issue 38: what the envelope asks for (box.common.envelope.EnvelopeAsks). ``images``: the imp's server
+    # makes pictures and the policy allows them (None: only on server "openai"); ``post_channels``: the
+    # channels besides the conversation's own and the staff channel that the policy lets the imp post to
+    # (the host reads them off the policy; none: the envelope asks no ``channel``).
+    images: bool | None = None
+    post_channels: list[Id] = Field(default_factory=list, max_length=MAX_POST_CHANNELS)
 
 
 MemoryPurpose = Literal["reply", "arrival", "appraisal", "filter", "summary", "embedding", "introspection", "selection", "learning", "classification", "sleep"]  # fmt: skip

@@ -45,6 +45,8 @@ from impyard.conversation.sessions import Delivery, SessionKey, SessionManager, 
 from impyard.conversation.typing_indicator import TypingIndicator
 from impyard.conversation.wake import WakeDecision, WakeFacts, decide_wake
 from impyard.failure_words import missed_line
+from impyard.gateway.policy import Policy
+from impyard.gateway.reach import with_reach
 from impyard.gateway.surfaces import Post, Surface, surface_of
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.memory.scopes import presence, scopes_of
@@ -112,9 +114,12 @@ class Conversations:
         clock: Clock,
         imp_user_ids: Mapping[str, str] | None = None,
         backends: Mapping[str, BoxBackend] | None = None,
+        policy: Callable[[], Policy] | None = None,
     ) -> None:
-        """``backends``: each imp's box backend (the session manager's plan, with init/state dir/settings)."""
+        """``backends``: each imp's box backend (the session manager's plan, with init/state dir/settings);
+        ``policy``: the gateway's current policy, read when a box opens (issue 38: what its envelope asks)."""
         self.backends = dict(backends or {})
+        self.policy = policy
         self.imps = imps
         self.configs = dict(configs)
         self.history = history
@@ -327,6 +332,7 @@ class Conversations:
         config = self.configs[key.imp]
         info = await self.channels.db.run(self.channels.info, key.channel_id)
         imp = await in_thread(self.imps.imp_spec, config)
+        imp = with_reach(imp, self.policy() if self.policy else None, key.channel_id)  # issue 38
         kind = info.kind if info and info.kind in ("dm", "guild", "terminal", "task") else "guild"
         scopes = (
             await resolve_scopes(self.channels.db, key.imp, key.channel_id) if imp.memory.enabled else None

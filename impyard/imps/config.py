@@ -274,6 +274,15 @@ class ModelConfig(_Strict):
         example="news.md",
     )
 
+    # Issue 38: pictures are asked of the model only where they can be made (docs/conversation.md).
+    images: bool | None = _field(
+        _box_default(ResponderSettings, "images"),
+        "Whether the envelope asks for pictures (the image model on the same server): unset = yes on server "
+        "openai, no on any other (a local server makes none); the policy must allow purpose image as well.",
+        expect="true or false",
+        example=True,
+    )
+
     @field_validator("short_path")
     @classmethod
     def _regexes_compile(cls, pairs: list[list[str]]) -> list[list[str]]:
