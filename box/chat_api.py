@@ -29,7 +29,9 @@ def parse_envelope(content: Any) -> Envelope:
     except ValidationError as exc:
         raise ModelCallFailed(f"model output is not a valid envelope: {invalid_fields(exc)}") from exc
     except ValueError as exc:
-        raise ModelCallFailed(f"model output is not JSON: {clip(str(exc), 120)}") from exc
+        raise ModelCallFailed(
+            f"model output is not a valid envelope: not JSON ({clip(str(exc), 100)})"
+        ) from exc
 
 
 @dataclass
