@@ -46,6 +46,10 @@ resolve to their family. A test serves another name with
 
     fake.add_model("gpt-x", like="gpt-4.1-mini")  # a made-up name, taken like gpt-4.1-mini
     fake.add_model("llama3.2", LOCAL_SERVER_MODEL)  # a local server: only the name is checked
+    fake.add_model("qwen", LLAMA_CPP_PYTHON_MODEL)  # llama-cpp-python's server: json_schema refused, HTTP 500
+
+A delayed answer (``slow``, ``latency_s``) watches its connection while it waits: a client that hangs up is
+recorded (``request.hung_up``, :attr:`FakeOpenAI.hung_up`), as a local server stops on a closed request.
     fake.add_model("my-reasoner", ModelSpec(efforts=("low", "high"), default_effort="low", max_tokens=False))
 """
 
