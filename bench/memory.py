@@ -455,9 +455,11 @@ class Probe:
     def _capture(self, broker: ModelBroker) -> None:
         inner = broker.call
 
-        async def call(path: str, body: bytes, purpose: str) -> UpstreamResponse:
+        async def call(
+            path: str, body: bytes, purpose: str, *, timeout_s: float | None = None
+        ) -> UpstreamResponse:
             began = time.perf_counter()
-            response = await inner(path, body, purpose)
+            response = await inner(path, body, purpose, timeout_s=timeout_s)
             ended = time.perf_counter()
             imp, channel_id = _ASKING.get()
             try:

@@ -46,6 +46,10 @@ resolve to their family. A test serves another name with
 
     fake.add_model("gpt-x", like="gpt-4.1-mini")  # a made-up name, taken like gpt-4.1-mini
     fake.add_model("llama3.2", LOCAL_SERVER_MODEL)  # a local server: only the name is checked
+    fake.add_model("qwen", LLAMA_CPP_PYTHON_MODEL)  # llama-cpp-python's server: json_schema refused, HTTP 500
+
+A delayed answer (``slow``, ``latency_s``) watches its connection while it waits: a client that hangs up is
+recorded (``request.hung_up``, :attr:`FakeOpenAI.hung_up`), as a local server stops on a closed request.
     fake.add_model("my-reasoner", ModelSpec(efforts=("low", "high"), default_effort="low", max_tokens=False))
 """
 
@@ -58,6 +62,7 @@ import hashlib
 import http.server
 import json
 import logging
+import select
 import selectors
 import socket
 import socketserver
@@ -76,6 +81,7 @@ __all__ = [
     "DEFAULT_ENVELOPE",
     "EMBEDDINGS_PARAMETERS",
     "ENDPOINTS",
+    "LLAMA_CPP_PYTHON_MODEL",
     "LOCAL_SERVER_MODEL",
     "OPENAI_MODELS",
     "PURPOSE_HEADER",
@@ -111,6 +117,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # Keep-alive connections idle longer than this are closed server-side (a safety net; stop() closes them anyway).
 IDLE_CONNECTION_TIMEOUT_S = 120.0
 THREAD_JOIN_TIMEOUT_S = 5.0
+HANG_UP_POLL_S = 0.02  # how often a delayed answer looks whether its client is still there (issue 38)
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +327,7 @@ class RecordedRequest:
     raw: bytes = field(default=b"", repr=False)
     status: int | None = None
     rejection: dict[str, Any] | None = None
+    hung_up: bool = False  # issue 38: the client closed the connection while the answer was delayed
 
     @property
     def endpoint(self) -> str:
@@ -581,6 +589,11 @@ OPENAI_MODELS: dict[str, ModelSpec] = {
 # reasoning model, takes max_tokens and temperature, ignores what it does not know, and follows any
 # json_schema (no strict subset). Register it: ``fake.add_model("llama3.2", LOCAL_SERVER_MODEL)``.
 LOCAL_SERVER_MODEL = ModelSpec(lenient=True)
+# Issue 38: llama-cpp-python's own server (``python -m llama_cpp.server``): lenient like the others, but its
+# request model takes ``response_format.type`` "text" or "json_object" only, and its error handler wraps the
+# validation error in an HTTP 500 (see ``_check_llama_cpp_python``). ``structured_outputs=False`` on a lenient
+# model says so. Register it: ``fake.add_model("qwen", LLAMA_CPP_PYTHON_MODEL)``.
+LLAMA_CPP_PYTHON_MODEL = ModelSpec(lenient=True, structured_outputs=False)
 
 # [ref] the body parameters each endpoint takes (CompletionCreateParams, ResponseCreateParams,
 # EmbeddingCreateParams); anything else is refused.
@@ -1429,6 +1442,8 @@ def _check_request(endpoint: str, body: Any, models: dict[str, ModelSpec]) -> No
             f"The model `{model}` is not supported on {API_PREFIX}{endpoint}.", param="model"
         )  # paraphrased
     if spec.lenient:
+        if not spec.structured_outputs:
+            _check_llama_cpp_python(body)
         return
     if endpoint == "/chat/completions":
         _check_chat(body, model, spec)
@@ -1436,6 +1451,43 @@ def _check_request(endpoint: str, body: Any, models: dict[str, ModelSpec]) -> No
         _check_responses(body, model, spec)
     elif endpoint == "/embeddings":
         _check_embeddings(body, spec)
+
+
+# ----------------------------------------------------------------- issue 38: llama-cpp-python's server
+
+# [live] llama.cpp issue #23463 (llama-cpp-python 0.3.23, ``python -m llama_cpp.server``): json_schema is refused
+# with HTTP 500, not 422: the route's error handler (llama_cpp/server/errors.py, RouteErrorHandler) turns every
+# exception, the request's validation error included, into ``{"error": {"message": str(exc), "type":
+# "internal_server_error", "param": null, "code": null}}``. The message is FastAPI's validation error, written
+# here in its shape (paraphrased): several lines, the offending input and a link.
+LLAMA_CPP_PYTHON_FORMAT_TYPES = ("text", "json_object")
+
+
+def _check_llama_cpp_python(body: dict[str, Any]) -> None:
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind in LLAMA_CPP_PYTHON_FORMAT_TYPES:
+        return
+    error = {
+        "type": "literal_error",
+        "loc": ("body", "response_format", "type"),
+        "msg": "Input should be 'text' or 'json_object'",
+        "input": kind,
+        "ctx": {"expected": "'text' or 'json_object'"},
+    }
+    message = (
+        f"1 validation error:\n  {error!r}\n    For further information visit "
+        "https://errors.pydantic.dev/2.11/v/literal_error"
+    )
+    raise _LlamaCppPythonError(message)
+
+
+class _LlamaCppPythonError(Exception):
+    """llama-cpp-python's HTTP 500 for a request its model refuses (``_check_llama_cpp_python``)."""
+
+    def response(self) -> FakeResponse:
+        error = {"message": str(self), "type": "internal_server_error", "param": None, "code": None}
+        return FakeResponse(status=500, body={"error": error})
 
 
 def _lookup_model(models: dict[str, ModelSpec], name: str) -> ModelSpec | None:
@@ -1775,6 +1827,33 @@ class FakeOpenAI:
             self._seq += 1
             return self._seq
 
+    # ----------------------------------------------------------------- issue 38: slow answers and hang-ups
+
+    @property
+    def hung_up(self) -> list[RecordedRequest]:
+        """The requests whose client closed the connection while their (delayed) answer was pending: what a
+        local server sees when a call is given up, and stops working on (``slow``, ``latency_s``)."""
+        return [r for r in self.requests if r.hung_up]
+
+    def _wait_watching(self, handler: _Handler, request: RecordedRequest, delay_s: float) -> bool:
+        """Wait ``delay_s`` before answering, watching the connection: True when the answer is not to be sent
+        (the fake is stopping, or the client hung up, which is recorded on ``request.hung_up``)."""
+        deadline = time.monotonic() + delay_s
+        sock = handler.connection
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stopping.wait(min(left, HANG_UP_POLL_S)):
+                return True
+            try:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable and sock.recv(1, socket.MSG_PEEK) == b"":
+                    request.hung_up = True
+                    log.info("fake OpenAI: the client hung up on %s before its answer", request.path)
+                    return True
+            except OSError:
+                request.hung_up = True
+                return True
+        return False
+
     # ----------------------------------------------------------------- handling
 
     def _handle(self, handler: _Handler) -> None:
@@ -1805,7 +1884,7 @@ class FakeOpenAI:
         response = self._respond(request, parse_problem)
         request.status = response.status
         delay = self.latency_s + response.delay_s
-        if delay > 0 and self._stopping.wait(delay):
+        if delay > 0 and self._wait_watching(handler, request, delay):
             handler.close_connection = True
             return
         self._send(handler, response)
@@ -1829,6 +1908,10 @@ class FakeOpenAI:
             with self._lock:
                 models = dict(self._models)
             _check_request(endpoint, request.body, models)
+        except _LlamaCppPythonError as refused:
+            response = refused.response()
+            request.rejection = response.body["error"]
+            return response
         except _Refused as refused:
             response = refused.response()
             request.rejection = response.body["error"]

@@ -84,14 +84,21 @@ def test_a_working_setup_passes_with_one_metered_audited_call(fake: FakeOpenAI) 
     result, rows = doctor(env=env(fake))
     assert result.exit_code == 0, result.output
     assert failed(rows) == [] and rows["Model endpoint"]["status"] == "ok"
-    assert f"gpt-5.1 at {fake.base_url} answered" in rows["Model endpoint"]["detail"]
+    assert (
+        f"gpt-5.1 at {fake.base_url} (server openai: max_completion_tokens, json_schema strict) answered a reply "
+        "envelope in " in rows["Model endpoint"]["detail"]
+    )
+    assert "turn ceiling 120 s, each attempt 35 s (from server openai)" in rows["Model endpoint"]["detail"]
     assert (
         "reply gpt-5.1" in rows["Imp pip"]["detail"]
         and "embedding text-embedding-3-small" in rows["Imp pip"]["detail"]
     )
     (call,) = fake.requests
     assert call.endpoint == "/chat/completions" and call.body["response_format"]["type"] == "json_schema"
-    assert call.headers["x-impyard-purpose"] == "reply" and call.body["max_completion_tokens"] <= 64
+    # Issue 38: the imp's own reply call: its output cap, the envelope schema, strict as its server takes it.
+    assert call.headers["x-impyard-purpose"] == "reply" and call.body["max_completion_tokens"] == 1024
+    assert call.body["response_format"]["json_schema"]["name"] == "envelope"
+    assert call.body["response_format"]["json_schema"]["strict"] is True
     db = open_database()
     (row,) = AuditLog(db, SystemClock()).tail(10)
     db.close()
@@ -237,7 +244,7 @@ def test_a_broken_imp_toml_is_named_with_imp_edit(fake: FakeOpenAI) -> None:
             "imp set pip model.model=",
         ),
         (error(429, "quota"), "HTTP 429", "out of quota"),
-        ("plain words, not JSON", "answered, but not with the JSON object asked for", "structured output"),
+        ("plain words, not JSON", "but the answer is not JSON: plain words", "structured output"),
     ],
 )
 def test_the_endpoint_row_says_what_the_server_answered(

@@ -410,5 +410,5 @@ def test_each_server_with_a_profile_is_a_server_value(server: str) -> None:
 def test_a_server_without_a_profile_is_refused_with_the_list() -> None:
     assert load('model = "m1"\nserver = "olama"') == (
         'imp.toml:4: key \'model.server\': must be one of "openai", "ollama", "llama.cpp", "vllm", '
-        '"lmstudio", "compatible" (got "olama")'
+        '"lmstudio", "compatible", "llama-cpp-python" (got "olama")'
     )

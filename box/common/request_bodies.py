@@ -22,11 +22,13 @@ a model that cannot see them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from box.common.envelope import ENVELOPE_NAME, EnvelopeAsks, envelope_schema
 from box.common.model_profiles import ModelProfile, profile_for
 from box.common.schema_bounds import fit_schema
+from box.common.structured import with_schema_in_prompt
 from box.protocol.models import ResponderSettings
 
 CHAT_PATH = "/chat/completions"
@@ -45,9 +47,19 @@ class FunctionTool(Protocol):
 
 
 def chat_body(
-    settings: ResponderSettings, model: str, messages: list[dict[str, Any]], tools: Sequence[FunctionTool]
+    settings: ResponderSettings,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: Sequence[FunctionTool],
+    *,
+    json_object: bool = False,
 ) -> dict[str, Any]:
+    """``json_object``: the server refused ``json_schema`` earlier in this box (issue 38, box.common.structured)."""
     profile = profile_for(model, settings.server)  # issue 16: only what this model takes
+    if json_object:
+        profile = replace(profile, structured="json_object")
+    if profile.structured == "json_object":  # issue 38: the schema in the prompt, the answer checked as ever
+        messages = with_schema_in_prompt(messages, sent_schema(settings, profile))
     body: dict[str, Any] = {
         "model": model,
         "messages": messages if profile.vision else chat_without_images(messages),

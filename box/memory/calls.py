@@ -44,6 +44,7 @@ from box.common.embedding import EMBEDDINGS_PATH, embedding_body, vector_of
 from box.common.model_profiles import OPENAI, profile_for
 from box.common.request_bodies import CHAT_PATH
 from box.common.schema_bounds import fit_schema
+from box.common.structured import JsonSchemaRefused, with_schema_in_prompt
 from box.protocol.models import MemoryPurpose, MemorySettings
 
 log = logging.getLogger("box.memory.calls")
@@ -262,6 +263,9 @@ class MemoryModel:
         self.settings = settings
         self.default_model = default_model
         self.server = server  # issue 16: with each routed model, what its requests may carry
+        # Issue 38: a refusal of json_schema, shared with the reply's calls where the client is the box's.
+        structured = getattr(client, "structured", None)
+        self.structured = structured if isinstance(structured, JsonSchemaRefused) else JsonSchemaRefused()
         self.call_log = call_log
         self.sleep = sleep
         self.clock = clock
@@ -300,18 +304,35 @@ class MemoryModel:
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ]
-        for _ in range(1 + max(0, retries)):
-            body: dict[str, Any] = {"model": model, "messages": messages}
+        asks = 1 + max(0, retries)
+        while asks > 0:
+            asks -= 1
+            json_object = schema is not None and (
+                self.structured.refused or profile.structured == "json_object"
+            )  # issue 38: a server that takes no json_schema gets the schema in the prompt
+            body: dict[str, Any] = {
+                "model": model,
+                "messages": with_schema_in_prompt(messages, fit_schema(schema, profile.schema_dialect))
+                if json_object and schema is not None
+                else messages,
+            }
             if temperature is not None and profile.takes_temperature(None):  # no effort is sent
                 body["temperature"] = temperature
             if max_tokens is not None:
                 body[profile.output_cap_key] = max_tokens
             if schema is not None:
-                body["response_format"] = profile.response_format(
-                    purpose, fit_schema(schema, profile.schema_dialect)
-                )  # issue 38: the bounds this server takes
+                body["response_format"] = (
+                    {"type": "json_object"}
+                    if json_object
+                    else profile.response_format(purpose, fit_schema(schema, profile.schema_dialect))
+                )  # issue 38: the bounds this server takes, or the schema in the prompt
             started, wall = time.monotonic(), self.clock()
             attempt = await self._request(CHAT_PATH, body, purpose)
+            switched = (
+                attempt.result is not None
+                and not json_object
+                and self.structured.note(attempt.result.status, attempt.result.body, body)
+            )
             content, problem = _chat_content(attempt)
             parsed = parse_json_object(content) if content is not None else None
             if content is not None and parsed is None:
@@ -323,7 +344,7 @@ class MemoryModel:
                     system=system,
                     user=_last_user(messages),
                     temperature=body.get("temperature"),  # what was sent (issue 16)
-                    format="json_schema" if schema is not None else "json",
+                    format="json_object" if json_object else "json_schema" if schema is not None else "json",
                     answer=content[:ANSWER_LOG_CHARS] if content is not None else None,
                     status=attempt.result.status if attempt.result is not None else None,
                     time=wall.isoformat(),
@@ -331,6 +352,9 @@ class MemoryModel:
                     error=problem,
                 )
             )
+            if switched:
+                asks += 1  # issue 38: asked again at once as json_object; not a retry of the same request
+                continue
             if parsed is not None:
                 return parsed
             log.warning("memory %s call (%s) failed: %s", purpose, model, problem)

@@ -251,6 +251,12 @@ class ModelRequestParams(FromBox):
     path: ModelPath
     body: dict[str, Any]
     purpose: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+    # Issue 38: the box gives the call up after ``timeout_s`` (its attempt timeout), and the host then ends the
+    # upstream request too, its connection closed; None: the policy's [upstream] timeout_s. ``end_with_box``:
+    # the call also ends when the box that asked does (a local server's compute is the host's own); False,
+    # it is finished and charged what it cost (issue 19 #4b).
+    timeout_s: float | None = Field(default=None, gt=0, le=3600)
+    end_with_box: bool = False
 
 
 class ModelRequestResult(FromHost):

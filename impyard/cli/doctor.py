@@ -6,7 +6,6 @@ call, Docker) and prints; what each observation means is ``impyard.cli.doctor_ru
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
@@ -17,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from box.common.structured import refuses_json_schema
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard import paths
@@ -26,8 +26,6 @@ from impyard.backends.docker import DockerBackend
 from impyard.backends.runtimes import RuntimeChoice, runtime_choice
 from impyard.backends.stateroot import STATE_ROOT_ENV, state_root
 from impyard.cli.doctor_rules import (
-    PROBE_MAX_TOKENS,
-    PROBE_SCHEMA,
     DockerFacts,
     Finding,
     ModelUse,
@@ -35,13 +33,16 @@ from impyard.cli.doctor_rules import (
     broken_imp_finding,
     broken_policy_finding,
     docker_findings,
+    endpoint_finding,
+    endpoint_timing,
+    envelope_probe_body,
     exit_code,
-    http_fix,
     imp_finding,
     model_uses,
     no_key_finding,
     policy_finding,
     runtime_finding,
+    slow_finding,
     state_finding,
 )
 from impyard.cli.errors import CliError
@@ -49,6 +50,7 @@ from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
 from impyard.cli.policy import home_database
 from impyard.clock import SystemClock
 from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.core import Gateway
 from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
 from impyard.gateway.surfaces import NoSurface
 from impyard.host import build_gateway
@@ -58,7 +60,8 @@ from impyard.storage.db import Database, DatabaseError, open_database
 from impyard.storage.urls import DatabaseUrlError
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's own calls are audited on
-MODEL_CALL_TIMEOUT_S = 60.0
+MODEL_CALL_TIMEOUT_S = 60.0  # an imp whose attempts have no limit of their own
+MODEL_CALL_GRACE_S = 5.0  # past the call's own limit, for the gateway to settle and audit it
 DRY_RUN_KEY = "doctor-dry-run"  # lets the dry run go past the key check: the endpoint row checks the key
 STATUS_MARK = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
 
@@ -288,50 +291,56 @@ def _endpoint(policy: Policy | None, imps: list[ImpConfig], *, skip: bool) -> Fi
 
 
 async def _call(policy: Policy, db: Database, config: ImpConfig, upstream: UpstreamConfig) -> Finding:
-    """One tiny structured-output chat call through the gateway, as ``config``'s imp with its reply model."""
-    model, base, imp = config.model.model, upstream.display_url, config.name
+    """Issue 38: one reply call through the gateway as ``config``'s imp asks it — its server profile, the box's
+    own request builder, a real envelope — judged for use (valid JSON within the cap, a resolvable channel),
+    with the time it took and the timing in force. A server that refuses ``json_schema`` is asked again with
+    ``json_object``, as the box would."""
+    base, imp = upstream.display_url, config.name
+    timing = endpoint_timing(config)
     gateway = build_gateway(
         policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), upstream=upstream, surfaces=(),
         owners={imp: config.owners}, settle_abandoned=False,  # a running host's calls are not ours to settle
     )  # fmt: skip
     spec = BoxSpec(imp, OPERATOR_CHANNEL, ImpStore().state_dir(imp), run_id=f"doctor-{uuid.uuid4().hex}")
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": 'Answer with the JSON object {"ok": true}.'}],
-        "max_completion_tokens": PROBE_MAX_TOKENS,
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "doctor", "strict": True, "schema": PROBE_SCHEMA},
-        },
-    }
-    params = ModelRequestParams.model_validate(
-        {"path": "/chat/completions", "body": body, "purpose": "reply"}
-    )
-    started = time.monotonic()
+    limit_s = timing.attempt_timeout_s or MODEL_CALL_TIMEOUT_S  # as long as the imp waits for one attempt
+    fell_back = False
     try:
-        with anyio.fail_after(MODEL_CALL_TIMEOUT_S):
-            result = await gateway.serve(spec, "model.request", params)
+        body = envelope_probe_body(config)
+        started = time.monotonic()
+        result = await _ask(gateway, spec, body, limit_s)
+        if refuses_json_schema(result.status, result.body, body):
+            fell_back = True
+            body = envelope_probe_body(config, json_object=True)
+            started = time.monotonic()
+            result = await _ask(gateway, spec, body, limit_s)
     except TimeoutError:
-        return Finding("Model endpoint", "fail", f"{model} at {base}: no answer within {MODEL_CALL_TIMEOUT_S:g} s",
-                       "check OPENAI_BASE_URL and that the server is up")  # fmt: skip
+        return slow_finding(config, base, timing, limit_s)
     except RpcError as exc:
-        return Finding("Model endpoint", "fail", f"{model} at {base}: {exc.message}", _refused_fix(exc, imp))
+        data = exc.data if isinstance(exc.data, dict) else {}
+        if data.get("kind") == "timeout":  # the server took the call and was slow (issue 38)
+            return slow_finding(config, base, timing, limit_s)
+        return Finding(
+            "Model endpoint", "fail", f"{config.model.model} at {base}: {exc.message}", _refused_fix(exc, imp)
+        )
     finally:
         await gateway.aclose()
     elapsed = time.monotonic() - started
-    assert isinstance(result, ModelRequestResult)
-    if not 200 <= result.status < 300:
-        message = _error_message(result.body)
-        return Finding("Model endpoint", "fail", f"{model} at {base}: HTTP {result.status}: {message}",
-                       http_fix(result.status, model, imp))  # fmt: skip
-    if not _answered_json(result.body):
-        return Finding(
-            "Model endpoint", "fail", f"{model} at {base} answered, but not with the JSON object asked for",
-            "use a model and server with structured output (response_format json_schema): the imps' replies need it",
-        )  # fmt: skip
-    return Finding(
-        "Model endpoint", "ok", f"{model} at {base} answered in {elapsed:.1f} s (metered as {imp}'s)"
+    return endpoint_finding(
+        config, base, timing, status=result.status, body=result.body, elapsed_s=elapsed, fell_back=fell_back
     )
+
+
+async def _ask(
+    gateway: Gateway, spec: BoxSpec, body: dict[str, object], limit_s: float
+) -> ModelRequestResult:
+    """One reply call through the gateway, ended (its connection closed) after ``limit_s``."""
+    params = ModelRequestParams.model_validate(
+        {"path": "/chat/completions", "body": body, "purpose": "reply", "timeout_s": limit_s}
+    )
+    with anyio.fail_after(limit_s + MODEL_CALL_GRACE_S):
+        result = await gateway.serve(spec, "model.request", params)
+    assert isinstance(result, ModelRequestResult)
+    return result
 
 
 def _refused_fix(exc: RpcError, imp: str) -> str:
@@ -341,20 +350,6 @@ def _refused_fix(exc: RpcError, imp: str) -> str:
     if "rule" in data:
         return f"see the Imp {imp} row (impyard policy check explains the rule)"
     return "check OPENAI_BASE_URL (with its /v1), OPENAI_API_KEY and that the server is up"
-
-
-def _error_message(body: object) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message", ""))[:200] or "no message"
-    return json.dumps(body)[:200] if body is not None else "no body"
-
-
-def _answered_json(body: object) -> bool:
-    try:
-        content = body["choices"][0]["message"]["content"]  # type: ignore[index]
-        return isinstance(json.loads(content), dict)
-    except (KeyError, IndexError, TypeError, ValueError):
-        return False
 
 
 # ------------------------------------------------------------------ Docker

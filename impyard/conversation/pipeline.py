@@ -342,7 +342,7 @@ class Conversations:
             imp=imp,
             session=SessionInfo(
                 id=f"{key.imp}:{key.channel_id}", channel_id=key.channel_id, channel_kind=kind,  # type: ignore[arg-type]
-                channel_name=info.name if info else "", turn_ceiling_s=config.sessions.turn_ceiling_s,
+                channel_name=info.name if info else "", turn_ceiling_s=config.turn_ceiling_s,  # issue 38
             ),
             now=now,
             memory=scopes.session_memory() if scopes is not None else None,  # the gateway applies the same
@@ -371,11 +371,12 @@ class Conversations:
         return self.imps.session_state_dir(key.imp, key.channel_id)
 
     def settings_for(self, imp: str) -> SessionSettings:
-        sessions = self.configs[imp].sessions
+        config = self.configs[imp]
+        sessions = config.sessions
         return SessionSettings(
             mode=sessions.mode,
             idle_s=sessions.idle_s,
-            turn_ceiling_s=sessions.turn_ceiling_s,
+            turn_ceiling_s=config.turn_ceiling_s,  # issue 38: the server's own, unless written
             session_ceiling_s=sessions.session_ceiling_s,
             queue_limit=sessions.queue_limit,
             failure_notice=sessions.failure_notice or None,

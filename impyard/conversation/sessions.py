@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pydantic import BaseModel
 
+from box.common.failures import tagged
 from box.protocol import RpcError
 from box.protocol.memory import PresenceEntry, SessionMemory
 from box.protocol.models import (
@@ -50,6 +51,15 @@ SHUTDOWN_GRACE_S = 10.0
 DIED_NOTICE = "(I ran into a problem and had to restart. Please say that again.)"
 BUSY_NOTICE = "(I'm too busy to keep up with this channel right now — some messages will go unanswered.)"
 CEILING_NOTICE = "(That took too long, so I stopped. Please try again.)"
+
+
+def ceiling_error(ceiling_s: float) -> str:
+    """Issue 38: a turn stopped at its ceiling, said as the time that ran out and the setting that sets it."""
+    return tagged(
+        "timeout",
+        f"the turn took longer than its ceiling of {ceiling_s:g} s and was stopped "
+        "(a slow model server may need a longer one: [sessions] turn_ceiling_s in imp.toml)",
+    )
 
 
 @dataclass(frozen=True)
@@ -527,7 +537,8 @@ class SessionManager:
         except BoxTimeout as exc:
             log.warning("session %s: turn ceiling: %s", key, exc)
             await box.kill()
-            result, healthy, notice = DeliverResult(outcome="failed", error=str(exc)), False, CEILING_NOTICE
+            error = ceiling_error(session.settings.turn_ceiling_s)  # issue 38: what ran out, and the setting
+            result, healthy, notice = DeliverResult(outcome="failed", error=error), False, CEILING_NOTICE
         except BoxDied as exc:
             log.error("session %s: box died mid-turn: %s", key, exc)
             result, healthy, notice = (

@@ -27,6 +27,7 @@ from impyard.gateway.broker import (
     NO_KEY_MESSAGE,
     ModelBroker,
     UpstreamResponse,
+    UpstreamTimeout,
     UpstreamUnreachable,
     encode_body,
 )
@@ -48,6 +49,10 @@ log = logging.getLogger("impyard.gateway")
 
 PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
 UPSTREAM_RULE = "upstream-limits"
+
+
+class _EndedWithBox(Exception):
+    """Issue 38: the call's box went away and the call asked to end with it."""
 
 
 @dataclass
@@ -79,6 +84,10 @@ class _UpstreamCall:
     error: RpcError | None = None
     orphaned: bool = False
     detached: bool = False  # runs in the gateway's task group
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the upstream request's own
+    ended_with_box: bool = (
+        False  # issue 38: cut because its box went away (``ModelRequestParams.end_with_box``)
+    )
 
 
 class ModelAct(Act):
@@ -237,6 +246,9 @@ class ModelAct(Act):
             except anyio.get_cancelled_exc_class():
                 if not call.done.is_set():
                     call.orphaned = True  # the box is gone: the row says so
+                    if params.end_with_box:  # issue 38: a local server stops work no one waits for
+                        call.ended_with_box = True
+                        call.scope.cancel()
                 raise
         if call.error is not None:
             raise call.error
@@ -252,13 +264,32 @@ class ModelAct(Act):
         model = call.plan.facts.model
         cost = estimate
         try:
-            response = await self.broker.call(params.path, call.plan.raw, params.purpose)
+            with call.scope:
+                response = await self.broker.call(
+                    params.path, call.plan.raw, params.purpose, timeout_s=params.timeout_s
+                )
+            if call.scope.cancelled_caught:
+                raise _EndedWithBox  # the box went away: recorded as cut, below
+        except UpstreamTimeout as exc:
+            # Issue 38: the server took the request and was slow: said so, and audited as a timeout.
+            record.verdict = "timeout"
+            call.error = RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, str(exc), {"reason": str(exc), "kind": "timeout"}
+            )
         except UpstreamUnreachable as exc:
             cost = estimate if exc.sent else 0
             record.verdict = "unreachable"
             call.error = RpcError(
                 ErrorCode.UPSTREAM_UNREACHABLE, f"model API unreachable: {exc}", {"reason": str(exc)}
             )
+        except _EndedWithBox:
+            record.verdict = "interrupted"
+            record.reason = (
+                "interrupted: the box that asked ended before the model answered (a local server's call ends with "
+                "it, issue 38), so the request was closed; charged the reservation, since the model API may bill a "
+                "request it received"
+            )
+            call.error = RpcError(ErrorCode.UPSTREAM_UNREACHABLE, "model request ended with its box")
         except BaseException:  # cancelled: the host is stopping (a detached call), or the caller was cut
             record.verdict = "interrupted"
             cut = "the host stopped" if call.detached else "the request was cut"

@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from box.common.attempts import attempt_timeout_s
+from box.common.model_profiles import timing_for
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
 from impyard.toml_errors import Problem, ProblemsError
@@ -170,12 +171,14 @@ class ModelConfig(_Strict):
         min_length=1,
         max_length=128,
     )
-    server: Literal["openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible"] = _field(
-        _box_default(ResponderSettings, "server"),
-        "Where OPENAI_BASE_URL points: openai (each model's profile by its name), ollama, llama.cpp, vllm, "
-        "lmstudio, or compatible (another OpenAI-compatible service); decides which parameters are sent "
-        "(docs/models.md).",
-        expect='one of "openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible"',
+    server: Literal["openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible", "llama-cpp-python"] = (
+        _field(
+            _box_default(ResponderSettings, "server"),
+            "Where OPENAI_BASE_URL points: openai (each model's profile by its name), ollama, llama.cpp, vllm, "
+            "lmstudio, llama-cpp-python, or compatible (another OpenAI-compatible service); decides which "
+            "parameters are sent and the turn's time limits (docs/models.md).",
+            expect='one of "openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible", "llama-cpp-python"',
+        )
     )
     vision_model: str | None = _field(
         _box_default(ResponderSettings, "vision_model"),
@@ -574,7 +577,8 @@ class SessionsConfig(_Strict):
     )
     turn_ceiling_s: Seconds = _field(
         120.0,
-        "Seconds one turn may take; then the box is told to stop, then killed.",
+        "Seconds one turn may take; then the box is told to stop, then killed. Unset: from [model] server "
+        "(120 for openai, 900 for a local server; docs/models.md).",
         expect="a number of seconds from 5 to 3600",
         ge=5,
         le=3600,
@@ -664,6 +668,14 @@ class ImpConfig(_Strict):
         """The environment variable the Discord token is read from (when no token_file is set)."""
         return self.discord.token_env or default_token_env(self.name)
 
+    @property
+    def turn_ceiling_s(self) -> float:
+        """Issue 38: ``[sessions] turn_ceiling_s`` where written, else the ``[model] server``'s own (a local
+        server's is long: ``box.common.model_profiles.timing_for``), never past the session's ceiling."""
+        if "turn_ceiling_s" in self.sessions.model_fields_set:
+            return self.sessions.turn_ceiling_s
+        return min(timing_for(self.model.server).turn_ceiling_s, self.sessions.session_ceiling_s)
+
     def token_source(self) -> str:
         """Where the Discord token comes from, in words (never the token)."""
         if self.discord.token_file:
@@ -684,7 +696,7 @@ class ImpConfig(_Strict):
         responder["staff_channel"] = self.discord.staff_channel
         # Issue 19 #6: a hung upstream gets ENV-12's three attempts inside the turn ceiling, not one.
         responder["attempt_timeout_s"] = attempt_timeout_s(
-            self.sessions.turn_ceiling_s,
+            self.turn_ceiling_s,
             base_backoff_s=responder.get(
                 "retry_backoff_s", ResponderSettings.model_fields["retry_backoff_s"].default
             ),
