@@ -10,15 +10,15 @@ ends without a reply one line that says why. Logs go to a file (``impyard chat``
 
 Leaving with ``/quit`` or Ctrl-D is a departure (mechanism 103): a memory imp thinks the conversation over
 in a ``depart`` task before the chat ends (a dim line says so). The chat runs a task loop for departures
-alone meanwhile, so a person silent for 30 minutes in a long chat departs too. Ctrl-C stops at once and
-leaves the departure queued for the next chat or supervisor.
+alone meanwhile, so a person silent for 30 minutes in a long chat departs too. Ctrl-C stops the chat and
+leaves the departure queued for the next chat or supervisor: the first gives a running turn its grace, the
+second stops now (``impyard.terminal.stopping``).
 """
 
 from __future__ import annotations
 
 import getpass
 import logging
-import signal
 import sqlite3
 import uuid
 from collections import deque
@@ -48,6 +48,7 @@ from impyard.storage.leases import HostCard, LeaseKeeper, hold_host
 from impyard.supervisor import DEPARTURES_ONLY, Supervisor, SupervisorSettings, open_supervisor
 from impyard.terminal.commands import help_text, history_count, mode_answer, parse, paste_message
 from impyard.terminal.console import Console, Interrupted, open_console
+from impyard.terminal.stopping import Stopping
 from impyard.terminal.turn_words import outcome_line, route_line, stage_line
 
 log = logging.getLogger("impyard.chat")
@@ -111,6 +112,7 @@ class Chat:
         console: Console,
         surface: ChatSurface,
         clock: Clock,
+        stopping: Stopping | None = None,
     ) -> None:
         self.runtime = runtime
         self.imp = imp
@@ -125,22 +127,24 @@ class Chat:
         self.running = 0  # turns this chat waits on
         self._explained: DeliverResult | None = None  # a batch's one result, said once
         self.typed: deque[str] = deque()  # lines typed ahead (a paste), not yet handled
+        self.stopping = stopping or Stopping()
 
     async def run(self) -> None:
-        """Until /quit or the end of input, then the running turn's answer; Ctrl-C stops at once."""
+        """Until /quit or the end of input, then the running turn's answer; Ctrl-C stops (``Stopping``)."""
         async with anyio.create_task_group() as turns:  # one task per turn this chat still explains
             while True:
                 try:
                     line = await self.next_line()
                 except Interrupted:
-                    self.console.say("(impyard) stopping…")
-                    turns.cancel_scope.cancel()  # running turns get their deadline as the runtime closes
+                    turns.cancel_scope.cancel()  # running turns get their grace as the runtime closes
+                    self.stopping.request()  # the first request: Ctrl-C on the prompt is a key, not a signal
                     return
                 if line is None or not await self.handle(line, turns):
                     self.left = True
                     break
             if self.running:
                 self.console.say(f"(impyard) waiting for {self.imp}'s turn to end (Ctrl-C stops at once)…")
+                self.stopping.already_stopping()  # so the next Ctrl-C stops now
             turns.cancel_scope.deadline = anyio.current_time() + self.turn_ceiling_s + SHUTDOWN_WAIT_S
 
     async def next_line(self) -> str | None:
@@ -305,13 +309,34 @@ async def run_chat(
     user = getpass.getuser()
     settings = replace(departures or SupervisorSettings(), kinds=DEPARTURES_ONLY)
     card = HostCard("chat", str(home()))
-    # Issue 21: one chat per terminal channel on the database (LeaseHeld names the holder, before anything
-    # starts), and this process's own record for `impyard hosts`.
-    async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
-        console = open_console(stdin, out)
-        await _chat(imp, console, clock, user, settings, card, keeper, backend, log_path, backends)
+    stopping = Stopping()
+    try:
+        async with anyio.create_task_group() as signals:
+            # Ctrl-C and SIGTERM are received for the chat's whole life, its closing included (issue 38).
+            await signals.start(stopping.receive_signals, name="stop signals")
+            try:
+                # Issue 21: one chat per terminal channel on the database (LeaseHeld names the holder, before
+                # anything starts), and this process's own record for `impyard hosts`.
+                async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
+                    console = open_console(stdin, out)
+                    await _chat(
+                        imp, console, clock, user, settings, card, keeper, backend, log_path, backends, stopping,
+                    )  # fmt: skip
+            finally:
+                stopping.forget_handlers()
+                signals.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise sole_error(group) from None
     if keeper.lost_error is not None:
         raise keeper.lost_error  # after every box closed: the chat exits 1, naming the lease and its taker
+
+
+def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside nested task-group wrappers (a LeaseHeld, a BoxError), else the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 async def _chat(
@@ -325,6 +350,7 @@ async def _chat(
     backend: str | None,
     log_path: Path | None,
     backends: Mapping[str, BoxBackend] | None,
+    stopping: Stopping,
 ) -> None:
     async with console:
         surface = ChatSurface(imp, console)
@@ -346,14 +372,27 @@ async def _chat(
             console.say(f"Chatting with {imp} ({chosen} backend). /help lists the commands; /quit leaves.")
             if log_path is not None:
                 console.say(f"Log: {log_path}")
+            chat = Chat(runtime, imp, user, console, surface, clock, stopping)
             async with anyio.create_task_group() as tg:
 
-                async def stop_on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        async for _ in signals:
-                            console.say("\n(impyard) stopping…")
-                            tg.cancel_scope.cancel()
-                            return
+                def stop_gently(by_signal: bool) -> None:
+                    line = "(impyard) stopping…"
+                    if runtime.sessions.turns_running:
+                        line = (
+                            f"(impyard) stopping: {imp}'s turn gets a moment to end (Ctrl-C again stops now)…"
+                        )
+                    console.say(("\n" if by_signal else "") + line)  # after the ^C the terminal echoed
+                    tg.cancel_scope.cancel()  # a running turn gets its grace while the runtime closes
+
+                def stop_now(by_signal: bool) -> None:
+                    cut = f": {imp}'s turn is cut off" if runtime.sessions.turns_running else ""
+                    console.say(("\n" if by_signal else "") + f"(impyard) stopping now{cut}")
+                    tg.cancel_scope.cancel()
+                    runtime.sessions.hurry()  # no grace: the boxes are killed at once
+
+                stopping.gently, stopping.now = stop_gently, stop_now
+                if stopping.requests:  # asked before the chat was up
+                    tg.cancel_scope.cancel()
 
                 def lease_lost(why: str) -> None:
                     log.error("%s; stopping", why)
@@ -365,9 +404,7 @@ async def _chat(
                 card.warm_boxes = lambda: len(runtime.sessions.sessions)
                 if keeper.lost is not None:
                     lease_lost(keeper.lost)
-                tg.start_soon(stop_on_signal)
                 tg.start_soon(partial(departing.run, stop=anyio.Event()), name="departures")
-                chat = Chat(runtime, imp, user, console, surface, clock)
                 await chat.run()
                 if chat.left:
                     await chat.depart(departing)
