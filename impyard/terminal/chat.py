@@ -5,8 +5,10 @@ the terminal channel is trusted, so the imp's replies there are auto-approved,
 while every other act is judged by the gateway as usual.
 
 What the person sees (issue 17): their prompt (``you> ``), the imp's replies (``pip> ``), where a running
-turn is (a status line over the prompt), a message sent during a turn marked queued, and for a turn that
-ends without a reply one line that says why. Logs go to a file (``impyard chat`` names it at the start).
+turn is (a status line over the prompt), a message sent while a reply is still to come marked queued, and for
+a turn that ends without a reply one line that says why. A message sent once the reply is out, while the imp
+still remembers the exchange (the turn's ``post`` stage), is not marked: the person has the answer, and the
+next turn takes the message when the remembering is done (issue 38). Logs go to a file (``impyard chat`` names it at the start).
 
 Leaving with ``/quit`` or Ctrl-D is a departure (mechanism 103): a memory imp thinks the conversation over
 in a ``depart`` task before the chat ends (a dim line says so). The chat runs a task loop for departures
@@ -72,8 +74,24 @@ class ChatSurface:
     def __init__(self, imp: str, console: Console) -> None:
         self.imp = imp
         self.console = console
-        self.queued = 0  # messages waiting behind the running turn (the next turn takes them all)
+        self._stage: str | None = None  # the running turn's stage, as the status line shows it
+        self.reply_pending = False  # a turn runs and its reply (or its silence) is still to come
+        self.queued = 0  # messages said to be queued behind that reply (the next turn takes them all)
+        self.unmarked = 0  # messages handed in after the reply was out (the next turn takes them too)
         self.skip_notices: frozenset[str] = frozenset()  # said better by the turn's outcome line
+
+    def handed_in(self, outcome: str) -> bool:
+        """A message was routed with ``outcome``; True when the person should read that it is queued: only
+        behind a reply still to come, never behind one already shown (issue 38)."""
+        if outcome == "started":
+            self.reply_pending = True
+        elif outcome == "queued":
+            if self.reply_pending:
+                self.queued += 1
+                self.console.set_status(stage_line(self.imp, self._stage, self.queued))
+                return True
+            self.unmarked += 1
+        return False
 
     async def send(self, post: Post) -> list[str]:
         content, files, kind = post.content, post.files, post.kind
@@ -91,8 +109,12 @@ class ChatSurface:
         pass  # the status line shows every stage (turn_stage)
 
     async def turn_stage(self, channel_id: str, stage: str | None, *, imp: str = "") -> None:
-        if stage is None:
-            self.queued = 0  # the next turn, if any, takes every message that waited
+        self._stage = stage
+        if stage is None:  # the turn ended: the next one, if any, takes every message that waited
+            self.reply_pending = bool(self.queued or self.unmarked)
+            self.queued = self.unmarked = 0
+        else:  # PostSend comes after the reply was sent (or the turn chose silence); a failed turn sends none
+            self.reply_pending = stage not in ("post", "failed")
         self.console.set_status(stage_line(self.imp, stage, self.queued))
 
 
@@ -192,9 +214,8 @@ class Chat:
             channel_name="terminal", max_chars=MAX_TERMINAL_CHARS,
         )  # fmt: skip
         routed = await self.runtime.conversations.route(self.imp, inbound)
-        if routed.outcome == "queued":
-            self.surface.queued += 1
-        said = route_line(self.imp, routed.outcome)
+        marked = self.surface.handed_in(routed.outcome)
+        said = route_line(self.imp, routed.outcome) if marked or routed.outcome != "queued" else None
         if said:
             self.console.say(said)
         if routed.turn is None:
