@@ -19,7 +19,6 @@ second stops now (``impyard.terminal.stopping``).
 
 from __future__ import annotations
 
-import getpass
 import logging
 import sqlite3
 import uuid
@@ -50,6 +49,7 @@ from impyard.storage.leases import HostCard, LeaseKeeper, hold_host
 from impyard.supervisor import DEPARTURES_ONLY, Supervisor, SupervisorSettings, open_supervisor
 from impyard.terminal.commands import help_text, history_count, mode_answer, parse, paste_message
 from impyard.terminal.console import Console, Interrupted, open_console
+from impyard.terminal.person import TerminalPerson, account, terminal_person
 from impyard.terminal.stopping import Stopping
 from impyard.terminal.turn_words import outcome_line, route_line, stage_line
 
@@ -130,7 +130,7 @@ class Chat:
         self,
         runtime: Runtime,
         imp: str,
-        user: str,
+        person: TerminalPerson,
         console: Console,
         surface: ChatSurface,
         clock: Clock,
@@ -138,9 +138,9 @@ class Chat:
     ) -> None:
         self.runtime = runtime
         self.imp = imp
-        self.user = user
-        self.channel_id = terminal_channel(user)
-        self.person_id = f"terminal:{user}"  # the person's id in the host's history and the imp's memory
+        self.person = person
+        self.channel_id = terminal_channel(person.account)
+        self.person_id = person.id  # the key of the history and the imp's memory: never the chosen name
         self.left = False  # /quit or the end of input: the person left (a departure); Ctrl-C is not one
         self.console = console
         self.surface = surface
@@ -206,7 +206,7 @@ class Chat:
 
     async def send(self, text: str, turns: TaskGroup) -> None:
         message = Message(
-            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=self.person_id, name=self.user),
+            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=self.person_id, name=self.person.name),
             content=text, created_at=self.clock.now(),
         )  # fmt: skip
         inbound = Inbound(
@@ -323,11 +323,13 @@ async def run_chat(
     log_path: Path | None = None,
     backends: Mapping[str, BoxBackend] | None = None,
     departures: SupervisorSettings | None = None,
+    as_name: str | None = None,
 ) -> None:
     """``backends``: each imp's backend, for its sessions and its tasks (tests); ``departures``: the settings of
-    the chat's departures loop (its kinds are always ``depart`` alone)."""
+    the chat's departures loop (its kinds are always ``depart`` alone); ``as_name``: what the imp calls the
+    person (``--as``; else the imp's ``[terminal] name``, else the account's: ``impyard.terminal.person``)."""
     clock = SystemClock()
-    user = getpass.getuser()
+    user = account()
     settings = replace(departures or SupervisorSettings(), kinds=DEPARTURES_ONLY)
     card = HostCard("chat", str(home()))
     stopping = Stopping()
@@ -341,7 +343,8 @@ async def run_chat(
                 async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
                     console = open_console(stdin, out)
                     await _chat(
-                        imp, console, clock, user, settings, card, keeper, backend, log_path, backends, stopping,
+                        imp, console, clock, user, settings, card, keeper, backend, log_path, backends,
+                        stopping, as_name,
                     )  # fmt: skip
             finally:
                 stopping.forget_handlers()
@@ -372,6 +375,7 @@ async def _chat(
     log_path: Path | None,
     backends: Mapping[str, BoxBackend] | None,
     stopping: Stopping,
+    as_name: str | None,
 ) -> None:
     async with console:
         surface = ChatSurface(imp, console)
@@ -390,10 +394,14 @@ async def _chat(
             chosen = runtime.backends[imp].name
             if chosen == "process":
                 console.say(f"\n!!! {NO_LOCKDOWN_WARNING}\n")
-            console.say(f"Chatting with {imp} ({chosen} backend). /help lists the commands; /quit leaves.")
+            person = terminal_person(as_name, runtime.conversations.configs[imp].terminal.name, user)
+            console.say(
+                f"Chatting with {imp} ({chosen} backend) as {shown(person.name)}. /help lists the commands; "
+                "/quit leaves."
+            )
             if log_path is not None:
                 console.say(f"Log: {log_path}")
-            chat = Chat(runtime, imp, user, console, surface, clock, stopping)
+            chat = Chat(runtime, imp, person, console, surface, clock, stopping)
             async with anyio.create_task_group() as tg:
 
                 def stop_gently(by_signal: bool) -> None:
