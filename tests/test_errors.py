@@ -183,7 +183,7 @@ def test_a_bad_history_retention_setting_stops_chat_with_one_line(monkeypatch: p
     monkeypatch.setenv("IMPYARD_HISTORY_RETENTION", "lots")
 
     async def run_chat(
-        name: str, *, backend: str | None = None, log_path: object = None
+        name: str, *, backend: str | None = None, log_path: object = None, as_name: str | None = None
     ) -> None:  # no fileno
         retention_from_env()  # what the runtime checks first
 

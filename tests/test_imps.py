@@ -57,6 +57,7 @@ def test_add_ls_show_rm_round_trip(impyard_home: Path) -> None:
         "discord": {},
         "box": {"backend": "process"},
         "sessions": {},
+        "terminal": {},
     }
 
     listed = run("imp", "ls")
@@ -452,7 +453,7 @@ def test_add_writes_a_documented_config_that_round_trips(store: ImpStore) -> Non
 def test_render_documents_every_setting(store: ImpStore) -> None:
     text = render_config(ImpConfig(name="help-desk"))
     assert tomllib.loads(text) == {
-        "name": "help-desk", "model": {}, "memory": {}, "discord": {}, "box": {}, "sessions": {},
+        "name": "help-desk", "model": {}, "memory": {}, "discord": {}, "box": {}, "sessions": {}, "terminal": {},
     }  # fmt: skip
     for field, info in ImpConfig.model_fields.items():
         section = info.annotation

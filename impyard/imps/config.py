@@ -14,6 +14,7 @@ import difflib
 import json
 import re
 import typing
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -616,6 +617,39 @@ class SessionsConfig(_Strict):
         return value
 
 
+MAX_PERSON_NAME_CHARS = 64
+
+
+def person_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be what an imp calls the person at the terminal, in words; None when it can."""
+    if not name.strip():
+        return "is empty: give a name, e.g. Ana"
+    if len(name) > MAX_PERSON_NAME_CHARS:
+        return f"is {len(name)} characters long: give one of at most {MAX_PERSON_NAME_CHARS}"
+    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") for char in name):
+        return "has a control or invisible character: give a name of printable characters"
+    return None
+
+
+class TerminalConfig(_Strict):
+    """``[terminal]``: the terminal chat (``impyard chat``)."""
+
+    name: str | None = _field(
+        None,
+        "What the imp calls you in impyard chat (default: your account's full name or login; root is 'operator').",
+        expect=f"a name in quotes, 1 to {MAX_PERSON_NAME_CHARS} printable characters",
+        example="Ana",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, value: str | None) -> str | None:
+        problem = None if value is None else person_name_problem(value)
+        if problem is not None:
+            raise ValueError(f"the name {problem}")
+        return value if value is None else value.strip()
+
+
 class ImpConfig(_Strict):
     """One imp's config, as read from ``imps/<name>/imp.toml``. Every key but ``name`` has a default."""
 
@@ -638,6 +672,7 @@ class ImpConfig(_Strict):
     )
     box: BoxConfig = _section(BoxConfig, "The box the imp runs in.", "box")
     sessions: SessionsConfig = _section(SessionsConfig, "Warm box sessions, per channel.", "sessions")
+    terminal: TerminalConfig = _section(TerminalConfig, "The terminal chat (impyard chat).", "terminal")
 
     @field_validator("name")
     @classmethod
