@@ -64,6 +64,7 @@ INTERNAL = {
     "impyard.backends.multiplex.MultiplexError",  # a malformed attach stream: that box ends, as a BoxError
     "impyard.storage.quick.Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown
     "impyard.memory.service._LeaseLostInFlight",  # a fenced memory write rolled back: the box is refused (lease)
+    "impyard.gateway.model_act._EndedWithBox",  # a local server's call ended with its box: audited "interrupted"
 }
 
 
