@@ -36,12 +36,14 @@ from box.common.structured import JsonSchemaRefused, refuses_json_schema, with_s
 from box.failures import classify
 from box.memory.calls import MemoryModel
 from box.model import ModelCallFailed, http_failure
-from box.protocol.models import MemorySettings, ModelRequestResult, ResponderSettings
+from box.protocol import RpcError
+from box.protocol.models import MemorySettings, ModelRequestParams, ModelRequestResult, ResponderSettings
 from impyard.backends import BoxSpec, BoxTimeout
 from impyard.cli import cli
 from impyard.cli.doctor_rules import channel_problem, envelope_problem
 from impyard.conversation.sessions import ceiling_error
 from impyard.failure_words import WORDS, words_for
+from impyard.gateway.model_act import ModelAct
 from impyard.gateway.policy import build_policy, default_policy_path
 from impyard.imps.config import new_imp_settings
 from impyard.imps.store import ImpStore
@@ -512,3 +514,33 @@ def test_the_envelope_model_is_what_the_probe_checks() -> None:
     with pytest.raises(ValidationError):
         Envelope.model_validate({"answer": "hi"})
     assert classify(ModelCallFailed("the model server did not answer within 269 s")) == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("asked_s", "ends_with_box", "limit_s"),
+    [
+        (5.0, False, 0.5),  # a longer limit than the policy's, on a call that outlives its box: the policy's
+        (0.3, False, 0.3),  # a shorter one: the box's
+        (
+            1.0,
+            True,
+            1.0,
+        ),  # a call that ends with its box (a local server's): the box's, the ceiling bounds it
+    ],
+)
+async def test_a_box_may_shorten_the_upstream_limit_never_lengthen_it(
+    rig: Rig, asked_s: float, ends_with_box: bool, limit_s: float
+) -> None:
+    """Issue 38: ``timeout_s`` comes from the box, an attacker's byte: it cannot hold a call open past
+    ``[upstream] timeout_s`` unless the call dies with the box, which the host's turn ceiling kills."""
+    act = rig.gateway.act(ModelAct)
+    assert act is not None
+    act.broker.settings = act.broker.settings.model_copy(update={"timeout_s": 0.5})
+    rig.fake.script(slow(envelope(answer="late"), 30.0), purpose="reply")
+    body = {"model": "gpt-5.1", "messages": [{"role": "user", "content": "hi"}]}
+    params = ModelRequestParams(
+        path="/chat/completions", body=body, purpose="reply", timeout_s=asked_s, end_with_box=ends_with_box
+    )
+    with pytest.raises(RpcError) as raised:
+        await rig.gateway.serve(BoxSpec("pip", "c1", rig.state_dir), "model.request", params)
+    assert f"did not answer within {limit_s:g} s" in raised.value.message

@@ -256,6 +256,14 @@ class ModelAct(Act):
         response = call.response
         return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
 
+    def _limit(self, params: ModelRequestParams) -> float | None:
+        """The call's time limit: the box may shorten the policy's ``[upstream] timeout_s``, never lengthen it —
+        unless the call ends with the box (issue 38: a local server's), which the host's turn ceiling bounds."""
+        wanted, policy = params.timeout_s, self.broker.settings.timeout_s
+        if wanted is None or params.end_with_box:
+            return wanted
+        return min(wanted, policy)
+
     async def _run_call(self, call: _UpstreamCall) -> None:
         """The upstream call, then its settlement: the measured cost; 0 where nothing can have been billed (it
         never left the host, or an error without usage came back); the reservation where the model API may have
@@ -266,7 +274,7 @@ class ModelAct(Act):
         try:
             with call.scope:
                 response = await self.broker.call(
-                    params.path, call.plan.raw, params.purpose, timeout_s=params.timeout_s
+                    params.path, call.plan.raw, params.purpose, timeout_s=self._limit(params)
                 )
             if call.scope.cancelled_caught:
                 raise _EndedWithBox  # the box went away: recorded as cut, below
