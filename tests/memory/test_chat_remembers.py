@@ -17,6 +17,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from box.context import memory_block_of
 from box.protocol.memory import PresenceEntry
 from impyard.memory.store import MemoryStore
 from impyard.storage.db import open_database
@@ -69,10 +70,12 @@ def chat(fake: FakeOpenAI, home: Path, said: str) -> None:
 
 
 def memory_block(request: RecordedRequest) -> str:
-    """The ``### Memory`` block of a reply call: the end of its system text (the history is not in it)."""
-    system = request.body["messages"][0]
-    assert system["role"] == "system" and "### Memory\n" in system["content"], "no memory block in this call"
-    return str(system["content"]).split("### Memory\n", 1)[1]
+    """The ``### Memory`` block of a reply call: the end of the turn's context (the history is not in it)."""
+    block = memory_block_of(
+        request.body["messages"]
+    )  # issue 33: it ends the context opening the current message
+    assert block, "no memory block in this call"
+    return block
 
 
 def test_impyard_chat_remembers_across_two_runs(fake: FakeOpenAI, impyard_home: Path) -> None:
