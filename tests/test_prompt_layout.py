@@ -232,6 +232,19 @@ async def runtime(
         yield rt
 
 
+@pytest.fixture
+async def responses_runtime(fake: FakeOpenAI, clock: FixedClock, tmp_path: Path) -> AsyncIterator[Runtime]:
+    """Memory off, the reply on the Responses API (ENV-22)."""
+    persona = "You are Pip, a cheerful owl who likes to talk about gardens."
+    ImpStore().add("pip", persona, model={"use_responses_api": True}, memory={"enabled": False})
+    async with open_runtime(
+        ["pip"], RecordingSurface(), clock=clock, backends={"pip": InProcessBackend()},
+        surfaces=("discord", "terminal"), pump_period_s=None,
+    ) as rt:  # fmt: skip
+        rt.channels.set_trusted(CHANNEL, True)
+        yield rt
+
+
 REPLY = (
     "That sounds lovely! Tomatoes love a wet spring, and the bees will be glad of the blossoms. "
     "What else is growing in your garden this year?"
@@ -340,3 +353,29 @@ async def test_the_hops_of_one_turn_share_everything_up_to_the_memory_block(kit:
     )
     assert said_1 == said_2 and memory_block_of(first) and memory_block_of(second)
     assert context_1.split("\n### Memory\n")[0] == context_2.split("\n### Memory\n")[0]
+
+
+async def test_the_responses_api_request_is_laid_out_the_same_way(
+    responses_runtime: Runtime, clock: FixedClock, fake: FakeOpenAI
+) -> None:
+    """ENV-22: ``instructions`` is the static system text; the context opens the last input item, after the history."""
+    turns = 14
+    await talk(responses_runtime, clock, turns)
+    bodies = [r.body for r in fake.requests_for("/responses") if r.purpose == "reply" and r.status == 200]
+    assert len(bodies) == turns and not fake.requests_for("/chat/completions")
+    assert len({body["instructions"] for body in bodies}) == 1 and bodies[0]["instructions"].endswith(
+        LAYOUT_NOTE
+    )
+    for n, body in enumerate(bodies):
+        *history, current = body["input"]
+        assert split_context(current["content"]) == (
+            turn_context(body["input"]),
+            f"ann: ({n}) {SAYINGS[n % 4]}",
+        )
+        assert all(not split_context(item["content"])[0] for item in history) and len(history) <= LIMIT
+    for turn, (a, b) in enumerate(zip(bodies, bodies[1:], strict=False), start=1):
+        if b["input"][: len(a["input"]) - 1] != a["input"][:-1]:
+            continue  # the window stepped
+        assert prompt_text(b).startswith(prompt_text({**a, "input": a["input"][:-1]})[:-1] + ","), turn
+        if turn >= FROM_TURN:
+            assert shared_prefix_share(prompt_text(a), prompt_text(b)) >= TARGET, turn
