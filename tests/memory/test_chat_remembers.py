@@ -85,7 +85,9 @@ def test_impyard_chat_remembers_across_two_runs(fake: FakeOpenAI, impyard_home: 
     chat(fake, impyard_home, "what is my cat called again?")  # a new process, a new box, the same home
 
     replies = [r for r in fake.requests[first:] if r.purpose == "reply"]
-    asked = split_context(replies[0].body["messages"][-1]["content"])[1]  # after the turn's context (issue 33)
+    asked = split_context(replies[0].body["messages"][-1]["content"])[
+        1
+    ]  # after the turn's context (issue 33)
     assert asked == "root: what is my cat called again?" and CAT not in asked  # not in the words asked …
     block = memory_block(replies[0])  # … but in what pip remembers while answering them:
     assert f"delight. The operator's cat is called {CAT}." in block  # the record, from the host's store
