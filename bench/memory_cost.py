@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from box.common.request_bodies import shared_prefix_share
 from impyard.gateway.policy_models import Price
 from impyard.gateway.prices import MICROS_PER_USD, Usage, token_cost_micros
 
@@ -128,27 +129,6 @@ def output_tokens(response: Any) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return 0
-
-
-def shared_prefix_share(previous: str, current: str) -> float:
-    """The share of ``current`` that is identical, from its start, to ``previous`` (0 for an empty current).
-
-    Bench-side stand-in for ``box.common.request_bodies.shared_prefix_share`` (issue 33, the layout part),
-    with the same signature, until that is merged."""
-    if not current:
-        return 0.0
-    limit = min(len(previous), len(current))
-    same = 0
-    step = 4096
-    while same < limit:  # compare in slices first: long prompts share thousands of characters
-        end = min(same + step, limit)
-        if previous[same:end] == current[same:end]:
-            same = end
-            continue
-        while previous[same] == current[same]:
-            same += 1
-        break
-    return same / len(current)
 
 
 def messages_share(share: float, prompt: str, head: int) -> float:

@@ -22,9 +22,11 @@ never an empty message). A ``pending`` delivery (waiting for approval) commits w
 said, never a claim that the reply was seen. A turn that fails commits nothing.
 
 Memory (issue 23) joins at three points: ContextBuilding asks it for the turn (its rules go
-into the system text, its block into ``## Context``); ToolExecution hands it every draft and
-calls again while it asks for another hop, the block recomposed each time (mechanisms 36,
-46-53); PostSend hands it the delivered turn. With ``NoMemory`` the turn is the same as
+into the system text, its block into the turn's ``## Context``, which opens the current message
+after the history: issue 33, ``box.context``); ToolExecution hands it every draft and calls again
+while it asks for another hop, the block recomposed each time (mechanisms 36, 46-53) — only the
+current message's context changes, so the hops share the system text and the history; PostSend
+hands it the delivered turn. With ``NoMemory`` the turn is the same as
 without an engine.
 """
 

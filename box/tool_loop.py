@@ -84,7 +84,7 @@ class ReplyCaller:
     async def _responses(self, package: PromptPackage) -> Envelope:
         tools = self.tools
         rounds = self.settings.responses_tool_rounds if tools else 0  # ENV-23
-        items: list[dict[str, Any]] = responses_api.input_items(package.messages)
+        items: list[dict[str, Any]] = responses_api.input_items(package.conversation())
         for hop in range(rounds + 1):
             attached = tools if hop < rounds else []  # ENV-23: an exhausted loop forces a tool-less answer
 

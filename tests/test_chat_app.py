@@ -19,6 +19,7 @@ import pexpect
 import pytest
 from click.testing import CliRunner
 
+from box.context import split_context
 from impyard.cli import cli
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope, slow
 
@@ -71,7 +72,7 @@ def quit_chat(child: pexpect.spawn) -> str:
 def said(fake: FakeOpenAI) -> list[str]:
     """What each reply call sent as the person's newest message (the box prefixes the author's name)."""
     calls = [r for r in fake.requests_for("/chat/completions") if r.purpose == "reply"]
-    return [str(call.body["messages"][-1]["content"]).split(": ", 1)[1] for call in calls]
+    return [split_context(str(call.body["messages"][-1]["content"]))[1].split(": ", 1)[1] for call in calls]
 
 
 def said_in(call: RecordedRequest) -> str:

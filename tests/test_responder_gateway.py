@@ -21,6 +21,7 @@ import pytest
 
 from box.common.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
 from box.common.schema_bounds import OPENAI_STRICT, fit_schema
+from box.context import LAYOUT_NOTE, split_context, turn_context
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
@@ -165,14 +166,16 @@ async def test_env_20_the_persona_prefix_is_byte_stable(rig: Rig) -> None:
         deliver_params("one", "m1"), deliver_params("two", "m2", now=later), persona=persona, news="Owl fair."
     )
     first, second = (request.raw for request in rig.fake.requests_for("/chat/completions"))
-    marker = b"\\n\\n## Context\\n"  # as JSON-escaped in the upstream body
-    prefix_1, prefix_2 = first.split(marker)[0], second.split(marker)[0]
-    assert prefix_1 == prefix_2  # byte-identical: the prompt cache can hit
-    assert prefix_1.endswith(b'"content":"You are Pip, keeper of owls. Today is , .')
-    system_1, system_2 = (body["messages"][0]["content"] for body in rig.bodies())
-    assert (
-        "Time: 10:00 UTC" in system_1 and "Time: 10:07 UTC" in system_2
-    )  # the suffix moves, the prefix does not
+    # As sent upstream: the second request repeats the first's system message byte for byte (the cache can hit).
+    marker = b'"role":"user"'
+    assert first.split(marker)[0].split(b'"messages"')[1] == second.split(marker)[0].split(b'"messages"')[1]
+    assert b'"content":"You are Pip, keeper of owls. Today is , .' in first.split(marker)[0]
+    (system_1, context_1), (system_2, context_2) = (
+        (body["messages"][0]["content"], turn_context(body["messages"])) for body in rig.bodies()
+    )
+    assert system_1 == system_2 and "## Context" not in system_1
+    # issue 33: the context moves, and opens the current message after the history (docs/conversation.md)
+    assert "Time: 10:00 UTC" in context_1 and "Time: 10:07 UTC" in context_2
 
 
 # ------------------------------------------------------------------ ENV-21
@@ -231,8 +234,12 @@ async def test_env_22_the_responses_api_path(rig: Rig) -> None:
     assert plain["reasoning"] == {"effort": "medium"} and "reasoning_effort" not in plain
     assert plain["tools"][0]["type"] == "function" and plain["tools"][0]["name"] == "search"  # flat
     assert "function" not in plain["tools"][0] and plain["tools"][0]["strict"] is True
-    assert plain["instructions"].startswith("You are Pip.\n\n## Context\n")
-    assert plain["input"] == [{"role": "user", "content": "ann: hi"}]
+    assert plain["instructions"] == f"You are Pip.\n\n{LAYOUT_NOTE}"  # static: the context opens the message
+    [said] = plain["input"]
+    assert said["role"] == "user" and split_context(said["content"]) == (
+        turn_context(plain["input"]),
+        "ann: hi",
+    )
     assert vision["input"][-1]["content"][1] == {
         "type": "input_image",
         "image_url": f"data:image/png;base64,{TINY_PNG_B64}",

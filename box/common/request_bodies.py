@@ -17,10 +17,14 @@ a model that cannot see them.
   ``reasoning`` carries the configured effort (tools and reasoning together are fine here, ENV-22). The tool
   loop is stateless: ``store: false`` and ``include: ["reasoning.encrypted_content"]`` (ENV-23), the latter
   only for a reasoning model (one that does not reason has no reasoning to keep).
+
+``prompt_text`` and ``shared_prefix_share`` measure what a prompt cache can serve of a request (issue 33: the reply
+is laid out stable-first, ``box.context``); the tests and the benchmark use them on captured bodies.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -156,3 +160,34 @@ def input_without_images(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             item = {**item, "content": content}
         out.append(item)
     return out
+
+
+# ------------------------------------------------------------------ the prompt cache (issue 33)
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """A request body's prompt as one canonical string, in the order the model reads it: the system text (a chat
+    body's first message, or a Responses body's ``instructions``), then the messages or input items. Two requests
+    whose prompt texts share a prefix share that prefix upstream too (the provider's prompt cache keys on it)."""
+    if isinstance(body.get("messages"), list):
+        parts: list[Any] = list(body["messages"])
+    else:
+        parts = [{"role": "system", "content": body.get("instructions") or ""}, *(body.get("input") or [])]
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def shared_prefix_share(previous: str, current: str) -> float:
+    """The share of ``current`` (0.0-1.0, by UTF-8 bytes) that is byte-identical, from its start, to ``previous``:
+    what of a request a prompt cache warmed by the previous one can serve (issue 33). 0.0 for an empty ``current``."""
+    now, before = current.encode("utf-8", "surrogatepass"), previous.encode("utf-8", "surrogatepass")
+    if not now:
+        return 0.0
+    limit = min(len(now), len(before))
+    low, high = 0, limit  # the longest common prefix, by halving (bytes compare in C)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if now[:middle] == before[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low / len(now)

@@ -229,9 +229,9 @@ async def test_m12_feelings_in_words_and_no_number_for_a_feeling_in_any_context(
         if call.path != "/chat/completions":
             continue
         if call.purpose == "reply":
-            prefix, context = call.system.split("## Context", 1)
+            prefix, context = call.system, call.context  # issue 33: the context opens the current message
             context = re.sub(r"^Running as: .*$", "", context, flags=re.M)  # seed 003: the model's version
-            read = [prefix.replace(INTENSITY_SCALE, ""), context, call.user]
+            read = [prefix.replace(INTENSITY_SCALE, ""), context, call.user.replace(call.context, "")]
         else:
             read = [call.system.replace(INTENSITY_SCALE, ""), call.user]
         for text in read:

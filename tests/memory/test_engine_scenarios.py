@@ -34,7 +34,7 @@ async def test_store_unavailable_at_the_start_the_turn_answers_without_memory(ki
         result = await box.say("hello")
     assert result.outcome == "sent"
     [reply] = kit.model.of("reply")
-    assert "### Memory" not in reply.system and "## Your memory" not in reply.system  # the memory-off prompt
+    assert "### Memory" not in reply.context and "## Your memory" not in reply.system  # the memory-off prompt
     assert any(
         "memory store unavailable; this turn answers without memory" in line for line in kit.host.log_lines()
     )
@@ -163,7 +163,7 @@ async def test_memory_is_off_without_scopes_or_when_disabled(kit: Kit) -> None:
     async with kit.box(enabled=False) as box:
         await box.say("hello")
     for reply in kit.model.of("reply"):
-        assert "### Memory" not in reply.system and "## Your memory" not in reply.system
+        assert "### Memory" not in reply.context and "## Your memory" not in reply.system
     assert kit.host.memory_requests() == [] and kit.model.of("appraisal") == []
 
 

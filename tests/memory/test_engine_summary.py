@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
+from box.context import split_context
 from box.memory.calls import MemoryModel
 from box.memory.conversation import Conversation, SavedConversation
 from box.memory.focus import FocusEntry, FocusEpisode
@@ -40,7 +41,7 @@ async def test_m44_summary_cadence_none_yet_then_every_third_turn_needs_three_ev
 
     def blocks(turn: int) -> list[str]:
         return [memory_block(c) for c in kit.model.of("reply")
-                if c.body["messages"][-1]["content"] == f"Ann: message number {turn}"]  # fmt: skip
+                if split_context(c.body["messages"][-1]["content"])[1] == f"Ann: message number {turn}"]  # fmt: skip
 
     assert all("in your own summary" not in b for n in (1, 2, 3) for b in blocks(n))
     assert "in your own summary: Summary written at turn 4." in blocks(4)[0]  # refreshed before the reply

@@ -20,6 +20,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from box.context import memory_block_of
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
@@ -92,9 +93,11 @@ def chat(fake: FakeOpenAI, home: Path, lines: list[str]) -> list[int]:
 
 
 def memory_block(request: RecordedRequest) -> str:
-    system = request.body["messages"][0]
-    assert system["role"] == "system" and "### Memory\n" in system["content"], "no memory block in this call"
-    return str(system["content"]).split("### Memory\n", 1)[1]
+    block = memory_block_of(
+        request.body["messages"]
+    )  # issue 33: it ends the context opening the current message
+    assert block, "no memory block in this call"
+    return block
 
 
 def test_a_fact_told_two_turns_ago_is_remembered_not_denied(fake: FakeOpenAI, impyard_home: Path) -> None:
