@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from box.common.memory_models import memory_model
 from box.common.request_bodies import chat_body, responses_body
 from box.protocol.models import ResponderSettings
 from impyard.backends.base import BoxStartError
@@ -22,7 +23,8 @@ Status = Literal["ok", "warn", "fail"]
 MIB = 1024**2
 FREE_FAIL_BYTES = 100 * MIB  # below this the database and the boxes' state run out of room mid-turn
 FREE_WARN_BYTES = 1024 * MIB
-MEMORY_CALL_PURPOSES = ("appraisal", "filter", "summary")  # the memory engine's chat calls (issue 23)
+# The memory engine's chat calls (issue 23); issue 33 routes them to gpt-4.1-mini on OpenAI by default.
+MEMORY_CALL_PURPOSES = ("appraisal", "filter", "summary")
 SAMPLE_TEXT = "doctor"
 # The structured output the endpoint check asks for: the smallest schema a strict server accepts.
 PROBE_SCHEMA = {
@@ -218,7 +220,8 @@ def _memory_body(model: str) -> dict[str, Any]:
 
 def model_uses(config: ImpConfig) -> list[ModelUse]:
     """Every (purpose, path, model) the imp's boxes call: its reply models, and with memory on the memory
-    engine's calls (a model per purpose from ``[memory] models``, else ``[model] model``) and, with the
+    engine's calls (a model per purpose from ``[memory] models``, else its shipped default on OpenAI, else
+    ``[model] model``: ``box.common.memory_models``) and, with the
     gateway embedder, its embedding model. Tools are left out of the bodies: they do not change the model."""
     spec = config.imp_spec()
     settings: ResponderSettings = spec.responder
@@ -233,10 +236,10 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
             path, body = "/chat/completions", chat_body(settings, model, [_user()], [])
         uses.append(ModelUse("reply", path, model, f"model.{key}", body))
     if config.memory.enabled:
+        routed_models: dict[str, str] = dict(config.memory.models)
         for purpose in MEMORY_CALL_PURPOSES:
-            routed = config.memory.models.get(purpose)  # type: ignore[call-overload]
-            model = routed or config.model.model
-            key = f"memory.models.{purpose}" if routed else "model.model"
+            model = memory_model(purpose, routed_models, config.model.model, config.model.server)
+            key = f"memory.models.{purpose}" if model != config.model.model else "model.model"
             uses.append(ModelUse(purpose, "/chat/completions", model, key, _memory_body(model)))
         if config.memory.embedder == "gateway":
             model = config.memory.embedding_model

@@ -46,7 +46,7 @@ def appraise(request: RecordedRequest) -> dict[str, object]:
 def choose(request: RecordedRequest) -> dict[str, object]:
     """A faithful association filter: keeps the memories about the dog, and reads a question about the past."""
     user = _user(request)
-    words, memories = user.split("THE MEMORIES", 1) if "THE MEMORIES" in user else (user, "")
+    memories, _, words = user.partition("THE WORDS")  # the memories first, then the words (issue 33)
     shown = [line for line in memories.splitlines() if re.match(r"^\[\d+\]", line)]
     keep = [n for n, line in enumerate(shown, start=1) if "dog" in line.lower()]
     return {"keep": keep, "asks_for_memory": "remember" in words.lower(), "asks_for_own": None}
@@ -59,7 +59,7 @@ def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
     fake_model.script(appraise, purpose="appraisal")
     fake_model.script(choose, purpose="filter")
     fake_model.script({"summary": "The operator told me about their dog."}, purpose="summary")
-    fake_model.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
+    fake_model.script({"feeling": "easy familiarity", "conclusion": "My operator is here.",
                       "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
     return fake_model
 
@@ -132,7 +132,7 @@ async def test_the_search_tool_answers_from_this_conversation_too(tmp_path: Path
         return appraisal(feeling="mild gloom", conclusion="Ann finds the rain dreary.", valence=-0.3)
 
     def choose_kit(call: object) -> dict[str, object]:
-        memories = str(getattr(call, "user", "")).split("THE MEMORIES", 1)[-1]
+        memories = str(getattr(call, "user", "")).split("THE WORDS", 1)[0]
         shown = [line for line in memories.splitlines() if re.match(r"^\[\d+\]", line)]
         return verdict(keep=[n for n, line in enumerate(shown, start=1) if "dog" in line.lower()])
 
