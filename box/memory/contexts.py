@@ -412,8 +412,8 @@ def focus_block(prompts: Prompts, model: str | None, view: ReplyView) -> str:
         parts.append(prompts.render("focus.now", model, lines="\n".join(now_lines)))
     evoked = [
         _evoked_line(prompts, model, e, scene)
-        for e in view.focus.entries
-        if e.kind == "evoked" and e.record_id not in in_state  # mechanism 42
+        for e in view.focus.evoked_in_view()  # issue 33: the memories evoked most recently
+        if e.record_id not in in_state  # mechanism 42
     ]
     evoked += [memory_line(prompts, model, r, scene) for r in view.evoked_now if r.id not in in_state]  # 34
     if evoked:

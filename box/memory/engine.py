@@ -495,7 +495,7 @@ class ChatTurn:
         return {e.record_id for e in self.conversation.focus.moments() if e.record_id is not None}
 
     def focus_ids(self) -> set[str]:
-        return self.conversation.focus.ids() if self.conversation is not None else set()
+        return self.conversation.focus.in_view() if self.conversation is not None else set()  # 22, issue 33
 
     def _came_to_mind(self, records: Sequence[RecordView]) -> None:
         known = {r.id for r in self.associations} | {c.id for c in self.constructs}

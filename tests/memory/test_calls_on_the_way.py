@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ import pytest
 
 from box.common.embedding import hashing_vector
 from box.memory.calls import OUTPUT_CAPS, REASONING_HEADROOM
+from box.memory.contexts import ReplyView, Scene, focus_block
+from box.memory.focus import EVOKED_IN_VIEW, Focus
+from box.memory.prompts import Prompts
+from box.memory.state import State
+from box.protocol.memory import RecordView
 from box.protocol.models import Author, Message
 from impyard.clock import FixedClock
 from impyard.conversation.pipeline import Inbound
@@ -40,7 +46,7 @@ from impyard.runtime import Runtime, open_runtime
 from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, RecordedRequest, embedding_vector, envelope
 from testing.inprocess import InProcessBackend
-from tests.memory.engine_kit import Kit, verdict
+from tests.memory.engine_kit import NOW, Kit, verdict
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True)]
 
@@ -303,3 +309,31 @@ async def test_a_routed_model_gets_its_least_effort_and_a_cap_with_room_for_its_
         assert ("temperature" in call.body) is temperature  # gpt-5 and the o-series take only their own
         headroom = REASONING_HEADROOM[effort] if effort is not None else 0
         assert call.body["max_completion_tokens"] == OUTPUT_CAPS[call.purpose] + headroom
+
+
+# ------------------------------------------------------------------ what stays in view (31, 22; issue 33)
+
+
+def _lived(n: int) -> RecordView:
+    return RecordView(
+        id=f"r{n}", author="Ann", author_id="ann", feeling="warmth", conclusion=f"memory {n}", valence=0.3,
+        intensity=0.5, felt=0.3, happened_at=NOW - timedelta(days=n + 1), last_felt=NOW,
+    )  # fmt: skip
+
+
+def test_a_memory_evoked_long_ago_leaves_the_view_and_may_come_to_mind_again() -> None:
+    """The block shows the memories evoked most recently; one evoked longer ago is no longer excluded from
+    recall (22) and, recalled again, is evoked anew — the seed kept every one in view, growing the block."""
+    focus = Focus()
+    memories = [_lived(n) for n in range(EVOKED_IN_VIEW + 2)]
+    for memory in memories:
+        assert focus.evoke(memory)
+    newest = {m.id for m in memories[-EVOKED_IN_VIEW:]}
+    assert focus.in_view() == newest and focus.ids() == {m.id for m in memories}  # still held (cap, summary)
+    assert not focus.evoke(memories[-1])  # in view: not evoked twice
+    assert focus.evoke(memories[0])  # left the view: evoked anew, the newest
+    assert [e.record_id for e in focus.evoked_in_view()][-1] == "r0"
+    assert [e.record_id for e in focus.entries].count("r0") == 1
+    view = ReplyView(scene=Scene("pip", "Ann", "ann", NOW, "UTC", "dm"), state=State(), focus=focus)
+    block = focus_block(Prompts.load(), None, view)
+    assert block.count("memory ") == EVOKED_IN_VIEW and "memory 1." not in block
