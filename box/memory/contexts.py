@@ -35,8 +35,8 @@ EVENT_TEXT_CHARS = 400
 # Issue 33: the reply's block shows at most this many of this conversation's moments that its chat history
 # does not carry (the newest; the summary holds the rest), and the appraisal this many of the focus's newest
 # entries (with the summary for the rest): neither grows with the conversation.
-FOCUS_MOMENTS_SHOWN = 6
-APPRAISAL_ENTRIES = 6
+FOCUS_MOMENTS_SHOWN = 3
+APPRAISAL_ENTRIES = 4
 CONSTRUCT_VERBS = {  # mechanism 83
     "thought": "I thought",
     "belief": "I believe",
