@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from typing import Final
 
 from box.common.model_profiles import OPENAI, base_model
+from box.protocol.models import MemoryPurpose
 
 ECONOMY_MODEL: Final = "gpt-4.1-mini"
-ECONOMY_MODELS: Final[Mapping[str, str]] = {
+ECONOMY_MODELS: Final[Mapping[MemoryPurpose, str]] = {
     "filter": ECONOMY_MODEL,
     "appraisal": ECONOMY_MODEL,
     "summary": ECONOMY_MODEL,
@@ -39,7 +40,9 @@ def small(model: str) -> bool:
     return any(tier in name for tier in SMALL_TIERS)
 
 
-def memory_model(purpose: str, routed: Mapping[str, str], default_model: str, server: str = OPENAI) -> str:
+def memory_model(
+    purpose: MemoryPurpose, routed: Mapping[MemoryPurpose, str], default_model: str, server: str = OPENAI
+) -> str:
     """The model of a ``purpose`` call: ``routed`` (``[memory] models``) first, the arrival where the reply goes,
     then the shipped default on OpenAI for a model that is not small, else ``default_model``."""
     chosen = routed.get(purpose)
@@ -50,11 +53,3 @@ def memory_model(purpose: str, routed: Mapping[str, str], default_model: str, se
     if server == OPENAI and purpose in ECONOMY_MODELS and not small(default_model):
         return ECONOMY_MODELS[purpose]
     return default_model
-
-
-def shipped_default(
-    purpose: str, routed: Mapping[str, str], default_model: str, server: str = OPENAI
-) -> bool:
-    """Whether ``purpose`` goes to its shipped default (not to a routed model, nor to the imp's own)."""
-    model = memory_model(purpose, routed, default_model, server)
-    return purpose not in routed and model != default_model and model == ECONOMY_MODELS.get(purpose)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from box.common.memory_models import memory_model
 from box.common.request_bodies import chat_body, responses_body
-from box.protocol.models import ResponderSettings
+from box.protocol.models import MemoryPurpose, ResponderSettings
 from impyard.backends.base import BoxStartError
 from impyard.backends.runtimes import GVISOR, RuntimeChoice, install_hint, resolve_runtime, runtime_words
 from impyard.imps.config import ImpConfig
@@ -24,7 +24,7 @@ MIB = 1024**2
 FREE_FAIL_BYTES = 100 * MIB  # below this the database and the boxes' state run out of room mid-turn
 FREE_WARN_BYTES = 1024 * MIB
 # The memory engine's chat calls (issue 23); issue 33 routes them to gpt-4.1-mini on OpenAI by default.
-MEMORY_CALL_PURPOSES = ("appraisal", "filter", "summary")
+MEMORY_CALL_PURPOSES: tuple[MemoryPurpose, ...] = ("appraisal", "filter", "summary")
 SAMPLE_TEXT = "doctor"
 # The structured output the endpoint check asks for: the smallest schema a strict server accepts.
 PROBE_SCHEMA = {
@@ -236,9 +236,8 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
             path, body = "/chat/completions", chat_body(settings, model, [_user()], [])
         uses.append(ModelUse("reply", path, model, f"model.{key}", body))
     if config.memory.enabled:
-        routed_models: dict[str, str] = dict(config.memory.models)
         for purpose in MEMORY_CALL_PURPOSES:
-            model = memory_model(purpose, routed_models, config.model.model, config.model.server)
+            model = memory_model(purpose, config.memory.models, config.model.model, config.model.server)
             key = f"memory.models.{purpose}" if model != config.model.model else "model.model"
             uses.append(ModelUse(purpose, "/chat/completions", model, key, _memory_body(model)))
         if config.memory.embedder == "gateway":

@@ -30,13 +30,14 @@ import anyio
 import pytest
 
 from box.common.embedding import hashing_vector
+from box.common.memory_models import memory_model
 from box.memory.calls import OUTPUT_CAPS, REASONING_HEADROOM
 from box.memory.contexts import ReplyView, Scene, focus_block
 from box.memory.focus import EVOKED_IN_VIEW, Focus
 from box.memory.prompts import Prompts
 from box.memory.state import State
 from box.protocol.memory import RecordView
-from box.protocol.models import Author, Message
+from box.protocol.models import Author, MemoryPurpose, Message
 from impyard.clock import FixedClock
 from impyard.conversation.pipeline import Inbound
 from impyard.gateway.surfaces import RecordingSurface
@@ -337,3 +338,32 @@ def test_a_memory_evoked_long_ago_leaves_the_view_and_may_come_to_mind_again() -
     view = ReplyView(scene=Scene("pip", "Ann", "ann", NOW, "UTC", "dm"), state=State(), focus=focus)
     block = focus_block(Prompts.load(), None, view)
     assert block.count("memory ") == EVOKED_IN_VIEW and "memory 1." not in block
+
+
+# ------------------------------------------------------------------ which model each purpose goes to (55)
+
+
+@pytest.mark.parametrize(
+    ("purpose", "routed", "imp_model", "server", "expected"),
+    [
+        ("filter", {}, "gpt-5.1", "openai", "gpt-4.1-mini"),  # a per-turn judgement: the cheaper default
+        ("appraisal", {}, "gpt-4.1", "openai", "gpt-4.1-mini"),
+        ("summary", {}, "o3", "openai", "gpt-4.1-mini"),
+        ("selection", {}, "gpt-5.1", "openai", "gpt-4.1-mini"),
+        ("classification", {}, "gpt-5.1", "openai", "gpt-4.1-mini"),
+        ("introspection", {}, "gpt-5.1", "openai", "gpt-5.1"),  # its thinking stays on its own model
+        ("learning", {}, "gpt-5.1", "openai", "gpt-5.1"),
+        ("sleep", {}, "gpt-5.1", "openai", "gpt-5.1"),
+        ("arrival", {}, "gpt-5.1", "openai", "gpt-5.1"),  # its own voice
+        ("arrival", {"reply": "gpt-4o"}, "gpt-5.1", "openai", "gpt-4o"),  # where the reply goes (101)
+        ("filter", {"filter": "gpt-4.1-nano"}, "gpt-5.1", "openai", "gpt-4.1-nano"),  # [memory.models] wins
+        ("filter", {}, "gpt-4.1-nano", "openai", "gpt-4.1-nano"),  # already small: as cheap or cheaper
+        ("filter", {}, "gpt-5-mini", "openai", "gpt-5-mini"),
+        ("filter", {}, "llama3.1:8b", "ollama", "llama3.1:8b"),  # another server serves its own models
+        ("appraisal", {}, "qwen", "vllm", "qwen"),
+    ],
+)
+def test_each_purpose_goes_to_its_model(
+    purpose: MemoryPurpose, routed: dict[MemoryPurpose, str], imp_model: str, server: str, expected: str
+) -> None:
+    assert memory_model(purpose, routed, imp_model, server) == expected
