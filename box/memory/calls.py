@@ -95,7 +95,9 @@ OUTPUT_CAPS: dict[str, int] = {
 DEFAULT_OUTPUT_CAP = 800  # a purpose not listed above (none today)
 # What a reasoning model spends thinking at the least effort it takes, on top of the answer: "minimal" (gpt-5)
 # thinks a little, "low" (the o-series) more; "none" (gpt-5.1, gpt-5.2) not at all.
-REASONING_HEADROOM: dict[str, int] = {"none": 0, "minimal": 1_024, "low": 4_096}
+REASONING_HEADROOM: dict[str, int] = {"none": 0, "minimal": 1_024, "low": 3_072}
+# The default policy's rule model-text refuses an output cap over 4,096 tokens (policies/default.toml).
+MAX_OUTPUT_CAP = 4_096
 # String-length keywords OpenAI's strict structured outputs do not take (their "supported schemas": strings take
 # ``pattern`` and ``format``): left out of the schema sent there, kept in the schemas and checked when read.
 STRICT_UNSENT_KEYWORDS = frozenset({"maxLength", "minLength"})
@@ -264,7 +266,7 @@ def output_cap(purpose: str, effort: str | None) -> int:
     answer = OUTPUT_CAPS.get(purpose, DEFAULT_OUTPUT_CAP)
     if effort is None:
         return answer
-    return answer + REASONING_HEADROOM.get(effort, REASONING_HEADROOM["low"])
+    return min(MAX_OUTPUT_CAP, answer + REASONING_HEADROOM.get(effort, REASONING_HEADROOM["low"]))
 
 
 def sendable_schema(schema: dict[str, Any], server: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -31,9 +32,11 @@ import pytest
 
 from box.common.embedding import hashing_vector
 from box.common.memory_models import memory_model
-from box.memory.calls import OUTPUT_CAPS, REASONING_HEADROOM
+from box.memory.association_filter import SCHEMA as FILTER_SCHEMA
+from box.memory.calls import MAX_OUTPUT_CAP, OUTPUT_CAPS, REASONING_HEADROOM, output_cap, sendable_schema
 from box.memory.contexts import ReplyView, Scene, focus_block
 from box.memory.focus import EVOKED_IN_VIEW, Focus
+from box.memory.moment import SCHEMA as APPRAISAL_SCHEMA
 from box.memory.prompts import Prompts
 from box.memory.state import State
 from box.protocol.memory import RecordView
@@ -278,6 +281,10 @@ async def test_every_memory_call_sends_an_output_cap_and_the_least_effort(
     for request in memory_calls:
         body = request.body
         assert body["max_completion_tokens"] == OUTPUT_CAPS[str(request.purpose)], request.purpose
+        sent = json.dumps(body["response_format"])
+        assert "maxLength" not in sent  # OpenAI's strict mode takes no string lengths: left out there
+        if request.purpose == "filter":
+            assert '"maxItems": 10' in sent  # a list's bound is sent
         if body["model"] == "gpt-5.1":  # the arrival stays on the imp's model: it reasons, at "none"
             assert body["reasoning_effort"] == "none"
         else:  # the per-turn judgements go to gpt-4.1-mini on OpenAI (issue 33): it does not reason
@@ -309,7 +316,8 @@ async def test_a_routed_model_gets_its_least_effort_and_a_cap_with_room_for_its_
         assert call.body.get("reasoning_effort") == effort, call.purpose
         assert ("temperature" in call.body) is temperature  # gpt-5 and the o-series take only their own
         headroom = REASONING_HEADROOM[effort] if effort is not None else 0
-        assert call.body["max_completion_tokens"] == OUTPUT_CAPS[call.purpose] + headroom
+        assert call.body["max_completion_tokens"] == min(MAX_OUTPUT_CAP, OUTPUT_CAPS[call.purpose] + headroom)
+        assert call.body["max_completion_tokens"] <= 4_096  # what the default policy's model-text allows
 
 
 # ------------------------------------------------------------------ what stays in view (31, 22; issue 33)
@@ -367,3 +375,20 @@ def test_each_purpose_goes_to_its_model(
     purpose: MemoryPurpose, routed: dict[MemoryPurpose, str], imp_model: str, server: str, expected: str
 ) -> None:
     assert memory_model(purpose, routed, imp_model, server) == expected
+
+
+def test_no_memory_call_asks_for_more_output_than_the_default_policy_allows() -> None:
+    """A cap over rule model-text's ``max_tokens`` would be refused by the gateway: a memory call lost."""
+    policy = tomllib.loads((Path(__file__).parents[2] / "policies" / "default.toml").read_text())
+    [text] = [rule for rule in policy["rules"] if rule["name"] == "model-text"]
+    for purpose in OUTPUT_CAPS:
+        for effort in (None, *REASONING_HEADROOM):
+            assert output_cap(purpose, effort) <= text["max_tokens"], (purpose, effort)
+    assert output_cap("sleep", "low") == text["max_tokens"]  # clamped, not refused
+
+
+def test_string_lengths_go_to_servers_that_take_them_and_stay_in_the_schemas() -> None:
+    assert APPRAISAL_SCHEMA["properties"]["conclusion"]["maxLength"] == 400  # the bound stays in the schema
+    assert "maxLength" not in json.dumps(sendable_schema(APPRAISAL_SCHEMA, "openai"))
+    assert sendable_schema(APPRAISAL_SCHEMA, "llama.cpp") == APPRAISAL_SCHEMA  # a grammar takes it
+    assert sendable_schema(FILTER_SCHEMA, "openai")["properties"]["keep"]["maxItems"] == 10
