@@ -167,7 +167,10 @@ class TurnMachine:
         entries = combine(
             turn.recent, own, self.session.channel_id, turn.message.id, self.settings.history_limit
         )
-        facts = TurnFacts(turn.message, turn.framing, turn.now, list(turn.presence), turn.task)
+        facts = TurnFacts(
+            turn.message, turn.framing, turn.now, list(turn.presence), turn.task,
+            history_ids=frozenset(entry.id for entry in entries),  # issue 33: the block does not repeat them
+        )  # fmt: skip
         ctx.memory = await self.deps.memory.begin(facts)
         ctx.package = build_package(
             self.deps.init.imp, self.session, turn.message, turn.framing, turn.now, entries,

@@ -390,8 +390,9 @@ def test_model_uses_follow_the_box() -> None:
     )  # fmt: skip
     uses = {(use.purpose, use.path, use.model) for use in model_uses(config)}
     assert uses == {
-        ("reply", "/responses", "a"), ("reply", "/responses", "b"), ("appraisal", "/chat/completions", "a"),
-        ("filter", "/chat/completions", "c"), ("summary", "/chat/completions", "a"),
+        ("reply", "/responses", "a"), ("reply", "/responses", "b"),
+        ("appraisal", "/chat/completions", "gpt-4.1-mini"),  # issue 33: the per-turn judgements' default on OpenAI
+        ("filter", "/chat/completions", "c"), ("summary", "/chat/completions", "gpt-4.1-mini"),
         ("embedding", "/embeddings", "text-embedding-3-small"),
     }  # fmt: skip
 

@@ -17,10 +17,11 @@ from pydantic import ValidationError
 
 from box.common.envelope import Envelope
 from box.common.failures import clip, invalid_fields
+from box.common.memory_models import memory_model
 from box.common.model_profiles import profile_for
 from box.common.request_bodies import chat_body, responses_body
 from box.common.structured import refuses_json_schema
-from box.protocol.models import ResponderSettings
+from box.protocol.models import MemoryPurpose, ResponderSettings
 from impyard.backends.base import BoxStartError
 from impyard.backends.runtimes import GVISOR, RuntimeChoice, install_hint, resolve_runtime, runtime_words
 from impyard.imps.config import ImpConfig
@@ -30,7 +31,8 @@ Status = Literal["ok", "warn", "fail"]
 MIB = 1024**2
 FREE_FAIL_BYTES = 100 * MIB  # below this the database and the boxes' state run out of room mid-turn
 FREE_WARN_BYTES = 1024 * MIB
-MEMORY_CALL_PURPOSES = ("appraisal", "filter", "summary")  # the memory engine's chat calls (issue 23)
+# The memory engine's chat calls (issue 23); issue 33 routes them to gpt-4.1-mini on OpenAI by default.
+MEMORY_CALL_PURPOSES: tuple[MemoryPurpose, ...] = ("appraisal", "filter", "summary")
 SAMPLE_TEXT = "doctor"
 # The structured output the endpoint check asks for: the smallest schema a strict server accepts.
 PROBE_SCHEMA = {
@@ -224,7 +226,8 @@ def _memory_body(model: str, server: str) -> dict[str, Any]:
 
 def model_uses(config: ImpConfig) -> list[ModelUse]:
     """Every (purpose, path, model) the imp's boxes call: its reply models, and with memory on the memory
-    engine's calls (a model per purpose from ``[memory] models``, else ``[model] model``) and, with the
+    engine's calls (a model per purpose from ``[memory] models``, else its shipped default on OpenAI, else
+    ``[model] model``: ``box.common.memory_models``) and, with the
     gateway embedder, its embedding model. Tools are left out of the bodies: they do not change the model."""
     spec = config.imp_spec()
     settings: ResponderSettings = spec.responder
@@ -240,9 +243,8 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
         uses.append(ModelUse("reply", path, model, f"model.{key}", body))
     if config.memory.enabled:
         for purpose in MEMORY_CALL_PURPOSES:
-            routed = config.memory.models.get(purpose)  # type: ignore[call-overload]
-            model = routed or config.model.model
-            key = f"memory.models.{purpose}" if routed else "model.model"
+            model = memory_model(purpose, config.memory.models, config.model.model, config.model.server)
+            key = f"memory.models.{purpose}" if model != config.model.model else "model.model"
             body = _memory_body(model, config.model.server)
             uses.append(ModelUse(purpose, "/chat/completions", model, key, body))
         if config.memory.embedder == "gateway":

@@ -108,12 +108,11 @@ def arrival(
     valence: float = 0.4,
     intensity: float = 0.3,
     *,
-    greeting: str | None = "Hello again!",
     search: str | None = None,
 ) -> dict[str, Any]:
-    """An arrival answer (mechanism 101)."""
+    """An arrival answer (mechanism 101; no greeting is asked for since issue 33)."""
     return {
-        "greeting": greeting, "feeling": feeling, "conclusion": conclusion, "valence": valence,
+        "feeling": feeling, "conclusion": conclusion, "valence": valence,
         "intensity": intensity, "search": search,
     }  # fmt: skip
 

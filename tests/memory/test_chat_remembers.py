@@ -41,7 +41,7 @@ def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
     fake_model.script(appraise, purpose="appraisal")
     fake_model.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
     fake_model.script({"summary": "The operator told me about their cat."}, purpose="summary")
-    fake_model.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
+    fake_model.script({"feeling": "easy familiarity", "conclusion": "My operator is here.",
                       "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
     return fake_model
 

@@ -84,11 +84,16 @@ async def test_two_boxes_continue_one_conversation(kit: Kit) -> None:
     async with kit.box() as fresh:  # the warm box idled out; a fresh box takes the next message
         await fresh.say("the bees swarmed today")
     last = memory_block(kit.model.of("reply")[-1])
-    assert "Ann said: my name is Ann" in last and "Ann said: I keep bees" in last  # the same focus
+    # the same focus: its two exchanges are in the fresh box's chat history, so not repeated (issue 33)
+    assert "In the chat above, not repeated here: 2 exchanges of this conversation." in last
     [record] = await kit.records()
     assert len(record.episodes) == 3  # the fresh box joined the same living record (64)
     state = await saved(kit)
     assert state["turns"] == 3 and state["living"] == record.id
+    texts = [entry["text"] for entry in state["focus"] if entry["kind"] == "moment"]
+    assert any("Ann said: my name is Ann" in t for t in texts) and any(
+        "Ann said: I keep bees" in t for t in texts
+    )
 
 
 async def test_a_conversation_ends_after_the_presence_window(kit: Kit) -> None:
@@ -202,5 +207,8 @@ async def test_the_real_box_process_remembers_across_two_boxes(kit: Kit) -> None
         kit.clock.advance(seconds=30)
     [record] = await kit.records()
     assert record.conclusion == "Ann keeps bees." and len(record.episodes) == 2
-    assert "Ann said: I keep bees" in memory_block(kit.model.of("reply")[-1])
+    # the first box's exchange is in the second box's chat history: the block does not repeat it (issue 33)
+    assert "In the chat above, not repeated here: 1 exchange of this conversation." in memory_block(
+        kit.model.of("reply")[-1]
+    )
     assert (kit.tmp_path / "process-0" / "memory-calls.jsonl").exists()  # the call log under /state (119)
