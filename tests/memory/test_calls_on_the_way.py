@@ -34,6 +34,7 @@ from box.common.embedding import hashing_vector
 from box.common.memory_models import memory_model
 from box.common.model_profiles import profile_for
 from box.common.schema_bounds import fit_schema
+from box.context import memory_block_of, split_context
 from box.memory.association_filter import SCHEMA as FILTER_SCHEMA
 from box.memory.calls import MAX_OUTPUT_CAP, OUTPUT_CAPS, REASONING_HEADROOM, output_cap
 from box.memory.contexts import ReplyView, Scene, focus_block
@@ -157,13 +158,17 @@ def before_reply(made: list[RecordedRequest]) -> list[str]:
 
 
 def reply_memory(request: RecordedRequest) -> str:
-    system = request.body["messages"][0]
-    assert system["role"] == "system" and "### Memory\n" in system["content"], "no memory block in this call"
-    return str(system["content"]).split("### Memory\n", 1)[1]
+    """The reply call's ``### Memory`` block, where the layout puts it: the end of the turn's context."""
+    block = memory_block_of(request.body["messages"])
+    assert block, "no memory block in this call"
+    return block
 
 
 def user_text(request: RecordedRequest) -> str:
-    return "\n".join(str(m["content"]) for m in request.body["messages"] if m["role"] == "user")
+    """What the people said in the call (the turn's own context left out: it opens the current message)."""
+    return "\n".join(
+        split_context(str(m["content"]))[1] for m in request.body["messages"] if m["role"] == "user"
+    )
 
 
 # ------------------------------------------------------------------ the paths and their calls
