@@ -238,10 +238,11 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
             model = routed or config.model.model
             key = f"memory.models.{purpose}" if routed else "model.model"
             uses.append(ModelUse(purpose, "/chat/completions", model, key, _memory_body(model)))
-        if config.memory.embedder == "gateway":
-            model = config.memory.embedding_model
-            body = {"model": model, "input": [SAMPLE_TEXT], "dimensions": config.memory.dimensions}
-            uses.append(ModelUse("embedding", "/embeddings", model, "memory.embedding_model", body))
+        if config.memory.embedder in ("gateway", "local"):  # local: judged by the policy too (issue 33)
+            model, dimensions = spec.memory.embedding_model, spec.memory.dimensions
+            body = {"model": model, "input": [SAMPLE_TEXT], "dimensions": dimensions}
+            key = "memory.embedding_model" if config.memory.embedder == "gateway" else "memory.embedder"
+            uses.append(ModelUse("embedding", "/embeddings", model, key, body))
     return list(dict.fromkeys(uses))  # one check per (purpose, path, model)
 
 
@@ -298,6 +299,36 @@ def broken_imp_finding(name: str, problem: str) -> Finding:
 
 
 # ------------------------------------------------------------------ the model endpoint
+
+
+def embedding_length_finding(
+    imp: str, model: str, asked: int, got: int | None, bounds: tuple[int, int], *, learned: bool = False
+) -> Finding:
+    """Issue 33: what the length of an embedding model's vectors means for recall by meaning. ``got`` is what it
+    answered (None: not called; ``learned`` then says the gateway saw it ignore ``dimensions`` before)."""
+    item = f"Embedder {imp}"
+    if got is None:
+        if learned:
+            return Finding(
+                item, "warn", f"{model} was seen to ignore dimensions and answer {asked}-dimension vectors: "
+                f"{imp}'s boxes ask for {asked} (learned)",
+                f"say so in imp.toml: impyard imp set {imp} memory.dimensions={asked}",
+            )  # fmt: skip
+        return Finding(item, "ok", f"{model}, {asked} dimensions (not called)")
+    if got == asked:
+        return Finding(item, "ok", f"{model} answers {got}-dimension vectors, as asked")
+    low, high = bounds
+    if not low <= got <= high:
+        return Finding(
+            item, "fail", f"{model} ignores dimensions={asked} and answers {got}-dimension vectors, which the box "
+            f"cannot take ({low} to {high}): {imp} recalls by person and recency only, never by meaning",
+            f'use another embedding model, or the host\'s own: impyard imp set {imp} memory.embedder=local',
+        )  # fmt: skip
+    return Finding(
+        item, "warn", f"{model} ignores dimensions={asked} and answers {got}-dimension vectors: learned, {imp}'s "
+        f"next box asks for {got} (a box started before keeps refusing them: no recall by meaning)",
+        f"say so in imp.toml: impyard imp set {imp} memory.dimensions={got}",
+    )  # fmt: skip
 
 
 def no_key_finding(base: str) -> Finding:

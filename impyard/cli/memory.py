@@ -195,7 +195,7 @@ def embed(config: ImpConfig, db: Database, text: str) -> list[float]:
         if vector is None:
             raise CliError("the text has no words to search or remember by; give some words")
         return vector
-    if not UpstreamConfig.from_env().api_key:
+    if config.memory.embedder != "local" and not UpstreamConfig.from_env().api_key:  # local needs no key
         raise CliError(NO_KEY.format(imp=config.name))
     try:
         policy = load_policy()
@@ -228,8 +228,11 @@ async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, pol
     why: str | None = "the text has no words"  # blank text is not sent: the API refuses empty input
     try:
         if clipped.strip():
-            dimensions = config.memory.dimensions
-            body = embedding_body(config.memory.embedding_model, clipped, dimensions)
+            memory = ImpStore().box_memory(
+                config
+            )  # the model and length its boxes ask for (local: the host's)
+            dimensions = memory.dimensions
+            body = embedding_body(memory.embedding_model, clipped, dimensions)
             asked = await ask_while_busy(
                 _ThroughGateway(gateway, spec),
                 EMBEDDINGS_PATH,

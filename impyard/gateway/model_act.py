@@ -32,6 +32,7 @@ from impyard.gateway.broker import (
 )
 from impyard.gateway.judge import RequestFacts, judge, model_request_facts
 from impyard.gateway.ledger import BudgetExhausted, Reservation
+from impyard.gateway.local_embedder import LOCAL_EMBEDDER, LOCAL_MODEL, LocalEmbedder
 from impyard.gateway.policy import Policy
 from impyard.gateway.policy_models import Price, Rule
 from impyard.gateway.prices import (
@@ -42,7 +43,9 @@ from impyard.gateway.prices import (
     tier_multiplier,
 )
 from impyard.gateway.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
+from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpStore
 from impyard.storage.db import STORAGE_ERRORS
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.gateway")
 
@@ -86,8 +89,10 @@ class ModelAct(Act):
 
     methods: ClassVar[frozenset[str]] = frozenset({"model.request"})
 
-    def __init__(self, broker: ModelBroker) -> None:
+    def __init__(self, broker: ModelBroker, local: LocalEmbedder = LOCAL_EMBEDDER) -> None:
         self.broker = broker
+        self.local = local  # issue 33: the host's own embedder, for LOCAL_MODEL (never sent upstream)
+        self._lengths_told: set[tuple[str, str, int]] = set()  # (imp, model, length) learned and said
         self._calls: TaskGroup | None = None  # set while ``running``
         self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
 
@@ -166,7 +171,9 @@ class ModelAct(Act):
                 f"the body is {len(plan.raw)} bytes, over {self.gateway.policy.upstream.max_request_bytes}"
             )
             return replace(denied(UPSTREAM_RULE, reason), estimate_micros=estimate), plan
-        if not self.broker.configured:
+        if not self.broker.configured and not _local(
+            params.path, facts.model
+        ):  # the local embedder needs no key
             error = RpcError(
                 ErrorCode.UPSTREAM_UNREACHABLE, NO_KEY_MESSAGE, {"reason": "no model key configured"}
             )
@@ -217,6 +224,8 @@ class ModelAct(Act):
         record.detail = f"{params.path} model={plan.facts.model}"
         if plan.output_cap is not None:
             record.detail += f" output_cap={plan.output_cap} (set by the host)"
+        if _local(params.path, plan.facts.model):
+            record.detail += " (computed on the host)"
         enforce(decision, record)
         assert (
             plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
@@ -242,7 +251,44 @@ class ModelAct(Act):
             raise call.error
         assert call.response is not None
         response = call.response
+        if params.path == "/embeddings" and not _local(params.path, plan.facts.model):
+            await self._learn_length(spec.imp, plan.facts.model or "", params.body, response)
         return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
+
+    async def _learn_length(
+        self, imp: str, model: str, body: dict[str, Any], response: UpstreamResponse
+    ) -> None:
+        """Issue 33: an embedding model that answers another length than the ``dimensions`` asked (most local
+        servers give their model's own) has every vector refused by the box, and recall by meaning goes off in
+        silence. The host keeps the length it really gives, per imp and model (``ImpStore.box_memory``: the
+        imp's next box asks for it), and says so once per host process, in words an operator can act on."""
+        got = answered_length(body, response)
+        asked = body.get("dimensions")
+        if (
+            got is None
+            or not isinstance(asked, int)
+            or got == asked
+            or (imp, model, got) in self._lengths_told
+        ):
+            return
+        self._lengths_told.add((imp, model, got))
+        low, high = EMBEDDING_LENGTH_BOUNDS
+        if not low <= got <= high:
+            log.warning(
+                "%s's embedding model %s answers vectors of %d dimensions, not the %d asked, and the box takes %d "
+                "to %d: recall by meaning is off for %s. Use another embedding model, or [memory] embedder = "
+                '"local"', imp, model, got, asked, low, high, imp,
+            )  # fmt: skip
+            return
+        try:
+            await in_thread(ImpStore().learn_embedding_length, imp, model, got)
+        except OSError as exc:
+            log.warning("could not keep %s's embedding length for %s: %s", imp, model, exc)
+        log.warning(
+            "%s's embedding model %s ignores dimensions=%d and answers %d-dimension vectors: this box cannot use "
+            "them (recall by meaning is off until it ends); %s's next box asks for %d (learned). Say so in imp.toml "
+            "to make it explicit: impyard imp set %s memory.dimensions=%d", imp, model, asked, got, imp, got, imp, got,
+        )  # fmt: skip
 
     async def _run_call(self, call: _UpstreamCall) -> None:
         """The upstream call, then its settlement: the measured cost; 0 where nothing can have been billed (it
@@ -252,7 +298,12 @@ class ModelAct(Act):
         model = call.plan.facts.model
         cost = estimate
         try:
-            response = await self.broker.call(params.path, call.plan.raw, params.purpose)
+            if _local(
+                params.path, model
+            ):  # issue 33: computed here, priced 0 by the policy, audited the same
+                response = await self.local.answer(call.plan.body)
+            else:
+                response = await self.broker.call(params.path, call.plan.raw, params.purpose)
         except UpstreamUnreachable as exc:
             cost = estimate if exc.sent else 0
             record.verdict = "unreachable"
@@ -317,3 +368,19 @@ class ModelAct(Act):
             if call.orphaned and record.verdict != "interrupted":
                 record.detail += "; the box ended before the answer came: finished and settled for it"
             await self.gateway.db.quick(self.gateway.row_now, record)  # the gateway's row, in its own trip
+
+
+def _local(path: str, model: str | None) -> bool:
+    """A request the host's local embedder answers (issue 33): ``/embeddings`` of the reserved local model."""
+    return path == "/embeddings" and model == LOCAL_MODEL
+
+
+def answered_length(body: dict[str, Any], response: UpstreamResponse) -> int | None:
+    """The length of the vector an embeddings answer holds (its ``data[0].embedding``), or None if it holds none."""
+    if response.status != 200 or not isinstance(response.body, dict):
+        return None
+    data = response.body.get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return None
+    vector = data[0].get("embedding")
+    return len(vector) if isinstance(vector, list) else None
