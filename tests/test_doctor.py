@@ -465,3 +465,25 @@ def test_doctor_fails_an_embedding_length_the_box_cannot_take(fake: FakeOpenAI, 
     assert result.exit_code == 1 and failed(rows) == ["Embedder pip"]
     assert "cannot take (8 to 4096): pip recalls by person and recency only" in rows["Embedder pip"]["detail"]
     assert rows["Embedder pip"]["fix"].endswith("impyard imp set pip memory.embedder=local")
+
+
+def test_doctor_says_which_memories_another_embedder_made(fake: FakeOpenAI) -> None:
+    add_pip(memory={"embedder": "hashing"})
+    for event in ("Ann told me about her dog Rex.", "Bob likes sailing."):
+        said = CliRunner().invoke(
+            cli, ["memory", "remember", "pip", event, "--valence", "0.5", "--intensity", "0.5"]
+        )
+        assert said.exit_code == 0, said.output
+    result, rows = doctor("--no-model-call", env=env(fake))
+    assert "Memories pip" not in rows  # made by the embedder it still has
+    switched = CliRunner().invoke(cli, ["imp", "set", "pip", "memory.embedder=local"])
+    assert switched.exit_code == 0, switched.output
+    result, rows = doctor("--no-model-call", env=env(fake))
+    assert result.exit_code == 0
+    row = rows["Memories pip"]
+    assert row["status"] == "warn"
+    assert row["detail"] == (
+        "2 of pip's memories were embedded by another embedder (2 at 64 dimensions; its local embedder gives 384): "
+        "found by person and recency, not by meaning"
+    )
+    assert row["fix"].endswith("impyard imp set pip memory.embedder=gateway")

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from box.common.embedding import HASHING_DIMS
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard import paths
@@ -41,6 +42,7 @@ from impyard.cli.doctor_rules import (
     imp_finding,
     model_uses,
     no_key_finding,
+    other_lengths_finding,
     policy_finding,
     runtime_finding,
     state_finding,
@@ -56,8 +58,9 @@ from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_po
 from impyard.gateway.surfaces import NoSurface
 from impyard.host import build_gateway
 from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpConfig, ImpError, ImpStore
+from impyard.memory.vector_lengths import vector_lengths
 from impyard.storage import urls as dburl
-from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.db import STORAGE_ERRORS, Database, DatabaseError, open_database
 from impyard.storage.urls import DatabaseUrlError
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's own calls are audited on
@@ -347,7 +350,12 @@ def _embedder_findings(policy: Policy | None, imps: list[ImpConfig], *, skip: bo
     rows: list[Finding] = []
     callable_ = policy is not None and not skip and bool(UpstreamConfig.from_env().api_key)
     for config in imps:
-        if not config.memory.enabled or config.memory.embedder == "hashing":
+        if not config.memory.enabled:
+            continue
+        stale = _other_lengths(config)
+        if stale is not None:
+            rows.append(stale)
+        if config.memory.embedder == "hashing":
             continue
         if config.memory.embedder == "local":
             rows.append(_local_embedder_finding(config.name))
@@ -372,6 +380,18 @@ def _embedder_findings(policy: Policy | None, imps: list[ImpConfig], *, skip: bo
         finally:
             db.close()
     return rows
+
+
+def _other_lengths(config: ImpConfig) -> Finding | None:
+    """Memories the imp's embedder cannot search by meaning (another vector length), if any."""
+    settings = ImpStore().box_memory(config)
+    try:
+        with home_database() as db:
+            lengths = vector_lengths(db, config.name)
+    except STORAGE_ERRORS:
+        return None  # the State dir row says what is wrong with the database
+    dims = HASHING_DIMS if settings.embedder == "hashing" else settings.dimensions
+    return other_lengths_finding(config.name, settings.embedder, dims, lengths)
 
 
 def _local_embedder_finding(imp: str) -> Finding:

@@ -331,6 +331,23 @@ def embedding_length_finding(
     )  # fmt: skip
 
 
+def other_lengths_finding(imp: str, embedder: str, dims: int, lengths: dict[int, int]) -> Finding | None:
+    """Issue 33: memories whose vectors the imp's embedder cannot compare with (another length: embedded by
+    another embedder, before a switch), or None when there are none."""
+    others = {length: count for length, count in lengths.items() if length != dims}
+    if not others:
+        return None
+    counted = ", ".join(f"{count} at {length}" for length, count in sorted(others.items()))
+    total = sum(others.values())
+    back = "gateway" if embedder == "local" else "local"
+    return Finding(
+        f"Memories {imp}", "warn", f"{total} of {imp}'s memories were embedded by another embedder ({counted} "
+        f"dimensions; its {embedder} embedder gives {dims}): found by person and recency, not by meaning",
+        f"keep it so (new memories are found by meaning), or go back to the embedder that made them, e.g. "
+        f"impyard imp set {imp} memory.embedder={back}",
+    )  # fmt: skip
+
+
 def no_key_finding(base: str) -> Finding:
     return Finding(
         "Model endpoint", "fail", f"OPENAI_API_KEY not set (base {base})",
