@@ -86,7 +86,10 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
     allowed by the policy for that purpose, priced, and within its budget: the
     gateway's own dry run), the model endpoint (one tiny structured-output
     call through the gateway, as the first imp: judged, metered against its
-    budget and audited on channel operator:cli), the Docker engine, the runtime
+    budget and audited on channel operator:cli), each imp's embedder (the local
+    model loads; a gateway embedding model answers vectors of the length asked:
+    one tiny metered call per imp; memories another embedder made), the Docker
+    engine, the runtime
     each imp's boxes run under (gVisor's runsc, or runc), whether the box image
     is built from this code, and each imp's Discord token.
     Warnings (no lockdown, no Discord token) do not fail the check.

@@ -416,8 +416,9 @@ def search_command(imp: str, text: str, scopes: tuple[str, ...], k: int, out: Ou
 
     \b
     The text is embedded with the imp's [memory] embedder: through the gateway
-    (purpose embedding: judged, metered and audited like a box's call), or
-    locally with embedder = "hashing". Example:
+    (purpose embedding: judged, metered and audited like a box's call; with
+    embedder = "local" computed by this host, at no cost), or locally with
+    embedder = "hashing". Example:
       impyard memory search pip "the picnic by the lake"
     """
     config = imp_config(imp)
