@@ -81,6 +81,10 @@ async def test_the_local_answer_refuses_what_it_cannot_serve_in_one_line() -> No
         await LOCAL_EMBEDDER.answer({**body, "dimensions": 384, "encoding_format": "base64"})
     ).status == 400
     assert (await LOCAL_EMBEDDER.answer({"model": LOCAL_EMBEDDING_MODEL, "input": [""]})).status == 400
+    many = await LOCAL_EMBEDDER.answer(
+        {"model": LOCAL_EMBEDDING_MODEL, "input": ["a"] * 65}
+    )  # the host's CPU
+    assert many.body["error"]["message"] == "input has 65 texts; at most 64 per request"
     answer = await LOCAL_EMBEDDER.answer(
         {"model": LOCAL_EMBEDDING_MODEL, "input": ["a", "b"], "dimensions": 384}
     )

@@ -250,7 +250,9 @@ class LocalEmbedder:
         )
 
 
-MAX_INPUTS = 2048  # the API's own limit of inputs per request
+# Texts per request: a box sends one; the host's own batches stay under it. Each costs the host's CPU (up to 256
+# word pieces, ~10-50 ms), so a box cannot make one request hold the embedder for long (the API takes 2,048).
+MAX_INPUTS = 64
 
 
 def _texts_of(body: dict[str, Any]) -> tuple[list[str] | None, str | None]:
