@@ -22,6 +22,7 @@ import pytest
 from box.common.embedding import LOCAL_EMBEDDING_DIMS, LOCAL_EMBEDDING_MODEL, embedding_body
 from box.protocol import ErrorCode
 from box.protocol.models import ModelRequestParams, ModelRequestResult
+from impyard.backends import BoxSpec
 from impyard.gateway.local_embedder import LOCAL_EMBEDDER, MAX_WORD_PIECES, LocalEmbedder
 from impyard.imps.config import ImpConfig, ImpConfigError, new_imp_settings
 from impyard.imps.store import ImpStore
@@ -184,6 +185,7 @@ async def test_the_gateway_learns_the_length_a_model_really_gives(
         h.db.close()
     assert store.embedding_lengths("pip") == {SERVER_MODEL: 384}
     assert store.imp_spec(config).memory.dimensions == 384  # the next box asks for what the model gives
+    assert h.surface.sent == []  # a Discord channel's people never see the host's setup: the log says it
     told = [r.getMessage() for r in caplog.records if "ignores dimensions" in r.getMessage()]
     assert told == [  # once, not per call
         "pip's embedding model all-minilm ignores dimensions=256 and answers 384-dimension vectors: this box "
@@ -212,6 +214,27 @@ async def test_a_length_the_box_cannot_take_is_said_and_not_learned(
     assert store.embedding_lengths("pip") == {}
     assert any("5000 dimensions, not the 256 asked" in r.getMessage() and "recall by meaning is off for pip"
                in r.getMessage() for r in caplog.records)  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_the_first_turn_in_the_operators_terminal_says_so_there(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    fake.add_model(SERVER_MODEL, LOCAL_SERVER_EMBEDDING_MODEL)
+    ImpStore().add("pip", memory={"enabled": True, "embedding_model": SERVER_MODEL})
+    h = make_harness(tmp_path, fake, policy_with(SERVER_POLICY), api_key=fake.api_key)
+    terminal = BoxSpec("pip", "terminal:pip", tmp_path / "state", run_id="run-2")
+    try:
+        for _ in range(2):
+            await h.call("model.request", _embedding("hello", 256, SERVER_MODEL), terminal)
+    finally:
+        await h.gateway.aclose()
+        h.db.close()
+    [notice] = h.surface.sent  # once
+    assert (notice.channel_id, notice.kind, notice.imp) == ("terminal:pip", "notice", "pip")
+    assert notice.content.startswith(
+        "(host) pip's embedding model all-minilm ignores dimensions=256 and answers 384-dimension vectors"
+    )
 
 
 def test_a_learned_length_out_of_the_boxs_bounds_is_never_read(impyard_home: Path) -> None:

@@ -43,6 +43,8 @@ from impyard.gateway.prices import (
     tier_multiplier,
 )
 from impyard.gateway.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
+from impyard.gateway.send_act import SendAct
+from impyard.gateway.surfaces import SURFACE_TERMINAL, Post, surface_of
 from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpStore
 from impyard.storage.db import STORAGE_ERRORS
 from impyard.threads import in_thread
@@ -252,16 +254,17 @@ class ModelAct(Act):
         assert call.response is not None
         response = call.response
         if params.path == "/embeddings" and not _local(params.path, plan.facts.model):
-            await self._learn_length(spec.imp, plan.facts.model or "", params.body, response)
+            await self._learn_length(spec, plan.facts.model or "", params.body, response)
         return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
 
     async def _learn_length(
-        self, imp: str, model: str, body: dict[str, Any], response: UpstreamResponse
+        self, spec: BoxSpec, model: str, body: dict[str, Any], response: UpstreamResponse
     ) -> None:
         """Issue 33: an embedding model that answers another length than the ``dimensions`` asked (most local
         servers give their model's own) has every vector refused by the box, and recall by meaning goes off in
         silence. The host keeps the length it really gives, per imp and model (``ImpStore.box_memory``: the
         imp's next box asks for it), and says so once per host process, in words an operator can act on."""
+        imp = spec.imp
         got = answered_length(body, response)
         asked = body.get("dimensions")
         if (
@@ -274,21 +277,34 @@ class ModelAct(Act):
         self._lengths_told.add((imp, model, got))
         low, high = EMBEDDING_LENGTH_BOUNDS
         if not low <= got <= high:
-            log.warning(
-                "%s's embedding model %s answers vectors of %d dimensions, not the %d asked, and the box takes %d "
-                "to %d: recall by meaning is off for %s. Use another embedding model, or [memory] embedder = "
-                '"local"', imp, model, got, asked, low, high, imp,
-            )  # fmt: skip
+            said = (
+                f"{imp}'s embedding model {model} answers vectors of {got} dimensions, not the {asked} asked, and the "
+                f"box takes {low} to {high}: recall by meaning is off for {imp}. Use another embedding model, or "
+                f"the host's own: impyard imp set {imp} memory.embedder=local"
+            )
+        else:
+            try:
+                await in_thread(ImpStore().learn_embedding_length, imp, model, got)
+            except OSError as exc:
+                log.warning("could not keep %s's embedding length for %s: %s", imp, model, exc)
+            said = (
+                f"{imp}'s embedding model {model} ignores dimensions={asked} and answers {got}-dimension vectors: "
+                f"this box cannot use them (recall by meaning is off until it ends); {imp}'s next box asks for {got} "
+                f"(learned). Say so in imp.toml to make it explicit: impyard imp set {imp} memory.dimensions={got}"
+            )
+        log.warning("%s", said)
+        await self._tell_operator(spec, said)
+
+    async def _tell_operator(self, spec: BoxSpec, said: str) -> None:
+        """Where the channel is the operator's own (``impyard chat``'s terminal), the first turn says it there too;
+        a Discord channel's people never see the host's setup (the log and ``impyard doctor`` say it)."""
+        sending = self.gateway.act(SendAct)
+        if sending is None or surface_of(spec.channel_id) != SURFACE_TERMINAL:
             return
         try:
-            await in_thread(ImpStore().learn_embedding_length, imp, model, got)
-        except OSError as exc:
-            log.warning("could not keep %s's embedding length for %s: %s", imp, model, exc)
-        log.warning(
-            "%s's embedding model %s ignores dimensions=%d and answers %d-dimension vectors: this box cannot use "
-            "them (recall by meaning is off until it ends); %s's next box asks for %d (learned). Say so in imp.toml "
-            "to make it explicit: impyard imp set %s memory.dimensions=%d", imp, model, asked, got, imp, got, imp, got,
-        )  # fmt: skip
+            await sending.surface.send(Post(spec.channel_id, f"(host) {said}", kind="notice", imp=spec.imp))
+        except Exception as exc:  # noqa: BLE001 - a notice that cannot be shown is logged, never the turn's end
+            log.warning("could not show the embedding notice in %s: %s", spec.channel_id, exc)
 
     async def _run_call(self, call: _UpstreamCall) -> None:
         """The upstream call, then its settlement: the measured cost; 0 where nothing can have been billed (it
