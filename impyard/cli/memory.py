@@ -595,7 +595,10 @@ def copy_command(src: str, new: str, out: Output) -> None:
     notes = []
     if not target.memory.enabled:
         notes.append(f"{target.name}'s memory is off: impyard imp set {target.name} memory.enabled=true")
-    mine, theirs = source.memory, target.memory
+    mine, theirs = (
+        ImpStore().box_memory(source),
+        ImpStore().box_memory(target),
+    )  # as their boxes embed (issue 33)
     if (mine.embedder, mine.embedding_model, mine.dimensions) != (theirs.embedder, theirs.embedding_model,
                                                                   theirs.dimensions):  # fmt: skip
         notes.append(
