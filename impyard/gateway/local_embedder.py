@@ -20,6 +20,7 @@ call). The box never loads the model: it has a tight memory limit and no model f
 from __future__ import annotations
 
 import importlib.util
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from box.common.embedding import LOCAL_EMBEDDING_MODEL as LOCAL_MODEL  # reserve
 from impyard.errors import ImpyardError
 from impyard.gateway.broker import UpstreamResponse
 from impyard.threads import in_thread
+
+log = logging.getLogger("impyard.gateway")
 
 MAX_WORD_PIECES = 256  # the model's max_seq_length (sentence_bert_config.json): longer text is cut there
 BATCH = 32  # texts per forward pass
@@ -210,6 +213,7 @@ class LocalEmbedder:
         self._directory = directory
         self._model: MiniLM | None = None
         self._load_lock = threading.Lock()
+        self._missing_told = False
 
     @property
     def loaded(self) -> bool:
@@ -239,6 +243,9 @@ class LocalEmbedder:
         try:
             vectors, pieces = await in_thread(lambda: self.model().embed_counted(texts))
         except LocalModelMissing as exc:
+            if not self._missing_told:  # once per host process: every embedding fails the same way
+                self._missing_told = True
+                log.error("%s", exc)
             return _error(503, str(exc))
         data = [
             {"object": "embedding", "index": index, "embedding": [round(float(x), 7) for x in row]}
