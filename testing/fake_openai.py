@@ -505,6 +505,9 @@ class ModelSpec:
     chat_tools_need_effort_none: bool = False
     dimensions: bool = False
     lenient: bool = False
+    native_dimensions: int | None = (
+        None  # issue 33: an embedding model that answers this length, whatever asked
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in ("text", "embedding", "image"):
@@ -594,6 +597,12 @@ LOCAL_SERVER_MODEL = ModelSpec(lenient=True)
 # validation error in an HTTP 500 (see ``_check_llama_cpp_python``). ``structured_outputs=False`` on a lenient
 # model says so. Register it: ``fake.add_model("qwen", LLAMA_CPP_PYTHON_MODEL)``.
 LLAMA_CPP_PYTHON_MODEL = ModelSpec(lenient=True, structured_outputs=False)
+
+# ---- issue 33: an embedding model that ignores `dimensions` ------------------------------------------------
+# A local server's embedding model (Ollama's all-minilm, llama.cpp's server, LM Studio): it takes the body, as
+# such servers do, and answers with its model's own length (here 384), whatever `dimensions` asked.
+# Register it: ``fake.add_model("all-minilm", LOCAL_SERVER_EMBEDDING_MODEL)``.
+LOCAL_SERVER_EMBEDDING_MODEL = ModelSpec("embedding", lenient=True, native_dimensions=384)
 
 # [ref] the body parameters each endpoint takes (CompletionCreateParams, ResponseCreateParams,
 # EmbeddingCreateParams); anything else is refused.
@@ -2121,6 +2130,10 @@ class FakeOpenAI:
         body = request.body
         texts = _embedding_inputs(body.get("input"))
         dimensions = body.get("dimensions") or DEFAULT_EMBEDDING_DIMENSIONS
+        with self._lock:
+            spec = _lookup_model(self._models, str(body.get("model")))
+        if spec is not None and spec.native_dimensions is not None:  # issue 33: `dimensions` ignored
+            dimensions = spec.native_dimensions
         if not isinstance(dimensions, int) or dimensions < 1:
             raise ValueError(f"bad dimensions {dimensions!r}")
         fixed = [float(v) for v in answer] if isinstance(answer, list | tuple) and answer else None

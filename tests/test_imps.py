@@ -53,7 +53,10 @@ def test_add_ls_show_rm_round_trip(impyard_home: Path) -> None:
         "name": "pip",
         "owners": ["discord:123456789012345678"],
         "model": {"model": "gpt-4.1"},
-        "memory": {"enabled": True},  # a new imp remembers (issue 23)
+        "memory": {
+            "enabled": True,
+            "embedder": "local",
+        },  # a new imp remembers (23), embedding on the host (33)
         "discord": {},
         "box": {"backend": "process"},
         "sessions": {},

@@ -88,7 +88,9 @@ class MemorySettings(FromHost):
     """The memory engine's settings (issue 23); ``[memory]`` in imp.toml takes its defaults from here."""
 
     enabled: bool = False
-    embedder: Literal["gateway", "hashing"] = "gateway"  # hashing: the offline 64-dim test embedder
+    # hashing: the offline 64-dim test embedder; local: the host's all-MiniLM-L6-v2 (issue 33), asked through the
+    # gateway like a hosted model, with the host's reserved model name and its 384 dimensions (ImpConfig.imp_spec)
+    embedder: Literal["gateway", "hashing", "local"] = "gateway"
     embedding_model: ModelName = "text-embedding-3-small"
     dimensions: int = Field(default=256, ge=8, le=4096)  # asked of the embedding model; small on purpose
     models: dict[MemoryPurpose, ModelName] = Field(default_factory=dict)  # mechanism 55; unrouted: [model]

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from box.common.embedding import HASHING_DIMS
 from box.common.structured import refuses_json_schema
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
@@ -33,13 +34,17 @@ from impyard.cli.doctor_rules import (
     broken_imp_finding,
     broken_policy_finding,
     docker_findings,
+    embedding_length_finding,
     endpoint_finding,
     endpoint_timing,
     envelope_probe_body,
+    error_words,
     exit_code,
+    http_fix,
     imp_finding,
     model_uses,
     no_key_finding,
+    other_lengths_finding,
     policy_finding,
     runtime_finding,
     slow_finding,
@@ -49,14 +54,17 @@ from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
 from impyard.cli.policy import home_database
 from impyard.clock import SystemClock
-from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.broker import UpstreamConfig, UpstreamResponse
 from impyard.gateway.core import Gateway
+from impyard.gateway.local_embedder import INSTALL_HINT, LOCAL_EMBEDDER, LOCAL_MODEL, LocalModelMissing
+from impyard.gateway.model_act import answered_length
 from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
 from impyard.gateway.surfaces import NoSurface
 from impyard.host import build_gateway
-from impyard.imps.store import ImpConfig, ImpError, ImpStore
+from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpConfig, ImpError, ImpStore
+from impyard.memory.vector_lengths import vector_lengths
 from impyard.storage import urls as dburl
-from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.db import STORAGE_ERRORS, Database, DatabaseError, open_database
 from impyard.storage.urls import DatabaseUrlError
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's own calls are audited on
@@ -83,7 +91,10 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
     allowed by the policy for that purpose, priced, and within its budget: the
     gateway's own dry run), the model endpoint (one tiny structured-output
     call through the gateway, as the first imp: judged, metered against its
-    budget and audited on channel operator:cli), the Docker engine, the runtime
+    budget and audited on channel operator:cli), each imp's embedder (the local
+    model loads; a gateway embedding model answers vectors of the length asked:
+    one tiny metered call per imp; memories another embedder made), the Docker
+    engine, the runtime
     each imp's boxes run under (gVisor's runsc, or runc), whether the box image
     is built from this code, and each imp's Discord token.
     Warnings (no lockdown, no Discord token) do not fail the check.
@@ -100,6 +111,7 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
     findings += docker_findings(facts, {config.box.backend for config in imps})
     findings.append(_runtime_finding(facts, imps))
     findings += imp_rows
+    findings += _embedder_findings(policy, imps, skip=no_model_call)
     findings += _discord_findings()
     if out.as_json or not stdout_is_terminal():
         out.listing(
@@ -341,6 +353,107 @@ async def _ask(
         result = await gateway.serve(spec, "model.request", params)
     assert isinstance(result, ModelRequestResult)
     return result
+
+
+# ------------------------------------------------------------------ each imp's embedder (issue 33)
+
+
+def _embedder_findings(policy: Policy | None, imps: list[ImpConfig], *, skip: bool) -> list[Finding]:
+    """Per imp with memory on: the local embedder loads and embeds; a gateway embedding model answers vectors
+    of the length its boxes ask for (one tiny metered call per imp, unless ``skip`` or there is no key)."""
+    rows: list[Finding] = []
+    callable_ = policy is not None and not skip and bool(UpstreamConfig.from_env().api_key)
+    for config in imps:
+        if not config.memory.enabled:
+            continue
+        stale = _other_lengths(config)
+        if stale is not None:
+            rows.append(stale)
+        if config.memory.embedder == "hashing":
+            continue
+        if config.memory.embedder == "local":
+            rows.append(_local_embedder_finding(config.name))
+            continue
+        settings = ImpStore().box_memory(config)
+        model, asked = settings.embedding_model, settings.dimensions
+        learned = asked != config.memory.dimensions
+        if not callable_:
+            rows.append(embedding_length_finding(config.name, model, asked, None, EMBEDDING_LENGTH_BOUNDS,
+                                                 learned=learned))  # fmt: skip
+            continue
+        assert policy is not None
+        try:
+            db = open_database()
+        except DatabaseError as exc:
+            rows.append(
+                Finding(f"Embedder {config.name}", "fail", f"not called: {exc}", "see the State dir row")
+            )
+            continue
+        try:
+            rows.append(anyio.run(_embedding_call, policy, db, config, model, asked))
+        finally:
+            db.close()
+    return rows
+
+
+def _other_lengths(config: ImpConfig) -> Finding | None:
+    """Memories the imp's embedder cannot search by meaning (another vector length), if any."""
+    settings = ImpStore().box_memory(config)
+    try:
+        with home_database() as db:
+            lengths = vector_lengths(db, config.name)
+    except STORAGE_ERRORS:
+        return None  # the State dir row says what is wrong with the database
+    dims = HASHING_DIMS if settings.embedder == "hashing" else settings.dimensions
+    return other_lengths_finding(config.name, settings.embedder, dims, lengths)
+
+
+def _local_embedder_finding(imp: str) -> Finding:
+    started = time.monotonic()
+    try:
+        vector = LOCAL_EMBEDDER.embed_sync([SAMPLE_EMBED_TEXT])[0]
+    except LocalModelMissing as exc:
+        return Finding(f"Embedder {imp}", "fail", str(exc), INSTALL_HINT)
+    return Finding(
+        f"Embedder {imp}", "ok", f"{LOCAL_MODEL} on this host: {vector.size} dimensions, ready in "
+        f"{time.monotonic() - started:.1f} s, no network, no cost",
+    )  # fmt: skip
+
+
+SAMPLE_EMBED_TEXT = "doctor"
+
+
+async def _embedding_call(policy: Policy, db: Database, config: ImpConfig, model: str, asked: int) -> Finding:
+    """One embeddings call through the gateway as ``config``'s imp (metered, audited on operator:cli): the
+    gateway learns a length the model gives instead of the one asked."""
+    imp, item = config.name, f"Embedder {config.name}"
+    gateway = build_gateway(
+        policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), surfaces=(),
+        owners={imp: config.owners}, settle_abandoned=False,
+    )  # fmt: skip
+    spec = BoxSpec(imp, OPERATOR_CHANNEL, ImpStore().state_dir(imp), run_id=f"doctor-{uuid.uuid4().hex}")
+    body = {"model": model, "input": [SAMPLE_EMBED_TEXT], "dimensions": asked}
+    params = ModelRequestParams.model_validate({"path": "/embeddings", "body": body, "purpose": "embedding"})
+    try:
+        with anyio.fail_after(MODEL_CALL_TIMEOUT_S):
+            result = await gateway.serve(spec, "model.request", params)
+    except TimeoutError:
+        return Finding(item, "fail", f"{model}: no answer within {MODEL_CALL_TIMEOUT_S:g} s",
+                       "check OPENAI_BASE_URL and that the server is up")  # fmt: skip
+    except RpcError as exc:
+        return Finding(item, "fail", f"{model}: {exc.message}", _refused_fix(exc, imp))
+    finally:
+        await gateway.aclose()
+    assert isinstance(result, ModelRequestResult)
+    if not 200 <= result.status < 300:
+        return Finding(item, "fail", f"{model}: HTTP {result.status}: {error_words(result.body)}",
+                       http_fix(result.status, model, imp))  # fmt: skip
+    got = answered_length(body, UpstreamResponse(result.status, result.body, {}))
+    if got is None:
+        return Finding(item, "fail", f"{model} answered without a vector (no data[0].embedding)",
+                       "use an embedding model, or the host's own: impyard imp set "
+                       f"{imp} memory.embedder=local")  # fmt: skip
+    return embedding_length_finding(imp, model, asked, got, EMBEDDING_LENGTH_BOUNDS)
 
 
 def _refused_fix(exc: RpcError, imp: str) -> str:

@@ -247,10 +247,11 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
             key = f"memory.models.{purpose}" if model != config.model.model else "model.model"
             body = _memory_body(model, config.model.server)
             uses.append(ModelUse(purpose, "/chat/completions", model, key, body))
-        if config.memory.embedder == "gateway":
-            model = config.memory.embedding_model
-            body = {"model": model, "input": [SAMPLE_TEXT], "dimensions": config.memory.dimensions}
-            uses.append(ModelUse("embedding", "/embeddings", model, "memory.embedding_model", body))
+        if config.memory.embedder in ("gateway", "local"):  # local: judged by the policy too (issue 33)
+            model, dimensions = spec.memory.embedding_model, spec.memory.dimensions
+            body = {"model": model, "input": [SAMPLE_TEXT], "dimensions": dimensions}
+            key = "memory.embedding_model" if config.memory.embedder == "gateway" else "memory.embedder"
+            uses.append(ModelUse("embedding", "/embeddings", model, key, body))
     return list(dict.fromkeys(uses))  # one check per (purpose, path, model)
 
 
@@ -307,6 +308,53 @@ def broken_imp_finding(name: str, problem: str) -> Finding:
 
 
 # ------------------------------------------------------------------ the model endpoint
+
+
+def embedding_length_finding(
+    imp: str, model: str, asked: int, got: int | None, bounds: tuple[int, int], *, learned: bool = False
+) -> Finding:
+    """Issue 33: what the length of an embedding model's vectors means for recall by meaning. ``got`` is what it
+    answered (None: not called; ``learned`` then says the gateway saw it ignore ``dimensions`` before)."""
+    item = f"Embedder {imp}"
+    if got is None:
+        if learned:
+            return Finding(
+                item, "warn", f"{model} was seen to ignore dimensions and answer {asked}-dimension vectors: "
+                f"{imp}'s boxes ask for {asked} (learned)",
+                f"say so in imp.toml: impyard imp set {imp} memory.dimensions={asked}",
+            )  # fmt: skip
+        return Finding(item, "ok", f"{model}, {asked} dimensions (not called)")
+    if got == asked:
+        return Finding(item, "ok", f"{model} answers {got}-dimension vectors, as asked")
+    low, high = bounds
+    if not low <= got <= high:
+        return Finding(
+            item, "fail", f"{model} ignores dimensions={asked} and answers {got}-dimension vectors, which the box "
+            f"cannot take ({low} to {high}): {imp} recalls by person and recency only, never by meaning",
+            f'use another embedding model, or the host\'s own: impyard imp set {imp} memory.embedder=local',
+        )  # fmt: skip
+    return Finding(
+        item, "warn", f"{model} ignores dimensions={asked} and answers {got}-dimension vectors: learned, {imp}'s "
+        f"next box asks for {got} (a box started before keeps refusing them: no recall by meaning)",
+        f"say so in imp.toml: impyard imp set {imp} memory.dimensions={got}",
+    )  # fmt: skip
+
+
+def other_lengths_finding(imp: str, embedder: str, dims: int, lengths: dict[int, int]) -> Finding | None:
+    """Issue 33: memories whose vectors the imp's embedder cannot compare with (another length: embedded by
+    another embedder, before a switch), or None when there are none."""
+    others = {length: count for length, count in lengths.items() if length != dims}
+    if not others:
+        return None
+    counted = ", ".join(f"{count} at {length}" for length, count in sorted(others.items()))
+    total = sum(others.values())
+    back = "gateway" if embedder == "local" else "local"
+    return Finding(
+        f"Memories {imp}", "warn", f"{total} of {imp}'s memories were embedded by another embedder ({counted} "
+        f"dimensions; its {embedder} embedder gives {dims}): found by person and recency, not by meaning",
+        f"keep it so (new memories are found by meaning), or go back to the embedder that made them, e.g. "
+        f"impyard imp set {imp} memory.embedder={back}",
+    )  # fmt: skip
 
 
 def no_key_finding(base: str) -> Finding:
@@ -430,7 +478,7 @@ def endpoint_finding(
     model, imp = config.model.model, config.name
     where = f"{model} at {base} ({profile_words(config)})"
     if not 200 <= status < 300:
-        message = _error_words(body)
+        message = error_words(body)
         if fell_back or refuses_json_schema(status, body):
             return Finding(
                 "Model endpoint", "fail",
@@ -482,7 +530,7 @@ def slow_finding(config: ImpConfig, base: str, timing: EndpointTiming, waited_s:
     )  # fmt: skip
 
 
-def _error_words(body: Any) -> str:
+def error_words(body: Any) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return clip(str(body["error"].get("message", "")), 200) or "no message"
     return clip(json.dumps(body), 200) if body is not None else "no body"

@@ -33,6 +33,7 @@ from impyard.gateway.broker import (
 )
 from impyard.gateway.judge import RequestFacts, judge, model_request_facts
 from impyard.gateway.ledger import BudgetExhausted, Reservation
+from impyard.gateway.local_embedder import LOCAL_EMBEDDER, LOCAL_MODEL, LocalEmbedder
 from impyard.gateway.policy import Policy
 from impyard.gateway.policy_models import Price, Rule
 from impyard.gateway.prices import (
@@ -43,7 +44,11 @@ from impyard.gateway.prices import (
     tier_multiplier,
 )
 from impyard.gateway.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
+from impyard.gateway.send_act import SendAct
+from impyard.gateway.surfaces import SURFACE_TERMINAL, Post, surface_of
+from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpStore
 from impyard.storage.db import STORAGE_ERRORS
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.gateway")
 
@@ -95,8 +100,10 @@ class ModelAct(Act):
 
     methods: ClassVar[frozenset[str]] = frozenset({"model.request"})
 
-    def __init__(self, broker: ModelBroker) -> None:
+    def __init__(self, broker: ModelBroker, local: LocalEmbedder = LOCAL_EMBEDDER) -> None:
         self.broker = broker
+        self.local = local  # issue 33: the host's own embedder, for LOCAL_MODEL (never sent upstream)
+        self._lengths_told: set[tuple[str, str, int]] = set()  # (imp, model, length) learned and said
         self._calls: TaskGroup | None = None  # set while ``running``
         self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
 
@@ -175,7 +182,9 @@ class ModelAct(Act):
                 f"the body is {len(plan.raw)} bytes, over {self.gateway.policy.upstream.max_request_bytes}"
             )
             return replace(denied(UPSTREAM_RULE, reason), estimate_micros=estimate), plan
-        if not self.broker.configured:
+        if not self.broker.configured and not _local(
+            params.path, facts.model
+        ):  # the local embedder needs no key
             error = RpcError(
                 ErrorCode.UPSTREAM_UNREACHABLE, NO_KEY_MESSAGE, {"reason": "no model key configured"}
             )
@@ -226,6 +235,8 @@ class ModelAct(Act):
         record.detail = f"{params.path} model={plan.facts.model}"
         if plan.output_cap is not None:
             record.detail += f" output_cap={plan.output_cap} (set by the host)"
+        if _local(params.path, plan.facts.model):
+            record.detail += " (computed on the host)"
         enforce(decision, record)
         assert (
             plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
@@ -254,6 +265,8 @@ class ModelAct(Act):
             raise call.error
         assert call.response is not None
         response = call.response
+        if params.path == "/embeddings" and not _local(params.path, plan.facts.model):
+            await self._learn_length(spec, plan.facts.model or "", params.body, response)
         return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
 
     def _limit(self, params: ModelRequestParams) -> float | None:
@@ -264,6 +277,55 @@ class ModelAct(Act):
             return wanted
         return min(wanted, policy)
 
+    async def _learn_length(
+        self, spec: BoxSpec, model: str, body: dict[str, Any], response: UpstreamResponse
+    ) -> None:
+        """Issue 33: an embedding model that answers another length than the ``dimensions`` asked (most local
+        servers give their model's own) has every vector refused by the box, and recall by meaning goes off in
+        silence. The host keeps the length it really gives, per imp and model (``ImpStore.box_memory``: the
+        imp's next box asks for it), and says so once per host process, in words an operator can act on."""
+        imp = spec.imp
+        got = answered_length(body, response)
+        asked = body.get("dimensions")
+        if (
+            got is None
+            or not isinstance(asked, int)
+            or got == asked
+            or (imp, model, got) in self._lengths_told
+        ):
+            return
+        self._lengths_told.add((imp, model, got))
+        low, high = EMBEDDING_LENGTH_BOUNDS
+        if not low <= got <= high:
+            said = (
+                f"{imp}'s embedding model {model} answers vectors of {got} dimensions, not the {asked} asked, and the "
+                f"box takes {low} to {high}: recall by meaning is off for {imp}. Use another embedding model, or "
+                f"the host's own: impyard imp set {imp} memory.embedder=local"
+            )
+        else:
+            try:
+                await in_thread(ImpStore().learn_embedding_length, imp, model, got)
+            except OSError as exc:
+                log.warning("could not keep %s's embedding length for %s: %s", imp, model, exc)
+            said = (
+                f"{imp}'s embedding model {model} ignores dimensions={asked} and answers {got}-dimension vectors: "
+                f"this box cannot use them (recall by meaning is off until it ends); {imp}'s next box asks for {got} "
+                f"(learned). Say so in imp.toml to make it explicit: impyard imp set {imp} memory.dimensions={got}"
+            )
+        log.warning("%s", said)
+        await self._tell_operator(spec, said)
+
+    async def _tell_operator(self, spec: BoxSpec, said: str) -> None:
+        """Where the channel is the operator's own (``impyard chat``'s terminal), the first turn says it there too;
+        a Discord channel's people never see the host's setup (the log and ``impyard doctor`` say it)."""
+        sending = self.gateway.act(SendAct)
+        if sending is None or surface_of(spec.channel_id) != SURFACE_TERMINAL:
+            return
+        try:
+            await sending.surface.send(Post(spec.channel_id, f"(host) {said}", kind="notice", imp=spec.imp))
+        except Exception as exc:  # noqa: BLE001 - a notice that cannot be shown is logged, never the turn's end
+            log.warning("could not show the embedding notice in %s: %s", spec.channel_id, exc)
+
     async def _run_call(self, call: _UpstreamCall) -> None:
         """The upstream call, then its settlement: the measured cost; 0 where nothing can have been billed (it
         never left the host, or an error without usage came back); the reservation where the model API may have
@@ -273,9 +335,14 @@ class ModelAct(Act):
         cost = estimate
         try:
             with call.scope:
-                response = await self.broker.call(
-                    params.path, call.plan.raw, params.purpose, timeout_s=self._limit(params)
-                )
+                if _local(
+                    params.path, model
+                ):  # issue 33: computed here, priced 0 by the policy, audited the same
+                    response = await self.local.answer(call.plan.body)
+                else:
+                    response = await self.broker.call(
+                        params.path, call.plan.raw, params.purpose, timeout_s=self._limit(params)
+                    )
             if call.scope.cancelled_caught:
                 raise _EndedWithBox  # the box went away: recorded as cut, below
         except UpstreamTimeout as exc:
@@ -356,3 +423,19 @@ class ModelAct(Act):
             if call.orphaned and record.verdict != "interrupted":
                 record.detail += "; the box ended before the answer came: finished and settled for it"
             await self.gateway.db.quick(self.gateway.row_now, record)  # the gateway's row, in its own trip
+
+
+def _local(path: str, model: str | None) -> bool:
+    """A request the host's local embedder answers (issue 33): ``/embeddings`` of the reserved local model."""
+    return path == "/embeddings" and model == LOCAL_MODEL
+
+
+def answered_length(body: dict[str, Any], response: UpstreamResponse) -> int | None:
+    """The length of the vector an embeddings answer holds (its ``data[0].embedding``), or None if it holds none."""
+    if response.status != 200 or not isinstance(response.body, dict):
+        return None
+    data = response.body.get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return None
+    vector = data[0].get("embedding")
+    return len(vector) if isinstance(vector, list) else None

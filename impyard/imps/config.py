@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from box.common.attempts import attempt_timeout_s
+from box.common.embedding import LOCAL_EMBEDDING_DIMS, LOCAL_EMBEDDING_MODEL
 from box.common.model_profiles import timing_for
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
@@ -321,7 +322,9 @@ MEMORY_PURPOSES: tuple[str, ...] = typing.get_args(MemoryPurpose)
 # Written into imp.toml by the commands that create an imp for an operator (`impyard imp add`,
 # `impyard chat`'s first imp): new imps remember (issue 23). The box's own default, and so a config
 # without the key, stays off: imps built by code (tests, tools) never make memory calls they did not ask for.
-NEW_IMP_MEMORY: dict[str, Any] = {"enabled": True}
+# Issue 33: and they embed with the host's local model (no network, no cost). Written here, not made the box's
+# default: an imp without the key keeps the gateway embedder its stored vectors were made with.
+NEW_IMP_MEMORY: dict[str, Any] = {"enabled": True, "embedder": "local"}
 
 
 def new_imp_settings(settings: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -355,22 +358,26 @@ class MemoryConfig(_Strict):
         "The imp remembers what happens to it (new imps are created with true; false, or no key, turns it off).",
         expect="true or false",
     )
-    embedder: Literal["gateway", "hashing"] = _field(
+    embedder: Literal["gateway", "hashing", "local"] = _field(
         _box_default(MemorySettings, "embedder"),
-        "gateway: embeddings from embedding_model through the gateway (metered, audited); "
-        "hashing: a local 64-dimension word-hashing embedder for tests and offline use (no calls, weak recall).",
-        expect='one of "gateway", "hashing"',
+        "local: all-MiniLM-L6-v2 computed by the host (no network, no key, no cost; 384 dimensions; new imps get "
+        "it); gateway: embeddings from embedding_model through the gateway (metered, audited); "
+        "hashing: a 64-dimension word-hashing embedder for tests (no calls, weak recall). "
+        "Changing it leaves older memories unsearchable by meaning (found by person and recency).",
+        expect='one of "local", "gateway", "hashing"',
     )
     embedding_model: str = _field(
         _box_default(MemorySettings, "embedding_model"),
-        "The embedding model (purpose embedding, path /embeddings; the policy must allow it).",
+        "The embedding model of the gateway embedder (purpose embedding, path /embeddings; the policy must allow "
+        "it); not used by the local or hashing embedder.",
         expect="a model name in quotes, at most 128 characters",
         **_box_bounds(MemorySettings, "embedding_model"),
     )
     dimensions: int = _bounded(
         "dimensions",
         "Vector length asked of the embedding model: small keeps 100,000 memories in the box's memory limit "
-        "(changing it leaves older memories unsearchable until re-embedded; the hashing embedder always gives 64).",
+        "(changing it leaves older memories unsearchable until re-embedded; the hashing embedder always gives 64, "
+        "the local one 384).",
         "a whole number from {ge} to {le}",
     )
     models: dict[MemoryPurpose, ModelName] = _field(
@@ -431,6 +438,17 @@ class MemoryConfig(_Strict):
                     f"{json.dumps(str(key))[:MAX_GOT_CHARS]} is not a memory purpose; {hint}"
                     f"the purposes are {', '.join(known)}"
                 )
+        return value
+
+    @field_validator("embedding_model")
+    @classmethod
+    def _not_the_local_name(cls, value: str) -> str:
+        if (
+            value == LOCAL_EMBEDDING_MODEL
+        ):  # issue 33: a reserved name, answered by the host, never sent upstream
+            raise ValueError(
+                f'"{value}" is the host\'s local embedder: set embedder = "local" and leave embedding_model out'
+            )
         return value
 
     @field_validator("timezone")
@@ -736,13 +754,14 @@ class ImpConfig(_Strict):
                 "retry_backoff_s", ResponderSettings.model_fields["retry_backoff_s"].default
             ),
         )
+        memory = {k: v for k, v in self.memory.model_dump().items() if k in MemorySettings.model_fields}
+        if self.memory.embedder == "local":  # issue 33: the box asks the host's model, by its reserved name
+            memory.update(embedding_model=LOCAL_EMBEDDING_MODEL, dimensions=LOCAL_EMBEDDING_DIMS)
         return ImpSpec(
             name=self.name,
             persona=persona,
             responder=ResponderSettings(**responder),
-            memory=MemorySettings(
-                **{k: v for k, v in self.memory.model_dump().items() if k in MemorySettings.model_fields}
-            ),
+            memory=MemorySettings(**memory),
         )
 
 

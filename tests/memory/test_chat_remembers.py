@@ -1,8 +1,9 @@
 """The main job remembers (issue 23): ``impyard chat`` across two runs, and the movable clock (mechanism 122).
 
 ``impyard chat`` runs in a pseudo-terminal against the fake OpenAI, as the operator would run it, with the imp
-it creates on first use (memory on, the gateway embedder: every embedding is a recorded ``/embeddings`` call).
-What was said in the first run comes back in the second run's reply context.
+it creates on first use (memory on, the local embedder: every embedding is computed by the host, issue 33 — none
+reaches the fake OpenAI, each is audited at zero cost). What was said in the first run comes back in the second
+run's reply context, and the operator finds it again by meaning (``impyard memory search``, other words).
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from click.testing import CliRunner
 
 from box.context import memory_block_of, split_context
 from box.protocol.memory import PresenceEntry
+from impyard.cli import cli
+from impyard.clock import SystemClock
+from impyard.gateway.audit import AuditLog
 from impyard.memory.store import MemoryStore
 from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from tests import sqlfile
 from tests.memory.engine_kit import NOW, Kit, facts, verdict
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
@@ -97,13 +103,28 @@ def test_impyard_chat_remembers_across_two_runs(fake: FakeOpenAI, impyard_home: 
     assert "The operator spoke with pip." in block.split("From before this conversation", 1)[1]
     now = block.split("This conversation, as it happened:", 1)[1]
     assert "entered the conversation." in now and "easy familiarity" in now
-    assert embedded and all(r.endpoint == "/embeddings" for r in embedded)  # the gateway embedder was used
+    # Issue 33: the imp embeds on the host — no /embeddings request reached the model API, in either run …
+    assert embedded == [] and all(r.endpoint != "/embeddings" for r in fake.requests)
     db = open_database(impyard_home / "impyard.db")
     try:
         kept = MemoryStore(db, lambda: NOW).show("pip", scope="terminal", limit=50)
+        audit = AuditLog(db, SystemClock()).tail(500, imp="pip")
+        spent = sqlfile.query(db, "SELECT SUM(cost_micros) FROM ledger WHERE purpose = 'embedding'")
+        dims = {row[0] for row in sqlfile.query(db, "SELECT dims FROM memory_records WHERE dims > 0")}
     finally:
         db.close()
     assert any(CAT in r.conclusion for r in kept)  # kept in the terminal's scope, in the host's database
+    # … each embedding was a judged, audited call at no cost, and every stored vector is the local model's.
+    local = [row for row in audit if row.purpose == "embedding"]
+    assert local and all(row.verdict == "allowed" and row.cost_micros == 0 for row in local)
+    assert all("model=local/all-MiniLM-L6-v2 (computed on the host)" in row.detail for row in local)
+    assert [tuple(row) for row in spent] == [(0,)] and dims == {384}
+    # Found again by meaning, in other words (no word in common with the record's but "the"):
+    found = CliRunner().invoke(
+        cli, ["memory", "search", "pip", "the name of my pet kitten", "-k", "1", "--json"]
+    )
+    assert found.exit_code == 0, found.output
+    assert CAT in json.loads(found.output)[0]["conclusion"]
 
 
 # ------------------------------------------------------------------ mechanism 122: the movable clock
