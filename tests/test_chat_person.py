@@ -13,6 +13,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
+from box.context import split_context
 from impyard.cli import cli
 from impyard.imps.config import person_name_problem
 from impyard.terminal.person import ADMIN_NAME, account, default_name, terminal_person
@@ -89,7 +90,9 @@ def test_the_imp_calls_you_by_the_chosen_name_and_keeps_you_by_your_account(
     assert "as Bea." in third.stdout
 
     replies = [r for r in fake.requests_for("/chat/completions") if r.purpose == "reply"]
-    newest = [str(call.body["messages"][-1]["content"]) for call in replies]
+    newest = [
+        split_context(str(call.body["messages"][-1]["content"]))[1] for call in replies
+    ]  # issue 33 layout
     assert newest == [
         f"{default}: my favourite colour is purple", "Ana: what is my favourite colour?", "Bea: hello again",
     ]  # fmt: skip

@@ -281,13 +281,13 @@ SCHEMA = {
 @pytest.mark.parametrize(
     ("model", "server", "expected"),
     [
-        pytest.param("gpt-5.1", "openai", {"temperature": 0.4, "max_completion_tokens": 300,
+        pytest.param("gpt-5.1", "openai", {"reasoning_effort": "none", "temperature": 0.4, "max_completion_tokens": 300,
                      "response_format": {"type": "json_schema", "json_schema": {"name": "appraisal", "strict": True, "schema": SCHEMA}}},
-                     id="gpt-5.1"),  # no effort is sent, and its own is none: temperature is taken
-        pytest.param("gpt-5-nano", "openai", {"max_completion_tokens": 300,
+                     id="gpt-5.1"),  # issue 33: the least effort, none, so temperature is taken
+        pytest.param("gpt-5-nano", "openai", {"reasoning_effort": "minimal", "max_completion_tokens": 300,
                      "response_format": {"type": "json_schema", "json_schema": {"name": "appraisal", "strict": True, "schema": SCHEMA}}},
-                     id="gpt-5-nano"),  # its own effort is medium: no temperature
-        pytest.param("o4-mini", "openai", {"max_completion_tokens": 300,
+                     id="gpt-5-nano"),  # the least it takes is minimal (not none): no temperature
+        pytest.param("o4-mini", "openai", {"reasoning_effort": "low", "max_completion_tokens": 300,
                      "response_format": {"type": "json_schema", "json_schema": {"name": "appraisal", "strict": True, "schema": SCHEMA}}},
                      id="o4-mini"),
         pytest.param("llama3.2", "ollama", {"temperature": 0.4, "max_tokens": 300,
