@@ -392,7 +392,7 @@ class ChatTurn:
             conversation.saved.started_at = self.facts.now
         # The summary (44), the disposition selection (99), the slot (88), an arrival (101) and whether the
         # imp knows the person (25) run beside recall: off the critical path where they can be.
-        await concurrently(self._summarise, self._recall, self._select, self._load_slot, self._know_person)
+        await concurrently(self._recall, self._select, self._load_slot, self._know_person)
         if self.arrived is not None:  # the arrival was a moment of its own, before these words
             for record in self.arrived.records:  # mechanism 28: what came to mind stays in view (31)
                 if not conversation.focus.evoke(record) and record.kind == "construct":
@@ -644,7 +644,9 @@ class ChatTurn:
             else:
                 episode_vector = await engine.embedder.embed(searched)
 
-        await concurrently(appraise, embed_event)
+        # Issue 33: the summary, when due, is refreshed here, beside the appraisal, after delivery — not before the
+        # reply (mechanism 44 says beside recall): the reply no longer waits for it; the next turn reads it.
+        await concurrently(appraise, embed_event, self._summarise)
         felt = appraised or reply_moment(turn.envelope)  # mechanism 59
         for record in self.associations:
             conversation.focus.evoke(record)  # mechanism 31

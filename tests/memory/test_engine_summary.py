@@ -6,7 +6,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from box.context import split_context
@@ -43,38 +42,33 @@ async def test_m44_summary_cadence_none_yet_then_every_third_turn_needs_three_ev
         return [memory_block(c) for c in kit.model.of("reply")
                 if split_context(c.body["messages"][-1]["content"])[1] == f"Ann: message number {turn}"]  # fmt: skip
 
-    assert all("in your own summary" not in b for n in (1, 2, 3) for b in blocks(n))
-    assert "in your own summary: Summary written at turn 4." in blocks(4)[0]  # refreshed before the reply
+    assert all("in your own summary" not in b for n in (1, 2, 3, 4) for b in blocks(n))
+    # issue 33: refreshed after turn 4's reply was delivered, so turn 5's reply is the first to read it
+    assert "in your own summary: Summary written at turn 4." in blocks(5)[0]
     assert (
         "in your own summary: Summary written at turn 6." in blocks(10)[0]
     )  # turn 9 failed: the old text stayed
 
 
-async def test_m44_the_summary_runs_beside_recall_not_before_it(kit: Kit) -> None:
+async def test_m44_the_summary_is_refreshed_after_the_reply_never_before_it(kit: Kit) -> None:
+    """Issue 33 (departs from mechanism 44's "beside recall"): the reply never waits for the summary — it is
+    refreshed after delivery, beside the appraisal, and the next turn's reply reads it."""
     await kit.ongoing()  # a turn of an ongoing conversation: no arrival (101)
     await kit.seed("Ann's owl Hoot is sick.", intensity=0.3, ago=timedelta(days=2))  # a filter call each turn
-    filtered = anyio.Event()
-    state = {"turn": 0}
 
-    async def summarise(call: Call) -> dict[str, Any]:
-        with anyio.fail_after(5):  # deadlocks if the filter waited for the summary
-            await filtered.wait()
+    def summarise(call: Call) -> dict[str, Any]:
         return {"summary": "I talked with Ann."}
 
-    def choose(call: Call) -> dict[str, Any]:
-        if state["turn"] == 4:
-            filtered.set()
-        return {"keep": [], "asks_for_memory": False, "asks_for_own": None}
-
     kit.model.defaults["summary"] = summarise
-    kit.model.defaults["filter"] = choose
     async with kit.box() as box:
-        for n in range(1, 5):
-            state["turn"] = n
+        for n in range(1, 6):
             await box.say(f"owls and more owls {n}")
-    [summary] = kit.model.of("summary")
-    last = memory_block(kit.model.of("reply")[-1])
-    assert "in your own summary: I talked with Ann." in last  # it finished, while the filter ran
+    purposes = [c.purpose for c in kit.model.calls]
+    [summary_at] = [i for i, p in enumerate(purposes) if p == "summary"]  # turn 4: due (mechanism 44)
+    replies = [i for i, p in enumerate(purposes) if p == "reply"]
+    assert replies[3] < summary_at < replies[4]  # after turn 4's reply, before turn 5's
+    assert "in your own summary" not in memory_block(kit.model.of("reply")[3])
+    assert "in your own summary: I talked with Ann." in memory_block(kit.model.of("reply")[4])
 
 
 async def test_m45_the_summary_reads_only_this_persons_last_40_entries_retold(tmp_path: Path) -> None:
