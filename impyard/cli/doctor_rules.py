@@ -15,14 +15,16 @@ from box.common.request_bodies import chat_body, responses_body
 from box.protocol.models import ResponderSettings
 from impyard.backends.base import BoxStartError
 from impyard.backends.runtimes import GVISOR, RuntimeChoice, install_hint, resolve_runtime, runtime_words
-from impyard.imps.config import ImpConfig
+from impyard.imps.config import MEMORY_PURPOSES, ImpConfig
 
 Status = Literal["ok", "warn", "fail"]
 
 MIB = 1024**2
 FREE_FAIL_BYTES = 100 * MIB  # below this the database and the boxes' state run out of room mid-turn
 FREE_WARN_BYTES = 1024 * MIB
-MEMORY_CALL_PURPOSES = ("appraisal", "filter", "summary")  # the memory engine's chat calls (issue 23)
+# The memory engine's chat calls: every memory purpose but the reply's own and the embedding (issue 23; issue 38:
+# all nine, as the README's rule lists them, not three, so `imp add` warns about every call that would be denied).
+MEMORY_CALL_PURPOSES: tuple[str, ...] = tuple(p for p in MEMORY_PURPOSES if p not in ("reply", "embedding"))
 SAMPLE_TEXT = "doctor"
 # The structured output the endpoint check asks for: the smallest schema a strict server accepts.
 PROBE_SCHEMA = {
@@ -234,9 +236,16 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
         uses.append(ModelUse("reply", path, model, f"model.{key}", body))
     if config.memory.enabled:
         for purpose in MEMORY_CALL_PURPOSES:
-            routed = config.memory.models.get(purpose)  # type: ignore[call-overload]
+            if purpose == "introspection" and not config.memory.introspection:
+                continue  # mechanism 52 off: no introspection call is made
+            routed_as = purpose
+            if purpose == "arrival" and purpose not in config.memory.models:
+                routed_as = (
+                    "reply"  # box/memory/calls.py model_for: unrouted, the arrival goes where the reply goes
+                )
+            routed = config.memory.models.get(routed_as)  # type: ignore[call-overload]
             model = routed or config.model.model
-            key = f"memory.models.{purpose}" if routed else "model.model"
+            key = f"memory.models.{routed_as}" if routed else "model.model"
             uses.append(ModelUse(purpose, "/chat/completions", model, key, _memory_body(model)))
         if config.memory.embedder == "gateway":
             model = config.memory.embedding_model
