@@ -463,9 +463,21 @@ def make_imp(home: Path, env: dict[str, str], memory: bool) -> dict[str, Any]:
         done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[3:6])}: {done.stderr.strip()[-500:]}")
-    shown = subprocess.run(cli("imp", "show", IMP, "--json"), env=env, cwd=ROOT, capture_output=True, text=True,
-                           timeout=120)  # fmt: skip
+    shown = subprocess.run([sys.executable, "-c", CEILING_IN_FORCE], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
     return imp_settings(shown.stdout)
+
+
+# The settings the imp's turns run under, as the host reads them: the turn ceiling in force (where the code has
+# one per server, issue 38, ImpConfig.turn_ceiling_s; else [sessions] turn_ceiling_s) and the server.
+CEILING_IN_FORCE = """
+import json
+from impyard.imps.store import ImpStore
+config = ImpStore().get("pip")
+in_force = getattr(type(config), "turn_ceiling_s", None)
+ceiling = config.turn_ceiling_s if isinstance(in_force, property) else config.sessions.turn_ceiling_s
+print(json.dumps({"config": {"sessions": {"turn_ceiling_s": ceiling}, "model": {"server": config.model.server}}}))
+"""
 
 
 def imp_settings(shown_json: str) -> dict[str, Any]:
