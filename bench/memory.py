@@ -33,15 +33,32 @@ turns, a **reflection task**: the memory imp's conversation departs (``depart_no
 supervisor runs it in a one-shot box — a quiet reflection of 4 introspection calls (the fake keeps thinking
 every step), then learning and classification. Its calls, tokens and wall time are reported against the
 memory-off turn.
+
+What a memory turn costs (issue 33), in the same run: each imp's DM is one conversation of ``WARMUP_TURNS +
+Plan.memory_turns`` turns (43 in the full plan), the person's lines differing from their first words and a minute
+apart on the host's clock, the fake's replies a sentence long and each different; a fourth imp, ``memory-local``,
+has ``[memory] embedder = "local"`` (``BENCH_LOCAL_EMBEDDER`` names another; where the setting is refused the
+variant is skipped and the result says why). The probe also wraps the model broker, so each request that reaches
+the model API is captured with its exact body (``bench.memory_cost``: input tokens estimated from it, the prompt
+in the provider's order, the output tokens from the answer's usage). Reported per variant: input tokens by
+purpose and per call at turns 10 and 40 (each the mean of that turn and its neighbours), the share of each reply
+request identical from its start to the previous one's from turn 10 on (between turns and between the hops of
+one turn), the model API calls before the reply call on a normal turn, on a memory question ("What did I tell you
+about …?", asked after the series) and on a stranger's first message (another person, another DM), and USD per
+1,000 turns at the shipped prices, without and with what OpenAI's prompt cache would serve.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import os
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,6 +68,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
+from sqlalchemy import select
 
 from bench.env import rss_kib
 from bench.harness import (
@@ -59,18 +77,36 @@ from bench.harness import (
     Context,
     Host,
     TimingSurface,
-    dm,
     fake_model,
     result,
 )
+from bench.memory_cost import (
+    Sent,
+    Turn,
+    at_turn,
+    conversation_costs,
+    input_tokens,
+    output_tokens,
+    path_figures,
+    prompt_text,
+    schema_and_tools,
+    share_figures,
+)
 from bench.report import Row
 from bench.stats import percentile, ratio, summary
+from box.common.embedding import HASHING_DIMS
 from box.memory.store_client import StoreClient
 from box.protocol import BOX_METHODS, HOST_METHODS, Peer
 from box.protocol.memory import BOTH_KINDS, LearnParams, RecordView
-from box.protocol.models import ModelRequestParams, ModelRequestResult
+from box.protocol.models import Author, Message, ModelRequestParams, ModelRequestResult
 from impyard.backends import BoxSpec
-from impyard.imps.config import ImpExists
+from impyard.clock import FixedClock
+from impyard.conversation.pipeline import Inbound
+from impyard.gateway.broker import ModelBroker, UpstreamResponse
+from impyard.gateway.model_act import ModelAct
+from impyard.gateway.policy import default_policy_path, policy_from_text
+from impyard.gateway.policy_models import Price
+from impyard.imps.config import ImpError, ImpExists
 from impyard.imps.store import ImpStore
 from impyard.memory import generations
 from impyard.memory.act import memory_service_of
@@ -84,6 +120,7 @@ from impyard.memory.vectors import overlap_at_k
 from impyard.paths import home
 from impyard.runtime import open_runtime
 from impyard.storage.db import open_database
+from impyard.storage.tables import memory_records
 from impyard.supervisor import Supervisor, SupervisorSettings
 from impyard.tasks import TaskStore
 from testing.pipes import byte_pipe
@@ -98,9 +135,48 @@ OVERLAP_QUERIES = 100
 RECALL_TARGET_SIZE = 100_000
 RECALL_TARGETS = {"recall_p50_ms_at_100000": 50.0, "overlap_at_10": 0.99}
 MEMORY_ON, MEMORY_OFF, MEMORY_RULES = "memory-on", "memory-off", "memory-rules"
+MEMORY_LOCAL = "memory-local"  # issue 33: memory on with the embedder the host serves itself
+LOCAL_EMBEDDER_ENV = "BENCH_LOCAL_EMBEDDER"  # that variant's [memory] embedder, "local" unless set
+LOCAL_DIMS_ENV = (
+    "BENCH_LOCAL_EMBEDDER_DIMS"  # the length of its vectors, where EMBEDDER_DIMS does not know it
+)
+EMBEDDER_DIMS = {"local": 384, "hashing": HASHING_DIMS}  # all-MiniLM-L6-v2 gives 384
 LEARNED_RULES = 100  # the memory-rules imp's active rules (issue 14: selection over 100)
 WARMUP_TURNS = 3  # per imp, not counted: the first starts the box and meets the person
 TURN_TARGETS = {"sequential_model_calls_before_reply": 3}
+# Issue 33's targets: turn-40 input tokens with memory ≤ 3× without; each reply request from turn 10 on shares
+# ≥ 70% of itself, from its start, with the one before; a normal turn makes ≤ 1 model API call before its reply.
+COST_TARGETS = {
+    "turn40_input_tokens_vs_off": 3.0,
+    "reply_cacheable_share_from_turn10": 0.70,
+    "model_calls_before_reply_normal": 1,
+}
+CHECKPOINTS = (10, 40)  # turns of one conversation the token and USD figures are reported at
+SHARE_FROM_TURN = 10
+# The person writes a minute after each reply (the host's clock is moved): the turns of a real chat are minutes
+# apart, so the clock a prompt shows changes from one turn to the next as it would.
+TURN_GAP_S = 60
+MEMORY_QUESTION_TEXT = (
+    "What did I tell you about thing 3, the day at the market?"  # bench.fake_model.MEMORY_QUESTION
+)
+STRANGER_ID, STRANGER = "u-zed", "zed"  # nobody the imps remember
+# What the person says, turn by turn: lines that differ from their first words, as a conversation's do (the
+# history window slides; lines alike at their start would make the cacheable share look better than it is).
+CHAT_LINES = (
+    "hello pip, how is your day going?",
+    "I walked to the market this morning and it was packed.",
+    "do you ever get bored of answering questions?",
+    "my sister called, she is moving to another city next month.",
+    "what would you cook on a cold evening like this?",
+    "Work was long today. The printer jammed four times.",
+    "any idea why cats knock things off tables?",
+    "tell me something you found interesting lately.",
+    "We might go hiking on Sunday if the weather holds.",
+    "I finally finished that book about lighthouses.",
+    "is it strange that I talk to an imp every day?",
+    "Guess what, the neighbour's dog learned to open our gate.",
+)
+STRANGER_TEXT = "hi, I'm zed and this is my first time here. what do you do all day?"
 CRITICAL_PURPOSES = ("embedding", "filter", "reply")
 
 Floats = npt.NDArray[np.float32]
@@ -342,18 +418,29 @@ class Call:
     tokens: int = 0
 
 
+# The box request being served (imp, channel): the broker's call runs in a task started from it, which inherits it.
+_ASKING: ContextVar[tuple[str, str]] = ContextVar("bench_asking", default=("", ""))
+
+
 @dataclass
 class Probe:
-    """Wraps ``Gateway.serve`` (the one door of every box request) to time model calls and count ``memory.*``."""
+    """Wraps ``Gateway.serve`` (the one door of every box request) to time model calls and count ``memory.*``,
+    and the model broker's ``call`` to capture every request that reaches the model API (``Sent``: its exact
+    body's prompt and tokens), so a call the host answers itself is no model API call."""
 
     calls: list[Call] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
 
     def install(self, gateway: Any) -> None:
         inner = gateway.serve
 
         async def serve(spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
             began = time.perf_counter()
-            answer = await inner(spec, method, params)
+            asking = _ASKING.set((spec.imp, spec.channel_id))
+            try:
+                answer = await inner(spec, method, params)
+            finally:
+                _ASKING.reset(asking)
             if method == "model.request" or method.startswith("memory."):
                 purpose = params.purpose if isinstance(params, ModelRequestParams) else ""
                 tokens = _tokens(answer.body) if isinstance(answer, ModelRequestResult) else 0
@@ -361,9 +448,43 @@ class Probe:
             return answer
 
         gateway.serve = serve
+        act = gateway.act(ModelAct)
+        assert act is not None, "the gateway has no model act"
+        self._capture(act.broker)
+
+    def _capture(self, broker: ModelBroker) -> None:
+        inner = broker.call
+
+        async def call(
+            path: str, body: bytes, purpose: str, *, timeout_s: float | None = None
+        ) -> UpstreamResponse:
+            began = time.perf_counter()
+            response = await inner(path, body, purpose, timeout_s=timeout_s)
+            ended = time.perf_counter()
+            imp, channel_id = _ASKING.get()
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                parsed = None
+            sent = parsed if isinstance(parsed, dict) else {}
+            self.sent.append(
+                Sent(
+                    imp, channel_id, path, purpose, str(sent.get("model", "")), began, ended,
+                    prompt_text(path, sent), input_tokens(path, sent), output_tokens(response.body),
+                    len(schema_and_tools(path, sent)),
+                )
+            )  # fmt: skip
+            return response
+
+        broker.call = call  # type: ignore[method-assign]
 
     def between(self, imp: str, start: float, end: float) -> list[Call]:
         return [c for c in self.calls if c.imp == imp and start <= c.start <= end]
+
+    def sent_between(self, imp: str, channel_id: str, start: float, end: float) -> tuple[Sent, ...]:
+        return tuple(
+            s for s in self.sent if s.imp == imp and s.channel_id == channel_id and start <= s.start <= end
+        )
 
 
 def _tokens(body: Any) -> int:
@@ -474,72 +595,186 @@ def _per_turn(turns: Sequence[TurnCalls]) -> dict[str, Any]:
     }
 
 
-def add_memory_imps() -> None:
-    """The two imps of the turn scenario: alike but for ``[memory] enabled`` (the gateway embedder)."""
+def local_embedder() -> tuple[str, int]:
+    """The third variant's ``[memory] embedder`` and the length of its vectors (issue 33): ``local`` (a sentence
+    embedder the host serves, all-MiniLM-L6-v2: 384) unless ``BENCH_LOCAL_EMBEDDER`` names another (``hashing``
+    runs the variant where ``local`` is not yet taken); ``BENCH_LOCAL_EMBEDDER_DIMS`` overrides the length."""
+    name = os.environ.get(LOCAL_EMBEDDER_ENV, "local").strip() or "local"
+    dims = os.environ.get(LOCAL_DIMS_ENV)
+    return name, int(dims) if dims else EMBEDDER_DIMS.get(name, EMBEDDER_DIMS["local"])
+
+
+def add_memory_imps(local: str) -> str | None:
+    """The imps of the turn scenario, alike but for ``[memory]``: on (the gateway embedder), off, on with 100
+    learned rules, and on with the ``local`` embedder. Returns why the last could not be made (its setting
+    refused), or None."""
     store = ImpStore()
     for name, enabled in ((MEMORY_ON, True), (MEMORY_OFF, False), (MEMORY_RULES, True)):
         with suppress(ImpExists):
             store.add(
                 name, PERSONA, sessions={"mode": "warm"}, memory={"enabled": enabled, "embedder": "gateway"}
             )
+    try:
+        store.add(
+            MEMORY_LOCAL, PERSONA, sessions={"mode": "warm"}, memory={"enabled": True, "embedder": local}
+        )
+    except ImpExists:
+        pass
+    except (ImpError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = re.sub(r"^\S*imp\.toml:\s*", "", first)  # the bench's own temporary path says nothing
+        return f'[memory] embedder = "{local}" is refused here ({first})'
+    return None
+
+
+def shipped_prices() -> dict[str, Price]:
+    """The price table the project ships (``policies/default.toml``), whatever an operator has set."""
+    path = default_policy_path()
+    return dict(policy_from_text(path.read_text(), str(path)).prices)
+
+
+def say(channel_id: str, number: int, author: Author, content: str, at: datetime) -> Inbound:
+    """A direct message of ``author`` in ``channel_id``, written at ``at``."""
+    message = Message(id=f"{channel_id}-m{number}", author=author, content=content, created_at=at)
+    return Inbound(
+        surface="discord", channel_id=channel_id, channel_kind="dm", message=message, channel_name=channel_id
+    )
+
+
+async def timed_turn(host: Host, probe: Probe, inbound: Inbound, number: int) -> tuple[TurnCalls, Turn]:
+    """One turn through the host: its gateway requests split at the reply's landing, and what reached the model."""
+    began = time.perf_counter()
+    latency_ms = await host.turn(inbound)
+    ended = time.perf_counter()
+    landed = host.surface.replied_at[inbound.message.id][0]
+    calls = probe.between(host.imp, began, ended)
+    timed = TurnCalls(
+        latency_ms, (ended - began) * 1000,
+        [c for c in calls if c.start < landed], [c for c in calls if c.start >= landed],
+    )  # fmt: skip
+    return timed, Turn(number, landed, probe.sent_between(host.imp, inbound.channel_id, began, ended))
+
+
+def checkpoints(last: int) -> tuple[int, ...]:
+    """The turns figures are reported at: 10 and 40 where the conversation got there (with the turn after,
+    for the window); else (the quick plan) its last but one."""
+    reached = tuple(n for n in CHECKPOINTS if n + 1 <= last)
+    return reached or (max(1, last - 1),)
+
+
+def cost_figures(turns: Sequence[Turn], normal: Sequence[Turn], prices: dict[str, Price]) -> dict[str, Any]:
+    """One variant's conversation in tokens, cacheable share, calls before the reply and USD (bench.memory_cost)."""
+    costs = conversation_costs(turns, prices)
+    last = max(t.number for t in normal)
+    figures = [path_figures(t) for t in normal]
+    purposes: Counter[str] = Counter()
+    for f in figures:
+        purposes.update(f["before_reply_by_purpose"])
+    return {
+        "turns": last,
+        "at_turn": {str(n): at_turn([c for c in costs if c.number <= last], n) for n in checkpoints(last)},
+        "share": share_figures(costs, SHARE_FROM_TURN),
+        "normal_turn": {
+            "before_reply_max": max(f["before_reply"] for f in figures),
+            "before_reply_mean": round(sum(f["before_reply"] for f in figures) / len(figures), 2),
+            "sequential_before_reply_max": max(f["sequential_before_reply"] for f in figures),
+            "before_reply_by_purpose": {p: round(n / len(figures), 2) for p, n in sorted(purposes.items())},
+            "in_all_mean": round(sum(f["in_all"] for f in figures) / len(figures), 2),
+        },
+    }
 
 
 async def turn_overhead(ctx: Context) -> dict[str, Any]:
     turns, remembered = ctx.plan.memory_turns, ctx.plan.memory_turn_records
     backend = ctx.backends["process"]  # the memory's cost is calls and round trips, not isolation
-    add_memory_imps()
+    local, local_dims = local_embedder()
+    local_skipped = add_memory_imps(local)
+    names = [MEMORY_ON, MEMORY_OFF, MEMORY_RULES] + ([] if local_skipped else [MEMORY_LOCAL])
     probe = Probe()
-    measured: dict[str, list[TurnCalls]] = {MEMORY_ON: [], MEMORY_OFF: [], MEMORY_RULES: []}
+    measured: dict[str, list[TurnCalls]] = {name: [] for name in names}
+    conversation: dict[str, list[Turn]] = {name: [] for name in names}
+    paths: dict[str, dict[str, Any]] = {}
     first: dict[str, TurnCalls] = {}
     surface = TimingSurface()
-    with fake_model(TURN_MODEL_LATENCY_S):
+    clock = FixedClock(datetime.now(UTC).replace(second=0, microsecond=0))  # moved a turn's gap each round
+    with fake_model(TURN_MODEL_LATENCY_S, talk=True):
         async with open_runtime(
-            [MEMORY_ON, MEMORY_OFF, MEMORY_RULES], surface,
-            backends={MEMORY_ON: backend, MEMORY_OFF: backend, MEMORY_RULES: backend}, surfaces=("discord",),
+            names, surface, backends=dict.fromkeys(names, backend), surfaces=("discord",), clock=clock,
         ) as runtime:  # fmt: skip
             memory = memory_service_of(runtime.gateway)
             assert memory is not None, "the host keeps no memory store"
-            rng = np.random.default_rng(7)
-            records = unit_rows(rng, remembered)
-            for name in (MEMORY_ON, MEMORY_RULES):
+            for name in (MEMORY_ON, MEMORY_RULES, MEMORY_LOCAL):
+                if name not in names:
+                    continue
+                rng = np.random.default_rng(7)  # the same memories, at the length of each imp's embedder
+                records = unit_rows(rng, remembered, local_dims if name == MEMORY_LOCAL else DIMS)
                 await runtime.db.run(
                     seed, memory.store, name, dm_scope(PERSON_ID), records, near(rng, records, 0.8),
-                    datetime.now(UTC), channel_id=f"{name}-dm",
+                    clock.now(), channel_id=f"{name}-dm",
                 )  # fmt: skip
             await runtime.db.run(learn_rules, memory.store, MEMORY_RULES, LEARNED_RULES)
             probe.install(runtime.gateway)
-            hosts = {name: Host(runtime, surface, name) for name in measured}
+            hosts = {name: Host(runtime, surface, name) for name in names}
             ctx.progress.phase(
-                f"memory turn: {turns} turns each, memory on / off ({remembered:,} remembered)",
-                WARMUP_TURNS + turns,
+                f"memory turn: {WARMUP_TURNS + turns} turns each, memory on / off / rules"
+                + ("" if local_skipped else f" / {local}")
+                + f" ({remembered:,} remembered), then a memory question and a stranger",
+                WARMUP_TURNS + turns + 1,
             )
+            person, stranger = Author(id=PERSON_ID, name=PERSON), Author(id=STRANGER_ID, name=STRANGER)
             for n in range(WARMUP_TURNS + turns):  # interleaved: the machine's noise hits both alike
+                clock.advance(seconds=TURN_GAP_S)
                 for name, running in hosts.items():
-                    inbound = dm(f"{name}-dm", n)
-                    began = time.perf_counter()
-                    latency_ms = await running.turn(inbound)
-                    ended = time.perf_counter()
-                    landed = surface.replied_at[inbound.message.id][0]
-                    calls = probe.between(name, began, ended)
-                    turn = TurnCalls(
-                        latency_ms, (ended - began) * 1000,
-                        [c for c in calls if c.start < landed], [c for c in calls if c.start >= landed],
-                    )  # fmt: skip
-                    first.setdefault(name, turn)
+                    line = f"{CHAT_LINES[n % len(CHAT_LINES)]} (#{n + 1})"
+                    inbound = say(f"{name}-dm", n, person, line, clock.now())
+                    timed, turn = await timed_turn(running, probe, inbound, n + 1)
+                    conversation[name].append(turn)
+                    first.setdefault(name, timed)
                     if n >= WARMUP_TURNS:
-                        measured[name].append(turn)
+                        measured[name].append(timed)
                 ctx.progress.advance()
+            for name, running in hosts.items():  # the other paths (issue 33): a memory question, a stranger
+                if name == MEMORY_RULES:
+                    continue
+                number = WARMUP_TURNS + turns + 1
+                clock.advance(seconds=TURN_GAP_S)
+                question = say(f"{name}-dm", number, person, MEMORY_QUESTION_TEXT, clock.now())
+                _, asked = await timed_turn(running, probe, question, number)
+                conversation[name].append(asked)
+                first_words = say(f"{name}-stranger", 1, stranger, STRANGER_TEXT, clock.now())
+                _, met = await timed_turn(running, probe, first_words, 1)
+                paths[name] = {
+                    "memory_question": path_figures(asked),
+                    "stranger": path_figures(met),
+                    "hop_shares": {
+                        kind: [round(share, 3) for k, share, _m in cost.shares if k == "hop"]
+                        for kind, cost in (
+                            ("memory_question", conversation_costs([asked], {})[0]),
+                            ("stranger", conversation_costs([met], {})[0]),
+                        )
+                    },
+                }
+            ctx.progress.advance()
             kept = await runtime.db.run(memory.store.count, MEMORY_ON)
+            local_stored = await runtime.db.run(stored_dims, memory.store, MEMORY_LOCAL, local_dims)
             reflection = await reflection_task(runtime, backend, probe)
+    prices = shipped_prices()
+    last = WARMUP_TURNS + turns
+    cost = {
+        name: cost_figures(conversation[name], [t for t in conversation[name] if WARMUP_TURNS < t.number <= last], prices)
+        | {"paths": paths.get(name)}
+        for name in names
+    }  # fmt: skip
     on, off, rules = measured[MEMORY_ON], measured[MEMORY_OFF], measured[MEMORY_RULES]
     stats, base = summary([t.latency_ms for t in on]), summary([t.latency_ms for t in off])
     figures = {name: _per_turn(values) for name, values in measured.items()}
     depth = figures[MEMORY_ON]["sequential_before_reply_max"]
     checks = {
-        "sequential_model_calls_before_reply": depth <= TURN_TARGETS["sequential_model_calls_before_reply"]
+        "sequential_model_calls_before_reply": depth <= TURN_TARGETS["sequential_model_calls_before_reply"],
+        **cost_checks(cost),
     }
     return result(
-        stats, baseline=base, ratio=ratio(stats["p50_ms"], base["p50_ms"]), targets=TURN_TARGETS,
+        stats, baseline=base, ratio=ratio(stats["p50_ms"], base["p50_ms"]), targets=TURN_TARGETS | COST_TARGETS,
         met=all(checks.values()), checks=checks, model_latency_ms=TURN_MODEL_LATENCY_S * 1000,
         ratio_p99=ratio(stats["p99_ms"], base["p99_ms"]), overhead_p50_ms=round(stats["p50_ms"] - base["p50_ms"], 1),
         rules_turn=summary([t.latency_ms for t in rules]) | {
@@ -551,7 +786,49 @@ async def turn_overhead(ctx: Context) -> dict[str, Any]:
         memory_on=figures[MEMORY_ON], memory_off=figures[MEMORY_OFF],
         first_turn={name: _per_turn([turn]) | {"latency_ms": round(turn.latency_ms, 1)} for name, turn in first.items()},
         remembered_before=remembered, records_after=kept, backend=backend.name,
+        cost=cost,
+        local_embedder={"embedder": local, "dims": local_dims, "skipped": local_skipped, "stored_dims": local_stored},
+        tokens="estimated from each request as sent: characters / 4 of the messages, the schema and the tools, "
+        "+3 a message (bench/memory_cost.py); output: the fake's completion_tokens",
+        prices=f"shipped ({default_policy_path().name})",
     )  # fmt: skip
+
+
+def cost_checks(cost: dict[str, Any]) -> dict[str, bool]:
+    """Issue 33's targets, where this run can judge them: the quick plan's conversation never reaches turn 40
+    (no verdict on the token ratio there), and a variant that did not run has none."""
+    checks: dict[str, bool] = {}
+    on, off = cost[MEMORY_ON], cost[MEMORY_OFF]
+    on_40, off_40 = on["at_turn"].get("40"), off["at_turn"].get("40")
+    if on_40 and off_40 and off_40["input_tokens"]:
+        checks["turn40_input_tokens_vs_off"] = (
+            on_40["input_tokens"] <= COST_TARGETS["turn40_input_tokens_vs_off"] * off_40["input_tokens"]
+        )
+    share = on["share"]["all"]["min"]
+    if share is not None:
+        checks["reply_cacheable_share_from_turn10"] = (
+            share >= COST_TARGETS["reply_cacheable_share_from_turn10"]
+        )
+    limit = COST_TARGETS["model_calls_before_reply_normal"]
+    checks["model_calls_before_reply_normal"] = on["normal_turn"]["before_reply_max"] <= limit
+    if MEMORY_LOCAL in cost:
+        checks["model_calls_before_reply_normal_local"] = (
+            cost[MEMORY_LOCAL]["normal_turn"]["before_reply_max"] <= limit
+        )
+    return checks
+
+
+def stored_dims(store: MemoryStore, imp: str, seeded: int) -> list[int]:
+    """The vector lengths of what ``imp``'s box stored itself (every length but the seed's, else the seed's if
+    the box stored that): a local embedder whose length the bench guessed wrong shows here."""
+    with store.db.begin() as conn:
+        found = conn.execute(
+            select(memory_records.c.dims)
+            .where(memory_records.c.imp == imp, memory_records.c.dims > 0)
+            .distinct()
+        ).scalars()
+        lengths = sorted(int(d) for d in found)
+    return [d for d in lengths if d != seeded] or [d for d in lengths if d == seeded]
 
 
 def learn_rules(store: MemoryStore, imp: str, count: int) -> None:
@@ -606,6 +883,115 @@ async def reflection_task(runtime: Any, backend: Any, probe: Probe) -> dict[str,
     }  # fmt: skip
 
 
+def _k(tokens: float) -> str:
+    return f"{tokens / 1000:.1f}k" if tokens >= 1000 else f"{tokens:,.0f}"
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}"
+
+
+def cost_rows(s: dict[str, Any]) -> list[Row]:
+    """Issue 33's rows: tokens at turns 10 and 40, the cacheable share, calls before the reply, USD."""
+    cost, checks = s["cost"], s["checks"]
+    on, off, local = cost[MEMORY_ON], cost[MEMORY_OFF], cost.get(MEMORY_LOCAL)
+    skipped = s["local_embedder"]["skipped"]
+    local_name = s["local_embedder"]["embedder"]
+    marks = list(on["at_turn"])
+
+    def tokens_at(turn: str) -> str:
+        a, b = on["at_turn"][turn], off["at_turn"][turn]
+        parts = ", ".join(
+            f"{p} {_k(t)}" for p, t in sorted(a["input_tokens_by_purpose"].items(), key=lambda x: -x[1])
+        )
+        text = f"turn {turn}: on {_k(a['input_tokens'])} ({parts}), off {_k(b['input_tokens'])}"
+        if local is not None:
+            text += f", {local_name} {_k(local['at_turn'][turn]['input_tokens'])}"
+        return text + f" = {a['input_tokens'] / max(1, b['input_tokens']):.1f}× off"
+
+    last = marks[-1]
+    turn_40 = "40" in marks
+    rows = [
+        Row(
+            f"memory turn input tokens a turn at turn {last}, on vs off",
+            {}, None, on["at_turn"][last]["input_tokens"] / max(1, off["at_turn"][last]["input_tokens"]),
+            ("≤3× off at turn 40 → " if turn_40 else "(quick: turn 40 not reached) ")
+            + "; ".join(tokens_at(m) for m in marks)
+            + ("" if local is not None else f"; {local_name}: not run, {skipped}"),
+            checks.get("turn40_input_tokens_vs_off"),
+        )
+    ]  # fmt: skip
+    share, share_off = on["share"], off["share"]
+
+    def shares(f: dict[str, Any]) -> str:
+        if f["all"]["n"] == 0:
+            return "none"
+        text = f"min {f['all']['min']:.2f}, mean {f['all']['mean']:.2f} (n {f['all']['n']}; messages alone"
+        text += f" {f['messages_only']['min']:.2f} / {f['messages_only']['mean']:.2f})"
+        if f["hop"]["n"]:
+            text += f"; hops min {f['hop']['min']:.2f}"
+        return text
+
+    rows.append(
+        Row(
+            f"reply request shared from its start with the previous one, from turn {SHARE_FROM_TURN}",
+            {}, None, None,
+            f"each ≥0.70 → on {shares(share)}; off {shares(share_off)}"
+            + (f"; {local_name} {shares(local['share'])}" if local is not None else ""),
+            checks.get("reply_cacheable_share_from_turn10"),
+        )
+    )  # fmt: skip
+    for name, variant in ((MEMORY_ON, on), (MEMORY_LOCAL, local)):
+        if variant is None:
+            continue
+        normal, paths = variant["normal_turn"], variant["paths"]
+        by = ", ".join(f"{p} {n:g}" for p, n in normal["before_reply_by_purpose"].items()) or "none"
+        embedder = "gateway" if name == MEMORY_ON else local_name
+        text = (
+            f"≤1 → max {normal['before_reply_max']} (mean {normal['before_reply_mean']:g}: {by}; "
+            f"{normal['sequential_before_reply_max']} in a row; {normal['in_all_mean']:g} in all)"
+        )
+        if paths:
+            for path in ("stranger", "memory_question"):
+                f = paths[path]
+                listed = ", ".join(f"{p} {n}" for p, n in f["before_reply_by_purpose"].items())
+                text += (
+                    f"; {path.replace('_', ' ')}: {f['before_reply']} before ({listed}), "
+                    f"{f['sequential_before_reply']} in a row, {f['in_all']} in all"
+                )
+        if name == MEMORY_LOCAL and s["local_embedder"]["stored_dims"] not in (
+            [],
+            [s["local_embedder"]["dims"]],
+        ):
+            text += (
+                f"; the box stored vectors of {s['local_embedder']['stored_dims']} dimensions, the memories were "
+                f"seeded with {s['local_embedder']['dims']}: recall by meaning found none of them (set {LOCAL_DIMS_ENV})"
+            )
+        key = "model_calls_before_reply_normal" + ("" if name == MEMORY_ON else "_local")
+        rows.append(
+            Row(f"model API calls before the reply, memory on ({embedder} embedder)", {}, None, None, text, checks.get(key))
+        )  # fmt: skip
+    usd = []
+    for label, variant in (("off", off), ("on", on), (local_name, local)):
+        if variant is None:
+            continue
+        at = variant["at_turn"]
+        usd.append(
+            f"{label} " + " / ".join(_usd(at[m]["usd_per_1000_turns"]) for m in marks)
+            + " (cached " + " / ".join(_usd(at[m]["usd_per_1000_turns_cached"]) for m in marks) + ")"
+        )  # fmt: skip
+    unpriced = sorted({m for v in cost.values() for at in v["at_turn"].values() for m in at["unpriced"]})
+    rows.append(
+        Row(
+            f"USD per 1,000 turns at turns {' / '.join(marks)}, shipped prices",
+            {}, None, None,
+            "; ".join(usd) + (f"; unpriced, left out: {', '.join(unpriced)}" if unpriced else ""),
+            None,
+        )
+    )  # fmt: skip
+    return rows
+
+
 def turn_rows(s: dict[str, Any]) -> list[Row]:
     on, off, rules, task = s["memory_on"], s["memory_off"], s["rules_turn"], s["reflection"]
     return [
@@ -618,8 +1004,9 @@ def turn_rows(s: dict[str, Any]) -> list[Row]:
             f"({on['model_calls_before_reply']:g} before, {on['model_calls_total']:g} in all; off: "
             f"{off['model_calls_total']:g}); tokens {on['tokens_total']:,.0f} vs {off['tokens_total']:,.0f}; "
             f"memory.* {on['memory_requests_total']:g}/turn ({on['memory_requests_before_reply']:g} before the reply)",
-            s["met"],
+            s["checks"]["sequential_model_calls_before_reply"],
         ),
+        *cost_rows(s),
         Row(
             f"memory turn selecting from {rules['rules']} learned rules vs memory off (process)",
             rules,

@@ -152,12 +152,12 @@ def script(fake: Any, embedder: str) -> None:
 
 
 def memory_block(request: Any) -> str:
-    """The ``### Memory`` block of a reply call (the end of its system text), lowercased; "" when none."""
+    """The ``### Memory`` block of a reply call (the end of its turn context, issue 33's layout), lowercased;
+    "" when none."""
+    from box.context import memory_block_of
+
     messages = request.body.get("messages") or []
-    system = messages[0].get("content") if messages and isinstance(messages[0], dict) else None
-    if not isinstance(system, str) or "### Memory\n" not in system:
-        return ""
-    return system.split("### Memory\n", 1)[1].lower()
+    return memory_block_of(messages).lower() if isinstance(messages, list) else ""
 
 
 def stored_texts() -> str:

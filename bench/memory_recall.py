@@ -408,13 +408,22 @@ async def _depart(runtime: Any, departures: Any) -> None:
     await wait_finished(db, departures.tasks, task_id, task.ceiling_s + 15)
 
 
+# "gateway": the imp asks the fake OpenAI, which answers with the real embedder's vectors; "local" (issue 33): the
+# imp's own [memory] embedder = "local", the same model computed by the host (no /embeddings request leaves it).
+EMBEDDERS = ("gateway", "local")
+EMBEDDER = {"name": "gateway"}
+
+
 def add_imp() -> None:
-    ImpStore().add(
-        IMP, PERSONA,
-        memory={"enabled": True, "embedder": "gateway", "embedding_model": "text-embedding-3-small",
-                "dimensions": DIMS},
-        sessions={"idle_s": 5},
-    )  # fmt: skip
+    memory: dict[str, Any] = {"enabled": True, "embedder": "local"}
+    if EMBEDDER["name"] == "gateway":
+        memory = {
+            "enabled": True,
+            "embedder": "gateway",
+            "embedding_model": "text-embedding-3-small",
+            "dimensions": DIMS,
+        }
+    ImpStore().add(IMP, PERSONA, memory=memory, sessions={"idle_s": 5})
 
 
 async def run_conversation(
@@ -642,7 +651,10 @@ def main() -> None:
     parser.add_argument("--locomo", type=Path, default=locomo_path())
     parser.add_argument("--convs", default="0", help="LoCoMo conversations, e.g. 0,1,2")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--embedder", choices=EMBEDDERS, default="gateway",
+                        help="gateway: the fake OpenAI answers with the real vectors; local: the host's own (issue 33)")  # fmt: skip
     args = parser.parse_args()
+    EMBEDDER["name"] = args.embedder
     names = [n.strip() for n in args.sets.split(",") if n.strip()]
     convs = [int(c) for c in args.convs.split(",") if c.strip()]
     began = time.perf_counter()

@@ -32,6 +32,8 @@ from typing import TypeVar
 import anyio
 
 from box.common.attempts import MAX_ATTEMPTS, RATE_LIMITED_STATUS, RETRYABLE_RPC_CODES, backoff_s
+from box.common.failures import clip
+from box.common.structured import JsonSchemaRefused
 from box.model import ModelCallFailed
 from box.protocol import RpcError
 from box.protocol.models import ResponderSettings
@@ -52,7 +54,7 @@ class ModelRefused(ModelExhausted):
         self.cause = failure.cause
         super().__init__(
             f"the model refused the request on attempt {attempt}, not retried (the same request would be "
-            f"refused again): {str(failure)[:800]}"
+            f"refused again): {clip(str(failure), 800)}"
         )
 
 
@@ -99,7 +101,7 @@ async def _timed(attempt: Callable[[int], Awaitable[T]], n: int, timeout_s: floa
         with anyio.fail_after(timeout_s):
             return await attempt(n)
     except TimeoutError:
-        raise ModelCallFailed(f"the model did not answer within {timeout_s:g} s") from None
+        raise ModelCallFailed(f"the model server did not answer within {timeout_s:g} s") from None
 
 
 async def with_attempts(
@@ -109,10 +111,16 @@ async def with_attempts(
     base_s: float,
     chooser: ModelChooser,
     max_attempts: int = MAX_ATTEMPTS,
+    structured: JsonSchemaRefused | None = None,
 ) -> T:
-    """Run ``attempt(n)`` until it returns; ``ModelCallFailed`` is a failed attempt (ENV-12/18/24)."""
+    """Run ``attempt(n)`` until it returns; ``ModelCallFailed`` is a failed attempt (ENV-12/18/24).
+
+    ``structured``: where a refusal of ``json_schema`` is remembered (issue 38); the first one is no failed
+    attempt: the same call goes again at once as ``json_object`` (``attempt`` reads ``structured``)."""
     failures: list[str] = []
-    for n in range(1, max_attempts + 1):
+    n = 0
+    while n < max_attempts:
+        n += 1
         try:
             result = await _timed(attempt, n, chooser.settings.attempt_timeout_s)
         except RpcError as exc:
@@ -124,10 +132,14 @@ async def with_attempts(
         else:
             chooser.succeeded()
             return result
+        if failure.schema_refused and structured is not None and not structured.refused:
+            structured.refused = True  # issue 38: json_object from now on, for the rest of the box
+            n -= 1  # a different request, not a retry of this one: no attempt spent, no backoff
+            continue
         chooser.failed(failure)
         if failure.refused:
             raise ModelRefused(failure, n) from failure  # issue 16: deterministic, reported once
         failures.append(str(failure))
         if n < max_attempts:
             await sleep(backoff_s(n, base_s, failure.retry_after))  # D1: never hammer the API back-to-back
-    raise ModelExhausted(f"no usable answer after {max_attempts} attempts: {'; '.join(failures)[:800]}")
+    raise ModelExhausted(f"no usable answer after {max_attempts} attempts: {clip('; '.join(failures), 800)}")

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from box.common.envelope import Envelope
+from box.common.failures import clip, invalid_fields
 from box.model import ModelCallFailed, http_failure
 from box.protocol.models import ModelRequestResult
 from box.tools import ToolCall
@@ -25,8 +26,12 @@ def parse_envelope(content: Any) -> Envelope:
         raise ModelCallFailed("model response has no content")
     try:
         return Envelope.model_validate(json.loads(content))
-    except (ValueError, ValidationError) as exc:
-        raise ModelCallFailed(f"model output is not a valid envelope: {str(exc)[:200]}") from exc
+    except ValidationError as exc:
+        raise ModelCallFailed(f"model output is not a valid envelope: {invalid_fields(exc)}") from exc
+    except ValueError as exc:
+        raise ModelCallFailed(
+            f"model output is not a valid envelope: not JSON ({clip(str(exc), 100)})"
+        ) from exc
 
 
 @dataclass

@@ -1,14 +1,28 @@
-"""The prompt package of one turn (seed 003 ContextBuilding; SPEC-001 ENV-10, ENV-20).
+"""The prompt package of one turn (seed 003 ContextBuilding; SPEC-001 ENV-10, ENV-20; issue 33).
 
-The system message is the persona — the operator's template with the legacy ``{date}``,
-``{time}``, ``{news}`` and ``{memory}`` placeholders removed, then the memory engine's static
-rules when memory is on (issue 23: mechanisms 7, 8, 13, 56) — followed by a ``## Context``
-suffix holding the date, time, channel, the version line (the imp's configured model and the
-impyard release, seed 003), news (when the host sent the news file's text) and the memory
-block (when the memory engine gave one), then the framing note: what the framing asks of
-the model, and in every framing where it may stay silent, what a silent answer means
-(ENV-02, ENV-04). The persona
-prefix is byte-identical from call to call, so the upstream's prompt cache can hit (ENV-20).
+The reply request is laid out stable-first, so the provider's prompt cache hits (ENV-20's purpose):
+
+1. **The system message** (the Responses API's ``instructions``): the persona — the operator's template with the
+   legacy ``{date}``, ``{time}``, ``{news}`` and ``{memory}`` placeholders removed — then the memory engine's static
+   rules when memory is on (issue 23: mechanisms 7, 8, 13, 56), then ``LAYOUT_NOTE`` (where the turn's context is).
+   Byte-identical from call to call and from turn to turn.
+2. **The history**: the conversation before the current message, a window that moves in steps (``box.history``), so
+   consecutive turns share it.
+3. **The current message**, opened by this turn's ``## Context``: the date, time, channel, the version line (the
+   imp's configured model and the impyard release, seed 003), news (when the host sent the news file's text), the
+   framing note — what the framing asks of the model, and in every framing where it may stay silent, what a silent
+   answer means (ENV-02, ENV-04) — and last the memory block (when the memory engine gave one: it is the part a
+   second hop of the same turn recomposes, mechanism 36), then ``## Message`` and the message itself.
+4. Tool rounds, appended after it.
+
+**Departure from ENV-10's letter** (docs/conversation.md): ENV-10 puts the dynamic context in a suffix of the
+*system* message, before the history; that makes every request differ from the previous turn's right after the
+persona (0.14 of a request shared, issue 33). The context now opens the current *user* message instead — not a
+second system message, which strict local chat templates refuse when it is not first (llama.cpp serving Qwen3.x:
+"System message must be at the beginning", llama.cpp issues #20733 and #27367), and not a message of its own,
+which templates that require user and assistant to alternate refuse. That form works alike on chat/completions,
+the Responses API and local servers. ``LAYOUT_NOTE`` tells the model that the context is impyard's, not the
+person's.
 
 Pure functions of plain values: the machine gathers the facts, this module only arranges them.
 """
@@ -25,9 +39,16 @@ from box import __version__ as box_version
 from box.history import PromptEntry
 from box.protocol.models import Attachment, Framing, ImpSpec, Message, SessionInfo
 
-# ENV-10 / ENV-20: the old inline placeholders; their values now live in the ## Context suffix.
+# ENV-10 / ENV-20: the old inline placeholders; their values now live in the turn's ## Context.
 LEGACY_PLACEHOLDERS = re.compile(r"\{(?:date|time|news|memory)\}")
 MAX_REPLY_EXCERPT_CHARS = 300
+# Static (part of the byte-stable system text): where this turn's context is, and that a person did not write it.
+LAYOUT_NOTE = (
+    "The newest message opens with this turn's context (date, time, channel, notes and what you remember), "
+    'written by impyard, not by the person; what they wrote follows the line "## Message".'
+)
+CONTEXT_HEADER = "## Context"
+MESSAGE_HEADER = "## Message"
 
 # What a silent answer means, told in every framing where the model may choose it (ENV-02, ENV-04).
 SILENT_MEANS = "A silent answer (answer_needed false) posts nothing; the message stays in the conversation."
@@ -103,23 +124,39 @@ def context_suffix(
     addressed: bool = False,
     version: VersionInfo | None = None,
 ) -> str:
-    """ENV-10: date, time, channel, news, memory — everything that changes from call to call."""
+    """ENV-10: date, time, channel, news, the framing note, memory — everything that changes from call to call.
+
+    It opens the current message (``with_context``), after the history (issue 33). The memory block comes last: it
+    is the only part a later hop of the same turn recomposes (mechanism 36), so the hops share all before it."""
     at = now.astimezone(UTC)
-    lines = ["## Context", f"Date: {at:%Y-%m-%d (%A)}", f"Time: {at:%H:%M} UTC", _channel_line(session)]
+    lines = [CONTEXT_HEADER, f"Date: {at:%Y-%m-%d (%A)}", f"Time: {at:%H:%M} UTC", _channel_line(session)]
     if version is not None:
         lines.append(version.line())  # seed 003: version metadata
     if news and news.strip():
         lines += ["", "### News", news.strip()]
-    if memory and memory.strip():
-        lines += ["", "### Memory", memory.strip()]
     note = framing_note(framing, addressed=addressed)
     if note:
         lines += ["", note]
+    if memory and memory.strip():
+        lines += ["", "### Memory", memory.strip()]
     return "\n".join(lines)
 
 
-def system_message(prefix: str, suffix: str) -> str:
-    return f"{prefix}\n\n{suffix}"
+def system_message(prefix: str) -> str:
+    """The whole system text: the byte-stable prefix and where the turn's context is (ENV-20, issue 33)."""
+    return f"{prefix}\n\n{LAYOUT_NOTE}"
+
+
+def with_context(context: str, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """The current message's content opened by the turn's context (issue 33): a string, or the first text part."""
+    if isinstance(content, str):
+        return f"{context}\n\n{MESSAGE_HEADER}\n{content}"
+    parts = list(content)
+    for index, part in enumerate(parts):
+        if part.get("type") == "text":
+            parts[index] = {**part, "text": with_context(context, str(part.get("text", "")))}
+            return parts
+    return [{"type": "text", "text": f"{context}\n\n{MESSAGE_HEADER}"}, *parts]
 
 
 # ------------------------------------------------------------------ the conversation
@@ -173,27 +210,45 @@ def entry_message(entry: PromptEntry) -> dict[str, Any]:
 
 @dataclass
 class PromptPackage:
-    """Everything the reply call needs; mutable during the turn (tool rounds append to ``messages``)."""
+    """Everything the reply call needs; mutable during the turn (tool rounds append to ``messages``).
 
-    prefix: str  # the persona (ENV-20)
-    suffix: str  # ## Context (ENV-10)
+    ``messages`` holds the history, then the current message (at ``current``) as the person wrote it, then tool
+    rounds; the turn's context (``suffix``) is put into the current message only when a request is made
+    (``conversation``), so a later hop can recompose it (mechanism 36)."""
+
+    prefix: str  # the persona and the memory rules: byte-stable (ENV-20)
+    suffix: str  # this turn's ## Context (ENV-10), opening the current message (issue 33)
     messages: list[
         dict[str, Any]
-    ]  # the conversation after the system message, ending with the current message
+    ]  # the conversation after the system message; the current message at ``current``
     image_urls: list[str] = field(default_factory=list)  # data URLs of the message's images
     tool_results: int = 0  # how many tool results have been appended
     version: VersionInfo | None = None  # seed 003: the imp's model and impyard's version (also in ``suffix``)
+    current: int = -1  # the index of the current message in ``messages`` (-1: the last one, as built)
+
+    def __post_init__(self) -> None:
+        if self.current < 0:
+            self.current += len(self.messages)
 
     @property
     def system(self) -> str:
-        return system_message(self.prefix, self.suffix)
+        return system_message(self.prefix)
 
     @property
     def has_images(self) -> bool:
         return bool(self.image_urls)
 
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages after the system message as sent: the history, the current message opened by the turn's
+        context, the tool rounds."""
+        out = list(self.messages)
+        if 0 <= self.current < len(out):
+            message = out[self.current]
+            out[self.current] = {**message, "content": with_context(self.suffix, message["content"])}
+        return out
+
     def chat_messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.system}, *self.messages]
+        return [{"role": "system", "content": self.system}, *self.conversation()]
 
 
 def build_package(
@@ -226,3 +281,38 @@ def build_package(
         image_urls=[data_url(item) for item in message.attachments if is_image(item)],
         version=version,
     )
+
+
+def split_context(content: str) -> tuple[str, str]:
+    """A current message's text as (its ``## Context``, what follows ``## Message``); ("", text) for a message that
+    has none (a history line). For tests and the benchmark, which read captured requests."""
+    if not content.startswith(CONTEXT_HEADER + "\n"):
+        return "", content
+    context, marker, rest = content.partition(f"\n\n{MESSAGE_HEADER}\n")
+    return (context, rest) if marker else ("", content)
+
+
+def turn_context(messages: Sequence[dict[str, Any]]) -> str:
+    """The ``## Context`` of a chat request's current message (the last user message that has one), or ""."""
+    for message in reversed(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = next(
+                (
+                    p.get("text")
+                    for p in content
+                    if isinstance(p, dict) and p.get("type") in ("text", "input_text")
+                ),
+                None,
+            )
+        if message.get("role") == "user" and isinstance(content, str):
+            context, _ = split_context(content)
+            if context:
+                return context
+    return ""
+
+
+def memory_block_of(messages: Sequence[dict[str, Any]]) -> str:
+    """The ``### Memory`` block of a chat request's turn context (it ends the context), or "" when it has none."""
+    context = turn_context(messages)
+    return context.split("\n### Memory\n", 1)[1] if "\n### Memory\n" in context else ""

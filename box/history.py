@@ -14,7 +14,14 @@ posts as they were delivered. The box's records carry what the host does not: it
 exchanges as it committed them after delivery (PostSend), short-path archives and channel
 events (a reaction clear). For the prompt the two are merged by message id (the host's
 copy wins), ordered by time, only for the current channel (nothing from another channel
-or a DM leaks into a prompt), and cut to ``history_limit`` (ENV-07).
+or a DM leaks into a prompt), and cut to at most ``history_limit`` (ENV-07).
+
+The cut moves in steps (issue 33, ``box.common.history.window_start``): the window keeps its first line turn after
+turn until it would hold more than the limit, then drops a block of older lines at once, so consecutive reply
+requests share their system message and history byte for byte and the provider's prompt cache hits (ENV-20's
+purpose; ENV-07 asks only that the history stay within its limit). The start is chosen from the lines' ids alone —
+the host sends, before ``recent``'s last ``history_limit`` messages, up to ``lookback(history_limit)`` older ones with
+their ids and times only — so a box re-created after an idle timeout picks the start the warm box picked.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
 
-from box.common.history import Record, Role, aware
+from box.common.history import Record, Role, aware, window_start
 from box.protocol import ErrorCode, Peer, RpcError
 from box.protocol.history import (
     MAX_COMMIT_LINES,
@@ -61,10 +68,12 @@ class PromptEntry:
 def combine(
     recent: Sequence[HistoryEntry], own: Sequence[Record], channel_id: str, current_id: str, limit: int
 ) -> list[PromptEntry]:
-    """The conversation before the current message: host ``recent`` ∪ own records of this channel (ENV-07).
+    """The conversation before the current message: host ``recent`` ∪ own records of this channel, at most ``limit``
+    of them (ENV-07), starting where ``window_start`` says (issue 33: the window moves in steps).
 
-    The candidates are plain tuples (id, role, author, content, at) until the cut: only the ``limit`` entries
-    the prompt shows are made (issue 18: the host sends 50 recent messages, the prompt shows 20)."""
+    The candidates are plain tuples (id, role, author, content, at) until the cut: only the entries the prompt
+    shows are made (issue 18). The lines before the window are only counted (the host sends the oldest of them
+    without their text)."""
     entries: dict[str, tuple[str, Role, str, str, datetime]] = {}
     for record in own:
         if record.channel_id == channel_id and record.id != current_id:
@@ -77,7 +86,8 @@ def combine(
             role: Role = "assistant" if entry.from_imp else "user"
             entries[entry.id] = (entry.id, role, entry.author.name, entry.content, entry.created_at)
     ordered = sorted(entries.values(), key=_AT)
-    return [PromptEntry(*row) for row in ordered[-limit:]] if limit > 0 else []
+    start = window_start([row[0] for row in ordered], limit)
+    return [PromptEntry(*row) for row in ordered[start:]]
 
 
 # ------------------------------------------------------------------ the host keeps them (issue 22)

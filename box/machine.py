@@ -22,9 +22,11 @@ never an empty message). A ``pending`` delivery (waiting for approval) commits w
 said, never a claim that the reply was seen. A turn that fails commits nothing.
 
 Memory (issue 23) joins at three points: ContextBuilding asks it for the turn (its rules go
-into the system text, its block into ``## Context``); ToolExecution hands it every draft and
-calls again while it asks for another hop, the block recomposed each time (mechanisms 36,
-46-53); PostSend hands it the delivered turn. With ``NoMemory`` the turn is the same as
+into the system text, its block into the turn's ``## Context``, which opens the current message
+after the history: issue 33, ``box.context``); ToolExecution hands it every draft and calls again
+while it asks for another hop, the block recomposed each time (mechanisms 36, 46-53) — only the
+current message's context changes, so the hops share the system text and the history; PostSend
+hands it the delivered turn. With ``NoMemory`` the turn is the same as
 without an engine.
 """
 
@@ -38,7 +40,7 @@ from typing import Any
 
 import box
 from box import decision
-from box.common.envelope import Envelope
+from box.common.envelope import Envelope, EnvelopeAsks
 from box.common.history import Record
 from box.context import PromptPackage, VersionInfo, build_package, context_suffix, message_body
 from box.history import HostHistory, combine
@@ -131,6 +133,7 @@ class TurnMachine:
         self.deps = deps
         self.settings = deps.init.imp.responder
         self.session = deps.init.session
+        self.asks = EnvelopeAsks.of(self.settings)  # issue 38: the fields this imp's envelope carries
         self._handlers = {
             Stage.CONTEXT: self.context_building,
             Stage.TOOLS: self.tool_execution,
@@ -164,7 +167,10 @@ class TurnMachine:
         entries = combine(
             turn.recent, own, self.session.channel_id, turn.message.id, self.settings.history_limit
         )
-        facts = TurnFacts(turn.message, turn.framing, turn.now, list(turn.presence), turn.task)
+        facts = TurnFacts(
+            turn.message, turn.framing, turn.now, list(turn.presence), turn.task,
+            history_ids=frozenset(entry.id for entry in entries),  # issue 33: the block does not repeat them
+        )  # fmt: skip
         ctx.memory = await self.deps.memory.begin(facts)
         ctx.package = build_package(
             self.deps.init.imp, self.session, turn.message, turn.framing, turn.now, entries,
@@ -179,16 +185,14 @@ class TurnMachine:
 
     async def tool_execution(self, ctx: TurnContext) -> Stage:
         assert ctx.package is not None
-        ctx.envelope = await self.deps.caller.answer(
-            ctx.package
-        )  # mechanism 53: a first failure fails the turn
+        ctx.envelope = await self._answer(ctx)  # mechanism 53: a first failure fails the turn
         while await ctx.memory.next_hop(ctx.envelope):  # mechanisms 25-27, 49: search, probe, call again
             ctx.package.suffix = context_suffix(
                 ctx.turn.now, self.session, ctx.turn.framing, news=self.settings.news, memory=ctx.memory.block(),
                 addressed=ctx.message.mentions_imp, version=ctx.package.version,
             )  # fmt: skip  # mechanism 36: recomposed before every reply call
             try:
-                ctx.envelope = await self.deps.caller.answer(ctx.package)
+                ctx.envelope = await self._answer(ctx)
             except Exception as exc:  # mechanism 53: a later hop that fails leaves the last good reply
                 ctx.notes.append(f"a later reply call failed; the previous draft stands: {exc}")
                 await self.host_log(
@@ -199,6 +203,18 @@ class TurnMachine:
             return Stage.DECISION  # decided only after the tools have settled (ENV-02)
         ctx.answers = decision.has_answer(ctx.envelope)  # ENV-04: a direct turn is a forced response
         return self._after_decision(ctx)
+
+    async def _answer(self, ctx: TurnContext) -> Envelope:
+        """One reply call; a field this imp is not asked reads as null / false (issue 38), whatever came."""
+        assert ctx.package is not None
+        envelope, ignored = self.asks.settle(await self.deps.caller.answer(ctx.package))
+        if ignored:
+            said = ", ".join(f"{name}={value!r}"[:200] for name, value in ignored.items())
+            ctx.notes.append(f"envelope fields not asked, ignored: {said}")
+            # ENV-03: a staff note is never dropped silently, even one this imp has nowhere to post
+            level = "warning" if "staff" in ignored else "info"
+            await self.host_log(level, f"envelope fields not asked, ignored: {said}"[:1000])
+        return envelope
 
     async def decision_making(self, ctx: TurnContext) -> Stage:
         assert ctx.envelope is not None
@@ -299,7 +315,17 @@ class TurnMachine:
     async def _render_reply(
         self, ctx: TurnContext, envelope: Envelope, package: PromptPackage
     ) -> Payload | None:
-        target = reply_target(envelope.channel, self.session.channel_id, self.session.channel_name)  # ENV-09
+        target = reply_target(
+            envelope.channel, self.session.channel_id, self.session.channel_name, self.settings.post_channels
+        )  # ENV-09, widened (issue 38): a channel the imp cannot address is the conversation's own
+        if target.unknown is not None:
+            ctx.notes.append(f"channel {target.unknown!r} is not one this imp can post to: replied here")
+            await self.host_log(
+                "info",
+                f"the envelope named channel {target.unknown!r}, which this imp cannot post to; "
+                "the reply went to the conversation's own channel",
+                message_id=ctx.message.id,
+            )
         as_reply = target.own and not ctx.turn.task
         text = unwrap_links((envelope.answer or "").strip())  # ENV-08
         payload = Payload(

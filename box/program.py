@@ -42,7 +42,7 @@ from box.protocol.models import (
     TaskRunParams,
     TaskRunResult,
 )
-from box.responder import Responder
+from box.responder import Responder, model_client
 from box.tools import ToolRegistry
 
 log = logging.getLogger("box")
@@ -159,12 +159,15 @@ class BoxProgram:
             raise RpcError(ErrorCode.INVALID_REQUEST, "already initialised")
         self.init = params
         assert self.peer is not None
-        memory = self._memory or self._memory_engine(self.peer, params)
-        self.responder = Responder(self.peer, params, sleep=self._sleep, memory=memory, tools=self._tools)
+        client = model_client(self.peer, params)  # one for the reply and the memory: what it learns is shared
+        memory = self._memory or self._memory_engine(self.peer, params, client)
+        self.responder = Responder(
+            self.peer, params, sleep=self._sleep, memory=memory, tools=self._tools, client=client
+        )
         log.info("box %s for imp %s, channel %s", box.__version__, params.imp.name, params.session.channel_id)
         return BoxInitResult(protocol=PROTOCOL_VERSION, box=box.__version__)
 
-    def _memory_engine(self, peer: Peer, params: BoxInitParams) -> MemoryEngine:
+    def _memory_engine(self, peer: Peer, params: BoxInitParams, client: ModelClient) -> MemoryEngine:
         """Issue 23: the engine when the imp has memory on and the host sent the session's scopes."""
         if not params.imp.memory.enabled or params.memory is None:
             return NoMemory()
@@ -178,7 +181,7 @@ class BoxProgram:
                 pass
 
         return ChatMemory(
-            init=params, store=StoreClient(peer), client=ModelClient(peer), state_dir=self.state_dir,
+            init=params, store=StoreClient(peer), client=client, state_dir=self.state_dir,
             sleep=self._sleep, host_log=host_log,
         )  # fmt: skip
 

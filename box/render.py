@@ -1,4 +1,4 @@
-"""Turning an envelope into what gets posted (seed 003 ResponseRendering; SPEC-001 ENV-03, -08, -09).
+"""Turning an envelope into what gets posted (seed 003 ResponseRendering; SPEC-001 ENV-03, -08, -09 widened).
 
 One payload per post: the reply (text and its images together) and, separately, staff
 notes and hack alerts for the imp's staff channel. Pure functions; the images themselves
@@ -8,6 +8,7 @@ are made by ``box.images``.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,18 +32,36 @@ def unwrap_links(text: str) -> str:
 class Target:
     channel_id: str
     own: bool
+    unknown: str | None = None  # issue 38: what the envelope named that the imp cannot address
 
 
-def reply_target(channel: str | None, own_channel_id: str, own_channel_name: str = "") -> Target:
-    """ENV-09: no channel (null, "none", empty) means the message's own channel; another one is its own act."""
+def reply_target(
+    channel: str | None,
+    own_channel_id: str,
+    own_channel_name: str = "",
+    addressable: Collection[str] = (),
+) -> Target:
+    """ENV-09, widened (issue 38): where the reply goes.
+
+    No channel (null, "none", empty) is the message's own channel (ENV-09). A channel the imp can address —
+    its own by id, ``<#id>`` mention or name, or one of ``addressable`` (the host's ``post_channels``, the
+    other channels its policy lets it post to) — is that channel; another one is an act of its own there.
+    Anything else — free text a small model copied from the prompt ("a terminal session"), a name or id the
+    imp cannot post to — is the conversation's own channel too, never a post the policy would deny: the
+    reply reaches the person, and ``unknown`` keeps what was named so the turn can say so.
+    """
     wanted = (channel or "").strip()
     if wanted.lower() in _NO_CHANNEL:
         return Target(own_channel_id, True)
-    if wanted.startswith("<#") and wanted.endswith(">"):
-        wanted = wanted[2:-1]  # a Discord channel mention
-    if wanted.lstrip("#") in (own_channel_id, own_channel_name) and wanted:
+    named = wanted
+    if named.startswith("<#") and named.endswith(">"):
+        named = named[2:-1]  # a Discord channel mention
+    named = named.lstrip("#").strip()
+    if named and named in (own_channel_id, own_channel_name):
         return Target(own_channel_id, True)
-    return Target(wanted[:128], False)
+    if named and named in addressable and named != own_channel_id:
+        return Target(named, False)
+    return Target(own_channel_id, True, unknown=wanted[:128])
 
 
 PostKind = Literal["reply", "staff", "other"]

@@ -19,6 +19,7 @@ import anyio
 from box.attempts import ModelChooser
 from box.common.failures import tagged
 from box.common.history import Record
+from box.common.model_profiles import timing_for
 from box.context import message_body
 from box.failures import classify
 from box.history import HostHistory
@@ -60,6 +61,16 @@ def error_text(error: BaseException | None) -> str:
     return (str(error) or type(error).__name__)[:1000] if error is not None else "unknown failure"
 
 
+def model_client(peer: Peer, init: BoxInitParams) -> ModelClient:
+    """The box's model client: a local server's calls end with the box, and each may take as long as a reply
+    attempt (issue 38, ``ServerTiming``)."""
+    settings = init.imp.responder
+    local = timing_for(settings.server).local
+    return ModelClient(
+        peer, end_with_box=local, default_timeout_s=settings.attempt_timeout_s if local else None
+    )
+
+
 class Responder:
     def __init__(
         self,
@@ -69,13 +80,14 @@ class Responder:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         memory: MemoryEngine | None = None,
         tools: ToolRegistry | None = None,
+        client: ModelClient | None = None,
     ) -> None:
         settings = init.imp.responder
         self.init = init
         self.memory = memory or NoMemory()
         self.history = HostHistory(peer, init.session.channel_id)  # kept by the host (issue 22)
         self.chooser = ModelChooser(settings)  # ENV-15: kept for the whole session
-        self.client = ModelClient(peer)
+        self.client = client or model_client(peer, init)
         registry = tools or builtin_tools(peer, self.memory)
         caller = ReplyCaller(self.client, settings, self.chooser, registry, sleep)
         self.machine = TurnMachine(TurnDeps(peer, init, self.history, self.memory, caller))

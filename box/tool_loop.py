@@ -36,6 +36,11 @@ class ReplyCaller:
     def tools(self) -> list[Tool]:
         return self.registry.selected(self.settings.tools)
 
+    @property
+    def timeout_s(self) -> float | None:
+        """Issue 38: the attempt's own limit, told to the host so that the upstream request ends with it."""
+        return self.settings.attempt_timeout_s
+
     def _model(self, package: PromptPackage) -> str:
         return self.chooser.choose(images=package.has_images, tool_results=package.tool_results > 0)
 
@@ -53,13 +58,17 @@ class ReplyCaller:
             attached = tools if hop < rounds else []  # the last hop answers without tools
 
             async def attempt(_: int, attached: list[Tool] = attached) -> chat_api.ChatReply:
-                body = chat_body(self.settings, self._model(package), package.chat_messages(), attached)
-                result = await self.client.call(CHAT_PATH, body, PURPOSE)
+                body = chat_body(
+                    self.settings, self._model(package), package.chat_messages(), attached,
+                    json_object=self.client.structured.refused,  # issue 38: the server refused json_schema
+                )  # fmt: skip
+                result = await self.client.call(CHAT_PATH, body, PURPOSE, timeout_s=self.timeout_s)
                 return chat_api.parse_chat(result, tools_attached=bool(attached))
 
             reply = await with_attempts(
-                attempt, sleep=self.sleep, base_s=self.settings.retry_backoff_s, chooser=self.chooser
-            )
+                attempt, sleep=self.sleep, base_s=self.settings.retry_backoff_s, chooser=self.chooser,
+                structured=self.client.structured,
+            )  # fmt: skip
             if reply.envelope is not None:
                 return reply.envelope
             assert reply.echo is not None
@@ -75,13 +84,13 @@ class ReplyCaller:
     async def _responses(self, package: PromptPackage) -> Envelope:
         tools = self.tools
         rounds = self.settings.responses_tool_rounds if tools else 0  # ENV-23
-        items: list[dict[str, Any]] = responses_api.input_items(package.messages)
+        items: list[dict[str, Any]] = responses_api.input_items(package.conversation())
         for hop in range(rounds + 1):
             attached = tools if hop < rounds else []  # ENV-23: an exhausted loop forces a tool-less answer
 
             async def attempt(_: int, attached: list[Tool] = attached) -> responses_api.ResponsesReply:
                 body = responses_body(self.settings, self._model(package), package.system, items, attached)
-                result = await self.client.call(RESPONSES_PATH, body, PURPOSE)
+                result = await self.client.call(RESPONSES_PATH, body, PURPOSE, timeout_s=self.timeout_s)
                 return responses_api.parse_responses(result, tools_attached=bool(attached))
 
             reply = await with_attempts(

@@ -116,10 +116,15 @@ class ToolRegistry:
 # ------------------------------------------------------------------ the built-in tools
 
 
-def _string_parameter(name: str, description: str) -> dict[str, Any]:
+# Issue 38: a tool's arguments are bounded like the envelope (box.common.schema_bounds fits them per server).
+URL_CHARS = 2_048  # box.protocol.models.MAX_URL_CHARS: what http.fetch takes
+QUERY_CHARS = 300
+
+
+def _string_parameter(name: str, description: str, max_chars: int) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {name: {"type": "string", "description": description}},
+        "properties": {name: {"type": "string", "description": description, "maxLength": max_chars}},
         "required": [name],
         "additionalProperties": False,
     }
@@ -145,7 +150,7 @@ def web_fetch_tool(peer: Peer) -> Tool:
     return Tool(
         "web_fetch",
         "Fetch a web page by URL and read its text. Only some sites are allowed; a refusal says so.",
-        _string_parameter("url", "The absolute http(s) URL to fetch."),
+        _string_parameter("url", "The absolute http(s) URL to fetch.", URL_CHARS),
         run,
     )
 
@@ -166,7 +171,7 @@ def search_tool(memory: MemoryEngine) -> Tool:
     return Tool(
         "search",
         "Search your memory for things you were told or experienced before.",
-        _string_parameter("query", "What to look for, in a few words."),
+        _string_parameter("query", "What to look for, in a few words.", QUERY_CHARS),
         run,
     )
 

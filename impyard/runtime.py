@@ -97,7 +97,7 @@ async def open_runtime(
         chosen = backends or backends_for(list(configs.values()), backend)
         conversations = Conversations(
             imps=host.imps, configs=configs, history=host.history, channels=host.channels, surface=surface,
-            clock=host.clock, imp_user_ids=imp_user_ids, backends=chosen,
+            clock=host.clock, imp_user_ids=imp_user_ids, backends=chosen, policy=lambda: host.gateway.policy,
         )  # fmt: skip
         async with SessionManager(
             plan=conversations, host=host.gateway, events=conversations, now=host.clock.now

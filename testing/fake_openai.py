@@ -46,6 +46,10 @@ resolve to their family. A test serves another name with
 
     fake.add_model("gpt-x", like="gpt-4.1-mini")  # a made-up name, taken like gpt-4.1-mini
     fake.add_model("llama3.2", LOCAL_SERVER_MODEL)  # a local server: only the name is checked
+    fake.add_model("qwen", LLAMA_CPP_PYTHON_MODEL)  # llama-cpp-python's server: json_schema refused, HTTP 500
+
+A delayed answer (``slow``, ``latency_s``) watches its connection while it waits: a client that hangs up is
+recorded (``request.hung_up``, :attr:`FakeOpenAI.hung_up`), as a local server stops on a closed request.
     fake.add_model("my-reasoner", ModelSpec(efforts=("low", "high"), default_effort="low", max_tokens=False))
 """
 
@@ -58,6 +62,7 @@ import hashlib
 import http.server
 import json
 import logging
+import select
 import selectors
 import socket
 import socketserver
@@ -76,6 +81,7 @@ __all__ = [
     "DEFAULT_ENVELOPE",
     "EMBEDDINGS_PARAMETERS",
     "ENDPOINTS",
+    "LLAMA_CPP_PYTHON_MODEL",
     "LOCAL_SERVER_MODEL",
     "OPENAI_MODELS",
     "PURPOSE_HEADER",
@@ -111,6 +117,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # Keep-alive connections idle longer than this are closed server-side (a safety net; stop() closes them anyway).
 IDLE_CONNECTION_TIMEOUT_S = 120.0
 THREAD_JOIN_TIMEOUT_S = 5.0
+HANG_UP_POLL_S = 0.02  # how often a delayed answer looks whether its client is still there (issue 38)
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +327,7 @@ class RecordedRequest:
     raw: bytes = field(default=b"", repr=False)
     status: int | None = None
     rejection: dict[str, Any] | None = None
+    hung_up: bool = False  # issue 38: the client closed the connection while the answer was delayed
 
     @property
     def endpoint(self) -> str:
@@ -497,6 +505,9 @@ class ModelSpec:
     chat_tools_need_effort_none: bool = False
     dimensions: bool = False
     lenient: bool = False
+    native_dimensions: int | None = (
+        None  # issue 33: an embedding model that answers this length, whatever asked
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in ("text", "embedding", "image"):
@@ -581,6 +592,17 @@ OPENAI_MODELS: dict[str, ModelSpec] = {
 # reasoning model, takes max_tokens and temperature, ignores what it does not know, and follows any
 # json_schema (no strict subset). Register it: ``fake.add_model("llama3.2", LOCAL_SERVER_MODEL)``.
 LOCAL_SERVER_MODEL = ModelSpec(lenient=True)
+# Issue 38: llama-cpp-python's own server (``python -m llama_cpp.server``): lenient like the others, but its
+# request model takes ``response_format.type`` "text" or "json_object" only, and its error handler wraps the
+# validation error in an HTTP 500 (see ``_check_llama_cpp_python``). ``structured_outputs=False`` on a lenient
+# model says so. Register it: ``fake.add_model("qwen", LLAMA_CPP_PYTHON_MODEL)``.
+LLAMA_CPP_PYTHON_MODEL = ModelSpec(lenient=True, structured_outputs=False)
+
+# ---- issue 33: an embedding model that ignores `dimensions` ------------------------------------------------
+# A local server's embedding model (Ollama's all-minilm, llama.cpp's server, LM Studio): it takes the body, as
+# such servers do, and answers with its model's own length (here 384), whatever `dimensions` asked.
+# Register it: ``fake.add_model("all-minilm", LOCAL_SERVER_EMBEDDING_MODEL)``.
+LOCAL_SERVER_EMBEDDING_MODEL = ModelSpec("embedding", lenient=True, native_dimensions=384)
 
 # [ref] the body parameters each endpoint takes (CompletionCreateParams, ResponseCreateParams,
 # EmbeddingCreateParams); anything else is refused.
@@ -658,7 +680,7 @@ _SCHEMA_COMMON = frozenset(
      "definitions", "$schema", "$comment", "$id"}
 )  # fmt: skip
 _SCHEMA_BY_TYPE = {
-    "string": frozenset({"pattern", "format", "minLength", "maxLength"}),
+    "string": frozenset({"pattern", "format"}),  # [so] no minLength / maxLength: see _STRICT_REFUSED_BOUNDS
     "number": frozenset({"multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"}),
     "integer": frozenset({"multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"}),
     "object": frozenset({"properties", "required", "additionalProperties", "patternProperties"}),
@@ -667,6 +689,10 @@ _SCHEMA_BY_TYPE = {
     "null": frozenset(),
 }
 _SCHEMA_ALL_TYPED = frozenset().union(*_SCHEMA_BY_TYPE.values())
+# [so] issue 38: the guide's "Supported properties" list strings' pattern and format only; minLength and
+# maxLength are refused with a 400 "In context=('properties', 'x'), 'maxLength' is not permitted." ([live]
+# jina-ai/node-DeepResearch#79, vercel/ai's OpenAI provider notes). A box sending them to OpenAI is caught.
+_STRICT_REFUSED_BOUNDS = frozenset({"minLength", "maxLength"})
 _STRING_FORMATS = ("date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid")
 # [so] "A schema may have up to 5000 object properties total, with up to 10 levels of nesting." ...
 # "total string length of all property names, definition names, enum values, and const values cannot
@@ -1425,6 +1451,8 @@ def _check_request(endpoint: str, body: Any, models: dict[str, ModelSpec]) -> No
             f"The model `{model}` is not supported on {API_PREFIX}{endpoint}.", param="model"
         )  # paraphrased
     if spec.lenient:
+        if not spec.structured_outputs:
+            _check_llama_cpp_python(body)
         return
     if endpoint == "/chat/completions":
         _check_chat(body, model, spec)
@@ -1432,6 +1460,43 @@ def _check_request(endpoint: str, body: Any, models: dict[str, ModelSpec]) -> No
         _check_responses(body, model, spec)
     elif endpoint == "/embeddings":
         _check_embeddings(body, spec)
+
+
+# ----------------------------------------------------------------- issue 38: llama-cpp-python's server
+
+# [live] llama.cpp issue #23463 (llama-cpp-python 0.3.23, ``python -m llama_cpp.server``): json_schema is refused
+# with HTTP 500, not 422: the route's error handler (llama_cpp/server/errors.py, RouteErrorHandler) turns every
+# exception, the request's validation error included, into ``{"error": {"message": str(exc), "type":
+# "internal_server_error", "param": null, "code": null}}``. The message is FastAPI's validation error, written
+# here in its shape (paraphrased): several lines, the offending input and a link.
+LLAMA_CPP_PYTHON_FORMAT_TYPES = ("text", "json_object")
+
+
+def _check_llama_cpp_python(body: dict[str, Any]) -> None:
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind in LLAMA_CPP_PYTHON_FORMAT_TYPES:
+        return
+    error = {
+        "type": "literal_error",
+        "loc": ("body", "response_format", "type"),
+        "msg": "Input should be 'text' or 'json_object'",
+        "input": kind,
+        "ctx": {"expected": "'text' or 'json_object'"},
+    }
+    message = (
+        f"1 validation error:\n  {error!r}\n    For further information visit "
+        "https://errors.pydantic.dev/2.11/v/literal_error"
+    )
+    raise _LlamaCppPythonError(message)
+
+
+class _LlamaCppPythonError(Exception):
+    """llama-cpp-python's HTTP 500 for a request its model refuses (``_check_llama_cpp_python``)."""
+
+    def response(self) -> FakeResponse:
+        error = {"message": str(self), "type": "internal_server_error", "param": None, "code": None}
+        return FakeResponse(status=500, body={"error": error})
 
 
 def _lookup_model(models: dict[str, ModelSpec], name: str) -> ModelSpec | None:
@@ -1771,6 +1836,33 @@ class FakeOpenAI:
             self._seq += 1
             return self._seq
 
+    # ----------------------------------------------------------------- issue 38: slow answers and hang-ups
+
+    @property
+    def hung_up(self) -> list[RecordedRequest]:
+        """The requests whose client closed the connection while their (delayed) answer was pending: what a
+        local server sees when a call is given up, and stops working on (``slow``, ``latency_s``)."""
+        return [r for r in self.requests if r.hung_up]
+
+    def _wait_watching(self, handler: _Handler, request: RecordedRequest, delay_s: float) -> bool:
+        """Wait ``delay_s`` before answering, watching the connection: True when the answer is not to be sent
+        (the fake is stopping, or the client hung up, which is recorded on ``request.hung_up``)."""
+        deadline = time.monotonic() + delay_s
+        sock = handler.connection
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stopping.wait(min(left, HANG_UP_POLL_S)):
+                return True
+            try:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable and sock.recv(1, socket.MSG_PEEK) == b"":
+                    request.hung_up = True
+                    log.info("fake OpenAI: the client hung up on %s before its answer", request.path)
+                    return True
+            except OSError:
+                request.hung_up = True
+                return True
+        return False
+
     # ----------------------------------------------------------------- handling
 
     def _handle(self, handler: _Handler) -> None:
@@ -1801,7 +1893,7 @@ class FakeOpenAI:
         response = self._respond(request, parse_problem)
         request.status = response.status
         delay = self.latency_s + response.delay_s
-        if delay > 0 and self._stopping.wait(delay):
+        if delay > 0 and self._wait_watching(handler, request, delay):
             handler.close_connection = True
             return
         self._send(handler, response)
@@ -1825,6 +1917,10 @@ class FakeOpenAI:
             with self._lock:
                 models = dict(self._models)
             _check_request(endpoint, request.body, models)
+        except _LlamaCppPythonError as refused:
+            response = refused.response()
+            request.rejection = response.body["error"]
+            return response
         except _Refused as refused:
             response = refused.response()
             request.rejection = response.body["error"]
@@ -2034,6 +2130,10 @@ class FakeOpenAI:
         body = request.body
         texts = _embedding_inputs(body.get("input"))
         dimensions = body.get("dimensions") or DEFAULT_EMBEDDING_DIMENSIONS
+        with self._lock:
+            spec = _lookup_model(self._models, str(body.get("model")))
+        if spec is not None and spec.native_dimensions is not None:  # issue 33: `dimensions` ignored
+            dimensions = spec.native_dimensions
         if not isinstance(dimensions, int) or dimensions < 1:
             raise ValueError(f"bad dimensions {dimensions!r}")
         fixed = [float(v) for v in answer] if isinstance(answer, list | tuple) and answer else None
@@ -2216,3 +2316,108 @@ def _parse_multipart(raw: bytes, content_type: str) -> dict[str, Any]:
         else:
             form[name] = value
     return form
+
+
+# ----------------------------------------------------------------- a small model on a local server (issue 38)
+
+# What a 0.5B instruct model on llama.cpp's server (grammar-constrained JSON) wrote into the envelope, field by
+# field (issue 38: `channel` in 48 of 48 envelopes, copied from the prompt's "Channel:" line; `staff` 48;
+# `picture` 40; `hack` 17; `action = search` 22).
+SMALL_MODEL_FILLS: dict[str, Any] = {
+    "answer": "Hello! How can I help you today?",
+    "answer_needed": True,
+    "channel": "a terminal session",
+    "staff": "x",
+    "picture": "cat",
+    "picture_count": 2,
+    "picture_edit": True,
+    "hack": True,
+    "told": "ann greeted the imp.",
+    "feeling": "curious",
+    "conclusion": "ann wants to talk.",
+    "valence": 0.3,
+    "intensity": 0.4,
+    "type": "search",
+    "text": "ann",
+}
+SMALL_MODEL_PHRASE = "1"  # what it repeats in an array nothing bounds (moment.refeels)
+
+
+class SmallModel:
+    """A scripted answer (``fake.script(SmallModel(), purpose="reply")``) that writes what a small model on a
+    grammar-constrained server writes: every field of the schema it was sent, nullable ones filled
+    (``SMALL_MODEL_FILLS``), and each array repeated as far as the grammar lets it. An array with
+    ``maxItems`` stops there; one without runs on until the output cap and the answer is cut off mid-JSON —
+    what llama.cpp returned in 8 of 28 reply calls. ``holds_to_schema=False``: a server that does not constrain
+    decoding at all (the schema only in the prompt) — every envelope field comes back, asked or not.
+    """
+
+    def __init__(self, *, holds_to_schema: bool = True, cap_chars: int = 4096) -> None:
+        self.holds_to_schema = holds_to_schema
+        self.cap_chars = cap_chars  # ~1,024 tokens
+        self.cut_off = 0  # answers cut off at the cap
+
+    def __call__(self, request: RecordedRequest) -> Any:
+        schema = _sent_schema(request.body)
+        if not self.holds_to_schema or schema is None:
+            answer = envelope(**{k: v for k, v in SMALL_MODEL_FILLS.items() if k in _ENVELOPE_KEYS})
+            answer["moment"] = {"feeling": "curious", "conclusion": "ok.", "valence": 0.3, "intensity": 0.4,
+                                "refeels": ["1"]}  # fmt: skip
+            answer["action"] = {"type": "search", "text": "ann"}
+            return answer
+        value, runaway = self._fill(schema, "")
+        if runaway:
+            self.cut_off += 1
+            return json.dumps(value)[: self.cap_chars]  # cut at the output cap: not JSON
+        return value
+
+    def _fill(self, node: Any, name: str) -> tuple[Any, bool]:
+        if not isinstance(node, dict):
+            return None, False
+        if "anyOf" in node:  # a nullable value as llama.cpp takes it: the small model picks the value
+            options = [o for o in node["anyOf"] if isinstance(o, dict) and o.get("type") != "null"]
+            return self._fill(options[0], name) if options else (None, False)
+        declared = node.get("type")
+        kinds = declared if isinstance(declared, list) else [declared]
+        kind = next((k for k in kinds if k != "null"), "null")
+        if "enum" in node:
+            wanted = SMALL_MODEL_FILLS.get(name)
+            return (wanted if wanted in node["enum"] else node["enum"][0]), False
+        if kind == "object":
+            out: dict[str, Any] = {}
+            runaway = False
+            for key, sub in (node.get("properties") or {}).items():
+                out[key], ran = self._fill(sub, key)
+                runaway = runaway or ran
+            return out, runaway
+        if kind == "array":
+            item, _ = self._fill(node.get("items") or {"type": "string"}, "")
+            bound = node.get("maxItems")
+            if bound is None:  # nothing stops the repetition but the output cap
+                return [item if item is not None else SMALL_MODEL_PHRASE] * self.cap_chars, True
+            return [item if item is not None else SMALL_MODEL_PHRASE] * int(bound), False
+        if kind == "string":
+            text = str(SMALL_MODEL_FILLS.get(name, SMALL_MODEL_PHRASE))
+            bound = node.get("maxLength")
+            return (text[: int(bound)] if bound is not None else text), False
+        if kind in ("number", "integer", "boolean"):
+            return SMALL_MODEL_FILLS.get(name, 0 if kind != "boolean" else True), False
+        return None, False
+
+
+_ENVELOPE_KEYS = frozenset(envelope())
+
+
+def _sent_schema(body: Any) -> dict[str, Any] | None:
+    """The JSON schema a chat/completions or Responses body asks for, or None."""
+    if not isinstance(body, dict):
+        return None
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
+        schema = fmt["json_schema"].get("schema")
+        return schema if isinstance(schema, dict) else None
+    text = body.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        schema = text["format"].get("schema")
+        return schema if isinstance(schema, dict) else None
+    return None

@@ -23,9 +23,11 @@ from bench.hosts import against
 from bench.hosts import merge as merge_hosts
 from bench.hosts import rows as hosts_rows
 from bench.memory import (
+    MEMORY_LOCAL,
     MEMORY_OFF,
     MEMORY_ON,
     MEMORY_RULES,
+    WARMUP_TURNS,
     covered,
     near,
     round_trip,
@@ -157,7 +159,11 @@ def check_memory_turn(s: dict[str, Any]) -> None:
     assert on["memory_requests_total"] > on["memory_requests_before_reply"] > 0
     assert {"search", "encode"} <= set(on["memory_by_method"])
     assert s["records_after"] > s["remembered_before"]  # the turns' moments were kept
-    assert set(s["first_turn"]) == {MEMORY_ON, MEMORY_OFF, MEMORY_RULES}
+    local = s["local_embedder"]
+    assert set(s["first_turn"]) == {MEMORY_ON, MEMORY_OFF, MEMORY_RULES} | (
+        set() if local["skipped"] else {MEMORY_LOCAL}
+    )
+    check_memory_cost(s)
     # memory II (issue 14): the imp with 100 learned rules selects beside recall, and a departure reflects
     rules = s["rules_turn"]
     assert rules["rules"] == 100 and rules["by_purpose_before_reply"].get("selection") == 1.0
@@ -165,6 +171,36 @@ def check_memory_turn(s: dict[str, Any]) -> None:
     task = s["reflection"]
     assert task["state"] == "done" and task["by_purpose"]["introspection"] == 4  # the fake keeps thinking
     assert "reply" not in task["by_purpose"] and task["model_calls"] >= 5
+
+
+def check_memory_cost(s: dict[str, Any]) -> None:
+    """Issue 33: tokens by purpose and USD at the quick conversation's last full turn, calls before the reply on
+    each path, the variant with the local embedder run or named as skipped with why."""
+    cost = s["cost"]
+    local = s["local_embedder"]
+    assert (MEMORY_LOCAL in cost) is (local["skipped"] is None)
+    if local["skipped"]:
+        assert f'embedder = "{local["embedder"]}" is refused here' in local["skipped"]
+    last = WARMUP_TURNS + Plan.quick().memory_turns
+    on, off = cost[MEMORY_ON], cost[MEMORY_OFF]
+    for variant in (on, off):
+        assert variant["turns"] == last and list(variant["at_turn"]) == [str(last - 1)]  # turn 10 not reached
+        at = variant["at_turn"][str(last - 1)]
+        assert at["turns"] == [last - 2, last - 1, last] and at["unpriced"] == []
+        assert at["usd_per_1000_turns"] >= at["usd_per_1000_turns_cached"] > 0
+        assert at["input_tokens"] == pytest.approx(sum(at["input_tokens_by_purpose"].values()), abs=2)
+        assert variant["share"]["all"]["n"] == 0  # no reply request from turn 10 on in --quick
+    assert off["at_turn"][str(last - 1)]["calls_per_turn"] == {"reply": 1.0}
+    assert on["at_turn"][str(last - 1)]["input_tokens"] > off["at_turn"][str(last - 1)]["input_tokens"]
+    # a normal turn with the gateway embedder: the words' embedding, then the filter, before the reply (today)
+    assert on["normal_turn"]["before_reply_by_purpose"]["embedding"] == 1.0
+    assert off["normal_turn"]["before_reply_max"] == 0
+    assert off["paths"]["memory_question"]["before_reply"] == off["paths"]["stranger"]["before_reply"] == 0
+    question, stranger = on["paths"]["memory_question"], on["paths"]["stranger"]
+    assert question["in_all_by_purpose"]["reply"] == 2  # mechanism 26: the moment probe hops once
+    assert stranger["before_reply_by_purpose"].get("arrival") == 1  # mechanism 101: someone comes in
+    assert set(s["checks"]) >= {"model_calls_before_reply_normal"}
+    assert "turn40_input_tokens_vs_off" not in s["checks"]  # no verdict before turn 40
 
 
 def test_sequential_counts_calls_that_waited_for_one_another() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from box.context import split_context
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import TaskRunParams, TaskSpec
 from impyard.backends import BoxDied, BoxSpec, BoxTimeout
@@ -78,7 +79,10 @@ async def test_a_scripted_conversation(tmp_path: Path) -> None:
     body = model_calls[0].body  # type: ignore[attr-defined]
     assert body["response_format"]["json_schema"]["name"] == "envelope"
     assert body["response_format"]["json_schema"]["strict"] is True
-    assert body["messages"][-1] == {"role": "user", "content": "ann: hi pip"}
+    assert body["messages"][-1]["role"] == "user"
+    assert (
+        split_context(body["messages"][-1]["content"])[1] == "ann: hi pip"
+    )  # after the turn's context (issue 33)
     assert host.stages[:5] == ["context", "tools", "render", "send", "post"]  # the turn machine (seed 003)
     assert (tmp_path / "state" / "journal.jsonl").read_text().count("\n") == 3  # its files live under /state
 

@@ -19,8 +19,9 @@ import pexpect
 import pytest
 from click.testing import CliRunner
 
+from box.context import split_context
 from impyard.cli import cli
-from testing.fake_openai import FakeOpenAI, envelope, slow
+from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope, slow
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +72,12 @@ def quit_chat(child: pexpect.spawn) -> str:
 def said(fake: FakeOpenAI) -> list[str]:
     """What each reply call sent as the person's newest message (the box prefixes the author's name)."""
     calls = [r for r in fake.requests_for("/chat/completions") if r.purpose == "reply"]
-    return [str(call.body["messages"][-1]["content"]).split(": ", 1)[1] for call in calls]
+    return [split_context(str(call.body["messages"][-1]["content"]))[1].split(": ", 1)[1] for call in calls]
+
+
+def said_in(call: RecordedRequest) -> str:
+    """The person's newest message in one reply call."""
+    return str(call.body["messages"][-1]["content"]).split(": ", 1)[1]
 
 
 def prompt_text(fake: FakeOpenAI, index: int) -> str:
@@ -120,6 +126,22 @@ def test_a_long_line_from_a_pipe_reaches_the_model_whole(fake: FakeOpenAI, impya
     assert result.returncode == 0, result.stderr
     assert said(fake) == [line]
     assert "pip> Got it." in result.stdout and "you> /quit" in result.stdout  # a transcript
+
+
+def test_a_scripts_next_line_after_an_answer_is_not_called_queued(
+    fake: FakeOpenAI, impyard_home: Path
+) -> None:
+    """A pipe's next line waits for the answer before it; the warm box then waits for work, and the line starts
+    its turn there: nothing is queued (issue 38: it used to say so of every line after the first)."""
+    fake.script(envelope(answer="Got it."))
+    add_imp()
+    result = subprocess.run(
+        [IMPYARD, "chat", "--backend", "process"], input="one\ntwo\nthree\n/quit\n", capture_output=True,
+        text=True, env=environment(fake, impyard_home), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert said(fake) == ["one", "two", "three"]
+    assert result.stdout.count("pip> Got it.") == 3 and "queued" not in result.stdout, result.stdout
 
 
 def test_help_lists_the_commands(fake: FakeOpenAI, impyard_home: Path) -> None:
@@ -203,6 +225,29 @@ def test_a_message_sent_during_a_turn_is_queued_and_the_stage_shows(
     child.expect("pip> Second answer.")
     quit_chat(child)
     assert said(fake) == ["one", "two"]
+
+
+def test_a_message_sent_while_the_imp_remembers_is_not_called_queued(
+    fake: FakeOpenAI, impyard_home: Path
+) -> None:
+    """Issue 38: after the reply is shown, the turn goes on while the imp remembers the exchange (PostSend: the
+    appraisal). A message sent then is not "queued" behind an answer the person already has: nothing is said
+    of it, and the next turn answers it once the remembering is done."""
+    fake.script(lambda call: envelope(answer=f"Answer to {said_in(call)}."), purpose="reply")
+    appraisal = fake.script(slow(envelope(answer="unused"), 4.0), purpose="appraisal", times=1)
+    assert CliRunner().invoke(cli, ["imp", "add", "pip"]).exit_code == 0  # memory on
+    child = spawn(fake, impyard_home)
+    child.send("one" + ENTER)
+    child.expect("pip> Answer to one.")
+    child.expect("pip is remembering…")
+    child.send("two" + ENTER)
+    child.expect("pip> Answer to two.")
+    assert appraisal.used == 1  # "two" was sent while the first turn still remembered
+    between = ANSI.sub("", child.before or "")
+    assert "queued" not in between, between
+    shown = quit_chat(child)
+    assert "(queued" not in shown
+    assert said(fake)[-1] == "two" and "one" in said(fake)
 
 
 def test_logs_go_to_the_file_named_at_the_start_not_to_the_screen(

@@ -6,6 +6,7 @@ import pytest
 
 from box.protocol.models import DeliverResult
 from impyard.terminal.commands import Command, history_count, message_text, mode_answer, parse
+from impyard.terminal.stopping import Stopping
 from impyard.terminal.turn_words import MAX_REASON_CHARS, outcome_line, reason, route_line, stage_line
 
 
@@ -128,3 +129,26 @@ def test_outcome_line(result: DeliverResult | None, line: str | None) -> None:
 )
 def test_route_line(outcome: str, line: str | None) -> None:
     assert route_line("pip", outcome) == line  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("leaving", "requests", "heard"),
+    [
+        (False, 1, ["gently"]),
+        (False, 2, ["gently", "now"]),
+        (False, 4, ["gently", "now"]),  # later requests change nothing
+        (True, 1, ["now"]),  # the chat already waits for the turn to end after /quit: Ctrl-C stops now
+    ],
+)
+def test_the_first_stop_request_is_gentle_and_the_second_stops_now(
+    leaving: bool, requests: int, heard: list[str]
+) -> None:
+    stopping = Stopping()
+    said: list[str] = []
+    stopping.gently = lambda by_signal: said.append("gently")
+    stopping.now = lambda by_signal: said.append("now")
+    if leaving:
+        stopping.already_stopping()
+    for _ in range(requests):
+        stopping.request(by_signal=True)
+    assert said == heard

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -106,6 +107,69 @@ def test_ctrl_c_gives_the_running_turn_its_deadline(
         child.close()
     assert "died" not in (child.before or "")
     assert child.exitstatus == 0
+
+
+def process_boxes_of(home: Path) -> list[int]:
+    """The pids of process-backend boxes still running with a state dir under ``home``."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if any(v.startswith(b"IMPYARD_STATE_DIR=" + str(home).encode()) for v in variables):
+            found.append(int(environ.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("console", ["terminal", "pipe"])
+def test_ctrl_c_twice_mid_turn_stops_now_and_cleanly(console: str, impyard_home: Path) -> None:
+    """Issue 38: the second Ctrl-C of a turn stops now (the turn is cut off, its box killed) and leaves no
+    ``RuntimeError: Attempted to exit a cancel scope…`` in chat.log. On a terminal the first Ctrl-C is a key of
+    the prompt and the second, while the chat closes, a SIGINT; from a pipe both are signals."""
+    with FakeOpenAI() as server:
+        server.script(slow(envelope(answer="Finished anyway.", answer_needed=True), 8.0))  # within the grace
+        if console == "terminal":
+            child = spawn_chat(server, impyard_home, "--backend", "process")
+            child.logfile_read = screen = io.StringIO()
+            child.expect("you> ")
+            child.sendline("hello pip")
+            server.wait_for_requests(1, path="/chat/completions", timeout_s=60)  # the turn is in flight
+            child.sendintr()  # a key: the prompt is open
+            child.expect(r"stopping: pip's turn gets a moment to end \(Ctrl-C again stops now\)")
+            assert process_boxes_of(impyard_home)  # the turn's box is still there, in its grace
+            child.sendintr()  # the prompt is closed: SIGINT to the foreground process group
+            child.expect("stopping now: pip's turn is cut off")
+            child.expect("bye")
+            child.expect(pexpect.EOF)
+            child.close()
+            status, shown = child.exitstatus, screen.getvalue()
+        else:
+            env = {
+                **os.environ, "IMPYARD_HOME": str(impyard_home), "OPENAI_API_KEY": server.api_key or "",
+                "OPENAI_BASE_URL": server.base_url,
+            }  # fmt: skip
+            process = subprocess.Popen(
+                [IMPYARD, "chat", "--backend", "process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env, text=True,
+            )  # fmt: skip
+            assert process.stdin is not None
+            process.stdin.write("hello pip\n")
+            process.stdin.flush()
+            server.wait_for_requests(1, path="/chat/completions", timeout_s=60)
+            process.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            assert process_boxes_of(impyard_home)
+            process.send_signal(signal.SIGINT)
+            shown, errors = process.communicate(timeout=60)
+            status = process.returncode
+            assert "Traceback" not in errors, errors
+            assert "stopping now: pip's turn is cut off" in shown
+        assert status == 0, shown
+        assert "Finished anyway." not in shown  # cut off: the grace would have let it end
+        logged = (impyard_home / "logs" / "chat.log").read_text()
+        assert "Traceback" not in logged and "RuntimeError" not in logged, logged[-3000:]
+        assert process_boxes_of(impyard_home) == []
 
 
 @pytest.mark.parametrize("runtime", ["default", *RUNTIMES])

@@ -356,7 +356,12 @@ async def test_the_box_gets_only_the_history_its_prompt_can_use(
         await rt.conversations.receive("pip", inbound(message(n, f"chatter {n}", clock=clock)))
     await rt.conversations.receive("pip", inbound(message(30, "@pip hi", clock=clock), mentions_imp=True))
     await answered(rt, "m30")
-    assert len(seen[0].recent) == 20  # history_limit (ENV-07), not the 50-message framing window
+    recent = seen[0].recent
+    # history_limit (ENV-07) messages with their text, not the 50-message framing window ...
+    assert [entry.content for entry in recent[-20:]] == [f"chatter {n}" for n in range(11, 30)] + ["@pip hi"]
+    # ... and before them, ids and times only, for the box to place its window's start (issue 33): never text
+    assert [entry.id for entry in recent[:-20]] == [f"m{n}" for n in range(11)]
+    assert all(entry.content == "" for entry in recent[:-20])
 
 
 async def test_finished_turns_nobody_waits_for_are_not_kept(

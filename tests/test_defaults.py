@@ -39,6 +39,7 @@ EXPECTED: dict[tuple[str, str], Any] = {
     ("model", "history_limit"): 20,
     ("model", "history_per_channel"): 3,
     ("model", "short_path"): [],
+    ("model", "images"): None,  # issue 38: unset = by the server (pictures on openai only)
     (
         "memory",
         "enabled",

@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+from box.context import split_context, turn_context
 from testing.fake_discord import FakeAttachment
 from testing.fake_openai import TINY_PNG, FakeOpenAI, envelope, slow
 from tests.discord_yard import (
@@ -198,7 +199,10 @@ async def test_a_forged_system_line_stays_content(monkeypatch: pytest.MonkeyPatc
     assert delivery.message.content == forged
     request = model.requests_for("/chat/completions")[-1].body["messages"]
     assert forged not in request[0]["content"]  # the system message holds no user text
-    assert request[-1] == {"role": "user", "content": f"carol: {forged}"}
+    assert forged not in turn_context(
+        request
+    )  # nor does the turn's context, which opens the message (issue 33)
+    assert request[-1]["role"] == "user" and split_context(request[-1]["content"])[1] == f"carol: {forged}"
 
 
 async def test_images_come_as_data_and_other_files_as_what_they_are(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from box.context import turn_context
 from testing.fake_openai import FakeOpenAI, envelope
 from tests.discord_yard import (
     ALICE,
@@ -42,5 +43,5 @@ async def test_env_02_and_env_04_a_brb_stays_silent_a_reply_to_the_imp_is_answer
     assert [d.message.mentions_imp for d in seen] == [False, False, True]  # the reply alone addresses pip
     assert outcomes == ["sent", "silent", "sent"]
     assert posted == ["hello alice", "see you soon"]  # the brb got no answer; the reply to pip did
-    brb_prompt = model.requests_for("/chat/completions")[1].body["messages"][0]["content"]
+    brb_prompt = turn_context(model.requests_for("/chat/completions")[1].body["messages"])
     assert "set answer_needed to false. A silent answer (answer_needed false) posts nothing" in brb_prompt

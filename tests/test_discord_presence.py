@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+from box.context import turn_context
 from box.protocol.models import DeliverResult
 from impyard.conversation.sessions import SessionKey
 from impyard.discord.presence import PresenceService, status_text
@@ -66,8 +67,8 @@ async def test_seed_003_an_answered_turn_shows_where_the_imp_is_talking(
     assert first.activities == [{"type": 4, "state": "talking in #general", "name": "Custom Status"}]
     assert first.status == "online" and second.bot_user_id == yard.fake.bot_user.id
     # Seed 003 version metadata, as the host sends it: the model read impyard's release in its context.
-    system = model.requests_for("/chat/completions")[0].body["messages"][0]["content"]
-    assert re.search(r"\nRunning as: model \S+ on impyard 9\.8\.7\n", system)
+    context = turn_context(model.requests_for("/chat/completions")[0].body["messages"])
+    assert re.search(r"\nRunning as: model \S+ on impyard 9\.8\.7\n", context)
 
 
 async def test_seed_003_the_status_clears_once_the_imp_is_idle(

@@ -17,6 +17,7 @@ import pexpect
 import pytest
 from click.testing import CliRunner
 
+from box.context import split_context
 from impyard import paths
 from impyard.backends.docker import DockerBackend
 from impyard.cli import cli
@@ -319,7 +320,7 @@ def test_the_walkthrough_in_the_readme(model: FakeOpenAI, impyard_home: Path) ->
         "Hi, I'm Pip!"
     ]  # the mention only; the chatter woke nobody
     woken = {
-        r.body["messages"][-1]["content"]
+        split_context(r.body["messages"][-1]["content"])[1]
         for r in model.requests_for("/chat/completions")
         if r.purpose == "reply"
     }

@@ -14,7 +14,15 @@ import pytest
 from pydantic import BaseModel
 
 from impyard.cli.reference import REGENERATE, render, slug
-from impyard.imps.config import BoxConfig, DiscordConfig, ImpConfig, MemoryConfig, ModelConfig, SessionsConfig
+from impyard.imps.config import (
+    BoxConfig,
+    DiscordConfig,
+    ImpConfig,
+    MemoryConfig,
+    ModelConfig,
+    SessionsConfig,
+    TerminalConfig,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -136,6 +144,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("discord", DiscordConfig, "configuration.md"),
     ("box", BoxConfig, "configuration.md"),
     ("sessions", SessionsConfig, "configuration.md"),
+    ("terminal", TerminalConfig, "configuration.md"),
     ("memory", MemoryConfig, "memory.md"),
 ]
 SECTIONS_OF_IMP = {name for name, _, _ in SECTIONS if name}  # the tables, not keys of the top level

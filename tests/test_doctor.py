@@ -36,7 +36,7 @@ from impyard.imps.config import new_imp_settings
 from impyard.imps.store import ImpStore
 from impyard.imps.validate import validate_config
 from impyard.storage.db import open_database
-from testing.fake_openai import FakeOpenAI, error
+from testing.fake_openai import LOCAL_SERVER_EMBEDDING_MODEL, FakeOpenAI, error
 
 BUILT = DockerFacts(reachable=True, version="27.0", expected_image="impyard-box:abc", image_present=True)
 
@@ -84,14 +84,25 @@ def test_a_working_setup_passes_with_one_metered_audited_call(fake: FakeOpenAI) 
     result, rows = doctor(env=env(fake))
     assert result.exit_code == 0, result.output
     assert failed(rows) == [] and rows["Model endpoint"]["status"] == "ok"
-    assert f"gpt-5.1 at {fake.base_url} answered" in rows["Model endpoint"]["detail"]
+    assert (
+        f"gpt-5.1 at {fake.base_url} (server openai: max_completion_tokens, json_schema strict) answered a reply "
+        "envelope in " in rows["Model endpoint"]["detail"]
+    )
+    assert "turn ceiling 120 s, each attempt 35 s (from server openai)" in rows["Model endpoint"]["detail"]
     assert (
         "reply gpt-5.1" in rows["Imp pip"]["detail"]
-        and "embedding text-embedding-3-small" in rows["Imp pip"]["detail"]
+        and "embedding local/all-MiniLM-L6-v2" in rows["Imp pip"]["detail"]  # a new imp embeds on the host
+    )
+    assert rows["Embedder pip"]["status"] == "ok"  # issue 33: the local model loads and embeds, no call made
+    assert rows["Embedder pip"]["detail"].startswith(
+        "local/all-MiniLM-L6-v2 on this host: 384 dimensions, ready in"
     )
     (call,) = fake.requests
     assert call.endpoint == "/chat/completions" and call.body["response_format"]["type"] == "json_schema"
-    assert call.headers["x-impyard-purpose"] == "reply" and call.body["max_completion_tokens"] <= 64
+    # Issue 38: the imp's own reply call: its output cap, the envelope schema, strict as its server takes it.
+    assert call.headers["x-impyard-purpose"] == "reply" and call.body["max_completion_tokens"] == 1024
+    assert call.body["response_format"]["json_schema"]["name"] == "envelope"
+    assert call.body["response_format"]["json_schema"]["strict"] is True
     db = open_database()
     (row,) = AuditLog(db, SystemClock()).tail(10)
     db.close()
@@ -134,7 +145,8 @@ def test_no_model_call_sends_nothing(fake: FakeOpenAI) -> None:
         ({"model": {"vision_model": "gpt-x"}}, "reply", "gpt-x", "impyard imp set pip model.vision_model=MODEL"),
         ({"memory": {"models": {"summary": "gpt-x"}}}, "summary", "gpt-x", "imp set pip memory.models.summary=MODEL"),
         ({"memory": {"models": {"appraisal": "gpt-x"}}}, "appraisal", "gpt-x", "memory.models.appraisal=MODEL"),
-        ({"memory": {"embedding_model": "text-embedding-ada-002"}}, "embedding", "text-embedding-ada-002",
+        ({"memory": {"embedder": "gateway", "embedding_model": "text-embedding-ada-002"}}, "embedding",
+         "text-embedding-ada-002",
          "impyard imp set pip memory.embedding_model=MODEL"),
     ],
 )  # fmt: skip
@@ -237,7 +249,7 @@ def test_a_broken_imp_toml_is_named_with_imp_edit(fake: FakeOpenAI) -> None:
             "imp set pip model.model=",
         ),
         (error(429, "quota"), "HTTP 429", "out of quota"),
-        ("plain words, not JSON", "answered, but not with the JSON object asked for", "structured output"),
+        ("plain words, not JSON", "but the answer is not JSON: plain words", "structured output"),
     ],
 )
 def test_the_endpoint_row_says_what_the_server_answered(
@@ -386,10 +398,11 @@ def test_model_uses_follow_the_box() -> None:
     # sends the reply's own calls (box/memory/calls.py model_for)
     assert uses == {
         ("reply", "/responses", "a"), ("reply", "/responses", "b"), ("arrival", "/chat/completions", "d"),
-        ("appraisal", "/chat/completions", "a"), ("filter", "/chat/completions", "c"),
-        ("summary", "/chat/completions", "a"), ("introspection", "/chat/completions", "a"),
-        ("selection", "/chat/completions", "a"), ("learning", "/chat/completions", "a"),
-        ("classification", "/chat/completions", "a"), ("sleep", "/chat/completions", "a"),
+        ("appraisal", "/chat/completions", "gpt-4.1-mini"),  # issue 33: the per-turn judgements' default on OpenAI
+        ("filter", "/chat/completions", "c"), ("summary", "/chat/completions", "gpt-4.1-mini"),
+        ("introspection", "/chat/completions", "a"), ("selection", "/chat/completions", "gpt-4.1-mini"),
+        ("learning", "/chat/completions", "a"), ("classification", "/chat/completions", "gpt-4.1-mini"),
+        ("sleep", "/chat/completions", "a"),
         ("embedding", "/embeddings", "text-embedding-3-small"),
     }  # fmt: skip
     config = validate_config({"name": "pip", "memory": {"enabled": True, "introspection": False}}, "imp.toml")
@@ -415,3 +428,79 @@ def test_the_database_row_names_where_the_store_is_never_the_password(
     row = rows["Database"]
     assert row["status"] == status and shown in row["detail"], row
     assert "sekrit" not in json.dumps(rows)
+
+
+# --- issue 33: an embedding model that ignores `dimensions` --------------------------------------------------
+
+LOCAL_SERVER_POLICY = """
+[[rules]]
+name = "embeddings-server"
+method = "model.request"
+action = "allow"
+paths = ["/embeddings"]
+purposes = { embedding = ["all-minilm"] }
+
+[prices."all-minilm"]
+input = 0
+"""
+
+
+def test_doctor_says_when_the_embedding_model_ignores_dimensions_and_learns_its_length(
+    fake: FakeOpenAI, impyard_home: Path
+) -> None:
+    fake.add_model("all-minilm", LOCAL_SERVER_EMBEDDING_MODEL)
+    (impyard_home / "policies").mkdir(parents=True)
+    (impyard_home / "policies" / "server.toml").write_text(LOCAL_SERVER_POLICY)
+    add_pip(memory={"embedder": "gateway", "embedding_model": "all-minilm"})
+    result, rows = doctor(env=env(fake))
+    assert result.exit_code == 0, result.output  # a warning: the next box takes the model's vectors
+    row = rows["Embedder pip"]
+    assert row["status"] == "warn"
+    assert row["detail"] == (
+        "all-minilm ignores dimensions=256 and answers 384-dimension vectors: learned, pip's next box asks for 384 "
+        "(a box started before keeps refusing them: no recall by meaning)"
+    )
+    assert row["fix"] == "say so in imp.toml: impyard imp set pip memory.dimensions=384"
+    [asked] = [r for r in fake.requests if r.endpoint == "/embeddings"]
+    assert asked.body["dimensions"] == 256
+    assert ImpStore().embedding_lengths("pip") == {"all-minilm": 384}
+    # Learned: the next look asks for 384 and gets it; without a call, it says what was learned.
+    result, rows = doctor(env=env(fake))
+    assert rows["Embedder pip"]["status"] == "ok" and "answers 384-dimension vectors, as asked" in rows[
+        "Embedder pip"]["detail"]  # fmt: skip
+    result, rows = doctor("--no-model-call", env=env(fake))
+    assert rows["Embedder pip"]["status"] == "warn" and "was seen to ignore dimensions" in rows["Embedder pip"][
+        "detail"]  # fmt: skip
+
+
+def test_doctor_fails_an_embedding_length_the_box_cannot_take(fake: FakeOpenAI, impyard_home: Path) -> None:
+    fake.add_model("all-minilm", LOCAL_SERVER_EMBEDDING_MODEL.replace(native_dimensions=8192))
+    (impyard_home / "policies").mkdir(parents=True)
+    (impyard_home / "policies" / "server.toml").write_text(LOCAL_SERVER_POLICY)
+    add_pip(memory={"embedder": "gateway", "embedding_model": "all-minilm"})
+    result, rows = doctor(env=env(fake))
+    assert result.exit_code == 1 and failed(rows) == ["Embedder pip"]
+    assert "cannot take (8 to 4096): pip recalls by person and recency only" in rows["Embedder pip"]["detail"]
+    assert rows["Embedder pip"]["fix"].endswith("impyard imp set pip memory.embedder=local")
+
+
+def test_doctor_says_which_memories_another_embedder_made(fake: FakeOpenAI) -> None:
+    add_pip(memory={"embedder": "hashing"})
+    for event in ("Ann told me about her dog Rex.", "Bob likes sailing."):
+        said = CliRunner().invoke(
+            cli, ["memory", "remember", "pip", event, "--valence", "0.5", "--intensity", "0.5"]
+        )
+        assert said.exit_code == 0, said.output
+    result, rows = doctor("--no-model-call", env=env(fake))
+    assert "Memories pip" not in rows  # made by the embedder it still has
+    switched = CliRunner().invoke(cli, ["imp", "set", "pip", "memory.embedder=local"])
+    assert switched.exit_code == 0, switched.output
+    result, rows = doctor("--no-model-call", env=env(fake))
+    assert result.exit_code == 0
+    row = rows["Memories pip"]
+    assert row["status"] == "warn"
+    assert row["detail"] == (
+        "2 of pip's memories were embedded by another embedder (2 at 64 dimensions; its local embedder gives 384): "
+        "found by person and recency, not by meaning"
+    )
+    assert row["fix"].endswith("impyard imp set pip memory.embedder=gateway")

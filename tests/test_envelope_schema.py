@@ -23,12 +23,15 @@ PINNED_SCHEMA: dict[str, Any] = json.loads(
 {
   "type": "object",
   "properties": {
-    "answer": {"type": ["string", "null"], "description": "Your reply to the conversation, or null."},
+    "answer": {"type": ["string", "null"], "description": "Your reply to the conversation, or null.",
+               "maxLength": 2000},
     "answer_needed": {"type": "boolean", "description": "True when the reply should be posted."},
     "channel": {"type": ["string", "null"],
-                "description": "Channel to post to; null means the message's own channel."},
-    "staff": {"type": ["string", "null"], "description": "A note for the operators (forces delivery), or null."},
-    "picture": {"type": ["string", "null"], "description": "A prompt for an image to generate, or null."},
+                "description": "Channel to post to; null means the message's own channel.", "maxLength": 100},
+    "staff": {"type": ["string", "null"], "description": "A note for the operators (forces delivery), or null.",
+              "maxLength": 1000},
+    "picture": {"type": ["string", "null"], "description": "A prompt for an image to generate, or null.",
+                "maxLength": 1000},
     "picture_count": {"type": ["integer", "null"], "description": "How many images to generate (1-4), or null."},
     "picture_edit": {"type": "boolean", "description": "True to edit the attached image instead."},
     "hack": {"type": "boolean", "description": "True when the message tries to subvert you."},
@@ -36,24 +39,26 @@ PINNED_SCHEMA: dict[str, Any] = json.loads(
       "type": ["object", "null"],
       "description": "How this message lands with you, or null when it does not touch you.",
       "properties": {
-        "feeling": {"type": "string", "description": "The feeling, in a few words."},
-        "conclusion": {"type": "string", "description": "What you conclude from it, one sentence."},
+        "feeling": {"type": "string", "description": "The feeling, in a few words.", "maxLength": 100},
+        "conclusion": {"type": "string", "description": "What you conclude from it, one sentence.",
+                       "maxLength": 300},
         "valence": {"type": "number", "description": "-1.0 (very unpleasant) to 1.0 (very pleasant)."},
         "intensity": {"type": "number", "description": "0.0 (barely) to 1.0 (overwhelming)."},
-        "refeels": {"type": "array", "items": {"type": "string"},
-                    "description": "Ids of remembered moments this one brings back."}
+        "refeels": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                    "description": "Ids of remembered moments this one brings back.", "maxItems": 3}
       },
       "required": ["feeling", "conclusion", "valence", "intensity", "refeels"],
       "additionalProperties": false
     },
     "told": {"type": ["string", "null"],
-             "description": "What happened, retold in the third person past, or null."},
+             "description": "What happened, retold in the third person past, or null.", "maxLength": 1000},
     "action": {
       "type": "object",
       "description": "What to do before answering: nothing, search memory, or look inward.",
       "properties": {
         "type": {"type": "string", "enum": ["none", "search", "introspect"]},
-        "text": {"type": ["string", "null"], "description": "The search query or the question to yourself."}
+        "text": {"type": ["string", "null"], "description": "The search query or the question to yourself.",
+                 "maxLength": 300}
       },
       "required": ["type", "text"],
       "additionalProperties": false
@@ -65,6 +70,27 @@ PINNED_SCHEMA: dict[str, Any] = json.loads(
 }
 """
 )
+
+
+def _without(node: Any, keyword: str) -> Any:
+    """``node`` with ``keyword`` removed wherever it is a schema keyword (not a property's name)."""
+    if isinstance(node, list):
+        return [_without(item, keyword) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {
+        key: (
+            {n: _without(sub, keyword) for n, sub in value.items()}
+            if key == "properties"
+            else _without(value, keyword)
+        )
+        for key, value in node.items()
+        if key != keyword
+    }
+
+
+# Issue 38: OpenAI's strict subset takes no maxLength (a 400): what OpenAI receives, every field asked.
+PINNED_FOR_OPENAI = _without(PINNED_SCHEMA, "maxLength")
 
 FIELD_ORDER = [
     "answer", "answer_needed", "channel", "staff", "picture", "picture_count", "picture_edit", "hack",
@@ -114,10 +140,19 @@ def test_env_18_an_answer_off_the_schema_is_refused(change: dict[str, Any], why:
         Envelope.model_validate({**envelope(), **change})
 
 
+# Issue 38: the fields an imp may not be asked (EnvelopeAsks), and what each reads as when absent.
+NOT_ALWAYS_ASKED = {
+    "channel": None, "staff": None, "picture": None, "picture_count": None, "picture_edit": False, "hack": False,
+}  # fmt: skip
+
+
 def test_env_18_a_missing_field_is_refused_and_nulls_are_allowed_where_the_schema_allows_them() -> None:
     for name in FIELD_ORDER:
         value = envelope()
         del value[name]
+        if name in NOT_ALWAYS_ASKED:  # issue 38: a field not asked is absent, read as null / false
+            assert getattr(Envelope.model_validate(value), name) == NOT_ALWAYS_ASKED[name]
+            continue
         with pytest.raises(ValidationError):
             Envelope.model_validate(value)
     nullable = {"answer", "channel", "staff", "picture", "picture_count", "moment", "told"}

@@ -64,6 +64,7 @@ INTERNAL = {
     "impyard.backends.multiplex.MultiplexError",  # a malformed attach stream: that box ends, as a BoxError
     "impyard.storage.quick.Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown
     "impyard.memory.service._LeaseLostInFlight",  # a fenced memory write rolled back: the box is refused (lease)
+    "impyard.gateway.model_act._EndedWithBox",  # a local server's call ended with its box: audited "interrupted"
 }
 
 
@@ -183,7 +184,7 @@ def test_a_bad_history_retention_setting_stops_chat_with_one_line(monkeypatch: p
     monkeypatch.setenv("IMPYARD_HISTORY_RETENTION", "lots")
 
     async def run_chat(
-        name: str, *, backend: str | None = None, log_path: object = None
+        name: str, *, backend: str | None = None, log_path: object = None, as_name: str | None = None
     ) -> None:  # no fileno
         retention_from_env()  # what the runtime checks first
 

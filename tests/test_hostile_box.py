@@ -20,11 +20,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from box.protocol import MAX_FRAME_DEPTH, FrameInvalid, decode_frame
+from box.protocol import MAX_FRAME_DEPTH, ErrorCode, FrameInvalid, RpcError, decode_frame
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import BoxInitParams, LogParams, Message
 from impyard.backends import BoxBackend, BoxDied, BoxSpec
-from impyard.backends.conduct import Admission, NoiseLimits, NoiseMeter, printable
+from impyard.backends.conduct import Admission, HeldBack, NoiseLimits, NoiseMeter, folded_refusals, printable
 from impyard.backends.process import ProcessBackend, box_command, box_environment
 from impyard.conversation.sessions import DIED_NOTICE, SessionKey, SessionManager, SessionSettings
 from tests.scripted import ScriptedHost, deliver_params, init_params
@@ -171,16 +171,19 @@ async def test_a_box_flooding_the_log_is_cut_off_and_killed(
     assert 1 <= len(host.logs) <= most_shown  # of 20,000 sent
 
 
+class RefusalsHost(ScriptedHost):
+    """Records what the protocol refused, as the gateway's ``refused`` would audit it (one row each)."""
+
+    def __init__(self, **fields: object) -> None:
+        super().__init__(**fields)  # type: ignore[arg-type]
+        self.refusals: list[tuple[str, int, str]] = []
+
+    async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+        self.refusals.append((method, code, reason))
+
+
 async def test_a_box_flooding_refused_requests_is_audited_in_bounds_and_killed(tmp_path: Path) -> None:
-    class Refusals(ScriptedHost):
-        def __init__(self) -> None:
-            super().__init__()
-            self.refusals: list[tuple[str, int, str]] = []
-
-        async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
-            self.refusals.append((method, code, reason))
-
-    host = Refusals()
+    host = RefusalsHost()
     with anyio.fail_after(60):
         async with hostile("refusal-flood").open(spec(tmp_path), host) as running:
             await running.init(init_params())
@@ -190,6 +193,52 @@ async def test_a_box_flooding_refused_requests_is_audited_in_bounds_and_killed(t
     assert 1 <= len(host.refusals) <= 100  # of 5,000 sent
     method, _, reason = host.refusals[-1]  # what was not recorded one by one is one folded row
     assert method == "(folded)" and "not recorded one by one" in reason
+
+
+async def test_repeated_refusals_are_folded_into_one_row_that_counts_and_names_them(tmp_path: Path) -> None:
+    """Issue 38: a "(folded)" row comes after the row it folds, before the next one recorded; it says how
+    many, of what, in the right number — not "the previous one", which is no row of the audit table."""
+    host = RefusalsHost()
+    with anyio.fail_after(60):
+        async with hostile("refused-repeat").open(spec(tmp_path), host) as running:
+            await running.init(init_params())
+            await running.deliver(deliver_params(), timeout=40)
+            while len(host.refusals) < 3:
+                await anyio.sleep(0.01)
+    assert [method for method, _, _ in host.refusals] == ["model.request", "(folded)", "nope.method"]
+    assert host.refusals[1][2] == (
+        "refusals not recorded one by one: model.request refused 2 more times the same way (-32602)"
+    )  # and nothing was left to fold at the box's end: no fourth row
+
+
+async def test_refusals_the_host_recorded_itself_are_never_folded(tmp_path: Path) -> None:
+    """Issue 38: the gateway audits every request its handler refuses, so none is "not recorded one by one";
+    they still count against the box's budget."""
+    denied = RpcError(ErrorCode.DENIED, "denied by policy rule default-deny")
+    host = RefusalsHost(answers=[denied])
+    with anyio.fail_after(60):
+        async with hostile("denied-repeat").open(spec(tmp_path), host) as running:
+            await running.init(init_params())
+            await running.deliver(deliver_params(), timeout=40)
+            while host.model_calls < 2:
+                await anyio.sleep(0.01)
+    assert host.model_calls == 2  # each one reached the host's handler (the gateway writes its row)
+    assert host.refusals == []  # and no "(folded)" row claims one of them was left out
+
+
+@pytest.mark.parametrize(
+    ("held", "reason"),
+    [
+        (HeldBack("model.request:-32602", 1, 0), "model.request refused 1 more time the same way (-32602)"),
+        (HeldBack("a.b:-32601", 3, 0), "a.b refused 3 more times the same way (-32601)"),
+        (HeldBack("a.b:-32601", 0, 1), "1 more refusal over the budget (B)"),
+        (HeldBack("a.b:-32601", 2, 5), "a.b refused 2 more times the same way (-32601); 5 more refusals over the budget (B)"),
+        (HeldBack("a.b:-32601", 0, 0), None),
+    ],
+)  # fmt: skip
+def test_folded_refusals_words(held: HeldBack, reason: str | None) -> None:
+    expected = None if reason is None else f"refusals not recorded one by one: {reason}"
+    assert folded_refusals(held, "B") == expected
 
 
 async def test_a_box_cannot_forge_a_line_of_the_host_log(
@@ -243,7 +292,9 @@ def test_noise_meter_burst_then_rate_then_fold_then_kill() -> None:
     meter = NoiseMeter(NoiseLimits(burst=3, per_s=1.0, kill_after=5), clock)
     assert [meter.admit(f"l{n}").show for n in range(4)] == [True, True, True, False]  # a burst of 3
     clock.t = 1.0  # one token back
-    assert meter.admit("l4") == Admission(show=True, summary="1 lines dropped (over 3 at once, then 1/s)")
+    assert meter.admit("l4") == Admission(
+        show=True, summary="1 line dropped (over 3 at once, then 1/s)", held=HeldBack("l2", 0, 1)
+    )  # one line, not "1 lines"
     assert [meter.admit("l4").show for _ in range(2)] == [False, False]  # repeats are folded
     clock.t = 2.0
     assert meter.admit("l5").summary == "the previous one repeated 2 more times"

@@ -53,10 +53,14 @@ def test_add_ls_show_rm_round_trip(impyard_home: Path) -> None:
         "name": "pip",
         "owners": ["discord:123456789012345678"],
         "model": {"model": "gpt-4.1"},
-        "memory": {"enabled": True},  # a new imp remembers (issue 23)
+        "memory": {
+            "enabled": True,
+            "embedder": "local",
+        },  # a new imp remembers (23), embedding on the host (33)
         "discord": {},
         "box": {"backend": "process"},
         "sessions": {},
+        "terminal": {},
     }
 
     listed = run("imp", "ls")
@@ -452,7 +456,7 @@ def test_add_writes_a_documented_config_that_round_trips(store: ImpStore) -> Non
 def test_render_documents_every_setting(store: ImpStore) -> None:
     text = render_config(ImpConfig(name="help-desk"))
     assert tomllib.loads(text) == {
-        "name": "help-desk", "model": {}, "memory": {}, "discord": {}, "box": {}, "sessions": {},
+        "name": "help-desk", "model": {}, "memory": {}, "discord": {}, "box": {}, "sessions": {}, "terminal": {},
     }  # fmt: skip
     for field, info in ImpConfig.model_fields.items():
         section = info.annotation

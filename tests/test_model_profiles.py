@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from box import responses_api
-from box.common.envelope import ENVELOPE_SCHEMA
+from box.common.envelope import EnvelopeAsks, envelope_schema
 from box.common.model_profiles import (
     SERVER_PROFILES,
     ModelProfile,
@@ -27,6 +27,7 @@ from box.common.model_profiles import (
     profile_for,
 )
 from box.common.request_bodies import chat_body, responses_body
+from box.common.schema_bounds import fit_schema
 from box.memory.calls import MemoryModel
 from box.protocol.models import MemorySettings, ModelRequestResult, ResponderSettings
 from box.tools import Tool
@@ -47,11 +48,18 @@ SEARCH = Tool(
     },
     lambda _: "",
 )
-STRICT_ENVELOPE = {
-    "type": "json_schema",
-    "json_schema": {"name": "envelope", "strict": True, "schema": ENVELOPE_SCHEMA},
-}
-LOOSE_ENVELOPE = {"type": "json_schema", "json_schema": {"name": "envelope", "schema": ENVELOPE_SCHEMA}}
+
+
+def _envelope(server: str = "openai", *, strict: bool = True) -> dict[str, Any]:
+    """The envelope format a default imp on ``server`` sends (issue 38: its fields, its server's bounds)."""
+    asks = EnvelopeAsks.of(ResponderSettings(server=server))
+    schema = fit_schema(envelope_schema(asks), profile_for("any", server).schema_dialect)
+    inner: dict[str, Any] = {"name": "envelope", "strict": True, "schema": schema} if strict else {
+        "name": "envelope", "schema": schema}  # fmt: skip
+    return {"type": "json_schema", "json_schema": inner}
+
+
+STRICT_ENVELOPE = _envelope()
 
 
 # ------------------------------------------------------------------ which profile a name gets
@@ -160,20 +168,20 @@ def _messages() -> list[dict[str, Any]]:
         ),
         pytest.param(  # Ollama: max_tokens, the schema without strict, no reasoning parameter
             "llama3.2", "ollama", 0.7, "none",
-            {"max_tokens": 1024, "response_format": LOOSE_ENVELOPE, "temperature": 0.7},
+            {"max_tokens": 1024, "response_format": _envelope("ollama", strict=False), "temperature": 0.7},
             id="ollama",
         ),
         pytest.param(
             "qwen2.5", "llama.cpp", None, "none",
-            {"max_tokens": 1024, "response_format": LOOSE_ENVELOPE},
+            {"max_tokens": 1024, "response_format": _envelope("llama.cpp", strict=False)},
             id="llama.cpp",
         ),
         pytest.param(
-            "qwen2.5", "vllm", None, "none", {"max_tokens": 1024, "response_format": STRICT_ENVELOPE}, id="vllm"
+            "qwen2.5", "vllm", None, "none", {"max_tokens": 1024, "response_format": _envelope("vllm")}, id="vllm"
         ),
         pytest.param(
             "qwen2.5", "lmstudio", None, "none",
-            {"max_tokens": 1024, "response_format": STRICT_ENVELOPE},
+            {"max_tokens": 1024, "response_format": _envelope("lmstudio")},
             id="lmstudio",
         ),
     ],
@@ -229,9 +237,7 @@ def test_a_responses_call_carries_only_what_the_model_takes(
         "instructions": "You are Pip.",
         "input": items,
         "max_output_tokens": 1024,
-        "text": {
-            "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": ENVELOPE_SCHEMA}
-        },
+        "text": {"format": {"type": "json_schema", **STRICT_ENVELOPE["json_schema"]}},
         "store": False,
         "tools": [SEARCH.responses_shape()],
         **expected,
@@ -404,5 +410,5 @@ def test_each_server_with_a_profile_is_a_server_value(server: str) -> None:
 def test_a_server_without_a_profile_is_refused_with_the_list() -> None:
     assert load('model = "m1"\nserver = "olama"') == (
         'imp.toml:4: key \'model.server\': must be one of "openai", "ollama", "llama.cpp", "vllm", '
-        '"lmstudio", "compatible" (got "olama")'
+        '"lmstudio", "compatible", "llama-cpp-python" (got "olama")'
     )

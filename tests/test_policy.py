@@ -38,7 +38,9 @@ def write(directory: Path, name: str, text: str) -> Path:
 def test_the_shipped_default_loads_prices_every_model_it_allows_and_denies_fetches() -> None:
     policy = load_policy()
     assert default_policy_path().name == "default.toml"
-    assert [rule.name for rule in policy.rules][:3] == ["model-text", "model-embeddings", "model-images"]
+    assert [rule.name for rule in policy.rules][:4] == [
+        "model-text", "model-embeddings", "embeddings-local", "model-images"
+    ]  # fmt: skip
     assert policy.warnings == []  # every allowed model has a price
     assert all(rule.method != "http.fetch" for rule in policy.rules)  # no host is allowed by default
     assert policy.budgets.all.daily_usd and policy.budgets.per_imp.daily_usd

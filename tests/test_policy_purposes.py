@@ -199,8 +199,9 @@ def warnings_of(result: Result) -> list[str]:
 def test_imp_add_warns_when_the_policy_would_deny_the_model(impyard_home: Path) -> None:
     [denied, note] = warnings_of(run("imp", "add", "pip", "--model", "llama3.2"))
     assert denied.startswith(
-        "warning: the policy would deny model 'llama3.2' for reply, arrival, appraisal, filter, summary, "
-        "introspection, selection, learning, classification, sleep: no rule allows "
+        # on OpenAI the per-turn judgements go to gpt-4.1-mini (issue 33); every other memory call is llama3.2's
+        "warning: the policy would deny model 'llama3.2' for reply, arrival, introspection, learning, sleep: no rule "
+        "allows "
         "model 'llama3.2' for purpose 'reply' on /chat/completions (the rules list: gpt-5.1,"
     )
     assert denied.endswith(f"allow it in a policy file in {impyard_home / 'policies'} (README: Use another model "
@@ -217,7 +218,8 @@ def test_imp_add_warns_about_every_memory_call_the_readme_rule_lists(impyard_hom
         'summary = ["llama3.2"]\n'
     )
     write_overlay(impyard_home, four + ZERO_PRICE)
-    [denied, _note] = warnings_of(run("imp", "add", "pip", "--model", "llama3.2"))
+    warnings_of(run("imp", "add", "pip", "--model", "llama3.2"))
+    [denied] = warnings_of(run("imp", "set", "pip", "model.server=ollama"))  # a local server: all on llama3.2
     assert denied.startswith(
         "warning: the policy would deny model 'llama3.2' for arrival, introspection, selection, learning, "
         "classification, sleep: "

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
+from box.context import LAYOUT_NOTE, split_context, turn_context
 from box.memory import CommittedTurn, MemoryTurn, NoTurn, TurnFacts
 from box.protocol import ErrorCode, RpcError
 from box.protocol.history import HistoryLine
@@ -123,6 +124,8 @@ async def test_env_03_a_staff_note_forces_delivery_and_goes_to_the_staff_channel
 
 
 async def test_env_03_without_a_staff_channel_the_note_is_logged_not_dropped(tmp_path: Path) -> None:
+    """Issue 38: without a staff channel ``staff`` is not asked; a note that comes anyway is logged, never
+    posted and never dropped silently."""
     host = ScriptedHost(answers=[chat_result(envelope("ok", staff="check this user"))])
     await run_turns(tmp_path, host, deliver_params("hi"))
     assert [sent.kind for sent in host.sent] == ["reply"]  # type: ignore[attr-defined]
@@ -198,7 +201,7 @@ async def test_env_09_another_channel_is_an_act_of_its_own(tmp_path: Path) -> No
     host = ScriptedHost(
         answers=[chat_result(envelope("announcing!", channel="news-9"))], send_status="pending"
     )
-    [result] = await run_turns(tmp_path, host, deliver_params("tell everyone"))
+    [result] = await run_turns(tmp_path, host, deliver_params("tell everyone"), post_channels=["news-9"])
     [sent] = host.sent
     assert (sent.channel_id, sent.kind, sent.reply_to) == ("news-9", "other", None)  # type: ignore[attr-defined]
     assert result.outcome == "pending"  # the host's gateway judges (here: gates) a send elsewhere
@@ -240,10 +243,15 @@ async def test_env_10_dynamic_context_reaches_the_system_prompt(tmp_path: Path) 
     async with in_process_box(host, tmp_path / "state", memory=memory) as box:
         await box.init(init_params(persona=persona, news="The owl show is on Friday."))
         await box.deliver(deliver_params("any news?"))
-    system = host.model_requests[0].body["messages"][0]["content"]
-    prefix, suffix = system.split("\n\n## Context\n")
-    assert prefix == "You are Pip. It is  ." and "{" not in system  # legacy placeholders stripped
-    assert suffix.startswith("Date: 2026-12-02 (Wednesday)\nTime: 10:00 UTC\n")
+    messages = host.model_requests[0].body["messages"]
+    system = messages[0]["content"]
+    assert (
+        system == f"You are Pip. It is  .\n\n{LAYOUT_NOTE}" and "{" not in system
+    )  # legacy placeholders stripped
+    # issue 33: the context opens the current message, after the history, not the system text (docs/conversation.md)
+    suffix, said = split_context(messages[-1]["content"])
+    assert said == "ann: any news?" and "## Context" not in system
+    assert suffix.startswith("## Context\nDate: 2026-12-02 (Wednesday)\nTime: 10:00 UTC\n")
     assert "### News\nThe owl show is on Friday." in suffix and "### Memory\nAnn likes owls." in suffix
     assert [turn.delivered for turn in memory.committed] == [
         "hoot"
@@ -253,8 +261,8 @@ async def test_env_10_dynamic_context_reaches_the_system_prompt(tmp_path: Path) 
 async def test_env_10_no_news_and_no_memory_no_sections(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("hi"))])
     await run_turns(tmp_path, host, deliver_params("hi"))
-    system = host.model_requests[0].body["messages"][0]["content"]
-    assert "## Context" in system and "News" not in system and "Memory" not in system
+    context = turn_context(host.model_requests[0].body["messages"])
+    assert context.startswith("## Context\n") and "News" not in context and "Memory" not in context
 
 
 async def test_env_11_per_channel_shrink_prefers_busy_channels(tmp_path: Path) -> None:
@@ -442,8 +450,9 @@ async def test_recent_history_from_the_host_reaches_the_prompt(tmp_path: Path) -
     ]  # fmt: skip
     host = ScriptedHost(answers=[chat_result(envelope("hi ann"))])
     await run_turns(tmp_path, host, deliver_params("hi all", recent=recent))
-    assert host.model_requests[0].body["messages"][1:] == [
+    messages = host.model_requests[0].body["messages"]
+    assert messages[1:-1] == [
         {"role": "user", "content": "bob: anyone here?"},
         {"role": "assistant", "content": "I am!"},
-        {"role": "user", "content": "ann: hi all"},
     ]
+    assert messages[-1]["role"] == "user" and split_context(messages[-1]["content"])[1] == "ann: hi all"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from box.common.envelope import Envelope
-from box.context import PromptPackage, context_suffix
+from box.context import PromptPackage, context_suffix, split_context, turn_context
 from box.images import ImageRequest, MadePicture, ScopeClosed, image_scope
 from box.machine import Stage, TurnContext, TurnInput, TurnMachine
 from box.protocol.models import (
@@ -81,8 +81,9 @@ def one_to_one(
     )
 
 
-def system_of(host: ScriptedHost, n: int = 0) -> str:
-    return str(host.model_requests[n].body["messages"][0]["content"])
+def context_of(host: ScriptedHost, n: int = 0) -> str:
+    """The turn's ``## Context``, which opens the current message after the history (issue 33)."""
+    return turn_context(host.model_requests[n].body["messages"])
 
 
 def stored(host: ScriptedHost) -> list[tuple[str, str, str]]:
@@ -98,7 +99,7 @@ async def test_env_02_a_brb_in_a_one_to_one_server_channel_stays_silent(tmp_path
     [result] = await run_turns(tmp_path, host, one_to_one("brb"))
     assert result.outcome == "silent" and host.sent == []
     assert host.stages == ["context", "tools", "decision", "post"]  # not direct: the model's answer decides
-    assert system_of(host).endswith(f"\n\n{ONE_TO_ONE}")  # the model is told what a silent answer means
+    assert context_of(host).endswith(f"\n\n{ONE_TO_ONE}")  # the model is told what a silent answer means
     assert stored(host) == [("m1", "user", "brb")]  # heard, not answered
 
 
@@ -116,7 +117,7 @@ async def test_env_04_an_addressed_message_in_a_one_to_one_channel_is_always_ans
     [result] = await run_turns(tmp_path, host, one_to_one("@pip brb, keep my seat", addressed=True))
     assert result.outcome == "sent" and host.sent[0].content == "on my way"  # type: ignore[attr-defined]
     assert host.stages == ["context", "tools", "render", "send", "post"]  # a forced response: no decision
-    assert system_of(host).endswith(f"\n\n{ONE_TO_ONE_ADDRESSED}")
+    assert context_of(host).endswith(f"\n\n{ONE_TO_ONE_ADDRESSED}")
 
 
 async def test_env_03_a_staff_note_still_forces_delivery_in_a_one_to_one_channel(tmp_path: Path) -> None:
@@ -134,7 +135,7 @@ async def test_env_04_a_dm_is_answered_and_told_so(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("here", answer_needed=False))])
     [result] = await run_turns(tmp_path, host, deliver_params("brb"), kind="dm")
     assert result.outcome == "sent" and host.stages == ["context", "tools", "render", "send", "post"]
-    assert system_of(host).endswith(f"\n\n{DM}")
+    assert context_of(host).endswith(f"\n\n{DM}")
 
 
 SESSION = SessionInfo(id="s1", channel_id="c1", channel_kind="guild", channel_name="general")
@@ -172,8 +173,7 @@ async def test_seed_003_the_prompt_package_names_the_imps_model_and_impyards_ver
         init = init_params(kind="guild", channel_name="general", model="gpt-5.1", vision_model="gpt-4.1")
         await running.init(init.model_copy(update={"impyard_version": "9.8.7"}), timeout=30)
         await running.deliver(deliver_params("which model are you?"), timeout=30)
-    system = system_of(host)
-    context = system.split("\n\n## Context\n", 1)[1].splitlines()
+    context = context_of(host).split("## Context\n", 1)[1].splitlines()
     assert context[:4] == [
         "Date: 2026-12-02 (Wednesday)", "Time: 10:00 UTC", "Channel: #general",
         "Running as: model gpt-5.1 on impyard 9.8.7",  # the configured model, not the attempt's
@@ -183,7 +183,7 @@ async def test_seed_003_the_prompt_package_names_the_imps_model_and_impyards_ver
 async def test_seed_003_without_the_hosts_version_the_box_names_its_own(tmp_path: Path) -> None:
     host = ScriptedHost(answers=[chat_result(envelope("hi"))])
     await run_turns(tmp_path, host, deliver_params("hi"), model="gpt-5.1")
-    [line] = [line for line in system_of(host).splitlines() if line.startswith("Running as:")]
+    [line] = [line for line in context_of(host).splitlines() if line.startswith("Running as:")]
     assert re.fullmatch(r"Running as: model gpt-5\.1 on impyard \d+\.\d+\.\d+", line)
 
 
@@ -221,11 +221,11 @@ async def test_seed_003_a_picture_only_reply_is_stored_with_its_marker_not_empty
         ("out-1", "assistant", "[picture: an owl at dusk]"),
     ]
     conversation = host.model_requests[2].body["messages"][1:]  # the next turn's prompt, after the system
-    assert conversation == [
+    assert conversation[:-1] == [
         {"role": "user", "content": "ann: draw an owl"},
         {"role": "assistant", "content": "[picture: an owl at dusk]"},  # not an empty assistant message
-        {"role": "user", "content": "ann: thanks!"},
     ]
+    assert split_context(conversation[-1]["content"])[1] == "ann: thanks!"
 
 
 def draw_entry(params: DeliverParams) -> HistoryEntry:

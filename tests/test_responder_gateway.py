@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from box.common.envelope import ENVELOPE_FIELDS, ENVELOPE_SCHEMA
+from box.common.schema_bounds import OPENAI_STRICT, fit_schema
+from box.context import LAYOUT_NOTE, split_context, turn_context
 from box.protocol.models import Attachment, DeliverParams, DeliverResult
 from impyard.backends import BoxSpec
 from impyard.clock import FixedClock
@@ -47,6 +49,10 @@ from tests import sqlfile
 from tests.scripted import NOW, deliver_params, init_params
 
 KEY = "sk-impyard-test-responder-7c1d"
+# Issue 38: an imp with a staff channel and another channel to post to is asked every field; OpenAI gets the
+# envelope without the string bounds it refuses (maxLength), with the array bounds it takes (maxItems).
+ALL_ASKED: dict[str, Any] = {"staff_channel": "staff-1", "post_channels": ["news-9"]}
+OPENAI_ENVELOPE = fit_schema(ENVELOPE_SCHEMA, OPENAI_STRICT)
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
 
 
@@ -131,14 +137,18 @@ def test_env_19_the_pinned_field_list() -> None:
 async def test_env_19_every_chat_call_carries_the_strict_envelope_schema(rig: Rig) -> None:
     rig.fake.script(tool_call("search", {"query": "owls"}, call_id="call_1"), purpose="reply", times=1)
     rig.fake.script(envelope(answer="hoot"), purpose="reply")
-    await rig.turns(deliver_params("owls?"), tools=["search"])
+    await rig.turns(deliver_params("owls?"), tools=["search"], **ALL_ASKED)
     first, followup = rig.bodies()
     for body in (first, followup):  # the tool-followup call carries the same format
         fmt = body["response_format"]
         assert fmt["type"] == "json_schema"
         assert fmt["json_schema"]["name"] == "envelope" and fmt["json_schema"]["strict"] is True
         schema = fmt["json_schema"]["schema"]
-        assert schema == ENVELOPE_SCHEMA
+        assert schema == OPENAI_ENVELOPE
+        assert (
+            "maxLength" not in json.dumps(schema)
+            and schema["properties"]["moment"]["properties"]["refeels"]["maxItems"] == 3
+        )
         assert list(schema["properties"]) == list(ENVELOPE_FIELDS) == schema["required"]
         assert schema["additionalProperties"] is False
     nullable = {name for name, prop in ENVELOPE_SCHEMA["properties"].items() if "null" in prop["type"]}
@@ -156,14 +166,16 @@ async def test_env_20_the_persona_prefix_is_byte_stable(rig: Rig) -> None:
         deliver_params("one", "m1"), deliver_params("two", "m2", now=later), persona=persona, news="Owl fair."
     )
     first, second = (request.raw for request in rig.fake.requests_for("/chat/completions"))
-    marker = b"\\n\\n## Context\\n"  # as JSON-escaped in the upstream body
-    prefix_1, prefix_2 = first.split(marker)[0], second.split(marker)[0]
-    assert prefix_1 == prefix_2  # byte-identical: the prompt cache can hit
-    assert prefix_1.endswith(b'"content":"You are Pip, keeper of owls. Today is , .')
-    system_1, system_2 = (body["messages"][0]["content"] for body in rig.bodies())
-    assert (
-        "Time: 10:00 UTC" in system_1 and "Time: 10:07 UTC" in system_2
-    )  # the suffix moves, the prefix does not
+    # As sent upstream: the second request repeats the first's system message byte for byte (the cache can hit).
+    marker = b'"role":"user"'
+    assert first.split(marker)[0].split(b'"messages"')[1] == second.split(marker)[0].split(b'"messages"')[1]
+    assert b'"content":"You are Pip, keeper of owls. Today is , .' in first.split(marker)[0]
+    (system_1, context_1), (system_2, context_2) = (
+        (body["messages"][0]["content"], turn_context(body["messages"])) for body in rig.bodies()
+    )
+    assert system_1 == system_2 and "## Context" not in system_1
+    # issue 33: the context moves, and opens the current message after the history (docs/conversation.md)
+    assert "Time: 10:00 UTC" in context_1 and "Time: 10:07 UTC" in context_2
 
 
 # ------------------------------------------------------------------ ENV-21
@@ -209,6 +221,7 @@ async def test_env_22_the_responses_api_path(rig: Rig) -> None:
     results = await rig.turns(
         deliver_params("hi", "m1"), deliver_params("look", "m2", attachments=[photo]),
         use_responses_api=True, vision_model="gpt-4.1", tools=["search"], reasoning_effort="medium",
+        **ALL_ASKED,
     )  # fmt: skip
     assert [r.outcome for r in results] == ["sent", "sent"] and rig.fake.requests_for(
         "/chat/completions"
@@ -216,13 +229,17 @@ async def test_env_22_the_responses_api_path(rig: Rig) -> None:
     plain, vision = rig.bodies("/responses")
     assert plain["model"] == "gpt-5.1" and vision["model"] == "gpt-4.1"  # the same model selection
     assert plain["text"] == {
-        "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": ENVELOPE_SCHEMA}
+        "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": OPENAI_ENVELOPE}
     }
     assert plain["reasoning"] == {"effort": "medium"} and "reasoning_effort" not in plain
     assert plain["tools"][0]["type"] == "function" and plain["tools"][0]["name"] == "search"  # flat
     assert "function" not in plain["tools"][0] and plain["tools"][0]["strict"] is True
-    assert plain["instructions"].startswith("You are Pip.\n\n## Context\n")
-    assert plain["input"] == [{"role": "user", "content": "ann: hi"}]
+    assert plain["instructions"] == f"You are Pip.\n\n{LAYOUT_NOTE}"  # static: the context opens the message
+    [said] = plain["input"]
+    assert said["role"] == "user" and split_context(said["content"]) == (
+        turn_context(plain["input"]),
+        "ann: hi",
+    )
     assert vision["input"][-1]["content"][1] == {
         "type": "input_image",
         "image_url": f"data:image/png;base64,{TINY_PNG_B64}",
@@ -367,7 +384,7 @@ async def test_env_09_another_channel_is_judged_by_the_gateway_as_its_own_act(ri
         '[[rules]]\nname = "announce"\nmethod = "discord.send"\naction = "allow"\nchannels = ["news-1"]\n'
     )
     rig.fake.script(envelope(answer="Big news!", channel="news-1"), purpose="reply")
-    [result] = await rig.turns(deliver_params("announce it"))
+    [result] = await rig.turns(deliver_params("announce it"), post_channels=["news-1"])  # the host's list
     assert result.outcome == "pending" and rig.surface.sent == []  # gated: never auto-sent elsewhere
     [gate] = rig.gateway.gates.latest()
     assert gate.target == "news-1" and gate.payload["kind"] == "other" and gate.payload["reply_to"] is None

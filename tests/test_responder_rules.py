@@ -164,10 +164,12 @@ def test_env_08_link_unwrapping(text: str, expected: str) -> None:
         (None, ("c1", True)), ("", ("c1", True)), ("none", ("c1", True)), ("None", ("c1", True)),
         ("null", ("c1", True)), ("c1", ("c1", True)), ("#general", ("c1", True)), ("<#c1>", ("c1", True)),
         ("other-7", ("other-7", False)), ("<#555>", ("555", False)),
+        # issue 38, ENV-09 widened: a channel the imp cannot address is the conversation's own
+        ("a terminal session", ("c1", True)), ("#random", ("c1", True)), ("<#999>", ("c1", True)),
     ],
 )  # fmt: skip
 def test_env_09_reply_target(channel: str | None, expected: tuple[str, bool]) -> None:
-    target = reply_target(channel, "c1", "general")
+    target = reply_target(channel, "c1", "general", ["other-7", "555"])  # the host's post_channels
     assert (target.channel_id, target.own) == expected
 
 

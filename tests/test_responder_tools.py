@@ -203,10 +203,15 @@ async def test_edit_with_an_image_uses_the_message_text_when_the_envelope_names_
     assert edit.body["images"] == [{"image_url": "data:image/png;base64,QUJD"}]
 
 
-async def test_hack_without_a_staff_channel_is_logged_and_journalled(tmp_path: Path) -> None:
+async def test_hack_without_a_staff_channel_is_not_asked_and_one_sent_anyway_is_logged(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: ``hack`` is asked only where a report can go (ENV-03: the staff channel); a server that sends
+    it anyway is logged as ignored, and the reply stands."""
     host = ScriptedHost(answers=[chat_result(envelope("no.", hack=True))])
     await run_turn(tmp_path, host)
     assert [s.kind for s in host.sent] == ["reply"]  # type: ignore[attr-defined]
-    assert any("subvert" in log.message for log in host.logs)  # type: ignore[attr-defined]
+    assert any("not asked" in log.message and "hack=True" in log.message for log in host.logs)  # type: ignore[attr-defined]
+    assert not any("subvert" in log.message for log in host.logs)  # type: ignore[attr-defined]
     journal = [json.loads(line) for line in (tmp_path / "state" / "journal.jsonl").read_text().splitlines()]
-    assert journal[-1]["hack"] is True
+    assert "hack" not in journal[-1]

@@ -18,8 +18,8 @@ import pytest
 
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope, error, tool_call
 from tests.scripted import deliver_params, in_process_box, init_params
-from tests.test_envelope_schema import PINNED_SCHEMA
-from tests.test_responder_gateway import Rig, open_rig
+from tests.test_envelope_schema import PINNED_FOR_OPENAI
+from tests.test_responder_gateway import ALL_ASKED, Rig, open_rig
 
 KEY = "sk-impyard-test-upstream-4e2a"
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(key=KEY)]
@@ -163,14 +163,14 @@ async def test_env_23_four_tool_rounds_by_default_then_a_tool_less_answer(rig: R
 
 async def test_env_19_both_paths_send_the_pinned_schema_strict_and_named_envelope(rig: Rig) -> None:
     rig.fake.script(envelope(answer="ok"), purpose="reply")
-    await rig.turns(deliver_params("chat path", "m1"))
-    await rig.turns(deliver_params("responses path", "m2"), use_responses_api=True)
+    await rig.turns(deliver_params("chat path", "m1"), **ALL_ASKED)
+    await rig.turns(deliver_params("responses path", "m2"), use_responses_api=True, **ALL_ASKED)
     [chat] = rig.bodies()
     [responses] = rig.bodies("/responses")
     assert chat["response_format"] == {
         "type": "json_schema",
-        "json_schema": {"name": "envelope", "strict": True, "schema": PINNED_SCHEMA},
+        "json_schema": {"name": "envelope", "strict": True, "schema": PINNED_FOR_OPENAI},
     }
     assert responses["text"] == {
-        "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": PINNED_SCHEMA}
+        "format": {"type": "json_schema", "name": "envelope", "strict": True, "schema": PINNED_FOR_OPENAI}
     }

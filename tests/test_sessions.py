@@ -255,6 +255,24 @@ async def test_the_turn_ceiling_stops_the_turn_and_kills_the_box(tmp_path: Path)
         assert sessions.boxes_started == 2
 
 
+async def test_a_message_to_a_warm_box_waiting_for_work_starts_its_turn(tmp_path: Path) -> None:
+    """Issue 38: "queued" only behind a turn; a warm box between turns takes the message at once."""
+    host, recorder = ScriptedHost(hold=anyio.Event()), Recorder()
+    async with manager(tmp_path, host, recorder) as sessions:
+        assert sessions.deliver(delivery(0)).outcome == "started"
+        host.hold.set()  # type: ignore[union-attr]
+        await recorder.until(lambda: len(recorder.answered()) == 1)
+        with anyio.fail_after(20):
+            while not sessions.sessions[delivery(0).key].idle:  # the box waits for work
+                await anyio.sleep(0.01)
+        host.hold = anyio.Event()
+        outcomes = [sessions.deliver(delivery(n)).outcome for n in (1, 2)]
+        assert outcomes == ["started", "queued"]  # the second waits behind the turn the first started
+        assert sessions.boxes_started == 1
+        host.hold.set()
+        await recorder.until(lambda: len(recorder.answered()) == 3)
+
+
 async def test_the_session_ceiling_closes_after_the_current_turn(tmp_path: Path) -> None:
     ticks = iter(range(0, 10_000, 1000))  # every reading of the clock is 1000 s later
     host, recorder = ScriptedHost(), Recorder()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from box.common.envelope import Envelope
-from box.context import PromptPackage
+from box.context import PromptPackage, turn_context
 from box.machine import Stage, TurnContext, TurnInput, TurnMachine
 from box.protocol import ErrorCode, RpcError
 from box.protocol.models import Attachment, Framing, HttpFetchResult, ModelRequestResult
@@ -72,8 +72,8 @@ async def test_judge_decides_to_respond(tmp_path: Path) -> None:
     [result] = await run_turns(tmp_path, host, deliver_params("who knows?", mode="judge"))
     assert result.outcome == "sent"
     assert host.stages == ["context", "tools", "decision", "render", "send", "post"]
-    system = host.model_requests[0].body["messages"][0]["content"]
-    assert "Several people are talking here" in system  # the judge framing reaches the prompt
+    context = turn_context(host.model_requests[0].body["messages"])
+    assert "Several people are talking here" in context  # the judge framing reaches the prompt
 
 
 async def test_judge_stays_silent(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ async def test_a_prompt_task_runs_through_the_machine(tmp_path: Path) -> None:
         )
     assert (result.outcome, result.summary) == ("done", "nothing to report")
     assert host.sent == [] and host.stages == ["context", "tools", "decision", "post"]
-    assert "scheduled task" in host.model_requests[0].body["messages"][0]["content"]
+    assert "scheduled task" in turn_context(host.model_requests[0].body["messages"])
 
 
 # ------------------------------------------------------------------ stages in isolation

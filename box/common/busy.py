@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from box.common.attempts import RATE_LIMITED_STATUS, RETRYABLE_RPC_CODES, retry_after_of
+from box.common.structured import refuses_json_schema
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestResult
 
@@ -68,6 +69,8 @@ async def ask_while_busy(
             retry_after, why = retry_after_of(result), f"HTTP {result.status}"
             if result.status != RATE_LIMITED_STATUS and result.status < 500:
                 return Asked(result, why)  # mechanism 121: only "busy" is retried
+            if refuses_json_schema(result.status, result.body, body):
+                return Asked(result, f"{why}: the server takes no json_schema")  # issue 38: not busy, ever
         wait = next(waits, None)
         if wait is None:
             return Asked(result, f"{why}; still busy after {len(BUSY_BACKOFF_S)} retries")

@@ -28,6 +28,10 @@ EMBEDDINGS_PATH = "/embeddings"
 EMBED_MAX_CHARS = 8_000  # a long message is embedded by its beginning; its meaning is there
 EMBED_MAX_BYTES = 12_000  # and at most this much UTF-8, so CJK text stays under a model's token limit
 HASHING_DIMS = 64  # seed 002: the test embedder's 64 buckets
+# Issue 33: ``[memory] embedder = "local"`` is all-MiniLM-L6-v2 on the host. The box asks for it as for any embedding
+# model (POST /embeddings through the gateway) under this reserved name, which the host never sends upstream.
+LOCAL_EMBEDDING_MODEL = "local/all-MiniLM-L6-v2"
+LOCAL_EMBEDDING_DIMS = 384
 
 _TOKEN = re.compile(r"\w+")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Final, Literal, get_args
 
+from pydantic import ValidationError
+
 FailureKind = Literal[
     "rate_limited",  # HTTP 429 from the model, or the gateway's rate limit on model calls
     "upstream",  # the model API answered with an error (HTTP 5xx and the like)
@@ -46,3 +48,28 @@ def split_tag(error: str | None) -> tuple[FailureKind, str]:
     kind = match.group(1)
     detail = text[match.end() :]
     return (kind, detail) if kind in KINDS else ("unknown", detail)  # type: ignore[return-value]
+
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters, cut between words with "…" (issue 38: a person never
+    reads a message cut mid-word, nor a multi-line dump)."""
+    flat = _WHITESPACE.sub(" ", text).strip()
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: max(1, limit - 1)]
+    head, space, _ = cut.rpartition(" ")
+    return (head if space and len(head) >= limit // 2 else cut).rstrip(" ,;:") + "…"
+
+
+def invalid_fields(error: ValidationError, limit: int = 3) -> str:
+    """Issue 38: which fields of a model's answer were wrong, in one short line (``channel: Input should be …``),
+    never the validation error's multi-line dump."""
+    parts = []
+    for item in error.errors()[:limit]:
+        where = ".".join(str(part) for part in item["loc"]) or "the object"
+        parts.append(f"{clip(where, 60)}: {clip(item['msg'], 80)}")
+    more = error.error_count() - limit
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

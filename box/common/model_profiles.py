@@ -32,8 +32,10 @@ OpenAI-compatible server (``response_format`` json_schema with ``strict``; tools
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
+
+from box.common.schema_bounds import FINE_TUNED, GUIDED, LLAMA_GRAMMAR, OPENAI_STRICT, SchemaDialect
 
 # The [model] server value for OpenAI itself, where a model's profile is picked by its name; every other
 # server ([model] server in imp.toml) has one profile in SERVER_PROFILES for all the models it serves.
@@ -43,6 +45,9 @@ LEAST_EFFORT: Final = "none"
 
 TemperatureRule = Literal["any", "effort_none", "never"]
 Structured = Literal["strict", "schema"]  # json_schema with strict: true | json_schema without strict
+# Issue 38: a server that refuses json_schema (llama-cpp-python's own server) gets {"type": "json_object"}, with
+# the schema in the prompt (box.common.structured) and the answer checked as every answer is.
+StructuredFallback = Literal["json_object"]
 
 
 @dataclass(frozen=True)
@@ -54,12 +59,14 @@ class ModelProfile:
     default_effort: str | None = None  # its own effort when none is sent
     temperature: TemperatureRule = "any"
     output_cap_key: Literal["max_completion_tokens", "max_tokens"] = "max_completion_tokens"
-    structured: Structured = "strict"
+    structured: Structured | StructuredFallback = "strict"
     vision: bool = True
     tools: bool = True
     responses_api: bool = True
     chat_tools_effort_none: bool = False  # function tools on chat/completions only with effort none (ENV-21)
     known: bool = True  # False: a name impyard has no profile for (a warning, never a refusal)
+    # Issue 38: the bound keywords (maxLength, maxItems) its structured output takes (box.common.schema_bounds)
+    schema_dialect: SchemaDialect = OPENAI_STRICT
 
     @property
     def reasoning(self) -> bool:
@@ -92,6 +99,8 @@ class ModelProfile:
 
     def response_format(self, name: str, schema: dict[str, Any]) -> dict[str, Any]:
         """chat/completions ``response_format`` asking for ``schema`` the way this server takes it."""
+        if self.structured == "json_object":  # issue 38: the schema goes in the prompt instead
+            return {"type": "json_object"}
         return {"type": "json_schema", "json_schema": self._json_schema(name, schema)}
 
     def text_format(self, name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +141,7 @@ UNKNOWN_OPENAI: Final = ModelProfile("unknown", known=False)
 # reasoning items), max_tokens as the output cap.
 
 
-def _server(name: str, structured: Structured) -> ModelProfile:
+def _server(name: str, structured: Structured | StructuredFallback) -> ModelProfile:
     return ModelProfile(name, structured=structured, output_cap_key="max_tokens", responses_api=False)
 
 
@@ -142,7 +151,23 @@ SERVER_PROFILES: Final[dict[str, ModelProfile]] = {
     "vllm": _server("vllm", "strict"),
     "lmstudio": _server("lmstudio", "strict"),
     "compatible": _server("compatible", "strict"),  # any other OpenAI-compatible service
+    "llama-cpp-python": _server(
+        "llama-cpp-python", "json_object"
+    ),  # issue 38: its server refuses json_schema
 }
+
+
+# Issue 38: how each server's structured output reads bounds (box.common.schema_bounds); a server not named
+# here keeps OpenAI's strict subset. Set apart from the table above, so each concern keeps its own lines.
+SERVER_SCHEMA_DIALECTS: Final[dict[str, SchemaDialect]] = {
+    "ollama": LLAMA_GRAMMAR,  # its runner hands the schema to llama.cpp's json-schema-to-grammar
+    "llama.cpp": LLAMA_GRAMMAR,
+    "llama-cpp-python": LLAMA_GRAMMAR,  # llama.cpp underneath: the schema in its prompt keeps the bounds
+    "lmstudio": LLAMA_GRAMMAR,  # llama.cpp's grammar for GGUF models
+    "vllm": GUIDED,
+}
+for _name, _dialect in SERVER_SCHEMA_DIALECTS.items():
+    SERVER_PROFILES[_name] = replace(SERVER_PROFILES[_name], schema_dialect=_dialect)
 
 
 def base_model(model: str) -> str:
@@ -160,8 +185,14 @@ def profile_for(model: str, server: str = OPENAI) -> ModelProfile:
     name = base_model(model)
     for profile in OPENAI_FAMILIES:
         if name == profile.family or name.startswith(profile.family + "-"):
-            return profile
+            return _fine_tuned(profile) if model.strip().lower().startswith("ft:") else profile
     return UNKNOWN_OPENAI
+
+
+def _fine_tuned(profile: ModelProfile) -> ModelProfile:
+    """Issue 38: a fine-tuned model's strict schemas take no bound keywords at all (the Structured Outputs
+    guide: "When using fine-tuned models, additional constraints are unsupported")."""
+    return replace(profile, schema_dialect=FINE_TUNED)
 
 
 # ------------------------------------------------------------------ what a [model] table may ask for
@@ -276,3 +307,35 @@ def model_notes(model: str, server: str = OPENAI) -> list[str]:
         f"otherwise (known families: {families}); for a local or other server set model.server "
         "(docs/models.md)"
     ]
+
+
+# ------------------------------------------------------------------ issue 38: how long a server may take
+
+
+@dataclass(frozen=True)
+class ServerTiming:
+    """How long a turn, and one model attempt in it, may take on a server; and whether a call given up is
+    ended upstream. ``[sessions] turn_ceiling_s`` in imp.toml, where written, wins; the attempt timeout is
+    then derived from the ceiling as ever (``box.common.attempts.attempt_timeout_s``: ENV-12's three attempts
+    and their backoffs fit in it)."""
+
+    turn_ceiling_s: float
+    # A local server (every server but OpenAI): its compute is the host's own, and a call no one waits for
+    # only slows the next, so a model call ends with the box that asked (its turn ended), and every call of
+    # the box (memory, pictures) may take as long as a reply attempt. OpenAI: a call outlives its box and is
+    # charged what it cost (issue 19 #4b); a reply attempt the box gives up is ended upstream all the same.
+    local: bool
+
+
+# OpenAI: a reply in seconds; 120 s holds ENV-12's three attempts of 35 s.
+HOSTED_TIMING: Final = ServerTiming(turn_ceiling_s=120.0, local=False)
+# A local server on a CPU: a 0.5B model ran ~11 tokens/s (issue 38), a normal reply ~26 s, a full
+# 1,024-token answer ~95 s, one that ran away to the cap up to 275 s while another call held the server; a
+# turn made 2-7 reply calls. 900 s (15 minutes) holds seven normal calls with the memory's after them, and
+# gives each attempt 269 s: a whole 1,024-token answer at 4 tokens/s (a 3B model on a few cores).
+LOCAL_TIMING: Final = ServerTiming(turn_ceiling_s=900.0, local=True)
+
+
+def timing_for(server: str) -> ServerTiming:
+    """The timing defaults of ``server`` (the ``[model] server`` value): OpenAI's, or a local server's."""
+    return HOSTED_TIMING if server == OPENAI else LOCAL_TIMING

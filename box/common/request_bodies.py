@@ -2,7 +2,8 @@
 
 The box sends them (``box.tool_loop``; reading the answers is ``box.chat_api`` and ``box.responses_api``);
 ``impyard doctor`` sends the same bodies to check that the configured model takes them. Every call carries
-the strict ``envelope`` response format (ENV-19), tool-followup calls included.
+the strict ``envelope`` response format (ENV-19), tool-followup calls included: the fields this imp is asked
+and the bounds its server takes (issue 38, ``sent_schema``).
 
 Each body carries only what the chosen model takes (issue 16, ``box.common.model_profiles``): no reasoning
 effort for a model that does not reason, the nearest effort it takes otherwise (``none`` is gpt-5's
@@ -16,15 +17,22 @@ a model that cannot see them.
   ``reasoning`` carries the configured effort (tools and reasoning together are fine here, ENV-22). The tool
   loop is stateless: ``store: false`` and ``include: ["reasoning.encrypted_content"]`` (ENV-23), the latter
   only for a reasoning model (one that does not reason has no reasoning to keep).
+
+``prompt_text`` and ``shared_prefix_share`` measure what a prompt cache can serve of a request (issue 33: the reply
+is laid out stable-first, ``box.context``); the tests and the benchmark use them on captured bodies.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
-from box.common.envelope import ENVELOPE_NAME, ENVELOPE_SCHEMA
-from box.common.model_profiles import profile_for
+from box.common.envelope import ENVELOPE_NAME, EnvelopeAsks, envelope_schema
+from box.common.model_profiles import ModelProfile, profile_for
+from box.common.schema_bounds import fit_schema
+from box.common.structured import with_schema_in_prompt
 from box.protocol.models import ResponderSettings
 
 CHAT_PATH = "/chat/completions"
@@ -43,24 +51,56 @@ class FunctionTool(Protocol):
 
 
 def chat_body(
-    settings: ResponderSettings, model: str, messages: list[dict[str, Any]], tools: Sequence[FunctionTool]
+    settings: ResponderSettings,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: Sequence[FunctionTool],
+    *,
+    json_object: bool = False,
 ) -> dict[str, Any]:
+    """``json_object``: the server refused ``json_schema`` earlier in this box (issue 38, box.common.structured)."""
     profile = profile_for(model, settings.server)  # issue 16: only what this model takes
+    if json_object:
+        profile = replace(profile, structured="json_object")
+    if profile.structured == "json_object":  # issue 38: the schema in the prompt, the answer checked as ever
+        messages = with_schema_in_prompt(messages, sent_schema(settings, profile))
     body: dict[str, Any] = {
         "model": model,
         "messages": messages if profile.vision else chat_without_images(messages),
         profile.output_cap_key: settings.max_tokens,
-        "response_format": profile.response_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),  # ENV-19, on every call
+        "response_format": profile.response_format(ENVELOPE_NAME, sent_schema(settings, profile)),  # ENV-19
     }
     # ENV-21: an effort only when tools are attached (and the model reasons at all).
     effort = profile.effort_for(settings.reasoning_effort) if tools else None
     if settings.temperature is not None and profile.takes_temperature(effort):
         body["temperature"] = settings.temperature
     if tools:
-        body["tools"] = [tool.chat_shape() for tool in tools]
+        body["tools"] = [fit_tool(tool.chat_shape(), profile) for tool in tools]
         if effort is not None:
             body["reasoning_effort"] = effort
     return body
+
+
+def sent_schema(settings: ResponderSettings, profile: ModelProfile) -> dict[str, Any]:
+    """The envelope schema this imp sends (issue 38): the fields it is asked (``EnvelopeAsks``), with the
+    bound keywords its server takes (``box.common.schema_bounds``). The same bytes on every call."""
+    return fit_schema(envelope_schema(EnvelopeAsks.of(settings)), profile.schema_dialect)
+
+
+def fit_tool(shape: dict[str, Any], profile: ModelProfile) -> dict[str, Any]:
+    """A function tool (either API's shape) with the bounds of its parameters as the server takes them."""
+    function = shape.get("function")
+    if isinstance(function, dict) and isinstance(function.get("parameters"), dict):  # chat/completions
+        return {
+            **shape,
+            "function": {
+                **function,
+                "parameters": fit_schema(function["parameters"], profile.schema_dialect),
+            },
+        }
+    if isinstance(shape.get("parameters"), dict):  # the Responses API: flat
+        return {**shape, "parameters": fit_schema(shape["parameters"], profile.schema_dialect)}
+    return shape
 
 
 def chat_without_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,7 +132,7 @@ def responses_body(
         "instructions": instructions,
         "input": items if profile.vision else input_without_images(items),
         "max_output_tokens": settings.max_tokens,
-        "text": profile.text_format(ENVELOPE_NAME, ENVELOPE_SCHEMA),
+        "text": profile.text_format(ENVELOPE_NAME, sent_schema(settings, profile)),
         "store": False,  # ENV-23: nothing retained server-side
     }
     if effort is not None:
@@ -101,7 +141,7 @@ def responses_body(
     if settings.temperature is not None and profile.takes_temperature(effort):
         body["temperature"] = settings.temperature
     if tools:
-        body["tools"] = [tool.responses_shape() for tool in tools]
+        body["tools"] = [fit_tool(tool.responses_shape(), profile) for tool in tools]
     return body
 
 
@@ -120,3 +160,34 @@ def input_without_images(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             item = {**item, "content": content}
         out.append(item)
     return out
+
+
+# ------------------------------------------------------------------ the prompt cache (issue 33)
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """A request body's prompt as one canonical string, in the order the model reads it: the system text (a chat
+    body's first message, or a Responses body's ``instructions``), then the messages or input items. Two requests
+    whose prompt texts share a prefix share that prefix upstream too (the provider's prompt cache keys on it)."""
+    if isinstance(body.get("messages"), list):
+        parts: list[Any] = list(body["messages"])
+    else:
+        parts = [{"role": "system", "content": body.get("instructions") or ""}, *(body.get("input") or [])]
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def shared_prefix_share(previous: str, current: str) -> float:
+    """The share of ``current`` (0.0-1.0, by UTF-8 bytes) that is byte-identical, from its start, to ``previous``:
+    what of a request a prompt cache warmed by the previous one can serve (issue 33). 0.0 for an empty ``current``."""
+    now, before = current.encode("utf-8", "surrogatepass"), previous.encode("utf-8", "surrogatepass")
+    if not now:
+        return 0.0
+    limit = min(len(now), len(before))
+    low, high = 0, limit  # the longest common prefix, by halving (bytes compare in C)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if now[:middle] == before[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low / len(now)

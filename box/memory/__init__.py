@@ -35,6 +35,9 @@ class TurnFacts:
     now: datetime
     presence: list[PresenceEntry] = field(default_factory=list)  # mechanism 10, from mailbox.deliver
     task: bool = False  # a scheduled prompt: nobody spoke
+    # Issue 33: the ids of the messages the reply's chat history carries; the memory block does not repeat
+    # the exchanges they hold.
+    history_ids: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

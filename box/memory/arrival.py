@@ -3,10 +3,11 @@
 A person's first message in a channel — ever, after 1800 s of absence, or after they departed — is their
 arrival. Before the ordinary turn for their words, the imp recalls by person (28: the strongest records with
 or about them, by raw intensity, no similarity, no filter) and makes one reply call with the arrival schema
-(101): a greeting (optional; in chat the person's words get the reply, so it is never a second visible
-message), the feeling of their coming, and at most one plain search (29), after which it is asked once more
-with what was found. The feeling, bent by the temperament (60), enters this conversation's focus as a
-moment and is never stored (102). What came to mind joins the turn's associations like any recall.
+(101): the feeling of their coming and at most one plain search (29), after which it is asked once more
+with what was found. The seed's optional greeting is not asked for (issue 33): in chat the person's own
+words get the reply, so a greeting would never be sent — an answer thrown away. The feeling, bent by the
+temperament (60), enters this conversation's focus as a moment and is never stored (102). What came to
+mind joins the turn's associations like any recall.
 
 It runs beside the turn's own recall, off the reply's critical path where it can be: the ordinary
 turn waits for it only before its first reply call.
@@ -36,14 +37,13 @@ SEARCH_QUERY_CHARS = 80  # mechanism 5
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "greeting": {"type": ["string", "null"]},
-        "feeling": {"type": "string"},
-        "conclusion": {"type": "string"},
+        "feeling": {"type": "string", "maxLength": 100},  # issue 33: "a few words"
+        "conclusion": {"type": "string", "maxLength": 400},  # one sentence
         "valence": {"type": "number"},
         "intensity": {"type": "number"},
-        "search": {"type": ["string", "null"]},
+        "search": {"type": ["string", "null"], "maxLength": 200},  # a few words
     },
-    "required": ["greeting", "feeling", "conclusion", "valence", "intensity", "search"],
+    "required": ["feeling", "conclusion", "valence", "intensity", "search"],
     "additionalProperties": False,
 }
 
@@ -60,7 +60,6 @@ class Arrived:
     entry: FocusEntry | None = None
     records: list[RecordView] = field(default_factory=list)
     searched: str | None = None
-    greeting: str | None = None  # kept for the log; chat never sends it (no second visible message)
     calls: int = 0
 
 
@@ -108,8 +107,6 @@ class Arrival:
                 text=arrival_text(scene.person), message_id=None,
             )  # fmt: skip
             arrived.entry = entry.model_copy(update={"arrival": True})  # mechanism 102: the focus only
-            greeting = answer.get("greeting") if answer else None
-            arrived.greeting = greeting.strip()[:2_000] if isinstance(greeting, str) else None
         return arrived
 
     async def _ask(

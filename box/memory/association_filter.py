@@ -25,7 +25,11 @@ OWN_KINDS: tuple[str, ...] = tuple(k for k in get_args(ConstructKind) if k != "t
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "keep": {"type": "array", "items": {"type": "integer"}},
+        "keep": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "maxItems": 10,
+        },  # issue 33: ≤ the 10 candidates
         "asks_for_memory": {"type": "boolean"},
         "asks_for_own": {"type": ["string", "null"], "enum": [*OWN_KINDS, None]},
     },
@@ -65,8 +69,10 @@ class ModelFilter:
 
     async def choose(self, words: str, candidates: Sequence[RecordView], room: int) -> FilterVerdict | None:
         routed = self.model.model_for(PURPOSE)  # mechanism 54: the block for the routed model
-        system = contexts.filter_system(self.prompts, routed, self.imp, room)
-        user = contexts.filter_user(self.prompts, routed, words, candidates, self.clock(), self.timezone)
+        system = contexts.filter_system(self.prompts, routed, self.imp)
+        user = contexts.filter_user(
+            self.prompts, routed, words, candidates, self.clock(), self.timezone, room
+        )
         answer = await self.model.chat_json(
             PURPOSE, system, user, temperature=TEMPERATURE_FILTER, schema=SCHEMA
         )

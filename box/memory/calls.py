@@ -4,8 +4,9 @@ Every call goes to the host's gateway as ``model.request`` (the box has no netwo
 through ``box.model.ModelClient``. What is different from the reply machinery in ``box.attempts``
 (ENV-12), and why:
 
-* **Routing (55).** Each purpose may name its own model in ``[memory.models]``; the rest use the
-  imp's reply model.
+* **Routing (55).** Each purpose may name its own model in ``[memory.models]``; on OpenAI the per-turn
+  judgements default to a cheaper model (issue 33, ``box.common.memory_models``); the rest use the imp's
+  reply model.
 * **Never raises for a model failure.** A memory call that fails costs the turn a feeling or a
   recall, never the reply: ``chat_json`` and ``embedding`` return ``None`` for an HTTP error, a
   refusal, an unreadable answer or a gateway refusal (``RpcError``), and the engine falls back
@@ -22,6 +23,13 @@ through ``box.model.ModelClient``. What is different from the reply machinery in
   (``box.common.model_profiles``): the purpose's temperature only where the model takes one (not on gpt-5 or
   the o-series), the output cap under the key it takes, the schema with or without ``strict`` as the
   server takes it.
+* **The least thinking, a bounded answer (issue 33).** Every chat call sends the least ``reasoning_effort``
+  the routed model takes (``none`` on gpt-5.1, ``minimal`` on gpt-5, ``low`` on the o-series, nothing on a
+  model that does not reason): unsent, a reasoning model thinks at its own default (``medium``), which a memory
+  call does not need. Every call sends an output cap: ``OUTPUT_CAPS`` per purpose, sized to the schema's largest
+  sensible answer, plus ``REASONING_HEADROOM`` for the thinking an effort above ``none`` still spends (a cut-off
+  answer is no JSON and costs another attempt). The schemas carry their bounds (``maxItems``, ``maxLength``);
+  ``box.common.schema_bounds.fit_schema`` sends each server the keywords it takes (issue 38).
 """
 
 from __future__ import annotations
@@ -41,8 +49,11 @@ import anyio
 
 from box.common.busy import Asked, ModelCaller, ask_while_busy
 from box.common.embedding import EMBEDDINGS_PATH, embedding_body, vector_of
-from box.common.model_profiles import OPENAI, profile_for
+from box.common.memory_models import memory_model
+from box.common.model_profiles import LEAST_EFFORT, OPENAI, profile_for
 from box.common.request_bodies import CHAT_PATH
+from box.common.schema_bounds import fit_schema
+from box.common.structured import JsonSchemaRefused, with_schema_in_prompt
 from box.protocol.models import MemoryPurpose, MemorySettings
 
 log = logging.getLogger("box.memory.calls")
@@ -67,6 +78,28 @@ NOT_JSON_NOTE = (
     "Your previous reply was NOT valid JSON. Answer again with one JSON object only: "
     "no code fences, no text before or after it."
 )
+
+# Issue 33: the output cap of each purpose, in tokens — the schema's largest sensible answer (its bounds written
+# out in JSON, in a language that spends more tokens a word than English) with room to spare: a cut-off answer is
+# no JSON and costs another attempt (120). The introspection's thought, text and conclusion are the longest
+# fields; the night's plan lists up to 20 groups of up to 20 numbers.
+OUTPUT_CAPS: dict[str, int] = {
+    "arrival": 400,
+    "appraisal": 400,
+    "filter": 150,
+    "summary": 700,
+    "introspection": 800,
+    "selection": 100,
+    "learning": 200,
+    "classification": 60,
+    "sleep": 2_000,
+}
+DEFAULT_OUTPUT_CAP = 800  # a purpose not listed above (none today)
+# What a reasoning model spends thinking at the least effort it takes, on top of the answer: "minimal" (gpt-5)
+# thinks a little, "low" (the o-series) more; "none" (gpt-5.1, gpt-5.2) not at all.
+REASONING_HEADROOM: dict[str, int] = {"none": 0, "minimal": 1_024, "low": 3_072}
+# The default policy's rule model-text refuses an output cap over 4,096 tokens (policies/default.toml).
+MAX_OUTPUT_CAP = 4_096
 
 CALL_LOG_FILE = "memory-calls.jsonl"  # mechanism 119, under the box's state dir
 ANSWER_LOG_CHARS = 20_000  # an answer longer than this is cut in the log (never in the call)
@@ -227,6 +260,14 @@ class CallLog:
 # ------------------------------------------------------------------ the calls
 
 
+def output_cap(purpose: str, effort: str | None) -> int:
+    """Issue 33: the tokens a ``purpose`` call may answer with, with the thinking ``effort`` still spends."""
+    answer = OUTPUT_CAPS.get(purpose, DEFAULT_OUTPUT_CAP)
+    if effort is None:
+        return answer
+    return min(MAX_OUTPUT_CAP, answer + REASONING_HEADROOM.get(effort, REASONING_HEADROOM["low"]))
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -261,6 +302,9 @@ class MemoryModel:
         self.settings = settings
         self.default_model = default_model
         self.server = server  # issue 16: with each routed model, what its requests may carry
+        # Issue 38: a refusal of json_schema, shared with the reply's calls where the client is the box's.
+        structured = getattr(client, "structured", None)
+        self.structured = structured if isinstance(structured, JsonSchemaRefused) else JsonSchemaRefused()
         self.call_log = call_log
         self.sleep = sleep
         self.clock = clock
@@ -268,12 +312,10 @@ class MemoryModel:
         self.recorders = recorders
 
     def model_for(self, purpose: MemoryPurpose) -> str:
-        """Mechanism 55: the model routed for ``purpose``, else the imp's default model. The arrival is a
-        reply call with its own schema (101): unrouted, it goes where the reply goes."""
-        routed = self.settings.models.get(purpose)
-        if routed is None and purpose == "arrival":
-            routed = self.settings.models.get("reply")
-        return routed or self.default_model
+        """Mechanism 55: the model routed for ``purpose``; unrouted, on OpenAI, the purpose's shipped default
+        (issue 33), else the imp's default model. The arrival is a reply call with its own schema (101):
+        unrouted, it goes where the reply goes (``box.common.memory_models``)."""
+        return memory_model(purpose, self.settings.models, self.default_model, self.server)
 
     async def chat_json(
         self,
@@ -295,20 +337,44 @@ class MemoryModel:
         """
         model = self.model_for(purpose)
         profile = profile_for(model, self.server)  # issue 16: only what this model takes
+        effort = profile.effort_for(
+            LEAST_EFFORT
+        )  # issue 33: the least thinking the model does; None: no reasoning
+        cap = max_tokens if max_tokens is not None else output_cap(purpose, effort)
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ]
-        for _ in range(1 + max(0, retries)):
-            body: dict[str, Any] = {"model": model, "messages": messages}
-            if temperature is not None and profile.takes_temperature(None):  # no effort is sent
+        asks = 1 + max(0, retries)
+        while asks > 0:
+            asks -= 1
+            json_object = schema is not None and (
+                self.structured.refused or profile.structured == "json_object"
+            )  # issue 38: a server that takes no json_schema gets the schema in the prompt
+            body: dict[str, Any] = {
+                "model": model,
+                "messages": with_schema_in_prompt(messages, fit_schema(schema, profile.schema_dialect))
+                if json_object and schema is not None
+                else messages,
+            }
+            if effort is not None:
+                body["reasoning_effort"] = effort
+            if temperature is not None and profile.takes_temperature(effort):
                 body["temperature"] = temperature
-            if max_tokens is not None:
-                body[profile.output_cap_key] = max_tokens
+            body[profile.output_cap_key] = cap
             if schema is not None:
-                body["response_format"] = profile.response_format(purpose, schema)
+                body["response_format"] = (
+                    {"type": "json_object"}
+                    if json_object
+                    else profile.response_format(purpose, fit_schema(schema, profile.schema_dialect))
+                )  # issue 38: the bounds this server takes, or the schema in the prompt
             started, wall = time.monotonic(), self.clock()
             attempt = await self._request(CHAT_PATH, body, purpose)
+            switched = (
+                attempt.result is not None
+                and not json_object
+                and self.structured.note(attempt.result.status, attempt.result.body, body)
+            )
             content, problem = _chat_content(attempt)
             parsed = parse_json_object(content) if content is not None else None
             if content is not None and parsed is None:
@@ -320,7 +386,7 @@ class MemoryModel:
                     system=system,
                     user=_last_user(messages),
                     temperature=body.get("temperature"),  # what was sent (issue 16)
-                    format="json_schema" if schema is not None else "json",
+                    format="json_object" if json_object else "json_schema" if schema is not None else "json",
                     answer=content[:ANSWER_LOG_CHARS] if content is not None else None,
                     status=attempt.result.status if attempt.result is not None else None,
                     time=wall.isoformat(),
@@ -328,6 +394,9 @@ class MemoryModel:
                     error=problem,
                 )
             )
+            if switched:
+                asks += 1  # issue 38: asked again at once as json_object; not a retry of the same request
+                continue
             if parsed is not None:
                 return parsed
             log.warning("memory %s call (%s) failed: %s", purpose, model, problem)

@@ -17,7 +17,14 @@ from box.common.laws import mentions
 from box.memory.focus import Focus, FocusEntry, authored_by, cut
 from box.memory.prompts import Prompts
 from box.memory.state import State
-from box.memory.words import INTENSITY_SCALE, age_words, clock_line, strength_words, valence_words
+from box.memory.words import (
+    INTENSITY_SCALE,
+    age_words,
+    clock_line,
+    stamp_words,
+    strength_words,
+    valence_words,
+)
 from box.protocol.memory import EpisodeView, PresenceEntry, RecordView, SlotEntry
 from box.protocol.models import ChannelKind
 
@@ -25,6 +32,11 @@ SEARCH_QUERY_CHARS = 80  # mechanism 5
 PRESENCE_STALE_S = 1800  # mechanism 10
 FOCUS_TEXT_CHARS = 600  # one focus line in a context (the focus itself keeps more)
 EVENT_TEXT_CHARS = 400
+# Issue 33: the reply's block shows at most this many of this conversation's moments that its chat history
+# does not carry (the newest; the summary holds the rest), and the appraisal this many of the focus's newest
+# entries (with the summary for the rest): neither grows with the conversation.
+FOCUS_MOMENTS_SHOWN = 3
+APPRAISAL_ENTRIES = 4
 CONSTRUCT_VERBS = {  # mechanism 83
     "thought": "I thought",
     "belief": "I believe",
@@ -97,6 +109,7 @@ class ReplyView:
     learned: Sequence[
         str
     ] = ()  # dispositions the selection seam picked (mechanisms 99-100; issue II fills it)
+    in_history: frozenset[str] = frozenset()  # the messages the reply's chat history carries (issue 33)
 
 
 def _indent(text: str) -> str:
@@ -368,7 +381,11 @@ def focus_block(prompts: Prompts, model: str | None, view: ReplyView) -> str:
     if view.summary:
         parts.append(prompts.render("focus.summary", model, summary=view.summary))
     now_lines: list[str] = []
-    for entry in view.focus.moments():
+    moments = view.focus.moments()
+    unshown = [e for e in moments if e.message_id and e.message_id in view.in_history]  # issue 33
+    beyond = [e for e in moments if not (e.message_id and e.message_id in view.in_history)]
+    older = beyond[:-FOCUS_MOMENTS_SHOWN]
+    for entry in beyond[-FOCUS_MOMENTS_SHOWN:]:
         age = age_words(entry.at, scene.now, scene.timezone)
         text = _indent(cut(entry.text, FOCUS_TEXT_CHARS))
         if entry.record_id is None and not entry.feeling:
@@ -385,12 +402,18 @@ def focus_block(prompts: Prompts, model: str | None, view: ReplyView) -> str:
                     feeling=cut(entry.feeling, 200),
                 )  # fmt: skip
             )
+    if unshown:
+        now_lines.append(
+            prompts.render("focus.in_chat", model, count=_plural(len(unshown), "exchange", "exchanges"))
+        )
+    if older:
+        now_lines.append(prompts.render("focus.older", model, count=_plural(len(older), "moment", "moments")))
     if now_lines:
         parts.append(prompts.render("focus.now", model, lines="\n".join(now_lines)))
     evoked = [
         _evoked_line(prompts, model, e, scene)
-        for e in view.focus.entries
-        if e.kind == "evoked" and e.record_id not in in_state  # mechanism 42
+        for e in view.focus.evoked_in_view()  # issue 33: the memories evoked most recently
+        if e.record_id not in in_state  # mechanism 42
     ]
     evoked += [memory_line(prompts, model, r, scene) for r in view.evoked_now if r.id not in in_state]  # 34
     if evoked:
@@ -428,12 +451,19 @@ def reply_rules(prompts: Prompts, model: str | None) -> str:
 # ------------------------------------------------------------------ the filter (20, 21)
 
 
-def filter_system(prompts: Prompts, model: str | None, imp: str, room: int) -> str:
-    return prompts.render("filter.system", model, imp=imp, room=room)
+def filter_system(prompts: Prompts, model: str | None, imp: str) -> str:
+    """The same on every call for one imp (issue 33: the room is said in the user text)."""
+    return prompts.render("filter.system", model, imp=imp)
 
 
 def filter_user(
-    prompts: Prompts, model: str | None, words: str, candidates: Sequence[RecordView], now: datetime, tz: str
+    prompts: Prompts,
+    model: str | None,
+    words: str,
+    candidates: Sequence[RecordView],
+    now: datetime,
+    tz: str,
+    room: int,
 ) -> str:
     """The candidates numbered from 1, their strength as raw intensity (subtle point 20), retold."""
     lines = []
@@ -456,7 +486,9 @@ def filter_user(
                 events=events,
             )  # fmt: skip
         )
-    return prompts.render("filter.user", model, words=cut(words, 4_000), candidates="\n".join(lines))
+    return prompts.render(
+        "filter.user", model, words=cut(words, 4_000), candidates="\n".join(lines), room=room
+    )
 
 
 # ------------------------------------------------------------------ the appraisal (57, 58)
@@ -473,10 +505,16 @@ def appraisal_user(
     focus: Focus,
     remembered: Sequence[RecordView],
     exchange: str,
+    summary: str | None = None,
 ) -> str:
-    """Mechanism 57: no state, no thoughts, no rules; the focus as events only. 58: what was recalled."""
+    """Mechanism 57: no state, no thoughts, no rules; the focus as events only. 58: what was recalled.
+
+    Issue 33: only the focus's newest ``APPRAISAL_ENTRIES`` entries, after the conversation's summary (first
+    person, no emotions: 45) when older ones are left out — the seed re-sent the whole focus every turn. What
+    is sensed now, with the clock, comes last (the static system text and the slower-changing parts first)."""
     events: list[str] = []
-    for entry in focus.entries:
+    older = len(focus.entries) - APPRAISAL_ENTRIES
+    for entry in focus.entries[-APPRAISAL_ENTRIES:]:
         age = age_words(entry.at, scene.now, scene.timezone)
         if entry.kind == "moment":
             events.append(f"- {age}: {_indent(cut(entry.text, FOCUS_TEXT_CHARS))}")
@@ -495,8 +533,14 @@ def appraisal_user(
         )  # fmt: skip
         for r in remembered
     ]
+    before = ""
+    if older > 0:
+        before = prompts.render(
+            "appraisal.before", model, count=_plural(older, "moment", "moments"),
+            summary=summary or prompts.render("appraisal.no_summary", model),
+        )  # fmt: skip
     return prompts.render(
-        "appraisal.user", model, senses=senses(prompts, model, scene), person=scene.person,
+        "appraisal.user", model, senses=senses(prompts, model, scene), person=scene.person, before=before,
         focus="\n".join(events) or prompts.render("appraisal.nothing_earlier", model),
         remembered="\n".join(lines) or prompts.render("appraisal.nothing_remembered", model),
         exchange=exchange,
@@ -519,17 +563,21 @@ def summary_user(
     now: datetime,
     tz: str,
 ) -> str:
-    """Mechanism 45: only this person's entries, moments as they happened, evoked ones retold; no feelings."""
+    """Mechanism 45: only this person's entries, moments as they happened, evoked ones retold; no feelings.
+
+    Issue 33: the events first, each at its date and time (``stamp_words``, which do not change from one call to
+    the next), then the summary so far, then the clock: the start of one refresh's prompt is the start of the
+    next one's, for the prompt cache. The seed gave each event its age in words (mechanism 9)."""
     lines: list[str] = []
     for entry in entries:
         if entry.kind == "moment":
-            lines.append(f"- {age_words(entry.at, now, tz)}: {_indent(cut(entry.text, FOCUS_TEXT_CHARS))}")
+            lines.append(f"- {stamp_words(entry.at, tz)}: {_indent(cut(entry.text, FOCUS_TEXT_CHARS))}")
         else:
             retold = " ".join(cut(ep.text, EVENT_TEXT_CHARS) for ep in entry.episodes) or cut(
                 entry.conclusion, 600
             )
-            lines.append(f"- {age_words(entry.at, now, tz)} (remembered): {retold}")
+            lines.append(f"- {stamp_words(entry.at, tz)} (remembered): {retold}")
     return prompts.render(
         "summary.user", model, person=person, previous=previous or prompts.render("summary.none_yet", model),
-        events="\n".join(lines),
+        events="\n".join(lines), clock=clock_line(now, tz),
     )  # fmt: skip

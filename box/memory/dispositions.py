@@ -60,7 +60,9 @@ WORDS_CHARS = 2_000  # the words being answered, as selection reads them
 
 LEARNING_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"learned": {"type": ["string", "null"]}},
+    "properties": {
+        "learned": {"type": ["string", "null"], "maxLength": MAX_RULE_CHARS}
+    },  # issue 33: ≤ 20 words
     "required": ["learned"],
     "additionalProperties": False,
 }
@@ -72,7 +74,9 @@ CLASSIFICATION_SCHEMA: dict[str, Any] = {
 }
 SELECTION_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"matched": {"type": "array", "items": {"type": "integer"}}},
+    "properties": {
+        "matched": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}
+    },  # issue 33: ≤ 3 (99)
     "required": ["matched"],
     "additionalProperties": False,
 }

@@ -1,7 +1,9 @@
 """Text to vectors for recall (mechanisms 14, 30, 62, 63).
 
 Two embedders share one small interface. ``GatewayEmbedder`` asks the imp's embedding model
-through the gateway; ``HashingEmbedder`` is the offline bag-of-words one the tests use (and an
+through the gateway — for ``[memory] embedder = "local"`` too: the host sends the box the reserved name
+``local/all-MiniLM-L6-v2`` and 384 dimensions, and computes those vectors itself (issue 33; the box never loads
+a model); ``HashingEmbedder`` is the offline bag-of-words one the tests use (and an
 imp may choose, ``[memory] embedder = "hashing"``): deterministic, no model, 64 dimensions. What is
 embedded of a text, the hashing vector and the checked answer are ``box.common.embedding``: the host
 embeds the same way for ``impyard memory``.

@@ -4,8 +4,11 @@ ContextBuilding (``begin``): load this person's conversation, count the turn, th
 summary cadence (44) beside the words' embedding, the recent records, the search and the filter (14-24,
 32); compose the State (32-37) and the ``### Memory`` block (1-13, 37-43).
 
-ToolExecution (``next_hop`` after each draft): the probes (25-27) and one action hop (49) search, or
-reflect mid-turn (50-52), and recompose the State (36) for another reply call; at most 4 reply calls.
+ToolExecution (``next_hop`` after each draft): one action hop (49) searches, or reflects mid-turn
+(50-52), and recomposes the State (36) for another reply call. Issue 33: the probes (25-27) run in
+ContextBuilding, before the first reply call — what they need is known there (no record of the person;
+the filter read a question about the past or about the imp's own mind) — so no draft is written only to
+be thrown away; a turn makes at most 2 reply calls.
 
 Issue 14 (memory II): the slot is loaded at every turn (88) and shown under YOUR OWN THOUGHTS (89); the
 learned rules are selected beside recall (99) and shown to the reply only (100); a new conversation opens
@@ -369,8 +372,7 @@ class ChatTurn:
         self.total = 0
         self.drafts = 0
         self.hops = 0
-        self.unknown_probe = 0
-        self.stranger_known = False  # probe 25's null carried from an earlier turn of this conversation
+        self.stranger_known = False  # probe 25 found no record of the person: its null is in the senses
         self.moment_probe = 0
         self.kind_probed = False
         self.refeels: list[str] = []  # mechanism 38: parsed, no effect
@@ -388,16 +390,16 @@ class ChatTurn:
         conversation.saved.turns += 1  # subtle point 15: counted before the reply
         if conversation.saved.started_at is None:
             conversation.saved.started_at = self.facts.now
-        # The summary (44), the disposition selection (99), the slot (88) and an arrival (101) run beside
-        # recall: off the critical path where they can be.
-        await concurrently(self._summarise, self._recall, self._select, self._load_slot)
+        # The summary (44), the disposition selection (99), the slot (88), an arrival (101) and whether the
+        # imp knows the person (25) run beside recall: off the critical path where they can be.
+        await concurrently(self._summarise, self._recall, self._select, self._load_slot, self._know_person)
         if self.arrived is not None:  # the arrival was a moment of its own, before these words
             for record in self.arrived.records:  # mechanism 28: what came to mind stays in view (31)
                 if not conversation.focus.evoke(record) and record.kind == "construct":
                     self._came_to_mind([record])
             if self.arrived.entry is not None:
                 conversation.focus.add(self.arrived.entry)  # mechanism 102: the focus only, never stored
-        await self._carry_stranger()
+        await self._probe_asked()
         await self.recompose()
 
     async def _load_slot(self) -> None:
@@ -413,18 +415,36 @@ class ChatTurn:
         if arrived.entry is None:
             await self.engine.log("info", f"{self.person} arrived; no arrival feeling could be formed")
 
-    async def _carry_stranger(self) -> None:
-        """Mechanism 25, once per conversation: when the probe found nobody on an earlier turn and there is
-        still no record with or about the person outside the focus, its spoken null is in the senses before
-        the first reply call, so later turns do not pay a regeneration to learn the same thing again."""
+    async def _know_person(self) -> None:
+        """Mechanism 25, before the first reply call (issue 33): with no record with or about the person outside
+        this conversation, the probe's search "X — who is this person…" is in the senses with its spoken null.
+        The seed let the imp draft a reply first and probed when the draft was a world act, then threw the
+        draft away; the answer is the same store question asked earlier (the restricted search can only
+        return such records, so it needs no embedding), and the draft that was discarded is never written."""
         assert self.conversation is not None
-        if not self.conversation.saved.stranger:
-            return
         if await self.engine.recall.knows(self.person, self.made_here()):
-            self.conversation.saved.stranger = False  # someone told the imp about them since: probe anew
+            self.conversation.saved.stranger = False  # someone told the imp about them since
             return
+        self.conversation.saved.stranger = True
         self.stranger_known = True
         self.searches.append(SearchNote(UNKNOWN_PROBE.format(person=self.person), 0))
+
+    async def _probe_asked(self) -> None:
+        """Mechanisms 27 and 26, before the first reply call (issue 33): when the filter read that the words ask
+        what the imp dreams, believes, decided or wants, the 3 most recently felt constructs of that kind come
+        to mind; when they ask for a moment of its past, the words (cut to 70) are searched. The seed drafted
+        a reply first and regenerated it after each probe; what the probes need is the filter's verdict, known
+        before any draft, so the draft that was always thrown away is never written."""
+        kind = self.recalled.asks_for_own
+        if kind is not None:  # mechanism 27
+            self.kind_probed = True
+            self._came_to_mind(await self.engine.recall.own_of_kind(kind))
+        if self.recalled.asks_for_memory:  # mechanism 26
+            self.moment_probe = 1
+            query = self.words[:MOMENT_PROBE_WORDS]
+            await self.deliberate(
+                query, moment=True, vector=self.words_vector if query == self.words else None
+            )
 
     async def _summarise(self) -> None:
         assert self.conversation is not None
@@ -475,7 +495,7 @@ class ChatTurn:
         return {e.record_id for e in self.conversation.focus.moments() if e.record_id is not None}
 
     def focus_ids(self) -> set[str]:
-        return self.conversation.focus.ids() if self.conversation is not None else set()
+        return self.conversation.focus.in_view() if self.conversation is not None else set()  # 22, issue 33
 
     def _came_to_mind(self, records: Sequence[RecordView]) -> None:
         known = {r.id for r in self.associations} | {c.id for c in self.constructs}
@@ -512,7 +532,7 @@ class ChatTurn:
             summary=self.conversation.saved.summary, evoked_now=self.state.left_out, constructs=self.constructs,
             slot=self.slot,
             searches=self.searches, recalled=len(self.associations) + len(self.constructs), total=self.total,
-            presence=self.facts.presence, learned=self.learned,
+            presence=self.facts.presence, learned=self.learned, in_history=self.facts.history_ids,
         )  # fmt: skip
 
     def block(self) -> str | None:
@@ -532,26 +552,10 @@ class ChatTurn:
             return False
 
     async def _decide(self, draft: Envelope) -> bool:
-        """Mechanism 49 with subtle point 3: probes first, then the one self-chosen action hop."""
+        """Mechanism 49: the one self-chosen action hop. The probes (25-27) ran before the first reply call
+        (issue 33), so they take no hop and need no extra allowance (subtle point 3's accounting)."""
         action = draft.action.type
-        if action == "none" and not self.unknown_probe and not self.stranger_known:  # a world act (48)
-            if not await self.engine.recall.knows(self.person, self.made_here()):
-                self.unknown_probe = 1  # mechanism 25
-                if self.conversation is not None:
-                    self.conversation.saved.stranger = True
-                await self._probe_unknown()
-                return await self._hopped()
-        if action != "search":
-            kind = self.recalled.asks_for_own
-            if kind is not None and not self.kind_probed:  # mechanism 27: uses a hop, no extra allowance
-                self.kind_probed = True
-                self._came_to_mind(await self.engine.recall.own_of_kind(kind))
-                return await self._hopped()
-            if self.recalled.asks_for_memory and not self.moment_probe:  # mechanism 26
-                self.moment_probe = 1
-                await self.deliberate(self.words[:MOMENT_PROBE_WORDS], moment=True)
-                return await self._hopped()
-        if self.hops >= self.engine.params.turn_action_hops + self.unknown_probe + self.moment_probe:
+        if self.hops >= self.engine.params.turn_action_hops:
             return False  # the last allowed hop: the draft's words are what is said
         if action == "search" and draft.action.text and draft.action.text.strip():
             await self.deliberate(draft.action.text.strip())
@@ -585,20 +589,16 @@ class ChatTurn:
         await self.recompose()  # mechanism 36
         return True
 
-    async def _probe_unknown(self) -> None:
-        """Mechanism 25: the search "X — who is this person…", restricted to X (24).
-
-        ``knows`` has just found no record with or about X outside the focus, and the restricted search
-        can only return such records: its answer is the spoken null without an embedding call.
-        """
-        self.searches.append(SearchNote(UNKNOWN_PROBE.format(person=self.person), 0))
-
-    async def deliberate(self, query: str, *, moment: bool = False) -> list[RecordView]:
+    async def deliberate(
+        self, query: str, *, moment: bool = False, vector: list[float] | None = None
+    ) -> list[RecordView]:
         """A search the imp makes (the action, a probe, the tool): a search of this turn (5) whose finds
         come to mind (36). For the moment probe, lived and construct finds are counted apart (6, 26).
         What it finds in this conversation's focus does not come to mind again (22) but is reported as
         remembered from just now, never as "nothing found" (issue 32, finding 6)."""
-        found = await self.engine.recall.deliberate(query, self.person, self.focus_ids(), self.known)
+        found = await self.engine.recall.deliberate(
+            query, self.person, self.focus_ids(), self.known, vector=vector
+        )
         self._came_to_mind(found.records)
         own_only = moment and not found.lived and not found.in_view and bool(found.constructs)  # mechanism 6
         self.searches.append(
@@ -697,8 +697,9 @@ class ChatTurn:
         routed = engine.model.model_for("appraisal")
         system = ctx.appraisal_system(engine.prompts, routed, engine.init.imp.name)
         user = ctx.appraisal_user(
-            engine.prompts, routed, self.scene, self.conversation.focus, self.state.recalled(), as_happened
-        )
+            engine.prompts, routed, self.scene, self.conversation.focus, self.state.recalled(), as_happened,
+            summary=self.conversation.saved.summary,
+        )  # fmt: skip
         answer = await engine.model.chat_json(
             "appraisal", system, user, temperature=TEMPERATURE_APPRAISAL, schema=APPRAISAL_SCHEMA
         )

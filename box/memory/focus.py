@@ -4,6 +4,12 @@ It holds this conversation's moments as they happened, each under the feeling th
 (41), and the memories evoked in it, retold (31, 34, 40). A moment that joined a stored record is its
 own entry sharing that record's id (subtle point 10), so ``ids()`` is a set: the exclusion list for
 recall and searches (22). At most ``cap`` entries are kept; the oldest go first (43).
+
+Issue 33: what is *in view* is this conversation's moments and the ``EVOKED_IN_VIEW`` memories evoked most
+recently (``in_view``): the reply's block shows those, and only those are left out of recall (22). A memory
+evoked longer ago stays in the focus (the summary, the cap) but may come to mind again, and is then evoked anew,
+the newest — the seed kept every evoked memory in view for the rest of the conversation, so the block grew
+with every turn that recalled something.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ MOMENT_TEXT_CHARS = 4_000  # a moment's as-it-happened text, as the focus keeps 
 EVOKED_EPISODES = 3  # recall loads 3 episodes per candidate (seed 002)
 EPISODE_TEXT_CHARS = 1_000
 CONCLUSION_CHARS = 1_000
+EVOKED_IN_VIEW = 6  # issue 33: the memories evoked most recently that stay in view
 
 
 def cut(text: str, limit: int) -> str:
@@ -104,15 +111,27 @@ class Focus:
             del self.entries[: len(self.entries) - self.cap]
 
     def evoke(self, record: RecordView) -> bool:
-        """Mechanism 31: a recalled lived record stays in view; a record already here is not added twice."""
-        if record.kind != "lived" or record.id in self.ids():
+        """Mechanism 31: a recalled lived record stays in view; a record in view is not added twice. One evoked
+        earlier that has left the view (issue 33) is evoked anew: it moves to the newest."""
+        if record.kind != "lived" or record.id in self.in_view():
             return False
+        self.entries = [e for e in self.entries if not (e.kind == "evoked" and e.record_id == record.id)]
         self.add(evoked_entry(record))
         return True
 
     def ids(self) -> set[str]:
-        """Subtle point 10: the record ids in view, the exclusion list of recall and searches (22)."""
+        """Subtle point 10: the record ids the focus holds (its moments' and every evoked memory's)."""
         return {entry.record_id for entry in self.entries if entry.record_id is not None}
+
+    def evoked_in_view(self) -> list[FocusEntry]:
+        """The ``EVOKED_IN_VIEW`` memories evoked most recently, oldest first (issue 33)."""
+        return [entry for entry in self.entries if entry.kind == "evoked"][-EVOKED_IN_VIEW:]
+
+    def in_view(self) -> set[str]:
+        """The record ids in view, the exclusion list of recall and searches (22): this conversation's moments'
+        and the memories evoked most recently (issue 33; the seed: every id the focus holds, subtle point 10)."""
+        moments = {e.record_id for e in self.entries if e.kind == "moment" and e.record_id is not None}
+        return moments | {e.record_id for e in self.evoked_in_view() if e.record_id is not None}
 
     def message_ids(self) -> set[str]:
         """The messages of this conversation (their events are not retold as "from before", 39)."""

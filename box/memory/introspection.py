@@ -297,13 +297,6 @@ def direction_text(prompts: Prompts, model: str | None, direction: Direction) ->
 def user(prompts: Prompts, model: str | None, view: IntrospectionView) -> str:
     """The user text of one introspection step (mechanisms 51, 72, 73, 79, 80, 89)."""
     parts: list[str] = []
-    clock = clock_line(view.now, view.timezone)
-    if view.scene is not None:
-        parts.append(
-            prompts.render("introspection.where", model, place=place(prompts, model, view.scene), clock=clock)
-        )
-    else:
-        parts.append(prompts.render("introspection.when", model, clock=clock))
     held = slot_lines(prompts, model, view)
     if held:
         parts.append(prompts.render("introspection.slot", model, lines="\n".join(held)))
@@ -342,5 +335,12 @@ def user(prompts: Prompts, model: str | None, view: IntrospectionView) -> str:
         )
     if view.direction is not None:
         parts.append(direction_text(prompts, model, view.direction))
+    clock = clock_line(view.now, view.timezone)  # issue 33: where and when last, after what stays the same
+    if view.scene is not None:
+        parts.append(
+            prompts.render("introspection.where", model, place=place(prompts, model, view.scene), clock=clock)
+        )
+    else:
+        parts.append(prompts.render("introspection.when", model, clock=clock))
     parts.append(prompts.render("introspection.ask", model))
     return "\n\n".join(parts)

@@ -40,8 +40,8 @@ MAX_AUTHOR_CHARS = 64  # the protocol's PersonName
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "feeling": {"type": "string"},
-        "conclusion": {"type": "string"},
+        "feeling": {"type": "string", "maxLength": 100},  # issue 33: "a few words"
+        "conclusion": {"type": "string", "maxLength": 400},  # one sentence
         "valence": {"type": "number"},
         "intensity": {"type": "number"},
         "lasting": {"type": "boolean"},  # issue 32: something lasting about someone (kept, never forgotten)

@@ -58,12 +58,13 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "groups": {
             "type": "array",
+            "maxItems": 20,  # issue 33: a bounded plan (it folds the day's records, a few groups)
             "items": {
                 "type": "object",
                 "properties": {
                     "anchor": {"type": "integer"},
-                    "absorbed": {"type": "array", "items": {"type": "integer"}},
-                    "summary_fact": {"type": "string"},
+                    "absorbed": {"type": "array", "items": {"type": "integer"}, "maxItems": 20},
+                    "summary_fact": {"type": "string", "maxLength": 300},  # asked for, never used (111)
                 },
                 "required": ["anchor", "absorbed", "summary_fact"],
                 "additionalProperties": False,

@@ -7,7 +7,10 @@ subtle points 2, 4, 5):
 
 * **involuntary** — embed the words, search, collapse rumination (18), let candidates felt at ≥ 0.5
   pass (19), ask the association filter about the rest with room max(1, 4 − passed) (20, 21), then
-  drop what is already in the focus (22). No filter call when nothing is below the floor.
+  drop what is already in the focus (22). No filter call when nothing is below the floor. Issue 33: the
+  filter is not shown the weak candidates already in the focus (this conversation's own records, its
+  living one first of all): the seed dropped them after the call, so they cost tokens and decided nothing;
+  with none left below the floor there is no filter call at all.
 * **deliberate** — a search the imp makes (23): search, collapse, keep only records of a person the query
   names (24; none left: empty, no filter call), then the filter with room 4 (plus one for each candidate
   already in the focus). What the filter keeps that is in the focus does not come to mind again (22), but
@@ -157,7 +160,7 @@ class Recall:
         candidates = await self._search(vector, names_in(words, person, known))
         floor = self.params.strength_passes_filter
         passed = [c for c in candidates if c.felt >= floor]  # mechanism 19
-        rest = [c for c in candidates if c.felt < floor]
+        rest = [c for c in candidates if c.felt < floor and c.id not in exclude]  # 22 before 20 (issue 33)
         recalled = Recalled()
         kept: list[RecordView] = []
         if rest:  # subtle point 2: no call when nothing is below the floor
@@ -172,7 +175,12 @@ class Recall:
         return recalled
 
     async def deliberate(
-        self, query: str, person: str | None, exclude: Collection[str], known: Sequence[str] = ()
+        self,
+        query: str,
+        person: str | None,
+        exclude: Collection[str],
+        known: Sequence[str] = (),
+        vector: list[float] | None = None,
     ) -> Recalled:
         """Mechanisms 23-24: a search the imp asked for; only what the filter keeps is found.
 
@@ -180,9 +188,11 @@ class Recall:
         is reported as found in view (``in_view``), never dropped into "nothing found" (issue 32, finding
         6: two turns after "my dog is called Rex", "do you remember my dog's name?" found nothing while the
         record sat in the imp's state). Candidates in the focus widen the filter's room by one each, so
-        they never crowd out a memory from before this conversation.
+        they never crowd out a memory from before this conversation. ``vector``: the query's embedding when
+        the caller has it already (the moment probe's words, embedded for recall: issue 33).
         """
-        vector = await self.embedder.embed(query)
+        if vector is None:
+            vector = await self.embedder.embed(query)
         if vector is None:
             return Recalled(embedded=False)
         candidates = await self._search(vector, names_in(query, person, known))

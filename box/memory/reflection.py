@@ -69,14 +69,14 @@ CONTINUING: frozenset[str] = frozenset({"keep_thinking", "search_more"})  # mech
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "thought": {"type": "string"},
-        "feeling": {"type": "string"},
-        "conclusion": {"type": "string"},
+        "thought": {"type": "string", "maxLength": 600},  # issue 33: one or two sentences
+        "feeling": {"type": "string", "maxLength": 100},
+        "conclusion": {"type": "string", "maxLength": 400},
         "valence": {"type": "number"},
         "intensity": {"type": "number"},
         "reinforces": {"type": ["integer", "null"]},
         "act": {"type": "string", "enum": list(ACTS)},
-        "text": {"type": ["string", "null"]},
+        "text": {"type": ["string", "null"], "maxLength": 400},
     },
     "required": ["thought", "feeling", "conclusion", "valence", "intensity", "reinforces", "act", "text"],
     "additionalProperties": False,

@@ -25,7 +25,7 @@ MAX_SUMMARY_CHARS = 4_000
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"summary": {"type": "string"}},
+    "properties": {"summary": {"type": "string", "maxLength": 1_500}},  # issue 33: at most 5 sentences (45)
     "required": ["summary"],
     "additionalProperties": False,
 }

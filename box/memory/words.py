@@ -116,6 +116,14 @@ def age_words(then: datetime, now: datetime, tz: str) -> str:
     return f"{_plural(days // YEAR_DAYS, 'year')} ago"
 
 
+def stamp_words(then: datetime, tz: str) -> str:
+    """When ``then`` was, as a date and local clock time that do not change as time passes ("2 December 2026,
+    14:02"): for a list the model reads again on later calls, so that the prompt cache can serve its start
+    (issue 33); the call's clock line, last, says what now is."""
+    local = _aware(then).astimezone(local_zone(tz))
+    return f"{local.day} {_MONTHS[local.month - 1]} {local.year}, {local.strftime('%H:%M')}"
+
+
 # English names, not strftime's %A/%B: those follow the process locale.
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December")  # fmt: skip

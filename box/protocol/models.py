@@ -26,6 +26,7 @@ MAX_SEND_CONTENT_CHARS = 20_000
 MAX_SEND_FILES = 10
 MAX_URL_CHARS = 2_048
 MAX_LOG_MESSAGE_CHARS = 4_000
+MAX_POST_CHANNELS = 25  # issue 38: other channels an imp's envelope may name
 
 # ---------------------------------------------------------------- host -> box
 
@@ -72,6 +73,12 @@ class ResponderSettings(FromHost):
     image_model: ModelName = "gpt-image-1"
     image_size: Annotated[str, Field(max_length=16)] = "1024x1024"
     image_quality: Annotated[str, Field(max_length=16)] = "low"  # small images fit one protocol line
+    # Issue 38: what the envelope asks for (box.common.envelope.EnvelopeAsks). ``images``: the imp's server
+    # makes pictures and the policy allows them (None: only on server "openai"); ``post_channels``: the
+    # channels besides the conversation's own and the staff channel that the policy lets the imp post to
+    # (the host reads them off the policy; none: the envelope asks no ``channel``).
+    images: bool | None = None
+    post_channels: list[Id] = Field(default_factory=list, max_length=MAX_POST_CHANNELS)
 
 
 MemoryPurpose = Literal["reply", "arrival", "appraisal", "filter", "summary", "embedding", "introspection", "selection", "learning", "classification", "sleep"]  # fmt: skip
@@ -81,7 +88,9 @@ class MemorySettings(FromHost):
     """The memory engine's settings (issue 23); ``[memory]`` in imp.toml takes its defaults from here."""
 
     enabled: bool = False
-    embedder: Literal["gateway", "hashing"] = "gateway"  # hashing: the offline 64-dim test embedder
+    # hashing: the offline 64-dim test embedder; local: the host's all-MiniLM-L6-v2 (issue 33), asked through the
+    # gateway like a hosted model, with the host's reserved model name and its 384 dimensions (ImpConfig.imp_spec)
+    embedder: Literal["gateway", "hashing", "local"] = "gateway"
     embedding_model: ModelName = "text-embedding-3-small"
     dimensions: int = Field(default=256, ge=8, le=4096)  # asked of the embedding model; small on purpose
     models: dict[MemoryPurpose, ModelName] = Field(default_factory=dict)  # mechanism 55; unrouted: [model]
@@ -244,6 +253,12 @@ class ModelRequestParams(FromBox):
     path: ModelPath
     body: dict[str, Any]
     purpose: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+    # Issue 38: the box gives the call up after ``timeout_s`` (its attempt timeout), and the host then ends the
+    # upstream request too, its connection closed; None: the policy's [upstream] timeout_s. ``end_with_box``:
+    # the call also ends when the box that asked does (a local server's compute is the host's own); False,
+    # it is finished and charged what it cost (issue 19 #4b).
+    timeout_s: float | None = Field(default=None, gt=0, le=3600)
+    end_with_box: bool = False
 
 
 class ModelRequestResult(FromHost):

@@ -45,7 +45,15 @@ from box.protocol.models import (
     TaskRunResult,
     TurnStageParams,
 )
-from impyard.backends.conduct import LOG_LIMITS, REFUSAL_LIMITS, Admission, NoiseMeter, printable
+from impyard.backends.conduct import (
+    LOG_LIMITS,
+    REFUSAL_LIMITS,
+    Admission,
+    HeldBack,
+    NoiseMeter,
+    folded_refusals,
+    printable,
+)
 from impyard.backends.statedir import StateQuota, StateUsage, measure_state_dir
 from impyard.errors import ImpyardError
 from impyard.threads import in_thread_abandoned_on_cancel
@@ -177,8 +185,11 @@ class RunningBox:
         self.violation: str | None = None
         self.unresponsive = False
         self._kill_requested = anyio.Event()
-        self._logs = NoiseMeter(LOG_LIMITS, anyio.current_time, "log lines")
-        self._refusals = NoiseMeter(REFUSAL_LIMITS, anyio.current_time, "refusals")
+        self._logs = NoiseMeter(LOG_LIMITS, anyio.current_time, "log line")
+        # Refused by the protocol: recorded here, within the budget, the rest folded. Refused by the host's
+        # handler: the gateway records each one itself, so those only count against the box (never folded).
+        self._refusals = NoiseMeter(REFUSAL_LIMITS, anyio.current_time, "refusal")
+        self._denials = NoiseMeter(REFUSAL_LIMITS, anyio.current_time, "refusal")
         self._box_log = logging.getLogger(f"impyard.box.{spec.imp}")
         assert process.stdin is not None and process.stdout is not None
         self.peer = Peer(
@@ -212,22 +223,33 @@ class RunningBox:
         try:
             return await self._host.serve(self.spec, method, params)
         except RpcError as exc:
-            if exc.code in _REFUSAL_CODES:
-                self._count_refusal(self._refusals.admit(f"{method}:{exc.code}"))
+            if exc.code in _REFUSAL_CODES:  # the gateway audited it: it only counts against the box
+                if self._denials.admit(f"{method}:{exc.code}").kill:
+                    self._on_violation(
+                        f"kept sending refused requests ({self._denials.suppressed} over its budget)"
+                    )
             raise
 
     async def _refused(self, method: str, code: int, reason: str) -> None:
         # A request refused by the schema never reaches the host's handler; the host still records it,
-        # one row each within the box's refusal budget, the rest folded into one row at the box's end.
+        # one row each within the box's refusal budget, the rest folded: one "(folded)" row before the next
+        # refusal recorded, or at the box's end.
         admission = self._refusals.admit(f"{method}:{code}")
         self._count_refusal(admission)
         if admission.show:
+            if admission.held is not None:
+                await self._record_folded(admission.held)
             await self._record_refusal(method, code, reason)
 
     def _count_refusal(self, admission: Admission) -> None:
         self._note_held_back(admission.summary, "refusal")
         if admission.kill:
             self._on_violation(f"kept sending refused requests ({self._refusals.suppressed} over its budget)")
+
+    async def _record_folded(self, held: HeldBack) -> None:
+        reason = folded_refusals(held, self._refusals.budget())
+        if reason is not None:
+            await self._record_refusal("(folded)", ErrorCode.INVALID_REQUEST, reason)
 
     async def _record_refusal(self, method: str, code: int, reason: str) -> None:
         try:
@@ -245,12 +267,10 @@ class RunningBox:
         """At the box's end: say what was held back, audit the refusals that were folded, and tell the host
         the box is gone (it forgets the box's per-run state: memory scopes, tallies)."""
         self._note_held_back(self._logs.flush(), "log")
-        folded = self._refusals.flush()
-        if folded:
-            self._note_held_back(folded, "refusal")
-            await self._record_refusal(
-                "(folded)", ErrorCode.INVALID_REQUEST, f"refusals not recorded one by one: {folded}"
-            )
+        held = self._refusals.take_held()
+        if held:
+            self._note_held_back(self._refusals.words(held), "refusal")
+            await self._record_folded(held)
         try:
             await self._host.closed(self.spec)
         except Exception:  # noqa: BLE001 - the host's bookkeeping never fails the box's end

@@ -34,18 +34,39 @@ REFUSAL_LIMITS = NoiseLimits(burst=30, per_s=1.0, kill_after=200)
 
 
 @dataclass(frozen=True)
+class HeldBack:
+    """What a meter did not show since its last shown event: ``repeats`` of that event (``key``), and
+    ``dropped`` events over the budget (of any key)."""
+
+    key: str | None
+    repeats: int
+    dropped: int
+
+    def __bool__(self) -> bool:
+        return bool(self.repeats or self.dropped)
+
+
+@dataclass(frozen=True)
 class Admission:
-    """What to do with one event: show it (after ``summary``, if any), or not; kill the box or not."""
+    """What to do with one event: show it (after ``summary``, if any: what was held back before it, ``held``),
+    or not; kill the box or not."""
 
     show: bool
     summary: str | None = None
     kill: bool = False
+    held: HeldBack | None = None
+
+
+def times(count: int, one: str, many: str | None = None) -> str:
+    """``1 time``, ``2 times``: a count with its noun in the right number."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
 
 
 class NoiseMeter:
     """A token bucket with repeat folding for one box and one kind of noise."""
 
-    def __init__(self, limits: NoiseLimits, now: Callable[[], float], what: str = "lines") -> None:
+    def __init__(self, limits: NoiseLimits, now: Callable[[], float], what: str = "line") -> None:
+        """``what``: one event, in words (``log line``); the plural adds an s."""
         self.limits = limits
         self.now = now
         self.what = what
@@ -69,28 +90,38 @@ class NoiseMeter:
             self._dropped += 1
             return self._suppress()
         self._tokens -= 1.0
-        summary = self.summary()
-        self._last, self._repeats, self._dropped = key, 0, 0
-        return Admission(show=True, summary=summary)
+        held = self.take_held()
+        self._last = key
+        return Admission(show=True, summary=self.words(held), held=held or None)
 
-    def summary(self) -> str | None:
+    @property
+    def held(self) -> HeldBack:
+        return HeldBack(self._last, self._repeats, self._dropped)
+
+    def words(self, held: HeldBack) -> str | None:
         """What was not shown since the last shown line, in words; None when nothing was held back."""
         parts = []
-        if self._repeats:
-            parts.append(
-                f"the previous one repeated {self._repeats} more time{'s' if self._repeats != 1 else ''}"
-            )
-        if self._dropped:
-            parts.append(
-                f"{self._dropped} {self.what} dropped (over {self.limits.burst} at once, then {self.limits.per_s:g}/s)"
-            )
+        if held.repeats:
+            parts.append(f"the previous one repeated {times(held.repeats, 'more time')}")
+        if held.dropped:
+            parts.append(f"{times(held.dropped, self.what)} dropped ({self.budget()})")
         return "; ".join(parts) or None
+
+    def budget(self) -> str:
+        return f"over {self.limits.burst} at once, then {self.limits.per_s:g}/s"
+
+    def summary(self) -> str | None:
+        return self.words(self.held)
+
+    def take_held(self) -> HeldBack:
+        """What is held back now, counted once: the counts start again from nothing."""
+        held = self.held
+        self._repeats = self._dropped = 0
+        return held
 
     def flush(self) -> str | None:
         """At the box's end: the summary of what is still held back, once."""
-        summary = self.summary()
-        self._repeats = self._dropped = 0
-        return summary
+        return self.words(self.take_held())
 
     def _suppress(self) -> Admission:
         self.suppressed += 1
@@ -104,6 +135,18 @@ class NoiseMeter:
         elapsed = max(0.0, now - self._refilled_at)
         self._refilled_at = now
         self._tokens = min(float(self.limits.burst), self._tokens + elapsed * self.limits.per_s)
+
+
+def folded_refusals(held: HeldBack, budget: str) -> str | None:
+    """The reason of a ``(folded)`` audit row: the refusals held back since the last one recorded, counted and
+    named (issue 38: not "the previous one", which is no row of the audit table); None when none were."""
+    parts = []
+    if held.repeats and held.key is not None:
+        method, _, code = held.key.rpartition(":")
+        parts.append(f"{method} refused {times(held.repeats, 'more time')} the same way ({code})")
+    if held.dropped:
+        parts.append(f"{times(held.dropped, 'more refusal')} over the budget ({budget})")
+    return f"refusals not recorded one by one: {'; '.join(parts)}" if parts else None
 
 
 def printable(text: str, limit: int = MAX_SHOWN_CHARS) -> str:

@@ -27,6 +27,11 @@ def _audit_row(r: AuditRecord) -> tuple[str, ...]:
 def audit_group() -> None:
     """The gateway's audit log.
 
+    One row per box request and gate transition. A box that keeps sending requests the protocol refuses gets a
+    row for each up to its budget; a "(folded)" row then counts the rest, by what was refused (e.g.
+    "model.request refused 2 more times the same way (-32602)"). Requests the gateway refused always have a
+    row of their own.
+
     \b
     Example:
       impyard audit tail --imp pip -n 50

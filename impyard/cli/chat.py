@@ -74,7 +74,15 @@ def log_to_file(path: Path) -> None:
     default=None,
     help="Override the imp's [box] backend (process has no lockdown).",
 )
-def chat_command(imp: str | None, backend: str | None) -> None:
+@click.option(
+    "--as",
+    "as_name",
+    metavar="NAME",
+    default=None,
+    help="What the imp calls you (default: the imp's [terminal] name, else your account's full name or "
+    "login; root is 'operator'). What it remembers of you stays yours whatever the name.",
+)
+def chat_command(imp: str | None, backend: str | None, as_name: str | None) -> None:
     """Chat with an imp in the terminal.
 
     \b
@@ -83,12 +91,32 @@ def chat_command(imp: str | None, backend: str | None) -> None:
     no IMP and no imps yet, a first imp called 'pip' is created; with several,
     it asks which. Type /help in the chat for its commands. Logs go to
     IMPYARD_HOME/logs/chat.log, not to the screen.
+
+    You are known by your Unix account (the history and the imp's memory keep
+    you as terminal:<account>), and called by a name: --as NAME, else
+    [terminal] name in the imp's imp.toml, else your account's full name or
+    login ('operator' for root). Changing the name keeps what the imp
+    remembers of you.
+
+    A message sent while the imp's reply is still to come waits for the next
+    turn, marked "(queued: …)"; one sent after the reply, while the imp
+    remembers the exchange, is not marked: the next turn takes it.
+
+    Ctrl-C on an empty prompt (or SIGINT, SIGTERM) stops the chat: a turn
+    under way gets a moment to end and its reply is still shown; Ctrl-C again
+    stops at once (the turn is cut off, its box killed). The chat exits 0.
+
+    \b
     Example:
       export OPENAI_API_KEY=sk-...
       impyard chat pip
+      impyard chat pip --as Ana
     """
+    from impyard.imps.config import person_name_problem
     from impyard.terminal.chat import run_chat
 
+    if as_name is not None and (problem := person_name_problem(as_name)) is not None:
+        raise CliError(f"--as: the name {problem}")
     if not UpstreamConfig.from_env().api_key:
         raise CliError(NO_KEY)
     try:
@@ -96,7 +124,7 @@ def chat_command(imp: str | None, backend: str | None) -> None:
         with InstanceLock(home(), "chat"):
             log_path = home() / LOG_FILE
             log_to_file(log_path)
-            anyio.run(lambda: run_chat(name, backend=backend, log_path=log_path))
+            anyio.run(lambda: run_chat(name, backend=backend, log_path=log_path, as_name=as_name))
     except (
         ImpError,
         PolicyError,

@@ -6,7 +6,6 @@ call, Docker) and prints; what each observation means is ``impyard.cli.doctor_ru
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
@@ -17,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from box.common.embedding import HASHING_DIMS
+from box.common.structured import refuses_json_schema
 from box.protocol import RpcError
 from box.protocol.models import ModelRequestParams, ModelRequestResult
 from impyard import paths
@@ -26,8 +27,6 @@ from impyard.backends.docker import DockerBackend
 from impyard.backends.runtimes import RuntimeChoice, runtime_choice
 from impyard.backends.stateroot import STATE_ROOT_ENV, state_root
 from impyard.cli.doctor_rules import (
-    PROBE_MAX_TOKENS,
-    PROBE_SCHEMA,
     DockerFacts,
     Finding,
     ModelUse,
@@ -35,30 +34,42 @@ from impyard.cli.doctor_rules import (
     broken_imp_finding,
     broken_policy_finding,
     docker_findings,
+    embedding_length_finding,
+    endpoint_finding,
+    endpoint_timing,
+    envelope_probe_body,
+    error_words,
     exit_code,
     http_fix,
     imp_finding,
     model_uses,
     no_key_finding,
+    other_lengths_finding,
     policy_finding,
     runtime_finding,
+    slow_finding,
     state_finding,
 )
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options, stdout_is_terminal
 from impyard.cli.policy import home_database
 from impyard.clock import SystemClock
-from impyard.gateway.broker import UpstreamConfig
+from impyard.gateway.broker import UpstreamConfig, UpstreamResponse
+from impyard.gateway.core import Gateway
+from impyard.gateway.local_embedder import INSTALL_HINT, LOCAL_EMBEDDER, LOCAL_MODEL, LocalModelMissing
+from impyard.gateway.model_act import answered_length
 from impyard.gateway.policy import Policy, PolicyError, load_policy, operator_policy_dir
 from impyard.gateway.surfaces import NoSurface
 from impyard.host import build_gateway
-from impyard.imps.store import ImpConfig, ImpError, ImpStore
+from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpConfig, ImpError, ImpStore
+from impyard.memory.vector_lengths import vector_lengths
 from impyard.storage import urls as dburl
-from impyard.storage.db import Database, DatabaseError, open_database
+from impyard.storage.db import STORAGE_ERRORS, Database, DatabaseError, open_database
 from impyard.storage.urls import DatabaseUrlError
 
 OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's own calls are audited on
-MODEL_CALL_TIMEOUT_S = 60.0
+MODEL_CALL_TIMEOUT_S = 60.0  # an imp whose attempts have no limit of their own
+MODEL_CALL_GRACE_S = 5.0  # past the call's own limit, for the gateway to settle and audit it
 DRY_RUN_KEY = "doctor-dry-run"  # lets the dry run go past the key check: the endpoint row checks the key
 STATUS_MARK = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
 
@@ -80,7 +91,10 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
     allowed by the policy for that purpose, priced, and within its budget: the
     gateway's own dry run), the model endpoint (one tiny structured-output
     call through the gateway, as the first imp: judged, metered against its
-    budget and audited on channel operator:cli), the Docker engine, the runtime
+    budget and audited on channel operator:cli), each imp's embedder (the local
+    model loads; a gateway embedding model answers vectors of the length asked:
+    one tiny metered call per imp; memories another embedder made), the Docker
+    engine, the runtime
     each imp's boxes run under (gVisor's runsc, or runc), whether the box image
     is built from this code, and each imp's Discord token.
     Warnings (no lockdown, no Discord token) do not fail the check.
@@ -97,6 +111,7 @@ def doctor_command(no_model_call: bool, out: Output) -> None:
     findings += docker_findings(facts, {config.box.backend for config in imps})
     findings.append(_runtime_finding(facts, imps))
     findings += imp_rows
+    findings += _embedder_findings(policy, imps, skip=no_model_call)
     findings += _discord_findings()
     if out.as_json or not stdout_is_terminal():
         out.listing(
@@ -288,50 +303,157 @@ def _endpoint(policy: Policy | None, imps: list[ImpConfig], *, skip: bool) -> Fi
 
 
 async def _call(policy: Policy, db: Database, config: ImpConfig, upstream: UpstreamConfig) -> Finding:
-    """One tiny structured-output chat call through the gateway, as ``config``'s imp with its reply model."""
-    model, base, imp = config.model.model, upstream.display_url, config.name
+    """Issue 38: one reply call through the gateway as ``config``'s imp asks it — its server profile, the box's
+    own request builder, a real envelope — judged for use (valid JSON within the cap, a resolvable channel),
+    with the time it took and the timing in force. A server that refuses ``json_schema`` is asked again with
+    ``json_object``, as the box would."""
+    base, imp = upstream.display_url, config.name
+    timing = endpoint_timing(config)
     gateway = build_gateway(
         policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), upstream=upstream, surfaces=(),
         owners={imp: config.owners}, settle_abandoned=False,  # a running host's calls are not ours to settle
     )  # fmt: skip
     spec = BoxSpec(imp, OPERATOR_CHANNEL, ImpStore().state_dir(imp), run_id=f"doctor-{uuid.uuid4().hex}")
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": 'Answer with the JSON object {"ok": true}.'}],
-        "max_completion_tokens": PROBE_MAX_TOKENS,
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "doctor", "strict": True, "schema": PROBE_SCHEMA},
-        },
-    }
-    params = ModelRequestParams.model_validate(
-        {"path": "/chat/completions", "body": body, "purpose": "reply"}
+    limit_s = timing.attempt_timeout_s or MODEL_CALL_TIMEOUT_S  # as long as the imp waits for one attempt
+    fell_back = False
+    try:
+        body = envelope_probe_body(config)
+        started = time.monotonic()
+        result = await _ask(gateway, spec, body, limit_s)
+        if refuses_json_schema(result.status, result.body, body):
+            fell_back = True
+            body = envelope_probe_body(config, json_object=True)
+            started = time.monotonic()
+            result = await _ask(gateway, spec, body, limit_s)
+    except TimeoutError:
+        return slow_finding(config, base, timing, limit_s)
+    except RpcError as exc:
+        data = exc.data if isinstance(exc.data, dict) else {}
+        if data.get("kind") == "timeout":  # the server took the call and was slow (issue 38)
+            return slow_finding(config, base, timing, limit_s)
+        return Finding(
+            "Model endpoint", "fail", f"{config.model.model} at {base}: {exc.message}", _refused_fix(exc, imp)
+        )
+    finally:
+        await gateway.aclose()
+    elapsed = time.monotonic() - started
+    return endpoint_finding(
+        config, base, timing, status=result.status, body=result.body, elapsed_s=elapsed, fell_back=fell_back
     )
+
+
+async def _ask(
+    gateway: Gateway, spec: BoxSpec, body: dict[str, object], limit_s: float
+) -> ModelRequestResult:
+    """One reply call through the gateway, ended (its connection closed) after ``limit_s``."""
+    params = ModelRequestParams.model_validate(
+        {"path": "/chat/completions", "body": body, "purpose": "reply", "timeout_s": limit_s}
+    )
+    with anyio.fail_after(limit_s + MODEL_CALL_GRACE_S):
+        result = await gateway.serve(spec, "model.request", params)
+    assert isinstance(result, ModelRequestResult)
+    return result
+
+
+# ------------------------------------------------------------------ each imp's embedder (issue 33)
+
+
+def _embedder_findings(policy: Policy | None, imps: list[ImpConfig], *, skip: bool) -> list[Finding]:
+    """Per imp with memory on: the local embedder loads and embeds; a gateway embedding model answers vectors
+    of the length its boxes ask for (one tiny metered call per imp, unless ``skip`` or there is no key)."""
+    rows: list[Finding] = []
+    callable_ = policy is not None and not skip and bool(UpstreamConfig.from_env().api_key)
+    for config in imps:
+        if not config.memory.enabled:
+            continue
+        stale = _other_lengths(config)
+        if stale is not None:
+            rows.append(stale)
+        if config.memory.embedder == "hashing":
+            continue
+        if config.memory.embedder == "local":
+            rows.append(_local_embedder_finding(config.name))
+            continue
+        settings = ImpStore().box_memory(config)
+        model, asked = settings.embedding_model, settings.dimensions
+        learned = asked != config.memory.dimensions
+        if not callable_:
+            rows.append(embedding_length_finding(config.name, model, asked, None, EMBEDDING_LENGTH_BOUNDS,
+                                                 learned=learned))  # fmt: skip
+            continue
+        assert policy is not None
+        try:
+            db = open_database()
+        except DatabaseError as exc:
+            rows.append(
+                Finding(f"Embedder {config.name}", "fail", f"not called: {exc}", "see the State dir row")
+            )
+            continue
+        try:
+            rows.append(anyio.run(_embedding_call, policy, db, config, model, asked))
+        finally:
+            db.close()
+    return rows
+
+
+def _other_lengths(config: ImpConfig) -> Finding | None:
+    """Memories the imp's embedder cannot search by meaning (another vector length), if any."""
+    settings = ImpStore().box_memory(config)
+    try:
+        with home_database() as db:
+            lengths = vector_lengths(db, config.name)
+    except STORAGE_ERRORS:
+        return None  # the State dir row says what is wrong with the database
+    dims = HASHING_DIMS if settings.embedder == "hashing" else settings.dimensions
+    return other_lengths_finding(config.name, settings.embedder, dims, lengths)
+
+
+def _local_embedder_finding(imp: str) -> Finding:
     started = time.monotonic()
+    try:
+        vector = LOCAL_EMBEDDER.embed_sync([SAMPLE_EMBED_TEXT])[0]
+    except LocalModelMissing as exc:
+        return Finding(f"Embedder {imp}", "fail", str(exc), INSTALL_HINT)
+    return Finding(
+        f"Embedder {imp}", "ok", f"{LOCAL_MODEL} on this host: {vector.size} dimensions, ready in "
+        f"{time.monotonic() - started:.1f} s, no network, no cost",
+    )  # fmt: skip
+
+
+SAMPLE_EMBED_TEXT = "doctor"
+
+
+async def _embedding_call(policy: Policy, db: Database, config: ImpConfig, model: str, asked: int) -> Finding:
+    """One embeddings call through the gateway as ``config``'s imp (metered, audited on operator:cli): the
+    gateway learns a length the model gives instead of the one asked."""
+    imp, item = config.name, f"Embedder {config.name}"
+    gateway = build_gateway(
+        policy=policy, db=db, surface=NoSurface("impyard doctor posts nothing"), clock=SystemClock(), surfaces=(),
+        owners={imp: config.owners}, settle_abandoned=False,
+    )  # fmt: skip
+    spec = BoxSpec(imp, OPERATOR_CHANNEL, ImpStore().state_dir(imp), run_id=f"doctor-{uuid.uuid4().hex}")
+    body = {"model": model, "input": [SAMPLE_EMBED_TEXT], "dimensions": asked}
+    params = ModelRequestParams.model_validate({"path": "/embeddings", "body": body, "purpose": "embedding"})
     try:
         with anyio.fail_after(MODEL_CALL_TIMEOUT_S):
             result = await gateway.serve(spec, "model.request", params)
     except TimeoutError:
-        return Finding("Model endpoint", "fail", f"{model} at {base}: no answer within {MODEL_CALL_TIMEOUT_S:g} s",
+        return Finding(item, "fail", f"{model}: no answer within {MODEL_CALL_TIMEOUT_S:g} s",
                        "check OPENAI_BASE_URL and that the server is up")  # fmt: skip
     except RpcError as exc:
-        return Finding("Model endpoint", "fail", f"{model} at {base}: {exc.message}", _refused_fix(exc, imp))
+        return Finding(item, "fail", f"{model}: {exc.message}", _refused_fix(exc, imp))
     finally:
         await gateway.aclose()
-    elapsed = time.monotonic() - started
     assert isinstance(result, ModelRequestResult)
     if not 200 <= result.status < 300:
-        message = _error_message(result.body)
-        return Finding("Model endpoint", "fail", f"{model} at {base}: HTTP {result.status}: {message}",
+        return Finding(item, "fail", f"{model}: HTTP {result.status}: {error_words(result.body)}",
                        http_fix(result.status, model, imp))  # fmt: skip
-    if not _answered_json(result.body):
-        return Finding(
-            "Model endpoint", "fail", f"{model} at {base} answered, but not with the JSON object asked for",
-            "use a model and server with structured output (response_format json_schema): the imps' replies need it",
-        )  # fmt: skip
-    return Finding(
-        "Model endpoint", "ok", f"{model} at {base} answered in {elapsed:.1f} s (metered as {imp}'s)"
-    )
+    got = answered_length(body, UpstreamResponse(result.status, result.body, {}))
+    if got is None:
+        return Finding(item, "fail", f"{model} answered without a vector (no data[0].embedding)",
+                       "use an embedding model, or the host's own: impyard imp set "
+                       f"{imp} memory.embedder=local")  # fmt: skip
+    return embedding_length_finding(imp, model, asked, got, EMBEDDING_LENGTH_BOUNDS)
 
 
 def _refused_fix(exc: RpcError, imp: str) -> str:
@@ -341,20 +463,6 @@ def _refused_fix(exc: RpcError, imp: str) -> str:
     if "rule" in data:
         return f"see the Imp {imp} row (impyard policy check explains the rule)"
     return "check OPENAI_BASE_URL (with its /v1), OPENAI_API_KEY and that the server is up"
-
-
-def _error_message(body: object) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message", ""))[:200] or "no message"
-    return json.dumps(body)[:200] if body is not None else "no body"
-
-
-def _answered_json(body: object) -> bool:
-    try:
-        content = body["choices"][0]["message"]["content"]  # type: ignore[index]
-        return isinstance(json.loads(content), dict)
-    except (KeyError, IndexError, TypeError, ValueError):
-        return False
 
 
 # ------------------------------------------------------------------ Docker

@@ -8,11 +8,20 @@ but not as it should: no lockdown, no Discord token) or ``fail`` (a chat does no
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from pydantic import ValidationError
+
+from box.common.envelope import Envelope
+from box.common.failures import clip, invalid_fields
+from box.common.memory_models import memory_model
+from box.common.model_profiles import profile_for
 from box.common.request_bodies import chat_body, responses_body
-from box.protocol.models import ResponderSettings
+from box.common.structured import refuses_json_schema
+from box.protocol.models import MemoryPurpose, ResponderSettings
 from impyard.backends.base import BoxStartError
 from impyard.backends.runtimes import GVISOR, RuntimeChoice, install_hint, resolve_runtime, runtime_words
 from impyard.imps.config import MEMORY_PURPOSES, ImpConfig
@@ -24,7 +33,10 @@ FREE_FAIL_BYTES = 100 * MIB  # below this the database and the boxes' state run 
 FREE_WARN_BYTES = 1024 * MIB
 # The memory engine's chat calls: every memory purpose but the reply's own and the embedding (issue 23; issue 38:
 # all nine, as the README's rule lists them, not three, so `imp add` warns about every call that would be denied).
-MEMORY_CALL_PURPOSES: tuple[str, ...] = tuple(p for p in MEMORY_PURPOSES if p not in ("reply", "embedding"))
+# Issue 33 routes some of them to gpt-4.1-mini on OpenAI by default (box.common.memory_models).
+MEMORY_CALL_PURPOSES = cast(
+    tuple[MemoryPurpose, ...], tuple(p for p in MEMORY_PURPOSES if p not in ("reply", "embedding"))
+)
 SAMPLE_TEXT = "doctor"
 # The structured output the endpoint check asks for: the smallest schema a strict server accepts.
 PROBE_SCHEMA = {
@@ -207,20 +219,19 @@ class ModelUse:
     body: dict[str, Any] = field(compare=False, hash=False)
 
 
-def _memory_body(model: str) -> dict[str, Any]:
+def _memory_body(model: str, server: str) -> dict[str, Any]:
+    profile = profile_for(model, server)  # issue 38: shaped as the memory's calls are (box.memory.calls)
     return {
         "model": model,
         "messages": [{"role": "system", "content": SAMPLE_TEXT}, {"role": "user", "content": SAMPLE_TEXT}],
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "doctor", "strict": True, "schema": PROBE_SCHEMA},
-        },
+        "response_format": profile.response_format("doctor", PROBE_SCHEMA),
     }
 
 
 def model_uses(config: ImpConfig) -> list[ModelUse]:
     """Every (purpose, path, model) the imp's boxes call: its reply models, and with memory on the memory
-    engine's calls (a model per purpose from ``[memory] models``, else ``[model] model``) and, with the
+    engine's calls (a model per purpose from ``[memory] models``, else its shipped default on OpenAI, else
+    ``[model] model``: ``box.common.memory_models``) and, with the
     gateway embedder, its embedding model. Tools are left out of the bodies: they do not change the model."""
     spec = config.imp_spec()
     settings: ResponderSettings = spec.responder
@@ -238,20 +249,28 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
         for purpose in MEMORY_CALL_PURPOSES:
             if purpose == "introspection" and not config.memory.introspection:
                 continue  # mechanism 52 off: no introspection call is made
-            routed_as = purpose
-            if purpose == "arrival" and purpose not in config.memory.models:
-                routed_as = (
-                    "reply"  # box/memory/calls.py model_for: unrouted, the arrival goes where the reply goes
-                )
-            routed = config.memory.models.get(routed_as)  # type: ignore[call-overload]
-            model = routed or config.model.model
-            key = f"memory.models.{routed_as}" if routed else "model.model"
-            uses.append(ModelUse(purpose, "/chat/completions", model, key, _memory_body(model)))
-        if config.memory.embedder == "gateway":
-            model = config.memory.embedding_model
-            body = {"model": model, "input": [SAMPLE_TEXT], "dimensions": config.memory.dimensions}
-            uses.append(ModelUse("embedding", "/embeddings", model, "memory.embedding_model", body))
+            model = memory_model(purpose, config.memory.models, config.model.model, config.model.server)
+            body = _memory_body(model, config.model.server)
+            uses.append(
+                ModelUse(purpose, "/chat/completions", model, _memory_key(purpose, model, config), body)
+            )
+        if config.memory.embedder in ("gateway", "local"):  # local: judged by the policy too (issue 33)
+            model, dimensions = spec.memory.embedding_model, spec.memory.dimensions
+            body = {"model": model, "input": [SAMPLE_TEXT], "dimensions": dimensions}
+            key = "memory.embedding_model" if config.memory.embedder == "gateway" else "memory.embedder"
+            uses.append(ModelUse("embedding", "/embeddings", model, key, body))
     return list(dict.fromkeys(uses))  # one check per (purpose, path, model)
+
+
+def _memory_key(purpose: MemoryPurpose, model: str, config: ImpConfig) -> str:
+    """The imp.toml key that chose a memory call's model: its own ``[memory] models`` entry, the reply's for an
+    unrouted arrival (box.common.memory_models), a shipped default's purpose, or ``[model] model``."""
+    routed = config.memory.models
+    if purpose in routed:
+        return f"memory.models.{purpose}"
+    if purpose == "arrival" and "reply" in routed:
+        return "memory.models.reply"
+    return f"memory.models.{purpose}" if model != config.model.model else "model.model"
 
 
 def _user() -> dict[str, Any]:
@@ -309,6 +328,53 @@ def broken_imp_finding(name: str, problem: str) -> Finding:
 # ------------------------------------------------------------------ the model endpoint
 
 
+def embedding_length_finding(
+    imp: str, model: str, asked: int, got: int | None, bounds: tuple[int, int], *, learned: bool = False
+) -> Finding:
+    """Issue 33: what the length of an embedding model's vectors means for recall by meaning. ``got`` is what it
+    answered (None: not called; ``learned`` then says the gateway saw it ignore ``dimensions`` before)."""
+    item = f"Embedder {imp}"
+    if got is None:
+        if learned:
+            return Finding(
+                item, "warn", f"{model} was seen to ignore dimensions and answer {asked}-dimension vectors: "
+                f"{imp}'s boxes ask for {asked} (learned)",
+                f"say so in imp.toml: impyard imp set {imp} memory.dimensions={asked}",
+            )  # fmt: skip
+        return Finding(item, "ok", f"{model}, {asked} dimensions (not called)")
+    if got == asked:
+        return Finding(item, "ok", f"{model} answers {got}-dimension vectors, as asked")
+    low, high = bounds
+    if not low <= got <= high:
+        return Finding(
+            item, "fail", f"{model} ignores dimensions={asked} and answers {got}-dimension vectors, which the box "
+            f"cannot take ({low} to {high}): {imp} recalls by person and recency only, never by meaning",
+            f'use another embedding model, or the host\'s own: impyard imp set {imp} memory.embedder=local',
+        )  # fmt: skip
+    return Finding(
+        item, "warn", f"{model} ignores dimensions={asked} and answers {got}-dimension vectors: learned, {imp}'s "
+        f"next box asks for {got} (a box started before keeps refusing them: no recall by meaning)",
+        f"say so in imp.toml: impyard imp set {imp} memory.dimensions={got}",
+    )  # fmt: skip
+
+
+def other_lengths_finding(imp: str, embedder: str, dims: int, lengths: dict[int, int]) -> Finding | None:
+    """Issue 33: memories whose vectors the imp's embedder cannot compare with (another length: embedded by
+    another embedder, before a switch), or None when there are none."""
+    others = {length: count for length, count in lengths.items() if length != dims}
+    if not others:
+        return None
+    counted = ", ".join(f"{count} at {length}" for length, count in sorted(others.items()))
+    total = sum(others.values())
+    back = "gateway" if embedder == "local" else "local"
+    return Finding(
+        f"Memories {imp}", "warn", f"{total} of {imp}'s memories were embedded by another embedder ({counted} "
+        f"dimensions; its {embedder} embedder gives {dims}): found by person and recency, not by meaning",
+        f"keep it so (new memories are found by meaning), or go back to the embedder that made them, e.g. "
+        f"impyard imp set {imp} memory.embedder={back}",
+    )  # fmt: skip
+
+
 def no_key_finding(base: str) -> Finding:
     return Finding(
         "Model endpoint", "fail", f"OPENAI_API_KEY not set (base {base})",
@@ -326,3 +392,163 @@ def http_fix(status: int, model: str, imp: str) -> str:
     if status >= 500:
         return "the model server failed: try again later, or check the server"
     return "see the server's message (impyard audit tail shows the call)"
+
+
+# ------------------------------------------------------------------ the endpoint asked what the imp asks (issue 38)
+
+# The reply call doctor makes: the imp's own request builder (box.common.request_bodies.chat_body) with its own
+# [model] settings and server profile, and a prompt of the shape the box sends (a system prompt, a message).
+ENVELOPE_PROBE_SYSTEM = (
+    "You are {name}, replying in a chat. Fill in the reply envelope: `answer` is your reply to the message; "
+    'every other field that does not apply is null (or false, or its "none" value).'
+)
+ENVELOPE_PROBE_MESSAGE = "Hello! Say hello back in one short sentence."
+SLOW_SHARE = 0.5  # an envelope call that takes this share of an attempt's limit leaves no room for a second
+_NO_CHANNEL_WORDS = ("", "none", "null", "here", "this channel")
+_CHANNEL_ID = re.compile(r"^(?:<#)?[0-9]{1,20}>?$")
+
+
+@dataclass(frozen=True)
+class EndpointTiming:
+    """The timing in force for the imp (issue 38): its turn ceiling, one attempt's limit, and where from."""
+
+    turn_ceiling_s: float
+    attempt_timeout_s: float | None
+    source: str  # "server llama.cpp" or "[sessions] turn_ceiling_s"
+
+    def words(self) -> str:
+        attempt = f"{self.attempt_timeout_s:g} s" if self.attempt_timeout_s is not None else "no limit"
+        return f"turn ceiling {self.turn_ceiling_s:g} s, each attempt {attempt} (from {self.source})"
+
+
+def endpoint_timing(config: ImpConfig) -> EndpointTiming:
+    explicit = "turn_ceiling_s" in config.sessions.model_fields_set
+    source = "[sessions] turn_ceiling_s" if explicit else f"server {config.model.server}"
+    return EndpointTiming(config.turn_ceiling_s, config.imp_spec().responder.attempt_timeout_s, source)
+
+
+def envelope_probe_body(config: ImpConfig, *, json_object: bool = False) -> dict[str, Any]:
+    """The reply call as the imp's box builds it (issue 38: the output cap key, strict or not, the envelope
+    schema or ``json_object`` with the schema in the prompt — whatever the imp's server profile says)."""
+    settings = config.imp_spec().responder
+    messages = [
+        {"role": "system", "content": ENVELOPE_PROBE_SYSTEM.format(name=config.name)},
+        {"role": "user", "content": ENVELOPE_PROBE_MESSAGE},
+    ]
+    return chat_body(settings, settings.model, messages, [], json_object=json_object)
+
+
+def profile_words(config: ImpConfig) -> str:
+    """What the imp's requests carry, in words: ``server llama.cpp: max_tokens, json_schema without strict``."""
+    profile = profile_for(config.model.model, config.model.server)
+    structured = {
+        "strict": "json_schema strict",
+        "schema": "json_schema without strict",
+        "json_object": "json_object with the schema in the prompt",
+    }[profile.structured]
+    return f"server {config.model.server}: {profile.output_cap_key}, {structured}"
+
+
+def channel_problem(channel: str | None) -> str | None:
+    """A ``channel`` the probe's answer named though none was asked for (ENV-09): None when it is null, "none" or
+    the like, or a channel id; else what a small model does with free fields (issue 38)."""
+    wanted = (channel or "").strip().lower().lstrip("#")
+    if wanted in _NO_CHANNEL_WORDS or _CHANNEL_ID.match(wanted):
+        return None
+    return f"its channel names {clip(json.dumps(channel), 60)}, no channel it can address"
+
+
+def envelope_problem(body: Any) -> str | None:
+    """Why a 200 answer to the envelope probe is not a usable reply (issue 38), or None when it is: a message,
+    not cut at the output cap, whose content is a valid envelope with an answer and a resolvable channel."""
+    try:
+        choice = body["choices"][0]
+        content = choice["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return "the answer has no message"
+    if choice.get("finish_reason") == "length":
+        return "the answer was cut at its output cap (finish_reason length): not a whole JSON object"
+    if not isinstance(content, str):
+        return "the answer has no text"
+    try:
+        envelope = Envelope.model_validate(json.loads(content))
+    except ValidationError as exc:
+        return f"the answer is not a valid reply envelope: {invalid_fields(exc)}"
+    except ValueError:
+        return f"the answer is not JSON: {clip(content, 80)}"
+    if not (envelope.answer or "").strip() and envelope.answer_needed:
+        return "the envelope has no answer"
+    return channel_problem(envelope.channel)
+
+
+def endpoint_finding(
+    config: ImpConfig,
+    base: str,
+    timing: EndpointTiming,
+    *,
+    status: int,
+    body: Any,
+    elapsed_s: float,
+    fell_back: bool,
+) -> Finding:
+    """The endpoint row from the imp's own reply call (issue 38): usable or not, how long it took, the timing
+    in force, and whether the server needed ``json_object`` in place of ``json_schema``."""
+    model, imp = config.model.model, config.name
+    where = f"{model} at {base} ({profile_words(config)})"
+    if not 200 <= status < 300:
+        message = error_words(body)
+        if fell_back or refuses_json_schema(status, body):
+            return Finding(
+                "Model endpoint", "fail",
+                f"{where}: this server cannot give structured output: it refused response_format json_schema "
+                f"and json_object (HTTP {status}: {message})",
+                "use a server that takes response_format json_schema or json_object: llama.cpp's llama-server, "
+                "Ollama, vLLM or LM Studio (docs/models.md)",
+            )  # fmt: skip
+        return Finding(
+            "Model endpoint", "fail", f"{where}: HTTP {status}: {message}", http_fix(status, model, imp)
+        )
+    problem = envelope_problem(body)
+    took = f"answered a reply envelope in {elapsed_s:.1f} s; {timing.words()}"
+    if problem is not None:
+        return Finding("Model endpoint", "fail", f"{where} {took}, but {problem}", _answer_fix(problem, imp))
+    if fell_back:
+        return Finding(
+            "Model endpoint", "warn",
+            f"{where} refused response_format json_schema; with json_object and the schema in the prompt it {took}",
+            f'impyard imp set {imp} model.server=llama-cpp-python (each box otherwise learns it from one refused call)',
+        )  # fmt: skip
+    limit = timing.attempt_timeout_s
+    if limit is not None and elapsed_s > limit * SLOW_SHARE:
+        return Finding(
+            "Model endpoint", "warn", f"{where} {took}: slow, a turn makes several such calls",
+            f"a smaller model or a faster machine, or a longer ceiling: impyard imp set {imp} "
+            f"sessions.turn_ceiling_s=SECONDS (now {timing.turn_ceiling_s:g})",
+        )  # fmt: skip
+    return Finding("Model endpoint", "ok", f"{where} {took} (metered as {imp}'s)")
+
+
+def _answer_fix(problem: str, imp: str) -> str:
+    if "output cap" in problem:
+        return f"a longer cap (impyard imp set {imp} model.max_tokens=N), or a larger model that stops on its own"
+    if "not a valid reply envelope" in problem or "channel" in problem:
+        return "a model this small fills the envelope's free fields wrongly: try a larger instruct model (docs/models.md)"
+    return "use a model and server with structured output (response_format json_schema or json_object): the imp's replies need it"
+
+
+def slow_finding(config: ImpConfig, base: str, timing: EndpointTiming, waited_s: float) -> Finding:
+    """The server took the call and did not answer within the imp's own attempt limit (issue 38: slow, not
+    unreachable)."""
+    return Finding(
+        "Model endpoint", "fail",
+        f"{config.model.model} at {base} ({profile_words(config)}) took the call but did not answer within "
+        f"{waited_s:g} s; {timing.words()}",
+        "the server is up but too slow for these limits: a smaller model or a faster machine, or a longer "
+        f"ceiling: impyard imp set {config.name} sessions.turn_ceiling_s=SECONDS",
+    )  # fmt: skip
+
+
+def error_words(body: Any) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return clip(str(body["error"].get("message", "")), 200) or "no message"
+    return clip(json.dumps(body), 200) if body is not None else "no body"

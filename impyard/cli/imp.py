@@ -294,7 +294,10 @@ def _settings_table(config: ImpConfig) -> Table:
     for section_name in SECTIONS:
         section = getattr(config, section_name)
         for key in type(section).model_fields:
-            rows.append((f"{section_name}.{key}", getattr(section, key), key in section.model_fields_set))
+            value = getattr(section, key)
+            if (section_name, key) == ("sessions", "turn_ceiling_s"):
+                value = config.turn_ceiling_s  # issue 38: unset, the [model] server's own
+            rows.append((f"{section_name}.{key}", value, key in section.model_fields_set))
     shown_rows = []
     for key, value, explicit in rows:
         if key == "discord.token_env" and value is None:

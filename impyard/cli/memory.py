@@ -195,7 +195,7 @@ def embed(config: ImpConfig, db: Database, text: str) -> list[float]:
         if vector is None:
             raise CliError("the text has no words to search or remember by; give some words")
         return vector
-    if not UpstreamConfig.from_env().api_key:
+    if config.memory.embedder != "local" and not UpstreamConfig.from_env().api_key:  # local needs no key
         raise CliError(NO_KEY.format(imp=config.name))
     try:
         policy = load_policy()
@@ -228,8 +228,11 @@ async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, pol
     why: str | None = "the text has no words"  # blank text is not sent: the API refuses empty input
     try:
         if clipped.strip():
-            dimensions = config.memory.dimensions
-            body = embedding_body(config.memory.embedding_model, clipped, dimensions)
+            memory = ImpStore().box_memory(
+                config
+            )  # the model and length its boxes ask for (local: the host's)
+            dimensions = memory.dimensions
+            body = embedding_body(memory.embedding_model, clipped, dimensions)
             asked = await ask_while_busy(
                 _ThroughGateway(gateway, spec),
                 EMBEDDINGS_PATH,
@@ -413,8 +416,9 @@ def search_command(imp: str, text: str, scopes: tuple[str, ...], k: int, out: Ou
 
     \b
     The text is embedded with the imp's [memory] embedder: through the gateway
-    (purpose embedding: judged, metered and audited like a box's call), or
-    locally with embedder = "hashing". Example:
+    (purpose embedding: judged, metered and audited like a box's call; with
+    embedder = "local" computed by this host, at no cost), or locally with
+    embedder = "hashing". Example:
       impyard memory search pip "the picnic by the lake"
     """
     config = imp_config(imp)
@@ -591,7 +595,10 @@ def copy_command(src: str, new: str, out: Output) -> None:
     notes = []
     if not target.memory.enabled:
         notes.append(f"{target.name}'s memory is off: impyard imp set {target.name} memory.enabled=true")
-    mine, theirs = source.memory, target.memory
+    mine, theirs = (
+        ImpStore().box_memory(source),
+        ImpStore().box_memory(target),
+    )  # as their boxes embed (issue 33)
     if (mine.embedder, mine.embedding_model, mine.dimensions) != (theirs.embedder, theirs.embedding_model,
                                                                   theirs.dimensions):  # fmt: skip
         notes.append(

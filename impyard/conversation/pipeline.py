@@ -21,6 +21,7 @@ from typing import Literal
 import anyio
 from sqlalchemy.engine import Connection
 
+from box.common.history import lookback
 from box.protocol.memory import PresenceEntry
 from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, Message, SessionInfo
 from impyard import __version__ as impyard_version
@@ -28,7 +29,7 @@ from impyard.backends import BoxBackend
 from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import Clock
 from impyard.conversation.framing import RecentAuthor, decide_framing
-from impyard.conversation.history import History, PendingWake
+from impyard.conversation.history import DEFAULT_RECENT, History, PendingWake
 
 # What surfaces import from here (a message as it is handed in lives in ``impyard.conversation.inbound``).
 from impyard.conversation.inbound import (
@@ -45,6 +46,8 @@ from impyard.conversation.sessions import Delivery, SessionKey, SessionManager, 
 from impyard.conversation.typing_indicator import TypingIndicator
 from impyard.conversation.wake import WakeDecision, WakeFacts, decide_wake
 from impyard.failure_words import missed_line
+from impyard.gateway.policy import Policy
+from impyard.gateway.reach import with_reach
 from impyard.gateway.surfaces import Post, Surface, surface_of
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.memory.scopes import presence, scopes_of
@@ -112,9 +115,12 @@ class Conversations:
         clock: Clock,
         imp_user_ids: Mapping[str, str] | None = None,
         backends: Mapping[str, BoxBackend] | None = None,
+        policy: Callable[[], Policy] | None = None,
     ) -> None:
-        """``backends``: each imp's box backend (the session manager's plan, with init/state dir/settings)."""
+        """``backends``: each imp's box backend (the session manager's plan, with init/state dir/settings);
+        ``policy``: the gateway's current policy, read when a box opens (issue 38: what its envelope asks)."""
         self.backends = dict(backends or {})
+        self.policy = policy
         self.imps = imps
         self.configs = dict(configs)
         self.history = history
@@ -161,6 +167,13 @@ class Conversations:
             recent=kept.recent,
         )  # fmt: skip
 
+    def _recent_rows(self, imp: str) -> int:
+        """How many of the channel's messages a wake reads: the framing's window, or the box's (issue 33) if larger."""
+        if imp not in self.configs:
+            return DEFAULT_RECENT
+        limit = self.configs[imp].model.history_limit
+        return max(DEFAULT_RECENT, limit + lookback(limit))
+
     async def _keep(self, imp: str, inbound: Inbound, message: Message) -> _Kept:
         """The channel seen, the message kept (woken or not), the wake rule, and for a wake its row and the
         channel's recent history. Two transactions, each one quick call (issue 18: each store joins the
@@ -183,7 +196,7 @@ class Conversations:
 
         def woken(conn: Connection) -> list[HistoryEntry]:
             self.history.record_wake(imp, inbound.channel_id, message.id, conn=conn)
-            return self.history.recent(inbound.channel_id, imp=imp, conn=conn)
+            return self.history.recent(inbound.channel_id, self._recent_rows(imp), imp=imp, conn=conn)
 
         try:
             channel = await db.quick(db.write, kept)
@@ -224,7 +237,9 @@ class Conversations:
         """``recent``: the channel's window as routing read it (None: read it here, after a restart)."""
         assert self.sessions is not None, "attach a SessionManager first"
         if recent is None:
-            recent = await self.history.db.run(self.history.recent, channel_id, imp=imp)
+            recent = await self.history.db.run(
+                self.history.recent, channel_id, self._recent_rows(imp), imp=imp
+            )
         framing = decide_framing(
             channel_kind=kind,
             addressed=addressed,
@@ -236,9 +251,11 @@ class Conversations:
             now=self.clock.now(),
         )
         key = SessionKey(imp, channel_id)
-        # Framing looks at the whole window; the box gets only what its prompt can use (ENV-07).
+        # Framing looks at the whole window; the box gets only what its prompt can use (ENV-07), and before that up to
+        # lookback(limit) older messages with their ids and times only: the box places its window's start by them, so
+        # the window moves in steps and the prompt cache hits (issue 33, box.common.history.window_start).
         limit = self.configs[imp].model.history_limit if imp in self.configs else len(recent)
-        recent = recent[-limit:] if limit else []
+        recent = box_window(recent, limit)
         # Earlier messages are context: a long terminal paste is whole once, then bounded like any other.
         recent = [
             entry.model_copy(update={"content": bounded(entry.content, MAX_INBOUND_CHARS)})
@@ -327,6 +344,7 @@ class Conversations:
         config = self.configs[key.imp]
         info = await self.channels.db.run(self.channels.info, key.channel_id)
         imp = await in_thread(self.imps.imp_spec, config)
+        imp = with_reach(imp, self.policy() if self.policy else None, key.channel_id)  # issue 38
         kind = info.kind if info and info.kind in ("dm", "guild", "terminal", "task") else "guild"
         scopes = (
             await resolve_scopes(self.channels.db, key.imp, key.channel_id) if imp.memory.enabled else None
@@ -336,7 +354,7 @@ class Conversations:
             imp=imp,
             session=SessionInfo(
                 id=f"{key.imp}:{key.channel_id}", channel_id=key.channel_id, channel_kind=kind,  # type: ignore[arg-type]
-                channel_name=info.name if info else "", turn_ceiling_s=config.sessions.turn_ceiling_s,
+                channel_name=info.name if info else "", turn_ceiling_s=config.turn_ceiling_s,  # issue 38
             ),
             now=now,
             memory=scopes.session_memory() if scopes is not None else None,  # the gateway applies the same
@@ -365,11 +383,12 @@ class Conversations:
         return self.imps.session_state_dir(key.imp, key.channel_id)
 
     def settings_for(self, imp: str) -> SessionSettings:
-        sessions = self.configs[imp].sessions
+        config = self.configs[imp]
+        sessions = config.sessions
         return SessionSettings(
             mode=sessions.mode,
             idle_s=sessions.idle_s,
-            turn_ceiling_s=sessions.turn_ceiling_s,
+            turn_ceiling_s=config.turn_ceiling_s,  # issue 38: the server's own, unless written
             session_ceiling_s=sessions.session_ceiling_s,
             queue_limit=sessions.queue_limit,
             failure_notice=sessions.failure_notice or None,
@@ -422,3 +441,14 @@ class Conversations:
     def observer_for(self, key: SessionKey) -> TypingIndicator:
         """Each session's own typing indicator, driven by its box's ``turn.stage`` (typing shows from ``render``)."""
         return TypingIndicator(self.surface, key.channel_id, key.imp)
+
+
+def box_window(recent: Sequence[HistoryEntry], limit: int) -> list[HistoryEntry]:
+    """What of the channel's ``recent`` a delivery carries: the last ``limit`` messages (ENV-07), and before them up to
+    ``lookback(limit)`` older ones with their text left out (issue 33: the box only counts them, to place its history
+    window's start; they are never shown to the model)."""
+    if limit <= 0:
+        return []
+    shown = list(recent[-limit:])
+    before = list(recent[-(limit + lookback(limit)) : -limit]) if len(recent) > limit else []
+    return [entry.model_copy(update={"content": ""}) for entry in before] + shown

@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pydantic import BaseModel
 
+from box.common.failures import tagged
 from box.protocol import RpcError
 from box.protocol.memory import PresenceEntry, SessionMemory
 from box.protocol.models import (
@@ -50,6 +51,15 @@ SHUTDOWN_GRACE_S = 10.0
 DIED_NOTICE = "(I ran into a problem and had to restart. Please say that again.)"
 BUSY_NOTICE = "(I'm too busy to keep up with this channel right now — some messages will go unanswered.)"
 CEILING_NOTICE = "(That took too long, so I stopped. Please try again.)"
+
+
+def ceiling_error(ceiling_s: float) -> str:
+    """Issue 38: a turn stopped at its ceiling, said as the time that ran out and the setting that sets it."""
+    return tagged(
+        "timeout",
+        f"the turn took longer than its ceiling of {ceiling_s:g} s and was stopped "
+        "(a slow model server may need a longer one: [sessions] turn_ceiling_s in imp.toml)",
+    )
 
 
 @dataclass(frozen=True)
@@ -264,6 +274,7 @@ class ChannelSession:
     boxes_started: int = 0
     busy_notified: bool = False
     accepted: int = 0  # messages the mailbox ever took: the idle timer's "did anything come?"
+    idle: bool = False  # the worker waits for work between turns (no turn runs, none is being recorded)
     done: anyio.Event = field(default_factory=anyio.Event)
     in_turn: list[Queued] = field(default_factory=list)  # taken, outcome not yet recorded
     _sending: MemoryObjectSendStream[Queued] = field(init=False, repr=False)
@@ -351,6 +362,8 @@ class SessionManager:
         self._live: set[ChannelSession] = set()
         self._tg: TaskGroup | None = None
         self._accepting = False
+        self._hurried = False  # ``hurry``: a shutdown gives running turns no grace
+        self._grace: anyio.CancelScope | None = None  # the grace of a shutdown under way
 
     async def __aenter__(self) -> SessionManager:
         self._tg = anyio.create_task_group()
@@ -375,8 +388,11 @@ class SessionManager:
             return TurnHandle("refused")
         session = self.sessions.get(delivery.key)
         if session is not None:
-            handle = TurnHandle("queued")
+            # A warm box waiting for work with nothing in its mailbox takes this message now: its turn starts.
+            handle = TurnHandle("started" if session.idle and not session.waiting else "queued")
             if session.offer(Queued(delivery, handle)):
+                if handle.outcome == "started":
+                    session.idle = False  # one message starts the turn; the next ones wait behind it
                 return handle
             if not session.busy_notified:
                 session.busy_notified = True
@@ -500,16 +516,20 @@ class SessionManager:
     async def _wait_for_work(self, session: ChannelSession, idle_s: float) -> Queued | None:
         """The next message, or None when the idle window passed without one (or the manager shuts down)."""
         before = session.accepted
-        async with anyio.create_task_group() as tg:
+        session.idle = True
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def idle_timer() -> None:
-                await self.sleep(idle_s)
-                if session.accepted == before:  # nothing came, not even a message handed over just now
-                    self._retire(session)  # leaves the map and ends the wait below, in this one step
+                async def idle_timer() -> None:
+                    await self.sleep(idle_s)
+                    if session.accepted == before:  # nothing came, not even a message handed over just now
+                        self._retire(session)  # leaves the map and ends the wait below, in this one step
 
-            tg.start_soon(idle_timer)
-            first = await session.next_message()
-            tg.cancel_scope.cancel()
+                tg.start_soon(idle_timer)
+                first = await session.next_message()
+                tg.cancel_scope.cancel()
+        finally:
+            session.idle = False
         return first
 
     async def _turn(self, session: ChannelSession, box: RunningBox, batch: list[Queued]) -> bool:
@@ -527,7 +547,8 @@ class SessionManager:
         except BoxTimeout as exc:
             log.warning("session %s: turn ceiling: %s", key, exc)
             await box.kill()
-            result, healthy, notice = DeliverResult(outcome="failed", error=str(exc)), False, CEILING_NOTICE
+            error = ceiling_error(session.settings.turn_ceiling_s)  # issue 38: what ran out, and the setting
+            result, healthy, notice = DeliverResult(outcome="failed", error=error), False, CEILING_NOTICE
         except BoxDied as exc:
             log.error("session %s: box died mid-turn: %s", key, exc)
             result, healthy, notice = (
@@ -580,6 +601,18 @@ class SessionManager:
 
     # ------------------------------------------------------------ shutdown
 
+    @property
+    def turns_running(self) -> int:
+        """Turns under way now, in every session (a box answering, or its outcome being recorded)."""
+        return sum(1 for session in self._live if session.in_turn)
+
+    def hurry(self) -> None:
+        """Stop now (a second Ctrl-C): the grace of a shutdown, under way or to come, ends at once, so running
+        turns are abandoned and their boxes killed by their backends' exit paths."""
+        self._hurried = True
+        if self._grace is not None:
+            self._grace.cancel()
+
     async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop accepting; running turns get ``grace_s`` to finish; then every box is killed."""
         self._accepting = False
@@ -587,8 +620,9 @@ class SessionManager:
             session.closing = True
             session.stop_taking()  # a session waiting for work ends its wait
         self.sessions.clear()
-        with anyio.move_on_after(grace_s):
+        with anyio.move_on_after(0 if self._hurried else grace_s) as self._grace:
             for session in list(self._live):
                 await session.done.wait()
+        self._grace = None
         if self._tg is not None:
             self._tg.cancel_scope.cancel()  # what is left is killed by its backend's exit path

@@ -69,6 +69,15 @@ class UpstreamUnreachable(ImpyardError):
         self.sent = sent
 
 
+class UpstreamTimeout(UpstreamUnreachable):
+    """Issue 38: the server took the request but did not answer within the call's time limit: slow, not
+    unreachable. The request was ended, its connection closed (a local server stops working on it)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the model server did not answer within {timeout_s:g} s", sent=True)
+        self.timeout_s = timeout_s
+
+
 @dataclass(frozen=True)
 class UpstreamConfig:
     """Where the model API is and the key for it. The key never leaves the host process, and neither do
@@ -269,13 +278,16 @@ class ModelBroker:
             await self._pool.aclose()
             self._pool = None
 
-    async def call(self, path: str, body: bytes, purpose: str) -> UpstreamResponse:
+    async def call(
+        self, path: str, body: bytes, purpose: str, *, timeout_s: float | None = None
+    ) -> UpstreamResponse:
+        """``timeout_s``: the call's own limit (issue 38: the box's attempt timeout); else ``[upstream] timeout_s``."""
         if not self.config.api_key:
             raise UpstreamUnreachable(NO_KEY_MESSAGE, sent=False)
         if len(body) > self.settings.max_request_bytes:
             raise ValueError(f"request body of {len(body)} bytes is over {self.settings.max_request_bytes}")
         target = self._target(path)
-        timeout_s = self.settings.timeout_s
+        timeout_s = timeout_s if timeout_s is not None else self.settings.timeout_s
         request = httpcore.Request(
             b"POST",
             target.url,
@@ -310,10 +322,8 @@ class ModelBroker:
                 f"cannot connect to the model API at {self.config.display_url}: {type(exc).__name__}",
                 sent=False,
             ) from exc
-        except TimeoutError as exc:
-            raise UpstreamUnreachable(
-                f"the model API did not answer within {self.settings.timeout_s:g} s", sent=True
-            ) from exc
+        except (TimeoutError, httpcore.ReadTimeout, httpcore.WriteTimeout, httpcore.PoolTimeout) as exc:
+            raise UpstreamTimeout(timeout_s) from exc  # issue 38: connected, so slow, not unreachable
         except ResponseTooLarge as exc:
             raise UpstreamUnreachable(str(exc), sent=True) from exc
         except HTTP_ERRORS as exc:

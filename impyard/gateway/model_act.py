@@ -27,11 +27,13 @@ from impyard.gateway.broker import (
     NO_KEY_MESSAGE,
     ModelBroker,
     UpstreamResponse,
+    UpstreamTimeout,
     UpstreamUnreachable,
     encode_body,
 )
 from impyard.gateway.judge import RequestFacts, judge, model_request_facts
 from impyard.gateway.ledger import BudgetExhausted, Reservation
+from impyard.gateway.local_embedder import LOCAL_EMBEDDER, LOCAL_MODEL, LocalEmbedder
 from impyard.gateway.policy import Policy
 from impyard.gateway.policy_models import Price, Rule
 from impyard.gateway.prices import (
@@ -42,12 +44,20 @@ from impyard.gateway.prices import (
     tier_multiplier,
 )
 from impyard.gateway.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
+from impyard.gateway.send_act import SendAct
+from impyard.gateway.surfaces import SURFACE_TERMINAL, Post, surface_of
+from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpStore
 from impyard.storage.db import STORAGE_ERRORS
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.gateway")
 
 PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
 UPSTREAM_RULE = "upstream-limits"
+
+
+class _EndedWithBox(Exception):
+    """Issue 38: the call's box went away and the call asked to end with it."""
 
 
 @dataclass
@@ -79,6 +89,10 @@ class _UpstreamCall:
     error: RpcError | None = None
     orphaned: bool = False
     detached: bool = False  # runs in the gateway's task group
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the upstream request's own
+    ended_with_box: bool = (
+        False  # issue 38: cut because its box went away (``ModelRequestParams.end_with_box``)
+    )
 
 
 class ModelAct(Act):
@@ -86,8 +100,10 @@ class ModelAct(Act):
 
     methods: ClassVar[frozenset[str]] = frozenset({"model.request"})
 
-    def __init__(self, broker: ModelBroker) -> None:
+    def __init__(self, broker: ModelBroker, local: LocalEmbedder = LOCAL_EMBEDDER) -> None:
         self.broker = broker
+        self.local = local  # issue 33: the host's own embedder, for LOCAL_MODEL (never sent upstream)
+        self._lengths_told: set[tuple[str, str, int]] = set()  # (imp, model, length) learned and said
         self._calls: TaskGroup | None = None  # set while ``running``
         self._detached: set[_UpstreamCall] = set()  # calls in flight in that task group
 
@@ -166,7 +182,9 @@ class ModelAct(Act):
                 f"the body is {len(plan.raw)} bytes, over {self.gateway.policy.upstream.max_request_bytes}"
             )
             return replace(denied(UPSTREAM_RULE, reason), estimate_micros=estimate), plan
-        if not self.broker.configured:
+        if not self.broker.configured and not _local(
+            params.path, facts.model
+        ):  # the local embedder needs no key
             error = RpcError(
                 ErrorCode.UPSTREAM_UNREACHABLE, NO_KEY_MESSAGE, {"reason": "no model key configured"}
             )
@@ -217,6 +235,8 @@ class ModelAct(Act):
         record.detail = f"{params.path} model={plan.facts.model}"
         if plan.output_cap is not None:
             record.detail += f" output_cap={plan.output_cap} (set by the host)"
+        if _local(params.path, plan.facts.model):
+            record.detail += " (computed on the host)"
         enforce(decision, record)
         assert (
             plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
@@ -237,12 +257,74 @@ class ModelAct(Act):
             except anyio.get_cancelled_exc_class():
                 if not call.done.is_set():
                     call.orphaned = True  # the box is gone: the row says so
+                    if params.end_with_box:  # issue 38: a local server stops work no one waits for
+                        call.ended_with_box = True
+                        call.scope.cancel()
                 raise
         if call.error is not None:
             raise call.error
         assert call.response is not None
         response = call.response
+        if params.path == "/embeddings" and not _local(params.path, plan.facts.model):
+            await self._learn_length(spec, plan.facts.model or "", params.body, response)
         return ModelRequestResult(status=response.status, body=response.body, headers=response.headers)
+
+    def _limit(self, params: ModelRequestParams) -> float | None:
+        """The call's time limit: the box may shorten the policy's ``[upstream] timeout_s``, never lengthen it —
+        unless the call ends with the box (issue 38: a local server's), which the host's turn ceiling bounds."""
+        wanted, policy = params.timeout_s, self.broker.settings.timeout_s
+        if wanted is None or params.end_with_box:
+            return wanted
+        return min(wanted, policy)
+
+    async def _learn_length(
+        self, spec: BoxSpec, model: str, body: dict[str, Any], response: UpstreamResponse
+    ) -> None:
+        """Issue 33: an embedding model that answers another length than the ``dimensions`` asked (most local
+        servers give their model's own) has every vector refused by the box, and recall by meaning goes off in
+        silence. The host keeps the length it really gives, per imp and model (``ImpStore.box_memory``: the
+        imp's next box asks for it), and says so once per host process, in words an operator can act on."""
+        imp = spec.imp
+        got = answered_length(body, response)
+        asked = body.get("dimensions")
+        if (
+            got is None
+            or not isinstance(asked, int)
+            or got == asked
+            or (imp, model, got) in self._lengths_told
+        ):
+            return
+        self._lengths_told.add((imp, model, got))
+        low, high = EMBEDDING_LENGTH_BOUNDS
+        if not low <= got <= high:
+            said = (
+                f"{imp}'s embedding model {model} answers vectors of {got} dimensions, not the {asked} asked, and the "
+                f"box takes {low} to {high}: recall by meaning is off for {imp}. Use another embedding model, or "
+                f"the host's own: impyard imp set {imp} memory.embedder=local"
+            )
+        else:
+            try:
+                await in_thread(ImpStore().learn_embedding_length, imp, model, got)
+            except OSError as exc:
+                log.warning("could not keep %s's embedding length for %s: %s", imp, model, exc)
+            said = (
+                f"{imp}'s embedding model {model} ignores dimensions={asked} and answers {got}-dimension vectors: "
+                f"this box cannot use them (recall by meaning is off until it ends); {imp}'s next box asks for {got} "
+                f"(learned). Say so in imp.toml to make it explicit: impyard imp set {imp} memory.dimensions={got}"
+            )
+        log.warning("%s", said)
+        await self._tell_operator(spec, said)
+
+    async def _tell_operator(self, spec: BoxSpec, said: str) -> None:
+        """Where the channel is the operator's own (``impyard chat``'s terminal), the first turn says it there too;
+        a Discord channel's people never see the host's setup (the log and ``impyard doctor`` say it)."""
+        sending = self.gateway.act(SendAct)
+        if sending is None or surface_of(spec.channel_id) != SURFACE_TERMINAL:
+            return
+        try:
+            await sending.surface.send(Post(spec.channel_id, f"(host) {said}", kind="notice", imp=spec.imp))
+        except Exception as exc:  # noqa: BLE001 - a notice that cannot be shown is logged, never the turn's end
+            log.warning("could not show the embedding notice in %s: %s", spec.channel_id, exc)
 
     async def _run_call(self, call: _UpstreamCall) -> None:
         """The upstream call, then its settlement: the measured cost; 0 where nothing can have been billed (it
@@ -252,13 +334,37 @@ class ModelAct(Act):
         model = call.plan.facts.model
         cost = estimate
         try:
-            response = await self.broker.call(params.path, call.plan.raw, params.purpose)
+            with call.scope:
+                if _local(
+                    params.path, model
+                ):  # issue 33: computed here, priced 0 by the policy, audited the same
+                    response = await self.local.answer(call.plan.body)
+                else:
+                    response = await self.broker.call(
+                        params.path, call.plan.raw, params.purpose, timeout_s=self._limit(params)
+                    )
+            if call.scope.cancelled_caught:
+                raise _EndedWithBox  # the box went away: recorded as cut, below
+        except UpstreamTimeout as exc:
+            # Issue 38: the server took the request and was slow: said so, and audited as a timeout.
+            record.verdict = "timeout"
+            call.error = RpcError(
+                ErrorCode.UPSTREAM_UNREACHABLE, str(exc), {"reason": str(exc), "kind": "timeout"}
+            )
         except UpstreamUnreachable as exc:
             cost = estimate if exc.sent else 0
             record.verdict = "unreachable"
             call.error = RpcError(
                 ErrorCode.UPSTREAM_UNREACHABLE, f"model API unreachable: {exc}", {"reason": str(exc)}
             )
+        except _EndedWithBox:
+            record.verdict = "interrupted"
+            record.reason = (
+                "interrupted: the box that asked ended before the model answered (a local server's call ends with "
+                "it, issue 38), so the request was closed; charged the reservation, since the model API may bill a "
+                "request it received"
+            )
+            call.error = RpcError(ErrorCode.UPSTREAM_UNREACHABLE, "model request ended with its box")
         except BaseException:  # cancelled: the host is stopping (a detached call), or the caller was cut
             record.verdict = "interrupted"
             cut = "the host stopped" if call.detached else "the request was cut"
@@ -317,3 +423,19 @@ class ModelAct(Act):
             if call.orphaned and record.verdict != "interrupted":
                 record.detail += "; the box ended before the answer came: finished and settled for it"
             await self.gateway.db.quick(self.gateway.row_now, record)  # the gateway's row, in its own trip
+
+
+def _local(path: str, model: str | None) -> bool:
+    """A request the host's local embedder answers (issue 33): ``/embeddings`` of the reserved local model."""
+    return path == "/embeddings" and model == LOCAL_MODEL
+
+
+def answered_length(body: dict[str, Any], response: UpstreamResponse) -> int | None:
+    """The length of the vector an embeddings answer holds (its ``data[0].embedding``), or None if it holds none."""
+    if response.status != 200 or not isinstance(response.body, dict):
+        return None
+    data = response.body.get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return None
+    vector = data[0].get("embedding")
+    return len(vector) if isinstance(vector, list) else None

@@ -14,6 +14,7 @@ import difflib
 import json
 import re
 import typing
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,6 +22,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from box.common.attempts import attempt_timeout_s
+from box.common.embedding import LOCAL_EMBEDDING_DIMS, LOCAL_EMBEDDING_MODEL
+from box.common.model_profiles import timing_for
 from box.protocol.models import ImpSpec, MemoryPurpose, MemorySettings, ModelName, ResponderSettings
 from impyard.errors import ImpyardError
 from impyard.toml_errors import Problem, ProblemsError
@@ -170,12 +173,14 @@ class ModelConfig(_Strict):
         min_length=1,
         max_length=128,
     )
-    server: Literal["openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible"] = _field(
-        _box_default(ResponderSettings, "server"),
-        "Where OPENAI_BASE_URL points: openai (each model's profile by its name), ollama, llama.cpp, vllm, "
-        "lmstudio, or compatible (another OpenAI-compatible service); decides which parameters are sent "
-        "(docs/models.md).",
-        expect='one of "openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible"',
+    server: Literal["openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible", "llama-cpp-python"] = (
+        _field(
+            _box_default(ResponderSettings, "server"),
+            "Where OPENAI_BASE_URL points: openai (each model's profile by its name), ollama, llama.cpp, vllm, "
+            "lmstudio, llama-cpp-python, or compatible (another OpenAI-compatible service); decides which "
+            "parameters are sent and the turn's time limits (docs/models.md).",
+            expect='one of "openai", "ollama", "llama.cpp", "vllm", "lmstudio", "compatible", "llama-cpp-python"',
+        )
     )
     vision_model: str | None = _field(
         _box_default(ResponderSettings, "vision_model"),
@@ -274,6 +279,15 @@ class ModelConfig(_Strict):
         example="news.md",
     )
 
+    # Issue 38: pictures are asked of the model only where they can be made (docs/conversation.md).
+    images: bool | None = _field(
+        _box_default(ResponderSettings, "images"),
+        "Whether the envelope asks for pictures (the image model on the same server): unset = yes on server "
+        "openai, no on any other (a local server makes none); the policy must allow purpose image as well.",
+        expect="true or false",
+        example=True,
+    )
+
     @field_validator("short_path")
     @classmethod
     def _regexes_compile(cls, pairs: list[list[str]]) -> list[list[str]]:
@@ -308,7 +322,9 @@ MEMORY_PURPOSES: tuple[str, ...] = typing.get_args(MemoryPurpose)
 # Written into imp.toml by the commands that create an imp for an operator (`impyard imp add`,
 # `impyard chat`'s first imp): new imps remember (issue 23). The box's own default, and so a config
 # without the key, stays off: imps built by code (tests, tools) never make memory calls they did not ask for.
-NEW_IMP_MEMORY: dict[str, Any] = {"enabled": True}
+# Issue 33: and they embed with the host's local model (no network, no cost). Written here, not made the box's
+# default: an imp without the key keeps the gateway embedder its stored vectors were made with.
+NEW_IMP_MEMORY: dict[str, Any] = {"enabled": True, "embedder": "local"}
 
 
 def new_imp_settings(settings: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -342,22 +358,26 @@ class MemoryConfig(_Strict):
         "The imp remembers what happens to it (new imps are created with true; false, or no key, turns it off).",
         expect="true or false",
     )
-    embedder: Literal["gateway", "hashing"] = _field(
+    embedder: Literal["gateway", "hashing", "local"] = _field(
         _box_default(MemorySettings, "embedder"),
-        "gateway: embeddings from embedding_model through the gateway (metered, audited); "
-        "hashing: a local 64-dimension word-hashing embedder for tests and offline use (no calls, weak recall).",
-        expect='one of "gateway", "hashing"',
+        "local: all-MiniLM-L6-v2 computed by the host (no network, no key, no cost; 384 dimensions; new imps get "
+        "it); gateway: embeddings from embedding_model through the gateway (metered, audited); "
+        "hashing: a 64-dimension word-hashing embedder for tests (no calls, weak recall). "
+        "Changing it leaves older memories unsearchable by meaning (found by person and recency).",
+        expect='one of "local", "gateway", "hashing"',
     )
     embedding_model: str = _field(
         _box_default(MemorySettings, "embedding_model"),
-        "The embedding model (purpose embedding, path /embeddings; the policy must allow it).",
+        "The embedding model of the gateway embedder (purpose embedding, path /embeddings; the policy must allow "
+        "it); not used by the local or hashing embedder.",
         expect="a model name in quotes, at most 128 characters",
         **_box_bounds(MemorySettings, "embedding_model"),
     )
     dimensions: int = _bounded(
         "dimensions",
         "Vector length asked of the embedding model: small keeps 100,000 memories in the box's memory limit "
-        "(changing it leaves older memories unsearchable until re-embedded; the hashing embedder always gives 64).",
+        "(changing it leaves older memories unsearchable until re-embedded; the hashing embedder always gives 64, "
+        "the local one 384).",
         "a whole number from {ge} to {le}",
     )
     models: dict[MemoryPurpose, ModelName] = _field(
@@ -418,6 +438,17 @@ class MemoryConfig(_Strict):
                     f"{json.dumps(str(key))[:MAX_GOT_CHARS]} is not a memory purpose; {hint}"
                     f"the purposes are {', '.join(known)}"
                 )
+        return value
+
+    @field_validator("embedding_model")
+    @classmethod
+    def _not_the_local_name(cls, value: str) -> str:
+        if (
+            value == LOCAL_EMBEDDING_MODEL
+        ):  # issue 33: a reserved name, answered by the host, never sent upstream
+            raise ValueError(
+                f'"{value}" is the host\'s local embedder: set embedder = "local" and leave embedding_model out'
+            )
         return value
 
     @field_validator("timezone")
@@ -565,7 +596,8 @@ class SessionsConfig(_Strict):
     )
     turn_ceiling_s: Seconds = _field(
         120.0,
-        "Seconds one turn may take; then the box is told to stop, then killed.",
+        "Seconds one turn may take; then the box is told to stop, then killed. Unset: from [model] server "
+        "(120 for openai, 900 for a local server; docs/models.md).",
         expect="a number of seconds from 5 to 3600",
         ge=5,
         le=3600,
@@ -603,6 +635,39 @@ class SessionsConfig(_Strict):
         return value
 
 
+MAX_PERSON_NAME_CHARS = 64
+
+
+def person_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be what an imp calls the person at the terminal, in words; None when it can."""
+    if not name.strip():
+        return "is empty: give a name, e.g. Ana"
+    if len(name) > MAX_PERSON_NAME_CHARS:
+        return f"is {len(name)} characters long: give one of at most {MAX_PERSON_NAME_CHARS}"
+    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") for char in name):
+        return "has a control or invisible character: give a name of printable characters"
+    return None
+
+
+class TerminalConfig(_Strict):
+    """``[terminal]``: the terminal chat (``impyard chat``)."""
+
+    name: str | None = _field(
+        None,
+        "What the imp calls you in impyard chat (default: your account's full name or login; root is 'operator').",
+        expect=f"a name in quotes, 1 to {MAX_PERSON_NAME_CHARS} printable characters",
+        example="Ana",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, value: str | None) -> str | None:
+        problem = None if value is None else person_name_problem(value)
+        if problem is not None:
+            raise ValueError(f"the name {problem}")
+        return value if value is None else value.strip()
+
+
 class ImpConfig(_Strict):
     """One imp's config, as read from ``imps/<name>/imp.toml``. Every key but ``name`` has a default."""
 
@@ -625,6 +690,7 @@ class ImpConfig(_Strict):
     )
     box: BoxConfig = _section(BoxConfig, "The box the imp runs in.", "box")
     sessions: SessionsConfig = _section(SessionsConfig, "Warm box sessions, per channel.", "sessions")
+    terminal: TerminalConfig = _section(TerminalConfig, "The terminal chat (impyard chat).", "terminal")
 
     @field_validator("name")
     @classmethod
@@ -655,6 +721,14 @@ class ImpConfig(_Strict):
         """The environment variable the Discord token is read from (when no token_file is set)."""
         return self.discord.token_env or default_token_env(self.name)
 
+    @property
+    def turn_ceiling_s(self) -> float:
+        """Issue 38: ``[sessions] turn_ceiling_s`` where written, else the ``[model] server``'s own (a local
+        server's is long: ``box.common.model_profiles.timing_for``), never past the session's ceiling."""
+        if "turn_ceiling_s" in self.sessions.model_fields_set:
+            return self.sessions.turn_ceiling_s
+        return min(timing_for(self.model.server).turn_ceiling_s, self.sessions.session_ceiling_s)
+
     def token_source(self) -> str:
         """Where the Discord token comes from, in words (never the token)."""
         if self.discord.token_file:
@@ -675,18 +749,19 @@ class ImpConfig(_Strict):
         responder["staff_channel"] = self.discord.staff_channel
         # Issue 19 #6: a hung upstream gets ENV-12's three attempts inside the turn ceiling, not one.
         responder["attempt_timeout_s"] = attempt_timeout_s(
-            self.sessions.turn_ceiling_s,
+            self.turn_ceiling_s,
             base_backoff_s=responder.get(
                 "retry_backoff_s", ResponderSettings.model_fields["retry_backoff_s"].default
             ),
         )
+        memory = {k: v for k, v in self.memory.model_dump().items() if k in MemorySettings.model_fields}
+        if self.memory.embedder == "local":  # issue 33: the box asks the host's model, by its reserved name
+            memory.update(embedding_model=LOCAL_EMBEDDING_MODEL, dimensions=LOCAL_EMBEDDING_DIMS)
         return ImpSpec(
             name=self.name,
             persona=persona,
             responder=ResponderSettings(**responder),
-            memory=MemorySettings(
-                **{k: v for k, v in self.memory.model_dump().items() if k in MemorySettings.model_fields}
-            ),
+            memory=MemorySettings(**memory),
         )
 
 

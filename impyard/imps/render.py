@@ -97,6 +97,10 @@ def render_config(config: ImpConfig) -> str:
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             section = getattr(config, key)
-            shown = {"token_env": default_token_env(config.name)} if key == "discord" else None
+            shown: dict[str, Any] | None = (
+                {"token_env": default_token_env(config.name)} if key == "discord" else None
+            )
+            if key == "sessions":  # issue 38: the ceiling in force, from [model] server
+                shown = {"turn_ceiling_s": config.turn_ceiling_s}
             lines += ["", f"[{key}]", *_field_lines(section, annotation, shown_defaults=shown)]
     return "\n".join(lines) + "\n"

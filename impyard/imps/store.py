@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from box.protocol.models import ImpSpec
+from box.protocol.models import ImpSpec, MemorySettings
 from impyard.imps.config import (  # the config API is re-exported: callers import it from here
     CONFIG_FILE,
     DEFAULT_PERSONA_FILE,
@@ -53,6 +53,16 @@ from impyard.paths import box_dir_name, home, state_root
 
 SESSION_DIRS = "channels"  # under the state dir: one /state per chat channel
 TASK_DIRS = "tasks"  # under the state dir: one /state per task
+# Issue 33: the vector length each embedding model really gave the imp, beside imp.toml (never in a box's /state:
+# a box must not choose what its host believes); the box's own bounds on a length.
+EMBEDDING_LENGTHS_FILE = "embedding-lengths.json"
+_DIMS_BOUNDS = {
+    n: getattr(m, n)
+    for m in MemorySettings.model_fields["dimensions"].metadata
+    for n in ("ge", "le")
+    if getattr(m, n, None) is not None
+}
+EMBEDDING_LENGTH_BOUNDS: tuple[int, int] = (_DIMS_BOUNDS["ge"], _DIMS_BOUNDS["le"])
 
 # ------------------------------------------------------------------ the store
 
@@ -322,8 +332,50 @@ class ImpStore:
             return None
 
     def imp_spec(self, config: ImpConfig) -> ImpSpec:
-        """``config.imp_spec`` with the persona read from its file."""
-        return config.imp_spec(self.persona(config), self.news(config))
+        """``config.imp_spec`` with the persona read from its file, and the vector length its embedding model was
+        seen to give (``box_memory``)."""
+        spec = config.imp_spec(self.persona(config), self.news(config))
+        return spec.model_copy(update={"memory": self.box_memory(config, spec.memory)})
+
+    # ------------------------------------------------------------ the embedding length learned (issue 33)
+
+    def embedding_lengths(self, name: str) -> dict[str, int]:
+        """The vector length each gateway embedding model gave this imp when it differed from the one asked
+        (the model ignores ``dimensions``, as most local servers do), by model name; learned by the gateway."""
+        try:
+            raw = json.loads((self.path(name) / EMBEDDING_LENGTHS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(raw, dict):
+            return {}
+        low, high = EMBEDDING_LENGTH_BOUNDS
+        return {
+            str(model): length
+            for model, length in raw.items()
+            if isinstance(length, int) and not isinstance(length, bool) and low <= length <= high
+        }
+
+    def learn_embedding_length(self, name: str, model: str, length: int) -> bool:
+        """Keep that ``model`` gives ``name`` vectors of ``length``; False if already known, or the imp has no
+        directory (an imp that is not this home's)."""
+        directory = self.path(name)
+        known = self.embedding_lengths(name)
+        if known.get(model) == length or not directory.is_dir():
+            return False
+        known[model] = length
+        _write_atomic(directory / EMBEDDING_LENGTHS_FILE, json.dumps(known, indent=2, sort_keys=True) + "\n")
+        return True
+
+    def box_memory(self, config: ImpConfig, settings: MemorySettings | None = None) -> MemorySettings:
+        """The memory settings the imp's boxes get: with the gateway embedder, the length its model really gives
+        when the model was seen to ignore ``dimensions`` (issue 33), so its vectors are taken, not refused."""
+        settings = settings or config.imp_spec().memory
+        if settings.embedder != "gateway":
+            return settings
+        learned = self.embedding_lengths(config.name).get(settings.embedding_model)
+        if learned is None or learned == settings.dimensions:
+            return settings
+        return settings.model_copy(update={"dimensions": learned})
 
     def token_status(self, config: ImpConfig) -> TokenStatus:
         """Whether the Discord token is there, and where from, without exposing it."""

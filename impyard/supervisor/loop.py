@@ -67,6 +67,7 @@ from impyard.durations import format_duration
 from impyard.gateway.core import Gateway
 from impyard.gateway.gate_pump import GatePump
 from impyard.gateway.ledger import seconds_to_next_day
+from impyard.gateway.reach import with_reach
 from impyard.imps.store import ImpConfig, ImpConfigError, ImpError, ImpStore
 from impyard.memory.act import memory_service_of
 from impyard.memory.compact import compact
@@ -494,7 +495,7 @@ class Supervisor:
         request (issue 32 #1). ``fence``: the run's lease; once lost, the box's memory acts are refused and a
         write in flight is not committed (issue 32 #5)."""
         info = await self.db.run(self.gateway.channels.info, task.channel_id)
-        spec = await in_thread(self.imps.imp_spec, config)
+        spec = with_reach(await in_thread(self.imps.imp_spec, config), self.gateway.policy, task.channel_id)
         kind = "task"
         memory = None
         service = memory_service_of(self.gateway)

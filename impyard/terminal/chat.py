@@ -5,20 +5,21 @@ the terminal channel is trusted, so the imp's replies there are auto-approved,
 while every other act is judged by the gateway as usual.
 
 What the person sees (issue 17): their prompt (``you> ``), the imp's replies (``pip> ``), where a running
-turn is (a status line over the prompt), a message sent during a turn marked queued, and for a turn that
-ends without a reply one line that says why. Logs go to a file (``impyard chat`` names it at the start).
+turn is (a status line over the prompt), a message sent while a reply is still to come marked queued, and for
+a turn that ends without a reply one line that says why. A message sent once the reply is out, while the imp
+still remembers the exchange (the turn's ``post`` stage), is not marked: the person has the answer, and the
+next turn takes the message when the remembering is done (issue 38). Logs go to a file (``impyard chat`` names it at the start).
 
 Leaving with ``/quit`` or Ctrl-D is a departure (mechanism 103): a memory imp thinks the conversation over
 in a ``depart`` task before the chat ends (a dim line says so). The chat runs a task loop for departures
-alone meanwhile, so a person silent for 30 minutes in a long chat departs too. Ctrl-C stops at once and
-leaves the departure queued for the next chat or supervisor.
+alone meanwhile, so a person silent for 30 minutes in a long chat departs too. Ctrl-C stops the chat and
+leaves the departure queued for the next chat or supervisor: the first gives a running turn its grace, the
+second stops now (``impyard.terminal.stopping``).
 """
 
 from __future__ import annotations
 
-import getpass
 import logging
-import signal
 import sqlite3
 import uuid
 from collections import deque
@@ -48,6 +49,8 @@ from impyard.storage.leases import HostCard, LeaseKeeper, hold_host
 from impyard.supervisor import DEPARTURES_ONLY, Supervisor, SupervisorSettings, open_supervisor
 from impyard.terminal.commands import help_text, history_count, mode_answer, parse, paste_message
 from impyard.terminal.console import Console, Interrupted, open_console
+from impyard.terminal.person import TerminalPerson, account, terminal_person
+from impyard.terminal.stopping import Stopping
 from impyard.terminal.turn_words import outcome_line, route_line, stage_line
 
 log = logging.getLogger("impyard.chat")
@@ -71,8 +74,24 @@ class ChatSurface:
     def __init__(self, imp: str, console: Console) -> None:
         self.imp = imp
         self.console = console
-        self.queued = 0  # messages waiting behind the running turn (the next turn takes them all)
+        self._stage: str | None = None  # the running turn's stage, as the status line shows it
+        self.reply_pending = False  # a turn runs and its reply (or its silence) is still to come
+        self.queued = 0  # messages said to be queued behind that reply (the next turn takes them all)
+        self.unmarked = 0  # messages handed in after the reply was out (the next turn takes them too)
         self.skip_notices: frozenset[str] = frozenset()  # said better by the turn's outcome line
+
+    def handed_in(self, outcome: str) -> bool:
+        """A message was routed with ``outcome``; True when the person should read that it is queued: only
+        behind a reply still to come, never behind one already shown (issue 38)."""
+        if outcome == "started":
+            self.reply_pending = True
+        elif outcome == "queued":
+            if self.reply_pending:
+                self.queued += 1
+                self.console.set_status(stage_line(self.imp, self._stage, self.queued))
+                return True
+            self.unmarked += 1
+        return False
 
     async def send(self, post: Post) -> list[str]:
         content, files, kind = post.content, post.files, post.kind
@@ -90,8 +109,12 @@ class ChatSurface:
         pass  # the status line shows every stage (turn_stage)
 
     async def turn_stage(self, channel_id: str, stage: str | None, *, imp: str = "") -> None:
-        if stage is None:
-            self.queued = 0  # the next turn, if any, takes every message that waited
+        self._stage = stage
+        if stage is None:  # the turn ended: the next one, if any, takes every message that waited
+            self.reply_pending = bool(self.queued or self.unmarked)
+            self.queued = self.unmarked = 0
+        else:  # PostSend comes after the reply was sent (or the turn chose silence); a failed turn sends none
+            self.reply_pending = stage not in ("post", "failed")
         self.console.set_status(stage_line(self.imp, stage, self.queued))
 
 
@@ -107,16 +130,17 @@ class Chat:
         self,
         runtime: Runtime,
         imp: str,
-        user: str,
+        person: TerminalPerson,
         console: Console,
         surface: ChatSurface,
         clock: Clock,
+        stopping: Stopping | None = None,
     ) -> None:
         self.runtime = runtime
         self.imp = imp
-        self.user = user
-        self.channel_id = terminal_channel(user)
-        self.person_id = f"terminal:{user}"  # the person's id in the host's history and the imp's memory
+        self.person = person
+        self.channel_id = terminal_channel(person.account)
+        self.person_id = person.id  # the key of the history and the imp's memory: never the chosen name
         self.left = False  # /quit or the end of input: the person left (a departure); Ctrl-C is not one
         self.console = console
         self.surface = surface
@@ -125,22 +149,24 @@ class Chat:
         self.running = 0  # turns this chat waits on
         self._explained: DeliverResult | None = None  # a batch's one result, said once
         self.typed: deque[str] = deque()  # lines typed ahead (a paste), not yet handled
+        self.stopping = stopping or Stopping()
 
     async def run(self) -> None:
-        """Until /quit or the end of input, then the running turn's answer; Ctrl-C stops at once."""
+        """Until /quit or the end of input, then the running turn's answer; Ctrl-C stops (``Stopping``)."""
         async with anyio.create_task_group() as turns:  # one task per turn this chat still explains
             while True:
                 try:
                     line = await self.next_line()
                 except Interrupted:
-                    self.console.say("(impyard) stopping…")
-                    turns.cancel_scope.cancel()  # running turns get their deadline as the runtime closes
+                    turns.cancel_scope.cancel()  # running turns get their grace as the runtime closes
+                    self.stopping.request()  # the first request: Ctrl-C on the prompt is a key, not a signal
                     return
                 if line is None or not await self.handle(line, turns):
                     self.left = True
                     break
             if self.running:
                 self.console.say(f"(impyard) waiting for {self.imp}'s turn to end (Ctrl-C stops at once)…")
+                self.stopping.already_stopping()  # so the next Ctrl-C stops now
             turns.cancel_scope.deadline = anyio.current_time() + self.turn_ceiling_s + SHUTDOWN_WAIT_S
 
     async def next_line(self) -> str | None:
@@ -180,7 +206,7 @@ class Chat:
 
     async def send(self, text: str, turns: TaskGroup) -> None:
         message = Message(
-            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=self.person_id, name=self.user),
+            id=f"t-{uuid.uuid4().hex[:16]}", author=Author(id=self.person_id, name=self.person.name),
             content=text, created_at=self.clock.now(),
         )  # fmt: skip
         inbound = Inbound(
@@ -188,9 +214,8 @@ class Chat:
             channel_name="terminal", max_chars=MAX_TERMINAL_CHARS,
         )  # fmt: skip
         routed = await self.runtime.conversations.route(self.imp, inbound)
-        if routed.outcome == "queued":
-            self.surface.queued += 1
-        said = route_line(self.imp, routed.outcome)
+        marked = self.surface.handed_in(routed.outcome)
+        said = route_line(self.imp, routed.outcome) if marked or routed.outcome != "queued" else None
         if said:
             self.console.say(said)
         if routed.turn is None:
@@ -298,20 +323,44 @@ async def run_chat(
     log_path: Path | None = None,
     backends: Mapping[str, BoxBackend] | None = None,
     departures: SupervisorSettings | None = None,
+    as_name: str | None = None,
 ) -> None:
     """``backends``: each imp's backend, for its sessions and its tasks (tests); ``departures``: the settings of
-    the chat's departures loop (its kinds are always ``depart`` alone)."""
+    the chat's departures loop (its kinds are always ``depart`` alone); ``as_name``: what the imp calls the
+    person (``--as``; else the imp's ``[terminal] name``, else the account's: ``impyard.terminal.person``)."""
     clock = SystemClock()
-    user = getpass.getuser()
+    user = account()
     settings = replace(departures or SupervisorSettings(), kinds=DEPARTURES_ONLY)
     card = HostCard("chat", str(home()))
-    # Issue 21: one chat per terminal channel on the database (LeaseHeld names the holder, before anything
-    # starts), and this process's own record for `impyard hosts`.
-    async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
-        console = open_console(stdin, out)
-        await _chat(imp, console, clock, user, settings, card, keeper, backend, log_path, backends)
+    stopping = Stopping()
+    try:
+        async with anyio.create_task_group() as signals:
+            # Ctrl-C and SIGTERM are received for the chat's whole life, its closing included (issue 38).
+            await signals.start(stopping.receive_signals, name="stop signals")
+            try:
+                # Issue 21: one chat per terminal channel on the database (LeaseHeld names the holder, before
+                # anything starts), and this process's own record for `impyard hosts`.
+                async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
+                    console = open_console(stdin, out)
+                    await _chat(
+                        imp, console, clock, user, settings, card, keeper, backend, log_path, backends,
+                        stopping, as_name,
+                    )  # fmt: skip
+            finally:
+                stopping.forget_handlers()
+                signals.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise sole_error(group) from None
     if keeper.lost_error is not None:
         raise keeper.lost_error  # after every box closed: the chat exits 1, naming the lease and its taker
+
+
+def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside nested task-group wrappers (a LeaseHeld, a BoxError), else the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 async def _chat(
@@ -325,6 +374,8 @@ async def _chat(
     backend: str | None,
     log_path: Path | None,
     backends: Mapping[str, BoxBackend] | None,
+    stopping: Stopping,
+    as_name: str | None,
 ) -> None:
     async with console:
         surface = ChatSurface(imp, console)
@@ -343,17 +394,34 @@ async def _chat(
             chosen = runtime.backends[imp].name
             if chosen == "process":
                 console.say(f"\n!!! {NO_LOCKDOWN_WARNING}\n")
-            console.say(f"Chatting with {imp} ({chosen} backend). /help lists the commands; /quit leaves.")
+            person = terminal_person(as_name, runtime.conversations.configs[imp].terminal.name, user)
+            console.say(
+                f"Chatting with {imp} ({chosen} backend) as {shown(person.name)}. /help lists the commands; "
+                "/quit leaves."
+            )
             if log_path is not None:
                 console.say(f"Log: {log_path}")
+            chat = Chat(runtime, imp, person, console, surface, clock, stopping)
             async with anyio.create_task_group() as tg:
 
-                async def stop_on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        async for _ in signals:
-                            console.say("\n(impyard) stopping…")
-                            tg.cancel_scope.cancel()
-                            return
+                def stop_gently(by_signal: bool) -> None:
+                    line = "(impyard) stopping…"
+                    if runtime.sessions.turns_running:
+                        line = (
+                            f"(impyard) stopping: {imp}'s turn gets a moment to end (Ctrl-C again stops now)…"
+                        )
+                    console.say(("\n" if by_signal else "") + line)  # after the ^C the terminal echoed
+                    tg.cancel_scope.cancel()  # a running turn gets its grace while the runtime closes
+
+                def stop_now(by_signal: bool) -> None:
+                    cut = f": {imp}'s turn is cut off" if runtime.sessions.turns_running else ""
+                    console.say(("\n" if by_signal else "") + f"(impyard) stopping now{cut}")
+                    tg.cancel_scope.cancel()
+                    runtime.sessions.hurry()  # no grace: the boxes are killed at once
+
+                stopping.gently, stopping.now = stop_gently, stop_now
+                if stopping.requests:  # asked before the chat was up
+                    tg.cancel_scope.cancel()
 
                 def lease_lost(why: str) -> None:
                     log.error("%s; stopping", why)
@@ -365,9 +433,7 @@ async def _chat(
                 card.warm_boxes = lambda: len(runtime.sessions.sessions)
                 if keeper.lost is not None:
                     lease_lost(keeper.lost)
-                tg.start_soon(stop_on_signal)
                 tg.start_soon(partial(departing.run, stop=anyio.Event()), name="departures")
-                chat = Chat(runtime, imp, user, console, surface, clock)
                 await chat.run()
                 if chat.left:
                     await chat.depart(departing)

@@ -57,6 +57,16 @@ def attack(mode: str) -> None:
     elif mode == "refusal-flood":
         for n in range(5_000):
             write({"jsonrpc": "2.0", "id": f"b{n}", "method": "model.request", "params": {"path": "/v9"}})
+    elif mode == "refused-repeat":  # the same invalid request 3 times, then another (issue 38: folding)
+        for n in range(3):
+            write({"jsonrpc": "2.0", "id": f"v{n}", "method": "model.request", "params": {"path": "/v9"}})
+        write({"jsonrpc": "2.0", "id": "u0", "method": "nope.method", "params": {}})
+    elif mode == "denied-repeat":  # valid requests the host's handler refuses, each audited by the host
+        for n in range(2):
+            write(model_request(n))
+
+
+ANSWERED = ("log-forge", "refused-repeat", "denied-repeat")  # the turn ends: the box lives on
 
 
 def main(mode: str) -> None:
@@ -71,7 +81,7 @@ def main(mode: str) -> None:
             reply(frame["id"], {"protocol": 1, "box": "hostile"})
         elif frame.get("method") == "mailbox.deliver":
             attack(mode)
-            if mode == "log-forge":
+            if mode in ANSWERED:
                 reply(frame["id"], {"outcome": "silent", "message_ids": []})
             else:
                 break  # never answer, never read again: the host must end this box by itself

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from box.common.embedding import hashing_vector
+from box.context import memory_block_of, turn_context
 from box.memory.engine import ChatMemory
 from box.memory.prompts import Prompts
 from box.memory.store_client import StoreClient
@@ -107,12 +108,11 @@ def arrival(
     valence: float = 0.4,
     intensity: float = 0.3,
     *,
-    greeting: str | None = "Hello again!",
     search: str | None = None,
 ) -> dict[str, Any]:
-    """An arrival answer (mechanism 101)."""
+    """An arrival answer (mechanism 101; no greeting is asked for since issue 33)."""
     return {
-        "greeting": greeting, "feeling": feeling, "conclusion": conclusion, "valence": valence,
+        "feeling": feeling, "conclusion": conclusion, "valence": valence,
         "intensity": intensity, "search": search,
     }  # fmt: skip
 
@@ -147,6 +147,11 @@ class Call:
     def system(self) -> str:
         messages = self.body.get("messages") or []
         return str(messages[0]["content"]) if messages and messages[0]["role"] == "system" else ""
+
+    @property
+    def context(self) -> str:
+        """A reply call's turn ``## Context``: it opens the current message, after the history (issue 33)."""
+        return turn_context(self.body.get("messages") or [])
 
     @property
     def user(self) -> str:
@@ -474,10 +479,10 @@ def reply_system(call: Call) -> str:
 
 
 def memory_block(call: Call) -> str:
-    """The ``### Memory`` block of a reply call's system message."""
-    system = call.system
-    assert "### Memory\n" in system, "this reply call carries no memory block"
-    return system.split("### Memory\n", 1)[1]
+    """The ``### Memory`` block of a reply call: the end of its turn context (issue 33)."""
+    block = memory_block_of(call.body.get("messages") or [])
+    assert block, "this reply call carries no memory block"
+    return block
 
 
 Mutator = Callable[[Kit], None]

@@ -1,8 +1,9 @@
 """The main job remembers (issue 23): ``impyard chat`` across two runs, and the movable clock (mechanism 122).
 
 ``impyard chat`` runs in a pseudo-terminal against the fake OpenAI, as the operator would run it, with the imp
-it creates on first use (memory on, the gateway embedder: every embedding is a recorded ``/embeddings`` call).
-What was said in the first run comes back in the second run's reply context.
+it creates on first use (memory on, the local embedder: every embedding is computed by the host, issue 33 — none
+reaches the fake OpenAI, each is audited at zero cost). What was said in the first run comes back in the second
+run's reply context, and the operator finds it again by meaning (``impyard memory search``, other words).
 """
 
 from __future__ import annotations
@@ -16,11 +17,17 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from click.testing import CliRunner
 
+from box.context import memory_block_of, split_context
 from box.protocol.memory import PresenceEntry
+from impyard.cli import cli
+from impyard.clock import SystemClock
+from impyard.gateway.audit import AuditLog
 from impyard.memory.store import MemoryStore
 from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, RecordedRequest, envelope
+from tests import sqlfile
 from tests.memory.engine_kit import NOW, Kit, facts, verdict
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
@@ -40,7 +47,7 @@ def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
     fake_model.script(appraise, purpose="appraisal")
     fake_model.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
     fake_model.script({"summary": "The operator told me about their cat."}, purpose="summary")
-    fake_model.script({"greeting": None, "feeling": "easy familiarity", "conclusion": "My operator is here.",
+    fake_model.script({"feeling": "easy familiarity", "conclusion": "My operator is here.",
                       "valence": 0.3, "intensity": 0.3, "search": None}, purpose="arrival")  # fmt: skip
     return fake_model
 
@@ -69,10 +76,12 @@ def chat(fake: FakeOpenAI, home: Path, said: str) -> None:
 
 
 def memory_block(request: RecordedRequest) -> str:
-    """The ``### Memory`` block of a reply call: the end of its system text (the history is not in it)."""
-    system = request.body["messages"][0]
-    assert system["role"] == "system" and "### Memory\n" in system["content"], "no memory block in this call"
-    return str(system["content"]).split("### Memory\n", 1)[1]
+    """The ``### Memory`` block of a reply call: the end of the turn's context (the history is not in it)."""
+    block = memory_block_of(
+        request.body["messages"]
+    )  # issue 33: it ends the context opening the current message
+    assert block, "no memory block in this call"
+    return block
 
 
 def test_impyard_chat_remembers_across_two_runs(fake: FakeOpenAI, impyard_home: Path) -> None:
@@ -82,7 +91,11 @@ def test_impyard_chat_remembers_across_two_runs(fake: FakeOpenAI, impyard_home: 
     chat(fake, impyard_home, "what is my cat called again?")  # a new process, a new box, the same home
 
     replies = [r for r in fake.requests[first:] if r.purpose == "reply"]
-    assert replies and CAT not in json.dumps(replies[0].body["messages"][-1])  # not in the words asked …
+    asked = split_context(replies[0].body["messages"][-1]["content"])[
+        1
+    ]  # after the turn's context (issue 33)
+    # the terminal person's name is the account's ("operator" for root, issue 38), whoever runs the suite
+    assert asked.endswith(": what is my cat called again?") and CAT not in asked  # not in the words asked …
     block = memory_block(replies[0])  # … but in what pip remembers while answering them:
     assert f"delight. The operator's cat is called {CAT}." in block  # the record, from the host's store
     # The first run's /quit was a departure (mechanism 103): the second run is a new conversation, opened by
@@ -90,13 +103,28 @@ def test_impyard_chat_remembers_across_two_runs(fake: FakeOpenAI, impyard_home: 
     assert "The operator spoke with pip." in block.split("From before this conversation", 1)[1]
     now = block.split("This conversation, as it happened:", 1)[1]
     assert "entered the conversation." in now and "easy familiarity" in now
-    assert embedded and all(r.endpoint == "/embeddings" for r in embedded)  # the gateway embedder was used
+    # Issue 33: the imp embeds on the host — no /embeddings request reached the model API, in either run …
+    assert embedded == [] and all(r.endpoint != "/embeddings" for r in fake.requests)
     db = open_database(impyard_home / "impyard.db")
     try:
         kept = MemoryStore(db, lambda: NOW).show("pip", scope="terminal", limit=50)
+        audit = AuditLog(db, SystemClock()).tail(500, imp="pip")
+        spent = sqlfile.query(db, "SELECT SUM(cost_micros) FROM ledger WHERE purpose = 'embedding'")
+        dims = {row[0] for row in sqlfile.query(db, "SELECT dims FROM memory_records WHERE dims > 0")}
     finally:
         db.close()
     assert any(CAT in r.conclusion for r in kept)  # kept in the terminal's scope, in the host's database
+    # … each embedding was a judged, audited call at no cost, and every stored vector is the local model's.
+    local = [row for row in audit if row.purpose == "embedding"]
+    assert local and all(row.verdict == "allowed" and row.cost_micros == 0 for row in local)
+    assert all("model=local/all-MiniLM-L6-v2 (computed on the host)" in row.detail for row in local)
+    assert [tuple(row) for row in spent] == [(0,)] and dims == {384}
+    # Found again by meaning, in other words (no word in common with the record's but "the"):
+    found = CliRunner().invoke(
+        cli, ["memory", "search", "pip", "the name of my pet kitten", "-k", "1", "--json"]
+    )
+    assert found.exit_code == 0, found.output
+    assert CAT in json.loads(found.output)[0]["conclusion"]
 
 
 # ------------------------------------------------------------------ mechanism 122: the movable clock

@@ -80,7 +80,7 @@ def test_m12_the_reply_context_uses_felt_strength_the_filter_raw_intensity() -> 
         Prompts.load(), None, contexts.ReplyView(scene=scene(), state=state, focus=Focus())
     )
     assert "pleasant, faint" in reply  # subtle point 20: felt now
-    offered = contexts.filter_user(Prompts.load(), None, "the fair", [faded], NOW, "UTC")
+    offered = contexts.filter_user(Prompts.load(), None, "the fair", [faded], NOW, "UTC", 4)
     assert "pleasant, overwhelming" in offered  # raw intensity
 
 

@@ -35,7 +35,7 @@ def keeping(word: str, *, asks: str | None = None) -> object:
 
     def choose(call: object) -> dict[str, object]:
         user = str(getattr(call, "user", ""))
-        words, _, memories = user.partition("THE MEMORIES")
+        memories, _, words = user.partition("THE WORDS")  # the memories first, then the words (issue 33)
         shown = [line for line in memories.splitlines() if re.match(r"^\[\d+\]", line)]
         keep = [n for n, line in enumerate(shown, start=1) if word in line.lower()]
         return verdict(keep=keep, asks_for_memory=asks is not None and asks in words)
@@ -95,7 +95,7 @@ async def test_m06_m26_a_moment_in_view_is_never_only_a_later_thought(kit: Kit) 
     # … and the moment itself is remembered from just now
     assert "you remember this from just now, in this conversation: Ann's dog is called Rex." in line
     # the record in view widened the probe's filter room by one: it crowds out no older memory
-    assert "Keep at most 5;" in kit.model.of("filter")[-1].system
+    assert "Keep at most 5." in kit.model.of("filter")[-1].user  # issue 33: said in the user text
 
 
 # ------------------------------------------------------------------ mechanism 25: the carried null
@@ -108,8 +108,9 @@ async def test_m25_a_stranger_someone_told_of_since_is_no_stranger(kit: Kit) -> 
         await kit.seed("Bob told me Ann paints.", author="Bob", author_id="u2", intensity=0.2)
         await box.say("what do you like to do?")
     replies = kit.model.of("reply")
-    assert len(replies) == 3  # turn 1: the draft and the probe's regeneration; turn 2: one call
-    assert not any("who is this person" in s for s in search_lines(replies[2]))
+    assert len(replies) == 2  # one call a turn: the probe runs before it (issue 33)
+    assert any("who is this person" in s for s in search_lines(replies[0]))
+    assert not any("who is this person" in s for s in search_lines(replies[1]))
 
 
 # ------------------------------------------------------------------ mechanisms 26, 49: the probe's words, an empty search

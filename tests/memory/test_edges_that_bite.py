@@ -44,39 +44,41 @@ def axis(i: int, dims: int = 64) -> list[float]:
 
 
 async def test_m26_m49_the_moment_probe_keeps_the_self_chosen_hop(kit: Kit) -> None:
-    """The moment probe (26) is a regeneration of its own: after it the imp may still search once (49)."""
+    """The moment probe (26) takes no hop: after it the imp may still search once (49). Issue 33: the probe
+    runs before the first reply call, so its search is in the first call and no draft is thrown away."""
     await kit.seed("Ann and I planted tulips.", intensity=0.1, ago=timedelta(days=60))  # known, not recalled
     await kit.ongoing()  # no arrival
     kit.model.defaults["filter"] = verdict(keep=[], asks_for_memory=True)
     kit.model.script(
         "reply",
-        envelope("one"),  # a world act; the words ask for a moment: probe 26
-        envelope("two", action="search", action_text="tulips"),  # the one self-chosen hop
-        envelope("three"),
+        envelope("one", action="search", action_text="tulips"),  # the one self-chosen hop
+        envelope("two"),
         envelope("never"),
     )
     async with kit.box() as box:
         await box.say("do you remember what we planted?")
     replies = kit.model.of("reply")
-    assert len(replies) == 3 and sent(kit) == ["three"]
+    assert len(replies) == 2 and sent(kit) == ["two"]
+    assert '"do you remember what we planted?"' in memory_block(replies[0])  # probe 26, before the first call
     searches = memory_block(replies[-1]).split("Searches you made just now:", 1)[1]
     assert '"do you remember what we planted?"' in searches and '"tulips"' in searches
 
 
 async def test_m25_m49_the_unknown_person_probe_keeps_the_self_chosen_hop(kit: Kit) -> None:
-    """The unknown-person probe (25) is a regeneration of its own: the imp may still search once (49)."""
+    """The unknown-person probe (25) takes no hop: the imp may still search once (49). Issue 33: it runs
+    before the first reply call."""
     await kit.ongoing()  # no arrival; nobody has told the imp of Ann
     kit.model.script(
         "reply",
-        envelope("one"),  # a world act to someone unknown: probe 25
-        envelope("two", action="search", action_text="tulips"),  # the one self-chosen hop
-        envelope("three"),
+        envelope("one", action="search", action_text="tulips"),  # the one self-chosen hop
+        envelope("two"),
         envelope("never"),
     )
     async with kit.box() as box:
         await box.say("hi there")
     replies = kit.model.of("reply")
-    assert len(replies) == 3 and sent(kit) == ["three"]
+    assert len(replies) == 2 and sent(kit) == ["two"]
+    assert "who is this person" in memory_block(replies[0])
     searches = memory_block(replies[-1]).split("Searches you made just now:", 1)[1]
     assert "who is this person" in searches and '"tulips"' in searches
 

@@ -31,7 +31,9 @@ async def test_m46_the_reply_call_carries_the_moment_told_and_action(kit: Kit) -
         await box.say("hello")
     [call] = kit.model.of("reply")
     schema = call.body["response_format"]["json_schema"]["schema"]
-    assert list(schema["properties"]) == list(ENVELOPE_FIELDS)
+    # ENV-19's order; issue 38: channel, staff, pictures and hack only where they apply
+    assert list(schema["properties"]) == [name for name in ENVELOPE_FIELDS if name in schema["properties"]]
+    assert {"answer", "answer_needed", "moment", "told", "action"} <= set(schema["properties"])
     assert {"moment", "told", "action"} <= set(schema["required"])
     assert set(schema["properties"]["moment"]["properties"]) == {
         "feeling",
@@ -63,14 +65,15 @@ async def test_m47_silence_keeps_only_what_the_person_said(kit: Kit) -> None:
     assert episode.as_happened == "Ann said: psst" and episode.told is None  # nothing the imp did not do
 
 
-async def test_m48_only_a_world_act_meets_the_unknown_person_probe(kit: Kit) -> None:
+async def test_m25_m48_the_unknown_person_probe_runs_before_any_draft(kit: Kit) -> None:
+    """Issue 33: the probe's null is known before the first reply call, whatever the draft will be; it takes
+    no hop, so a memory act still gets the one self-chosen hop (49)."""
     engine = kit.engine()
     turn = await engine.begin(facts("hello"))
+    assert [n.query for n in turn.searches][0].startswith("Ann — who is this person")  # type: ignore[attr-defined]
     assert await turn.next_hop(draft(action="search", action_text="tulips"))  # a memory act: searched
-    assert [n.query for n in turn.searches] == ["tulips"]  # type: ignore[attr-defined]
-    assert await turn.next_hop(draft(action="none"))  # a world act: the probe
-    assert [n.query for n in turn.searches][-1].startswith("Ann — who is this person")  # type: ignore[attr-defined]
-    assert not await turn.next_hop(draft(action="none"))
+    assert [n.query for n in turn.searches][-1] == "tulips"  # type: ignore[attr-defined]
+    assert not await turn.next_hop(draft(action="none"))  # a world act: said
 
 
 async def test_m49_one_self_chosen_hop_then_the_draft_is_said(kit: Kit) -> None:
@@ -87,55 +90,36 @@ async def test_m49_one_self_chosen_hop_then_the_draft_is_said(kit: Kit) -> None:
     assert '"roses"' not in memory_block(kit.model.of("reply")[-1])
 
 
-async def test_m49_probes_add_regenerations_but_never_more_than_four_reply_calls(kit: Kit) -> None:
+async def test_m49_the_probes_run_before_the_first_reply_call_and_leave_the_hop(kit: Kit) -> None:
+    """Issue 33: all three probes (25-27) are in the first reply call; none of them is a draft thrown away, and
+    the self-chosen hop (49) is still there: two reply calls, where the seed made four."""
     await kit.seed("Bob sailed alone.", author="Bob", author_id="u2", intensity=0.2, ago=timedelta(days=5))
     kit.model.script("filter", verdict(keep=[], asks_for_memory=True, asks_for_own="dream"))
     kit.model.script(
         "reply",
-        envelope("one"),  # world act, Ann unknown: probe 25
-        envelope("two"),  # asks_for_own: probe 27
-        envelope("three"),  # asks_for_memory: probe 26
-        envelope("four", action="search", action_text="sailing"),  # the 4th call: no more
-        envelope("five"),
+        envelope("one", action="search", action_text="sailing"),  # the self-chosen hop
+        envelope("two", action="search", action_text="boats"),  # the last allowed hop: said
+        envelope("never"),
     )
     async with kit.box() as box:
         await box.say("what did you dream of, and do you remember sailing?")
     replies = kit.model.of("reply")
-    assert len(replies) == 4 and sent(kit) == ["four"]
-    searches = memory_block(replies[-1]).split("Searches you made just now:")[1]
-    assert (
-        "who is this person" in searches
-        and "what did you dream of" in searches
-        and '"sailing"' not in searches
-    )
+    assert len(replies) == 2 and sent(kit) == ["two"]
+    first = memory_block(replies[0]).split("Searches you made just now:")[1]
+    assert "who is this person" in first and "what did you dream of" in first and '"sailing"' not in first
+    assert '"sailing"' in memory_block(replies[1]).split("Searches you made just now:")[1]
 
 
-async def test_m49_a_search_then_three_probes_is_cut_at_four_reply_calls(kit: Kit) -> None:
-    await kit.seed("Bob sailed alone.", author="Bob", author_id="u2", intensity=0.2, ago=timedelta(days=5))
-    kit.model.script("filter", verdict(keep=[], asks_for_memory=True, asks_for_own="dream"))
-    kit.model.script(
-        "reply",
-        envelope("one", action="search", action_text="sailing"),  # the action hop
-        envelope("two"),  # world act, Ann unknown: probe 25
-        envelope("three"),  # probe 27
-        envelope("four"),  # probe 26 would fire, but this is the 4th reply call
-        envelope("five"),
-    )
-    async with kit.box() as box:
-        await box.say("what did you dream of, and do you remember sailing?")
-    assert len(kit.model.of("reply")) == 4 and sent(kit) == ["four"]
-
-
-async def test_m49_the_kind_probe_uses_a_hop_without_extending_the_allowance(kit: Kit) -> None:
+async def test_m49_the_kind_probe_takes_no_hop(kit: Kit) -> None:
+    """Issue 33: the kind probe (27) ran before the first draft, so the draft's own search is the hop (49)."""
     await known(kit)
     await kit.seed("Bob sailed alone.", author="Bob", author_id="u2", intensity=0.2, ago=timedelta(days=5))
     kit.model.script("filter", verdict(keep=[], asks_for_own="goal"))
     engine = kit.engine()
     turn = await engine.begin(facts("what do you want?"))
-    assert await turn.next_hop(draft(answer="one"))  # probe 27: hop 1
-    assert not await turn.next_hop(
-        draft(answer="two", action="search", action_text="wants")
-    )  # 1 >= 1 + 0 + 0
+    assert turn.kind_probed  # type: ignore[attr-defined]
+    assert await turn.next_hop(draft(answer="one", action="search", action_text="wants"))  # the hop
+    assert not await turn.next_hop(draft(answer="two", action="search", action_text="more"))  # 1 >= 1
 
 
 async def test_m52_with_introspection_off_introspect_lets_the_draft_stand(kit: Kit) -> None:
@@ -170,16 +154,15 @@ async def test_m53_a_failed_later_hop_leaves_the_last_good_reply(kit: Kit) -> No
 
 async def test_m54_a_model_block_replaces_the_plain_block_for_the_routed_model(kit: Kit) -> None:
     loaded = Prompts.load()
-    variant = Prompts(
-        {**loaded.blocks, "filter.system@tiny-model": "Pick memories for {imp}; at most {room}. JSON."}
-    )
+    variant = Prompts({**loaded.blocks, "filter.system@tiny-model": "Pick memories for {imp}. JSON."})
     await kit.seed("Ann's owl Hoot is sick.", intensity=0.3, ago=timedelta(days=2))
     for models in ({"filter": "tiny-model"}, {}):
         engine = kit.engine(prompts=variant, models=models)
         await engine.begin(facts("owl Hoot"))
     routed, plain = kit.model.of("filter")
-    assert routed.body["model"] == "tiny-model" and routed.system == "Pick memories for pip; at most 4. JSON."
-    assert plain.body["model"] == "gpt-5.1" and plain.system.startswith("You are the part of pip's mind")
+    assert routed.body["model"] == "tiny-model" and routed.system == "Pick memories for pip. JSON."
+    # issue 33: unrouted on OpenAI, the filter goes to its shipped default, with the plain block
+    assert plain.body["model"] == "gpt-4.1-mini" and plain.system.startswith("You are the part of pip's mind")
 
 
 async def test_m55_each_purpose_is_routed_to_its_model_the_rest_to_the_default(kit: Kit) -> None:

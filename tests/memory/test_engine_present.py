@@ -207,7 +207,7 @@ async def test_m10_parallel_conversations_in_view(kit: Kit) -> None:
     async with kit.box() as box:
         await box.say("hello", presence=[bob, stale])
         await box.say("hello again")
-    first, second = (memory_block(c) for c in kit.model.of("reply")[:3:2])
+    first, second = (memory_block(c) for c in kit.model.of("reply"))  # one reply call a turn (issue 33)
     assert "OTHER CONVERSATIONS YOU ARE IN (not who you are answering now):" in first
     assert "- Bob in #general: joined 20 min ago, last spoke 2 min ago, 4 turns so far." in first
     assert "Cy" not in first  # more than 1800 s since its last input
@@ -229,9 +229,9 @@ async def test_m12_feelings_in_words_and_no_number_for_a_feeling_in_any_context(
         if call.path != "/chat/completions":
             continue
         if call.purpose == "reply":
-            prefix, context = call.system.split("## Context", 1)
+            prefix, context = call.system, call.context  # issue 33: the context opens the current message
             context = re.sub(r"^Running as: .*$", "", context, flags=re.M)  # seed 003: the model's version
-            read = [prefix.replace(INTENSITY_SCALE, ""), context, call.user]
+            read = [prefix.replace(INTENSITY_SCALE, ""), context, call.user.replace(call.context, "")]
         else:
             read = [call.system.replace(INTENSITY_SCALE, ""), call.user]
         for text in read:

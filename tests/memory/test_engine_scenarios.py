@@ -34,7 +34,7 @@ async def test_store_unavailable_at_the_start_the_turn_answers_without_memory(ki
         result = await box.say("hello")
     assert result.outcome == "sent"
     [reply] = kit.model.of("reply")
-    assert "### Memory" not in reply.system and "## Your memory" not in reply.system  # the memory-off prompt
+    assert "### Memory" not in reply.context and "## Your memory" not in reply.system  # the memory-off prompt
     assert any(
         "memory store unavailable; this turn answers without memory" in line for line in kit.host.log_lines()
     )
@@ -84,11 +84,16 @@ async def test_two_boxes_continue_one_conversation(kit: Kit) -> None:
     async with kit.box() as fresh:  # the warm box idled out; a fresh box takes the next message
         await fresh.say("the bees swarmed today")
     last = memory_block(kit.model.of("reply")[-1])
-    assert "Ann said: my name is Ann" in last and "Ann said: I keep bees" in last  # the same focus
+    # the same focus: its two exchanges are in the fresh box's chat history, so not repeated (issue 33)
+    assert "In the chat above, not repeated here: 2 exchanges of this conversation." in last
     [record] = await kit.records()
     assert len(record.episodes) == 3  # the fresh box joined the same living record (64)
     state = await saved(kit)
     assert state["turns"] == 3 and state["living"] == record.id
+    texts = [entry["text"] for entry in state["focus"] if entry["kind"] == "moment"]
+    assert any("Ann said: my name is Ann" in t for t in texts) and any(
+        "Ann said: I keep bees" in t for t in texts
+    )
 
 
 async def test_a_conversation_ends_after_the_presence_window(kit: Kit) -> None:
@@ -163,7 +168,7 @@ async def test_memory_is_off_without_scopes_or_when_disabled(kit: Kit) -> None:
     async with kit.box(enabled=False) as box:
         await box.say("hello")
     for reply in kit.model.of("reply"):
-        assert "### Memory" not in reply.system and "## Your memory" not in reply.system
+        assert "### Memory" not in reply.context and "## Your memory" not in reply.system
     assert kit.host.memory_requests() == [] and kit.model.of("appraisal") == []
 
 
@@ -202,5 +207,8 @@ async def test_the_real_box_process_remembers_across_two_boxes(kit: Kit) -> None
         kit.clock.advance(seconds=30)
     [record] = await kit.records()
     assert record.conclusion == "Ann keeps bees." and len(record.episodes) == 2
-    assert "Ann said: I keep bees" in memory_block(kit.model.of("reply")[-1])
+    # the first box's exchange is in the second box's chat history: the block does not repeat it (issue 33)
+    assert "In the chat above, not repeated here: 1 exchange of this conversation." in memory_block(
+        kit.model.of("reply")[-1]
+    )
     assert (kit.tmp_path / "process-0" / "memory-calls.jsonl").exists()  # the call log under /state (119)

@@ -58,7 +58,7 @@ def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
     fake_model.script(appraise, purpose="appraisal")
     fake_model.script({"keep": [1, 2, 3], "asks_for_memory": True, "asks_for_own": None}, purpose="filter")
     fake_model.script({"summary": "Ann and I talked."}, purpose="summary")
-    fake_model.script({"greeting": None, "feeling": "glad", "conclusion": "Ann is here.", "valence": 0.2,
+    fake_model.script({"feeling": "glad", "conclusion": "Ann is here.", "valence": 0.2,
                       "intensity": 0.2, "search": None}, purpose="arrival")  # fmt: skip
     fake_model.script({"groups": []}, purpose="sleep")
     fake_model.script(envelope(answer="I see!", answer_needed=True), purpose="reply")

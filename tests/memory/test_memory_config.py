@@ -149,7 +149,7 @@ def test_models_round_trip_through_a_new_imp_toml() -> None:
     ("toml", "line", "key", "says"),
     [
         pytest.param('enabled = "yes"', 4, "memory.enabled", "must be true or false", id="enabled-as-text"),
-        pytest.param('embedder = "hash"', 4, "memory.embedder", 'one of "gateway", "hashing"', id="embedder"),
+        pytest.param('embedder = "hash"', 4, "memory.embedder", 'one of "local", "gateway", "hashing"', id="embedder"),
         pytest.param("dimensions = 3", 4, "memory.dimensions", "from 8 to 4096 (got 3)", id="dimensions-low"),
         pytest.param("dimensions = 2.5", 4, "memory.dimensions", "a whole number", id="dimensions-float"),
         pytest.param("valence_bias = nan", 4, "memory.valence_bias", "from -3 to 3", id="bias-nan"),
@@ -179,10 +179,10 @@ def test_a_bad_memory_value_names_file_line_and_key(toml: str, line: int, key: s
 
 
 def test_new_imp_settings_turn_memory_on_unless_told_otherwise() -> None:
-    assert new_imp_settings() == {"memory": {"enabled": True}}
+    assert new_imp_settings() == {"memory": {"enabled": True, "embedder": "local"}}  # issue 33: on the host
     assert new_imp_settings({"model": {"model": "gpt-4.1"}}) == {
         "model": {"model": "gpt-4.1"},
-        "memory": {"enabled": True},
+        "memory": {"enabled": True, "embedder": "local"},
     }
     off = new_imp_settings({"memory": {"enabled": False, "embedder": "hashing"}})
     assert off == {"memory": {"enabled": False, "embedder": "hashing"}}

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from box.context import memory_block_of
 from impyard.cli import cli
 from impyard.memory.store import MemoryStore
 from testing.fake_discord import FakeChannel, FakeUser
@@ -72,10 +73,12 @@ def as_text(request: RecordedRequest) -> str:
 
 
 def memory_block(request: RecordedRequest) -> str:
-    """The ``### Memory`` block of a reply call: the end of its system text (the history is not in it)."""
-    system = request.body["messages"][0]
-    assert system["role"] == "system" and "### Memory\n" in system["content"], "no memory block in this call"
-    return str(system["content"]).split("### Memory\n", 1)[1]
+    """The ``### Memory`` block of a reply call: the end of the turn's context (the history is not in it)."""
+    block = memory_block_of(
+        request.body["messages"]
+    )  # issue 33: it ends the context opening the current message
+    assert block, "no memory block in this call"
+    return block
 
 
 async def say(yard: Yard, channel: int, who: FakeUser, text: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
+from box.context import memory_block_of
 from impyard.backends import BoxBackend
 from impyard.backends.process import ProcessBackend
 from impyard.memory.store import MemoryStore
@@ -86,10 +87,12 @@ def script(model: FakeOpenAI, appraiser: Appraiser) -> None:
 
 
 def memory_block(request: RecordedRequest) -> str:
-    """The ``### Memory`` block of a reply call: the end of its system text (the history is not in it)."""
-    system = request.body["messages"][0]
-    assert system["role"] == "system" and "### Memory\n" in system["content"], "no memory block in this call"
-    return str(system["content"]).split("### Memory\n", 1)[1]
+    """The ``### Memory`` block of a reply call: the end of the turn's context (the history is not in it)."""
+    block = memory_block_of(
+        request.body["messages"]
+    )  # issue 33: it ends the context opening the current message
+    assert block, "no memory block in this call"
+    return block
 
 
 async def ask(yard: Yard, model: FakeOpenAI, channel: int, who: Any, text: str) -> str:

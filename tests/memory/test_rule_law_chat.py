@@ -42,7 +42,7 @@ def scripted(server: FakeOpenAI, learned: str) -> None:
                    "intensity": 0.6}, purpose="appraisal")  # fmt: skip
     server.script({"keep": [], "asks_for_memory": False, "asks_for_own": None}, purpose="filter")
     server.script({"summary": "Wir sprachen über meine Arbeit."}, purpose="summary")
-    server.script({"greeting": None, "feeling": "Ruhe", "conclusion": "Jemand ist da.", "valence": 0.1,
+    server.script({"feeling": "Ruhe", "conclusion": "Jemand ist da.", "valence": 0.1,
                    "intensity": 0.2, "search": None}, purpose="arrival")  # fmt: skip
     server.script({"learned": learned}, purpose="learning")
 
