@@ -4,6 +4,7 @@ Example:
   python -m bench --out bench/results/latest.json --markdown bench/RESULTS.md
   python -m bench --quick --only warm_turn --only gateway --no-docker
   python -m bench --only hosts --only ledger --no-docker
+  python -m bench --only realmodel     # a real model on llama.cpp's server (issue 38; never in the default run)
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from bench import burst, cold_warm, contention, fanout, gateway, hosts, memory, 
 from bench import memory_recall as memory_evidence  # issue 32
 from bench.env import ROOT, environment, isolated_home, settle
 from bench.harness import Context, NamedBackend, Plan, add_imps, result
+from bench.realmodel import rows as realmodel_rows  # issue 38
+from bench.realmodel import run as realmodel_run
 from bench.report import RowsOf, markdown, rich_table, rows
 from impyard.backends import BoxBackend, BoxStartError
 from impyard.backends.docker import DockerBackend
@@ -52,7 +55,12 @@ SCENARIOS: dict[str, tuple[Callable[[Context], Awaitable[dict[str, Any]]], RowsO
     "memory_evidence": (memory_evidence.run, memory_evidence.rows),  # issue 32: needs the real embedder
     "hosts": (hosts.run, hosts.rows),
     "ledger": (contention.run, contention.rows),
+    "realmodel": (realmodel_run, realmodel_rows),  # issue 38: only with --only realmodel
 }
+# Run only when named with --only: they build or download what the default run must not (a C++ server, a model)
+# and take tens of minutes of CPU; CI runs the default set.
+OPT_IN = frozenset({"realmodel"})
+DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in OPT_IN]
 
 
 class RichProgress:
@@ -133,7 +141,9 @@ def main(quick: bool, out: Path, only: tuple[str, ...], no_docker: bool, markdow
     """
     console = Console(stderr=True)
     plan = Plan.quick() if quick else Plan()
-    names = [name for name in SCENARIOS if not only or name in only]
+    names = [name for name in SCENARIOS if name in only] if only else DEFAULT_SCENARIOS
+    if names and all(name in OPT_IN for name in names):
+        no_docker = True  # the real model runs its chat on the process backend: no box image to build
     started, began, load_before = datetime.now(UTC), time.perf_counter(), os.getloadavg()[0]
     if load_before > BUSY_LOAD:
         console.print(

@@ -391,15 +391,24 @@ def test_imp_rule_and_exit_code() -> None:
 def test_model_uses_follow_the_box() -> None:
     config = validate_config(
         {"name": "pip", "model": {"model": "a", "retry_model": "b", "use_responses_api": True},
-         "memory": {"enabled": True, "models": {"filter": "c"}}}, "imp.toml",
+         "memory": {"enabled": True, "models": {"filter": "c", "reply": "d"}}}, "imp.toml",
     )  # fmt: skip
     uses = {(use.purpose, use.path, use.model) for use in model_uses(config)}
+    # issue 38: every memory call, as the README's rule lists them; the arrival goes where [memory] models
+    # sends the reply's own calls (box/memory/calls.py model_for)
     assert uses == {
-        ("reply", "/responses", "a"), ("reply", "/responses", "b"),
+        ("reply", "/responses", "a"), ("reply", "/responses", "b"), ("arrival", "/chat/completions", "d"),
         ("appraisal", "/chat/completions", "gpt-4.1-mini"),  # issue 33: the per-turn judgements' default on OpenAI
         ("filter", "/chat/completions", "c"), ("summary", "/chat/completions", "gpt-4.1-mini"),
+        ("introspection", "/chat/completions", "a"), ("selection", "/chat/completions", "gpt-4.1-mini"),
+        ("learning", "/chat/completions", "a"), ("classification", "/chat/completions", "gpt-4.1-mini"),
+        ("sleep", "/chat/completions", "a"),
         ("embedding", "/embeddings", "text-embedding-3-small"),
     }  # fmt: skip
+    config = validate_config({"name": "pip", "memory": {"enabled": True, "introspection": False}}, "imp.toml")
+    assert "introspection" not in {
+        use.purpose for use in model_uses(config)
+    }  # mechanism 52 off: no such call
 
 
 @pytest.mark.parametrize(

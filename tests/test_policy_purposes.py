@@ -199,13 +199,33 @@ def warnings_of(result: Result) -> list[str]:
 def test_imp_add_warns_when_the_policy_would_deny_the_model(impyard_home: Path) -> None:
     [denied, note] = warnings_of(run("imp", "add", "pip", "--model", "llama3.2"))
     assert denied.startswith(
-        "warning: the policy would deny model 'llama3.2' for reply, appraisal, filter, summary: no rule allows "
+        # on OpenAI the per-turn judgements go to gpt-4.1-mini (issue 33); every other memory call is llama3.2's
+        "warning: the policy would deny model 'llama3.2' for reply, arrival, introspection, learning, sleep: no rule "
+        "allows "
         "model 'llama3.2' for purpose 'reply' on /chat/completions (the rules list: gpt-5.1,"
     )
     assert denied.endswith(f"allow it in a policy file in {impyard_home / 'policies'} (README: Use another model "
                            "or a local server)")  # fmt: skip
     assert note.startswith("warning: impyard has no profile for model 'llama3.2'")
     assert (impyard_home / "imps" / "pip" / "imp.toml").is_file()  # added all the same
+
+
+def test_imp_add_warns_about_every_memory_call_the_readme_rule_lists(impyard_home: Path) -> None:
+    """Issue 38: the warning named 4 uses (reply, appraisal, filter, summary) while the memory makes 10 kinds of
+    call; a rule written from the warning alone left arrival, introspection, … denied at the first turn."""
+    four = OVERLAY_RULE.split("[rules.purposes]")[0] + (
+        '[rules.purposes]\nreply = ["llama3.2"]\nappraisal = ["llama3.2"]\nfilter = ["llama3.2"]\n'
+        'summary = ["llama3.2"]\n'
+    )
+    write_overlay(impyard_home, four + ZERO_PRICE)
+    warnings_of(run("imp", "add", "pip", "--model", "llama3.2"))
+    [denied] = warnings_of(run("imp", "set", "pip", "model.server=ollama"))  # a local server: all on llama3.2
+    assert denied.startswith(
+        "warning: the policy would deny model 'llama3.2' for arrival, introspection, selection, learning, "
+        "classification, sleep: "
+    )
+    write_overlay(impyard_home, OVERLAY_RULE + ZERO_PRICE)  # the README's rule: all of them
+    assert warnings_of(run("imp", "set", "pip", "model.server=ollama")) == []
 
 
 def test_imp_add_warns_when_the_policy_cannot_price_the_model(impyard_home: Path) -> None:
@@ -221,7 +241,9 @@ def test_imp_set_is_quiet_once_the_policy_allows_and_prices_it(impyard_home: Pat
     warnings_of(run("imp", "add", "pip"))
     assert warnings_of(run("imp", "set", "pip", "model.model=llama3.2", "model.server=ollama")) == []
     [denied] = warnings_of(run("imp", "set", "pip", "model.model=gpt-5-mini", "model.server=openai"))
-    assert denied.startswith("warning: the policy would deny model 'gpt-5-mini' for reply, appraisal")
+    assert denied.startswith(
+        "warning: the policy would deny model 'gpt-5-mini' for reply, arrival, appraisal"
+    )
 
 
 def test_a_fresh_imp_on_the_shipped_policy_gets_no_warning() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import ValidationError
 
@@ -24,15 +24,19 @@ from box.common.structured import refuses_json_schema
 from box.protocol.models import MemoryPurpose, ResponderSettings
 from impyard.backends.base import BoxStartError
 from impyard.backends.runtimes import GVISOR, RuntimeChoice, install_hint, resolve_runtime, runtime_words
-from impyard.imps.config import ImpConfig
+from impyard.imps.config import MEMORY_PURPOSES, ImpConfig
 
 Status = Literal["ok", "warn", "fail"]
 
 MIB = 1024**2
 FREE_FAIL_BYTES = 100 * MIB  # below this the database and the boxes' state run out of room mid-turn
 FREE_WARN_BYTES = 1024 * MIB
-# The memory engine's chat calls (issue 23); issue 33 routes them to gpt-4.1-mini on OpenAI by default.
-MEMORY_CALL_PURPOSES: tuple[MemoryPurpose, ...] = ("appraisal", "filter", "summary")
+# The memory engine's chat calls: every memory purpose but the reply's own and the embedding (issue 23; issue 38:
+# all nine, as the README's rule lists them, not three, so `imp add` warns about every call that would be denied).
+# Issue 33 routes some of them to gpt-4.1-mini on OpenAI by default (box.common.memory_models).
+MEMORY_CALL_PURPOSES = cast(
+    tuple[MemoryPurpose, ...], tuple(p for p in MEMORY_PURPOSES if p not in ("reply", "embedding"))
+)
 SAMPLE_TEXT = "doctor"
 # The structured output the endpoint check asks for: the smallest schema a strict server accepts.
 PROBE_SCHEMA = {
@@ -243,16 +247,30 @@ def model_uses(config: ImpConfig) -> list[ModelUse]:
         uses.append(ModelUse("reply", path, model, f"model.{key}", body))
     if config.memory.enabled:
         for purpose in MEMORY_CALL_PURPOSES:
+            if purpose == "introspection" and not config.memory.introspection:
+                continue  # mechanism 52 off: no introspection call is made
             model = memory_model(purpose, config.memory.models, config.model.model, config.model.server)
-            key = f"memory.models.{purpose}" if model != config.model.model else "model.model"
             body = _memory_body(model, config.model.server)
-            uses.append(ModelUse(purpose, "/chat/completions", model, key, body))
+            uses.append(
+                ModelUse(purpose, "/chat/completions", model, _memory_key(purpose, model, config), body)
+            )
         if config.memory.embedder in ("gateway", "local"):  # local: judged by the policy too (issue 33)
             model, dimensions = spec.memory.embedding_model, spec.memory.dimensions
             body = {"model": model, "input": [SAMPLE_TEXT], "dimensions": dimensions}
             key = "memory.embedding_model" if config.memory.embedder == "gateway" else "memory.embedder"
             uses.append(ModelUse("embedding", "/embeddings", model, key, body))
     return list(dict.fromkeys(uses))  # one check per (purpose, path, model)
+
+
+def _memory_key(purpose: MemoryPurpose, model: str, config: ImpConfig) -> str:
+    """The imp.toml key that chose a memory call's model: its own ``[memory] models`` entry, the reply's for an
+    unrouted arrival (box.common.memory_models), a shipped default's purpose, or ``[model] model``."""
+    routed = config.memory.models
+    if purpose in routed:
+        return f"memory.models.{purpose}"
+    if purpose == "arrival" and "reply" in routed:
+        return "memory.models.reply"
+    return f"memory.models.{purpose}" if model != config.model.model else "model.model"
 
 
 def _user() -> dict[str, Any]:
