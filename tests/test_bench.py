@@ -197,7 +197,9 @@ def check_memory_cost(s: dict[str, Any]) -> None:
     assert off["normal_turn"]["before_reply_max"] == 0
     assert off["paths"]["memory_question"]["before_reply"] == off["paths"]["stranger"]["before_reply"] == 0
     question, stranger = on["paths"]["memory_question"], on["paths"]["stranger"]
-    assert question["in_all_by_purpose"]["reply"] == 1  # issue 33: the probe searches before the one reply call
+    assert (
+        question["in_all_by_purpose"]["reply"] == 1
+    )  # issue 33: the probe searches before the one reply call
     assert stranger["before_reply_by_purpose"].get("arrival") == 1  # mechanism 101: someone comes in
     assert set(s["checks"]) >= {"model_calls_before_reply_normal"}
     assert "turn40_input_tokens_vs_off" not in s["checks"]  # no verdict before turn 40

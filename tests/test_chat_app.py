@@ -77,7 +77,9 @@ def said(fake: FakeOpenAI) -> list[str]:
 
 def said_in(call: RecordedRequest) -> str:
     """The person's newest message in one reply call."""
-    return split_context(str(call.body["messages"][-1]["content"]))[1].split(": ", 1)[1]  # after the turn's context
+    return split_context(str(call.body["messages"][-1]["content"]))[1].split(": ", 1)[
+        1
+    ]  # after the turn's context
 
 
 def prompt_text(fake: FakeOpenAI, index: int) -> str:

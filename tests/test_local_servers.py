@@ -544,3 +544,33 @@ async def test_a_box_may_shorten_the_upstream_limit_never_lengthen_it(
     with pytest.raises(RpcError) as raised:
         await rig.gateway.serve(BoxSpec("pip", "c1", rig.state_dir), "model.request", params)
     assert f"did not answer within {limit_s:g} s" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("valence", "intensity", "held"),
+    [
+        (1.7, 0.5, (1.0, 0.5)),  # a small model's 1.7: held to the top of the scale
+        (-3.0, -0.2, (-1.0, 0.0)),
+        (0.25, 1.2, (0.25, 1.0)),
+    ],
+)
+async def test_a_feeling_off_its_scale_is_held_to_it_not_the_replys_end(
+    rig: Rig, valence: float, intensity: float, held: tuple[float, float]
+) -> None:
+    """Issue 38: llama.cpp's grammar bounds integers, not numbers; a reply whose moment says 1.7 is delivered,
+    its feeling held to the scale (ENV-18 refuses only what is not a number)."""
+    moment = {"feeling": "glad", "conclusion": "ann is back", "valence": valence, "intensity": intensity,
+              "refeels": []}  # fmt: skip
+    rig.fake.add_model(MODEL, LOCAL_SERVER_MODEL)
+    rig.fake.script(envelope(answer="welcome back", moment=moment), purpose="reply")
+    [result] = await rig.turns(deliver_params("hi"), model=MODEL, server="llama.cpp")
+    assert result.outcome == "sent"
+    parsed = parse_envelope(json.dumps(envelope(moment=moment)))
+    assert parsed.moment is not None and (parsed.moment.valence, parsed.moment.intensity) == held
+
+
+def test_a_feeling_that_is_no_number_is_still_a_failed_attempt() -> None:
+    with pytest.raises(ModelCallFailed):
+        parse_envelope('{"answer": "x", "answer_needed": true, "picture_edit": false, "hack": false, "told": null, '
+                       '"moment": {"feeling": "f", "conclusion": "c", "valence": NaN, "intensity": 0.5, "refeels": []}, '
+                       '"action": {"type": "none", "text": null}}')  # fmt: skip

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from box.common.model_profiles import OPENAI
 from box.common.schema_bounds import OPENAI_STRICT, fit_schema
@@ -219,9 +219,22 @@ class Moment(BaseModel):
 
     feeling: str
     conclusion: str
-    valence: float = Field(ge=-1.0, le=1.0)
-    intensity: float = Field(ge=0.0, le=1.0)
+    valence: float = Field(allow_inf_nan=False)
+    intensity: float = Field(allow_inf_nan=False)
     refeels: list[str]
+
+    # Issue 38: a grammar-constrained server bounds integers, not numbers (llama.cpp's json-schema-to-grammar
+    # leaves a number's minimum and maximum out), so a small model's 1.1 or -0.2 is held to the scale rather than
+    # losing the whole reply to it (ENV-18 still refuses what is not a number at all).
+    @field_validator("valence")
+    @classmethod
+    def _valence_on_its_scale(cls, value: float) -> float:
+        return min(1.0, max(-1.0, value))
+
+    @field_validator("intensity")
+    @classmethod
+    def _intensity_on_its_scale(cls, value: float) -> float:
+        return min(1.0, max(0.0, value))
 
 
 class Action(BaseModel):
