@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,18 @@ def fake(fake_model: FakeOpenAI) -> FakeOpenAI:
     return fake_model
 
 
+@asynccontextmanager
+async def pip_runtime(clock: FixedClock, **settings: Any) -> AsyncIterator[Runtime]:
+    """pip (``settings``: its imp.toml tables) on the in-process box, its DM channel trusted."""
+    ImpStore().add("pip", "You are Pip, a cheerful owl who likes to talk about gardens.", **settings)
+    async with open_runtime(
+        ["pip"], RecordingSurface(), clock=clock, backends={"pip": InProcessBackend()},
+        surfaces=("discord", "terminal"), pump_period_s=None,
+    ) as rt:  # fmt: skip
+        rt.channels.set_trusted(CHANNEL, True)
+        yield rt
+
+
 @pytest.fixture(params=["memory off", "memory on"])
 def memory(request: pytest.FixtureRequest) -> dict[str, Any]:
     return {"enabled": request.param == "memory on", "embedder": "hashing"}
@@ -223,25 +236,14 @@ def memory(request: pytest.FixtureRequest) -> dict[str, Any]:
 async def runtime(
     fake: FakeOpenAI, clock: FixedClock, tmp_path: Path, memory: dict[str, Any]
 ) -> AsyncIterator[Runtime]:
-    ImpStore().add("pip", "You are Pip, a cheerful owl who likes to talk about gardens.", memory=memory)
-    async with open_runtime(
-        ["pip"], RecordingSurface(), clock=clock, backends={"pip": InProcessBackend()},
-        surfaces=("discord", "terminal"), pump_period_s=None,
-    ) as rt:  # fmt: skip
-        rt.channels.set_trusted(CHANNEL, True)
+    async with pip_runtime(clock, memory=memory) as rt:
         yield rt
 
 
 @pytest.fixture
 async def responses_runtime(fake: FakeOpenAI, clock: FixedClock, tmp_path: Path) -> AsyncIterator[Runtime]:
     """Memory off, the reply on the Responses API (ENV-22)."""
-    persona = "You are Pip, a cheerful owl who likes to talk about gardens."
-    ImpStore().add("pip", persona, model={"use_responses_api": True}, memory={"enabled": False})
-    async with open_runtime(
-        ["pip"], RecordingSurface(), clock=clock, backends={"pip": InProcessBackend()},
-        surfaces=("discord", "terminal"), pump_period_s=None,
-    ) as rt:  # fmt: skip
-        rt.channels.set_trusted(CHANNEL, True)
+    async with pip_runtime(clock, memory={"enabled": False}, model={"use_responses_api": True}) as rt:
         yield rt
 
 

@@ -27,7 +27,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from box.common.embedding import hashing_vector
@@ -43,9 +42,8 @@ from box.memory.moment import SCHEMA as APPRAISAL_SCHEMA
 from box.memory.prompts import Prompts
 from box.memory.state import State
 from box.protocol.memory import RecordView
-from box.protocol.models import Author, MemoryPurpose, Message
+from box.protocol.models import MemoryPurpose
 from impyard.clock import FixedClock
-from impyard.conversation.pipeline import Inbound
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.imps.store import ImpStore
 from impyard.memory.store import MemoryStore
@@ -54,6 +52,7 @@ from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI, RecordedRequest, embedding_vector, envelope
 from testing.inprocess import InProcessBackend
 from tests.memory.engine_kit import NOW, Kit, verdict
+from tests.memory.test_keeping import say as say_as_ann
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_model(env=True)]
 
@@ -136,16 +135,8 @@ async def runtime(
 
 async def say(rt: Runtime, fake: FakeOpenAI, clock: FixedClock, n: int, text: str) -> list[RecordedRequest]:
     """One message from Ann; returns the model requests its turn made, in the order the fake got them."""
-    clock.advance(minutes=1)
     first = len(fake.requests)
-    message = Message(id=f"m{n}", author=Author(id="ann", name="Ann"), content=text, created_at=clock.now())
-    inbound = Inbound(
-        surface="discord", channel_id=CHANNEL, channel_kind="dm", message=message, channel_name="Ann"
-    )
-    assert await rt.conversations.receive("pip", inbound) in ("started", "queued")
-    with anyio.fail_after(60):
-        await rt.conversations.wait_finished(f"m{n}")
-    assert rt.history.outcome("pip", CHANNEL, f"m{n}") == "sent"
+    await say_as_ann(rt, clock, n, text, minutes=1)
     made = list(fake.requests[first:])
     assert not [r for r in made if r.rejection is not None], [r.rejection for r in made if r.rejection]
     return made

@@ -80,8 +80,9 @@ async def runtime(fake: FakeOpenAI, clock: FixedClock, impyard_home: Path) -> As
         yield rt
 
 
-async def say(rt: Runtime, clock: FixedClock, n: int, text: str) -> None:
-    clock.advance(minutes=2)
+async def say(rt: Runtime, clock: FixedClock, n: int, text: str, *, minutes: int = 2) -> None:
+    """One message from Ann, ``minutes`` after the last, answered and delivered."""
+    clock.advance(minutes=minutes)
     message = Message(id=f"m{n}", author=Author(id="ann", name="Ann"), content=text, created_at=clock.now())
     inbound = Inbound(
         surface="discord", channel_id=CHANNEL, channel_kind="dm", message=message, channel_name="Ann"
