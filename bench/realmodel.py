@@ -468,14 +468,13 @@ def make_imp(home: Path, env: dict[str, str], memory: bool) -> dict[str, Any]:
     return imp_settings(shown.stdout)
 
 
-# The settings the imp's turns run under, as the host reads them: the turn ceiling in force (where the code has
-# one per server, issue 38, ImpConfig.turn_ceiling_s; else [sessions] turn_ceiling_s) and the server.
+# The settings the imp's turns run under, as the host reads them: the turn ceiling in force (issue 38: from the
+# server's profile unless [sessions] turn_ceiling_s is written, ImpConfig.turn_ceiling_s) and the server.
 CEILING_IN_FORCE = """
 import json
 from impyard.imps.store import ImpStore
 config = ImpStore().get("pip")
-in_force = getattr(type(config), "turn_ceiling_s", None)
-ceiling = config.turn_ceiling_s if isinstance(in_force, property) else config.sessions.turn_ceiling_s
+ceiling = config.turn_ceiling_s
 print(json.dumps({"config": {"sessions": {"turn_ceiling_s": ceiling}, "model": {"server": config.model.server}}}))
 """
 
