@@ -19,6 +19,7 @@ from impyard.cli.box import box_group
 from impyard.cli.budget import budget_group
 from impyard.cli.channel import channel_group
 from impyard.cli.chat import chat_command
+from impyard.cli.console import console_command
 from impyard.cli.discord import discord_group
 from impyard.cli.doctor import doctor_command
 from impyard.cli.errors import ImpyardGroup
@@ -67,6 +68,7 @@ cli.add_command(supervise_command)
 cli.add_command(serve_command)
 cli.add_command(discord_group)
 cli.add_command(hosts_command)
+cli.add_command(console_command)
 
 
 def main() -> None:
