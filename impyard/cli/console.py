@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import click
@@ -13,6 +15,28 @@ from impyard.clock import SystemClock
 from impyard.console.auth import TOKEN_ENV, TokenError, new_token, token_from_env
 from impyard.console.context import ConsoleContext
 from impyard.console.server import DEFAULT_HOST, DEFAULT_PORT, ConsoleStartError, running_console
+
+
+@asynccontextmanager
+async def console_beside(host: str, port: int) -> AsyncIterator[None]:
+    """The console in this process (``impyard serve --console``) on its own connection to this home's database,
+    listening until the block ends; its address is printed as ``impyard console`` prints it."""
+    try:
+        token = token_from_env() or new_token()
+    except TokenError as exc:
+        raise CliError(str(exc)) from exc
+    db = open_or_fail()
+    try:
+        context = ConsoleContext(db=db, clock=SystemClock())
+        context.started_at = context.clock.now()
+        try:
+            async with running_console(context, host=host, port=port, token=token) as address:
+                click.echo(f"impyard console: {address.login_url}")
+                yield
+        except ConsoleStartError as exc:
+            raise CliError(str(exc)) from exc
+    finally:
+        db.close()
 
 
 async def _serve_until_stopped(context: ConsoleContext, host: str, port: int, token: str) -> None:
