@@ -15,6 +15,7 @@ import click
 from impyard import __version__
 from impyard.cli.approvals import approvals_group
 from impyard.cli.audit import audit_group
+from impyard.cli.backup import backup_command
 from impyard.cli.box import box_group
 from impyard.cli.budget import budget_group
 from impyard.cli.channel import channel_group
@@ -69,6 +70,7 @@ cli.add_command(serve_command)
 cli.add_command(discord_group)
 cli.add_command(hosts_command)
 cli.add_command(console_command)
+cli.add_command(backup_command)
 
 
 def main() -> None:
