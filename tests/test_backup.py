@@ -109,6 +109,10 @@ def test_a_restored_home_runs_an_imp_that_remembers(
     assert (restored / "imps" / "pip" / "imp.toml").read_bytes() == (
         impyard_home / "imps" / "pip" / "imp.toml"
     ).read_bytes()
+    assert (restored / "imps" / "pip" / "persona.md").read_bytes() == (
+        impyard_home / "imps" / "pip" / "persona.md"
+    ).read_bytes()
+    assert not (restored / "imps" / "pip" / "state").exists()
     assert (restored / "policies" / "local.toml").exists()
     shown = CliRunner().invoke(cli, ["memory", "show", "pip"], env={"IMPYARD_HOME": str(restored)})
     assert "Maja" in shown.output

@@ -11,27 +11,22 @@ from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
 from impyard.gateway.policy import operator_policy_dir, policy_files
 from impyard.imps.config import CONFIG_FILE
-from impyard.imps.store import EMBEDDING_LENGTHS_FILE
 from impyard.paths import home
 from impyard.storage.backup import BackupError, copy_sqlite
 from impyard.storage.db import DB_FILENAME
 
-IMP_FILES = (
-    CONFIG_FILE,
-    EMBEDDING_LENGTHS_FILE,
-)  # an imp's settings, and what the gateway learned of its embedder
-
 
 def _copy_imps(source: Path, target: Path) -> list[str]:
-    """Each imp's settings files (not its boxes' state: the host keeps everything an imp remembers in the
+    """Each imp's own files — imp.toml, its persona, its news file, what the gateway learned of its embedder: every
+    file at the top of its directory — and not its boxes' state (the host keeps everything an imp remembers in the
     database, and a box's /state is rebuilt by the next box)."""
     copied: list[str] = []
     if not source.is_dir():
         return copied
     for imp_dir in sorted(p for p in source.iterdir() if p.is_dir()):
-        files = [imp_dir / name for name in IMP_FILES if (imp_dir / name).is_file()]
-        if not files:
+        if not (imp_dir / CONFIG_FILE).is_file():
             continue
+        files = sorted(p for p in imp_dir.iterdir() if p.is_file() and not p.is_symlink())
         (target / imp_dir.name).mkdir(parents=True)
         for file in files:
             shutil.copy2(file, target / imp_dir.name / file.name)
@@ -46,6 +41,9 @@ def backup_command(dest: Path) -> None:
     while hosts run), each imp's settings and the operator's policies.
 
     \b
+    Each imp's files are the ones at the top of its directory (imp.toml, the
+    persona, the news file); a persona_file or news_file kept outside it is
+    not copied.
     The copy is the database as it was at one instant: every turn, memory and
     ledger entry committed before it, nothing half-written. To run from it:
     IMPYARD_HOME=DEST impyard chat. A PostgreSQL database is backed up with
