@@ -27,6 +27,7 @@ from impyard.cli.errors import ImpyardGroup
 from impyard.cli.history import history_group
 from impyard.cli.hosts import hosts_command
 from impyard.cli.imp import imp_group
+from impyard.cli.imp_transfer import export_command, import_command
 from impyard.cli.memory import memory_group
 from impyard.cli.policy import policy_group
 from impyard.cli.schedule import schedule_group
@@ -57,6 +58,8 @@ cli.add_command(channel_group)
 cli.add_command(box_group)
 cli.add_command(doctor_command)
 cli.add_command(imp_group)
+imp_group.add_command(export_command)
+imp_group.add_command(import_command)
 cli.add_command(history_group)
 cli.add_command(memory_group)
 cli.add_command(policy_group)
