@@ -41,21 +41,21 @@ class Resources(Strict):
 
 class Console(Strict):
     enabled: bool = True
-    port: int = Field(8787, ge=1024, le=65535)
+    port: int = Field(default=8787, ge=1024, le=65535)
 
 
 class Values(Strict):
-    namespace: str = Field("impyard", pattern=DNS_LABEL)
+    namespace: str = Field(default="impyard", pattern=DNS_LABEL)
     image: str = Field(min_length=1)
-    image_pull_policy: str = Field("IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
-    shards: int = Field(1, ge=1, le=1024)
+    image_pull_policy: str = Field(default="IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
+    shards: int = Field(default=1, ge=1, le=1024)
     supervise: bool = True
-    termination_grace_s: int = Field(150, ge=30, le=3600)
-    metrics_port: int = Field(9464, ge=1024, le=65535)
+    termination_grace_s: int = Field(default=150, ge=30, le=3600)
+    metrics_port: int = Field(default=9464, ge=1024, le=65535)
     imps: list[str] = Field(min_length=1)
-    secret: str = Field("impyard", pattern=DNS_LABEL)
-    docker_socket: str = Field("/var/run/docker.sock", pattern="^/")
-    state_root: str = Field("/var/lib/impyard/state", pattern="^/")
+    secret: str = Field(default="impyard", pattern=DNS_LABEL)
+    docker_socket: str = Field(default="/var/run/docker.sock", pattern="^/")
+    state_root: str = Field(default="/var/lib/impyard/state", pattern="^/")
     resources: Resources = Resources()
     console: Console = Console()
 
@@ -367,7 +367,7 @@ HEADER = """\
 
 
 def to_yaml(documents: list[dict[str, Any]]) -> str:
-    import yaml
+    import yaml  # type: ignore[import-untyped]  # PyYAML ships no types; kubernetes-validate brings it
 
     class Dumper(yaml.SafeDumper):
         """Multi-line text (an imp's files) as literal blocks, readable in review."""
