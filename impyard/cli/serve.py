@@ -13,6 +13,7 @@ from impyard.discord.shards import SHARD_FORMAT, Shard, ShardError
 from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
 from impyard.imps.store import ImpError
+from impyard.metrics.http import DEFAULT_HOST, HealthPortError
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.storage.leases import LeaseHeld, LeaseLost
@@ -33,7 +34,26 @@ def parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
-HOST_LOGGERS = ("impyard.serve", "impyard.discord", "impyard.posts", "impyard.supervisor", "impyard.tasks")
+def metrics_options(command: click.decorators.FC) -> click.decorators.FC:
+    """``--metrics-port`` and ``--metrics-host``, the same on every long-running command (docs/metrics.md)."""
+    command = click.option(
+        "--metrics-host", default=DEFAULT_HOST, show_default=True, metavar="HOST",
+        help="Where --metrics-port listens (0.0.0.0: every interface; keep it behind a firewall).",
+    )(command)  # fmt: skip
+    return click.option(
+        "--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+        help="Serve /metrics (Prometheus), /healthz and /readyz on this port (0: a free one, logged).",
+    )(command)  # fmt: skip
+
+
+HOST_LOGGERS = (
+    "impyard.serve",
+    "impyard.metrics",
+    "impyard.discord",
+    "impyard.posts",
+    "impyard.supervisor",
+    "impyard.tasks",
+)
 
 
 def configure_logs(as_json: bool) -> None:
@@ -63,8 +83,15 @@ def configure_logs(as_json: bool) -> None:
     help=f"Serve one Discord shard: {SHARD_FORMAT}. Each host of N serves its own (DMs arrive on shard 0).",
 )  # fmt: skip
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line (ts, level, logger, message).")
+@metrics_options
 def serve_command(
-    imps: tuple[str, ...], supervise: bool, backend: str | None, shard: Shard | None, log_json: bool
+    imps: tuple[str, ...],
+    supervise: bool,
+    backend: str | None,
+    shard: Shard | None,
+    log_json: bool,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the imps' Discord bots: chat in channels and DMs, slash commands, approval cards.
 
@@ -76,10 +103,11 @@ def serve_command(
     --shard 0/2 on one, --shard 1/2 on the other. A shard has one host at a
     time: a second host of the same shard on the same database is refused,
     naming the holder's host and pid (impyard hosts lists them).
+    --metrics-port serves /metrics, /healthz and /readyz (docs/metrics.md).
     Example:
       export OPENAI_API_KEY=sk-...
       export IMPYARD_DISCORD_TOKEN_PIP=...
-      impyard serve pip --supervise
+      impyard serve pip --supervise --metrics-port 9464
     """
     from impyard.discord.client import DiscordSetupError
     from impyard.discord.serve import serve
@@ -88,9 +116,13 @@ def serve_command(
         raise CliError(NO_KEY)
     configure_logs(log_json)
     try:
-        anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise, shard=shard))
+        anyio.run(lambda: serve(
+            list(imps) or None, backend=backend, supervise=supervise, shard=shard, metrics_host=metrics_host,
+            metrics_port=metrics_port,
+        ))  # fmt: skip
     except (
         DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, LeaseHeld, LeaseLost,
+        HealthPortError,
     ) as exc:  # fmt: skip
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:
