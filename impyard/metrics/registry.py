@@ -15,7 +15,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -38,6 +38,7 @@ from impyard.metrics.labels import BOX_STATES, OTHER, START_KINDS, TOKEN_KINDS, 
 
 log = logging.getLogger("impyard.metrics")
 T = TypeVar("T")
+S = TypeVar("S")
 
 # A turn's seconds: a quick silent judgement is well under a second, a slow local model a minute or more.
 TURN_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -74,6 +75,13 @@ class LeaseCensus(Protocol):
     def leases_held(self) -> Iterable[str]: ...
 
 
+# The live parts the gauges are read from (whatever registry is current): added and removed under the lock, since a
+# scrape may read them from another thread.
+_SOURCES_LOCK = threading.Lock()
+_BOX_SOURCES: list[BoxCensus] = []
+_LEASE_SOURCES: list[LeaseCensus] = []
+
+
 def _read(census: Callable[[], Iterable[T]]) -> list[T]:
     """What a live part says of itself now; nothing when it cannot say (a scrape never fails for one part)."""
     try:
@@ -86,14 +94,9 @@ def _read(census: Callable[[], Iterable[T]]) -> list[T]:
 class _Census(Collector):
     """``impyard_boxes`` and ``impyard_leases_held``, read off the live parts at each scrape."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.boxes: list[BoxCensus] = []
-        self.leases: list[LeaseCensus] = []
-
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            box_sources, lease_sources = list(self.boxes), list(self.leases)
+        with _SOURCES_LOCK:
+            box_sources, lease_sources = list(_BOX_SOURCES), list(_LEASE_SOURCES)
         boxes: Counter[tuple[str, str]] = Counter()
         for boxer in box_sources:
             for imp, state in _read(boxer.box_states):
@@ -188,13 +191,9 @@ def current() -> Metrics:
 
 def fresh(*, process: bool = False) -> Metrics:
     """Replace the process's metrics by new ones on a new registry (tests); the parts counted live
-    (``counting_boxes``, ``counting_leases``) move over with them."""
+    (``counting_boxes``, ``counting_leases``) count in it too."""
     global _current
-    previous = _current
     _current = Metrics.on(CollectorRegistry(auto_describe=True), process=process)
-    with previous.census._lock:
-        _current.census.boxes = list(previous.census.boxes)
-        _current.census.leases = list(previous.census.leases)
     return _current
 
 
@@ -257,34 +256,22 @@ def box_started(runtime: str, kind: str) -> None:
 
 
 @contextmanager
-def counting_boxes(source: BoxCensus) -> Iterator[None]:
+def _listed(sources: list[S], source: S) -> Iterator[None]:
+    with _SOURCES_LOCK:
+        sources.append(source)
+    try:
+        yield
+    finally:
+        with _SOURCES_LOCK:
+            if source in sources:
+                sources.remove(source)
+
+
+def counting_boxes(source: BoxCensus) -> AbstractContextManager[None]:
     """``source``'s boxes count in ``impyard_boxes`` for the block."""
-    census = _current.census
-    with census._lock:
-        census.boxes.append(source)
-    try:
-        yield
-    finally:
-        with census._lock:
-            if source in census.boxes:
-                census.boxes.remove(source)
-        with _current.census._lock:  # a ``fresh`` registry taken meanwhile has it too
-            if source in _current.census.boxes:
-                _current.census.boxes.remove(source)
+    return _listed(_BOX_SOURCES, source)
 
 
-@contextmanager
-def counting_leases(source: LeaseCensus) -> Iterator[None]:
+def counting_leases(source: LeaseCensus) -> AbstractContextManager[None]:
     """``source``'s leases count in ``impyard_leases_held`` for the block."""
-    census = _current.census
-    with census._lock:
-        census.leases.append(source)
-    try:
-        yield
-    finally:
-        with census._lock:
-            if source in census.leases:
-                census.leases.remove(source)
-        with _current.census._lock:
-            if source in _current.census.leases:
-                _current.census.leases.remove(source)
+    return _listed(_LEASE_SOURCES, source)
