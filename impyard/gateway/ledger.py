@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from impyard import metrics
 from impyard.clock import Clock, iso
 from impyard.errors import ImpyardError
 from impyard.gateway.policy import Policy
@@ -431,7 +432,12 @@ class Ledger(Store):
         higher must say so loudly. Settling twice is a no-op (returns 0).
         """
         at = iso(self.clock.now())
-        return self.db.write(lambda conn: self.settle_in(conn, reservation, cost_micros, at=at), locking=True)
+        charged = self.db.write(
+            lambda conn: self.settle_in(conn, reservation, cost_micros, at=at), locking=True
+        )
+        if isinstance(reservation, Reservation):  # counted once committed (a write may run again)
+            metrics.spent(reservation.imp, charged)
+        return charged
 
     def settle_in(
         self, conn: Connection, reservation: Reservation | int, cost_micros: int, *, at: str | None = None

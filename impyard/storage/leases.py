@@ -36,6 +36,7 @@ from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
 
+from impyard import metrics
 from impyard.clock import Clock, SystemClock, iso
 from impyard.errors import ImpyardError
 from impyard.storage import liveness
@@ -365,8 +366,18 @@ class LeaseKeeper:
         """The fencing token held for ``name`` (for an act checked against the database), or None."""
         return next((lease.token for lease in self.held if lease.name == name), None)
 
+    def leases_held(self) -> list[str]:
+        """``metrics.LeaseCensus``: the leases this process may still act under (none once one is lost)."""
+        if self.lost is not None:
+            return []
+        return [lease.name for lease in self.held if lease.valid()]
+
     async def run(self) -> None:
-        """Until a lease is lost, or the caller's scope ends."""
+        """Until a lease is lost, or the caller's scope ends; its leases count in ``impyard_leases_held`` meanwhile."""
+        with metrics.counting_leases(self):
+            await self._run()
+
+    async def _run(self) -> None:
         async with anyio.create_task_group() as tg:
             self._scope = tg.cancel_scope
             for lease in self.held:

@@ -146,3 +146,20 @@ def test_in_a_browser_the_printed_address_logs_in(console: Console, browser: Any
     assert browser.current_url == console.base + "/audit"  # / leads to the first page; the token is gone
     assert TOKEN not in browser.current_url
     assert SECRET_ROW in browser.find_element(By.ID, "audit-rows").text
+
+
+def test_the_console_answers_health_and_metrics_on_its_own_port(impyard_home: object) -> None:
+    from tests.console.conftest import start_console, stop_console
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    running = start_console(None, "--metrics-port", str(port))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert requests.get(base + "/healthz", timeout=30).status_code == 200
+        ready = requests.get(base + "/readyz", timeout=30)
+        assert ready.status_code == 200, ready.text
+        assert "# TYPE impyard_turns_total counter" in requests.get(base + "/metrics", timeout=30).text
+    finally:
+        stop_console(running)
