@@ -44,6 +44,7 @@ from impyard.gateway.policy import Policy, load_policy
 from impyard.gateway.send_act import SendAct
 from impyard.gateway.surfaces import Surface
 from impyard.gateway.trust import ChannelTrust
+from impyard.imps.shared import SharedImps, sync_home
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.memory.act import MemoryAct
 from impyard.memory.audience import move_to_own_scope
@@ -158,14 +159,17 @@ async def open_host(
     cache_bytes = cache_bytes_from_env()
     policy = load_policy()  # a broken policy stops here, before anything starts
     imps = ImpStore()
-    known = (
-        dict(configs)
-        if configs is not None
-        else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
-    )
     upstream = UpstreamConfig.from_env()
     db = open_database()
     try:
+        # Issue 36: the imps' settings as the database has them (this home's own changes sent up first).
+        for line in (await db.run(sync_home, imps, SharedImps(db))).lines():
+            log.info("%s", line)
+        known = (
+            dict(configs)
+            if configs is not None
+            else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
+        )
         history = History(db, clock, retention=retention)
         channels = channel_store(db, clock)
         stores = GatewayStores.over(

@@ -49,6 +49,7 @@ from impyard.discord.surface import DiscordSurface
 from impyard.failure_words import failure_line
 from impyard.gateway.audit import REDACTED
 from impyard.gateway.surfaces import SURFACE_DISCORD, SURFACE_LOG
+from impyard.imps.shared import sync_with_database
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.metrics.http import Phase, ReadyCheck, serve_health
 from impyard.paths import home
@@ -57,6 +58,7 @@ from impyard.storage.instance import InstanceLock
 from impyard.storage.leases import HostCard, hold_host
 from impyard.storage.readiness import database_check, lease_check
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.serve")
 
@@ -429,6 +431,7 @@ async def _open_discord_host(
     settings = settings or DiscordSettings.from_env()
     settings.apply()
     store = ImpStore()
+    await in_thread(sync_with_database, store)  # issue 36: the imps as the database has them, before picking
     configs = pick_imps(store, imp_names)
     card = HostCard("serve", str(home()), str(shard) if shard is not None else None)
     async with AsyncExitStack() as held:

@@ -71,10 +71,10 @@ class SyncReport:
     removed: list[str] = field(default_factory=list)  # removed elsewhere, so here too
     revisions: dict[str, int] = field(default_factory=dict)  # every imp's revision after the sync
 
-    def lines(self) -> list[str]:
+    def lines(self, *, published: bool = True) -> list[str]:
         said = [
             f"imp {n}: this home's change published as revision {self.revisions.get(n)}"
-            for n in self.published
+            for n in (self.published if published else [])
         ]
         said += [
             f"imp {n}: updated to revision {self.revisions.get(n)} from the database" for n in self.updated
@@ -352,3 +352,18 @@ def _sync_one(
         else f"this home's copy is of revision {mark.revision}, newer than the database's (a restored database?)"
     )
     raise ImpConflict(conflict_line(name, store, row, why))
+
+
+def sync_with_database(store: ImpStore | None = None, db: Database | None = None) -> SyncReport:
+    """``sync_home`` for this home and its database (opened for the call when ``db`` is None): what every host
+    start and every ``impyard imp`` command does first, so that it reads what the database says."""
+    from impyard.storage.db import open_database
+
+    store = store or ImpStore()
+    if db is not None:
+        return sync_home(store, SharedImps(db))
+    opened = open_database()
+    try:
+        return sync_home(store, SharedImps(opened))
+    finally:
+        opened.close()
