@@ -87,7 +87,9 @@ def test_hosts_shows_a_garbled_start_as_unknown(impyard_home: object) -> None:
     db = open_database()
     try:
         LeaseStore(db, FixedClock(SystemClock().now()), me=FAR).acquire(
-            "host:far-away/4242", {"command": "serve", "started_at": "yesterday", "warm_boxes": 1}
+            "host:far-away/4242",
+            {"command": "serve", "started_at": "yesterday", "warm_boxes": 1},
+            timedelta(hours=1),
         )
     finally:
         db.close()

@@ -38,6 +38,7 @@ from tests.discord_yard import ALICE, GENERAL, serving
 FAR = Holder("far-away", "b00t", 4242, "9")  # a serving host on another machine: its lease decides
 GONE = Holder("elsewhere", "f00d", 777, "3")  # another machine's host that stopped renewing an hour ago
 START_S = 60
+LIVE = timedelta(hours=1)  # a live lease outlives the test however slow the machine is
 
 
 def gone_pid() -> int:
@@ -56,16 +57,16 @@ def cluster(impyard_home: Path) -> Iterator[Holder]:
     db = open_database()
     try:
         far = LeaseStore(db, me=FAR)
-        far.acquire("shard:0/2")
-        far.acquire("task:t-1/r-1")
+        far.acquire("shard:0/2", ttl=LIVE)
+        far.acquire("task:t-1/r-1", ttl=LIVE)
         far.acquire("host:far-away/4242", HostCard("serve", "/srv/yard", "0/2", warm_boxes=lambda: 2,
-                    boxes=lambda: [ImpBoxes("pip", 2, "docker", "runsc", "auto (the default)")]).detail())  # fmt: skip
+                    boxes=lambda: [ImpBoxes("pip", 2, "docker", "runsc", "auto (the default)")]).detail(), LIVE)  # fmt: skip
         stopped = LeaseStore(db, hour_ago, me=GONE)
         stopped.acquire("shard:1/2")
         stopped.acquire("host:elsewhere/777", HostCard("serve", "/srv/old", "1/2").detail())
         died = LeaseStore(db, me=dead, alive=lambda holder: True)  # it lived when it took them
-        died.acquire("channel:terminal:ann")
-        died.acquire(f"host:{dead.host}/{dead.pid}", HostCard("chat", "/home/ann/yard").detail())
+        died.acquire("channel:terminal:ann", ttl=LIVE)
+        died.acquire(f"host:{dead.host}/{dead.pid}", HostCard("chat", "/home/ann/yard").detail(), LIVE)
     finally:
         db.close()
     yield dead
@@ -96,7 +97,7 @@ def test_the_hosts_page_marks_holders_that_stopped_renewing_as_the_cli_does(
     ]
     far = next(row.cells for row in hosts if row.attrs["data-lease"] == "host:far-away/4242")
     assert far[:7] == ["far-away", "4242", "serve", "0/2", "2", "shard:0/2, task:t-1/r-1", "/srv/yard"]
-    assert far[-1] == "held" and re.fullmatch(r"in \d+s", far[-2]), far
+    assert far[-1] == "held" and re.fullmatch(r"in (1h|59m(\d+s)?|5\dm(\d+s)?)", far[-2]), far
     assert [row.cells[1] for row in leases] == ["channel", "shard", "shard", "task"]
     assert 'class="badge state-expired"' in page.text and 'class="badge state-dead"' in page.text
 
