@@ -143,8 +143,9 @@ def test_in_a_browser_the_printed_address_logs_in(console: Console, browser: Any
     browser.get(console.base + "/audit")
     assert SECRET_ROW not in browser.page_source and "impyard console" in browser.page_source
     browser.get(console.login_url)
-    assert browser.current_url == console.base + "/audit"  # / leads to the first page; the token is gone
+    assert browser.current_url == console.base + "/imps"  # / leads to the first page; the token is gone
     assert TOKEN not in browser.current_url
+    browser.find_element(By.LINK_TEXT, "Audit").click()
     assert SECRET_ROW in browser.find_element(By.ID, "audit-rows").text
 
 
