@@ -6,6 +6,9 @@ The first page is where ``/`` leads.
 from __future__ import annotations
 
 from impyard.console.page import Page
-from impyard.console.pages import audit
+from impyard.console.pages import audit, budget
 
-PAGES: tuple[Page, ...] = (audit.PAGE,)
+PAGES: tuple[Page, ...] = (
+    budget.PAGE,
+    audit.PAGE,
+)  # wanted: Imps, Now, Approvals, Budget, Audit, Memory, Hosts
