@@ -276,3 +276,16 @@ def test_in_a_browser_the_budget_page_shows_todays_spend(
     bar = browser.find_element(By.CSS_SELECTOR, "#spend-imp-pip svg g.bar")
     assert bar.get_attribute("data-day") == now.date().isoformat()
     assert bar.find_element(By.TAG_NAME, "title").get_attribute("textContent").endswith("(reply $0.0080)")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--until", "yesterday"], 2, "'yesterday' is not a UTC day (YYYY-MM-DD)"),
+        (["--days", "93"], 2, "93 is not in the range 1<=x<=92"),
+        (["--imp", "not a name!"], 1, "'not a name!' is not an imp name"),
+    ],
+)
+def test_budget_spend_refuses_bad_input_with_one_line(args: list[str], code: int, message: str) -> None:
+    result = CliRunner().invoke(cli, ["budget", "spend", *args])
+    assert result.exit_code == code and message in result.output and "Traceback" not in result.output

@@ -9,6 +9,6 @@ from impyard.console.page import Page
 from impyard.console.pages import audit, budget
 
 PAGES: tuple[Page, ...] = (
+    audit.PAGE,  # first until the Imps page lands (`/` leads to the first; the auth test expects Audit)
     budget.PAGE,
-    audit.PAGE,
 )  # wanted: Imps, Now, Approvals, Budget, Audit, Memory, Hosts

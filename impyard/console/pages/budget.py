@@ -18,6 +18,7 @@ from impyard.console.render import render, usd
 from impyard.gateway.ledger import ALL_IMPS, BudgetRow, Ledger
 from impyard.gateway.policy import Policy, PolicyError, load_policy
 from impyard.gateway.policy_models import NAME_PATTERN
+from impyard.gateway.prices import usd_to_micros
 from impyard.gateway.spending import (
     DEFAULT_DAYS,
     GROUPS,
@@ -120,4 +121,4 @@ async def budget_page(request: web.Request) -> web.Response:
 
 
 def _micros(value: float | None) -> int | None:
-    return None if value is None else round(value * 1_000_000)
+    return None if value is None else usd_to_micros(value)
