@@ -33,8 +33,8 @@ from impyard.gateway.core import Gateway
 from impyard.gateway.gate_pump import GatePump
 from impyard.gateway.gates import Approver, GateStore
 from impyard.gateway.ledger import Ledger
-from impyard.gateway.spending import read_spend
 from impyard.gateway.policy import load_policy
+from impyard.gateway.spending import read_spend
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
 from impyard.host import build_gateway
