@@ -28,6 +28,7 @@ AFTER_BASELINE = {"leases", "ledger_totals"}
 COLUMNS_AFTER_BASELINE = {
     "audit": {"host"},
     "channels": {"audience"},
+    "ledger": {"run_id"},  # 0006: the box run that made the call (issue 34's spend per origin)
 }  # columns the revisions after the baseline added to older tables
 
 

@@ -80,6 +80,7 @@ ledger = Table(
     Column("created_at", Text, nullable=False),
     Column("settled_at", Text),
     Column("owner", Text),
+    Column("run_id", Text, nullable=False, server_default=text("''")),  # the box run that asked (0006)
     Index("ledger_imp_day", "imp", "day"),
     Index("ledger_imp_month", "imp", "month"),
     Index("ledger_day", "day"),
