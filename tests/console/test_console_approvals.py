@@ -29,7 +29,7 @@ from impyard.gateway.audit import AuditLog
 from impyard.gateway.gates import Approver, Gate, GateStore
 from impyard.storage import urls as dburl
 from impyard.storage.db import Database, open_database
-from impyard.storage.tables import audit
+from impyard.storage.tables import audit, gates
 from testing.fake_discord import FakeInteraction
 from testing.fake_openai import FakeOpenAI, envelope
 from tests.console.conftest import Console, start_console, stop_console
@@ -135,6 +135,21 @@ def test_a_gate_past_its_deadline_is_expired_first_as_approvals_ls_does(
     assert show(late.id)["state"] == "expired"
     refused = outcome(console, decide(console, late.id, "approve"))
     assert refused.startswith(f"{late.id} already expired at ") and "can no longer be decided" in refused
+
+
+def test_an_unreadable_payload_is_marked_and_the_rest_still_shows(
+    console: Console, home_db: Database
+) -> None:
+    broken, fine = hold(home_db), hold(home_db, content="a post that reads fine")
+    home_db.write(
+        lambda conn: conn.execute(
+            gates.update().where(gates.c.id == broken.id).values(payload='{"channel_id": "1001", "files": 7}')
+        )
+    )
+    page = console.get("/approvals")
+    assert page.status_code == 200
+    assert "its frozen payload is not a post this host can read" in pending_section(page.text, broken.id)
+    assert "a post that reads fine" in pending_section(page.text, fine.id)
 
 
 # ----------------------------------------------------------------------------------------------- deciding

@@ -14,6 +14,7 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.console.context import ConsoleContext, context_of
@@ -44,6 +45,9 @@ OUTCOMES = (
     "decided",
     "already",
 )  # what the redirect after a decision says happened (the line is the store's)
+UNREADABLE = (
+    "(its frozen payload is not a post this host can read: `impyard approvals show GATE --json` prints it)"
+)
 SENDERS = {"discord": "impyard serve", "terminal": "impyard chat", "task": "the supervisor"}
 
 
@@ -58,6 +62,7 @@ class GateView:
     left: str
     files: tuple[str, ...]
     content: str
+    kind: str  # reply | staff | other
     preview: str
     deciders: str
 
@@ -81,15 +86,19 @@ def _views(context: ConsoleContext, gates: list[Gate], now: datetime) -> list[Ga
     known = {c: channels.info(c) for c in {g.target for g in gates} | {g.session_channel for g in gates}}
     views = []
     for gate in gates:
-        send = gate.send
-        flat = send.content.replace("\n", " ")
+        try:
+            send = gate.send
+            content, files, kind = send.content, tuple(f.filename for f in send.files), send.kind
+        except ValidationError:  # one unreadable row is marked, never the end of the page
+            content, files, kind = UNREADABLE, (), "unreadable"
+        flat = content.replace("\n", " ")
         info = known[gate.target]
         views.append(
             GateView(
                 gate=gate, target=_channel(gate.target, info),
                 session=_channel(gate.session_channel, known[gate.session_channel]),
                 surface=info.surface if info is not None else None, left=time_left(gate, now),
-                files=tuple(f.filename for f in send.files), content=send.content,
+                files=files, content=content, kind=kind,
                 preview=flat[:PREVIEW_CHARS] + ("…" if len(flat) > PREVIEW_CHARS else ""),
                 deciders=who_may_decide(gate),
             )
