@@ -86,6 +86,7 @@ def _views(context: ConsoleContext, gates: list[Gate], now: datetime) -> list[Ga
     known = {c: channels.info(c) for c in {g.target for g in gates} | {g.session_channel for g in gates}}
     views = []
     for gate in gates:
+        kind: str
         try:
             send = gate.send
             content, files, kind = send.content, tuple(f.filename for f in send.files), send.kind
