@@ -33,7 +33,9 @@ SECURITY_HEADERS = {
     ),
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",  # the token never leaves in a Referer
+    # No Referer leaves the console (the token never does). Not "no-referrer": with it a browser sends "Origin: null"
+    # on the console's own form posts, and the Origin check below refuses them.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",  # what the stores said is never kept by the browser
 }
 NO_LOGIN = (
