@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from datetime import timedelta
 from html import unescape
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -19,13 +20,15 @@ from sqlalchemy import update
 
 from impyard.cli import cli
 from impyard.clock import SystemClock, iso
+from impyard.imps.store import ImpStore
 from impyard.memory import wakefulness
 from impyard.memory.store import MemoryStore
 from impyard.memory.wakefulness import Wakefulness, reflect_request, sleep_request
 from impyard.storage.db import open_database
 from impyard.storage.tables import tasks as task_rows
 from impyard.tasks import TaskStore
-from tests.console.conftest import Console
+from testing.fake_openai import FakeOpenAI
+from tests.console.conftest import Console, start_console, stop_console
 from tests.memory.test_cli_memory import CAROL_ID, DAVE_ID, GUILD, hashing_imp, lived, said_in_history
 
 DM = f"dm:{CAROL_ID}"
@@ -152,6 +155,33 @@ def test_a_search_is_bounded_and_a_gateway_embedder_without_a_key_says_what_to_d
     html = page(console, scope=GUILD, q="picnic")
     assert "no model key is configured" in text_of(section(html, "search-problem"))
     assert seeded["picnic"] in section(html, "records")  # the rest of the page still shows
+
+
+def test_with_the_gateway_embedder_a_search_is_judged_metered_and_audited_like_the_clis(
+    fake_model: FakeOpenAI, impyard_home: Path
+) -> None:
+    env = {"OPENAI_API_KEY": fake_model.api_key or "", "OPENAI_BASE_URL": fake_model.base_url}
+    ImpStore().add("pip", memory={"enabled": True})  # the default embedder: the gateway
+    given = CliRunner().invoke(cli, ["memory", "remember", "pip", "The lighthouse keeper waved.", "--valence", "0.5",
+                                     "--intensity", "0.6", "--scope", GUILD, "--json"], env=env)  # fmt: skip
+    record = json.loads(given.output)["record"]
+    running = start_console(env)
+    try:
+        assert running.session.get(running.login_url, timeout=30).status_code == 200
+        html = page(running, scope=GUILD, q="The lighthouse keeper waved.")
+    finally:
+        stop_console(running)
+    results = section(html, "search-results")
+    assert re.findall(r'data-record-id="(\w+)"', results) == [record]
+    assert "score 0.90" in text_of(
+        results
+    )  # cosine 1 × (0.75 + 0.25 × felt 0.6), as the CLI's search scores it
+    calls = fake_model.requests_for("/embeddings")
+    assert len(calls) == 2 and all(call.purpose == "embedding" for call in calls)
+    tail = CliRunner().invoke(cli, ["audit", "tail", "--imp", "pip", "--json"])
+    rows = [json.loads(line) for line in tail.output.splitlines() if line.strip()]
+    assert [(r["channel_id"], r["verdict"], r["purpose"]) for r in rows if r["method"] == "model.request"] == [
+        ("operator:cli", "allowed", "embedding")] * 2  # fmt: skip
 
 
 def test_the_slot_rules_and_the_day_of_the_scope(console: Console, seeded: dict[str, str]) -> None:
