@@ -1,16 +1,32 @@
 """Issue 34 (the console's Memory page, ``impyard memory forget --record``): forgetting one record, finding a record by
-its id, and counting what forgetting a person would take before it is done — the same matching, changing nothing."""
+its id, counting what forgetting a person would take before it is done (the same matching, changing nothing), and
+the imp's day as the page reads it; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
+from impyard.clock import FixedClock
+from impyard.memory import wakefulness
+from impyard.memory.cache import VectorCache
+from impyard.memory.day import DAY_WINDOW, Day, day
 from impyard.memory.forgetting import Forgotten
 from impyard.memory.scoped import ScopedMemory
 from impyard.memory.store import MemoryStore
+from impyard.memory.wakefulness import Wakefulness, reflect_request, sleep_request
+from impyard.storage.db import Database
+from impyard.tasks import TaskStore
 from tests.memory.conftest import IMP, axis, moment
 from tests.memory.test_store import dm as dm  # noqa: F401 - the fixtures
 from tests.memory.test_store import guild as guild  # noqa: F401
+
+
+@pytest.fixture
+def store(any_engine_db: Database, clock: FixedClock, cache: VectorCache) -> MemoryStore:
+    """The store on SQLite and on PostgreSQL in turn (the PostgreSQL run skips, saying why, with no server)."""
+    return MemoryStore(any_engine_db, clock.now, cache)
 
 
 def people(guild: ScopedMemory, dm: ScopedMemory) -> None:
@@ -88,3 +104,34 @@ def test_records_by_id_takes_a_prefix_within_an_imp_and_a_scope(
     first = max("0123456789abcdef", key=lambda ch: sum(i.startswith(ch) for i in ids))  # 41 ids: 3 share one
     assert len(store.records_by_id(IMP, first, limit=2)) == 2
     assert len(store.records_by_id(IMP, first, limit=50)) == sum(i.startswith(first) for i in ids)
+
+
+def test_the_day_lists_the_clock_reflections_and_only_this_scopes_nights(
+    store: MemoryStore, clock: FixedClock
+) -> None:
+    now = clock.now()
+    db = store.db
+    db.write(lambda conn: wakefulness.save(conn, IMP, Wakefulness(
+        awake=False, woke_at=now - timedelta(hours=5), slept_at=now - timedelta(hours=1),
+        last_activity_at=now - timedelta(hours=3),
+    ), now))  # fmt: skip
+    tasks = TaskStore(db, clock)
+    db.write(lambda conn: tasks.insert(conn, reflect_request(IMP, None)))
+    db.write(lambda conn: tasks.insert(conn, sleep_request(IMP, "guild:G1", now, consolidate=True)))
+    db.write(lambda conn: tasks.insert(conn, sleep_request(IMP, "dm:p1", now, consolidate=True)))
+    db.write(lambda conn: tasks.insert(conn, reflect_request("bea", None)))
+    today = day(db, IMP, "guild:G1", now)
+    assert not today.awake and today.clock is not None
+    assert [(e.kind, e.state) for e in today.events[2:]] == [
+        ("asleep", None),
+        ("activity", None),
+        ("woke", None),
+    ]
+    assert sorted((e.kind, e.state) for e in today.events[:2]) == [
+        ("night", "queued"),
+        ("reflection", "queued"),
+    ]
+    assert (
+        day(db, IMP, "guild:G1", now + timedelta(days=8)).events == ()
+    )  # a week later: nothing in the window
+    assert day(db, "bo", "guild:G1", now) == Day("bo", "guild:G1", now - DAY_WINDOW, None, ())
