@@ -75,6 +75,7 @@ def memory_group() -> None:
       impyard memory search pip "the picnic"
       impyard memory remember pip "I grew up by the sea." --valence 0.6 --intensity 0.7 --age 8760h
       impyard memory forget pip --person carol
+      impyard memory forget pip --record 3f9a0c1d2e4b
       impyard memory rules pip
       impyard memory slot pip --scope terminal
       impyard memory stats pip
