@@ -2,7 +2,8 @@
 
 ``show``, ``rules``, ``slot``, ``stats``, ``forget``, ``copy`` and ``delete`` (issue 15) read, copy and
 delete rows; ``search`` and ``remember`` need a vector of the text, made the way the imp's boxes make theirs
-so the two compare (mechanism 30): with ``[memory] embedder = "gateway"`` (the default) the text goes
+so the two compare (mechanism 30; ``impyard.query_vector``, which the console's search uses too): with
+``[memory] embedder = "gateway"`` (the default) the text goes
 through this host's gateway like any box's call — judged by the policy (purpose ``embedding``), metered
 against the imp's budget and audited, on the session channel ``operator:cli`` — and with ``"hashing"`` the
 local 64-dimension embedder makes it, with no call at all.

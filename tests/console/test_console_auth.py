@@ -88,7 +88,9 @@ def test_every_answer_carries_the_security_headers(console: Console) -> None:
     for answer in (console.get("/audit"), requests.get(console.base + "/audit", timeout=30)):
         assert "script-src 'self'" in answer.headers["Content-Security-Policy"]
         assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
-        assert answer.headers["Referrer-Policy"] == "same-origin"  # "no-referrer" makes a form post's Origin null
+        assert (
+            answer.headers["Referrer-Policy"] == "same-origin"
+        )  # "no-referrer" makes a form post's Origin null
         assert answer.headers["Cache-Control"] == "no-store"
         assert answer.headers["X-Frame-Options"] == "DENY"
 
