@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from impyard.imps.config import ImpError
 from impyard.imps.shared import SharedImps, sync_home
 from impyard.imps.store import ImpConfig
 from impyard.storage.db import STORAGE_ERRORS, Database
+from impyard.storage.leases import ImpBoxes
 from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.runtime")
@@ -48,6 +50,19 @@ class Runtime:
     channels: ChannelStore
     history: History
     backends: dict[str, BoxBackend]
+
+    def boxes(self) -> list[ImpBoxes]:
+        """Per imp this host serves: its warm boxes (one per channel session), their backend and runtime: what
+        the host's ``host:`` record says (``HostCard.boxes``; the console's Imps page shows it)."""
+        warm = Counter(key.imp for key in list(self.sessions.sessions))
+        return [imp_boxes(imp, warm[imp], backend) for imp, backend in self.backends.items()]
+
+
+def imp_boxes(imp: str, warm: int, backend: BoxBackend) -> ImpBoxes:
+    """``backend``'s runtime as far as it is known without asking the engine (its first box resolves it)."""
+    if isinstance(backend, DockerBackend):
+        return ImpBoxes(imp, warm, backend.name, backend.resolved_runtime, backend.runtime_choice.describe())
+    return ImpBoxes(imp, warm, backend.name)
 
 
 def backends_for(configs: Sequence[ImpConfig], override: str | None = None) -> dict[str, BoxBackend]:

@@ -77,7 +77,9 @@ def test_a_hand_edit_is_published_and_a_crossed_edit_refused(shared_db: str, tmp
     refused = on(a, "imp", "show", "pip")
     assert refused.exit_code != 0
     line = refused.output.strip().splitlines()[-1]
-    assert "changed here since revision 2 and in the database since" in line and "impyard imp apply -f" in line
+    assert (
+        "changed here since revision 2 and in the database since" in line and "impyard imp apply -f" in line
+    )
     assert (a / "imps/pip/imp.toml").read_text() == toml_a  # nothing written over A's edit
     settled = on(a, "imp", "apply", "-f", str(a / "imps/pip/imp.toml"))  # A's wins, as the message says
     assert settled.exit_code == 0 and "revision 4" in settled.output, settled.output
@@ -101,7 +103,9 @@ def test_apply_makes_a_file_from_version_control_the_settings(shared_db: str, tm
     assert SharedImps(open_database()).get("bo").revision == 1  # type: ignore[union-attr]
 
 
-def test_an_imp_removed_on_one_home_goes_from_the_other_keeping_its_state(shared_db: str, tmp_path: Path) -> None:
+def test_an_imp_removed_on_one_home_goes_from_the_other_keeping_its_state(
+    shared_db: str, tmp_path: Path
+) -> None:
     a, b = homes(tmp_path)
     assert on(a, "imp", "add", "pip").exit_code == 0
     on(b, "imp", "ls")
@@ -114,7 +118,9 @@ def test_an_imp_removed_on_one_home_goes_from_the_other_keeping_its_state(shared
     assert SharedImps(open_database()).get("pip") is None
 
 
-def test_a_home_without_a_database_is_not_given_one_by_a_refused_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_home_without_a_database_is_not_given_one_by_a_refused_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "fresh"
     refused = on(home, "imp", "show", "nobody")
     assert refused.exit_code != 0
@@ -124,7 +130,11 @@ def test_a_home_without_a_database_is_not_given_one_by_a_refused_command(tmp_pat
 @pytest.mark.anyio
 @pytest.mark.fake_model(env=True, answer="Hello!")
 async def test_a_running_host_uses_a_new_revision_for_its_next_boxes(
-    shared_db: str, tmp_path: Path, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    shared_db: str,
+    tmp_path: Path,
+    fake: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     a, b = homes(tmp_path)
     monkeypatch.setenv("IMPYARD_HOME", str(b))
@@ -137,10 +147,14 @@ async def test_a_running_host_uses_a_new_revision_for_its_next_boxes(
         ["pip"], RecordingSurface(), clock=clock, backends={"pip": InProcessBackend()}, surfaces=("discord",),
         pump_period_s=None,
     ) as rt:  # fmt: skip
-        assert (b / "imps/pip/persona.md").read_text() == "You are Pip, the first persona."  # fetched at start
+        assert (
+            b / "imps/pip/persona.md"
+        ).read_text() == "You are Pip, the first persona."  # fetched at start
         await say(rt, clock, "c1", "m1")
         (a / "imps/pip/persona.md").write_text("You are Pip, the second persona.")
-        assert (await anyio.to_thread.run_sync(lambda: on(a, "imp", "set", "pip", "model.temperature=0.3"))).exit_code == 0
+        assert (
+            await anyio.to_thread.run_sync(lambda: on(a, "imp", "set", "pip", "model.temperature=0.3"))
+        ).exit_code == 0
         with anyio.fail_after(30):
             while rt.conversations.configs["pip"].model.temperature != 0.3:
                 await anyio.sleep(0.05)
@@ -153,8 +167,12 @@ async def test_a_running_host_uses_a_new_revision_for_its_next_boxes(
 
 
 async def say(rt: object, clock: FixedClock, channel: str, message_id: str) -> None:
-    message = Message(id=message_id, author=Author(id="ann", name="ann"), content="hello", created_at=clock.now())
-    inbound = Inbound(surface="discord", channel_id=channel, channel_kind="dm", message=message, channel_name="dm")
+    message = Message(
+        id=message_id, author=Author(id="ann", name="ann"), content="hello", created_at=clock.now()
+    )
+    inbound = Inbound(
+        surface="discord", channel_id=channel, channel_kind="dm", message=message, channel_name="dm"
+    )
     assert await rt.conversations.receive("pip", inbound) in ("started", "queued")  # type: ignore[attr-defined]
     with anyio.fail_after(30):
         await rt.conversations.wait_finished(message.id)  # type: ignore[attr-defined]

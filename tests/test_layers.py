@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks",),
     ("memory",),
     ("conversation",),
-    ("assembly",),  # impyard/{host,runtime}.py
+    ("assembly",),  # impyard/{host,runtime,query_vector}.py
     ("supervisor",),
     ("discord", "terminal", "console"),
     ("cli",),
@@ -44,7 +44,7 @@ FOUNDATIONS = {
     "__init__",
     "__main__",
 }
-ASSEMBLY = {"host", "runtime"}
+ASSEMBLY = {"host", "runtime", "query_vector"}
 RANK = {package: rank for rank, peers in enumerate(LAYERS) for package in peers}
 
 # The fakes and kits tests use are not part of the host.

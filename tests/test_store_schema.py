@@ -22,12 +22,13 @@ from impyard.storage.db import Database, DatabaseError, open_database
 from impyard.storage.migrations.legacy import LEGACY_VERSION, MIGRATIONS, split_statements
 from tests import sqlfile
 
-EXPECTED_TABLES = 25
-# Tables of revisions after the baseline (0002 leases, 0003 ledger_totals): a legacy home gets them at upgrade.
-AFTER_BASELINE = {"leases", "ledger_totals"}
+EXPECTED_TABLES = 26
+# Tables of revisions after the baseline (0002 leases, 0003 ledger_totals, 0007 imp_settings): a legacy home gets them at upgrade.
+AFTER_BASELINE = {"leases", "ledger_totals", "imp_settings"}
 COLUMNS_AFTER_BASELINE = {
     "audit": {"host"},
     "channels": {"audience"},
+    "ledger": {"run_id"},  # 0006: the box run that made the call (issue 34's spend per origin)
 }  # columns the revisions after the baseline added to older tables
 
 

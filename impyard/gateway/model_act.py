@@ -221,7 +221,7 @@ class ModelAct(Act):
             if commit:
                 plan.reservation = await self.gateway.db.quick(
                     self.gateway.ledger.reserve, spec.imp, estimate, method="model.request", purpose=params.purpose,
-                    model=facts.model,
+                    model=facts.model, run_id=spec.run_id,
                 )  # fmt: skip
             else:
                 await self.gateway.db.quick(self.gateway.ledger.check_headroom, spec.imp, estimate)

@@ -80,6 +80,7 @@ ledger = Table(
     Column("created_at", Text, nullable=False),
     Column("settled_at", Text),
     Column("owner", Text),
+    Column("run_id", Text, nullable=False, server_default=text("''")),  # the box run that asked (0006)
     Index("ledger_imp_day", "imp", "day"),
     Index("ledger_imp_month", "imp", "month"),
     Index("ledger_day", "day"),
@@ -441,7 +442,7 @@ ledger_totals = Table(
     Column("settled_micros", BIG, nullable=False, server_default=ZERO),  # charged
 )  # fmt: skip
 
-# --- every imp's settings, shared by the hosts of a database (revision 0006) -----------------------------------
+# --- every imp's settings, shared by the hosts of a database (revision 0007) -----------------------------------
 
 imp_settings = Table(
     "imp_settings", metadata,

@@ -88,7 +88,9 @@ def test_every_answer_carries_the_security_headers(console: Console) -> None:
     for answer in (console.get("/audit"), requests.get(console.base + "/audit", timeout=30)):
         assert "script-src 'self'" in answer.headers["Content-Security-Policy"]
         assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
-        assert answer.headers["Referrer-Policy"] == "no-referrer"
+        assert (
+            answer.headers["Referrer-Policy"] == "same-origin"
+        )  # no Referer leaves; a form post has its Origin
         assert answer.headers["Cache-Control"] == "no-store"
         assert answer.headers["X-Frame-Options"] == "DENY"
 
@@ -143,8 +145,9 @@ def test_in_a_browser_the_printed_address_logs_in(console: Console, browser: Any
     browser.get(console.base + "/audit")
     assert SECRET_ROW not in browser.page_source and "impyard console" in browser.page_source
     browser.get(console.login_url)
-    assert browser.current_url == console.base + "/audit"  # / leads to the first page; the token is gone
+    assert browser.current_url == console.base + "/imps"  # / leads to the first page; the token is gone
     assert TOKEN not in browser.current_url
+    browser.find_element(By.LINK_TEXT, "Audit").click()
     assert SECRET_ROW in browser.find_element(By.ID, "audit-rows").text
 
 
