@@ -27,7 +27,9 @@ async def _serve_stdio(protocol_out: int, state_dir: Path) -> None:
 
 
 def main() -> int:
-    os.environ.update(NO_PYDANTIC_PLUGINS)  # read when the first model is built: after the imports, before any frame
+    os.environ.update(
+        NO_PYDANTIC_PLUGINS
+    )  # read when the first model is built: after the imports, before any frame
     # Keep fd 1 for the protocol alone: anything else that writes to stdout lands on stderr.
     protocol_out = os.dup(1)
     os.dup2(2, 1)

@@ -172,7 +172,8 @@ class BoxProgram:
             from box.responder import Responder, model_client
 
             params = self.init
-            client = model_client(self.peer, params)  # one for the reply and the memory: what it learns is shared
+            # one client for the reply and the memory: what it learns is shared
+            client = model_client(self.peer, params)
             memory = self._memory or self._memory_engine(self.peer, params, client)
             self.responder = Responder(
                 self.peer, params, sleep=self._sleep, memory=memory, tools=self._tools, client=client
