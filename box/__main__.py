@@ -9,13 +9,11 @@ from pathlib import Path
 
 import anyio
 
+from box.no_plugins import refuse_pydantic_plugins
 from box.program import serve
 from box.stdio import FdReceiveStream, FdSendStream
 
 DEFAULT_STATE_DIR = "/state"
-# The box loads no pydantic plugin: none is its own, and looking for one reads every installed package's metadata
-# when the first validator is built (issue 37: nothing read from disk that the box does not need).
-NO_PYDANTIC_PLUGINS = {"PYDANTIC_DISABLE_PLUGINS": "__all__"}
 
 
 async def _serve_stdio(protocol_out: int, state_dir: Path) -> None:
@@ -27,9 +25,7 @@ async def _serve_stdio(protocol_out: int, state_dir: Path) -> None:
 
 
 def main() -> int:
-    os.environ.update(
-        NO_PYDANTIC_PLUGINS
-    )  # read when the first model is built: after the imports, before any frame
+    refuse_pydantic_plugins()  # before the first model is built: the protocol's are built on first use (issue 37)
     # Keep fd 1 for the protocol alone: anything else that writes to stdout lands on stderr.
     protocol_out = os.dup(1)
     os.dup2(2, 1)

@@ -49,12 +49,11 @@ try:
     runpy.run_module("box", run_name="__main__", alter_sys=True)
 except SystemExit:
     pass
-import pydantic.plugin._loader as loader
 from box.protocol import models
 built = {name: getattr(models, name).__pydantic_complete__ for name in %r}
 built["BoxInitParams"] = models.BoxInitParams.__pydantic_complete__
 with open(report, "w") as out:
-    json.dump({"modules": sorted(sys.modules), "built": built, "plugins_scanned": loader._plugins is not None}, out)
+    json.dump({"modules": sorted(sys.modules), "built": built}, out)
 """
 
 
@@ -96,7 +95,8 @@ def test_box_init_is_answered_before_the_turns_modules_load(tmp_path: Path) -> N
     assert "box.protocol.models" in loaded and "box.program" in loaded  # the report is of a box that ran
     assert sorted(loaded & set(HEAVY_MODULES)) == []
     assert seen["built"] == {**{name: False for name in UNTOUCHED_MODELS}, "BoxInitParams": True}
-    assert seen["plugins_scanned"] is False  # no installed package's metadata read for pydantic plugins
+    # no installed package's metadata read, nor even its reader loaded, in a search for pydantic plugins
+    assert "importlib.metadata" not in loaded
 
 
 def test_the_first_turn_loads_what_it_needs_and_is_served_as_before(tmp_path: Path) -> None:
@@ -163,6 +163,37 @@ def test_the_first_delivery_after_start_is_held_to_the_same_bounds(
     assert refused["error"]["code"] == -32602
     assert where in [item["loc"] for item in refused["error"]["data"]]
     assert "box.responder" not in seen["modules"]  # refused before any handler: nothing loaded for it
+
+
+_STAND_IN = """
+import json, sys
+from box.no_plugins import refuse_pydantic_plugins
+refuse_pydantic_plugins()
+from pydantic import BaseModel, Field
+class Probe(BaseModel):
+    n: int = Field(le=3)
+first = {"valid": Probe.model_validate({"n": 2}).n, "metadata": "importlib.metadata" in sys.modules}
+try:
+    Probe.model_validate({"n": 4})
+except Exception as exc:
+    first["refused"] = type(exc).__name__
+from pydantic.plugin._loader import get_plugins, PYDANTIC_ENTRY_POINT_GROUP  # a name the stand-in lacks
+first["plugins"] = list(get_plugins())
+first["group"] = PYDANTIC_ENTRY_POINT_GROUP
+first["real_now"] = sys.modules["pydantic.plugin._loader"].__file__ is not None
+print(json.dumps(first))
+"""
+
+
+def test_the_plugin_loaders_stand_in_finds_none_and_hands_other_names_to_the_real_one(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {BOX_SOURCE_ROOT!r})\n{_STAND_IN}"],
+        capture_output=True, cwd=tmp_path, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(done.stdout) == {
+        "valid": 2, "metadata": False, "refused": "ValidationError", "plugins": [], "group": "pydantic",
+        "real_now": True,
+    }  # fmt: skip
 
 
 def test_every_protocol_model_builds() -> None:
