@@ -75,6 +75,9 @@ class Host:
     pump: GatePump
     surfaces: frozenset[str]
     imp_user_ids: dict[str, str] = field(default_factory=dict)
+    imp_revisions: dict[str, int] = field(
+        default_factory=dict
+    )  # issue 36: of each imp's settings, as run now
 
     def imp_user_id(self, imp: str) -> str:
         """The imp's own user id on the surface (its bot's id on Discord), or a stable stand-in."""
@@ -163,7 +166,8 @@ async def open_host(
     db = open_database()
     try:
         # Issue 36: the imps' settings as the database has them (this home's own changes sent up first).
-        for line in (await db.run(sync_home, imps, SharedImps(db))).lines():
+        synced = await db.run(sync_home, imps, SharedImps(db))
+        for line in synced.lines():
             log.info("%s", line)
         known = (
             dict(configs)
@@ -210,7 +214,7 @@ async def open_host(
                     db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
                     gates=stores.gates, ledger=stores.ledger, audit=stores.audit, gateway=gateway,
                     memory=memory.store, responder_history=responder_history, pump=GatePump(gateway),
-                    surfaces=frozenset(reaches), imp_user_ids=user_ids,
+                    surfaces=frozenset(reaches), imp_user_ids=user_ids, imp_revisions=dict(synced.revisions),
                 )  # fmt: skip
         finally:
             await gateway.aclose()

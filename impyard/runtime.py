@@ -57,6 +57,10 @@ class Runtime:
         warm = Counter(key.imp for key in list(self.sessions.sessions))
         return [imp_boxes(imp, warm[imp], backend) for imp, backend in self.backends.items()]
 
+    def imp_revisions(self) -> dict[str, int]:
+        """The revision of each served imp's settings this host runs (``HostCard.imp_revisions``, issue 36)."""
+        return {imp: rev for imp in self.backends if (rev := self.host.imp_revisions.get(imp)) is not None}
+
 
 def imp_boxes(imp: str, warm: int, backend: BoxBackend) -> ImpBoxes:
     """``backend``'s runtime as far as it is known without asking the engine (its first box resolves it)."""
@@ -146,6 +150,7 @@ async def follow_imp_settings(host: Host, conversations: Conversations | None, p
             )
             continue
         if conversations is None:
+            host.imp_revisions.update(report.revisions)
             continue
         for name, old in list(conversations.configs.items()):
             if name not in report.updated:
@@ -159,6 +164,7 @@ async def follow_imp_settings(host: Host, conversations: Conversations | None, p
                 continue
             conversations.configs[name] = new
             host.configs[name] = new
+            host.imp_revisions[name] = now[name]
             log.info("imp %s: revision %s applied: its next boxes use it", name, now.get(name))
             if late := needs_restart(old, new):
                 log.warning(

@@ -177,3 +177,26 @@ async def say(rt: object, clock: FixedClock, channel: str, message_id: str) -> N
     with anyio.fail_after(30):
         await rt.conversations.wait_finished(message.id)  # type: ignore[attr-defined]
     clock.advance(timedelta(minutes=1))
+
+
+def test_each_host_says_which_revision_of_each_imp_it_runs(impyard_home: Path) -> None:
+    from datetime import timedelta
+
+    from impyard.clock import SystemClock
+    from impyard.storage.leases import HostCard, LeaseStore
+    from impyard.storage.liveness import Holder
+
+    card = HostCard("serve", "/srv/yard", imp_revisions=lambda: {"pip": 3, "bo": 1})
+    assert card.detail()["imps"] == {"bo": 1, "pip": 3}
+    db = open_database()
+    try:
+        far = Holder("far-away", "boot", 4242, "1")
+        LeaseStore(db, FixedClock(SystemClock().now()), me=far).acquire(
+            "host:far-away/4242", card.detail(), timedelta(hours=1)
+        )
+    finally:
+        db.close()
+    shown = CliRunner().invoke(cli, ["hosts"])
+    assert "bo@1, pip@3" in shown.output, shown.output
+    (listed,) = json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output)["hosts"]
+    assert listed["imps"] == {"bo": 1, "pip": 3}

@@ -463,6 +463,7 @@ async def _open_discord_host(
                     runtime.gateway.lease_guard = keeper  # a host that lost its shard acts no more
                     card.warm_boxes = lambda: len(runtime.sessions.sessions)
                     card.boxes = runtime.boxes  # per imp, with their runtime (the console's Imps page)
+                    card.imp_revisions = runtime.imp_revisions  # issue 36: which settings it runs
                     keeper.on_lost = host._fail  # a lost lease stops this host: its boxes close, it exits 1
                     if keeper.lost is not None:
                         host._fail(keeper.lost)
