@@ -116,7 +116,9 @@ def test_hosts_on_an_empty_database_says_who_registers() -> None:
     result = CliRunner().invoke(cli, ["hosts"])
     assert result.exit_code == 0
     assert "no hosts on this database yet" in result.output
-    assert json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output) == {"hosts": [], "leases": []}
+    assert json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output) == {
+        "hosts": [], "leases": [], "layout": None,
+    }  # fmt: skip
 
 
 def test_hosts_with_a_bad_database_url_is_one_line() -> None:

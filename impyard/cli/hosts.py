@@ -1,4 +1,5 @@
-"""``impyard hosts``: the hosts serving from this database, and who holds each shard, terminal channel and task run.
+"""``impyard hosts``: the hosts serving from this database, who holds each shard, terminal channel and task run, and
+the database's one shard layout (issue 36: how its ``impyard serve`` hosts split Discord, and whether a host holds it).
 
 Read from the ``leases`` table (impyard.storage.leases), so it sees every host that shares the database — two homes on
 one machine, or several machines on one PostgreSQL — not only this home: each ``impyard serve`` and
@@ -19,9 +20,10 @@ from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock, iso
 from impyard.durations import format_duration
-from impyard.storage import liveness
+from impyard.storage import liveness, shard_layout
 from impyard.storage.leases import HOST_PREFIX, LeaseInfo, LeaseStore
 from impyard.storage.liveness import Holder
+from impyard.storage.shard_layout import LayoutInForce
 
 HOST_COLUMNS = (
     Col("host", no_wrap=True), Col("pid", no_wrap=True), "command", "shard", "warm boxes", "holds", "home",
@@ -117,6 +119,47 @@ def cluster(
     return {"hosts": hosts, "leases": [lease_entry(info, now, states[info.name]) for info in others]}
 
 
+def layout_entry(found: LayoutInForce | None) -> dict[str, Any] | None:
+    """The shard layout as ``impyard hosts --json`` prints it: ``shards`` (N of ``--shard I/N``; null: served
+    without --shard), who fixed it and when, the live leases that hold it; ``state`` ``held`` (a host of another
+    layout is refused) or ``free`` (no host holds it: the next may start with another N). None before any ``serve``."""
+    if found is None:
+        return None
+    return {
+        "shards": found.layout.shards,
+        "fixed_by": {"host": found.fixed_by.host, "pid": found.fixed_by.pid} if found.fixed_by else None,
+        "fixed_at": iso(found.fixed_at),
+        "held_by": [
+            {
+                "lease": hold.lease,
+                "host": hold.holder.host if hold.holder else None,
+                "pid": hold.holder.pid if hold.holder else None,
+            }
+            for hold in found.holds
+        ],  # fmt: skip
+        "state": "held" if found.holds else "free",
+    }
+
+
+def layout_line(layout: dict[str, Any], now: datetime) -> str:
+    """One line above the tables: the layout in force, who fixed it, and whether another may be started."""
+    shards = layout["shards"]
+    what = (
+        "without shards (serve without --shard)"
+        if shards is None
+        else f"as {shards} shards (--shard I/{shards})"
+    )
+    fixer = layout["fixed_by"]
+    fixed = f"{fixer['host']} (pid {fixer['pid']})" if fixer else "an unknown host"
+    since = _relative(datetime.fromisoformat(layout["fixed_at"]), now)
+    if layout["state"] == "held":
+        held = len(layout["held_by"])
+        state = f"held by {held} lease{'s' if held != 1 else ''}: a host of another layout is refused"
+    else:
+        state = "free: no host holds it, the next host may start with another layout"
+    return f"Shard layout: Discord is served {what}, fixed by {fixed} {since}; {state}"
+
+
 def _host_row(host: dict[str, Any], now: datetime) -> tuple[str, ...]:
     started = datetime.fromisoformat(host["started_at"]) if host["started_at"] else None
     return tuple(
@@ -161,17 +204,27 @@ def hosts_command(out: Output) -> None:
     Every `impyard serve` and `impyard chat` registers itself while it runs,
     renewing its record every 10 s: a host whose record expired stopped (or
     lost the database). "dead" is a holder of this machine that is gone: its
-    shard or channel is taken over at once by the next host that asks.
+    shard or channel is taken over at once by the next host that asks. The
+    shard layout line says how the serving hosts split Discord (N of
+    --shard I/N, or without --shard): a host of another layout is refused
+    while it is held (docs/hosts.md, "Changing the number of shards").
     Examples:
       impyard hosts
       IMPYARD_DATABASE_URL=postgresql://imp@db/yard impyard hosts --json
     """
     now = SystemClock().now()
     with database() as db:
-        found = cluster(LeaseStore(db).list(), now)
+        store = LeaseStore(db)
+        found: dict[str, Any] = dict(cluster(store.list(), now))
+        found["layout"] = layout_entry(
+            db.read(lambda conn: shard_layout.in_force(conn, store.me, now, liveness.alive))
+        )
     if out.as_json:
         out.json(found)
         return
+    if found["layout"] is not None:
+        click.echo(layout_line(found["layout"], now))
+        click.echo()
     if not found["hosts"] and not found["leases"]:
         click.echo(NO_HOSTS)
         return

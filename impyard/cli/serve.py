@@ -16,6 +16,7 @@ from impyard.imps.store import ImpError
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.storage.leases import LeaseHeld, LeaseLost
+from impyard.storage.shard_layout import LayoutHeld
 
 NO_KEY = (
     "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
@@ -91,6 +92,7 @@ def serve_command(
         anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise, shard=shard))
     except (
         DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, LeaseHeld, LeaseLost,
+        LayoutHeld,
     ) as exc:  # fmt: skip
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ from enum import StrEnum
 
 from impyard.storage.liveness import Holder
 
+HOST_PREFIX = "host:"  # a process's own record: host:<hostname>/<pid>
 DEFAULT_TTL = timedelta(seconds=30)  # how long a lease lives without a renewal
 RENEW_EVERY = timedelta(seconds=10)  # a holder renews this often: two renewals may fail before it expires
 # What a holder says of itself (its warm boxes) is written as soon as it changed, at most this often.
