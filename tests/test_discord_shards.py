@@ -31,9 +31,7 @@ from impyard.discord.shards import Shard, ShardError, shard_of
 from impyard.storage.db import open_database
 from testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
 from testing.fake_openai import FakeOpenAI, envelope, slow
-from tests.discord_yard import (
-    serving,
-)
+from tests.discord_yard import serving, until
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 EVEN_GUILD = 2_000 << 22  # (id >> 22) % 2 == 0: shard 0 of 2
@@ -150,6 +148,42 @@ async def test_a_sharded_bot_shows_its_status_on_its_own_shard(
         (update,) = await yard.fake.wait_for(lambda: yard.fake.presence_updates)
     assert (update.shard, update.custom_status) == ((0, 2), "talking in #general")
     assert "imp pip status (shard 0/2): talking in #general" in [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.anyio
+async def test_a_message_of_another_shards_server_is_dropped_and_counted(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36: the yard's one server is shard 0's; a gateway that broadcasts hands shard 1/2 its message (a server
+    discord.py never cached: the id comes from the message alone). Dropped before the pipeline, counted, logged once
+    as a warning; its DM (shard 0's) likewise. Nothing kept, nothing answered."""
+    from tests.discord_yard import ALICE as MEMBER
+    from tests.discord_yard import CAROL as DM_PERSON
+    from tests.discord_yard import DM as YARD_DM
+    from tests.discord_yard import GENERAL, GUILD
+
+    caplog.set_level(logging.DEBUG, "impyard")
+    async with serving(monkeypatch, model, shard=Shard(1, 2)) as yard:
+        yard.fake.broadcast_to_every_shard()
+        first = yard.fake.post_message(GENERAL, MEMBER, "hi pip")
+        second = yard.fake.post_message(GENERAL, MEMBER, "hi again")
+        yard.fake.post_message(YARD_DM, DM_PERSON, "psst")
+        await until(lambda: yard.host.off_shard().get("message", 0) >= 3)
+        assert yard.host.off_shard() == {"message": 3}
+        assert yard.rt.history.get(str(GENERAL), str(first.id)) is None
+        assert yard.rt.conversations.duplicates == 0 and yard.rt.sessions.boxes_started == 0
+    assert yard.fake.messages(GENERAL) == [] and model.requests == []
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "shard 1/2: " in r.getMessage()]
+    assert lines[0] == (
+        "WARNING",
+        f"imp pip on shard 1/2: Discord sent a message event of server {GUILD}, which is shard 0's: dropped (and "
+        "every other such event, counted); check that each host runs with its own --shard",
+    )
+    assert lines[1:] == [
+        ("DEBUG", f"imp pip on shard 1/2: dropped a message event of server {GUILD}"),
+        ("DEBUG", "imp pip on shard 1/2: dropped a message event of a direct message"),
+    ]
+    assert f"message={second.id}" not in caplog.text
 
 
 @pytest.mark.anyio
