@@ -76,7 +76,10 @@ def serve_command(
     Several hosts split the servers as Discord shards, each with its own home:
     --shard 0/2 on one, --shard 1/2 on the other. A shard has one host at a
     time: a second host of the same shard on the same database is refused,
-    naming the holder's host and pid (impyard hosts lists them).
+    naming the holder's host and pid (impyard hosts lists them). Every host
+    of a database splits Discord the same way: one with another N, or one
+    without --shard beside sharded hosts (or the reverse), is refused until
+    every host of the layout in force stopped (docs/hosts.md).
     Example:
       export OPENAI_API_KEY=sk-...
       export IMPYARD_DISCORD_TOKEN_PIP=...
