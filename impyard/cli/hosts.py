@@ -136,7 +136,7 @@ def layout_entry(found: LayoutInForce | None) -> dict[str, Any] | None:
                 "pid": hold.holder.pid if hold.holder else None,
             }
             for hold in found.holds
-        ],  # fmt: skip
+        ],
         "state": "held" if found.holds else "free",
     }
 

@@ -18,8 +18,9 @@ With ``shard`` (``impyard serve --shard I/N``) every bot connects as that Discor
 of its shard's servers only, and DMs only on shard 0 (``impyard.discord.shards``); each host of a sharded
 set runs with its own home, so what a restart left unanswered is its own shard's. An event of another shard's
 server that Discord sends anyway is dropped and counted (``ImpClient.on_its_shard``, issue 36), and a message two
-hosts are handed is answered by the one that claims its wake (``Conversations.route``: the other's is ``duplicate``). Slash commands are
-synced by ``impyard discord sync``, never here, so sharded hosts never race to sync them.
+hosts are handed is answered by the one that claims its wake (``Conversations.route``: the other's is
+``duplicate``). Slash commands are synced by ``impyard discord sync``, never here, so sharded hosts never race
+to sync them.
 """
 
 from __future__ import annotations
@@ -207,9 +208,8 @@ class DiscordHost:
             if client.shard is None
             else "none on this shard"
         )
-        ours = [
-            g for g in client.guilds if client.on_its_shard(g.id, "server")
-        ]  # issue 36: another shard's: dropped
+        # Issue 36: a server of another shard (a gateway that ignores sharding) is dropped and counted.
+        ours = [g for g in client.guilds if client.on_its_shard(g.id, "server")]
         guilds = ", ".join(f"{g.name} ({g.id})" for g in ours) or nothing
         log.info(
             "imp %s is on Discord as %s%s; servers: %s", client.imp, client.user, client.shard_words, guilds
