@@ -271,15 +271,11 @@ def wait_for_line(log: Path, text: str, timeout: float = START_S) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("database", ["own", "postgresql"])
-def test_two_hosts_as_two_shards_answer_every_message_exactly_once(
-    tmp_path: Path, database: str, request: pytest.FixtureRequest
-) -> None:
-    """Two real ``serve --shard I/2`` processes: each on its own home's SQLite file, or both on one PostgreSQL
-    database (issue 21's "done when"), where each also holds its shard's lease and every reply is kept once."""
-    url = request.getfixturevalue("migrated_postgres_url") if database == "postgresql" else ""
-    asked: dict[int, int] = {}  # message id → the shard whose host must answer it
-    with make_fake() as fake, FakeOpenAI() as model0, FakeOpenAI() as model1:
+@contextmanager
+def two_shards(tmp_path: Path, fake: FakeDiscord, url: str) -> Iterator[tuple[Path, Path]]:
+    """``serve --shard 0/2`` and ``1/2``, each with its own home and model (answering ``pip of shard I``), on ``url``
+    (empty: each home's own SQLite file), both serving; yields their logs; both stopped after."""
+    with FakeOpenAI() as model0, FakeOpenAI() as model1:
         for shard, model in ((0, model0), (1, model1)):
             model.script(envelope(answer=f"pip of shard {shard}"))
             prepare_home(tmp_path / f"home{shard}", url)
@@ -289,15 +285,39 @@ def test_two_hosts_as_two_shards_answer_every_message_exactly_once(
         ):
             wait_for_line(log0, "serving pip on Discord as shard 0/2")
             wait_for_line(log1, "serving pip on Discord as shard 1/2")
+            yield log0, log1
+
+
+def ask_everywhere(fake: FakeDiscord) -> dict[int, int]:
+    """One message in each channel of both servers and in the DM: message id → the shard whose host owns it."""
+    asked = {}
+    for channel, author, shard in (
+        (EVEN_A, ALICE, 0), (ODD_A, ALICE, 1), (DM, CAROL, 0), (EVEN_B, CAROL, 0), (ODD_B, CAROL, 1),
+    ):  # fmt: skip
+        asked[fake.post_message(channel, author, "hello pip").id] = shard
+    return asked
+
+
+def until_answered(fake: FakeDiscord, asked: dict[int, int]) -> None:
+    """Until the bot posted as many messages as were asked (each host stops only after its running turns)."""
+    fake.wait_for_sync(
+        lambda: sum(len(fake.messages(c)) for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM)) >= len(asked),
+        timeout=START_S,
+    )
+
+
+@pytest.mark.parametrize("database", ["own", "postgresql"])
+def test_two_hosts_as_two_shards_answer_every_message_exactly_once(
+    tmp_path: Path, database: str, request: pytest.FixtureRequest
+) -> None:
+    """Two real ``serve --shard I/2`` processes: each on its own home's SQLite file, or both on one PostgreSQL
+    database (issue 21's "done when"), where each also holds its shard's lease and every reply is kept once."""
+    url = request.getfixturevalue("migrated_postgres_url") if database == "postgresql" else ""
+    with make_fake() as fake:
+        with two_shards(tmp_path, fake, url) as (log0, log1):
             assert fake.shards_connected == [(0, 2), (1, 2)]
-            for channel, author, shard in (
-                (EVEN_A, ALICE, 0), (ODD_A, ALICE, 1), (DM, CAROL, 0), (EVEN_B, CAROL, 0), (ODD_B, CAROL, 1),
-            ):  # fmt: skip
-                asked[fake.post_message(channel, author, "hello pip").id] = shard
-            fake.wait_for_sync(
-                lambda: sum(len(fake.messages(c)) for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM)) >= len(asked),
-                timeout=START_S,
-            )
+            asked = ask_everywhere(fake)  # message id → the shard whose host must answer it
+            until_answered(fake, asked)
         # Both hosts have stopped (their running turns finished): every reply there will be is here.
         replies = [m for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM) for m in fake.messages(c)]
         answered = {m.reference_id: m.content for m in replies}
@@ -408,16 +428,6 @@ def database_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> s
     return f"sqlite:///{tmp_path / 'shared.db'}" if kind == "shared" else ""
 
 
-def ask_everywhere(fake: FakeDiscord) -> dict[int, int]:
-    """One message in each channel of both servers and in the DM: message id → the shard whose host owns it."""
-    asked = {}
-    for channel, author, shard in (
-        (EVEN_A, ALICE, 0), (ODD_A, ALICE, 1), (DM, CAROL, 0), (EVEN_B, CAROL, 0), (ODD_B, CAROL, 1),
-    ):  # fmt: skip
-        asked[fake.post_message(channel, author, "hello pip").id] = shard
-    return asked
-
-
 def replies_once(fake: FakeDiscord, asked: dict[int, int]) -> dict[int, str]:
     """Every reply the bot posted (after its hosts stopped: all there will be), by the message it answers; each
     message answered exactly once."""
@@ -446,22 +456,11 @@ def test_two_shards_answer_every_message_once_when_discord_broadcasts_every_even
     Each host drops what is not its shard's, and says so; every message is answered once, by its own shard's host
     (``own``: each host on its own database, so the drop alone holds it)."""
     url = database_for(database, tmp_path, request)
-    with make_fake() as fake, FakeOpenAI() as model0, FakeOpenAI() as model1:
+    with make_fake() as fake:
         fake.broadcast_to_every_shard()
-        for shard, model in ((0, model0), (1, model1)):
-            model.script(envelope(answer=f"pip of shard {shard}"))
-            prepare_home(tmp_path / f"home{shard}", url)
-        with (
-            serve_process(tmp_path / "home0", "0/2", model0, fake, url) as log0,
-            serve_process(tmp_path / "home1", "1/2", model1, fake, url) as log1,
-        ):
-            wait_for_line(log0, "serving pip on Discord as shard 0/2")
-            wait_for_line(log1, "serving pip on Discord as shard 1/2")
+        with two_shards(tmp_path, fake, url) as (log0, log1):
             asked = ask_everywhere(fake)
-            fake.wait_for_sync(
-                lambda: sum(len(fake.messages(c)) for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM)) >= len(asked),
-                timeout=START_S,
-            )
+            until_answered(fake, asked)
             for log, (guild, other) in (
                 (log0, (ODD_GUILD, 1)),
                 (log1, (EVEN_GUILD, 0)),
@@ -535,6 +534,12 @@ def refused(home: Path, shard: str | None, model: FakeOpenAI, fake: FakeDiscord,
     return errors[0]
 
 
+def answer_in(fake: FakeDiscord, channel: int) -> None:
+    """A message in ``channel`` is answered (so its host is serving, past its start, before a test stops it)."""
+    asked = fake.post_message(channel, ALICE, "hello pip").id
+    fake.wait_for_sync(lambda: any(m.reference_id == asked for m in fake.messages(channel)), timeout=START_S)
+
+
 def layout_of(url: str) -> dict[str, object] | None:
     result = CliRunner().invoke(cli, ["hosts", "--json"], env={"IMPYARD_DATABASE_URL": url})
     assert result.exit_code == 0, result.output
@@ -589,6 +594,7 @@ def test_a_host_of_another_shard_layout_is_refused_until_every_host_stopped(
             ) and shown.splitlines()[0].endswith("; held by 1 lease: a host of another layout is refused")
             with serve_process(homes[1], "1/2", model, fake, url) as other:  # the same layout: welcome
                 wait_for_line(other, "serving pip on Discord as shard 1/2")
+                answer_in(fake, ODD_A)
             assert fake.shards_connected == [(0, 2)]  # the refused hosts never connected
         free = layout_of(url)
         assert free is not None and (free["shards"], free["state"], free["held_by"]) == (2, "free", [])
@@ -605,6 +611,7 @@ def test_a_host_of_another_shard_layout_is_refused_until_every_host_stopped(
             ), line
         with serve_process(homes[2], "2/3", model, fake, url) as third:
             wait_for_line(third, "serving pip on Discord as shard 2/3")
+            answer_in(fake, EVEN_A)  # the even server is shard 2 of 3
             layout = layout_of(url)
             assert layout is not None and (layout["shards"], layout["state"]) == (3, "held")
             leases = json.loads(

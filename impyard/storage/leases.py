@@ -50,6 +50,7 @@ from impyard.storage.lease_rules import (
     Outcome,
     decide,
     granted,
+    lease_time,
     refusal,
     verify,
 )
@@ -130,14 +131,6 @@ class LeaseInfo:
         return self.expires_at <= now
 
 
-def _time(text: str) -> datetime:
-    try:
-        found = datetime.fromisoformat(text)
-    except ValueError:
-        return datetime.min.replace(tzinfo=UTC)  # a garbled time counts as long expired
-    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
-
-
 def _detail_text(detail: Mapping[str, Any] | None) -> str:
     text = json.dumps(dict(detail or {}), sort_keys=True, default=str)
     return text if len(text) <= MAX_DETAIL_CHARS else json.dumps({"truncated": True})
@@ -152,8 +145,8 @@ def _detail(text: str | None) -> dict[str, Any]:
 
 
 _LEASE_INFO = RowMapper(
-    LeaseInfo, holder=Holder.parse, holder_text=OfRow(lambda row: row["holder"]), token=int, acquired_at=_time,
-    renewed_at=_time, expires_at=_time, detail=_detail,
+    LeaseInfo, holder=Holder.parse, holder_text=OfRow(lambda row: row["holder"]), token=int, acquired_at=lease_time,
+    renewed_at=lease_time, expires_at=lease_time, detail=_detail,
 )  # fmt: skip
 
 
@@ -161,7 +154,7 @@ def _row(found: RowMapping | None) -> LeaseRow | None:
     if found is None:
         return None
     return LeaseRow(
-        found["name"], Holder.parse(found["holder"]), int(found["token"]), _time(found["expires_at"])
+        found["name"], Holder.parse(found["holder"]), int(found["token"]), lease_time(found["expires_at"])
     )
 
 

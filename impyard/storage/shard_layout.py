@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
 
 from impyard.clock import iso
 from impyard.errors import ImpyardError
-from impyard.storage.lease_rules import HOST_PREFIX, LeaseRow, Outcome, decide
+from impyard.storage.lease_rules import HOST_PREFIX, LeaseRow, Outcome, decide, lease_time
 from impyard.storage.liveness import Holder
 from impyard.storage.tables import leases, shard_layout
 
@@ -92,14 +92,6 @@ def shards_of(name: str) -> int | None:
     return int(count) if count.isdigit() and int(count) > 0 else None
 
 
-def _time(text: str) -> datetime:
-    try:
-        found = datetime.fromisoformat(text)
-    except ValueError:
-        return datetime.min.replace(tzinfo=UTC)  # a garbled time counts as long expired
-    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
-
-
 def _unsharded_serve(detail: str | None) -> bool:
     """Whether a host record's detail (leases.HostCard) is an ``impyard serve`` without ``--shard``."""
     try:
@@ -127,7 +119,7 @@ def holds(
         else:
             continue
         holder = Holder.parse(holder_text)
-        row = LeaseRow(name, holder, int(token), _time(expires_at))
+        row = LeaseRow(name, holder, int(token), lease_time(expires_at))
         if decide(row, me, now, alive(holder) if holder is not None and holder != me else None).outcome is (
             Outcome.HELD
         ):
@@ -211,4 +203,4 @@ def in_force(
         return None
     layout = Layout(row["shards"])
     live = tuple(hold for hold in holds(_lease_rows(conn), me, now, alive) if hold.layout == layout)
-    return LayoutInForce(layout, Holder.parse(row["fixed_by"]), _time(row["fixed_at"]), live)
+    return LayoutInForce(layout, Holder.parse(row["fixed_by"]), lease_time(row["fixed_at"]), live)
