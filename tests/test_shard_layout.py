@@ -5,6 +5,7 @@ it, until no live lease holds it. (Through real ``impyard serve`` processes: tes
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -17,6 +18,7 @@ from impyard.storage.leases import LeaseStore
 from impyard.storage.liveness import Holder
 from impyard.storage.shard_layout import UNSHARDED, Layout, LayoutHeld
 from impyard.storage.tables import leases
+from impyard.storage.tables import shard_layout as shard_layout_table
 
 ALPHA = Holder("alpha", "b00t", 100, "5")
 BETA = Holder("beta", "f00d", 200, "7")
@@ -147,3 +149,34 @@ def test_a_free_layout_shows_no_holds(any_engine_db: Database, clock: FixedClock
 )  # fmt: skip
 def test_the_layout_of_a_lease_is_the_n_of_its_name(name: str, shards: int | None) -> None:
     assert shard_layout.shards_of(name) == shards
+
+
+def test_two_hosts_of_different_layouts_starting_at_once_are_never_both_let_in(
+    any_engine_db: Database, clock: FixedClock
+) -> None:
+    """The layout is taken in the transaction of the first lease: of ``--shard 0/2`` and ``--shard 0/3`` starting at
+    the same moment, exactly one starts (SQLite's write lock; PostgreSQL's SERIALIZABLE runs the loser again)."""
+    rounds, barrier = 20, threading.Barrier(2)
+    for _ in range(rounds):
+        any_engine_db.write(
+            lambda conn: (conn.execute(sa.delete(leases)), conn.execute(sa.delete(shard_layout_table)))
+        )
+        outcomes: dict[str, str] = {}
+
+        def start(me: Holder, shard: str, outcomes: dict[str, str] = outcomes) -> None:
+            barrier.wait()
+            try:
+                Host(any_engine_db, me, clock).start(shard)
+                outcomes[shard] = "started"
+            except LayoutHeld:
+                outcomes[shard] = "refused"
+
+        racers = [threading.Thread(target=start, args=args) for args in ((ALPHA, "0/2"), (BETA, "0/3"))]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(timeout=60)
+        assert sorted(outcomes.values()) == ["refused", "started"], outcomes
+        found = in_force(any_engine_db, clock)
+        winner = next(shard for shard, outcome in outcomes.items() if outcome == "started")
+        assert found is not None and found.layout == Layout(int(winner.split("/")[1]))
