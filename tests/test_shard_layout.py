@@ -180,3 +180,30 @@ def test_two_hosts_of_different_layouts_starting_at_once_are_never_both_let_in(
         found = in_force(any_engine_db, clock)
         winner = next(shard for shard, outcome in outcomes.items() if outcome == "started")
         assert found is not None and found.layout == Layout(int(winner.split("/")[1]))
+
+
+def test_impyard_hosts_and_the_console_say_the_layout_in_force(impyard_home: object) -> None:
+    """Issue 36: `impyard hosts` shows the layout (a line, and "layout" in --json); the console's Hosts page the same line."""
+    import json
+
+    from click.testing import CliRunner
+
+    from impyard.cli import cli
+    from impyard.clock import SystemClock
+    from impyard.console.render import environment
+    from impyard.storage.cluster import read_cluster
+    from impyard.storage.db import open_database
+
+    db = open_database()
+    try:
+        Host(db, ALPHA, FixedClock(SystemClock().now())).start("0/2")
+        found = read_cluster(db, SystemClock().now(), alive=lambda holder: None)
+    finally:
+        db.close()
+    assert found.layout is not None and found.layout["shards"] == 2 and found.layout["state"] == "held"
+    line = found.layout_line
+    assert line is not None and line.startswith("Shard layout: Discord is served as 2 shards (--shard I/2)")
+    shown = CliRunner().invoke(cli, ["hosts", "--json"])
+    assert json.loads(shown.output)["layout"]["shards"] == 2
+    page = environment().get_template("_hosts_tables.html").render(cluster=found, ago=lambda when: "now")
+    assert 'id="shard-layout"' in page and "served as 2 shards" in page
