@@ -62,7 +62,8 @@ connection is closed with 4010 (invalid shard); a session that would hold more t
 ``max_guilds_per_shard`` guilds (Discord: 2500) is closed with 4011 (sharding required). A sharded session
 gets only its guilds — ``(guild_id >> 22) % num_shards == shard_id`` — in READY, GUILD_CREATE, messages,
 channel events and interactions; events without a guild (DMs, and commands run in DMs) go to shard 0 only.
-``GET /gateway/bot`` recommends one shard per thousand guilds (:attr:`FakeDiscord.recommended_shards`).
+:meth:`FakeDiscord.broadcast_to_every_shard` plays a gateway that ignores that rule (issue 36): every session
+gets every guild's events (interactions still go to one session). ``GET /gateway/bot`` recommends one shard per thousand guilds (:attr:`FakeDiscord.recommended_shards`).
 
 Records: :attr:`FakeDiscord.rest_calls` (every REST call, Authorization value removed), messages the bots
 post, typing calls, interaction responses, registered commands, gateway connects, IDENTIFYs (with their
@@ -1137,7 +1138,7 @@ class FakeDiscord:
             if client.shard_id is not None and client.shard_count is not None
             else None
         )
-        expected = {g for g in self._guilds if _on_shard(shard, g)} if bot is not None else set()
+        expected = {g for g in self._guilds if self._delivers(shard, g)} if bot is not None else set()
         # A GUILD_CREATE that lands after on_ready is announced as guild_available rather than folded in.
         while missing := {g for g in expected if client.get_guild(g) is None}:
             await client.wait_for("guild_available", check=lambda g, wanted=missing: g.id in wanted)
@@ -1399,6 +1400,23 @@ class FakeDiscord:
                 _Fault(method.upper(), self._strip_prefix(path_pattern), None, times, delay_s)
             )
 
+    # --- misrouting: every event to every shard (issue 36) ----------------------------------------------
+
+    _broadcasting = False  # off: events go by Discord's shard rule (``_on_shard``)
+
+    def broadcast_to_every_shard(self, on: bool = True) -> None:
+        """Play a gateway that ignores sharding (issue 36): from now on every session — whatever its shard — gets
+        every guild in READY and GUILD_CREATE, every guild's message and channel events, and its bot's DM events;
+        what Discord would send to one shard only. An interaction still goes to one session (Discord's rule:
+        ``_create_interaction``), and the 4011 guild limit still counts the shard's own guilds."""
+        with self._lock:
+            self._broadcasting = on
+
+    def _delivers(self, shard: tuple[int, int] | None, guild_id: int | None) -> bool:
+        """Whether a session of ``shard`` gets the events of ``guild_id`` (None: no guild): Discord's rule, unless
+        broadcasting."""
+        return self._broadcasting or _on_shard(shard, guild_id)
+
     # --- injection: gateway -----------------------------------------------------------------------------
 
     def post_message(
@@ -1604,7 +1622,7 @@ class FakeDiscord:
         guild_id = _as_int(data.get("guild_id"))
         with self._lock:
             for session in list(self._sessions.values()):
-                if (bot_user_id is None or session.bot.user.id == bot_user_id) and _on_shard(
+                if (bot_user_id is None or session.bot.user.id == bot_user_id) and self._delivers(
                     session.shard, guild_id
                 ):
                     self._dispatch_to(session, event, copy.deepcopy(dict(data)))
@@ -3129,7 +3147,7 @@ class FakeDiscord:
         ready: dict[str, Any] = {
             "v": API_VERSION,
             "user": {**bot.user.payload(), "verified": True, "mfa_enabled": False},
-            "guilds": [{"id": str(g), "unavailable": True} for g in self._guilds if _on_shard(shard, g)],
+            "guilds": [{"id": str(g), "unavailable": True} for g in self._guilds if self._delivers(shard, g)],
             "session_id": session.id,
             "session_type": "normal",
             "resume_gateway_url": self.resume_gateway_url,
@@ -3146,7 +3164,7 @@ class FakeDiscord:
             ready["shard"] = list(shard)
         self._dispatch_to(session, "READY", ready)
         for guild in self._guilds.values():
-            if _on_shard(shard, guild.config.id):
+            if self._delivers(shard, guild.config.id):
                 self._dispatch_to(session, "GUILD_CREATE", self._guild_create_payload(guild, session))
 
     def _resume(self, conn: _Connection, d: dict[str, Any]) -> None:
@@ -3222,7 +3240,7 @@ class FakeDiscord:
         """Send an event to every session that would get it: a guild's events to every bot's session of the
         guild's shard; DM events to its bot's shard 0."""
         for session in list(self._sessions.values()):
-            if not _on_shard(session.shard, guild_id):
+            if not self._delivers(session.shard, guild_id):
                 continue
             if guild_id is None:
                 if dm_state is None or self._dm_bot_id(dm_state) != session.bot.user.id:

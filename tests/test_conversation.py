@@ -108,6 +108,29 @@ async def test_all_mode_with_one_human_gets_a_reply(
     ]
 
 
+@pytest.mark.parametrize("then", ["while its turn runs", "after its turn"])
+async def test_a_message_handed_in_twice_is_answered_once(
+    runtime: tuple[Runtime, RecordingSurface], clock: FixedClock, then: str
+) -> None:
+    """Issue 36: the second delivery of a message id (another host of the database, a broadcast, a replay) finds its
+    wake claimed: ``duplicate``, counted, neither queued nor answered."""
+    rt, surface = runtime
+    assert await rt.conversations.receive("pip", inbound(message(1, clock=clock))) == "started"
+    if then == "after its turn":
+        await answered(rt, "m1")
+    assert await rt.conversations.receive("pip", inbound(message(1, clock=clock))) == "duplicate"
+    assert rt.conversations.duplicates == 1
+    await answered(rt, "m1")
+    assert await rt.conversations.receive("pip", inbound(message(2, clock=clock))) == "started"
+    await answered(rt, "m2")
+    assert [(sent.reply_to, sent.content) for sent in surface.sent] == [
+        ("m1", "hello there"),
+        ("m2", "hello there"),
+    ]
+    assert rt.history.count(CHANNEL) == 4  # m1 once, m2, and the two replies
+    assert rt.history.outcome("pip", CHANNEL, "m1") == "sent"
+
+
 async def test_mention_mode_ambient_messages_are_kept_but_start_no_box(
     runtime: tuple[Runtime, RecordingSurface], clock: FixedClock
 ) -> None:

@@ -1,16 +1,18 @@
 """Hosts as Discord shards (issue 21): ``impyard serve --shard I/N`` on two homes splits the servers between them.
 
-Real parts: two ``impyard serve`` processes, each with its own IMPYARD_HOME (SQLite) and its own fake OpenAI,
-both on one loopback fake Discord that routes by shard as Discord does. A shared database comes later in
-issue 21; here every host keeps its own.
+Real parts: two ``impyard serve`` processes, each with its own IMPYARD_HOME and its own fake OpenAI, both on one
+loopback fake Discord that routes by shard as Discord does (or, for issue 36, sends every event to every shard);
+each host on its own home's SQLite file, or all on one shared SQLite file or PostgreSQL database.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,9 +31,7 @@ from impyard.discord.shards import Shard, ShardError, shard_of
 from impyard.storage.db import open_database
 from testing.fake_discord import FakeChannel, FakeDiscord, FakeGuild, FakeUser, member
 from testing.fake_openai import FakeOpenAI, envelope, slow
-from tests.discord_yard import (
-    serving,
-)
+from tests.discord_yard import serving, until
 
 IMPYARD = str(Path(sys.executable).parent / "impyard")
 EVEN_GUILD = 2_000 << 22  # (id >> 22) % 2 == 0: shard 0 of 2
@@ -151,6 +151,42 @@ async def test_a_sharded_bot_shows_its_status_on_its_own_shard(
 
 
 @pytest.mark.anyio
+async def test_a_message_of_another_shards_server_is_dropped_and_counted(
+    monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36: the yard's one server is shard 0's; a gateway that broadcasts hands shard 1/2 its message (a server
+    discord.py never cached: the id comes from the message alone). Dropped before the pipeline, counted, logged once
+    as a warning; its DM (shard 0's) likewise. Nothing kept, nothing answered."""
+    from tests.discord_yard import ALICE as MEMBER
+    from tests.discord_yard import CAROL as DM_PERSON
+    from tests.discord_yard import DM as YARD_DM
+    from tests.discord_yard import GENERAL, GUILD
+
+    caplog.set_level(logging.DEBUG, "impyard")
+    async with serving(monkeypatch, model, shard=Shard(1, 2)) as yard:
+        yard.fake.broadcast_to_every_shard()
+        first = yard.fake.post_message(GENERAL, MEMBER, "hi pip")
+        second = yard.fake.post_message(GENERAL, MEMBER, "hi again")
+        yard.fake.post_message(YARD_DM, DM_PERSON, "psst")
+        await until(lambda: yard.host.off_shard().get("message", 0) >= 3)
+        assert yard.host.off_shard() == {"message": 3}
+        assert yard.rt.history.get(str(GENERAL), str(first.id)) is None
+        assert yard.rt.conversations.duplicates == 0 and yard.rt.sessions.boxes_started == 0
+    assert yard.fake.messages(GENERAL) == [] and model.requests == []
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "shard 1/2: " in r.getMessage()]
+    assert lines[0] == (
+        "WARNING",
+        f"imp pip on shard 1/2: Discord sent a message event of server {GUILD}, which is shard 0's: dropped (and "
+        "every other such event, counted); check that each host runs with its own --shard",
+    )
+    assert lines[1:] == [
+        ("DEBUG", f"imp pip on shard 1/2: dropped a message event of server {GUILD}"),
+        ("DEBUG", "imp pip on shard 1/2: dropped a message event of a direct message"),
+    ]
+    assert f"message={second.id}" not in caplog.text
+
+
+@pytest.mark.anyio
 async def test_a_shard_discord_refuses_stops_serve_with_the_reason(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI
 ) -> None:
@@ -199,18 +235,23 @@ def serve_env(
     }  # fmt: skip
 
 
+def serve_args(shard: str | None, backend: str = "process") -> list[str]:
+    """``impyard serve pip`` with ``--shard`` (None: without it)."""
+    return [IMPYARD, "serve", "pip", "--backend", backend, *(["--shard", shard] if shard is not None else [])]
+
+
 @contextmanager
 def serve_process(
-    home: Path, shard: str, model: FakeOpenAI, fake: FakeDiscord, database: str = "", *,
+    home: Path, shard: str | None, model: FakeOpenAI, fake: FakeDiscord, database: str = "", *,
     backend: str = "process", **extra: str,
 ) -> Iterator[Path]:  # fmt: skip
-    """``impyard serve pip --shard I/N`` as a process of its own (``serve_env``), on ``backend``; yields its log
-    file; SIGTERM after."""
-    log = home.parent / f"serve-{shard.replace('/', '-')}.log"
+    """``impyard serve pip --shard I/N`` (None: without --shard) as a process of its own (``serve_env``), on
+    ``backend``; yields its log file; SIGTERM after."""
+    log = home.parent / f"serve-{home.name}-{(shard or 'all').replace('/', '-')}.log"
     with log.open("w") as out:
         child = subprocess.Popen(
-            [IMPYARD, "serve", "pip", "--backend", backend, "--shard", shard],
-            env=serve_env(home, model, fake, database, **extra), stdout=out, stderr=subprocess.STDOUT,
+            serve_args(shard, backend), env=serve_env(home, model, fake, database, **extra), stdout=out,
+            stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             yield log
@@ -230,15 +271,11 @@ def wait_for_line(log: Path, text: str, timeout: float = START_S) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("database", ["own", "postgresql"])
-def test_two_hosts_as_two_shards_answer_every_message_exactly_once(
-    tmp_path: Path, database: str, request: pytest.FixtureRequest
-) -> None:
-    """Two real ``serve --shard I/2`` processes: each on its own home's SQLite file, or both on one PostgreSQL
-    database (issue 21's "done when"), where each also holds its shard's lease and every reply is kept once."""
-    url = request.getfixturevalue("migrated_postgres_url") if database == "postgresql" else ""
-    asked: dict[int, int] = {}  # message id → the shard whose host must answer it
-    with make_fake() as fake, FakeOpenAI() as model0, FakeOpenAI() as model1:
+@contextmanager
+def two_shards(tmp_path: Path, fake: FakeDiscord, url: str) -> Iterator[tuple[Path, Path]]:
+    """``serve --shard 0/2`` and ``1/2``, each with its own home and model (answering ``pip of shard I``), on ``url``
+    (empty: each home's own SQLite file), both serving; yields their logs; both stopped after."""
+    with FakeOpenAI() as model0, FakeOpenAI() as model1:
         for shard, model in ((0, model0), (1, model1)):
             model.script(envelope(answer=f"pip of shard {shard}"))
             prepare_home(tmp_path / f"home{shard}", url)
@@ -248,15 +285,39 @@ def test_two_hosts_as_two_shards_answer_every_message_exactly_once(
         ):
             wait_for_line(log0, "serving pip on Discord as shard 0/2")
             wait_for_line(log1, "serving pip on Discord as shard 1/2")
+            yield log0, log1
+
+
+def ask_everywhere(fake: FakeDiscord) -> dict[int, int]:
+    """One message in each channel of both servers and in the DM: message id → the shard whose host owns it."""
+    asked = {}
+    for channel, author, shard in (
+        (EVEN_A, ALICE, 0), (ODD_A, ALICE, 1), (DM, CAROL, 0), (EVEN_B, CAROL, 0), (ODD_B, CAROL, 1),
+    ):  # fmt: skip
+        asked[fake.post_message(channel, author, "hello pip").id] = shard
+    return asked
+
+
+def until_answered(fake: FakeDiscord, asked: dict[int, int]) -> None:
+    """Until the bot posted as many messages as were asked (each host stops only after its running turns)."""
+    fake.wait_for_sync(
+        lambda: sum(len(fake.messages(c)) for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM)) >= len(asked),
+        timeout=START_S,
+    )
+
+
+@pytest.mark.parametrize("database", ["own", "postgresql"])
+def test_two_hosts_as_two_shards_answer_every_message_exactly_once(
+    tmp_path: Path, database: str, request: pytest.FixtureRequest
+) -> None:
+    """Two real ``serve --shard I/2`` processes: each on its own home's SQLite file, or both on one PostgreSQL
+    database (issue 21's "done when"), where each also holds its shard's lease and every reply is kept once."""
+    url = request.getfixturevalue("migrated_postgres_url") if database == "postgresql" else ""
+    with make_fake() as fake:
+        with two_shards(tmp_path, fake, url) as (log0, log1):
             assert fake.shards_connected == [(0, 2), (1, 2)]
-            for channel, author, shard in (
-                (EVEN_A, ALICE, 0), (ODD_A, ALICE, 1), (DM, CAROL, 0), (EVEN_B, CAROL, 0), (ODD_B, CAROL, 1),
-            ):  # fmt: skip
-                asked[fake.post_message(channel, author, "hello pip").id] = shard
-            fake.wait_for_sync(
-                lambda: sum(len(fake.messages(c)) for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM)) >= len(asked),
-                timeout=START_S,
-            )
+            asked = ask_everywhere(fake)  # message id → the shard whose host must answer it
+            until_answered(fake, asked)
         # Both hosts have stopped (their running turns finished): every reply there will be is here.
         replies = [m for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM) for m in fake.messages(c)]
         answered = {m.reference_id: m.content for m in replies}
@@ -355,3 +416,207 @@ def test_a_shard_whose_host_is_killed_mid_turn_is_answered_by_its_next_holder(
     assert [(str(m), o) for m, o in wakes] == [(str(asked), "sent")]
     assert lease == 2  # taken over: the next token
     assert in_flight == 0  # the killed host's reservation was settled by the next holder
+
+
+# ------------------------------------------------------------------ issue 36: exactly once, whatever Discord sends
+
+
+def database_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """``own``: each home its own SQLite file (""); ``shared``: one SQLite file of both; ``postgresql``: one server."""
+    if kind == "postgresql":
+        return str(request.getfixturevalue("migrated_postgres_url"))
+    return f"sqlite:///{tmp_path / 'shared.db'}" if kind == "shared" else ""
+
+
+def replies_once(fake: FakeDiscord, asked: dict[int, int]) -> dict[int, str]:
+    """Every reply the bot posted (after its hosts stopped: all there will be), by the message it answers; each
+    message answered exactly once."""
+    replies = [m for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM) for m in fake.messages(c)]
+    answered = {m.reference_id: m.content for m in replies if m.reference_id is not None}
+    assert len(replies) == len(asked) and set(answered) == set(asked), [
+        (m.channel_id, m.reference_id, m.content) for m in replies
+    ]
+    return answered  # type: ignore[return-value]
+
+
+def wakes_of(url: str) -> list[tuple[str, str]]:
+    db = open_database(url=url)
+    try:
+        rows = db.read(lambda c: c.execute(text("SELECT message_id, outcome FROM wakes")).all())
+    finally:
+        db.close()
+    return sorted((str(m), str(o)) for m, o in rows)
+
+
+@pytest.mark.parametrize("database", ["own", "shared", "postgresql"])
+def test_two_shards_answer_every_message_once_when_discord_broadcasts_every_event(
+    tmp_path: Path, database: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 36, "defence in depth": the fake Discord sends every event (servers, messages, DMs) to both shards.
+    Each host drops what is not its shard's, and says so; every message is answered once, by its own shard's host
+    (``own``: each host on its own database, so the drop alone holds it)."""
+    url = database_for(database, tmp_path, request)
+    with make_fake() as fake:
+        fake.broadcast_to_every_shard()
+        with two_shards(tmp_path, fake, url) as (log0, log1):
+            asked = ask_everywhere(fake)
+            until_answered(fake, asked)
+            for log, (guild, other) in (
+                (log0, (ODD_GUILD, 1)),
+                (log1, (EVEN_GUILD, 0)),
+            ):  # the other's: dropped
+                wait_for_line(
+                    log, f"Discord sent a message event of server {guild}, which is shard {other}'s: dropped"
+                )
+        answered = replies_once(fake, asked)
+        logs = {0: log0.read_text(), 1: log1.read_text()}
+    assert answered == {message: f"pip of shard {shard}" for message, shard in asked.items()}
+    assert "on shard 0/2; servers: even (" in logs[0] and "on shard 1/2; servers: odd (" in logs[1]
+    for message, shard in asked.items():  # routed by its own shard's host only
+        assert f"message={message} " in logs[shard] and f"message={message} " not in logs[1 - shard]
+    assert "hello pip" not in logs[0] + logs[1]  # ids, never text
+    if url:
+        assert wakes_of(url) == sorted((str(m), "sent") for m in asked)
+
+
+@pytest.mark.parametrize("database", ["shared", "postgresql"])
+def test_two_unsharded_hosts_of_one_imp_on_one_database_answer_every_message_once(
+    tmp_path: Path, database: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 36, "a unique claim": two ``serve`` without --shard (one layout, so neither is refused) both get every
+    message of the imp, as Discord sends every session of an unsharded bot everything. Each message is claimed by
+    one host, which answers it; the other logs ``outcome=duplicate`` and neither queues nor answers it."""
+    url = database_for(database, tmp_path, request)
+    with make_fake() as fake, FakeOpenAI() as model0, FakeOpenAI() as model1:
+        for n, model in ((0, model0), (1, model1)):
+            model.script(envelope(answer=f"pip of host {n}"))
+            prepare_home(tmp_path / f"home{n}", url)
+        with (
+            serve_process(tmp_path / "home0", None, model0, fake, url) as log0,
+            serve_process(tmp_path / "home1", None, model1, fake, url) as log1,
+        ):
+            wait_for_line(log0, "serving pip on Discord")
+            wait_for_line(log1, "serving pip on Discord")
+            assert fake.shards_connected == [None, None]
+            asked = ask_everywhere(fake)
+            for (
+                message
+            ) in asked:  # both hosts routed each message: one claimed it, the other found it claimed
+                wait_for_line(log0, f"message={message} ")
+                wait_for_line(log1, f"message={message} ")
+            fake.wait_for_sync(
+                lambda: sum(len(fake.messages(c)) for c in (EVEN_A, EVEN_B, ODD_A, ODD_B, DM)) >= len(asked),
+                timeout=START_S,
+            )
+        answered = replies_once(fake, asked)
+        logs = [log0.read_text(), log1.read_text()]
+    assert set(answered.values()) <= {"pip of host 0", "pip of host 1"}
+    for message in asked:
+        outcomes = [re.search(rf"message={message} kind=\w+ outcome=(\w+)", log) for log in logs]
+        found = sorted(o[1] for o in outcomes if o is not None)
+        assert len(found) == 2 and found[0] == "duplicate" and found[1] in ("queued", "started"), found
+        answering = [n for n, o in enumerate(outcomes) if o is not None and o[1] != "duplicate"]
+        assert answered[message] == f"pip of host {answering[0]}"
+    assert "hello pip" not in "".join(logs)
+    assert wakes_of(url) == sorted((str(m), "sent") for m in asked)
+
+
+def refused(home: Path, shard: str | None, model: FakeOpenAI, fake: FakeDiscord, url: str) -> str:
+    """``impyard serve`` that must be refused at start: its one ``Error:`` line (exit 1, no trace, no connection)."""
+    done = subprocess.run(
+        serve_args(shard), env=serve_env(home, model, fake, url), stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=START_S,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    errors = [line for line in said.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in said and "serving pip" not in said, said
+    return errors[0]
+
+
+def answer_in(fake: FakeDiscord, channel: int) -> None:
+    """A message in ``channel`` is answered (so its host is serving, past its start, before a test stops it)."""
+    asked = fake.post_message(channel, ALICE, "hello pip").id
+    fake.wait_for_sync(lambda: any(m.reference_id == asked for m in fake.messages(channel)), timeout=START_S)
+
+
+def layout_of(url: str) -> dict[str, object] | None:
+    result = CliRunner().invoke(cli, ["hosts", "--json"], env={"IMPYARD_DATABASE_URL": url})
+    assert result.exit_code == 0, result.output
+    found: dict[str, object] | None = json.loads(result.output)["layout"]
+    return found
+
+
+@pytest.mark.parametrize("database", ["shared", "postgresql"])
+def test_a_host_of_another_shard_layout_is_refused_until_every_host_stopped(
+    tmp_path: Path, database: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 36, "one shard layout per database": beside ``serve --shard 0/2``, a ``serve`` without --shard and a
+    ``serve --shard 0/3`` are refused in one line naming the lease, host and pid that hold the layout; once that host
+    stopped, the layout is free: an unsharded ``serve`` starts, and then refuses a sharded one (the reverse)."""
+    url = database_for(database, tmp_path, request)
+    here = socket.gethostname()
+    with make_fake() as fake, FakeOpenAI() as model:
+        model.script(envelope(answer="hi"))
+        homes = [tmp_path / f"home{n}" for n in range(3)]
+        for home in homes:
+            prepare_home(home, url)
+        assert layout_of(url) is None
+        with serve_process(homes[0], "0/2", model, fake, url) as log:
+            wait_for_line(log, "serving pip on Discord as shard 0/2")
+            pid = int(
+                re.findall(
+                    r"pid (\d+)", CliRunner().invoke(cli, ["hosts"], env={"IMPYARD_DATABASE_URL": url}).output
+                )[0]
+            )
+            layout = layout_of(url)
+            assert layout is not None
+            assert (layout["shards"], layout["state"], layout["fixed_by"]) == (
+                2,
+                "held",
+                {"host": here, "pid": pid},
+            )
+            assert layout["held_by"] == [{"lease": "shard:0/2", "host": here, "pid": pid}]
+            held_by = f"shard:0/2 is held by {here} (pid {pid})"
+            assert refused(homes[1], None, model, fake, url) == (
+                f"Error: this database is served as 2 shards ({held_by}): a `serve` without --shard would answer "
+                "their messages a second time; start it with --shard I/2, or to serve without shards, stop every "
+                "`impyard serve` of this database (`impyard hosts` lists them), then start each without --shard"
+            )
+            assert refused(homes[2], "0/3", model, fake, url) == (
+                f"Error: this database is served as 2 shards ({held_by}), not 3: start this host with --shard I/2, "
+                "or to change the number of shards, stop every `impyard serve` of this database (`impyard hosts` "
+                "lists them), then start each with --shard I/3"
+            )
+            shown = CliRunner().invoke(cli, ["hosts"], env={"IMPYARD_DATABASE_URL": url}).output
+            assert shown.splitlines()[0].startswith(
+                f"Shard layout: Discord is served as 2 shards (--shard I/2), fixed by {here} (pid {pid}) "
+            ) and shown.splitlines()[0].endswith("; held by 1 lease: a host of another layout is refused")
+            with serve_process(homes[1], "1/2", model, fake, url) as other:  # the same layout: welcome
+                wait_for_line(other, "serving pip on Discord as shard 1/2")
+                answer_in(fake, ODD_A)
+            assert fake.shards_connected == [(0, 2)]  # the refused hosts never connected
+        free = layout_of(url)
+        assert free is not None and (free["shards"], free["state"], free["held_by"]) == (2, "free", [])
+        with serve_process(homes[1], None, model, fake, url) as unsharded:  # every host stopped: a new layout
+            wait_for_line(unsharded, "serving pip on Discord")
+            assert (layout_of(url) or {}).get("shards", 2) is None
+            line = refused(homes[2], "1/3", model, fake, url)
+            assert re.fullmatch(
+                rf"Error: this database is served without shards: an `impyard serve` without --shard runs on "
+                rf"{re.escape(here)} \(pid \d+\) and gets every server, so a host with --shard 1/3 would answer "
+                r"messages a second time; to shard it, stop every `impyard serve` of this database \(`impyard "
+                r"hosts` lists them\), then start each with --shard I/N",
+                line,
+            ), line
+        with serve_process(homes[2], "2/3", model, fake, url) as third:
+            wait_for_line(third, "serving pip on Discord as shard 2/3")
+            answer_in(fake, EVEN_A)  # the even server is shard 2 of 3
+            layout = layout_of(url)
+            assert layout is not None and (layout["shards"], layout["state"]) == (3, "held")
+            leases = json.loads(
+                CliRunner().invoke(cli, ["hosts", "--json"], env={"IMPYARD_DATABASE_URL": url}).output
+            )["leases"]
+            assert [lease["name"] for lease in leases] == [
+                "shard:2/3"
+            ]  # the old layout's leases are forgotten

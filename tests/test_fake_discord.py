@@ -622,6 +622,35 @@ async def test_each_shard_gets_only_its_guilds_and_dms_go_to_shard_zero() -> Non
         assert [(p.shard, p.custom_status) for p in fake.presence_updates] == [((1, 2), "on shard one")]
 
 
+async def test_broadcasting_sends_every_shard_every_guild_and_dm_but_an_interaction_to_one() -> None:
+    """Issue 36's misrouting gateway: ``broadcast_to_every_shard`` ignores the shard rule for guilds, messages and
+    DMs (the rule's test above is what it departs from); an interaction still reaches one session."""
+    async with make_sharded_fake() as fake:
+        fake.broadcast_to_every_shard()
+        zero, zero_heard = sharded_client(0, 2)
+        one, one_heard = sharded_client(1, 2)
+        async with fake.connected(zero), fake.connected(one):
+            for client in (zero, one):
+                assert sorted(g.id for g in client.guilds) == [EVEN_GUILD, ODD_GUILD]
+            for channel in (ODD_CHAN, DM, EVEN_CHAN):
+                fake.post_message(channel, CAROL if channel == DM else ALICE, "hello")
+            await heard_all(lambda: len(zero_heard) == 3 and len(one_heard) == 3)
+            interactions: list[int] = []
+
+            async def on_interaction(interaction: discord.Interaction) -> None:
+                interactions.append(interaction.id)
+
+            for client in (zero, one):
+                client.event(on_interaction)
+            fake.invoke_command("ping", user=ALICE, channel_id=ODD_CHAN, require_registered=False)
+            await heard_all(lambda: interactions)
+            fake.broadcast_to_every_shard(False)
+            fake.post_message(ODD_CHAN, ALICE, "by the rule again")
+            await heard_all(lambda: len(one_heard) == 4)
+        assert zero_heard == one_heard[:3] == [ODD_CHAN, DM, EVEN_CHAN] and one_heard[3] == ODD_CHAN
+        assert len(zero_heard) == 3 and len(interactions) == 1
+
+
 async def test_an_unsharded_client_still_gets_every_guild_and_the_dms() -> None:
     async with make_sharded_fake() as fake:
         client, heard = sharded_client(None, None)

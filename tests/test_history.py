@@ -55,6 +55,20 @@ def test_recording_is_idempotent_and_outcomes_are_written_once(
     assert history.outcome("pip", "a", "m1") == "sent"
 
 
+def test_a_wake_is_claimed_once_per_imp_on_either_engine(any_engine_db: Database, clock: FixedClock) -> None:
+    """Issue 36: the wake row is the message's claim; a second claim of the same (imp, channel, message) is told so."""
+    history = History(any_engine_db, clock)
+    history.record("a", msg(1, clock))
+    assert history.record_wake("pip", "a", "m1") is True
+    assert history.record_wake("pip", "a", "m1") is False  # another host, or the same event delivered again
+    assert any_engine_db.write(lambda conn: history.record_wake("pip", "a", "m1", conn=conn)) is False
+    assert (
+        history.record_wake("bee", "a", "m1") is True
+    )  # another imp's bot got the message too: its own claim
+    history.finish("pip", "a", ["m1"], "sent")
+    assert history.record_wake("pip", "a", "m1") is False and history.outcome("pip", "a", "m1") == "sent"
+
+
 def test_triage_answers_fresh_wakes_and_marks_stale_ones_missed(
     any_engine_db: Database, clock: FixedClock
 ) -> None:

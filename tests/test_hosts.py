@@ -117,7 +117,9 @@ def test_hosts_on_an_empty_database_says_who_registers() -> None:
     result = CliRunner().invoke(cli, ["hosts"])
     assert result.exit_code == 0
     assert "no hosts on this database yet" in result.output
-    assert json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output) == {"hosts": [], "leases": []}
+    assert json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output) == {
+        "hosts": [], "leases": [], "layout": None,
+    }  # fmt: skip
 
 
 def test_hosts_with_a_bad_database_url_is_one_line() -> None:
@@ -368,3 +370,42 @@ async def test_hosts_shows_the_warm_boxes_as_soon_as_a_box_opens_or_closes(
         await until_listed(1)
         await yard.rt.sessions.shutdown(grace_s=5.0)  # every box closes
         await until_listed(0)
+
+
+def test_hosts_shows_the_shard_layout_held_or_free(impyard_home: Path) -> None:
+    """Issue 36: once a `serve` fixed the layout, a line above the tables (and "layout" in --json) says which, who
+    fixed it, and whether a host of another layout would be refused now."""
+    from impyard.storage import shard_layout
+
+    db = open_database()
+    clock = FixedClock(datetime.now(UTC))
+    elsewhere = LeaseStore(db, clock, me=FAR)
+
+    def take(conn: sa.Connection, now: datetime) -> None:
+        shard_layout.take(conn, shard_layout.UNSHARDED, "no --shard", me=FAR, now=now, alive=lambda _: None)
+
+    detail = {"command": "serve", "home": "/srv/yard", "shard": None}
+    held = elsewhere.acquire("host:far-away/4242", detail, timedelta(seconds=30), guard=take)
+    listed = CliRunner().invoke(cli, ["hosts"])
+    assert listed.exit_code == 0, listed.output
+    assert re.fullmatch(
+        r"Shard layout: Discord is served without shards \(serve without --shard\), fixed by far-away \(pid 4242\) "
+        r"(now|\d+s ago); held by 1 lease: a host of another layout is refused",
+        listed.output.splitlines()[0],
+    ), listed.output
+    layout = json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output)["layout"]
+    assert layout["shards"] is None and layout["state"] == "held"
+    assert layout["held_by"] == [{"lease": "host:far-away/4242", "host": "far-away", "pid": 4242}]
+    elsewhere.release(held, forget=True)  # it stopped (a host's record goes with it)
+    db.close()
+    listed = CliRunner().invoke(cli, ["hosts"])
+    assert listed.output.splitlines()[0].endswith(
+        "; free: no host holds it, the next host may start with another layout"
+    ), listed.output
+    assert "no hosts on this database yet" in listed.output
+    layout = json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output)["layout"]
+    assert (layout["state"], layout["held_by"], layout["fixed_by"]) == (
+        "free",
+        [],
+        {"host": "far-away", "pid": 4242},
+    )

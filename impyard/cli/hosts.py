@@ -90,7 +90,10 @@ def hosts_command(out: Output) -> None:
     Every `impyard serve` and `impyard chat` registers itself while it runs,
     renewing its record every 10 s: a host whose record expired stopped (or
     lost the database). "dead" is a holder of this machine that is gone: its
-    shard or channel is taken over at once by the next host that asks.
+    shard or channel is taken over at once by the next host that asks. The
+    shard layout line says how the serving hosts split Discord (N of
+    --shard I/N, or without --shard): a host of another layout is refused
+    while it is held (docs/hosts.md, "Changing the number of shards").
     Examples:
       impyard hosts
       IMPYARD_DATABASE_URL=postgresql://imp@db/yard impyard hosts --json
@@ -101,6 +104,9 @@ def hosts_command(out: Output) -> None:
     if out.as_json:
         out.json(found.as_json())
         return
+    if found.layout_line is not None:
+        click.echo(found.layout_line)
+        click.echo()
     if not found.hosts and not found.leases:
         click.echo(NO_HOSTS)
         return

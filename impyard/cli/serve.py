@@ -22,6 +22,7 @@ from impyard.metrics.http import HealthPortError
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.storage.leases import LeaseHeld, LeaseLost
+from impyard.storage.shard_layout import LayoutHeld
 
 NO_KEY = (
     "no model key is configured: export OPENAI_API_KEY=sk-... (and, for any OpenAI-compatible server, "
@@ -109,7 +110,10 @@ def serve_command(
     Several hosts split the servers as Discord shards, each with its own home:
     --shard 0/2 on one, --shard 1/2 on the other. A shard has one host at a
     time: a second host of the same shard on the same database is refused,
-    naming the holder's host and pid (impyard hosts lists them).
+    naming the holder's host and pid (impyard hosts lists them). Every host
+    of a database splits Discord the same way: one with another N, or one
+    without --shard beside sharded hosts (or the reverse), is refused until
+    every host of the layout in force stopped (docs/hosts.md).
     --metrics-port serves /metrics, /healthz and /readyz (docs/metrics.md).
     Example:
       export OPENAI_API_KEY=sk-...
@@ -140,7 +144,7 @@ def serve_command(
         anyio.run(run)
     except (
         DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, LeaseHeld, LeaseLost,
-        HealthPortError,
+        HealthPortError, LayoutHeld,
     ) as exc:  # fmt: skip
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:

@@ -215,8 +215,12 @@ class _Statements:
         self.record = Prepared(
             insert(_h).on_conflict_do_nothing(index_elements=[_h.c.channel_id, _h.c.message_id])
         )
-        self.record_wake = Prepared(
-            insert(_w).on_conflict_do_nothing(index_elements=[_w.c.imp, _w.c.channel_id, _w.c.message_id])
+        self.record_wake = (
+            Prepared(  # RETURNING: the row inserted, or none (issue 36: the claim; rowcount is not portable)
+                insert(_w)
+                .on_conflict_do_nothing(index_elements=[_w.c.imp, _w.c.channel_id, _w.c.message_id])
+                .returning(_w.c.imp)
+            )
         )
         woken_at = bytewise(_w.c.woken_at)
         unfinished = (
@@ -263,10 +267,13 @@ class History(Store):
 
     def record_wake(
         self, imp: str, channel_id: str, message_id: str, *, conn: Connection | None = None
-    ) -> None:
-        """That message woke ``imp`` (a wake kept twice is kept once); ``conn`` as for ``record``. Every
-        ``WAKE_PRUNE_EVERY``-th wake there, the imp's finished wakes in the channel whose message the history
-        no longer keeps go with it (``_PRUNE_WAKES``)."""
+    ) -> bool:
+        """That message woke ``imp``; ``conn`` as for ``record``. Every ``WAKE_PRUNE_EVERY``-th wake there, the
+        imp's finished wakes in the channel whose message the history no longer keeps go with it (``_PRUNE_WAKES``).
+
+        The wake row is the message's claim (issue 36): its key (imp, channel, message) is unique, so of every host
+        of the database that is handed the same message for the same imp, one inserts it and answers; the others
+        find it kept already. True when this call claimed it, False when it was claimed before (kept once)."""
         row = {
             "imp": imp,
             "channel_id": channel_id,
@@ -278,15 +285,13 @@ class History(Store):
         prune = kept >= WAKE_PRUNE_EVERY
         self._wakes_since_prune[(imp, channel_id)] = 0 if prune else kept
 
-        def keep(conn: Connection) -> None:
-            _dialect(conn.dialect.name).record_wake.run(conn, row)
+        def keep(conn: Connection) -> bool:
+            claimed = _dialect(conn.dialect.name).record_wake.run(conn, row).first() is not None
             if prune:
                 _PRUNE_WAKES.run(conn, {"imp": imp, "channel_id": channel_id, "message_id": message_id})
+            return claimed
 
-        if conn is None:
-            self.db.write(keep)
-        else:
-            keep(conn)
+        return self.db.write(keep) if conn is None else keep(conn)
 
     def finish(
         self,

@@ -73,7 +73,7 @@ __all__ = [
 log = logging.getLogger("impyard.conversation")
 RECENTLY_FINISHED = 1_000  # finished message ids remembered for a ``wait_finished`` that asks after the fact
 
-RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refused", "unsaved"]
+RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refused", "unsaved", "duplicate"]
 # Seed 003: a side-effect consumer of finished turns (the Discord presence). Called once per turn after its
 # outcome is recorded; it must return at once (hand work to its own task) and never raise.
 TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
@@ -82,11 +82,13 @@ TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
 @dataclass(frozen=True)
 class _Kept:
     """What routing's storage did: ``failed`` set when keeping the message (no ``decision`` yet) or its
-    wake failed; ``recent`` (the channel's window) only for a message that woke the imp and was kept so."""
+    wake failed; ``recent`` (the channel's window) only for a message that woke the imp and was kept so;
+    ``duplicate`` when its wake was claimed before (by another host of the database, or an event delivered twice)."""
 
     decision: WakeDecision | None = None
     recent: list[HistoryEntry] | None = None
     failed: BaseException | None = None
+    duplicate: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class Conversations:
         self._waiters: dict[str, anyio.Event] = {}
         self._recently_finished: deque[str] = deque(maxlen=RECENTLY_FINISHED)
         self.after_turn: list[TurnConsumer] = []  # seed 003: post-turn side-effect consumers (presence)
+        self.duplicates = 0  # issue 36: messages whose wake another host (or an earlier delivery) had claimed
 
     def imp_user_id(self, imp: str) -> str:
         return self.imp_user_ids.get(imp, f"imp:{imp}")
@@ -159,6 +162,11 @@ class Conversations:
                 storage_faults.describe(kept.failed, self.history.db.url.where()), type(kept.failed).__name__,
             )  # fmt: skip
             return Routed("unsaved")
+        if (
+            kept.duplicate
+        ):  # issue 36: claimed already: another host (or an earlier delivery) queues and answers it
+            self.duplicates += 1  # counted here; the surface logs the outcome once (no text)
+            return Routed("duplicate")
         if kept.recent is None:
             return Routed("ambient")
         assert kept.decision is not None
@@ -194,8 +202,10 @@ class Conversations:
             self.history.record(inbound.channel_id, message, conn=conn)  # before routing, woken or not
             return channel
 
-        def woken(conn: Connection) -> list[HistoryEntry]:
-            self.history.record_wake(imp, inbound.channel_id, message.id, conn=conn)
+        def woken(conn: Connection) -> list[HistoryEntry] | None:
+            """The channel's window, or None when the wake (the message's claim, issue 36) was taken before."""
+            if not self.history.record_wake(imp, inbound.channel_id, message.id, conn=conn):
+                return None
             return self.history.recent(inbound.channel_id, self._recent_rows(imp), imp=imp, conn=conn)
 
         try:
@@ -218,6 +228,8 @@ class Conversations:
             recent = await db.quick(db.write, woken)
         except STORAGE_ERRORS as exc:  # kept in the history, explicitly not answered
             return _Kept(decision, failed=exc)
+        if recent is None:
+            return _Kept(decision, duplicate=True)
         return _Kept(decision, recent=recent)
 
     async def receive(self, imp: str, inbound: Inbound) -> RouteOutcome:

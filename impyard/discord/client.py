@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,7 +26,7 @@ import yarl
 from discord import app_commands
 
 from impyard.discord.inbound import forget_deleted
-from impyard.discord.shards import Shard
+from impyard.discord.shards import Shard, shard_of
 from impyard.errors import ImpyardError
 from impyard.imps.store import ImpConfig
 
@@ -135,6 +136,9 @@ class ImpClient(discord.Client):
         self.host: CommandHost | None = None  # set by `impyard serve`: what commands and buttons act on
         self.cards: ApprovalCards | None = None
         self.bridge: Bridge | None = None  # set by `impyard serve`: where gateway events go
+        self.off_shard: Counter[str] = (
+            Counter()
+        )  # issue 36: events of another shard's servers, dropped, by kind
 
     async def close(self) -> None:
         """Close the connection, first cancelling the READY discord.py may still be holding back (its guild-ready
@@ -208,44 +212,68 @@ class ImpClient(discord.Client):
 
     # ------------------------------------------------------------ gateway events → the host
 
+    def on_its_shard(self, guild_id: int | None, event: str) -> bool:
+        """Issue 36, defence in depth: whether an event of this server (None: none, a DM) is this shard's to act on.
+        Discord sends a shard only its own servers' events; one that came anyway (a misrouting gateway, a proxy that
+        broadcasts) is dropped, counted in ``off_shard`` by kind, and logged: the first of each kind as a warning,
+        the others at debug (ids only, never text). Unsharded, everything is this host's."""
+        if self.shard is None or self.shard.covers(guild_id):
+            return True
+        self.off_shard[event] += 1
+        where = f"server {guild_id}" if guild_id is not None else "a direct message"
+        if self.off_shard[event] == 1:
+            log.warning(
+                "imp %s on shard %s: Discord sent a %s event of %s, which is shard %s's: dropped (and every "
+                "other such event, counted); check that each host runs with its own --shard",
+                self.imp, self.shard, event, where, shard_of(guild_id, self.shard.count) if guild_id else 0,
+            )  # fmt: skip
+        else:
+            log.debug("imp %s on shard %s: dropped a %s event of %s", self.imp, self.shard, event, where)
+        return False
+
     async def on_ready(self) -> None:
         if self.bridge is not None:
             self.bridge.ready(self)
 
     async def on_message(self, message: discord.Message) -> None:
-        if self.bridge is not None:
+        if self.bridge is not None and self.on_its_shard(guild_id_of(message), "message"):
             self.bridge.message(self, message)
 
     async def on_guild_channel_update(
         self, before: discord.abc.GuildChannel, after: discord.abc.GuildChannel
     ) -> None:
         """Issue 32 #4: a channel's overwrites changed (CHANNEL_UPDATE): its audience, and its threads'."""
-        if self.bridge is not None:
+        if self.bridge is not None and self.on_its_shard(after.guild.id, "channel update"):
             self.bridge.audiences(self, [after, *getattr(after, "threads", ())])
 
     async def on_guild_role_update(self, before: discord.Role, after: discord.Role) -> None:
         """@everyone's permissions changed: every channel of the server may be read by more or fewer now."""
-        if self.bridge is not None and after.is_default():
+        if (
+            self.bridge is not None
+            and after.is_default()
+            and self.on_its_shard(after.guild.id, "role update")
+        ):
             self.bridge.audiences(self, [*after.guild.channels, *after.guild.threads])
 
     async def on_reaction_clear(self, message: discord.Message, reactions: list[discord.Reaction]) -> None:
-        if self.bridge is not None:  # ENV-13: a cached message, so the emoji that were there are known
-            self.bridge.reactions_cleared(
+        if self.bridge is not None and self.on_its_shard(guild_id_of(message), "reaction clear"):
+            self.bridge.reactions_cleared(  # ENV-13: a cached message, so the emoji that were there are known
                 self, message.channel.id, message.id, [str(r.emoji) for r in reactions]
             )
 
     async def on_raw_reaction_clear(self, payload: discord.RawReactionClearEvent) -> None:
         if self.bridge is None or any(m.id == payload.message_id for m in self.cached_messages):
             return  # a cached message is reported by on_reaction_clear, with its emoji
-        self.bridge.reactions_cleared(self, payload.channel_id, payload.message_id, [])
+        if self.on_its_shard(payload.guild_id, "reaction clear"):
+            self.bridge.reactions_cleared(self, payload.channel_id, payload.message_id, [])
 
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
         """A message deleted on Discord leaves the host's history and the imp's memory (issue 23)."""
-        if self.host is not None:
+        if self.host is not None and self.on_its_shard(payload.guild_id, "message delete"):
             await forget_deleted(self.host, payload.channel_id, [payload.message_id])
 
     async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
-        if self.host is not None:
+        if self.host is not None and self.on_its_shard(payload.guild_id, "message delete"):
             await forget_deleted(self.host, payload.channel_id, sorted(payload.message_ids))
 
 
@@ -263,6 +291,15 @@ class Bridge(Protocol):
     def reactions_cleared(
         self, client: ImpClient, channel_id: int, message_id: int, emoji: list[str]
     ) -> None: ...
+
+
+def guild_id_of(message: discord.Message) -> int | None:
+    """The server a message was sent in (None: a DM), also for a server discord.py has not cached (its channel is
+    then a PartialMessageable that knows the server's id only)."""
+    if message.guild is not None:
+        return message.guild.id
+    guild_id = getattr(message.channel, "guild_id", None)
+    return guild_id if isinstance(guild_id, int) else None
 
 
 def token_of(store: Any, config: ImpConfig) -> tuple[str | None, str]:

@@ -2,7 +2,8 @@
 
 Start, in order, so that nothing runs when something is wrong: the instance lock (one host per
 ``IMPYARD_HOME``), the leases (``impyard.storage.leases``: the shard's, one holder at a time across hosts, and the
-host's own record for ``impyard hosts``; a lost lease stops the host, exit 1), the imps and their tokens
+host's own record for ``impyard hosts``, taken with the database's one shard layout,
+``impyard.storage.shard_layout``; a lost lease stops the host, exit 1), the imps and their tokens
 (read on the host; a missing or rejected token stops here with the fix), login (REST only), the runtime (policy, database, gateway, sessions, the gate
 pump), then each bot's gateway connection. Inbound messages queue per imp and are routed in arrival
 order by one worker per imp, owned by this host's task group. With ``--supervise`` the task loop of
@@ -15,8 +16,11 @@ bot's status after each answered turn (``impyard.discord.presence``, a worker in
 
 With ``shard`` (``impyard serve --shard I/N``) every bot connects as that Discord shard and so gets the events
 of its shard's servers only, and DMs only on shard 0 (``impyard.discord.shards``); each host of a sharded
-set runs with its own home, so what a restart left unanswered is its own shard's. Slash commands are
-synced by ``impyard discord sync``, never here, so sharded hosts never race to sync them.
+set runs with its own home, so what a restart left unanswered is its own shard's. An event of another shard's
+server that Discord sends anyway is dropped and counted (``ImpClient.on_its_shard``, issue 36), and a message two
+hosts are handed is answered by the one that claims its wake (``Conversations.route``: the other's is
+``duplicate``). Slash commands are synced by ``impyard discord sync``, never here, so sharded hosts never race
+to sync them.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from impyard.runtime import Runtime, open_runtime
 from impyard.storage.instance import InstanceLock
 from impyard.storage.leases import HostCard, hold_host
 from impyard.storage.readiness import database_check, lease_check
+from impyard.storage.shard_layout import Layout
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
 from impyard.threads import in_thread
 
@@ -207,14 +212,16 @@ class DiscordHost:
             if client.shard is None
             else "none on this shard"
         )
-        guilds = ", ".join(f"{g.name} ({g.id})" for g in client.guilds) or nothing
+        # Issue 36: a server of another shard (a gateway that ignores sharding) is dropped and counted.
+        ours = [g for g in client.guilds if client.on_its_shard(g.id, "server")]
+        guilds = ", ".join(f"{g.name} ({g.id})" for g in ours) or nothing
         log.info(
             "imp %s is on Discord as %s%s; servers: %s", client.imp, client.user, client.shard_words, guilds
         )
         self._ready[client.imp].set()
         # Issue 32 #4: the audiences of the channels the host knows, as Discord sent them in GUILD_CREATE: a channel
         # known before the host read audiences takes its memories to its own scope now, not at its next message.
-        self.audiences(client, [c for g in client.guilds for c in (*g.channels, *g.threads)])
+        self.audiences(client, [c for g in ours for c in (*g.channels, *g.threads)])
 
     def message(self, client: ImpClient, message: discord.Message) -> None:
         self._queue(client, message)
@@ -355,6 +362,14 @@ class DiscordHost:
         if self.failure is not None:
             raise DiscordSetupError(self.failure)
 
+    def off_shard(self) -> dict[str, int]:
+        """Issue 36: the events of another shard's servers every bot of this host dropped, by kind (all imps)."""
+        total: dict[str, int] = {}
+        for client in self.clients.values():
+            for kind, count in client.off_shard.items():
+                total[kind] = total.get(kind, 0) + count
+        return total
+
     async def close(self) -> None:
         """Graceful: running turns finish (their grace), boxes close, typing stops, the bots disconnect."""
         self._closing = True
@@ -436,9 +451,14 @@ async def _open_discord_host(
     card = HostCard("serve", str(home()), str(shard) if shard is not None else None)
     async with AsyncExitStack() as held:
         held.enter_context(InstanceLock(home(), "serve") if lock else nullcontext())
-        # Issue 21: one holder per shard (LeaseHeld names it, before any login), and this host's own record.
+        # Issue 21: one holder per shard (LeaseHeld names it, before any login), and this host's own record; issue 36:
+        # one shard layout per database, taken with the first of them (LayoutHeld names what holds another one).
         keeper = await held.enter_async_context(
-            hold_host(card, [f"shard:{shard}"] if shard is not None else [])
+            hold_host(
+                card,
+                [f"shard:{shard}"] if shard is not None else [],
+                layout=Layout(shard.count if shard is not None else None),
+            )
         )
         ready.append(lease_check(keeper))  # its shard's lease, and its own record
         tokens = [token for config in configs if (token := store.discord_token(config))]

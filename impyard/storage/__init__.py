@@ -3,7 +3,7 @@ its engines (``engines``), worker threads (``workers``) and quick path (``quick`
 schema (``tables``), its history (``migrations``, with the frozen ``migrations.legacy``) and its migration at open
 (``migrate``), its errors (``errors``), statements compiled once (``prepared``), SQL that differs per engine
 (``portable``), a store's objects from its rows (``rows``), a database failure in words (``faults``), leases
-(``leases``, ``lease_rules``), whether a holder lives (``liveness``) and one supervisor per home (``instance``).
+(``leases``, ``lease_rules``), one Discord shard layout per database (``shard_layout``), whether a holder lives (``liveness``) and one supervisor per home (``instance``).
 
 May import: the foundations (``impyard.errors``, ``clock``, ``paths``…). Nothing above: every store is built on
 this package, and it knows none of them.

@@ -12,15 +12,17 @@ gone. ``cluster`` turns lease rows into typed rows (``HostRow``, ``LeaseRow``); 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from impyard.clock import iso
-from impyard.storage import liveness
+from impyard.durations import relative_time
+from impyard.storage import liveness, shard_layout
 from impyard.storage.db import Database
 from impyard.storage.leases import HOST_PREFIX, TASK_PREFIX, ImpBoxes, LeaseInfo, LeaseStore
 from impyard.storage.liveness import Holder
+from impyard.storage.shard_layout import LayoutInForce
 
 LeaseState = Literal["held", "expired", "dead"]
 Alive = Callable[[Holder], "bool | None"]
@@ -149,13 +151,39 @@ class Cluster:
     now: datetime
     hosts: tuple[HostRow, ...]
     leases: tuple[LeaseRow, ...]
+    layout: dict[str, Any] | None = (
+        None  # issue 36: the shard layout in force (``layout_entry``); None: none yet
+    )
 
-    def as_json(self) -> dict[str, list[dict[str, Any]]]:
+    def as_json(self) -> dict[str, Any]:
         """What ``impyard hosts --json`` prints."""
         return {
             "hosts": [host.as_json() for host in self.hosts],
             "leases": [lease.as_json() for lease in self.leases],
+            "layout": self.layout,
         }
+
+    @property
+    def layout_line(self) -> str | None:
+        """One line above the tables: the layout in force, who fixed it, and whether another may be started."""
+        layout = self.layout
+        if layout is None:
+            return None
+        shards = layout["shards"]
+        what = (
+            "without shards (serve without --shard)"
+            if shards is None
+            else f"as {shards} shards (--shard I/{shards})"
+        )
+        fixer = layout["fixed_by"]
+        fixed = f"{fixer['host']} (pid {fixer['pid']})" if fixer else "an unknown host"
+        since = relative_time(datetime.fromisoformat(layout["fixed_at"]), self.now)
+        if layout["state"] == "held":
+            held = len(layout["held_by"])
+            state = f"held by {held} lease{'s' if held != 1 else ''}: a host of another layout is refused"
+        else:
+            state = "free: no host holds it, the next host may start with another layout"
+        return f"Shard layout: Discord is served {what}, fixed by {fixed} {since}; {state}"
 
     def serving(self, imp: str) -> list[tuple[HostRow, ImpBoxes]]:
         """The live hosts that serve ``imp`` (their record names it), with what each says of its boxes."""
@@ -170,6 +198,28 @@ def _revisions(value: Any) -> dict[str, int] | None:
         name[:40]: rev
         for name, rev in value.items()
         if isinstance(name, str) and isinstance(rev, int) and rev > 0
+    }
+
+
+def layout_entry(found: LayoutInForce | None) -> dict[str, Any] | None:
+    """The shard layout as ``impyard hosts --json`` prints it: ``shards`` (N of ``--shard I/N``; null: served
+    without --shard), who fixed it and when, the live leases that hold it; ``state`` ``held`` (a host of another
+    layout is refused) or ``free`` (no host holds it: the next may start with another N). None before any ``serve``."""
+    if found is None:
+        return None
+    return {
+        "shards": found.layout.shards,
+        "fixed_by": {"host": found.fixed_by.host, "pid": found.fixed_by.pid} if found.fixed_by else None,
+        "fixed_at": iso(found.fixed_at),
+        "held_by": [
+            {
+                "lease": hold.lease,
+                "host": hold.holder.host if hold.holder else None,
+                "pid": hold.holder.pid if hold.holder else None,
+            }
+            for hold in found.holds
+        ],
+        "state": "held" if found.holds else "free",
     }
 
 
@@ -235,5 +285,8 @@ def cluster(infos: Sequence[LeaseInfo], now: datetime, alive: Alive = liveness.a
 
 
 def read_cluster(db: Database, now: datetime, alive: Alive = liveness.alive) -> Cluster:
-    """The cluster of ``db`` at ``now`` (blocking: ``await db.run(read_cluster, db, now)``)."""
-    return cluster(LeaseStore(db).list(), now, alive)
+    """The cluster of ``db`` at ``now``, with its shard layout (blocking: ``await db.run(read_cluster, db, now)``)."""
+    store = LeaseStore(db)
+    found = cluster(store.list(), now, alive)
+    layout = layout_entry(db.read(lambda conn: shard_layout.in_force(conn, store.me, now, alive)))
+    return replace(found, layout=layout)

@@ -16,11 +16,12 @@ This module decides; ``impyard.storage.leases`` reads and writes the rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from impyard.storage.liveness import Holder
 
+HOST_PREFIX = "host:"  # a process's own record: host:<hostname>/<pid>
 DEFAULT_TTL = timedelta(seconds=30)  # how long a lease lives without a renewal
 RENEW_EVERY = timedelta(seconds=10)  # a holder renews this often: two renewals may fail before it expires
 # What a holder says of itself (its warm boxes) is written as soon as it changed, at most this often.
@@ -66,6 +67,16 @@ def reclaims(decision: Decision) -> bool:
     stopped renewing (EXPIRED) or is gone (DEAD). Never HELD (a live host runs it), and never MINE: a run of this
     very process is another supervisor's of it, still running."""
     return decision.outcome in (Outcome.FREE, Outcome.EXPIRED, Outcome.DEAD)
+
+
+def lease_time(text: str) -> datetime:
+    """A time as a lease row keeps it (ISO-8601 text; UTC when it names no zone): a garbled one counts as long
+    expired, so it never holds anything."""
+    try:
+        found = datetime.fromisoformat(text)
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
 
 
 def decide(row: LeaseRow | None, me: Holder, now: datetime, alive: bool | None) -> Decision:

@@ -39,17 +39,19 @@ from sqlalchemy.exc import SQLAlchemyError
 from impyard import metrics
 from impyard.clock import Clock, SystemClock, iso
 from impyard.errors import ImpyardError
-from impyard.storage import liveness
+from impyard.storage import liveness, shard_layout
 from impyard.storage.db import Database, DatabaseError, Store, open_database
 from impyard.storage.lease_rules import (
     DEFAULT_TTL,
     DETAIL_EVERY,
+    HOST_PREFIX,
     RENEW_EVERY,
     Decision,
     LeaseRow,
     Outcome,
     decide,
     granted,
+    lease_time,
     refusal,
     verify,
 )
@@ -60,7 +62,6 @@ from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.leases")
 
-HOST_PREFIX = "host:"  # a process's own record: host:<hostname>/<pid>
 TASK_PREFIX = "task:"  # a task run's lease: task:<task id>/<run id>, from its claim to its end
 HOST_ROWS_KEPT = timedelta(days=1)  # a host record (or a run's lease) expired longer ago is forgotten
 FORGOTTEN_PREFIXES = (HOST_PREFIX, TASK_PREFIX)  # leases whose names are never taken again once they ended
@@ -133,14 +134,6 @@ class LeaseInfo:
         return self.expires_at <= now
 
 
-def _time(text: str) -> datetime:
-    try:
-        found = datetime.fromisoformat(text)
-    except ValueError:
-        return datetime.min.replace(tzinfo=UTC)  # a garbled time counts as long expired
-    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
-
-
 def _detail_text(detail: Mapping[str, Any] | None) -> str:
     text = json.dumps(dict(detail or {}), sort_keys=True, default=str)
     return text if len(text) <= MAX_DETAIL_CHARS else json.dumps({"truncated": True})
@@ -155,8 +148,8 @@ def _detail(text: str | None) -> dict[str, Any]:
 
 
 _LEASE_INFO = RowMapper(
-    LeaseInfo, holder=Holder.parse, holder_text=OfRow(lambda row: row["holder"]), token=int, acquired_at=_time,
-    renewed_at=_time, expires_at=_time, detail=_detail,
+    LeaseInfo, holder=Holder.parse, holder_text=OfRow(lambda row: row["holder"]), token=int, acquired_at=lease_time,
+    renewed_at=lease_time, expires_at=lease_time, detail=_detail,
 )  # fmt: skip
 
 
@@ -164,7 +157,7 @@ def _row(found: RowMapping | None) -> LeaseRow | None:
     if found is None:
         return None
     return LeaseRow(
-        found["name"], Holder.parse(found["holder"]), int(found["token"]), _time(found["expires_at"])
+        found["name"], Holder.parse(found["holder"]), int(found["token"]), lease_time(found["expires_at"])
     )
 
 
@@ -206,18 +199,24 @@ class LeaseStore(Store):
         ttl: timedelta = DEFAULT_TTL,
         *,
         takes: Callable[[Decision], bool] = granted,
+        guard: Callable[[Connection, datetime], None] | None = None,
     ) -> Lease:
         """Take ``name`` for ``ttl`` (or renew it, when this process holds it already); ``LeaseHeld`` when
         someone alive holds it. A takeover (expired, or a dead holder on this machine) gets the next token.
         ``takes``: which of ``lease_rules.decide``'s outcomes take the lease (``lease_rules.reclaims``: a
-        takeover to reclaim a task run, never a lease of this process); the others raise ``LeaseHeld``."""
+        takeover to reclaim a task run, never a lease of this process); the others raise ``LeaseHeld``. ``guard``:
+        checks made in the same transaction, first (``shard_layout.take``); it raises to refuse, and nothing is
+        written."""
         me, detail_text = self.me, _detail_text(detail)
 
         def txn(
             conn: Connection,
         ) -> tuple[bool, LeaseRow | None, int, datetime]:  # may run again: DB work only
+            now = self.clock.now()
+            if guard is not None:
+                guard(conn, now)
             found = self._read(conn, name)
-            row, now = _row(found), self.clock.now()
+            row = _row(found)
             other = row.holder if row is not None and row.holder is not None and row.holder != me else None
             decision = decide(row, me, now, self.alive(other) if other is not None else None)
             if not takes(decision):  # granted (the default), or reclaims: never a HELD lease
@@ -447,9 +446,11 @@ async def holding(
     ttl: timedelta | None = None,
     renew_every: timedelta | None = None,
     forget: Callable[[str], bool] = lambda name: name.startswith(HOST_PREFIX),
+    guard: Callable[[Connection, datetime], None] | None = None,
 ) -> AsyncIterator[LeaseKeeper]:
     """Hold ``names`` for the block (``LeaseHeld`` at once when one is held: those taken are given back),
-    renewed by a keeper; released on every exit path (``forget``: the names whose row goes with them)."""
+    renewed by a keeper; released on every exit path (``forget``: the names whose row goes with them). ``guard``
+    runs in the transaction that takes the first name (``LeaseStore.acquire``)."""
     details = dict(details or {})
     ttl, renew_every = (
         ttl or DEFAULT_TTL,
@@ -458,11 +459,12 @@ async def holding(
     held: list[Lease] = []
     written: dict[str, Mapping[str, Any]] = {}
     try:
-        for name in names:
+        for index, name in enumerate(names):
             describe = details.get(name)
             if describe is not None:
                 written[name] = dict(describe())
-            held.append(await store.db.run(store.acquire, name, written.get(name), ttl))
+            checks = guard if index == 0 else None
+            held.append(await store.db.run(store.acquire, name, written.get(name), ttl, guard=checks))
         keeper = LeaseKeeper(
             store, held, renew_every=renew_every, ttl=ttl, details=details, written=written,
             detail_every=DETAIL_EVERY,
@@ -588,16 +590,28 @@ class HostCard:
 
 
 @asynccontextmanager
-async def hold_host(card: HostCard, claims: Sequence[str] = ()) -> AsyncIterator[LeaseKeeper]:
+async def hold_host(
+    card: HostCard, claims: Sequence[str] = (), *, layout: shard_layout.Layout | None = None
+) -> AsyncIterator[LeaseKeeper]:
     """What ``impyard serve``/``chat`` hold for their lives: ``claims`` (``shard:I/N``, ``channel:<id>``) and
     this process's ``host:`` record, on the database of ``IMPYARD_DATABASE_URL`` / the home (opened through the
-    engine, so on either engine). ``LeaseHeld`` before anything else starts when a claim is held."""
+    engine, so on either engine). ``LeaseHeld`` before anything else starts when a claim is held. ``layout``
+    (``impyard serve``, issue 36): the Discord shard layout it serves, taken with its first lease
+    (``shard_layout.take``; ``LayoutHeld`` when a host of another layout runs)."""
     db = await in_thread(open_database)
     try:
         store = LeaseStore(db)
         await store.db.run(store.forget_stale)
         me = host_lease_name(store.me)
-        async with holding(store, [*claims, me], details={me: card.detail}) as keeper:
+        guard = None
+        if layout is not None:
+            wanted = layout
+            asked = f"--shard {card.shard}" if card.shard is not None else "no --shard"
+
+            def guard(conn: Connection, now: datetime) -> None:
+                shard_layout.take(conn, wanted, asked, me=store.me, now=now, alive=store.alive)
+
+        async with holding(store, [*claims, me], details={me: card.detail}, guard=guard) as keeper:
             yield keeper
     finally:
         db.close()

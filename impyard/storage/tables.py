@@ -432,6 +432,16 @@ leases = Table(
     Column("detail", Text, nullable=False, server_default=text("'{}'")),  # JSON: what the holder says of itself
 )  # fmt: skip
 
+# --- one shard layout per database (revision 0007, issue 36) ------------------------------------------------
+
+shard_layout = Table(
+    "shard_layout", metadata,
+    Column("surface", Text, primary_key=True, nullable=False),  # discord
+    Column("shards", Integer),  # N of `serve --shard I/N`; NULL: served by `serve` without --shard
+    Column("fixed_by", Text, nullable=False),  # liveness.Holder as text: the host that fixed it
+    Column("fixed_at", Text, nullable=False),
+)  # fmt: skip
+
 # --- the budget's running totals (revision 0003) ------------------------------------------------------------
 
 ledger_totals = Table(
@@ -442,7 +452,7 @@ ledger_totals = Table(
     Column("settled_micros", BIG, nullable=False, server_default=ZERO),  # charged
 )  # fmt: skip
 
-# --- every imp's settings, shared by the hosts of a database (revision 0007) -----------------------------------
+# --- every imp's settings, shared by the hosts of a database (revision 0008) -----------------------------------
 
 imp_settings = Table(
     "imp_settings", metadata,

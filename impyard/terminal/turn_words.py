@@ -78,4 +78,5 @@ def route_line(imp: str, outcome: RouteOutcome) -> str | None:
             " send it again once it can (impyard doctor says which)"
         ),
         "ignored": "(impyard) not sent: the message has no printable text",
+        "duplicate": f"(impyard) that message was handed in before: {imp} answers it once",
     }.get(outcome)

@@ -1,7 +1,7 @@
 """imp settings: every imp's files in the shared store, with a revision (issue 36, "one source of truth for imps")
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Created: 2026-12-07
 
 One row per imp: its files (imp.toml, its persona, its news file) as one JSON object, their digest, and a revision
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
