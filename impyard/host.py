@@ -44,6 +44,7 @@ from impyard.gateway.policy import Policy, load_policy
 from impyard.gateway.send_act import SendAct
 from impyard.gateway.surfaces import Surface
 from impyard.gateway.trust import ChannelTrust
+from impyard.imps.shared import SharedImps, sync_home
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.memory.act import MemoryAct
 from impyard.memory.audience import move_to_own_scope
@@ -74,6 +75,9 @@ class Host:
     pump: GatePump
     surfaces: frozenset[str]
     imp_user_ids: dict[str, str] = field(default_factory=dict)
+    imp_revisions: dict[str, int] = field(
+        default_factory=dict
+    )  # issue 36: of each imp's settings, as run now
 
     def imp_user_id(self, imp: str) -> str:
         """The imp's own user id on the surface (its bot's id on Discord), or a stable stand-in."""
@@ -158,14 +162,18 @@ async def open_host(
     cache_bytes = cache_bytes_from_env()
     policy = load_policy()  # a broken policy stops here, before anything starts
     imps = ImpStore()
-    known = (
-        dict(configs)
-        if configs is not None
-        else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
-    )
     upstream = UpstreamConfig.from_env()
     db = open_database()
     try:
+        # Issue 36: the imps' settings as the database has them (this home's own changes sent up first).
+        synced = await db.run(sync_home, imps, SharedImps(db))
+        for line in synced.lines():
+            log.info("%s", line)
+        known = (
+            dict(configs)
+            if configs is not None
+            else {name: item for name, item in imps.scan() if isinstance(item, ImpConfig)}
+        )
         history = History(db, clock, retention=retention)
         channels = channel_store(db, clock)
         stores = GatewayStores.over(
@@ -206,7 +214,7 @@ async def open_host(
                     db=db, policy=policy, clock=clock, imps=imps, configs=known, channels=channels, history=history,
                     gates=stores.gates, ledger=stores.ledger, audit=stores.audit, gateway=gateway,
                     memory=memory.store, responder_history=responder_history, pump=GatePump(gateway),
-                    surfaces=frozenset(reaches), imp_user_ids=user_ids,
+                    surfaces=frozenset(reaches), imp_user_ids=user_ids, imp_revisions=dict(synced.revisions),
                 )  # fmt: skip
         finally:
             await gateway.aclose()

@@ -96,6 +96,6 @@ def test_hosts_shows_a_garbled_start_as_unknown(impyard_home: object) -> None:
     result = CliRunner().invoke(cli, ["hosts"])
     assert result.exit_code == 0, result.output
     row = result.output.splitlines()[1].split("\t")
-    assert row[:5] == ["far-away", "4242", "serve", "-", "1"] and row[7] == "?"
+    assert row[:6] == ["far-away", "4242", "serve", "-", "1", "-"] and row[8] == "?"
     (listed,) = json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output)["hosts"]
     assert listed["started_at"] == "yesterday"  # as the host wrote it

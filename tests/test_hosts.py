@@ -98,9 +98,10 @@ def test_hosts_lists_a_host_of_another_machine_until_its_record_expires(impyard_
     assert result.exit_code == 0, result.output
     header, host, _blank, lease_header, lease = result.output.splitlines()
     assert header.split("\t") == [
-        "host", "pid", "command", "shard", "warm boxes", "holds", "home", "started", "renewed", "expires", "state",
+        "host", "pid", "command", "shard", "warm boxes", "imp settings", "holds", "home", "started", "renewed",
+        "expires", "state",
     ]  # fmt: skip
-    assert host.split("\t")[:7] == ["far-away", "4242", "serve", "0/2", "3", "shard:0/2", "/srv/yard"]
+    assert host.split("\t")[:8] == ["far-away", "4242", "serve", "0/2", "3", "-", "shard:0/2", "/srv/yard"]
     assert host.split("\t")[-1] == "held"
     assert lease_header.split("\t")[0] == "lease" and lease.split("\t")[:4] == [
         "shard:0/2",

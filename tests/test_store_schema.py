@@ -22,10 +22,10 @@ from impyard.storage.db import Database, DatabaseError, open_database
 from impyard.storage.migrations.legacy import LEGACY_VERSION, MIGRATIONS, split_statements
 from tests import sqlfile
 
-EXPECTED_TABLES = 26
-# Tables of revisions after the baseline (0002 leases, 0003 ledger_totals, 0007 shard_layout): a legacy home gets
-# them at upgrade.
-AFTER_BASELINE = {"leases", "ledger_totals", "shard_layout"}
+EXPECTED_TABLES = 27
+# Tables of revisions after the baseline (0002 leases, 0003 ledger_totals, 0007 shard_layout, 0008 imp_settings): a
+# legacy home gets them at upgrade.
+AFTER_BASELINE = {"leases", "ledger_totals", "shard_layout", "imp_settings"}
 COLUMNS_AFTER_BASELINE = {
     "audit": {"host"},
     "channels": {"audience"},

@@ -12,6 +12,7 @@ import click
 
 from impyard.backends import BoxError
 from impyard.cli.errors import CliError
+from impyard.cli.shared_imps import bring_up_to_date
 from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
 from impyard.imps.config import new_imp_settings
@@ -120,7 +121,9 @@ def chat_command(imp: str | None, backend: str | None, as_name: str | None) -> N
     if not UpstreamConfig.from_env().api_key:
         raise CliError(NO_KEY)
     try:
-        name = pick_imp(ImpStore(), imp)
+        store = ImpStore()
+        bring_up_to_date(store)  # issue 36: the imps as the database has them
+        name = pick_imp(store, imp)
         with InstanceLock(home(), "chat"):
             log_path = home() / LOG_FILE
             log_to_file(log_path)

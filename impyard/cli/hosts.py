@@ -26,7 +26,7 @@ from impyard.storage.cluster import cluster as cluster_rows
 from impyard.storage.leases import LeaseInfo
 
 HOST_COLUMNS = (
-    Col("host", no_wrap=True), Col("pid", no_wrap=True), "command", "shard", "warm boxes", "holds", "home",
+    Col("host", no_wrap=True), Col("pid", no_wrap=True), "command", "shard", "warm boxes", "imp settings", "holds", "home",
     Col("started", no_wrap=True), Col("renewed", no_wrap=True), Col("expires", no_wrap=True), "state",
 )  # fmt: skip
 LEASE_COLUMNS = (
@@ -55,6 +55,7 @@ def _host_row(host: HostRow, now: datetime) -> tuple[str, ...]:
             host.command or "?",
             host.shard or "-",
             "?" if host.warm_boxes is None else str(host.warm_boxes),
+            host.revisions_text,
             ", ".join(host.holds) or "-",
             host.home or "?",
             relative_time(host.started_at, now) if host.started_at else "?",

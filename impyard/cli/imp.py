@@ -15,19 +15,31 @@ from rich.table import Table
 
 from box.common.model_profiles import model_notes
 from box.protocol.models import ModelRequestParams
+from impyard.cli.database import open_or_fail
 from impyard.cli.doctor_rules import model_uses
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options, table_of
+from impyard.cli.shared_imps import bring_up_to_date, published_revision, remove_shared, saved_line
 from impyard.clock import SystemClock
 from impyard.conversation.responder_history import ResponderHistory
 from impyard.gateway.judge import judge, model_request_facts
 from impyard.gateway.policy import PolicyError, load_policy, operator_policy_dir
 from impyard.gateway.prices import PriceMissing, estimate_micros
-from impyard.imps.config import MAX_PERSONA_CHARS, ImpConfig, ImpConfigError, ImpError, new_imp_settings
+from impyard.imps.config import (
+    CONFIG_FILE,
+    MAX_CONFIG_BYTES,
+    MAX_PERSONA_CHARS,
+    ImpConfig,
+    ImpConfigError,
+    ImpError,
+    new_imp_settings,
+    validate_name,
+)
 from impyard.imps.edit import UNSET, apply_settings, parse_assignment
 from impyard.imps.render import toml_value
+from impyard.imps.shared import SharedImps, materialize, settings_files
 from impyard.imps.store import ImpStore, PersonaStatus, TokenStatus
-from impyard.imps.validate import validate_config
+from impyard.imps.validate import parse_config, validate_config
 from impyard.memory.store import MemoryStore
 from impyard.storage.db import open_database
 
@@ -93,10 +105,12 @@ def add_command(
     if backend is not None:
         settings["box"] = {"backend": backend}
     store = ImpStore()
+    bring_up_to_date(store)  # an imp of that name added on another home is known here first
     try:
         config = store.add(name, persona_text, **new_imp_settings(settings))  # memory on (issue 23)
     except ImpError as exc:
         raise CliError(str(exc)) from exc
+    revision = published_revision(store, config.name)
     directory = store.path(config.name)
     token = store.token_status(config)
     click.echo(f"Added imp '{config.name}' in {directory}")
@@ -104,6 +118,9 @@ def add_command(
     click.echo(f"  persona: {directory / config.persona_file}")
     click.echo(
         f"  Discord: token from {token.source} ({'set' if token.is_set else 'not set; only needed for Discord'})"
+    )
+    click.echo(
+        f"  shared:  revision {revision} in the database: every host serving from it runs these settings"
     )
     click.echo(f"Check it with: impyard imp show {config.name}")
     _warn(policy_warnings(config))
@@ -187,6 +204,7 @@ def ls_command(out: Output) -> None:
       impyard imp ls
     """
     store = ImpStore()
+    bring_up_to_date(store)
     entries = store.scan()
     rows: list[dict[str, Any]] = []
     for name, item in entries:
@@ -246,6 +264,7 @@ def show_command(name: str, out: Output) -> None:
       impyard imp show pip
     """
     store = ImpStore()
+    bring_up_to_date(store)
     try:
         config = store.get(name)
         persona = store.persona_status(config)
@@ -340,6 +359,7 @@ def rm_command(name: str, purge: bool, yes: bool) -> None:
       impyard imp rm pip --purge -y # deletes the whole directory and its memory
     """
     store = ImpStore()
+    bring_up_to_date(store)
     try:
         directory = store.path(name)
         if not store.config_path(name).is_file():
@@ -354,6 +374,7 @@ def rm_command(name: str, purge: bool, yes: bool) -> None:
         question = f"Remove imp '{name}' (imp.toml and persona)? Its state in {directory / 'state'} is kept."
     if not yes:
         click.confirm(question, abort=True)
+    remove_shared(store, name)  # from every host of the database first (issue 36)
     try:
         kept = store.remove(name, purge=purge)
     except (ImpError, OSError) as exc:
@@ -390,6 +411,9 @@ def _problems_line(exc: ImpConfigError, *, with_file: bool) -> str:
     return "; ".join(shown)
 
 
+SHARED_NOTE = "every host serving from this database picks it up for its imp's next boxes (within IMPYARD_IMP_SYNC_S, 10 s)"
+
+
 @imp_group.command("set")
 @click.argument("name")
 @click.argument("settings", nargs=-1, required=True, metavar="KEY=VALUE...")
@@ -413,6 +437,7 @@ def set_command(name: str, settings: tuple[str, ...]) -> None:
     warning.
     """
     store = ImpStore()
+    bring_up_to_date(store)  # the change is made from the database's newest revision
     try:
         assignments = [parse_assignment(argument) for argument in settings]
         text = store.config_text(name)
@@ -438,9 +463,70 @@ def set_command(name: str, settings: tuple[str, ...]) -> None:
             click.echo(f"{config.name}: {assignment.key} is back to its default")
         else:
             click.echo(f"{config.name}: {assignment.key} = {escape(toml_value(assignment.value))}")
-    click.echo(f"Saved {file}. A running impyard chat or serve uses it once restarted.")
+    click.echo(saved_line(file, published_revision(store, config.name)))
     if any(assignment.key.startswith(("model.", "memory.")) for assignment in assignments):
         _warn(policy_warnings(config))
+
+
+@imp_group.command("apply")
+@click.option(
+    "-f", "--file", "file", required=True, type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="An imp.toml (the imp is the one its `name` says).",
+)  # fmt: skip
+def apply_command(file: Path) -> None:
+    """Make FILE the settings of the imp it names, on every host of this database: created or changed,
+    checked first, published as the next revision.
+
+    \b
+    For settings kept in version control: `impyard imp apply -f imps/pip.toml`
+    after each change. The imp's other files (its persona) are this home's.
+    It also settles a conflict in favour of FILE (a home's copy and the
+    database both changed; the message names the file to apply).
+    Example:
+      impyard imp apply -f ~/yard-config/pip.imp.toml
+    """
+    try:
+        data = file.read_bytes()
+        if len(data) > MAX_CONFIG_BYTES:
+            raise CliError(f"{file} is {len(data)} bytes; an imp.toml may be at most {MAX_CONFIG_BYTES}")
+        text = data.decode("utf-8")
+        raw = tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise CliError(f"{file} is not a readable imp.toml: {exc}") from exc
+    name = raw.get("name")
+    if not isinstance(name, str):
+        raise CliError(f'{file} has no `name = "..."`: it must say which imp it is')
+    store = ImpStore()
+    try:
+        validate_name(name)
+        parse_config(text, str(file), expected_name=name)
+        db = open_or_fail()
+        try:
+            shared = SharedImps(db)
+            row = shared.get(name)
+            if store.config_path(name).is_file():
+                files = settings_files(store.path(name))
+            elif row is not None:
+                files = dict(row.files)
+            else:
+                store.add(name)  # its directory and a starter persona, as `imp add` makes them
+                files = settings_files(store.path(name))
+            if row is not None and row.files.get(CONFIG_FILE) == text and files == row.files:
+                click.echo(f"{name}: already revision {row.revision} in the database; nothing to change")
+                materialize(store, row)
+                return
+            files[CONFIG_FILE] = text
+            published = shared.publish(name, files, base=row.revision if row is not None else None)
+        finally:
+            db.close()
+        materialize(store, published)
+        config = store.get(name)
+    except ImpConfigError as exc:
+        raise CliError(f"nothing was written: {_problems_line(exc, with_file=True)}") from exc
+    except ImpError as exc:
+        raise CliError(str(exc).splitlines()[0]) from exc
+    click.echo(f"{name}: {file} applied: " + saved_line(store.config_path(name), published.revision))
+    _warn(policy_warnings(config))
 
 
 @imp_group.command("edit")
@@ -456,6 +542,7 @@ def edit_command(name: str) -> None:
       EDITOR=nano impyard imp edit pip
     """
     store = ImpStore()
+    bring_up_to_date(store)
     try:
         original = store.config_text(name)
     except ImpError as exc:
@@ -485,9 +572,7 @@ def edit_command(name: str) -> None:
             ) from exc
         except ImpError as exc:
             raise CliError(f"{exc} (your edit is saved in {_save_rejected(edited, name)})") from exc
-        click.echo(
-            f"Saved {file}. Check it with: impyard imp show {name} (a running chat or serve: restart it)"
-        )
+        click.echo(saved_line(file, published_revision(store, name)))
         return
 
 

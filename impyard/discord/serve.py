@@ -53,6 +53,7 @@ from impyard.discord.surface import DiscordSurface
 from impyard.failure_words import failure_line
 from impyard.gateway.audit import REDACTED
 from impyard.gateway.surfaces import SURFACE_DISCORD, SURFACE_LOG
+from impyard.imps.shared import sync_with_database
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.metrics.http import Phase, ReadyCheck, serve_health
 from impyard.paths import home
@@ -62,6 +63,7 @@ from impyard.storage.leases import HostCard, hold_host
 from impyard.storage.readiness import database_check, lease_check
 from impyard.storage.shard_layout import Layout
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.serve")
 
@@ -444,6 +446,7 @@ async def _open_discord_host(
     settings = settings or DiscordSettings.from_env()
     settings.apply()
     store = ImpStore()
+    await in_thread(sync_with_database, store)  # issue 36: the imps as the database has them, before picking
     configs = pick_imps(store, imp_names)
     card = HostCard("serve", str(home()), str(shard) if shard is not None else None)
     async with AsyncExitStack() as held:
@@ -480,6 +483,7 @@ async def _open_discord_host(
                     runtime.gateway.lease_guard = keeper  # a host that lost its shard acts no more
                     card.warm_boxes = lambda: len(runtime.sessions.sessions)
                     card.boxes = runtime.boxes  # per imp, with their runtime (the console's Imps page)
+                    card.imp_revisions = runtime.imp_revisions  # issue 36: which settings it runs
                     keeper.on_lost = host._fail  # a lost lease stops this host: its boxes close, it exits 1
                     if keeper.lost is not None:
                         host._fail(keeper.lost)

@@ -91,6 +91,14 @@ class HostRow:
     expires_in_s: float
     state: LeaseState
     boxes: tuple[ImpBoxes, ...] | None  # per imp it serves; None: the host did not say (an older impyard)
+    imp_revisions: dict[str, int] | None = None  # issue 36: the revision of each imp's settings it runs
+
+    @property
+    def revisions_text(self) -> str:
+        """``pip@3, bo@1``: what ``impyard hosts`` and the console show (``-`` for a host that does not say)."""
+        if not self.imp_revisions:
+            return "-"
+        return ", ".join(f"{name}@{rev}" for name, rev in sorted(self.imp_revisions.items()))
 
     @property
     def live(self) -> bool:
@@ -105,6 +113,8 @@ class HostRow:
         }  # fmt: skip
         if self.boxes is not None:
             found["boxes"] = [box.detail() for box in self.boxes]
+        if self.imp_revisions is not None:
+            found["imps"] = dict(self.imp_revisions)
         return found
 
 
@@ -180,6 +190,17 @@ class Cluster:
         return [(host, box) for host in self.hosts if host.live for box in host.boxes or () if box.imp == imp]
 
 
+def _revisions(value: Any) -> dict[str, int] | None:
+    """A host record's ``imps`` (name → revision), its bad entries skipped."""
+    if not isinstance(value, dict):
+        return None
+    return {
+        name[:40]: rev
+        for name, rev in value.items()
+        if isinstance(name, str) and isinstance(rev, int) and rev > 0
+    }
+
+
 def layout_entry(found: LayoutInForce | None) -> dict[str, Any] | None:
     """The shard layout as ``impyard hosts --json`` prints it: ``shards`` (N of ``--shard I/N``; null: served
     without --shard), who fixed it and when, the live leases that hold it; ``state`` ``held`` (a host of another
@@ -228,6 +249,7 @@ def host_row(info: LeaseInfo, holds: Sequence[str], now: datetime, state: LeaseS
         expires_in_s=_seconds(info.expires_at, now),
         state=state,
         boxes=_boxes(detail.get("boxes")),
+        imp_revisions=_revisions(detail.get("imps")),
     )
 
 

@@ -540,6 +540,10 @@ def _boxes_detail(boxes: Sequence[ImpBoxes], room: int) -> tuple[list[dict[str, 
     return kept, len(ordered) - len(kept)
 
 
+MAX_IMPS_SAID = 100  # imps whose revision a host record names
+MAX_IMP_NAME = 40
+
+
 @dataclass
 class HostCard:
     """What a serving or chatting process says about itself in its ``host:`` record (``impyard hosts``)."""
@@ -550,6 +554,8 @@ class HostCard:
     started_at: str = field(default_factory=lambda: iso(datetime.now(UTC)))
     warm_boxes: Callable[[], int] = field(default=lambda: 0, repr=False)  # set once the sessions run
     boxes: Callable[[], Sequence[ImpBoxes]] | None = field(default=None, repr=False)  # per imp: once they run
+    # Issue 36: the revision of each imp's settings this host runs (impyard.imps.shared), once it knows them.
+    imp_revisions: Callable[[], Mapping[str, int]] | None = field(default=None, repr=False)
 
     def detail(self) -> dict[str, Any]:
         """The record's detail; ``boxes`` (each imp it serves, issue 34) once the sessions run, as many as fit the
@@ -562,6 +568,14 @@ class HostCard:
             "home": self.home, "command": self.command, "shard": self.shard, "warm_boxes": warm,
             "started_at": self.started_at,
         }  # fmt: skip
+        if self.imp_revisions is not None:
+            try:
+                revisions = dict(self.imp_revisions())
+            except Exception:  # noqa: BLE001 - nor are the revisions
+                revisions = {}
+            found["imps"] = {
+                str(name)[:MAX_IMP_NAME]: int(rev) for name, rev in sorted(revisions.items())[:MAX_IMPS_SAID]
+            }
         if self.boxes is None:
             return found
         try:

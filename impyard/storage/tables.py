@@ -451,3 +451,15 @@ ledger_totals = Table(
     Column("reserved_micros", BIG, nullable=False, server_default=ZERO),  # in flight
     Column("settled_micros", BIG, nullable=False, server_default=ZERO),  # charged
 )  # fmt: skip
+
+# --- every imp's settings, shared by the hosts of a database (revision 0008) -----------------------------------
+
+imp_settings = Table(
+    "imp_settings", metadata,
+    Column("name", Text, primary_key=True, nullable=False),
+    Column("revision", BIG, nullable=False),  # one more at every change, never less
+    Column("files", Text, nullable=False),  # JSON: {"imp.toml": …, "persona.md": …}
+    Column("digest", Text, nullable=False),  # sha256 of the files (impyard.imps.shared.digest)
+    Column("updated_at", Text, nullable=False),
+    Column("updated_by", Text, nullable=False),  # <hostname>/<pid> (<account>) that wrote it
+)  # fmt: skip

@@ -7,10 +7,13 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import anyio
+
 from impyard.clock import Clock
 from impyard.gateway.surfaces import SURFACE_LOG, Surface, TerminalSurface
 from impyard.host import Host, open_host
 from impyard.paths import home
+from impyard.runtime import follow_imp_settings, imp_sync_s_from_env
 from impyard.storage.instance import SUPERVISE_LOCK_FILENAME, InstanceLock
 from impyard.supervisor.backends import BackendChooser, BackendFor
 from impyard.supervisor.loop import Supervisor
@@ -57,6 +60,12 @@ async def open_supervisor(
                 host = await stack.enter_async_context(
                     open_host(surface, reaches=(SURFACE_LOG,), clock=clock)
                 )
+                # Issue 36: new revisions of the imps' settings reach this home's files for the next task runs.
+                follower = await stack.enter_async_context(anyio.create_task_group())
+                follower.start_soon(
+                    follow_imp_settings, host, None, imp_sync_s_from_env(), name="imp settings"
+                )
+                stack.callback(follower.cancel_scope.cancel)
             yield Supervisor(
                 db=host.db, gateway=host.gateway, imps=host.imps,
                 backend_for=backend_for or BackendChooser(host.imps, backend), clock=clock or host.clock,

@@ -96,7 +96,7 @@ def test_the_hosts_page_marks_holders_that_stopped_renewing_as_the_cli_does(
         ("task:t-1/r-1", "held"),
     ]
     far = next(row.cells for row in hosts if row.attrs["data-lease"] == "host:far-away/4242")
-    assert far[:7] == ["far-away", "4242", "serve", "0/2", "2", "shard:0/2, task:t-1/r-1", "/srv/yard"]
+    assert far[:8] == ["far-away", "4242", "serve", "0/2", "2", "-", "shard:0/2, task:t-1/r-1", "/srv/yard"]
     assert far[-1] == "held" and re.fullmatch(r"in (1h|59m(\d+s)?|5\dm(\d+s)?)", far[-2]), far
     assert [row.cells[1] for row in leases] == ["channel", "shard", "shard", "task"]
     assert 'class="badge state-expired"' in page.text and 'class="badge state-dead"' in page.text
@@ -108,9 +108,9 @@ def test_the_hosts_page_marks_holders_that_stopped_renewing_as_the_cli_does(
     for host in listed["hosts"]:
         cells = shown_hosts[(host["host"], str(host["pid"]))].cells
         expected = [host["host"], str(host["pid"]), host["command"], host["shard"] or "-",
-                    "?" if host["warm_boxes"] is None else str(host["warm_boxes"]), ", ".join(host["holds"]) or "-",
-                    host["home"]]  # fmt: skip
-        assert cells[:7] == expected and cells[-1] == host["state"]
+                    "?" if host["warm_boxes"] is None else str(host["warm_boxes"]), "-",
+                    ", ".join(host["holds"]) or "-", host["home"]]  # fmt: skip
+        assert cells[:8] == expected and cells[-1] == host["state"]
     assert [(lease["name"], lease["host"], str(lease["pid"]), str(lease["token"]), lease["state"])
             for lease in listed["leases"]] == [
         (row.cells[0], row.cells[2], row.cells[3], row.cells[4], row.cells[-1]) for row in leases
