@@ -9,7 +9,9 @@ tests/console/test_console_tour.py -p no:xdist``).
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 
 from impyard.console.pages import PAGES
 from testing.fake_openai import FakeOpenAI
-from tests.console.conftest import start_console, stop_console
+from tests.console.conftest import CLI, start_console, stop_console
 from tests.test_chat_terminal import spawn_chat
 
 SCREENSHOTS_ENV = "IMPYARD_CONSOLE_SCREENSHOTS"
@@ -49,9 +51,18 @@ def test_a_chat_turn_shows_on_the_console(fake: FakeOpenAI, impyard_home: Path, 
     console = start_console()
     try:
         browser.get(console.login_url)
+        assert "pip" in browser.find_element(By.ID, "imps").text  # Imps, where / leads
         browser.get(console.base + "/audit?imp=pip&method=model.request")
         rows = browser.find_element(By.ID, "audit-rows").text
         assert "model.request" in rows and "reply" in rows and "allowed" in rows
+        browser.get(console.base + "/budget")
+        spent = browser.find_element(By.CSS_SELECTOR, '#budget-limits tr[data-scope="pip"]').text.split()
+        budget = json.loads(subprocess.run([*CLI, "budget", "show", "--json"], capture_output=True, text=True,
+                                           timeout=60, check=True).stdout)  # fmt: skip
+        (pip,) = [row for row in budget if row["scope"] == "pip"]
+        assert (
+            pip["daily_spent_usd"] > 0 and spent[1] == f"{pip['daily_spent_usd']:.4f}"
+        )  # the turn's cost, as the CLI
         shots = os.environ.get(SCREENSHOTS_ENV)
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)
