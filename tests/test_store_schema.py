@@ -22,13 +22,14 @@ from impyard.storage.db import Database, DatabaseError, open_database
 from impyard.storage.migrations.legacy import LEGACY_VERSION, MIGRATIONS, split_statements
 from tests import sqlfile
 
-EXPECTED_TABLES = 25
+EXPECTED_TABLES = 26
 # Tables of revisions after the baseline (0002 leases, 0003 ledger_totals): a legacy home gets them at upgrade.
-AFTER_BASELINE = {"leases", "ledger_totals"}
+AFTER_BASELINE = {"leases", "ledger_totals", "host_activity"}
 COLUMNS_AFTER_BASELINE = {
     "audit": {"host"},
     "channels": {"audience"},
 }  # columns the revisions after the baseline added to older tables
+INDEXES_AFTER_BASELINE = {"wakes": {"wakes_finished"}}  # and their indexes (0006: the Now page's recent outcomes)
 
 
 def at_baseline(schema: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -37,6 +38,7 @@ def at_baseline(schema: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         table: {
             **found,
             "columns": [c for c in found["columns"] if c[0] not in COLUMNS_AFTER_BASELINE.get(table, ())],
+            "indexes": [i for i in found["indexes"] if i[0] not in INDEXES_AFTER_BASELINE.get(table, ())],
         }
         for table, found in schema.items()
         if table not in AFTER_BASELINE

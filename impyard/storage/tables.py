@@ -179,6 +179,7 @@ wakes = Table(
     Column("error", Text),
     Column("finished_at", Text),
     Index("wakes_unfinished", "outcome", "woken_at"),
+    Index("wakes_finished", "finished_at"),  # the newest outcomes first (revision 0006, the console's Now page)
 )  # fmt: skip
 
 # --- supervise (legacy migrations 3, 8) ---------------------------------------------------------------------
@@ -439,4 +440,14 @@ ledger_totals = Table(
     _part("period"),  # "day:YYYY-MM-DD" or "month:YYYY-MM" (UTC): the ledger row's own day and month
     Column("reserved_micros", BIG, nullable=False, server_default=ZERO),  # in flight
     Column("settled_micros", BIG, nullable=False, server_default=ZERO),  # charged
+)  # fmt: skip
+
+# --- what each running host is doing now (revision 0006, issue 34: the console's Now page) --------------------
+
+host_activity = Table(
+    "host_activity", metadata,
+    Column("host", Text, primary_key=True, nullable=False),  # its lease record's name: host:<hostname>/<pid>
+    Column("holder", Text, nullable=False),  # liveness.Holder as text: shown only while it holds that lease
+    Column("updated_at", Text, nullable=False),
+    Column("snapshot", Text, nullable=False, server_default=text("'{}'")),  # JSON: conversation.activity
 )  # fmt: skip
