@@ -9,6 +9,7 @@ goes when the host stops cleanly; a host writes its snapshot only when it change
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import sys
 import threading
@@ -21,9 +22,11 @@ from typing import Any
 import anyio
 import pexpect
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import select
 
 from impyard.channels.store import ChannelInfo, channel_label
+from impyard.cli import cli
 from impyard.clock import FixedClock
 from impyard.conversation.activity import (
     ActivityPublisher,
@@ -244,6 +247,29 @@ async def test_a_turn_held_in_flight_shows_with_its_stage_then_its_outcome(
         yard.fake.post_message(GENERAL, CAROL, "pip?")
         now = await until_now(lambda now: now.queued == 2)
         assert [(t.channel, t.stage, t.waiting) for t in now.turns] == [("#general", "thinking", 2)]
+        # ``impyard now`` says the same (TSV when piped): the turn, its stage, the two queued behind it.
+        shown = CliRunner().invoke(cli, ["now"])
+        assert shown.exit_code == 0, shown.output
+        header, row = shown.output.splitlines()
+        assert header.split("\t") == [
+            "imp", "channel", "surface", "stage", "for", "messages", "queued", "box", "host", "pid",
+        ]  # fmt: skip
+        cells = row.split("\t")
+        assert cells[:4] + cells[5:9] == [
+            "pip",
+            "#general",
+            "discord",
+            "thinking",
+            "1",
+            "2",
+            "warm",
+            turn.hostname,
+        ]
+        listed = json.loads(CliRunner().invoke(cli, ["now", "--json"]).output)
+        assert [(s["stage"], s["box_stage"], s["queued"]) for s in listed["sessions"]] == [
+            ("thinking", "tools", 2)
+        ]
+        assert listed["recent"] == []
 
         held.released.set()  # both turns answer now: the first, then the two queued messages together
         now = await until_now(lambda now: not now.turns and len(now.recent) >= 2)
@@ -334,3 +360,28 @@ def test_a_task_run_held_by_a_live_host_shows_and_one_whose_lease_expired_does_n
         running.id, "pip", "prompt", "far-away", 4242, NOW,
     )  # fmt: skip
     assert read_now(db, NOW + timedelta(seconds=31), alive=lambda holder: None).tasks == []
+
+
+def test_now_on_a_database_no_host_runs_on_says_who_shows_there() -> None:
+    result = CliRunner().invoke(cli, ["now"])
+    assert result.exit_code == 0
+    assert result.output.startswith("no host is running on this database")
+    listed = json.loads(CliRunner().invoke(cli, ["now", "--json"]).output)
+    assert (listed["hosts"], listed["sessions"], listed["tasks"], listed["recent"]) == ([], [], [], [])
+
+
+def test_now_lists_the_recent_outcomes_when_nothing_runs() -> None:
+    db = open_database()
+    try:
+        history = History(db, FixedClock(NOW))
+        history.record_wake("pip", "1001", "m1")
+        history.finish("pip", "1001", ["m1"], "failed", "the box died\ntrace")
+    finally:
+        db.close()
+    result = CliRunner().invoke(cli, ["now"])
+    assert result.exit_code == 0, result.output
+    header, row = result.output.splitlines()
+    assert header.split("\t")[1:] == ["imp", "channel", "surface", "outcome", "messages", "took", "error"]
+    assert row.split("\t")[1:] == ["pip", "1001", "discord", "failed", "1", "0s", "the box died"]
+    refused = CliRunner().invoke(cli, ["now", "--recent", "-1"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output

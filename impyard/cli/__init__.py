@@ -26,6 +26,7 @@ from impyard.cli.history import history_group
 from impyard.cli.hosts import hosts_command
 from impyard.cli.imp import imp_group
 from impyard.cli.memory import memory_group
+from impyard.cli.now import now_command
 from impyard.cli.policy import policy_group
 from impyard.cli.schedule import schedule_group
 from impyard.cli.serve import serve_command
@@ -67,6 +68,7 @@ cli.add_command(supervise_command)
 cli.add_command(serve_command)
 cli.add_command(discord_group)
 cli.add_command(hosts_command)
+cli.add_command(now_command)
 
 
 def main() -> None:

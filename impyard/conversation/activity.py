@@ -335,6 +335,11 @@ class OutcomeNow:
     woken_at: datetime | None  # the first of its messages woke the imp
     finished_at: datetime
 
+    @property
+    def took_s(self) -> float | None:
+        """From the first message's wake to the outcome (time queued included)."""
+        return round((self.finished_at - self.woken_at).total_seconds(), 3) if self.woken_at else None
+
 
 @dataclass(frozen=True)
 class Now:
@@ -359,6 +364,43 @@ class Now:
     @property
     def warm_boxes(self) -> int:
         return sum(1 for s in self.sessions if s.warm)
+
+    def as_json(self) -> dict[str, Any]:
+        """The same, as JSON values (times ISO-8601 UTC, ages in seconds as of ``at``): ``impyard now --json``."""
+
+        def when(value: datetime | None) -> str | None:
+            return iso(value) if value is not None else None
+
+        def age(value: datetime | None) -> float | None:
+            return round((self.at - value).total_seconds(), 3) if value is not None else None
+
+        return {
+            "at": iso(self.at),
+            "hosts": [
+                {"host": h.hostname, "pid": h.pid, "command": h.command, "shard": h.shard,
+                 "activity_at": when(h.activity_at), "sessions_left_out": h.sessions_left_out}
+                for h in self.hosts
+            ],
+            "sessions": [
+                {"host": s.hostname, "pid": s.pid, "imp": s.imp, "channel_id": s.channel_id, "channel": s.channel,
+                 "surface": s.surface, "warm": s.warm, "in_turn": s.in_turn, "stage": s.stage,
+                 "box_stage": s.box_stage, "turn_since": when(s.turn_since), "turn_s": age(s.turn_since),
+                 "stage_since": when(s.stage_since), "stage_s": age(s.stage_since), "queued": s.waiting}
+                for s in self.sessions
+            ],
+            "tasks": [
+                {"task": t.task_id, "imp": t.imp, "kind": t.kind, "channel_id": t.channel_id, "channel": t.channel,
+                 "started_at": when(t.started_at), "running_s": age(t.started_at), "host": t.hostname,
+                 "pid": t.pid}
+                for t in self.tasks
+            ],
+            "recent": [
+                {"imp": o.imp, "channel_id": o.channel_id, "channel": o.channel, "surface": o.surface,
+                 "outcome": o.outcome, "error": o.error, "messages": o.messages, "woken_at": when(o.woken_at),
+                 "finished_at": when(o.finished_at), "took_s": o.took_s}
+                for o in self.recent
+            ],
+        }  # fmt: skip
 
 
 def _time(text: str | None) -> datetime | None:
