@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("conversation",),
     ("assembly",),  # impyard/{host,runtime}.py
     ("supervisor",),
-    ("discord", "terminal"),
+    ("discord", "terminal", "console"),
     ("cli",),
 )
 FOUNDATIONS = {

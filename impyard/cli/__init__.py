@@ -15,16 +15,19 @@ import click
 from impyard import __version__
 from impyard.cli.approvals import approvals_group
 from impyard.cli.audit import audit_group
+from impyard.cli.backup import backup_command
 from impyard.cli.box import box_group
 from impyard.cli.budget import budget_group
 from impyard.cli.channel import channel_group
 from impyard.cli.chat import chat_command
+from impyard.cli.console import console_command
 from impyard.cli.discord import discord_group
 from impyard.cli.doctor import doctor_command
 from impyard.cli.errors import ImpyardGroup
 from impyard.cli.history import history_group
 from impyard.cli.hosts import hosts_command
 from impyard.cli.imp import imp_group
+from impyard.cli.imp_transfer import export_command, import_command
 from impyard.cli.memory import memory_group
 from impyard.cli.now import now_command
 from impyard.cli.policy import policy_group
@@ -56,6 +59,8 @@ cli.add_command(channel_group)
 cli.add_command(box_group)
 cli.add_command(doctor_command)
 cli.add_command(imp_group)
+imp_group.add_command(export_command)
+imp_group.add_command(import_command)
 cli.add_command(history_group)
 cli.add_command(memory_group)
 cli.add_command(policy_group)
@@ -69,6 +74,8 @@ cli.add_command(serve_command)
 cli.add_command(discord_group)
 cli.add_command(hosts_command)
 cli.add_command(now_command)
+cli.add_command(console_command)
+cli.add_command(backup_command)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import click
 from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
-from impyard.gateway.audit import AuditLog, AuditRecord
+from impyard.gateway.audit import AuditFilter, AuditLog, AuditRecord
 
 AUDIT_COLUMNS = (
     Col("time (UTC)", no_wrap=True), "imp", "method", "purpose", "verdict", Col("rule", no_wrap=True),
@@ -43,17 +43,26 @@ def audit_group() -> None:
 @click.option(
     "-n", "count", type=click.IntRange(1, 10_000), default=20, show_default=True, help="How many rows."
 )
+@click.option("--method", default=None, help="Only rows of this method (model.request, discord.send, gate…).")
+@click.option("--rule", default=None, help="Only rows decided by this policy rule.")
+@click.option("--verdict", default=None, help="Only rows with this verdict (allowed, denied, gated, error…).")
 @output_options
-def tail_command(imp: str | None, count: int, out: Output) -> None:
+def tail_command(
+    imp: str | None, count: int, method: str | None, rule: str | None, verdict: str | None, out: Output
+) -> None:
     """Show the latest audit rows, oldest first; with --json, one JSON object per line.
+
+    Filters match whole values; the console's Audit page offers the same ones.
 
     \b
     Examples:
       impyard audit tail
       impyard audit tail --imp pip -n 50 --json
+      impyard audit tail --verdict denied --rule send-untrusted
     """
+    where = AuditFilter(imp=imp, method=method, rule=rule, verdict=verdict)
     with database() as db:
-        records = AuditLog(db, SystemClock()).tail(count, imp=imp)
+        records = AuditLog(db, SystemClock()).search(count, where)[::-1]
     out.listing(
         [record.to_json() for record in records],
         columns=AUDIT_COLUMNS,

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AsyncExitStack
 
 import anyio
 import click
 
 from impyard.backends import BoxError
+from impyard.cli.console import console_beside
 from impyard.cli.errors import CliError
+from impyard.console.server import DEFAULT_HOST as CONSOLE_HOST
+from impyard.console.server import DEFAULT_PORT as CONSOLE_PORT
 from impyard.discord.shards import SHARD_FORMAT, Shard, ShardError
 from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
@@ -63,8 +67,26 @@ def configure_logs(as_json: bool) -> None:
     help=f"Serve one Discord shard: {SHARD_FORMAT}. Each host of N serves its own (DMs arrive on shard 0).",
 )  # fmt: skip
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line (ts, level, logger, message).")
+@click.option(
+    "--console", "with_console", is_flag=True,
+    help="Also serve the operator's web console in this process (what `impyard console` does; docs/console.md).",
+)  # fmt: skip
+@click.option(
+    "--console-host", default=CONSOLE_HOST, show_default=True, help="The console's address (with --console)."
+)
+@click.option(
+    "--console-port", type=click.IntRange(0, 65535), default=CONSOLE_PORT, show_default=True,
+    help="The console's port (with --console; 0: any free port).",
+)  # fmt: skip
 def serve_command(
-    imps: tuple[str, ...], supervise: bool, backend: str | None, shard: Shard | None, log_json: bool
+    imps: tuple[str, ...],
+    supervise: bool,
+    backend: str | None,
+    shard: Shard | None,
+    log_json: bool,
+    with_console: bool,
+    console_host: str,
+    console_port: int,
 ) -> None:
     """Run the imps' Discord bots: chat in channels and DMs, slash commands, approval cards.
 
@@ -87,8 +109,15 @@ def serve_command(
     if not UpstreamConfig.from_env().api_key:
         raise CliError(NO_KEY)
     configure_logs(log_json)
+
+    async def run() -> None:
+        async with AsyncExitStack() as stack:
+            if with_console:
+                await stack.enter_async_context(console_beside(console_host, console_port))
+            await serve(list(imps) or None, backend=backend, supervise=supervise, shard=shard)
+
     try:
-        anyio.run(lambda: serve(list(imps) or None, backend=backend, supervise=supervise, shard=shard))
+        anyio.run(run)
     except (
         DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, LeaseHeld, LeaseLost,
     ) as exc:  # fmt: skip

@@ -88,6 +88,26 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+FACET_ROWS = 5_000
+MAX_FILTER_CHARS = 200
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """Which audit rows to show: each field given must match whole; ``before``: rows older than that id (a page)."""
+
+    imp: str | None = None
+    method: str | None = None
+    rule: str | None = None
+    verdict: str | None = None
+    before: int | None = None
+
+    def columns(self) -> dict[str, str]:
+        """The column filters given (an empty value is no filter; longer than any stored value: no match)."""
+        values = {"imp": self.imp, "method": self.method, "rule": self.rule, "verdict": self.verdict}
+        return {name: value[:MAX_FILTER_CHARS] for name, value in values.items() if value}
+
+
 @dataclass
 class AuditRecord:
     imp: str
@@ -180,3 +200,30 @@ class AuditLog(Store):
         statement = _TAIL if imp is None else _TAIL_OF
         newest_first = self.db.read(lambda conn: row_to_record.all(conn, statement, params))
         return newest_first[::-1]
+
+    def search(self, n: int, where: AuditFilter | None = None) -> list[AuditRecord]:
+        """The newest ``n`` rows that match ``where`` (newest first): ``impyard audit tail``'s filters and the
+        console's Audit page. Every value is compared whole (no patterns)."""
+        where = where or AuditFilter()
+        statement = select(audit.c.id, *(audit.c[name] for name in _COLUMNS))
+        for name, value in where.columns().items():
+            statement = statement.where(audit.c[name] == value)
+        if where.before is not None:
+            statement = statement.where(audit.c.id < where.before)
+        statement = statement.order_by(audit.c.id.desc()).limit(max(0, n))
+        return self.db.read(lambda conn: row_to_record.all(conn, statement, {}))
+
+    def facets(self, recent: int = FACET_ROWS) -> dict[str, list[str]]:
+        """The imps, methods, rules and verdicts of the newest ``recent`` rows, sorted: what a filter offers.
+        Bounded so that a long log costs one indexed read, never a scan of every row."""
+        columns = select(audit.c.imp, audit.c.method, audit.c.rule, audit.c.verdict)
+        newest = columns.order_by(audit.c.id.desc()).limit(recent).subquery()
+
+        def read(conn: Connection) -> dict[str, list[str]]:
+            rows = conn.execute(select(newest)).all()
+            return {
+                name: sorted({row[i] for row in rows if row[i]})
+                for i, name in enumerate(("imp", "method", "rule", "verdict"))
+            }
+
+        return self.db.read(read)

@@ -1,0 +1,89 @@
+"""``impyard console``: the operator's web console on loopback (issue 34; docs/console.md)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import click
+
+from impyard.cli.database import open_or_fail
+from impyard.cli.errors import CliError
+from impyard.clock import SystemClock
+from impyard.console.auth import TOKEN_ENV, TokenError, new_token, token_from_env
+from impyard.console.context import ConsoleContext
+from impyard.console.server import DEFAULT_HOST, DEFAULT_PORT, ConsoleStartError, running_console
+
+
+@asynccontextmanager
+async def console_beside(host: str, port: int) -> AsyncIterator[None]:
+    """The console in this process (``impyard serve --console``) on its own connection to this home's database,
+    listening until the block ends; its address is printed as ``impyard console`` prints it."""
+    try:
+        token = token_from_env() or new_token()
+    except TokenError as exc:
+        raise CliError(str(exc)) from exc
+    db = open_or_fail()
+    try:
+        context = ConsoleContext(db=db, clock=SystemClock())
+        context.started_at = context.clock.now()
+        try:
+            async with running_console(context, host=host, port=port, token=token) as address:
+                click.echo(f"impyard console: {address.login_url}")
+                yield
+        except ConsoleStartError as exc:
+            raise CliError(str(exc)) from exc
+    finally:
+        db.close()
+
+
+async def _serve_until_stopped(context: ConsoleContext, host: str, port: int, token: str) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with running_console(context, host=host, port=port, token=token) as address:
+            click.echo(f"impyard console: {address.login_url}", nl=True)
+            click.echo("  (open it in a browser; Ctrl-C stops the console)", err=True)
+            async for _ in signals:
+                break
+
+
+@click.command("console")
+@click.option(
+    "--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on (loopback by default)."
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+    help="Port to listen on (0: any free port; the printed address names it).",
+)  # fmt: skip
+def console_command(host: str, port: int) -> None:
+    """Serve the operator's web console for this home's database: imps, turns now, approvals, budget, audit,
+    memory and hosts, in a browser.
+
+    \b
+    It prints one address with a login token (a new one each start, or
+    IMPYARD_CONSOLE_TOKEN): without it no page shows anything. Run it beside
+    `impyard chat`, `serve` or `supervise` on the same home or database.
+    Every change it makes goes through the same rules as the CLI.
+    Example:
+      impyard console
+      impyard console --port 9000
+    """
+    try:
+        token = token_from_env() or new_token()
+    except TokenError as exc:
+        raise CliError(str(exc)) from exc
+    db = open_or_fail()
+    context = ConsoleContext(db=db, clock=SystemClock())
+    context.started_at = context.clock.now()
+    try:
+        anyio.run(_serve_until_stopped, context, host, port, token)
+    except ConsoleStartError as exc:
+        raise CliError(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass
+    finally:
+        db.close()
+
+
+__all__ = ["TOKEN_ENV", "console_command"]

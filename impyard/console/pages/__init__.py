@@ -1,0 +1,11 @@
+"""The console's pages, in navigation order: one module each, each with its ``PAGE`` (title, address, routes).
+
+The first page is where ``/`` leads.
+"""
+
+from __future__ import annotations
+
+from impyard.console.page import Page
+from impyard.console.pages import audit
+
+PAGES: tuple[Page, ...] = (audit.PAGE,)

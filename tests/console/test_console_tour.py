@@ -1,0 +1,62 @@
+"""Issue 34, "Done when": a fresh home, one ``impyard chat`` turn and ``impyard console`` show that turn in a real
+browser — on the pages an operator looks at first.
+
+With ``IMPYARD_CONSOLE_SCREENSHOTS=<dir>`` the tour also saves a screenshot of every page of the navigation into
+that directory (docs/console.md's pictures: ``IMPYARD_CONSOLE_SCREENSHOTS=docs/console .venv/bin/pytest
+tests/console/test_console_tour.py -p no:xdist``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from impyard.console.pages import PAGES
+from testing.fake_openai import FakeOpenAI
+from tests.console.conftest import start_console, stop_console
+from tests.test_chat_terminal import spawn_chat
+
+SCREENSHOTS_ENV = "IMPYARD_CONSOLE_SCREENSHOTS"
+MESSAGE = "hello pip, what a grey morning"
+
+
+def chat_once(fake: FakeOpenAI, home: Path) -> None:
+    """One turn through ``impyard chat`` on a fresh home (its first imp, pip, is made by the chat)."""
+    child = spawn_chat(fake, home, "--backend", "process")
+    child.logfile_read = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline(MESSAGE)
+        child.expect("pip> Hello from the tour!")
+        child.expect("you> ")
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+
+
+@pytest.mark.slow
+@pytest.mark.fake_model(answer="Hello from the tour!")
+def test_a_chat_turn_shows_on_the_console(fake: FakeOpenAI, impyard_home: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    chat_once(fake, impyard_home)
+    console = start_console()
+    try:
+        browser.get(console.login_url)
+        browser.get(console.base + "/audit?imp=pip&method=model.request")
+        rows = browser.find_element(By.ID, "audit-rows").text
+        assert "model.request" in rows and "reply" in rows and "allowed" in rows
+        shots = os.environ.get(SCREENSHOTS_ENV)
+        if shots:
+            Path(shots).mkdir(parents=True, exist_ok=True)
+            for page in PAGES:
+                browser.get(console.base + page.path)
+                browser.save_screenshot(str(Path(shots) / f"{page.path.strip('/')}.png"))
+    finally:
+        stop_console(console)
