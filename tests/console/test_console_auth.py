@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from impyard.clock import SystemClock
+from impyard.console.pages import PAGES
 from impyard.gateway.audit import AuditLog, AuditRecord
 from impyard.storage.db import open_database
 from tests.console.conftest import CLI, TOKEN, Console
@@ -143,6 +144,7 @@ def test_in_a_browser_the_printed_address_logs_in(console: Console, browser: Any
     browser.get(console.base + "/audit")
     assert SECRET_ROW not in browser.page_source and "impyard console" in browser.page_source
     browser.get(console.login_url)
-    assert browser.current_url == console.base + "/audit"  # / leads to the first page; the token is gone
+    assert browser.current_url == console.base + PAGES[0].path  # / leads to the first page; the token is gone
     assert TOKEN not in browser.current_url
+    browser.get(console.base + "/audit")
     assert SECRET_ROW in browser.find_element(By.ID, "audit-rows").text

@@ -16,7 +16,7 @@ from typing import Any
 import pexpect
 import pytest
 
-from impyard.console.pages import PAGES
+from impyard.console.pages import PAGES, now
 from testing.fake_openai import FakeOpenAI
 from tests.console.conftest import start_console, stop_console
 from tests.test_chat_terminal import spawn_chat
@@ -52,10 +52,17 @@ def test_a_chat_turn_shows_on_the_console(fake: FakeOpenAI, impyard_home: Path, 
         browser.get(console.base + "/audit?imp=pip&method=model.request")
         rows = browser.find_element(By.ID, "audit-rows").text
         assert "model.request" in rows and "reply" in rows and "allowed" in rows
+        browser.get(console.base + "/now")  # the turn's outcome leads Now's recent outcomes
+        (recent,) = browser.find_elements(
+            By.CSS_SELECTOR, "#now-recent tr[data-imp='pip'][data-outcome='sent']"
+        )
+        assert "terminal (" in recent.text
         shots = os.environ.get(SCREENSHOTS_ENV)
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)
             for page in PAGES:
+                if page is now.PAGE and (Path(shots) / "now.png").exists():
+                    continue  # Now's picture shows a turn in flight (tests/console/test_console_now.py)
                 browser.get(console.base + page.path)
                 browser.save_screenshot(str(Path(shots) / f"{page.path.strip('/')}.png"))
     finally:

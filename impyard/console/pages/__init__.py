@@ -6,6 +6,6 @@ The first page is where ``/`` leads.
 from __future__ import annotations
 
 from impyard.console.page import Page
-from impyard.console.pages import audit
+from impyard.console.pages import audit, now
 
-PAGES: tuple[Page, ...] = (audit.PAGE,)
+PAGES: tuple[Page, ...] = (now.PAGE, audit.PAGE)
