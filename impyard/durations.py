@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from impyard.errors import ImpyardError
 
@@ -38,3 +38,11 @@ def format_duration(value: timedelta | float) -> str:
             parts.append(f"{seconds // size}{unit}")
             seconds %= size
     return "".join(parts)
+
+
+def relative_time(when: datetime, now: datetime) -> str:
+    """``when`` as an operator reads it beside ``now``: ``in 26s``, ``4s ago``, ``now`` (within a second)."""
+    delta = when - now
+    if abs(delta.total_seconds()) < 1:
+        return "now"
+    return f"in {format_duration(delta)}" if delta.total_seconds() > 0 else f"{format_duration(-delta)} ago"

@@ -9,6 +9,7 @@ session manager hands to that session's observer (the typing indicator).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from impyard.gateway.surfaces import SURFACE_TERMINAL, Surface
 from impyard.host import Host, open_host
 from impyard.imps.store import ImpConfig, ImpStore
 from impyard.storage.db import Database
+from impyard.storage.leases import ImpBoxes
 
 log = logging.getLogger("impyard.runtime")
 
@@ -46,6 +48,19 @@ class Runtime:
     history: History
     backends: dict[str, BoxBackend]
     activity: ActivityPublisher
+
+    def boxes(self) -> list[ImpBoxes]:
+        """Per imp this host serves: its warm boxes (one per channel session), their backend and runtime: what
+        the host's ``host:`` record says (``HostCard.boxes``; the console's Imps page shows it)."""
+        warm = Counter(key.imp for key in list(self.sessions.sessions))
+        return [imp_boxes(imp, warm[imp], backend) for imp, backend in self.backends.items()]
+
+
+def imp_boxes(imp: str, warm: int, backend: BoxBackend) -> ImpBoxes:
+    """``backend``'s runtime as far as it is known without asking the engine (its first box resolves it)."""
+    if isinstance(backend, DockerBackend):
+        return ImpBoxes(imp, warm, backend.name, backend.resolved_runtime, backend.runtime_choice.describe())
+    return ImpBoxes(imp, warm, backend.name)
 
 
 def backends_for(configs: Sequence[ImpConfig], override: str | None = None) -> dict[str, BoxBackend]:

@@ -217,7 +217,10 @@ async def test_approvals_list_and_approve_as_slash_commands(
     assert listed.ephemeral and f"`{gate_id}`" in listed.content and "hello there" in listed.content
     assert approved.ephemeral and "Approved: the reply was posted" in approved.content
     assert [m.content for m in yard.fake.messages(GENERAL)] == ["hello there"]
-    assert "already executed" in again.content and "no gate 'g-000000000000'" in unknown.content
+    assert (
+        f"was already approved by user:discord:{BOB.id} at " in again.content
+    )  # who decided first, and when
+    assert "(now executed)" in again.content and "no gate 'g-000000000000'" in unknown.content
     assert yard.fake.message(card.id).content.startswith(f"**✅ Approved and posted by <@{BOB.id}>**")
 
 

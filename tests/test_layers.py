@@ -19,6 +19,7 @@ IMPYARD = ROOT / "impyard"
 # Lowest first. A package may import only packages of a lower rank (and itself).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("foundations",),  # impyard/{errors,clock,durations,paths,toml_errors,failure_words,threads}.py
+    ("metrics",),  # issue 34: every package counts into it; it knows none of them
     ("storage",),
     ("backends",),
     ("imps",),
@@ -27,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks",),
     ("memory",),
     ("conversation",),
-    ("assembly",),  # impyard/{host,runtime}.py
+    ("assembly",),  # impyard/{host,runtime,query_vector}.py
     ("supervisor",),
     ("discord", "terminal", "console"),
     ("cli",),
@@ -43,7 +44,7 @@ FOUNDATIONS = {
     "__init__",
     "__main__",
 }
-ASSEMBLY = {"host", "runtime"}
+ASSEMBLY = {"host", "runtime", "query_vector"}
 RANK = {package: rank for rank, peers in enumerate(LAYERS) for package in peers}
 
 # The fakes and kits tests use are not part of the host.

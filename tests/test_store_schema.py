@@ -28,8 +28,9 @@ AFTER_BASELINE = {"leases", "ledger_totals", "host_activity"}
 COLUMNS_AFTER_BASELINE = {
     "audit": {"host"},
     "channels": {"audience"},
+    "ledger": {"run_id"},  # 0006: the box run that made the call (issue 34's spend per origin)
 }  # columns the revisions after the baseline added to older tables
-INDEXES_AFTER_BASELINE = {"wakes": {"wakes_finished"}}  # and their indexes (0006: the Now page's recent outcomes)
+INDEXES_AFTER_BASELINE = {"wakes": {"wakes_finished"}}  # and their indexes (0007: the Now page's recent outcomes)
 
 
 def at_baseline(schema: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -34,6 +34,7 @@ from impyard.gateway.gate_pump import GatePump
 from impyard.gateway.gates import Approver, GateStore
 from impyard.gateway.ledger import Ledger
 from impyard.gateway.policy import load_policy
+from impyard.gateway.spending import read_spend
 from impyard.gateway.surfaces import RecordingSurface
 from impyard.gateway.trust import ChannelInfo, DbChannelTrust
 from impyard.host import build_gateway
@@ -181,6 +182,10 @@ async def test_a_scheduled_task_runs_in_a_real_box_and_posts_through_the_gateway
         assert y.supervisor.schedules.get(schedule.id).next_run == datetime(2026, 5, 12, 9, 0, tzinfo=UTC)
         [run] = y.supervisor.tasks.runs(task.id)
         assert run.result == "done" and run.backend == backend.name
+        # issue 34: the ledger knows the call was the task run's, so the Budget page counts it under tasks
+        [charged] = [r.cost_micros for r in rows if r.method == "model.request"]
+        spend = read_spend(y.db, last_day=y.clock.now().date(), days=1).of("pip")
+        assert charged > 0 and spend.days[0].charged == {"tasks": charged}
         if isinstance(backend, DockerBackend):
             assert backend.labelled(run=task.run_id or "") == []  # the one-shot box is gone
 

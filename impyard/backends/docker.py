@@ -187,6 +187,11 @@ class DockerBackend:
             self._runtime = resolve_runtime(self.runtime_choice, set(registered))
         return self._runtime
 
+    @property
+    def resolved_runtime(self) -> str | None:
+        """The runtime once known (the first box's preflight resolved it), without asking the engine: None before."""
+        return self._runtime
+
     def client(self) -> docker.DockerClient:
         if self._client is None:
             try:

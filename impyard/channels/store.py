@@ -278,3 +278,26 @@ def _same(known: ChannelInfo | None, row: dict[str, Any]) -> bool:
         and (row["guild_id"] is None or known.guild_id == row["guild_id"])
         and (row["audience"] is None or known.audience == row["audience"])
     )
+
+
+# ------------------------------------------------------------------ a channel in words (`impyard channel ls`, the console)
+
+
+def trust_words(info: ChannelInfo) -> str:
+    """Whether the imp's replies there go out without approval: ``yes (always, dm)`` by its kind, ``yes``, ``no``."""
+    if info.kind in ALWAYS_TRUSTED_KINDS:
+        return f"yes (always, {info.kind})"
+    return "yes" if info.trusted else "no"
+
+
+def audience_words(info: ChannelInfo) -> str:
+    """Who can read a server channel, as Discord last said (issue 32 #4: a private one remembers alone)."""
+    if info.kind != "guild":
+        return "-"
+    return {PUBLIC: "everyone", PRIVATE: "private"}.get(info.audience or "", "not known yet")
+
+
+def kind_words(info: ChannelInfo) -> str:
+    """A listing's kind: a server channel only some members can read is "private" (its audience in full:
+    ``channel show``, ``--json``), so a table still fits a narrow terminal."""
+    return "private" if info.kind == "guild" and info.audience == PRIVATE else info.kind

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
-
 import click
 
 from impyard.cli.database import open_or_fail
@@ -11,21 +9,20 @@ from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.gateway.audit import AuditLog
-from impyard.gateway.gates import Approver, Gate, GateError, GateStore, deciding_guild
+from impyard.gateway.gates import (
+    Gate,
+    GateError,
+    GateStore,
+    decision_line,
+    operator_approver,
+    who_may_decide,
+)
 from impyard.storage.db import Database
 
 
 def _store() -> tuple[Database, GateStore]:
     db, clock = open_or_fail(), SystemClock()
     return db, GateStore(db, clock, AuditLog(db, clock))
-
-
-def _operator() -> Approver:
-    try:
-        name = getpass.getuser()
-    except (KeyError, OSError):
-        name = "operator"
-    return Approver(kind="operator", id=name)
 
 
 def _describe(gate: Gate) -> str:
@@ -36,12 +33,7 @@ def _describe(gate: Gate) -> str:
         f"  imp       {gate.imp} (session channel {gate.session_channel}, run {gate.run_id})",
         f"  act       {gate.act} to channel {gate.target} (kind {gate.send.kind})",
         f"  why gated {gate.reason}",
-        f"  deciders  the operator, owners of {gate.imp}"
-        + (
-            f", admins of guild {guild}"
-            if (guild := deciding_guild(gate))
-            else " (no guild admin: a DM, or a guild this host does not know)"
-        ),
+        f"  deciders  {who_may_decide(gate)}",
         f"  created   {gate.created_at:%Y-%m-%d %H:%M:%S} UTC, deadline {gate.deadline:%Y-%m-%d %H:%M:%S} UTC",
     ]
     if gate.decided_by:
@@ -122,16 +114,12 @@ def show_command(gate_id: str, out: Output) -> None:
 def _decide(gate_id: str, approve: bool, note: str, out: Output) -> None:
     db, store = _store()
     try:
-        gate = store.decide(gate_id, _operator(), approve=approve, note=note)
+        gate = store.decide(gate_id, operator_approver(), approve=approve, note=note)
     except GateError as exc:
         raise CliError(str(exc)) from exc
     finally:
         db.close()
-    if approve:
-        text = f"approved {gate.id}; the running impyard host sends it exactly once"
-    else:
-        text = f"denied {gate.id}; it will not be sent"
-    out.show(gate.to_json(), text)
+    out.show(gate.to_json(), decision_line(gate))
 
 
 @approvals_group.command("approve")

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from datetime import date
 from pathlib import Path
 
 import click
 
 from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
-from impyard.cli.output import Output, output_options
+from impyard.cli.output import Col, Output, output_options
 from impyard.cli.policy import load_policy_or_fail
 from impyard.clock import SystemClock
 from impyard.gateway.ledger import ALL_IMPS, BudgetLimitError, BudgetRow, Ledger
 from impyard.gateway.policy_models import MAX_USD, NAME_PATTERN
+from impyard.gateway.spending import DEFAULT_DAYS, GROUPS, MAX_DAYS, DaySpend, read_spend
 from impyard.imps.store import ImpConfigError, ImpError, ImpStore
 
 _POLICY_OPTION = click.option(
@@ -96,6 +99,80 @@ def show_command(policies: Path | None, out: Output) -> None:
     )
 
 
+def _spend_json(scope: str, day: DaySpend) -> dict[str, object]:
+    return {
+        "scope": "all" if scope == ALL_IMPS else scope,
+        "day": day.day,
+        **{f"{group}_usd": day.group(group) / 1_000_000 for group in GROUPS},
+        "in_flight_usd": day.in_flight / 1_000_000,
+        "total_usd": day.total / 1_000_000,
+    }
+
+
+def _spend_row(scope: str, day: DaySpend) -> tuple[str, ...]:
+    return (
+        "all imps" if scope == ALL_IMPS else scope, day.day, *(_usd(day.group(group)) for group in GROUPS),
+        _usd(day.in_flight), _usd(day.total),
+    )  # fmt: skip
+
+
+def _day(ctx: click.Context, param: click.Parameter, value: str | None) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a UTC day (YYYY-MM-DD)") from None
+
+
+@budget_group.command("spend")
+@click.option(
+    "--days", type=click.IntRange(1, MAX_DAYS), default=DEFAULT_DAYS, show_default=True,
+    help="How many UTC days, ending with --until.",
+)  # fmt: skip
+@click.option(
+    "--until", "until", callback=_day, default=None, help="The last UTC day (YYYY-MM-DD; default today)."
+)
+@click.option("--imp", default=None, help="Only this imp (default: all imps together, then each imp).")
+@output_options
+def spend_command(days: int, until: date | None, imp: str | None, out: Output) -> None:
+    """Spend per UTC day and purpose group: reply, memory, tasks, other (USD).
+
+    Each day with any spend: what was charged per group, what is still in
+    flight (reserved by calls under way) and the total its budget window
+    counts. Tasks: every call a task run made; reply: the reply and its
+    pictures; memory: every memory call and the embedding; other: the rest.
+    The console's Budget page shows the same numbers.
+
+    \b
+    Examples:
+      impyard budget spend
+      impyard budget spend --imp pip --days 30
+      impyard budget spend --until 2026-05-10 --json
+    """
+    if imp is not None and not re.fullmatch(NAME_PATTERN, imp):
+        raise CliError(f"{imp!r} is not an imp name (letters, digits, _ . -)")
+    db = open_or_fail()
+    try:
+        report = read_spend(db, last_day=until or SystemClock().now().date(), days=days, imp=imp)
+    finally:
+        db.close()
+    spent = [(scope.scope, day) for scope in report.scopes for day in scope.spent_days]
+    out.listing(
+        [_spend_json(scope, day) for scope, day in spent],
+        columns=(
+            "imp",
+            Col("day (UTC)", no_wrap=True),
+            *(f"{group} $" for group in GROUPS),
+            "in flight $",
+            "total $",
+        ),  # fmt: skip
+        rows=(_spend_row(scope, day) for scope, day in spent),
+        empty=f"no spend from {report.days[0]} to {report.days[-1]} (UTC)"
+        + (f" for {imp}" if imp is not None else ""),
+    )
+
+
 def _require_imp(name: str) -> None:
     """Refuse a name that is not an imp here, listing the imps there are (as ``schedule add`` does)."""
     try:
@@ -125,8 +202,6 @@ def set_command(
       impyard budget set all --monthly 100
       impyard budget set pip --clear
     """
-    import re
-
     scope = ALL_IMPS if imp == "all" else imp
     if scope != ALL_IMPS and not re.fullmatch(NAME_PATTERN, imp):
         raise CliError(f"{imp!r} is not an imp name (letters, digits, _ . -); use 'all' for all imps")

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import click
 
-from impyard.channels.store import ChannelError, ChannelStore
+from impyard.channels.store import ChannelError, ChannelStore, audience_words, kind_words, trust_words
 from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
 from impyard.cli.output import Output, output_options
@@ -28,29 +28,10 @@ def channel_json(info: ChannelInfo) -> dict[str, object]:
     }
 
 
-def _trusted(info: ChannelInfo) -> str:
-    if info.kind in ALWAYS_TRUSTED_KINDS:
-        return f"yes (always, {info.kind})"
-    return "yes" if info.trusted else "no"
-
-
-def _audience(info: ChannelInfo) -> str:
-    """Who can read a server channel, as Discord last said (issue 32 #4: a private one remembers alone)."""
-    if info.kind != "guild":
-        return "-"
-    return {"guild": "everyone", "private": "private"}.get(info.audience or "", "not known yet")
-
-
-def _kind(info: ChannelInfo) -> str:
-    """The listing's kind: a server channel only some members can read is "private" (its audience in full:
-    ``channel show``, ``--json``), so the table still fits a narrow terminal."""
-    return "private" if info.kind == "guild" and info.audience == "private" else info.kind
-
-
 def _line(info: ChannelInfo) -> str:
     return (
         f"{info.channel_id}  surface={info.surface} kind={info.kind} name={info.name or '-'} "
-        f"mode={info.mode} trusted={_trusted(info)} audience={_audience(info)}"
+        f"mode={info.mode} trusted={trust_words(info)} audience={audience_words(info)}"
     )
 
 
@@ -79,7 +60,7 @@ def ls_command(out: Output) -> None:
     out.listing(
         [channel_json(info) for info in channels],
         columns=("id", "surface", "kind", "name", "mode", "trusted"),
-        rows=((i.channel_id, i.surface, _kind(i), i.name, i.mode, _trusted(i)) for i in channels),
+        rows=((i.channel_id, i.surface, kind_words(i), i.name, i.mode, trust_words(i)) for i in channels),
         title="Channels",
     )
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import click
 
 from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
+from impyard.cli.health import metrics_options
 from impyard.clock import SystemClock
 from impyard.console.auth import TOKEN_ENV, TokenError, new_token, token_from_env
 from impyard.console.context import ConsoleContext
 from impyard.console.server import DEFAULT_HOST, DEFAULT_PORT, ConsoleStartError, running_console
+from impyard.metrics.http import HealthPortError, Phase, ReadyCheck, serve_health
+from impyard.storage.readiness import database_check
 
 
 @asynccontextmanager
@@ -39,13 +42,22 @@ async def console_beside(host: str, port: int) -> AsyncIterator[None]:
         db.close()
 
 
-async def _serve_until_stopped(context: ConsoleContext, host: str, port: int, token: str) -> None:
+async def _serve_until_stopped(
+    context: ConsoleContext, host: str, port: int, token: str, metrics_host: str, metrics_port: int | None
+) -> None:
+    phase = Phase("starting: the console is not listening yet")
+    checks: list[ReadyCheck] = [phase.check, database_check(context.db)]
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with running_console(context, host=host, port=port, token=token) as address:
-            click.echo(f"impyard console: {address.login_url}", nl=True)
-            click.echo("  (open it in a browser; Ctrl-C stops the console)", err=True)
-            async for _ in signals:
-                break
+        async with AsyncExitStack() as health:
+            if metrics_port is not None:
+                await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
+            async with running_console(context, host=host, port=port, token=token) as address:
+                phase.ready()
+                click.echo(f"impyard console: {address.login_url}", nl=True)
+                click.echo("  (open it in a browser; Ctrl-C stops the console)", err=True)
+                async for _ in signals:
+                    break
+                phase.stopping()
 
 
 @click.command("console")
@@ -56,7 +68,8 @@ async def _serve_until_stopped(context: ConsoleContext, host: str, port: int, to
     "--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
     help="Port to listen on (0: any free port; the printed address names it).",
 )  # fmt: skip
-def console_command(host: str, port: int) -> None:
+@metrics_options
+def console_command(host: str, port: int, metrics_port: int | None, metrics_host: str) -> None:
     """Serve the operator's web console for this home's database: imps, turns now, approvals, budget, audit,
     memory and hosts, in a browser.
 
@@ -77,8 +90,8 @@ def console_command(host: str, port: int) -> None:
     context = ConsoleContext(db=db, clock=SystemClock())
     context.started_at = context.clock.now()
     try:
-        anyio.run(_serve_until_stopped, context, host, port, token)
-    except ConsoleStartError as exc:
+        anyio.run(_serve_until_stopped, context, host, port, token, metrics_host, metrics_port)
+    except (ConsoleStartError, HealthPortError) as exc:
         raise CliError(str(exc)) from exc
     except KeyboardInterrupt:
         pass

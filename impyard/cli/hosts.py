@@ -3,12 +3,13 @@
 Read from the ``leases`` table (impyard.storage.leases), so it sees every host that shares the database — two homes on
 one machine, or several machines on one PostgreSQL — not only this home: each ``impyard serve`` and
 ``impyard chat`` keeps a ``host:<hostname>/<pid>`` record there (home, command, shard, warm boxes, start),
-renewed while it runs, beside the shard and channel leases it holds (issue 21, "Seeing the cluster").
+renewed while it runs, beside the shard and channel leases it holds (issue 21, "Seeing the cluster"). The rows and
+their states are ``impyard.storage.cluster``'s, which the console's Hosts page shows too; this module prints them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -17,11 +18,12 @@ from rich.markup import escape
 
 from impyard.cli.database import database
 from impyard.cli.output import Col, Output, output_options
-from impyard.clock import SystemClock, iso
-from impyard.durations import format_duration
+from impyard.clock import SystemClock
+from impyard.durations import relative_time
 from impyard.storage import liveness
-from impyard.storage.leases import HOST_PREFIX, LeaseInfo, LeaseStore
-from impyard.storage.liveness import Holder
+from impyard.storage.cluster import Alive, HostRow, LeaseRow, lease_state, read_cluster
+from impyard.storage.cluster import cluster as cluster_rows
+from impyard.storage.leases import LeaseInfo
 
 HOST_COLUMNS = (
     Col("host", no_wrap=True), Col("pid", no_wrap=True), "command", "shard", "warm boxes", "holds", "home",
@@ -34,120 +36,46 @@ LEASE_COLUMNS = (
 NO_HOSTS = (
     "no hosts on this database yet: each `impyard serve` and `impyard chat` registers itself while it runs"
 )
-
-
-def lease_state(info: LeaseInfo, now: datetime, alive: Callable[[Holder], bool | None]) -> str:
-    """``held`` while its holder renews it; ``expired`` (or released) once it stopped; ``dead`` when its holder
-    is a process of this machine that is gone (the next claimant takes it at once)."""
-    if info.expired(now):
-        return "expired"
-    if info.holder is not None and alive(info.holder) is False:
-        return "dead"
-    return "held"
-
-
-def _seconds(later: datetime, earlier: datetime) -> float:
-    return round((later - earlier).total_seconds(), 3)
-
-
-def _relative(when: datetime, now: datetime) -> str:
-    delta = when - now
-    if abs(delta.total_seconds()) < 1:
-        return "now"
-    return f"in {format_duration(delta)}" if delta.total_seconds() > 0 else f"{format_duration(-delta)} ago"
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def host_entry(info: LeaseInfo, holds: Sequence[str], now: datetime, state: str) -> dict[str, Any]:
-    detail = info.detail
-    return {
-        "host": info.holder.host if info.holder else info.name.removeprefix(HOST_PREFIX).rsplit("/", 1)[0],
-        "pid": info.holder.pid if info.holder else None,
-        "command": _text(detail.get("command")),
-        "home": _text(detail.get("home")),
-        "shard": _text(detail.get("shard")),
-        "warm_boxes": _int(detail.get("warm_boxes")),
-        "holds": list(holds),
-        "started_at": _text(detail.get("started_at")) or iso(info.acquired_at),
-        "renewed_at": iso(info.renewed_at),
-        "expires_at": iso(info.expires_at),
-        "lease_age_s": _seconds(now, info.renewed_at),
-        "expires_in_s": _seconds(info.expires_at, now),
-        "state": state,
-    }
-
-
-def lease_entry(info: LeaseInfo, now: datetime, state: str) -> dict[str, Any]:
-    return {
-        "name": info.name,
-        "host": info.holder.host if info.holder else None,
-        "pid": info.holder.pid if info.holder else None,
-        "token": info.token,
-        "acquired_at": iso(info.acquired_at),
-        "renewed_at": iso(info.renewed_at),
-        "expires_at": iso(info.expires_at),
-        "expires_in_s": _seconds(info.expires_at, now),
-        "state": state,
-    }
+__all__ = ["cluster", "hosts_command", "lease_state"]
 
 
 def cluster(
-    infos: Sequence[LeaseInfo], now: datetime, alive: Callable[[Holder], bool | None] = liveness.alive
+    infos: Sequence[LeaseInfo], now: datetime, alive: Alive = liveness.alive
 ) -> dict[str, list[dict[str, Any]]]:
-    """What ``impyard hosts --json`` prints: every host record, and every other lease with its holder."""
-    others = [info for info in infos if not info.name.startswith(HOST_PREFIX)]
-    states = {info.name: lease_state(info, now, alive) for info in infos}
-    hosts = [
-        host_entry(
-            info,
-            [o.name for o in others if o.holder == info.holder and states[o.name] == "held"],
-            now,
-            states[info.name],
-        )
-        for info in infos
-        if info.name.startswith(HOST_PREFIX)
-    ]
-    return {"hosts": hosts, "leases": [lease_entry(info, now, states[info.name]) for info in others]}
+    """What ``impyard hosts --json`` prints for these lease rows (``impyard.storage.cluster.cluster``'s rows)."""
+    return cluster_rows(infos, now, alive).as_json()
 
 
-def _host_row(host: dict[str, Any], now: datetime) -> tuple[str, ...]:
-    started = datetime.fromisoformat(host["started_at"]) if host["started_at"] else None
+def _host_row(host: HostRow, now: datetime) -> tuple[str, ...]:
     return tuple(
         escape(cell)
         for cell in (
-            host["host"],
-            str(host["pid"] or "?"),
-            host["command"] or "?",
-            host["shard"] or "-",
-            "?" if host["warm_boxes"] is None else str(host["warm_boxes"]),
-            ", ".join(host["holds"]) or "-",
-            host["home"] or "?",
-            _relative(started, now) if started else "?",
-            _relative(datetime.fromisoformat(host["renewed_at"]), now),
-            _relative(datetime.fromisoformat(host["expires_at"]), now),
-            host["state"],
+            host.host,
+            str(host.pid or "?"),
+            host.command or "?",
+            host.shard or "-",
+            "?" if host.warm_boxes is None else str(host.warm_boxes),
+            ", ".join(host.holds) or "-",
+            host.home or "?",
+            relative_time(host.started_at, now) if host.started_at else "?",
+            relative_time(host.renewed_at, now),
+            relative_time(host.expires_at, now),
+            host.state,
         )  # fmt: skip
     )
 
 
-def _lease_row(lease: dict[str, Any], now: datetime) -> tuple[str, ...]:
+def _lease_row(lease: LeaseRow, now: datetime) -> tuple[str, ...]:
     return tuple(
         escape(cell)
         for cell in (
-            lease["name"],
-            lease["host"] or "?",
-            str(lease["pid"] or "?"),
-            str(lease["token"]),
-            _relative(datetime.fromisoformat(lease["acquired_at"]), now),
-            _relative(datetime.fromisoformat(lease["expires_at"]), now),
-            lease["state"],
+            lease.name,
+            lease.host or "?",
+            str(lease.pid or "?"),
+            str(lease.token),
+            relative_time(lease.acquired_at, now),
+            relative_time(lease.expires_at, now),
+            lease.state,
         )  # fmt: skip
     )
 
@@ -168,14 +96,14 @@ def hosts_command(out: Output) -> None:
     """
     now = SystemClock().now()
     with database() as db:
-        found = cluster(LeaseStore(db).list(), now)
+        found = read_cluster(db, now)
     if out.as_json:
-        out.json(found)
+        out.json(found.as_json())
         return
-    if not found["hosts"] and not found["leases"]:
+    if not found.hosts and not found.leases:
         click.echo(NO_HOSTS)
         return
-    out.table(HOST_COLUMNS, (_host_row(host, now) for host in found["hosts"]), title="Hosts")
-    if found["leases"]:
+    out.table(HOST_COLUMNS, (_host_row(host, now) for host in found.hosts), title="Hosts")
+    if found.leases:
         click.echo()
-        out.table(LEASE_COLUMNS, (_lease_row(lease, now) for lease in found["leases"]), title="Leases")
+        out.table(LEASE_COLUMNS, (_lease_row(lease, now) for lease in found.leases), title="Leases")

@@ -2,7 +2,8 @@
 
 ``show``, ``rules``, ``slot``, ``stats``, ``forget``, ``copy`` and ``delete`` (issue 15) read, copy and
 delete rows; ``search`` and ``remember`` need a vector of the text, made the way the imp's boxes make theirs
-so the two compare (mechanism 30): with ``[memory] embedder = "gateway"`` (the default) the text goes
+so the two compare (mechanism 30; ``impyard.query_vector``, which the console's search uses too): with
+``[memory] embedder = "gateway"`` (the default) the text goes
 through this host's gateway like any box's call — judged by the policy (purpose ``embedding``), metered
 against the imp's budget and audited, on the session channel ``operator:cli`` — and with ``"hashing"`` the
 local 64-dimension embedder makes it, with no call at all.
@@ -12,64 +13,43 @@ Every refusal is one line that says what to do; a refused command changes nothin
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-import anyio
 import click
 from rich.markup import escape
 
 from box.common import laws
-from box.common.busy import ask_while_busy
-from box.common.embedding import (
-    EMBEDDINGS_PATH,
-    clip_for_embedding,
-    embedding_body,
-    hashing_vector,
-    vector_of,
-)
 from box.protocol.memory import (
     MAX_CONCLUSION_CHARS,
     MAX_K,
-    MAX_NAME_CHARS,
     DispositionView,
     RecordView,
     SlotEntry,
 )
-from box.protocol.models import ModelRequestParams, ModelRequestResult
-from impyard.backends.base import BoxSpec
+from impyard import query_vector
 from impyard.cli.errors import CliError
 from impyard.cli.output import Col, Output, output_options
 from impyard.clock import SystemClock
 from impyard.conversation.history import History
 from impyard.durations import DurationError, format_duration, parse_duration
-from impyard.gateway.broker import UpstreamConfig
-from impyard.gateway.core import Gateway
-from impyard.gateway.policy import PolicyError, load_policy
-from impyard.gateway.surfaces import NoSurface
-from impyard.host import build_gateway
 from impyard.imps.config import ImpConfig, ImpError
 from impyard.imps.store import ImpStore
+from impyard.memory import identities
 from impyard.memory.errors import MemoryInvalid
-from impyard.memory.forgetting import mentions_are_forgettable
+from impyard.memory.forgetting import Forgotten
+from impyard.memory.identities import PersonInvalid, author_only_note, identify
 from impyard.memory.scopes import SCOPE_FORMS, TERMINAL, ScopeNameError, parse_scope
 from impyard.memory.stats import MemoryStats
 from impyard.memory.store import MemoryStore
 from impyard.storage.db import Database, DatabaseError, open_database
 
-OPERATOR_CHANNEL = "operator:cli"  # the session channel the operator's embedding calls are audited on
-EMBED_DEADLINE_S = 30.0  # a busy model API is retried (mechanism 121) for at most this long
 MAX_AGE = 100 * 365 * 24  # hours: --age up to a hundred years
 MAX_SHOWN = 1_000
 SCOPE_RULE = SCOPE_FORMS  # issue 32 #4: channel:<channel id> is a private channel's own scope
-NO_KEY = (
-    'no model key is configured, and {imp}\'s [memory] embedder is "gateway": export OPENAI_API_KEY=sk-... '
-    '(and OPENAI_BASE_URL for another server), or set [memory] embedder = "hashing" in its imp.toml'
-)
 
 MEMORY_COLUMNS = (
     Col("record", no_wrap=True), "scope", Col("last felt", no_wrap=True), "author", "feels", "felt", "conclusion",
@@ -96,6 +76,7 @@ def memory_group() -> None:
       impyard memory search pip "the picnic"
       impyard memory remember pip "I grew up by the sea." --valence 0.6 --intensity 0.7 --age 8760h
       impyard memory forget pip --person carol
+      impyard memory forget pip --record 3f9a0c1d2e4b
       impyard memory rules pip
       impyard memory slot pip --scope terminal
       impyard memory stats pip
@@ -117,13 +98,10 @@ def check_scope(scope: str | None) -> str | None:
 
 
 def check_person(person: str) -> str:
-    text = person.strip()
-    if not text or len(text) > MAX_NAME_CHARS or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        raise CliError(
-            f"--person must be a name or a Discord id, 1 to {MAX_NAME_CHARS} printable characters "
-            f"(got {person[:40]!r})"
-        )
-    return text
+    try:
+        return identities.check_person(person)
+    except PersonInvalid as exc:
+        raise CliError(f"--person {exc}") from None
 
 
 def check_unit(value: float, option: str, low: float, high: float) -> float:
@@ -171,82 +149,12 @@ def memory_store() -> Iterator[tuple[MemoryStore, Database]]:
         db.close()
 
 
-# ------------------------------------------------------------------ the query's vector, made as the imp's boxes make it
-
-
-@dataclass
-class _ThroughGateway:
-    """``box.common.busy.ModelCaller`` for the host itself: a ``model.request`` served by a gateway, as a box's would be."""
-
-    gateway: Gateway
-    spec: BoxSpec
-
-    async def call(self, path: str, body: dict[str, Any], purpose: str) -> ModelRequestResult:
-        params = ModelRequestParams.model_validate({"path": path, "body": body, "purpose": purpose})
-        result = await self.gateway.serve(self.spec, "model.request", params)
-        assert isinstance(result, ModelRequestResult)
-        return result
-
-
 def embed(config: ImpConfig, db: Database, text: str) -> list[float]:
-    """The vector of ``text`` by the imp's configured embedder, or a CliError saying why there is none."""
-    if config.memory.embedder == "hashing":
-        vector = hashing_vector(clip_for_embedding(text))
-        if vector is None:
-            raise CliError("the text has no words to search or remember by; give some words")
-        return vector
-    if config.memory.embedder != "local" and not UpstreamConfig.from_env().api_key:  # local needs no key
-        raise CliError(NO_KEY.format(imp=config.name))
+    """The vector of ``text`` by the imp's configured embedder (``impyard.query_vector``), or a CliError."""
     try:
-        policy = load_policy()
-    except PolicyError as exc:
-        raise CliError(f"the policy is broken: {exc.problems[0]}") from exc
-    return anyio.run(_embed_through_gateway, config, db, text, policy)
-
-
-async def _embed_through_gateway(config: ImpConfig, db: Database, text: str, policy: Any) -> list[float]:
-    clock = SystemClock()
-    gateway = build_gateway(
-        policy=policy, db=db, surface=NoSurface("impyard memory posts nothing"), clock=clock, owners={config.name: config.owners},
-        surfaces=(), settle_abandoned=False,  # a running host's calls in flight are not this command's to settle
-    )  # fmt: skip
-    spec = BoxSpec(
-        config.name,
-        OPERATOR_CHANNEL,
-        ImpStore().path(config.name) / "state",
-        run_id=f"cli-{uuid.uuid4().hex}",
-    )
-    started = anyio.current_time()
-
-    def left() -> float:
-        return EMBED_DEADLINE_S - (anyio.current_time() - started)
-
-    # The box's own embedding call, made by the host (mechanisms 30, 63, 121): the same clip, body, busy
-    # backoff and answer check as a box's GatewayEmbedder, so the vector compares with the imp's own.
-    clipped = clip_for_embedding(text)
-    vector: list[float] | None = None
-    why: str | None = "the text has no words"  # blank text is not sent: the API refuses empty input
-    try:
-        if clipped.strip():
-            memory = ImpStore().box_memory(
-                config
-            )  # the model and length its boxes ask for (local: the host's)
-            dimensions = memory.dimensions
-            body = embedding_body(memory.embedding_model, clipped, dimensions)
-            asked = await ask_while_busy(
-                _ThroughGateway(gateway, spec),
-                EMBEDDINGS_PATH,
-                body,
-                "embedding",
-                sleep=anyio.sleep,
-                deadline=left,
-            )
-            vector, why = vector_of(asked, dimensions)
-    finally:
-        await gateway.aclose()
-    if vector is None:
-        raise CliError(f"the text could not be embedded ({why}); nothing was changed")
-    return vector
+        return query_vector.embed(config, db, text)
+    except query_vector.NoVector as exc:
+        raise CliError(str(exc)) from exc
 
 
 # ------------------------------------------------------------------ output
@@ -470,67 +378,97 @@ def remember_command(
 
 @memory_group.command("forget")
 @click.argument("imp")
-@click.option("--person", required=True, help="A name or a Discord id.")
+@click.option("--person", help="A name or a Discord id: everything by or about them, in every scope.")
+@click.option(
+    "--record", "record", help="One record's id (or the first 8+ characters of it, as `show` lists)."
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @output_options
-def forget_command(imp: str, person: str, yes: bool, out: Output) -> None:
-    """Forget everything by or about a person, in every scope of IMP: records, episodes, conversations.
+def forget_command(imp: str, person: str | None, record: str | None, yes: bool, out: Output) -> None:
+    """Forget everything by or about a person, in every scope of IMP (records, episodes, conversations), or one
+    record with its episodes.
 
     \b
     The person is matched by Discord id and by every name the host's history
     knows for them: what was written under the id or a name, and what
     mentions a name as a whole word, literally — but a name of under 3
     letters or a common word ("Al", "the") only as who wrote it. The answer
-    says how many were found by id and by name. Cannot be undone. Example:
+    says how many were found by id and by name. Cannot be undone. Examples:
       impyard memory forget pip --person carol
+      impyard memory forget pip --record 3f9a0c1d2e4b
     """
     config = imp_config(imp)
+    if (person is None) == (record is None):
+        raise CliError(
+            "give --person NAME_OR_ID or --record ID (one of them), e.g. impyard memory forget pip --person carol"
+        )
+    if record is not None:
+        _forget_record(config.name, record, yes, out)
+        return
+    assert person is not None
     who = check_person(person)
     with memory_store() as (store, db):
-        ids, names = person_identities(store, History(db, SystemClock()), config.name, who)
-        known_ids = [i for i in ids if i not in names]  # a name standing in as an id is not listed as one
-        described = ", ".join([*(repr(n) for n in names), *(f"id {i}" for i in known_ids)])
-        author_only = [name for name in names if not mentions_are_forgettable(name)]
+        whom = identify(store, History(db, SystemClock()), config.name, who)
         if not yes:
+            coming = store.person_preview(config.name, whom.ids, whom.names)
             click.confirm(
-                f"Forget everything {config.name} remembers by or about {described}, in every scope?"
-                + (f" ({_author_only_note(author_only)})" if author_only else "") + " This cannot be undone.",
+                f"Forget everything {config.name} remembers by or about {whom.described}, in every scope "
+                f"({_forgotten_counts(coming)})?"
+                + (f" ({author_only_note(whom.author_only)})" if whom.author_only else "") + " This cannot be undone.",
                 abort=True, err=True,
             )  # fmt: skip
-        forgotten = store.forget_person(config.name, ids, names)
+        forgotten = store.forget_person(config.name, whom.ids, whom.names)
     out.show(
-        {"imp": config.name, "person": who, "names": names, "ids": known_ids, **asdict(forgotten)},
-        f"{config.name} forgot {described}: {forgotten.records} records, {forgotten.episodes} episodes, "
+        {"imp": config.name, "person": who, "names": list(whom.names), "ids": list(whom.known_ids), **asdict(forgotten)},
+        f"{config.name} forgot {whom.described}: {forgotten.records} records, {forgotten.episodes} episodes, "
         f"{forgotten.conversations} conversations ({forgotten.by_id} found by id, {forgotten.by_name} by name)"
-        + (f"; {_author_only_note(forgotten.author_only)}." if forgotten.author_only else "."),
-    )
+        + (f"; {author_only_note(forgotten.author_only)}." if forgotten.author_only else "."),
+    )  # fmt: skip
 
 
-def _author_only_note(names: Sequence[str]) -> str:
-    listed = ", ".join(repr(name) for name in names)
-    return f"records that only mention {listed} are kept: too short or too common a word to match"
+RECORD_ID_MIN = 8  # characters of a record id that name it (``show`` lists 12)
 
 
-def person_identities(
-    store: MemoryStore, history: History, imp: str, person: str
-) -> tuple[list[str], list[str]]:
-    """The ids and the names to forget for ``person``, from the host's history and the imp's own records.
+def _forget_record(imp: str, record: str, yes: bool, out: Output) -> None:
+    given = record.strip().lower()
+    if not RECORD_ID_MIN <= len(given) <= 32 or any(ch not in "0123456789abcdef" for ch in given):
+        raise CliError(
+            f"--record must be a record's id, {RECORD_ID_MIN} to 32 hexadecimal characters as impyard memory show "
+            f"lists it (got {record[:40]!r})"
+        )
+    with memory_store() as (store, _):
+        found = store.records_by_id(imp, given, limit=2, episodes=0)
+        if not found:
+            raise CliError(f"{imp} has no record {given}: impyard memory show {imp} lists its records")
+        if len(found) > 1:
+            raise CliError(f"{given} starts more than one of {imp}'s record ids: give more of it")
+        view = found[0]
+        scope = str(getattr(view, "scope", ""))
+        if not yes:
+            click.confirm(
+                f"Forget {imp}'s record {view.id} in {scope} ({_brief(view)}) with its episodes? "
+                "This cannot be undone.",
+                abort=True, err=True,
+            )  # fmt: skip
+        gone = store.forget_record(imp, scope, view.id)
+    out.show(
+        {"imp": imp, "record": view.id, "scope": scope, **gone},
+        f"{imp} forgot record {view.id} in {scope}: {_n(gone['records'], 'record', 'records')}, "
+        f"{_n(gone['episodes'], 'episode', 'episodes')}."
+        if gone["records"] else f"{imp}'s record {view.id} was already gone; nothing was forgotten.",
+    )  # fmt: skip
 
-    An id (Discord's digits, or one the history or a record knows as an author id, like ``terminal:alice``)
-    comes with every name it wrote under; a name with every id that wrote under it. A name nobody is known
-    by stands in as the id as well (no real id equals it), so whatever was kept under it as a key goes too.
-    """
-    records = store.show(imp, person=person, limit=MAX_SHOWN, episodes=0)
-    names_of_id = [*history.author_names(person), *(v.author for v in records if v.author_id == person)]
-    if person.isdigit() or names_of_id:
-        ids, names = [person], names_of_id
-    else:
-        ids = [
-            *history.author_ids(person),
-            *(v.author_id for v in records if v.author == person and v.author_id),
-        ]
-        names = [person]
-    return list(dict.fromkeys(ids)) or [person], list(dict.fromkeys(names))
+
+def _brief(view: RecordView) -> str:
+    text = " ".join((view.statement or view.conclusion).split())
+    return repr(text[:60] + ("…" if len(text) > 60 else ""))
+
+
+def _forgotten_counts(forgotten: Forgotten) -> str:
+    return ", ".join([
+        _n(forgotten.records, "memory", "memories"), _n(forgotten.episodes, "moment", "moments"),
+        _n(forgotten.conversations, "conversation", "conversations"),
+    ])  # fmt: skip
 
 
 # ------------------------------------------------------------------ copy, delete, stats (issue 15: mechanism 118)

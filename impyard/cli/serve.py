@@ -11,12 +11,14 @@ import click
 from impyard.backends import BoxError
 from impyard.cli.console import console_beside
 from impyard.cli.errors import CliError
+from impyard.cli.health import metrics_options
 from impyard.console.server import DEFAULT_HOST as CONSOLE_HOST
 from impyard.console.server import DEFAULT_PORT as CONSOLE_PORT
 from impyard.discord.shards import SHARD_FORMAT, Shard, ShardError
 from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
 from impyard.imps.store import ImpError
+from impyard.metrics.http import HealthPortError
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.storage.leases import LeaseHeld, LeaseLost
@@ -37,7 +39,14 @@ def parse_shard(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
-HOST_LOGGERS = ("impyard.serve", "impyard.discord", "impyard.posts", "impyard.supervisor", "impyard.tasks")
+HOST_LOGGERS = (
+    "impyard.serve",
+    "impyard.metrics",
+    "impyard.discord",
+    "impyard.posts",
+    "impyard.supervisor",
+    "impyard.tasks",
+)
 
 
 def configure_logs(as_json: bool) -> None:
@@ -67,6 +76,7 @@ def configure_logs(as_json: bool) -> None:
     help=f"Serve one Discord shard: {SHARD_FORMAT}. Each host of N serves its own (DMs arrive on shard 0).",
 )  # fmt: skip
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line (ts, level, logger, message).")
+@metrics_options
 @click.option(
     "--console", "with_console", is_flag=True,
     help="Also serve the operator's web console in this process (what `impyard console` does; docs/console.md).",
@@ -84,6 +94,8 @@ def serve_command(
     backend: str | None,
     shard: Shard | None,
     log_json: bool,
+    metrics_port: int | None,
+    metrics_host: str,
     with_console: bool,
     console_host: str,
     console_port: int,
@@ -98,10 +110,11 @@ def serve_command(
     --shard 0/2 on one, --shard 1/2 on the other. A shard has one host at a
     time: a second host of the same shard on the same database is refused,
     naming the holder's host and pid (impyard hosts lists them).
+    --metrics-port serves /metrics, /healthz and /readyz (docs/metrics.md).
     Example:
       export OPENAI_API_KEY=sk-...
       export IMPYARD_DISCORD_TOKEN_PIP=...
-      impyard serve pip --supervise
+      impyard serve pip --supervise --metrics-port 9464
     """
     from impyard.discord.client import DiscordSetupError
     from impyard.discord.serve import serve
@@ -114,12 +127,20 @@ def serve_command(
         async with AsyncExitStack() as stack:
             if with_console:
                 await stack.enter_async_context(console_beside(console_host, console_port))
-            await serve(list(imps) or None, backend=backend, supervise=supervise, shard=shard)
+            await serve(
+                list(imps) or None,
+                backend=backend,
+                supervise=supervise,
+                shard=shard,
+                metrics_host=metrics_host,
+                metrics_port=metrics_port,
+            )
 
     try:
         anyio.run(run)
     except (
         DiscordSetupError, ImpError, PolicyError, DatabaseError, AlreadyRunning, BoxError, LeaseHeld, LeaseLost,
+        HealthPortError,
     ) as exc:  # fmt: skip
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:

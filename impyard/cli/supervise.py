@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from contextlib import AsyncExitStack
 
 import anyio
 import click
@@ -12,11 +13,14 @@ from anyio.abc import TaskStatus
 from impyard.backends import BoxError
 from impyard.backends.stateroot import state_root
 from impyard.cli.errors import CliError
+from impyard.cli.health import metrics_options
 from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
 from impyard.imps.store import ImpError
+from impyard.metrics.http import HealthPortError, Phase, ReadyCheck, serve_health
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
+from impyard.storage.readiness import database_check
 from impyard.supervisor import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
@@ -33,6 +37,7 @@ NO_KEY = (
     "OPENAI_BASE_URL=http://host:port/v1), then run impyard supervise again"
 )
 TRANSITION_LOGGERS = (
+    "impyard.metrics",
     "impyard.supervisor",
     "impyard.tasks",
     "impyard.tasks.schedules",
@@ -41,15 +46,26 @@ TRANSITION_LOGGERS = (
 
 
 async def supervise(
-    concurrency: int, once: bool, backend: str | None, memory_tick_s: float = MEMORY_TICK_S
+    concurrency: int,
+    once: bool,
+    backend: str | None,
+    memory_tick_s: float = MEMORY_TICK_S,
+    *,
+    metrics_host: str | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """The loop, stopped cleanly by SIGINT or SIGTERM (a second signal stops at once).
 
     The signals are watched before anything starts: a signal that arrives while the lock is taken or the
-    host opens stops the loop cleanly as soon as it runs, never the process half-way.
+    host opens stops the loop cleanly as soon as it runs, never the process half-way. ``metrics_port``:
+    ``/metrics``, ``/healthz`` and ``/readyz`` from before the lock is taken to after the loop stopped; ready
+    while the loop runs and its database answers (a standalone supervisor holds no lease for its life: each
+    task run holds its own, and a run that loses it is stopped alone).
     """
     stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
+    phase = Phase("starting: taking the lock and opening the host")
+    checks: list[ReadyCheck] = [phase.check]
+    async with AsyncExitStack() as health, anyio.create_task_group() as tg:
 
         async def watch_signals(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -65,10 +81,17 @@ async def supervise(
                     stop.set()
 
         await tg.start(watch_signals)
+        if metrics_port is not None:
+            await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
         async with open_supervisor(
             backend=backend, settings=SupervisorSettings(concurrency=concurrency, memory_tick_s=memory_tick_s)
         ) as supervisor:
-            await supervisor.run(once=once, stop=stop)
+            checks.append(database_check(supervisor.db))
+            phase.ready()
+            try:
+                await supervisor.run(once=once, stop=stop)
+            finally:
+                phase.stopping()
         tg.cancel_scope.cancel()
 
 
@@ -89,7 +112,15 @@ async def supervise(
     default=MEMORY_TICK_S, show_default=True, metavar="SECONDS",
     help="How often the memory clock looks at every memory imp (its reflections and its sleep).",
 )  # fmt: skip
-def supervise_command(concurrency: int, once: bool, backend: str | None, memory_tick: float) -> None:
+@metrics_options
+def supervise_command(
+    concurrency: int,
+    once: bool,
+    backend: str | None,
+    memory_tick: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Run queued and scheduled tasks, each in a fresh governed box.
 
     \b
@@ -103,10 +134,11 @@ def supervise_command(concurrency: int, once: bool, backend: str | None, memory_
     It also keeps the day of every imp with memory on: a reflection after
     10 minutes of silence, sleep after 2 hours, and 10 minutes into sleep
     the night's folding and forgetting (docs/memory.md).
+    --metrics-port serves /metrics, /healthz and /readyz (docs/metrics.md).
     See docs/tasks.md. Example:
       export OPENAI_API_KEY=sk-...
       impyard schedule add pip --cron "0 9 * * *" --tz Europe/Oslo "Note what you did today"
-      impyard supervise
+      impyard supervise --metrics-port 9465
     """
     if not UpstreamConfig.from_env().api_key:
         raise CliError(NO_KEY)
@@ -120,8 +152,12 @@ def supervise_command(concurrency: int, once: bool, backend: str | None, memory_
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)  # transitions are the point of this command's output
     try:
-        anyio.run(supervise, concurrency, once, backend, memory_tick)
-    except (AlreadyRunning, ImpError, PolicyError, DatabaseError, BoxError) as exc:
+        anyio.run(
+            lambda: supervise(
+                concurrency, once, backend, memory_tick, metrics_host=metrics_host, metrics_port=metrics_port
+            )
+        )
+    except (AlreadyRunning, ImpError, PolicyError, DatabaseError, BoxError, HealthPortError) as exc:
         raise CliError(str(exc).splitlines()[0]) from exc
     except KeyboardInterrupt:
         pass

@@ -33,7 +33,9 @@ SECURITY_HEADERS = {
     ),
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",  # the token never leaves in a Referer
+    # No Referer leaves the console's origin (nor the token in one). Not "no-referrer": under it a browser sends
+    # `Origin: null` with every form post, which the origin check below must refuse.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",  # what the stores said is never kept by the browser
 }
 NO_LOGIN = (

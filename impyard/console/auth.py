@@ -25,6 +25,8 @@ import os
 import secrets
 from dataclasses import dataclass
 
+from impyard.errors import ImpyardError
+
 TOKEN_ENV = "IMPYARD_CONSOLE_TOKEN"
 COOKIE = "impyard_console"
 CSRF_FIELD = "csrf"
@@ -34,7 +36,7 @@ MAX_TOKEN_CHARS = 256
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
-class TokenError(ValueError):
+class TokenError(ImpyardError, ValueError):
     """A console token an operator set that would not keep the console closed."""
 
 

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import getpass
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from aiohttp import web
 
 from impyard.clock import Clock, SystemClock
+from impyard.gateway.gates import operator_name
 from impyard.imps.store import ImpStore
 from impyard.storage.db import Database
-
-
-def operator_name() -> str:
-    """The operator as the CLI names them (the account that runs the command): decisions are theirs."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
 
 
 @dataclass(eq=False)
@@ -28,7 +20,9 @@ class ConsoleContext:
     db: Database
     imps: ImpStore = field(default_factory=ImpStore)
     clock: Clock = field(default_factory=SystemClock)
-    operator: str = field(default_factory=operator_name)
+    operator: str = field(
+        default_factory=operator_name
+    )  # decisions are ``operator:<account>``, as on the CLI
     started_at: datetime | None = None
 
 

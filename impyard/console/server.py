@@ -13,13 +13,14 @@ from aiohttp import web
 from impyard.console.app import build_app
 from impyard.console.auth import Keys, is_loopback
 from impyard.console.context import ConsoleContext
+from impyard.errors import ImpyardError
 
 log = logging.getLogger("impyard.console")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 
 
-class ConsoleStartError(RuntimeError):
+class ConsoleStartError(ImpyardError):
     """The console could not listen where it was asked to (one line for the operator)."""
 
 

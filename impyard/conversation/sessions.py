@@ -41,8 +41,10 @@ from box.protocol.models import (
     Message,
     TurnStageParams,
 )
+from impyard import metrics
 from impyard.backends import BoxBackend, BoxDied, BoxError, BoxHost, BoxSpec, BoxTimeout, RunningBox
 from impyard.failure_words import FALLBACK_WORDS, words_for
+from impyard.gateway.surfaces import surface_of
 
 log = logging.getLogger("impyard.sessions")
 
@@ -182,16 +184,19 @@ class SessionBoxHost:
         observer: TurnObserver,
         key: SessionKey,
         delivered: Callable[[], str | None] = lambda: None,
+        clock: TurnClock | None = None,
         staged: Callable[[str], None] = lambda stage: None,
     ) -> None:
         """``delivered``: the id of the message the session handed its box for the turn now running (the one its
         ``mailbox.deliver`` names; None between turns): the only message whose "context" starts a turn of the
-        memory's per-turn bound (issue 32 #2). ``staged``: hears each stage first, in memory (the Now page's)."""
+        memory's per-turn bound (issue 32 #2). ``clock``: times the session's turns by stage (the metrics).
+        ``staged``: hears each stage first, in memory (the Now page's, ``impyard.conversation.activity``)."""
         self.gateway = gateway
         self.staged = staged
         self.observer = observer
         self.key = key
         self.delivered = delivered
+        self.clock = clock
 
     def given(self, spec: BoxSpec, memory: SessionMemory | None) -> None:
         """The box is about to be told its ``box.init``: the gateway serves its memory as that says, and refuses
@@ -200,6 +205,8 @@ class SessionBoxHost:
 
     async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
         self.staged(params.stage)
+        if self.clock is not None:
+            self.clock.enter(params.stage)
         try:
             await self.observer.stage(params)
         except Exception as exc:  # noqa: BLE001 - the indicator is cosmetic; the turn goes on
@@ -221,6 +228,37 @@ class SessionBoxHost:
     async def closed(self, spec: BoxSpec) -> None:
         """The box ended: the gateway forgets what it kept for it (memory scopes, the last turn's tallies)."""
         await self.gateway.closed(spec)
+
+
+class TurnClock:
+    """Where a session's turns spend their time (docs/metrics.md, ``impyard_turn_seconds``): each stage its box
+    announces lasts until the next one or the turn's end; the whole turn from its delivery to its end."""
+
+    def __init__(self, monotonic: Callable[[], float]) -> None:
+        self.monotonic = monotonic
+        self.started: float | None = None  # the turn under way, when one is
+        self.stage: str | None = None
+        self.since = 0.0
+
+    def start(self) -> None:
+        self.started, self.stage = self.monotonic(), None
+
+    def enter(self, stage: str) -> None:
+        """The box said ``turn.stage``: the stage before it ends here. Outside a turn, nothing is timed."""
+        if self.started is None:
+            return
+        now = self.monotonic()
+        if self.stage is not None:
+            metrics.stage_seconds(self.stage, now - self.since)
+        self.stage, self.since = stage, now
+
+    def end(self) -> float | None:
+        """The turn ended: its last stage ends; returns the whole turn's seconds (None: no turn was timed)."""
+        if self.started is None:
+            return None
+        self.enter("")  # closes the last stage
+        seconds, self.started, self.stage = self.monotonic() - self.started, None, None
+        return seconds
 
 
 def describe_error(exc: BaseException) -> str:
@@ -289,6 +327,7 @@ class ChannelSession:
     observer: TurnObserver
     closing: bool = False
     box: RunningBox | None = None
+    box_state: str | None = None  # the metrics' ``impyard_boxes`` state: starting, idle, busy (None: no box)
     boxes_started: int = 0
     busy_notified: bool = False
     accepted: int = 0  # messages the mailbox ever took: the idle timer's "did anything come?"
@@ -298,6 +337,8 @@ class ChannelSession:
     turn_since: datetime | None = None  # when the turn in ``in_turn`` began (what the Now page shows)
     stage: str | None = None  # its box's last ``turn.stage`` in that turn
     stage_since: datetime | None = None
+    # Times its turns for the metrics, on the event loop's own clock (never the manager's: a test drives that one).
+    clock: TurnClock = field(default_factory=lambda: TurnClock(anyio.current_time))
     _sending: MemoryObjectSendStream[Queued] = field(init=False, repr=False)
     _mailbox: MemoryObjectReceiveStream[Queued] = field(init=False, repr=False)
 
@@ -402,18 +443,27 @@ class SessionManager:
         self._accepting = False
         self._hurried = False  # ``hurry``: a shutdown gives running turns no grace
         self._grace: anyio.CancelScope | None = None  # the grace of a shutdown under way
+        self._census = metrics.counting_boxes(self)
 
     async def __aenter__(self) -> SessionManager:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._census.__enter__()
         self._accepting = True
         return self
 
     async def __aexit__(self, *exc_info: object) -> bool | None:
-        with anyio.CancelScope(shield=True):
-            await self.shutdown()
-        assert self._tg is not None
-        return await self._tg.__aexit__(*exc_info)  # type: ignore[arg-type]
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.shutdown()
+            assert self._tg is not None
+            return await self._tg.__aexit__(*exc_info)  # type: ignore[arg-type]
+        finally:
+            self._census.__exit__(None, None, None)
+
+    def box_states(self) -> list[tuple[str, str]]:
+        """``metrics.BoxCensus``: each live session's box, by imp and state (starting, idle, busy)."""
+        return [(s.key.imp, s.box_state) for s in list(self._live) if s.box_state is not None]
 
     # ------------------------------------------------------------ the mailbox
 
@@ -516,25 +566,35 @@ class SessionManager:
         # The turn's message is the newest of its batch: the one ``mailbox.deliver`` names (``merge_batch``).
         host = SessionBoxHost(
             self.host, session.observer, key,
-            lambda: session.in_turn[-1].delivery.message.id if session.in_turn else None,
-            lambda stage: session.staged(stage, self.now()),
+            lambda: session.in_turn[-1].delivery.message.id if session.in_turn else None, session.clock,
+            staged=lambda stage: session.staged(stage, self.now()),
         )  # fmt: skip
-        async with self.plan.backend_for(key.imp).open(spec, host) as box:
-            session.box = box
-            session.boxes_started += 1
-            self.boxes_started += 1
-            init = await self.plan.init_for(key, self.now())
-            # before the box hears it: its memory is served as it is told (issue 32 #1)
-            host.given(spec, init.memory)
-            await box.init(init, timeout=INIT_TIMEOUT_S)
-            started = self.monotonic()
-            try:
-                await self._serve_turns(session, box, started)
-            finally:
-                session.box = None
+        backend = self.plan.backend_for(key.imp)
+        session.box_state = "starting"
+        try:
+            async with backend.open(spec, host) as box:
+                session.box = box
+                session.boxes_started += 1
+                self.boxes_started += 1
+                init = await self.plan.init_for(key, self.now())
+                # before the box hears it: its memory is served as it is told (issue 32 #1)
+                host.given(spec, init.memory)
+                await box.init(init, timeout=INIT_TIMEOUT_S)
+                started = self.monotonic()
+                session.box_state = "idle"
+                metrics.box_started(backend.name, "cold")  # its first turn is served by a box started for it
+                try:
+                    await self._serve_turns(session, box, started, backend.name)
+                finally:
+                    session.box = None
+        finally:
+            session.box_state = None
 
-    async def _serve_turns(self, session: ChannelSession, box: RunningBox, started: float) -> None:
+    async def _serve_turns(
+        self, session: ChannelSession, box: RunningBox, started: float, runtime: str = ""
+    ) -> None:
         settings = session.settings
+        turns = 0
         while not session.closing:
             batch = session.take()
             if not batch:
@@ -545,6 +605,9 @@ class SessionManager:
                     return  # idle: the timer retired the session in the same step that decided it
                 batch = session.take(first)
             session.begin_turn(batch, self.now())
+            if turns:
+                metrics.box_started(runtime, "warm")  # a box already running serves this turn
+            turns += 1
             healthy = await self._turn(session, box, batch)
             if not healthy or settings.mode == "cold":
                 return  # a fresh box for whatever comes next
@@ -581,6 +644,8 @@ class SessionManager:
             log.warning("session %s: presence not known this turn: %s", key, describe_error(exc))
         healthy = True
         notice: str | None = None
+        session.box_state = "busy"
+        session.clock.start()
         try:
             result = await box.deliver(params, timeout=session.settings.turn_ceiling_s)
         except BoxTimeout as exc:
@@ -607,6 +672,8 @@ class SessionManager:
                 DIED_NOTICE,
             )
         finally:
+            session.box_state = "idle"
+            seconds = session.clock.end()
             with anyio.CancelScope(shield=True):
                 try:
                     await session.observer.turn_ended()
@@ -617,7 +684,7 @@ class SessionManager:
             # issue 19 #5: which failure, in one line; an empty failure_notice still posts nothing
             notice = words_for(result.error, fallback) if fallback else None
         session.in_turn = []
-        await self._finish(session, batch, result)
+        await self._finish(session, batch, result, seconds)
         if notice:
             await self._notice(key, notice)
         return healthy
@@ -628,8 +695,17 @@ class SessionManager:
         except Exception:  # noqa: BLE001 - a notice that cannot be shown never ends the session's cleanup
             log.exception("posting a notice in %s failed", key)
 
-    async def _finish(self, session: ChannelSession, batch: Sequence[Queued], result: DeliverResult) -> None:
-        """Record the outcome, then tell whoever awaits the handles (so they find it recorded)."""
+    async def _finish(
+        self,
+        session: ChannelSession,
+        batch: Sequence[Queued],
+        result: DeliverResult,
+        seconds: float | None = None,
+    ) -> None:
+        """Record the outcome, then tell whoever awaits the handles (so they find it recorded). ``seconds``: the
+        whole turn, when a box ran it (the metrics)."""
+        key = session.key
+        metrics.turn_finished(key.imp, surface_of(key.channel_id), result.outcome, seconds)
         try:
             await self.events.turn_finished(session.key, [item.delivery for item in batch], result)
         except Exception:

@@ -28,7 +28,7 @@ import discord
 from impyard.discord.buttons import Faces, action_button, custom_id_template, persistent_view
 from impyard.discord.inbound import channel_facts
 from impyard.discord.surface import is_discord_channel
-from impyard.gateway.gates import FINAL_STATES, Gate, GateError, deciding_guild
+from impyard.gateway.gates import FINAL_STATES, GATE_ID, Gate, GateError, deciding_guild
 from impyard.imps.store import ImpConfig
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ GATE_FACES: Faces = {
     "approve": ("Approve", discord.ButtonStyle.success),
     "deny": ("Deny", discord.ButtonStyle.danger),
 }
-CUSTOM_ID = custom_id_template("gate", "g-[0-9a-f]{6,32}", GATE_FACES)
+CUSTOM_ID = custom_id_template("gate", GATE_ID.pattern, GATE_FACES)
 
 STATE_BADGE = {
     "approved": "✅ Approved",

@@ -25,7 +25,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -50,10 +50,12 @@ from impyard.failure_words import failure_line
 from impyard.gateway.audit import REDACTED
 from impyard.gateway.surfaces import SURFACE_DISCORD, SURFACE_LOG
 from impyard.imps.store import ImpConfig, ImpStore
+from impyard.metrics.http import Phase, ReadyCheck, serve_health
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
 from impyard.storage.instance import InstanceLock
 from impyard.storage.leases import HostCard, hold_host
+from impyard.storage.readiness import database_check, lease_check
 from impyard.supervisor import DEPARTURES_ONLY, SupervisorSettings, open_supervisor
 
 log = logging.getLogger("impyard.serve")
@@ -360,6 +362,20 @@ class DiscordHost:
             await client.close()
 
 
+def discord_check(client: ImpClient) -> ReadyCheck:
+    """/readyz: the bot's gateway connection is up (ready, its socket open; a reconnect in progress is not)."""
+
+    async def check() -> str | None:
+        if client.is_closed():
+            return "the bot's connection is closed"
+        ws = getattr(client, "ws", None)
+        if not client.is_ready() or ws is None or not ws.open:
+            return "the bot is not connected to the Discord gateway (connecting or reconnecting)"
+        return None
+
+    return ReadyCheck(f"discord {client.imp}", check)
+
+
 def shard_scope(shard: Shard | None) -> str:
     """What a sharded host serves, for its status line (nothing when unsharded: it serves everything)."""
     if shard is None:
@@ -383,7 +399,9 @@ async def open_discord_host(
     """Everything ``impyard serve`` runs, connected and ready; closed (gracefully) when the block ends.
 
     Options: ``backend``, ``clock``, ``backends`` (imp → BoxBackend, for tests), ``settings``
-    (DiscordSettings), ``supervise``, ``supervisor_settings``, ``lock``, ``ready_timeout_s``, ``shard``.
+    (DiscordSettings), ``supervise``, ``supervisor_settings``, ``lock``, ``ready_timeout_s``, ``shard``, ``ready``
+    (a list of ``/readyz`` checks the host appends its own to as its parts come up: its leases, its database,
+    each bot's connection).
     """
     try:
         async with _open_discord_host(imp_names, **options) as host:
@@ -405,7 +423,9 @@ async def _open_discord_host(
     lock: bool = True,
     ready_timeout_s: float = READY_TIMEOUT_S,
     shard: Shard | None = None,
+    ready: list[ReadyCheck] | None = None,
 ) -> AsyncIterator[DiscordHost]:
+    ready = ready if ready is not None else []
     settings = settings or DiscordSettings.from_env()
     settings.apply()
     store = ImpStore()
@@ -417,6 +437,7 @@ async def _open_discord_host(
         keeper = await held.enter_async_context(
             hold_host(card, [f"shard:{shard}"] if shard is not None else [])
         )
+        ready.append(lease_check(keeper))  # its shard's lease, and its own record
         tokens = [token for config in configs if (token := store.discord_token(config))]
         async with redacted_logs(tokens):
             clients = await login_all(store, configs, settings, shard)
@@ -432,11 +453,13 @@ async def _open_discord_host(
                     surfaces=(SURFACE_DISCORD, SURFACE_LOG), on_gate=cards.gate_opened, imp_user_ids=user_ids,
                     owns_channel=shard.owns_channel if shard is not None else None,  # another shard's: not ours
                 ) as runtime:  # fmt: skip
+                    ready.append(database_check(runtime.db))
                     cards.bind(runtime.gateway)
                     runtime.host.pump.follow(cards.refresh_decided)  # cards show decisions taken elsewhere
                     host = DiscordHost(runtime, clients, surface, cards)
                     runtime.gateway.lease_guard = keeper  # a host that lost its shard acts no more
                     card.warm_boxes = lambda: len(runtime.sessions.sessions)
+                    card.boxes = runtime.boxes  # per imp, with their runtime (the console's Imps page)
                     keeper.on_lost = host._fail  # a lost lease stops this host: its boxes close, it exits 1
                     if keeper.lost is not None:
                         host._fail(keeper.lost)
@@ -459,6 +482,7 @@ async def _open_discord_host(
                             client.host, client.cards, client.bridge = command_host, cards, host
                             tg.start_soon(host.route_inbound, client, receive, name=f"inbound {imp}")
                             tg.start_soon(host.keep_connected, client, name=f"discord {imp}")
+                        ready.extend(discord_check(client) for client in clients.values())
                         await host.wait_ready(ready_timeout_s)
                         supervisor_stop = anyio.Event()
                         supervisor_done = anyio.Event()
@@ -505,10 +529,37 @@ async def serve(
     *,
     stop: anyio.Event | None = None,
     handle_signals: bool = True,
+    metrics_host: str | None = None,
+    metrics_port: int | None = None,
+    on_metrics_port: Callable[[int], None] | None = None,
     **options: Any,
 ) -> None:
-    """Run until SIGINT/SIGTERM (or ``stop``); raises DiscordSetupError when a bot cannot start or stay up."""
-    async with open_discord_host(imp_names, **options) as host:
+    """Run until SIGINT/SIGTERM (or ``stop``); raises DiscordSetupError when a bot cannot start or stay up.
+
+    ``metrics_port`` (``--metrics-port``; 0: a free one, told to ``on_metrics_port``): ``/metrics``, ``/healthz``
+    and ``/readyz`` on ``metrics_host`` (loopback by default), open before the host starts (so ``/healthz`` answers
+    while it starts, and ``/readyz`` says it is not ready until every bot is connected) and closed after it stopped.
+    """
+    phase = Phase("starting: the bots are logging in and connecting")
+    checks: list[ReadyCheck] = [phase.check]
+    async with AsyncExitStack() as health:
+        if metrics_port is not None:
+            bound = await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
+            if on_metrics_port is not None:
+                on_metrics_port(bound)
+        await _serve(imp_names, stop, handle_signals, phase, checks, options)
+
+
+async def _serve(
+    imp_names: Sequence[str] | None,
+    stop: anyio.Event | None,
+    handle_signals: bool,
+    phase: Phase,
+    checks: list[ReadyCheck],
+    options: dict[str, Any],
+) -> None:
+    async with open_discord_host(imp_names, ready=checks, **options) as host:
+        phase.ready()
         try:
             async with anyio.create_task_group() as tg:
                 if stop is not None:
@@ -521,6 +572,7 @@ async def serve(
                 if handle_signals:
                     tg.start_soon(_watch_signals, host.stop)
                 await host.stop.wait()
+                phase.stopping()
                 log.info("stopping: running turns get their grace, then every box is closed")
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:

@@ -38,6 +38,7 @@ from sqlalchemy.engine import Connection
 from box.protocol import ErrorCode, RpcError
 from box.protocol.memory import SessionMemory
 from box.protocol.models import DiscordSendParams, LogParams, TurnStageParams
+from impyard import metrics
 from impyard.backends.base import BoxSpec
 from impyard.backends.conduct import printable
 from impyard.channels.store import ChannelStore
@@ -84,6 +85,9 @@ log = logging.getLogger("impyard.gateway")
 # Issue 19 #4: at the host's stop, model calls still in flight get this long to finish before they are cut.
 CALL_GRACE_S = 10.0
 RATE_WINDOW_S = 60.0
+REFUSED_VERDICTS = frozenset(
+    {"denied", "rate_limited", "budget_exhausted"}
+)  # impyard_refusals_total counts them
 
 StageCallback = Callable[[BoxSpec, TurnStageParams], Awaitable[None]]
 GateCallback = Callable[
@@ -237,6 +241,7 @@ class Gateway:
         once where their process is gone, after an hour where this machine cannot tell (ledger.settle_orphans)."""
         orphans = self.ledger.settle_orphans()
         for orphan in orphans:
+            metrics.spent(orphan.imp, orphan.reserved_micros)  # charged at its reservation
             log.warning(
                 "settled model call %d of %s at its reservation: %s", orphan.id, orphan.imp, orphan.reason
             )
@@ -298,6 +303,7 @@ class Gateway:
             imp=spec.imp, method=method, verdict="denied", rule=rule, reason=reason, run_id=spec.run_id,
             channel_id=spec.channel_id,
         )  # fmt: skip
+        metrics.refused(rule)
         await self.db.run(self.audit.write, record)
         error = denied(rule, reason).error
         assert error is not None
@@ -375,6 +381,8 @@ class Gateway:
                 raise failure from None
             raise RpcError(ErrorCode.INTERNAL_ERROR, "internal error in the host's gateway") from None
         finally:
+            if record.verdict in REFUSED_VERDICTS:
+                metrics.refused(record.rule or "")
             if not record.deferred:  # not written with the act's own write (issue 18): written now
                 record.latency_ms = round((time.perf_counter() - started) * 1000, 3)
                 try:

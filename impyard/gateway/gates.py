@@ -23,8 +23,10 @@ decided by owners and the operator only.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
+import re
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from sqlalchemy.engine import Connection
 
 from box.protocol.models import DiscordSendParams
 from impyard.clock import Clock, iso
+from impyard.durations import format_duration
 from impyard.errors import ImpyardError
 from impyard.gateway.audit import AuditLog, AuditRecord
 from impyard.gateway.trust import EarnedTrust
@@ -47,6 +50,9 @@ from impyard.storage.tables import gates
 GateState = Literal["pending", "approved", "denied", "expired", "executing", "executed", "failed"]
 OPEN_STATES = ("pending", "approved", "executing")
 FINAL_STATES = ("denied", "expired", "executed", "failed")
+DECIDED_STATES = ("approved", "denied", "expired", "executing", "executed", "failed")
+APPROVED_STATES = ("approved", "executing", "executed", "failed")  # what an approval became
+GATE_ID = re.compile(r"g-[0-9a-f]{6,32}")  # what ``open`` makes (g- and 12 hex digits), with room to grow
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,65 @@ class Gate:
             "message_ids": self.message_ids,
             "error": self.error,
         }
+
+
+def operator_name() -> str:
+    """The host operator as every operator surface names them: the OS account that runs the command."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def operator_approver(name: str | None = None) -> Approver:
+    """The host operator deciding (the CLI and the console alike): ``operator:<account>``, allowed on every gate."""
+    return Approver(kind="operator", id=name or operator_name())
+
+
+def is_gate_id(text: str) -> bool:
+    """Whether ``text`` has a gate id's form (checked before it is used anywhere)."""
+    return GATE_ID.fullmatch(text) is not None
+
+
+def who_may_decide(gate: Gate) -> str:
+    """The approver policy for this gate, in words (``may_decide`` is the rule)."""
+    guild = deciding_guild(gate)
+    return f"the operator, owners of {gate.imp}" + (
+        f", admins of guild {guild}"
+        if guild
+        else " (no guild admin: a DM, or a guild this host does not know)"
+    )
+
+
+def time_left(gate: Gate, now: datetime) -> str:
+    """How long a pending gate may still be decided: ``3h12m left``, or ``past its deadline``."""
+    seconds = int((gate.deadline - now).total_seconds())  # whole seconds left, never rounded up
+    if seconds < 1:
+        return "past its deadline"
+    if seconds >= 3_600:
+        seconds -= seconds % 60  # hours away: to the minute
+    return f"{format_duration(seconds)} left"
+
+
+def decision_line(gate: Gate) -> str:
+    """What a decision did, in one line (``impyard approvals approve`` / ``deny`` and the console)."""
+    if gate.state in APPROVED_STATES:
+        return f"approved {gate.id}; the running impyard host sends it exactly once"
+    if gate.state == "denied":
+        return f"denied {gate.id}; it will not be sent"
+    return f"{gate.id} is {gate.state}"
+
+
+def already_decided(gate: Gate) -> str:
+    """Why a gate can no longer be decided: who decided it first and when (``g-… was already approved by …``)."""
+    when = f"{gate.decided_at:%Y-%m-%d %H:%M:%S} UTC" if gate.decided_at else "an unknown time"
+    if gate.state == "pending":
+        return f"{gate.id} is still pending"
+    if gate.state == "expired":
+        return f"{gate.id} already expired at {when}, its deadline; it can no longer be decided"
+    verb = "approved" if gate.state in APPROVED_STATES else gate.state
+    now = f" (now {gate.state})" if gate.state != verb else ""
+    return f"{gate.id} was already {verb} by {gate.decided_by or 'someone'} at {when}{now}"
 
 
 class GateError(ImpyardError):
@@ -303,7 +368,7 @@ class GateStore(Store):
             if not allowed:
                 raise GateError("not_authorised", f"{approver.label} may not decide {gate_id}: {why}")
             if gate.state != "pending":
-                raise GateError("not_pending", f"gate {gate_id} is already {gate.state}")
+                raise GateError("not_pending", f"gate {already_decided(gate)}")
             if now >= gate.deadline:
                 self._transition(
                     conn, gate, "pending", "expired", note="deadline passed", decided_at=iso(now)
@@ -364,6 +429,16 @@ class GateStore(Store):
 
         self.db.write(outcome)
         return self.get(gate_id)
+
+    def decided_recently(self, limit: int = 20) -> list[Gate]:
+        """The gates decided most recently (approved, denied or expired; then sent or failed), newest first."""
+        query = (
+            select(gates)
+            .where(gates.c.state.in_(DECIDED_STATES), gates.c.decided_at.is_not(None))
+            .order_by(bytewise(gates.c.decided_at).desc(), bytewise(gates.c.id))
+            .limit(max(0, limit))
+        )
+        return self.db.read(lambda conn: row_to_gate.all(conn, query))
 
     def approved_waiting(self) -> list[Gate]:
         """Approved gates nobody has executed yet (e.g. approved on the CLI while the supervisor runs)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from impyard import metrics
 from impyard.clock import Clock, iso
 from impyard.errors import ImpyardError
 from impyard.gateway.policy import Policy
@@ -349,13 +351,28 @@ class Ledger(Store):
     # ------------------------------------------------------------ reserve and settle
 
     def reserve(
-        self, imp: str, estimate_micros: int, *, method: str = "", purpose: str = "", model: str = ""
+        self,
+        imp: str,
+        estimate_micros: int,
+        *,
+        method: str = "",
+        purpose: str = "",
+        model: str = "",
+        run_id: str = "",
     ) -> Reservation:
-        """Atomically check every window and debit the estimate; raises BudgetExhausted (nothing debited)."""
+        """Atomically check every window and debit the estimate; raises BudgetExhausted (nothing debited).
+        ``run_id``: the box run that asked (a task run's id counts the call under tasks: ``spending``)."""
         now = self.clock.now()
         return self.db.write(
             lambda conn: self.reserve_in(
-                conn, imp, estimate_micros, now=now, method=method, purpose=purpose, model=model
+                conn,
+                imp,
+                estimate_micros,
+                now=now,
+                method=method,
+                purpose=purpose,
+                model=model,
+                run_id=run_id,
             ),
             locking=True,
         )
@@ -370,6 +387,7 @@ class Ledger(Store):
         method: str = "",
         purpose: str = "",
         model: str = "",
+        run_id: str = "",
     ) -> Reservation:
         """``reserve`` in the caller's write transaction (``db.write``'s function), so that one transaction can
         cover the reservation and another store's write. Database work only: it may run again on PostgreSQL."""
@@ -392,6 +410,7 @@ class Ledger(Store):
                 model=model,
                 created_at=iso(now),
                 owner=str(self.holder),
+                run_id=run_id,
             ),  # fmt: skip
         ).scalar_one()
         self._move(
@@ -431,7 +450,12 @@ class Ledger(Store):
         higher must say so loudly. Settling twice is a no-op (returns 0).
         """
         at = iso(self.clock.now())
-        return self.db.write(lambda conn: self.settle_in(conn, reservation, cost_micros, at=at), locking=True)
+        charged = self.db.write(
+            lambda conn: self.settle_in(conn, reservation, cost_micros, at=at), locking=True
+        )
+        if isinstance(reservation, Reservation):  # counted once committed (a write may run again)
+            metrics.spent(reservation.imp, charged)
+        return charged
 
     def settle_in(
         self, conn: Connection, reservation: Reservation | int, cost_micros: int, *, at: str | None = None
@@ -529,9 +553,11 @@ class Ledger(Store):
         rows = self.db.read(lambda conn: conn.execute(sa.select(ledger_totals)).all())
         return {(row.scope, row.period): (int(row.reserved_micros), int(row.settled_micros)) for row in rows}
 
-    def summary(self) -> list[BudgetRow]:
-        """One row for all imps, then one per imp that has spent, has an override, or is named in the policy.
-        Summed from the ledger's rows (the truth), in one read."""
+    def summary(self, also: Iterable[str] = ()) -> list[BudgetRow]:
+        """One row for all imps, then one per imp that has spent, has an override, or is named in the policy (and
+        one per name in ``also``: the console lists every imp of the home). Summed from the ledger's rows (the
+        truth), in one read."""
+        extra = set(also) - {ALL_IMPS}
         now = self.clock.now()
         day, month = day_key(now), month_key(now)
         reserved = sa.case((ledger.c.state == "reserved", ledger.c.reserved_micros), else_=0)
@@ -555,7 +581,7 @@ class Ledger(Store):
                     sa.select(budget_limits.c.scope).where(budget_limits.c.scope != ALL_IMPS)
                 ).scalars()
             )
-            imps = {row[0] for row in spending} | set(overridden) | set(self.policy.budgets.imps)
+            imps = {row[0] for row in spending} | set(overridden) | set(self.policy.budgets.imps) | extra
             return spending, sorted(imps), {scope: self.limits(scope, conn) for scope in [ALL_IMPS, *imps]}
 
         spending, imps, limits = self.db.read(read)

@@ -12,14 +12,15 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import anyio
 from anyio.abc import TaskGroup
 from pydantic import BaseModel
 
 from box.protocol import ErrorCode, RpcError
-from box.protocol.models import ModelRequestParams, ModelRequestResult
+from box.protocol.models import MemoryPurpose, ModelRequestParams, ModelRequestResult
+from impyard import metrics
 from impyard.backends.base import BoxSpec
 from impyard.gateway.act import Act, Decision, Request, denied, enforce, storage_failed
 from impyard.gateway.audit import AuditRecord
@@ -42,11 +43,14 @@ from impyard.gateway.prices import (
     estimate_micros,
     measured_micros,
     tier_multiplier,
+    usage_from_response,
 )
 from impyard.gateway.rate_precheck import PRECHECKED_PURPOSES, SendOutlook, precheck, reply_probe
 from impyard.gateway.send_act import SendAct
 from impyard.gateway.surfaces import SURFACE_TERMINAL, Post, surface_of
 from impyard.imps.store import EMBEDDING_LENGTH_BOUNDS, ImpStore
+from impyard.metrics.labels import OTHER, clipped
+from impyard.metrics.labels import known as known_label
 from impyard.storage.db import STORAGE_ERRORS
 from impyard.threads import in_thread
 
@@ -54,6 +58,23 @@ log = logging.getLogger("impyard.gateway")
 
 PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
 UPSTREAM_RULE = "upstream-limits"
+# The purposes the box's own code asks with (its memory's, the reply's, a task's); the policy's rules name more.
+BOX_PURPOSES = frozenset({*get_args(MemoryPurpose), "reply", "embedding", "image", "task"})
+
+
+def call_labels(policy: Policy, purpose: str, model: str | None) -> tuple[str, str]:
+    """The metrics' ``purpose`` and ``model`` of a call (docs/metrics.md): a purpose the box's code or a rule of the
+    policy names, a model the price table lists (or the host's local embedder); anything else a box made up is
+    ``other``, so it cannot grow the series."""
+    purposes = set(BOX_PURPOSES)
+    for rule in policy.rules:
+        purposes.update(name for name in (rule.purposes or {}) if name != "*")
+    model_label = (
+        clipped(model)
+        if model is not None and (policy.price(model) is not None or model == LOCAL_MODEL)
+        else OTHER
+    )
+    return known_label(purpose, purposes), model_label
 
 
 class _EndedWithBox(Exception):
@@ -200,7 +221,7 @@ class ModelAct(Act):
             if commit:
                 plan.reservation = await self.gateway.db.quick(
                     self.gateway.ledger.reserve, spec.imp, estimate, method="model.request", purpose=params.purpose,
-                    model=facts.model,
+                    model=facts.model, run_id=spec.run_id,
                 )  # fmt: skip
             else:
                 await self.gateway.db.quick(self.gateway.ledger.check_headroom, spec.imp, estimate)
@@ -237,6 +258,12 @@ class ModelAct(Act):
             record.detail += f" output_cap={plan.output_cap} (set by the host)"
         if _local(params.path, plan.facts.model):
             record.detail += " (computed on the host)"
+        if decision.error is not None:  # refused before the upstream: counted with its verdict
+            metrics.model_call(
+                spec.imp,
+                *call_labels(self.gateway.policy, params.purpose, plan.facts.model),
+                decision.verdict,
+            )
         enforce(decision, record)
         assert (
             plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
@@ -388,6 +415,13 @@ class ModelAct(Act):
             record.verdict = "allowed"
             record.detail += f" status={response.status}"
             call.response = response
+            usage = usage_from_response(params.path, response.body)
+            if usage is not None:
+                purpose, _ = call_labels(self.gateway.policy, params.purpose, model)
+                metrics.model_tokens(
+                    call.spec.imp, purpose, input=usage.input_tokens, output=usage.output_tokens,
+                    cached=usage.cached_tokens,
+                )  # fmt: skip
         finally:
             record.cost_micros = min(
                 cost, estimate
@@ -409,6 +443,8 @@ class ModelAct(Act):
                     log.error("could not settle or audit %s for %s: %s", record.method, record.imp, exc)
                     call.error = storage_failed(exc, self.gateway.db.url.where())
                 finally:
+                    labels = call_labels(self.gateway.policy, params.purpose, model)
+                    metrics.model_call(call.spec.imp, *labels, record.verdict or "error")
                     call.done.set()
                     self._detached.discard(call)
 

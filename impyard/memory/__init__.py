@@ -4,7 +4,8 @@
 (``ScopedMemory``: a session's view, filtered by its ``reach``) hand their work to one module per aggregate:
 ``records``, ``lookups``, ``search`` and ``moments`` (records and their episodes), ``constructs`` and
 ``slot``, ``dispositions`` (learned rules, the rule law), ``conversations``, ``night`` and ``compact``,
-``forgetting``, ``copying``, ``stats``, ``counts``, with ``generations`` (the scopes' locks and versions) and
+``forgetting`` (with ``identities``: whom forgetting a person takes), ``copying``, ``stats``, ``day`` (the imp's
+day as it went), ``counts``, with ``generations`` (the scopes' locks and versions) and
 ``errors`` beneath them. ``vectors`` (compact blobs), ``cache`` (the per-(imp, scope, dims) matrices and
 recall scoring) with ``cache_rows`` (what it loads), ``scopes`` (which scopes a session writes and reads;
 presence), ``service`` (the ``memory.*`` requests of a box) and ``act`` (the gateway's handler that

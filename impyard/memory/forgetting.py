@@ -1,4 +1,5 @@
-"""Forgetting on request: a person (``/forget-me``, ``impyard memory forget``), a deleted message, a whole imp.
+"""Forgetting on request: a person (``/forget-me``, ``impyard memory forget``), one record (``forget --record``,
+the console), a deleted message, a whole imp; and what forgetting a person would take (``person_preview``).
 
 Forgetting a person matches ids and exact author names, and mentions only of names that are not too short or
 too common (``mentions_are_forgettable``: "the" would name everyone). Forgetting a message leaves a mark for a
@@ -15,13 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Table, bindparam, delete, literal, or_, select, union
+from sqlalchemy import Table, bindparam, delete, func, literal, or_, select, union
 from sqlalchemy.engine import Connection
 
 from box.common import laws
 from impyard.clock import iso
 from impyard.memory import generations
-from impyard.memory.records import delete_memories, like_pattern, row_text
+from impyard.memory.records import delete_memories, like_pattern, plan_deletion, row_text
 from impyard.memory.scopes import dm_scope
 from impyard.storage.db import Database
 from impyard.storage.portable import bytewise, per_dialect, upsert
@@ -112,6 +113,61 @@ def message_forgotten(conn: Connection, channel_id: str, message_id: str) -> boo
     return conn.execute(_FORGOTTEN, {"channel_id": channel_id, "message_id": message_id}).first() is not None
 
 
+def _person(ids: Sequence[str], names: Sequence[str]) -> _Person:
+    if isinstance(ids, str) or isinstance(names, str):
+        raise TypeError("forget_person takes sequences of ids and names, not one string")
+    names = tuple(dict.fromkeys(name.strip() for name in names if name.strip()))
+    mentioned = tuple(name for name in names if mentions_are_forgettable(name))
+    return _Person(tuple(dict.fromkeys(i for i in ids if i)), names, mentioned)
+
+
+@dataclass(frozen=True)
+class _Theirs:
+    """What ``forget_person`` takes of one person: matched records and episodes, counted by how they matched."""
+
+    records: set[str]
+    episodes: set[str]
+    by_id: int
+    by_name: int
+
+
+def _theirs(conn: Connection, imp: str, person: _Person) -> _Theirs:
+    """The records and episodes of ``imp`` by or about ``person`` (in every scope)."""
+    found = {"id": 0, "name": 0}
+    # SQL finds the candidates; the whole-word check is Python's (laws.mentions), portable and exact.
+    candidates = select(_R.c.id, _R.c.author, _R.c.author_id, _R.c.conclusion, _R.c.statement).where(
+        _R.c.imp == imp,
+        or_(
+            _R.c.author_id.in_(person.ids), _R.c.author.in_(person.names),
+            *(_R.c.mention_text.like(like_pattern(name.lower()), escape="\\") for name in person.mentioned),
+        ),
+    )  # fmt: skip
+    records: set[str] = set()
+    for row in conn.execute(candidates).mappings():
+        if (how := person.match(row["author_id"], row["author"], row_text(row))) is not None:
+            records.add(str(row["id"]))
+            found[how] += 1
+    # The imp's own thoughts formed in a DM with them go with that DM's scope, as its lived records do.
+    dm_scopes = [dm_scope(person_id) for person_id in person.ids]
+    constructs = select(_R.c.id).where(_R.c.imp == imp, _R.c.kind == "construct", _R.c.scope.in_(dm_scopes))
+    for (construct_id,) in conn.execute(constructs):
+        if str(construct_id) not in records:
+            records.add(str(construct_id))
+            found["id"] += 1
+    episodes: set[str] = set()
+    every = select(_E.c.id, _E.c.author, _E.c.author_id, _E.c.as_happened).where(_E.c.imp == imp)
+    # Every episode of the imp: their text is not lowercased for a LIKE.
+    for episode_id, author, author_id, as_happened in conn.execute(every):
+        if (how := person.match(author_id, author, as_happened)) is not None:
+            episodes.add(str(episode_id))
+            found[how] += 1
+    return _Theirs(records, episodes, found["id"], found["name"])
+
+
+def _conversations_of(imp: str, keys: Sequence[str]) -> Any:
+    return _C.c.imp == imp, _C.c.person.in_(keys)
+
+
 def forget_person(db: Database, imp: str, ids: Sequence[str], names: Sequence[str] = ()) -> Forgotten:
     """Everything by or about a person, in every scope of ``imp`` (``/forget-me``, ``memory forget``).
 
@@ -120,16 +176,10 @@ def forget_person(db: Database, imp: str, ids: Sequence[str], names: Sequence[st
     ``mentions_are_forgettable`` lets count. Taken: those records with every episode, those episodes in
     other records, records left without an episode, and their conversations (kept under an id or a name).
     """
-    if isinstance(ids, str) or isinstance(names, str):
-        raise TypeError("forget_person takes sequences of ids and names, not one string")
-    names = tuple(dict.fromkeys(name.strip() for name in names if name.strip()))
-    mentioned = tuple(name for name in names if mentions_are_forgettable(name))
-    person = _Person(tuple(dict.fromkeys(i for i in ids if i)), names, mentioned)
+    person = _person(ids, names)
     keys = [*person.ids, *person.names]
     if not keys:
         return Forgotten()
-    # The imp's own thoughts formed in a DM with them go with that DM's scope, as its lived records do.
-    dm_scopes = [dm_scope(person_id) for person_id in person.ids]
 
     def write(conn: Connection) -> Forgotten:
         # Every scope of the imp is locked first: what is read below is what no write of those scopes is
@@ -137,36 +187,9 @@ def forget_person(db: Database, imp: str, ids: Sequence[str], names: Sequence[st
         # committed before a read below is taken (a record left without an episode goes too), one after it
         # is as if it came after this forgetting.
         generations.lock_imp(conn, imp)
-        found = {"id": 0, "name": 0}
-        # SQL finds the candidates; the whole-word check is Python's (laws.mentions), portable and exact.
-        candidates = select(_R.c.id, _R.c.author, _R.c.author_id, _R.c.conclusion, _R.c.statement).where(
-            _R.c.imp == imp,
-            or_(
-                _R.c.author_id.in_(person.ids), _R.c.author.in_(person.names),
-                *(_R.c.mention_text.like(like_pattern(name.lower()), escape="\\") for name in mentioned),
-            ),
-        )  # fmt: skip
-        records: set[str] = set()
-        for row in conn.execute(candidates).mappings():
-            if (how := person.match(row["author_id"], row["author"], row_text(row))) is not None:
-                records.add(str(row["id"]))
-                found[how] += 1
-        constructs = select(_R.c.id).where(
-            _R.c.imp == imp, _R.c.kind == "construct", _R.c.scope.in_(dm_scopes)
-        )
-        for (construct_id,) in conn.execute(constructs):
-            if str(construct_id) not in records:
-                records.add(str(construct_id))
-                found["id"] += 1
-        episodes: set[str] = set()
-        every = select(_E.c.id, _E.c.author, _E.c.author_id, _E.c.as_happened).where(_E.c.imp == imp)
-        # Every episode of the imp: their text is not lowercased for a LIKE.
-        for episode_id, author, author_id, as_happened in conn.execute(every):
-            if (how := person.match(author_id, author, as_happened)) is not None:
-                episodes.add(str(episode_id))
-                found[how] += 1
-        n_records, n_episodes, touched = delete_memories(conn, episodes, records)
-        n_conversations = conn.execute(delete(_C).where(_C.c.imp == imp, _C.c.person.in_(keys))).rowcount
+        theirs = _theirs(conn, imp, person)
+        n_records, n_episodes, touched = delete_memories(conn, theirs.episodes, theirs.records)
+        n_conversations = conn.execute(delete(_C).where(*_conversations_of(imp, keys))).rowcount
         # Their departures name them too; with the conversations gone, no departure is queued again.
         conn.execute(
             delete(memory_departures).where(
@@ -176,9 +199,49 @@ def forget_person(db: Database, imp: str, ids: Sequence[str], names: Sequence[st
         for imp_, scope in sorted(touched):
             generations.bump(conn, imp_, scope, deleted=True)
         return Forgotten(
-            records=n_records, episodes=n_episodes, conversations=n_conversations, by_id=found["id"],
-            by_name=found["name"], mentions_of=mentioned, author_only=tuple(n for n in names if n not in mentioned),
+            records=n_records, episodes=n_episodes, conversations=n_conversations, by_id=theirs.by_id,
+            by_name=theirs.by_name, mentions_of=person.mentioned,
+            author_only=tuple(n for n in person.names if n not in person.mentioned),
         )  # fmt: skip
+
+    return generations.locked(db, write)
+
+
+def person_preview(db: Database, imp: str, ids: Sequence[str], names: Sequence[str] = ()) -> Forgotten:
+    """What ``forget_person`` would take now, counted the same way, changing nothing (a confirmation's counts)."""
+    person = _person(ids, names)
+    keys = [*person.ids, *person.names]
+    if not keys:
+        return Forgotten()
+
+    def read(conn: Connection) -> Forgotten:
+        theirs = _theirs(conn, imp, person)
+        plan = plan_deletion(conn, theirs.episodes, theirs.records)
+        talks = conn.execute(select(func.count()).select_from(_C).where(*_conversations_of(imp, keys)))
+        return Forgotten(
+            records=len(plan.records), episodes=plan.episode_count, conversations=int(talks.scalar_one()),
+            by_id=theirs.by_id, by_name=theirs.by_name, mentions_of=person.mentioned,
+            author_only=tuple(n for n in person.names if n not in person.mentioned),
+        )  # fmt: skip
+
+    return db.read(read)
+
+
+def forget_record(db: Database, imp: str, scope: str, record_id: str) -> dict[str, int]:
+    """One record of ``imp`` in ``scope``, with every episode of it (``impyard memory forget --record``, the
+    console's Forget). A record of another imp or scope is not touched: ``{"records": 0, "episodes": 0}``."""
+
+    def write(conn: Connection) -> dict[str, int]:
+        generations.lock(conn, [(imp, scope)])
+        owner = conn.execute(
+            select(_R.c.id).where(_R.c.id == record_id, _R.c.imp == imp, _R.c.scope == scope)
+        )
+        if owner.first() is None:
+            return {"records": 0, "episodes": 0}
+        n_records, n_episodes, touched = delete_memories(conn, set(), {record_id})
+        for imp_, scope_ in sorted(touched):
+            generations.bump(conn, imp_, scope_, deleted=True)
+        return {"records": n_records, "episodes": n_episodes}
 
     return generations.locked(db, write)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -184,37 +185,63 @@ def insert_episode(
     return episode_id
 
 
-def delete_memories(
-    conn: Connection, episode_ids: set[str], record_ids: set[str]
-) -> tuple[int, int, set[tuple[str, str]]]:
-    """Delete episodes, then records (with their episodes), then records left without an episode.
+@dataclass(frozen=True)
+class Deletion:
+    """What ``delete_memories`` would take now (``plan_deletion``): read only, so a confirmation can count it."""
 
-    Returns (records, episodes, the (imp, scope) pairs touched); the caller bumps their generations.
-    """
+    episodes: dict[str, str]  # the episodes named that exist, each with its record's id
+    records: tuple[
+        str, ...
+    ]  # the records that go whole: those named that exist, and those left without an episode
+    episode_count: int  # every episode that goes: those named, and the rest of each record that goes
+    touched: frozenset[tuple[str, str]]  # the (imp, scope) pairs whose generations move on
+
+
+def plan_deletion(conn: Connection, episode_ids: set[str], record_ids: set[str]) -> Deletion:
+    """What deleting ``episode_ids`` and then ``record_ids`` takes: records left without an episode go too."""
     touched: set[tuple[str, str]] = set()
-    orphans: set[str] = set()
-    episodes = 0
+    owners: dict[str, str] = {}
     for episode_id in sorted(episode_ids):
         row = conn.execute(_EPISODE_OWNER, {"eid": episode_id}).first()
-        if row is None:
-            continue
-        conn.execute(_DELETE_EPISODE, {"eid": episode_id})
-        episodes += 1
-        orphans.add(str(row[0]))
-        touched.add((str(row[1]), str(row[2])))
-    for record_id in sorted(orphans - record_ids):
-        if not conn.execute(_EPISODES_LEFT, {"rid": record_id}).scalar_one():
-            record_ids = record_ids | {record_id}
-    records = 0
-    for record_id in sorted(record_ids):
+        if row is not None:
+            owners[episode_id] = str(row[0])
+            touched.add((str(row[1]), str(row[2])))
+    named_of: dict[str, int] = {}
+    for record_id in owners.values():
+        named_of[record_id] = named_of.get(record_id, 0) + 1
+    whole = set(record_ids)
+    for record_id in sorted(set(named_of) - record_ids):
+        if conn.execute(_EPISODES_LEFT, {"rid": record_id}).scalar_one() <= named_of[record_id]:
+            whole.add(record_id)
+    records: list[str] = []
+    episodes = len(owners)
+    for record_id in sorted(whole):
         owner = conn.execute(_RECORD_OWNER, {"rid": record_id}).first()
         if owner is None:
             continue
-        episodes += conn.execute(_DELETE_EPISODES_OF, {"rid": record_id}).rowcount
-        conn.execute(_DELETE_RECORD, {"rid": record_id})
-        records += 1
+        records.append(record_id)
+        episodes += conn.execute(_EPISODES_LEFT, {"rid": record_id}).scalar_one() - named_of.get(record_id, 0)
         touched.add((str(owner[0]), str(owner[1])))
-    return records, episodes, touched
+    return Deletion(owners, tuple(records), episodes, frozenset(touched))
+
+
+def delete_memories(
+    conn: Connection, episode_ids: set[str], record_ids: set[str]
+) -> tuple[int, int, set[tuple[str, str]]]:
+    """Delete episodes, then records (with their episodes), then records left without an episode
+    (``plan_deletion``, carried out in the caller's transaction, which locked the scopes first).
+
+    Returns (records, episodes, the (imp, scope) pairs touched); the caller bumps their generations.
+    """
+    plan = plan_deletion(conn, episode_ids, record_ids)
+    episodes = 0
+    for episode_id in plan.episodes:
+        episodes += conn.execute(_DELETE_EPISODE, {"eid": episode_id}).rowcount
+    records = 0
+    for record_id in plan.records:
+        episodes += conn.execute(_DELETE_EPISODES_OF, {"rid": record_id}).rowcount
+        records += conn.execute(_DELETE_RECORD, {"rid": record_id}).rowcount
+    return records, episodes, set(plan.touched)
 
 
 # ------------------------------------------------------------------ re-feeling (mechanisms 65, 66, 69, 70)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -64,6 +65,20 @@ class MemoryStats:
     database_bytes: int
 
 
+def clock_of(conn: Connection, imp: str) -> ClockStats | None:
+    """The imp's day as the operator is shown it (``impyard memory stats``, the console's Imps page); None when the
+    supervisor's clock has not seen the imp yet."""
+    clock = wakefulness.seen(conn, imp)
+    if clock is None:
+        return None
+    return ClockStats(awake=clock.awake, **{k: getattr(clock, k) for k in ClockStats.TIMES})
+
+
+def days(db: Database, imps: Sequence[str]) -> dict[str, ClockStats | None]:
+    """``clock_of`` for each of ``imps``, in one read (blocking)."""
+    return db.read(lambda conn: {imp: clock_of(conn, imp) for imp in imps})
+
+
 def gather(db: Database, imp: str) -> MemoryStats:
     """Per scope records, episodes, constructs, given records and slot entries; the learned rules and saved
     conversations; the clock's state (``memory_wakefulness``); the host database's size (on disk for SQLite;
@@ -91,7 +106,7 @@ def gather(db: Database, imp: str) -> MemoryStats:
         rules = conn.execute(
             select(func.count(), counted(func.abs(_D.c.weight) > laws.DORMANT_WEIGHT)).where(_D.c.imp == imp)
         ).one()
-        clock = wakefulness.seen(conn, imp)
+        clock = clock_of(conn, imp)
         if conn.dialect.name == "postgresql":
             size = int(conn.execute(select(func.pg_database_size(func.current_database()))).scalar_one())
         else:
@@ -105,9 +120,7 @@ def gather(db: Database, imp: str) -> MemoryStats:
             scopes=[ScopeStats(scope=scope, **per[scope]) for scope in sorted(per)],
             rules=int(rules[0] or 0),
             active_rules=int(rules[1] or 0),
-            clock=None if clock is None else ClockStats(
-                awake=clock.awake, **{k: getattr(clock, k) for k in ClockStats.TIMES}
-            ),
+            clock=clock,
             database_bytes=size,
         )  # fmt: skip
 

@@ -3,7 +3,8 @@
 ``MemoryStore`` is the front of the memory tables: it holds what lasts across sessions (the database, the
 clock, the vector cache, the record counts, the people rules are checked against), hands each session its
 view (``scoped``: ``ScopedMemory``, the only way a box's request reaches the store) and is the operator API
-(``impyard memory …``: ``show``, ``search``, ``remember``, ``forget_person``, ``forget_message``, ``count``,
+(``impyard memory …``: ``show``, ``search``, ``remember``, ``forget_person`` and its ``person_preview``,
+``forget_record``, ``records_by_id``, ``forget_message``, ``count``,
 ``stats``…), which sees every scope, filtered by its optional arguments; its views say which scope each record
 is in (``StoredRecord``). Each method hands its work to the module of its aggregate:
 
@@ -51,6 +52,7 @@ from impyard.memory.scoped import ScopedMemory
 from impyard.memory.scopes import SessionScopes
 from impyard.memory.stats import MemoryStats
 from impyard.storage.db import Database, Store
+from impyard.storage.tables import memory_records
 
 Clock = Callable[[], datetime]
 
@@ -139,6 +141,37 @@ class MemoryStore(Store):
     def forget_person(self, imp: str, ids: Sequence[str], names: Sequence[str] = ()) -> forgetting.Forgotten:
         """Everything by or about a person, in every scope of ``imp`` (``forgetting.forget_person``)."""
         return forgetting.forget_person(self.db, imp, ids, names)
+
+    def person_preview(self, imp: str, ids: Sequence[str], names: Sequence[str] = ()) -> forgetting.Forgotten:
+        """What ``forget_person`` would take now, changing nothing (``forgetting.person_preview``)."""
+        return forgetting.person_preview(self.db, imp, ids, names)
+
+    def records_by_id(
+        self, imp: str, id_or_prefix: str, scope: str | None = None, limit: int = 2, episodes: int = 10
+    ) -> list[RecordView]:
+        """``impyard memory forget --record``, the console: the records of ``imp`` (in ``scope``, when given)
+        whose id is ``id_or_prefix`` or starts with it, at most ``limit``; ``StoredRecord`` views."""
+        if not id_or_prefix or not all(ch in "0123456789abcdef" for ch in id_or_prefix):
+            return []  # ids are uuid4 hex: anything else names no record (and no LIKE pattern is made of it)
+        reach = Reach(imp, (scope,) if scope is not None else None)
+        now = self.clock()
+
+        def read(conn: Connection) -> list[RecordView]:
+            rows = lookups.records(
+                conn,
+                reach,
+                memory_records.c.id.like(f"{id_or_prefix}%"),
+                order=(memory_records.c.id,),
+                limit=limit,
+            )
+            views = [record_view(r, now, False, operator=True) for r in rows]
+            return lookups.with_episodes(conn, reach, views, episodes)
+
+        return self.db.read(read)
+
+    def forget_record(self, imp: str, scope: str, record_id: str) -> dict[str, int]:
+        """One record of ``imp`` in ``scope`` with its episodes (``forgetting.forget_record``)."""
+        return forgetting.forget_record(self.db, imp, scope, record_id)
 
     def forget_message(self, channel_id: str, message_id: str) -> dict[str, int]:
         """A deleted message: its episodes, for every imp, and its mark (``forgetting.forget_message``)."""

@@ -36,6 +36,7 @@ from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
 
+from impyard import metrics
 from impyard.clock import Clock, SystemClock, iso
 from impyard.errors import ImpyardError
 from impyard.storage import liveness
@@ -63,7 +64,9 @@ HOST_PREFIX = "host:"  # a process's own record: host:<hostname>/<pid>
 TASK_PREFIX = "task:"  # a task run's lease: task:<task id>/<run id>, from its claim to its end
 HOST_ROWS_KEPT = timedelta(days=1)  # a host record (or a run's lease) expired longer ago is forgotten
 FORGOTTEN_PREFIXES = (HOST_PREFIX, TASK_PREFIX)  # leases whose names are never taken again once they ended
-MAX_DETAIL_CHARS = 4_000  # what a holder says about itself is small: a line of `impyard hosts`
+MAX_DETAIL_CHARS = (
+    16_000  # what a holder says about itself is small: a line of `impyard hosts`, its imps' boxes
+)
 RENEW_ERRORS = (
     DatabaseError,
     SQLAlchemyError,
@@ -365,8 +368,18 @@ class LeaseKeeper:
         """The fencing token held for ``name`` (for an act checked against the database), or None."""
         return next((lease.token for lease in self.held if lease.name == name), None)
 
+    def leases_held(self) -> list[str]:
+        """``metrics.LeaseCensus``: the leases this process may still act under (none once one is lost)."""
+        if self.lost is not None:
+            return []
+        return [lease.name for lease in self.held if lease.valid()]
+
     async def run(self) -> None:
-        """Until a lease is lost, or the caller's scope ends."""
+        """Until a lease is lost, or the caller's scope ends; its leases count in ``impyard_leases_held`` meanwhile."""
+        with metrics.counting_leases(self):
+            await self._run()
+
+    async def _run(self) -> None:
         async with anyio.create_task_group() as tg:
             self._scope = tg.cancel_scope
             for lease in self.held:
@@ -469,6 +482,62 @@ async def holding(
                     log.warning("could not release lease %s: %s", lease.name, exc)
 
 
+@dataclass(frozen=True)
+class ImpBoxes:
+    """What a host says of one imp it serves (issue 34, the console's Imps page): its warm boxes there, the
+    backend they run on, and their OCI runtime (``runsc``, ``runc``; None: not known before its first Docker box,
+    or the process backend), with the runtime setting that chose it (``RuntimeChoice.describe``)."""
+
+    imp: str
+    warm: int
+    backend: str
+    runtime: str | None = None
+    runtime_setting: str | None = None
+
+    def detail(self) -> dict[str, Any]:
+        return {
+            "imp": self.imp, "warm": self.warm, "backend": self.backend, "runtime": self.runtime,
+            "runtime_setting": self.runtime_setting,
+        }  # fmt: skip
+
+    @classmethod
+    def from_detail(cls, value: Any) -> ImpBoxes | None:
+        """One entry of a host record's ``boxes``, or None for one that is not (a record is another process's
+        words: nothing in it is trusted to be well formed)."""
+        if not isinstance(value, dict):
+            return None
+        imp, warm, backend = value.get("imp"), value.get("warm"), value.get("backend")
+        runtime, setting = value.get("runtime"), value.get("runtime_setting")
+        if not (isinstance(imp, str) and isinstance(backend, str)):
+            return None
+        if not isinstance(warm, int) or isinstance(warm, bool) or warm < 0:
+            return None
+        return cls(
+            imp[:MAX_BOX_WORDS], warm, backend[:MAX_BOX_WORDS],
+            runtime[:MAX_BOX_WORDS] if isinstance(runtime, str) else None,
+            setting[:MAX_BOX_WORDS] if isinstance(setting, str) else None,
+        )  # fmt: skip
+
+
+MAX_BOX_WORDS = 80  # an imp's name, a backend, a runtime: short words
+
+
+def _boxes_detail(boxes: Sequence[ImpBoxes], room: int) -> tuple[list[dict[str, Any]], int]:
+    """The boxes a record can hold within ``room`` characters of JSON: the imps with warm boxes first, then by
+    name; the rest are counted (``boxes_more``), never a record too big to keep."""
+    ordered = sorted(boxes, key=lambda box: (-box.warm, box.imp))
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for box in ordered:
+        entry = box.detail()
+        size = len(json.dumps(entry, sort_keys=True)) + 2
+        if used + size > room:
+            break
+        kept.append(entry)
+        used += size
+    return kept, len(ordered) - len(kept)
+
+
 @dataclass
 class HostCard:
     """What a serving or chatting process says about itself in its ``host:`` record (``impyard hosts``)."""
@@ -478,16 +547,30 @@ class HostCard:
     shard: str | None = None
     started_at: str = field(default_factory=lambda: iso(datetime.now(UTC)))
     warm_boxes: Callable[[], int] = field(default=lambda: 0, repr=False)  # set once the sessions run
+    boxes: Callable[[], Sequence[ImpBoxes]] | None = field(default=None, repr=False)  # per imp: once they run
 
     def detail(self) -> dict[str, Any]:
+        """The record's detail; ``boxes`` (each imp it serves, issue 34) once the sessions run, as many as fit the
+        record (``boxes_more`` counts the rest)."""
         try:
-            boxes = int(self.warm_boxes())
+            warm = int(self.warm_boxes())
         except Exception:  # noqa: BLE001 - a count is never worth a lost lease
-            boxes = 0
-        return {
-            "home": self.home, "command": self.command, "shard": self.shard, "warm_boxes": boxes,
+            warm = 0
+        found: dict[str, Any] = {
+            "home": self.home, "command": self.command, "shard": self.shard, "warm_boxes": warm,
             "started_at": self.started_at,
         }  # fmt: skip
+        if self.boxes is None:
+            return found
+        try:
+            boxes = list(self.boxes())
+        except Exception:  # noqa: BLE001 - nor is a list of boxes
+            boxes = []
+        room = MAX_DETAIL_CHARS - len(json.dumps(found, sort_keys=True, default=str)) - 100
+        found["boxes"], more = _boxes_detail(boxes, room)
+        if more:
+            found["boxes_more"] = more
+        return found
 
 
 @asynccontextmanager

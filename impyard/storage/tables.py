@@ -80,6 +80,7 @@ ledger = Table(
     Column("created_at", Text, nullable=False),
     Column("settled_at", Text),
     Column("owner", Text),
+    Column("run_id", Text, nullable=False, server_default=text("''")),  # the box run that asked (0006)
     Index("ledger_imp_day", "imp", "day"),
     Index("ledger_imp_month", "imp", "month"),
     Index("ledger_day", "day"),
@@ -179,7 +180,7 @@ wakes = Table(
     Column("error", Text),
     Column("finished_at", Text),
     Index("wakes_unfinished", "outcome", "woken_at"),
-    Index("wakes_finished", "finished_at"),  # the newest outcomes first (revision 0006, the console's Now page)
+    Index("wakes_finished", "finished_at"),  # the newest outcomes first (revision 0007, the console's Now page)
 )  # fmt: skip
 
 # --- supervise (legacy migrations 3, 8) ---------------------------------------------------------------------
@@ -442,7 +443,7 @@ ledger_totals = Table(
     Column("settled_micros", BIG, nullable=False, server_default=ZERO),  # charged
 )  # fmt: skip
 
-# --- what each running host is doing now (revision 0006, issue 34: the console's Now page) --------------------
+# --- what each running host is doing now (revision 0007, issue 34: the console's Now page) --------------------
 
 host_activity = Table(
     "host_activity", metadata,

@@ -58,6 +58,7 @@ from anyio.abc import TaskGroup
 from box.protocol import RpcError
 from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskSpec
 from impyard import __version__ as impyard_version
+from impyard import metrics
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
 from impyard.backends.docker import DockerBackend
 from impyard.backends.stateroot import state_root
@@ -107,6 +108,7 @@ from impyard.tasks.schedules import ScheduleStore
 from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.supervisor")
+_counting = metrics.counting_boxes  # the supervisor's task boxes count in impyard_boxes while it runs
 
 
 @dataclass(eq=False)
@@ -556,6 +558,10 @@ class Supervisor:
             self.running.pop(handle.task.id, None)
             self._wake.set()
 
+    def box_states(self) -> list[tuple[str, str]]:
+        """``metrics.BoxCensus``: each running task's box (state ``task``)."""
+        return [(handle.task.imp, "task") for handle in list(self.running.values()) if handle.box is not None]
+
     def _lease_lost(self, handle: _Running, why: str) -> None:
         log.error("task %s: %s; stopping its box", handle.task.id, why)
         handle.lost = why
@@ -604,6 +610,7 @@ class Supervisor:
                         async with backend.open(spec, host) as box:
                             handle.box = box
                             self.started += 1
+                            metrics.box_started(backend.name, "cold")  # a task's box is always its own
                             if box.host_pid is not None:  # a process box; an engine's box has no pid of ours
                                 await self.db.run(self.tasks.record_pid, task.run_id, box.host_pid)
                             init = await self._init_params(
@@ -675,6 +682,10 @@ class Supervisor:
             # (the memory clock ticks every settings.memory_tick_s in the supervisor of every kind)
             self.settings.concurrency, self.settings.tick_s, " (once: until nothing is due)" if once else "",
         )  # fmt: skip
+        with _counting(self):
+            await self._loop(once, stop)
+
+    async def _loop(self, once: bool, stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._wake_on_stop, stop)
             if not once and self.settings.prunes:

@@ -11,7 +11,6 @@ import pytest
 import requests
 
 from impyard.clock import SystemClock
-from impyard.console.pages import PAGES
 from impyard.gateway.audit import AuditLog, AuditRecord
 from impyard.storage.db import open_database
 from tests.console.conftest import CLI, TOKEN, Console
@@ -89,7 +88,9 @@ def test_every_answer_carries_the_security_headers(console: Console) -> None:
     for answer in (console.get("/audit"), requests.get(console.base + "/audit", timeout=30)):
         assert "script-src 'self'" in answer.headers["Content-Security-Policy"]
         assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
-        assert answer.headers["Referrer-Policy"] == "no-referrer"
+        assert (
+            answer.headers["Referrer-Policy"] == "same-origin"
+        )  # no Referer leaves; a form post has its Origin
         assert answer.headers["Cache-Control"] == "no-store"
         assert answer.headers["X-Frame-Options"] == "DENY"
 
@@ -144,7 +145,24 @@ def test_in_a_browser_the_printed_address_logs_in(console: Console, browser: Any
     browser.get(console.base + "/audit")
     assert SECRET_ROW not in browser.page_source and "impyard console" in browser.page_source
     browser.get(console.login_url)
-    assert browser.current_url == console.base + PAGES[0].path  # / leads to the first page; the token is gone
+    assert browser.current_url == console.base + "/imps"  # / leads to the first page; the token is gone
     assert TOKEN not in browser.current_url
-    browser.get(console.base + "/audit")
+    browser.find_element(By.LINK_TEXT, "Audit").click()
     assert SECRET_ROW in browser.find_element(By.ID, "audit-rows").text
+
+
+def test_the_console_answers_health_and_metrics_on_its_own_port(impyard_home: object) -> None:
+    from tests.console.conftest import start_console, stop_console
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    running = start_console(None, "--metrics-port", str(port))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert requests.get(base + "/healthz", timeout=30).status_code == 200
+        ready = requests.get(base + "/readyz", timeout=30)
+        assert ready.status_code == 200, ready.text
+        assert "# TYPE impyard_turns_total counter" in requests.get(base + "/metrics", timeout=30).text
+    finally:
+        stop_console(running)

@@ -129,7 +129,7 @@ def test_now_on_a_home_where_nothing_runs_says_so(console: Console) -> None:
     assert "no host is running on this database" in html
     assert 'id="now-no-turns"' in html and "each <code>impyard chat</code>" in html
     assert "no turn has ended yet" in html
-    assert console.get("/").url.endswith("/now")  # the console opens on Now
+    assert '<a href="/now" aria-current="page">Now</a>' in console.get("/now").text  # in the navigation
 
 
 # ---------------------------------------------------------------- in a real browser, a real chat

@@ -1,7 +1,7 @@
 """host activity: what each running host is doing now, for the console's Now page (issue 34)
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Created: 2026-12-07
 
 ``host_activity``: one row per running ``impyard chat`` / ``serve`` process, keyed by its lease record's name
@@ -21,8 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
