@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 
+from box.no_plugins import refuse_pydantic_plugins
 from box.program import serve
 from box.stdio import FdReceiveStream, FdSendStream
 
@@ -24,6 +25,7 @@ async def _serve_stdio(protocol_out: int, state_dir: Path) -> None:
 
 
 def main() -> int:
+    refuse_pydantic_plugins()  # before the first model is built: the protocol's are built on first use (issue 37)
     # Keep fd 1 for the protocol alone: anything else that writes to stdout lands on stderr.
     protocol_out = os.dup(1)
     os.dup2(2, 1)

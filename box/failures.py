@@ -9,7 +9,7 @@ the ``[kind]`` tag the box puts on a failed turn's ``error`` and the reading of 
 from __future__ import annotations
 
 import re
-import sqlite3
+import sys
 from typing import Final
 
 from box.attempts import ModelExhausted, ModelRefused
@@ -82,12 +82,18 @@ def classify(error: BaseException | None) -> FailureKind:
         return "upstream" if error.status is not None else last_attempt_kind(str(error))
     if isinstance(error, TimeoutError):
         return "timeout"
-    if isinstance(error, OSError | sqlite3.Error):
+    if isinstance(error, OSError) or _sqlite_error(error):
         text = str(error).lower()
         if isinstance(error, OSError) and error.errno is not None:
             return "store"  # a failed write or read of the box's state (ENOSPC, EROFS, EIO, ...)
         return "store" if any(words in text for words in _DISK_WORDS) else "unknown"
     return "unknown"
+
+
+def _sqlite_error(error: BaseException) -> bool:
+    # An sqlite3.Error exists only where sqlite3 was loaded: the box, which has no database, never loads it (issue 37).
+    sqlite3 = sys.modules.get("sqlite3")
+    return sqlite3 is not None and isinstance(error, sqlite3.Error)
 
 
 def _told_kind(error: RpcError) -> object:

@@ -19,16 +19,13 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream
 from pydantic import BaseModel
 
 import box
-from box import probe
-from box.memory import MemoryEngine, NoMemory
-from box.model import ModelClient
 from box.protocol import BOX_METHODS, HOST_METHODS, PROTOCOL_VERSION, ErrorCode, Peer, PeerClosed, RpcError
 from box.protocol.models import (
     BoxInitParams,
@@ -42,8 +39,12 @@ from box.protocol.models import (
     TaskRunParams,
     TaskRunResult,
 )
-from box.responder import Responder, model_client
-from box.tools import ToolRegistry
+
+if TYPE_CHECKING:  # issue 37: a light start; these load with the first turn, not before box.init's answer
+    from box.memory import MemoryEngine
+    from box.model import ModelClient
+    from box.responder import Responder
+    from box.tools import ToolRegistry
 
 log = logging.getLogger("box")
 P = TypeVar("P", bound=BaseModel)
@@ -149,8 +150,8 @@ class BoxProgram:
             assert isinstance(params, TaskRunParams)
             return await self._one_at_a_time(self._run_task, params)
         if method == "mailbox.event":  # a notification: recorded even while a turn runs
-            assert isinstance(params, MailboxEventParams) and self.responder is not None
-            await self.responder.record_event(params)
+            assert isinstance(params, MailboxEventParams)
+            await self._ready().record_event(params)
             return None
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method}")
 
@@ -158,17 +159,31 @@ class BoxProgram:
         if self.init is not None:
             raise RpcError(ErrorCode.INVALID_REQUEST, "already initialised")
         self.init = params
-        assert self.peer is not None
-        client = model_client(self.peer, params)  # one for the reply and the memory: what it learns is shared
-        memory = self._memory or self._memory_engine(self.peer, params, client)
-        self.responder = Responder(
-            self.peer, params, sleep=self._sleep, memory=memory, tools=self._tools, client=client
-        )
         log.info("box %s for imp %s, channel %s", box.__version__, params.imp.name, params.session.channel_id)
         return BoxInitResult(protocol=PROTOCOL_VERSION, box=box.__version__)
 
+    def _ready(self) -> Responder:
+        """The responder, made by the first request that needs one (issue 37: a light start). ``box.init`` is
+        answered before the turn's modules (the responder, the memory engine and its prompts) are even loaded;
+        every request after it is served exactly as if they had been made then. Made in one synchronous step, so
+        two requests that both need it cannot make two."""
+        if self.responder is None:
+            assert self.peer is not None and self.init is not None
+            from box.responder import Responder, model_client
+
+            params = self.init
+            # one client for the reply and the memory: what it learns is shared
+            client = model_client(self.peer, params)
+            memory = self._memory or self._memory_engine(self.peer, params, client)
+            self.responder = Responder(
+                self.peer, params, sleep=self._sleep, memory=memory, tools=self._tools, client=client
+            )
+        return self.responder
+
     def _memory_engine(self, peer: Peer, params: BoxInitParams, client: ModelClient) -> MemoryEngine:
         """Issue 23: the engine when the imp has memory on and the host sent the session's scopes."""
+        from box.memory import NoMemory
+
         if not params.imp.memory.enabled or params.memory is None:
             return NoMemory()
         from box.memory.engine import ChatMemory  # only a box with memory loads the engine and its prompts
@@ -193,8 +208,7 @@ class BoxProgram:
             return await work(params)
 
     async def _deliver(self, params: DeliverParams) -> DeliverResult:
-        assert self.responder is not None
-        report = await self.responder.deliver(params)
+        report = await self._ready().deliver(params)
         self._journal(
             {
                 "message_id": params.message.id,
@@ -208,13 +222,15 @@ class BoxProgram:
     async def _run_task(self, params: TaskRunParams) -> TaskRunResult:
         kind = params.task.kind
         if kind == "probe":
+            from box import probe  # only `impyard box check` asks for it
+
             return TaskRunResult(
                 outcome="done", summary="lockdown observations", report=probe.observe(self.state_dir)
             )
         if kind == "prompt":
-            assert self.responder is not None
-            report = await self.responder.run_prompt_task(params)
-            result = Responder.task_result(report)
+            responder = self._ready()
+            report = await responder.run_prompt_task(params)
+            result = responder.task_result(report)
             self._journal(
                 {
                     "task_id": params.task.id,
@@ -232,8 +248,9 @@ class BoxProgram:
 
     async def _depart(self, params: TaskRunParams) -> TaskRunResult:
         """Mechanism 103: the person left this channel's conversation; the engine reflects and learns."""
-        assert self.responder is not None
-        memory = self.responder.memory
+        from box.memory import NoMemory  # loaded with the responder
+
+        memory = self._ready().memory
         person = params.task.person
         if isinstance(memory, NoMemory):
             result = TaskRunResult(outcome="done", summary=MEMORY_OFF)  # nothing failed: nothing to do
@@ -264,8 +281,9 @@ class BoxProgram:
 
     async def _imps_day(self, params: TaskRunParams) -> TaskRunResult:
         """Mechanisms 104-114: a ``reflect`` or ``sleep`` task. Nothing is posted either way."""
-        assert self.responder is not None
-        memory = self.responder.memory
+        from box.memory import NoMemory  # loaded with the responder
+
+        memory = self._ready().memory
         kind = params.task.kind
         if isinstance(memory, NoMemory):  # nothing failed: nothing to do
             result = TaskRunResult(

@@ -98,7 +98,7 @@ def test_dockerfile_builds_without_network_or_runc() -> None:
     assert not user.startswith(("0", "root"))
     assert (
         dict((w[0].upper(), w[1].strip()) for w in instructions)["ENTRYPOINT"]
-        == '["python3", "-P", "-s", "-m", "box"]'
+        == '["python3", "-P", "-s", "-S", "-m", "box"]'
     )
 
 

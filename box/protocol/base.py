@@ -18,13 +18,13 @@ Name = Annotated[str, Field(max_length=256)]
 class FromHost(BaseModel):
     """Sent by the host, parsed by the box: unknown fields are ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class FromBox(BaseModel):
     """Sent by the box, parsed by the host: unknown fields are refused."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Empty(FromBox):
