@@ -23,6 +23,7 @@ from impyard.backends.docker import DockerBackend
 from impyard.backends.stateroot import state_root
 from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import Clock
+from impyard.conversation.activity import ActivityPublisher
 from impyard.conversation.history import History
 from impyard.conversation.pipeline import Conversations
 from impyard.conversation.sessions import SessionManager
@@ -50,6 +51,7 @@ class Runtime:
     channels: ChannelStore
     history: History
     backends: dict[str, BoxBackend]
+    activity: ActivityPublisher
 
     def boxes(self) -> list[ImpBoxes]:
         """Per imp this host serves: its warm boxes (one per channel session), their backend and runtime: what
@@ -205,12 +207,26 @@ async def open_runtime(
             imps=host.imps, configs=configs, history=host.history, channels=host.channels, surface=surface,
             clock=host.clock, imp_user_ids=imp_user_ids, backends=chosen, policy=lambda: host.gateway.policy,
         )  # fmt: skip
-        async with SessionManager(
-            plan=conversations, host=host.gateway, events=conversations, now=host.clock.now
-        ) as sessions:
+        # What this host is doing now, for the console's Now page (issue 34): published from its own task, and
+        # withdrawn only after every session closed (a turn ending in the shutdown's grace still shows).
+        async with (
+            ActivityPublisher(host.db, host.clock) as activity,
+            SessionManager(
+                plan=conversations, host=host.gateway, events=conversations, now=host.clock.now
+            ) as sessions,
+        ):
+            activity.follow(sessions.activity)
             conversations.sessions = sessions
             runtime = Runtime(
-                host, host.db, host.gateway, conversations, sessions, host.channels, host.history, chosen
+                host,
+                host.db,
+                host.gateway,
+                conversations,
+                sessions,
+                host.channels,
+                host.history,
+                chosen,
+                activity,
             )
             resumed = await conversations.recover(
                 reaches=host.surfaces, owns=owns_channel

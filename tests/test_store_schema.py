@@ -22,15 +22,18 @@ from impyard.storage.db import Database, DatabaseError, open_database
 from impyard.storage.migrations.legacy import LEGACY_VERSION, MIGRATIONS, split_statements
 from tests import sqlfile
 
-EXPECTED_TABLES = 27
-# Tables of revisions after the baseline (0002 leases, 0003 ledger_totals, 0007 shard_layout, 0008 imp_settings): a
-# legacy home gets them at upgrade.
-AFTER_BASELINE = {"leases", "ledger_totals", "shard_layout", "imp_settings"}
+EXPECTED_TABLES = 28
+# Tables of revisions after the baseline (0002 leases, 0003 ledger_totals, 0007 shard_layout, 0008 imp_settings,
+# 0009 host_activity): a legacy home gets them at upgrade.
+AFTER_BASELINE = {"leases", "ledger_totals", "shard_layout", "imp_settings", "host_activity"}
 COLUMNS_AFTER_BASELINE = {
     "audit": {"host"},
     "channels": {"audience"},
     "ledger": {"run_id"},  # 0006: the box run that made the call (issue 34's spend per origin)
 }  # columns the revisions after the baseline added to older tables
+INDEXES_AFTER_BASELINE = {
+    "wakes": {"wakes_finished"}
+}  # and their indexes (0009: the Now page's recent outcomes)
 
 
 def at_baseline(schema: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -39,6 +42,7 @@ def at_baseline(schema: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         table: {
             **found,
             "columns": [c for c in found["columns"] if c[0] not in COLUMNS_AFTER_BASELINE.get(table, ())],
+            "indexes": [i for i in found["indexes"] if i[0] not in INDEXES_AFTER_BASELINE.get(table, ())],
         }
         for table, found in schema.items()
         if table not in AFTER_BASELINE

@@ -15,7 +15,7 @@ channel the host already knew is found private, its memories move to its own sco
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
@@ -231,6 +231,26 @@ class ChannelStore(Store):
 def _info(conn: Connection, channel_id: str) -> ChannelInfo | None:
     row = _INFO.run(conn, {"channel_id": channel_id}).first()
     return _row_to_info(row) if row else None
+
+
+def infos(conn: Connection, channel_ids: Collection[str]) -> dict[str, ChannelInfo]:
+    """What the store knows of each of ``channel_ids`` (those it has never seen are left out), in one query."""
+    found: dict[str, ChannelInfo] = {}
+    ids = sorted(set(channel_ids))
+    for start in range(0, len(ids), 500):  # under every engine's limit of bound parameters
+        rows = conn.execute(_SELECT.where(_c.channel_id.in_(ids[start : start + 500]))).all()
+        found.update((row[0], _row_to_info(row)) for row in rows)
+    return found
+
+
+def channel_label(channel_id: str, info: ChannelInfo | None) -> str:
+    """A channel as an operator recognises it, never a message: ``#general`` for a server channel whose name the
+    store knows, ``DM with ann`` for a DM, ``terminal (ann)`` for ``impyard chat``'s; else its id."""
+    if channel_id.startswith("terminal:"):
+        return f"terminal ({channel_id.removeprefix('terminal:')})"
+    if info is None or not info.name:
+        return channel_id
+    return info.name if info.kind != "guild" else f"#{info.name}"
 
 
 def _seen(conn: Connection, row: dict[str, Any], on_private: BecamePrivate | None) -> ChannelInfo:

@@ -29,6 +29,7 @@ from impyard.cli.hosts import hosts_command
 from impyard.cli.imp import imp_group
 from impyard.cli.imp_transfer import export_command, import_command
 from impyard.cli.memory import memory_group
+from impyard.cli.now import now_command
 from impyard.cli.policy import policy_group
 from impyard.cli.schedule import schedule_group
 from impyard.cli.serve import serve_command
@@ -72,6 +73,7 @@ cli.add_command(supervise_command)
 cli.add_command(serve_command)
 cli.add_command(discord_group)
 cli.add_command(hosts_command)
+cli.add_command(now_command)
 cli.add_command(console_command)
 cli.add_command(backup_command)
 

@@ -185,11 +185,14 @@ class SessionBoxHost:
         key: SessionKey,
         delivered: Callable[[], str | None] = lambda: None,
         clock: TurnClock | None = None,
+        staged: Callable[[str], None] = lambda stage: None,
     ) -> None:
         """``delivered``: the id of the message the session handed its box for the turn now running (the one its
         ``mailbox.deliver`` names; None between turns): the only message whose "context" starts a turn of the
-        memory's per-turn bound (issue 32 #2). ``clock``: times the session's turns by stage (the metrics)."""
+        memory's per-turn bound (issue 32 #2). ``clock``: times the session's turns by stage (the metrics).
+        ``staged``: hears each stage first, in memory (the Now page's, ``impyard.conversation.activity``)."""
         self.gateway = gateway
+        self.staged = staged
         self.observer = observer
         self.key = key
         self.delivered = delivered
@@ -201,6 +204,7 @@ class SessionBoxHost:
         self.gateway.given(spec, memory)
 
     async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        self.staged(params.stage)
         if self.clock is not None:
             self.clock.enter(params.stage)
         try:
@@ -287,6 +291,21 @@ def merge_batch(batch: Sequence[Delivery], now: datetime) -> DeliverParams:
     return DeliverParams(message=newest.message, framing=framing, recent=recent, now=now)
 
 
+@dataclass(frozen=True)
+class SessionActivity:
+    """What one live session is doing now, read from memory (``SessionManager.activity``): the console's Now page
+    hears it through ``impyard.conversation.activity``. No message text: ids, counts, a stage and times."""
+
+    imp: str
+    channel_id: str
+    warm: bool  # a box is open for it
+    in_turn: int  # messages the turn running now answers (0: no turn runs)
+    stage: str | None  # the last ``turn.stage`` its box announced in this turn (None: none yet, or no turn)
+    turn_since: datetime | None  # when the turn running now was handed to the box
+    stage_since: datetime | None  # when ``stage`` was announced
+    waiting: int  # messages queued in its mailbox behind the turn
+
+
 @dataclass(eq=False)
 class Queued:
     """A delivery in a session's mailbox, with the handle that hears its outcome."""
@@ -315,6 +334,9 @@ class ChannelSession:
     idle: bool = False  # the worker waits for work between turns (no turn runs, none is being recorded)
     done: anyio.Event = field(default_factory=anyio.Event)
     in_turn: list[Queued] = field(default_factory=list)  # taken, outcome not yet recorded
+    turn_since: datetime | None = None  # when the turn in ``in_turn`` began (what the Now page shows)
+    stage: str | None = None  # its box's last ``turn.stage`` in that turn
+    stage_since: datetime | None = None
     # Times its turns for the metrics, on the event loop's own clock (never the manager's: a test drives that one).
     clock: TurnClock = field(default_factory=lambda: TurnClock(anyio.current_time))
     _sending: MemoryObjectSendStream[Queued] = field(init=False, repr=False)
@@ -338,6 +360,23 @@ class ChannelSession:
     def waiting(self) -> int:
         """Messages in the mailbox, not yet taken."""
         return self._mailbox.statistics().current_buffer_used
+
+    def begin_turn(self, batch: list[Queued], now: datetime) -> None:
+        """``batch`` is the turn that runs now: no stage heard of it yet."""
+        self.in_turn, self.turn_since, self.stage, self.stage_since = batch, now, None, None
+
+    def staged(self, stage: str, now: datetime) -> None:
+        """Its box announced ``stage``: kept while a turn runs (a stage between turns names no turn of ours)."""
+        if self.in_turn:
+            self.stage, self.stage_since = stage, now
+
+    def activity(self) -> SessionActivity:
+        turn = bool(self.in_turn)
+        return SessionActivity(
+            self.key.imp, self.key.channel_id, self.box is not None, len(self.in_turn),
+            self.stage if turn else None, self.turn_since if turn else None,
+            self.stage_since if turn else None, self.waiting,
+        )  # fmt: skip
 
     def take(self, first: Queued | None = None) -> list[Queued]:
         """The next turn's batch (after ``first``, when the wait already took it): in cold mode one message,
@@ -528,6 +567,7 @@ class SessionManager:
         host = SessionBoxHost(
             self.host, session.observer, key,
             lambda: session.in_turn[-1].delivery.message.id if session.in_turn else None, session.clock,
+            staged=lambda stage: session.staged(stage, self.now()),
         )  # fmt: skip
         backend = self.plan.backend_for(key.imp)
         session.box_state = "starting"
@@ -564,7 +604,7 @@ class SessionManager:
                         first.handle._resolve(None)  # shutting down: answered after a restart
                     return  # idle: the timer retired the session in the same step that decided it
                 batch = session.take(first)
-            session.in_turn = batch
+            session.begin_turn(batch, self.now())
             if turns:
                 metrics.box_started(runtime, "warm")  # a box already running serves this turn
             turns += 1
@@ -675,6 +715,11 @@ class SessionManager:
                 item.handle._resolve(result)
 
     # ------------------------------------------------------------ shutdown
+
+    def activity(self) -> list[SessionActivity]:
+        """What every live session is doing now (closing ones included, while their turns end), by key: read
+        from memory, so the activity publisher may ask it every second at no cost to a turn."""
+        return sorted((session.activity() for session in self._live), key=lambda a: (a.imp, a.channel_id))
 
     @property
     def turns_running(self) -> int:

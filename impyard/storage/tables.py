@@ -180,6 +180,7 @@ wakes = Table(
     Column("error", Text),
     Column("finished_at", Text),
     Index("wakes_unfinished", "outcome", "woken_at"),
+    Index("wakes_finished", "finished_at"),  # the newest outcomes first (revision 0009, the console's Now page)
 )  # fmt: skip
 
 # --- supervise (legacy migrations 3, 8) ---------------------------------------------------------------------
@@ -462,4 +463,14 @@ imp_settings = Table(
     Column("digest", Text, nullable=False),  # sha256 of the files (impyard.imps.shared.digest)
     Column("updated_at", Text, nullable=False),
     Column("updated_by", Text, nullable=False),  # <hostname>/<pid> (<account>) that wrote it
+)  # fmt: skip
+
+# --- what each running host is doing now (revision 0009, issue 34: the console's Now page) --------------------
+
+host_activity = Table(
+    "host_activity", metadata,
+    Column("host", Text, primary_key=True, nullable=False),  # its lease record's name: host:<hostname>/<pid>
+    Column("holder", Text, nullable=False),  # liveness.Holder as text: shown only while it holds that lease
+    Column("updated_at", Text, nullable=False),
+    Column("snapshot", Text, nullable=False, server_default=text("'{}'")),  # JSON: conversation.activity
 )  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 import pexpect
 import pytest
 
-from impyard.console.pages import PAGES
+from impyard.console.pages import PAGES, now
 from testing.fake_openai import FakeOpenAI
 from tests.console.conftest import CLI, start_console, stop_console
 from tests.test_chat_terminal import spawn_chat
@@ -63,10 +63,17 @@ def test_a_chat_turn_shows_on_the_console(fake: FakeOpenAI, impyard_home: Path, 
         assert (
             pip["daily_spent_usd"] > 0 and spent[1] == f"{pip['daily_spent_usd']:.4f}"
         )  # the turn's cost, as the CLI
+        browser.get(console.base + "/now")  # the turn's outcome leads Now's recent outcomes
+        (recent,) = browser.find_elements(
+            By.CSS_SELECTOR, "#now-recent tr[data-imp='pip'][data-outcome='sent']"
+        )
+        assert "terminal (" in recent.text
         shots = os.environ.get(SCREENSHOTS_ENV)
         if shots:
             Path(shots).mkdir(parents=True, exist_ok=True)
             for page in PAGES:
+                if page is now.PAGE and (Path(shots) / "now.png").exists():
+                    continue  # Now's picture shows a turn in flight (tests/console/test_console_now.py)
                 browser.get(console.base + page.path)
                 browser.save_screenshot(str(Path(shots) / f"{page.path.strip('/')}.png"))
     finally:

@@ -6,7 +6,9 @@ The first page is where ``/`` leads.
 from __future__ import annotations
 
 from impyard.console.page import Page
-from impyard.console.pages import approvals, audit, budget, hosts, imps, memory
+from impyard.console.pages import approvals, audit, budget, hosts, imps, memory, now
 
 # Navigation order: Imps, Now, Approvals, Budget, Audit, Memory, Hosts.
-PAGES: tuple[Page, ...] = (imps.PAGE, approvals.PAGE, budget.PAGE, audit.PAGE, memory.PAGE, hosts.PAGE)
+PAGES: tuple[Page, ...] = (
+    imps.PAGE, now.PAGE, approvals.PAGE, budget.PAGE, audit.PAGE, memory.PAGE, hosts.PAGE,
+)  # fmt: skip
