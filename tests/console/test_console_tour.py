@@ -19,6 +19,7 @@ import pexpect
 import pytest
 
 from impyard.console.pages import PAGES, now
+from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI
 from tests.console.conftest import CLI, start_console, stop_console
 from tests.test_chat_terminal import spawn_chat
@@ -70,11 +71,33 @@ def test_a_chat_turn_shows_on_the_console(fake: FakeOpenAI, impyard_home: Path, 
         assert "terminal (" in recent.text
         shots = os.environ.get(SCREENSHOTS_ENV)
         if shots:
-            Path(shots).mkdir(parents=True, exist_ok=True)
-            for page in PAGES:
-                if page is now.PAGE and (Path(shots) / "now.png").exists():
-                    continue  # Now's picture shows a turn in flight (tests/console/test_console_now.py)
-                browser.get(console.base + page.path)
-                browser.save_screenshot(str(Path(shots) / f"{page.path.strip('/')}.png"))
+            take_screenshots(console.base, browser, Path(shots))
     finally:
         stop_console(console)
+
+
+# What each page's picture shows beyond the one chat turn: a post held for a decision, pip's memory in its terminal
+# scope (the page shows one scope at a time).
+SHOT_PATHS = {"/memory": "/memory?imp=pip&scope=terminal"}
+
+
+def take_screenshots(base: str, browser: Any, where: Path) -> None:
+    from tests.console.test_console_approvals import hold
+
+    where.mkdir(parents=True, exist_ok=True)
+    db = open_database()
+    try:
+        hold(db, content="Good morning, everyone! The garden club meets at six tonight.")
+    finally:
+        db.close()
+    for event in (
+        "The garden club planted tulips by the old well.",
+        "Ana told me her sister Maja moved to Bergen.",
+    ):
+        subprocess.run([*CLI, "memory", "remember", "pip", event, "--valence", "0.6", "--intensity", "0.7",
+                        "--age", "2h"], capture_output=True, timeout=120, check=True)  # fmt: skip
+    for page in PAGES:
+        if page is now.PAGE and (where / "now.png").exists():
+            continue  # Now's picture shows a turn in flight (tests/console/test_console_now.py)
+        browser.get(base + SHOT_PATHS.get(page.path, page.path))
+        browser.save_screenshot(str(where / f"{page.path.strip('/')}.png"))
