@@ -3,12 +3,10 @@ settings, the policies — and the copy is a home an imp runs from, remembering 
 
 from __future__ import annotations
 
-import io
 import sqlite3
 import threading
 from pathlib import Path
 
-import pexpect
 import pytest
 from click.testing import CliRunner
 
@@ -17,23 +15,9 @@ from impyard.clock import SystemClock
 from impyard.gateway.audit import AuditLog, AuditRecord
 from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI
-from tests.test_chat_terminal import spawn_chat
+from tests.test_chat_terminal import chat_once as chat
 
 FACT = "My sister Maja sailed with me to Oslo last summer."
-
-
-def chat(fake: FakeOpenAI, home: Path, message: str) -> None:
-    child = spawn_chat(fake, home, "--backend", "process")
-    child.logfile_read = io.StringIO()
-    try:
-        child.expect("you> ")
-        child.sendline(message)
-        child.expect("pip> ")
-        child.expect("you> ")
-        child.sendline("/quit")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close(force=True)
 
 
 def test_a_backup_taken_while_writers_commit_holds_whole_transactions(

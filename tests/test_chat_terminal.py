@@ -42,6 +42,22 @@ def spawn_chat(fake: FakeOpenAI, home: Path, *args: str, answers_cpr: bool = Fal
     )
 
 
+def chat_once(fake: FakeOpenAI, home: Path, message: str, reply: str = "") -> None:
+    """One turn through ``impyard chat`` (process backend) and ``/quit``: on a fresh home the chat makes pip.
+    ``reply``: what pip's answer must start with."""
+    child = spawn_chat(fake, home, "--backend", "process")
+    child.logfile_read = io.StringIO()
+    try:
+        child.expect("you> ")
+        child.sendline(message)
+        child.expect(f"pip> {reply}")
+        child.expect("you> ")
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+
+
 def converse(child: pexpect.spawn) -> None:
     child.expect("you> ")
     child.sendline("hello pip")

@@ -8,39 +8,22 @@ tests/console/test_console_tour.py -p no:xdist``).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pexpect
 import pytest
 
 from impyard.console.pages import PAGES, now
 from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI
 from tests.console.conftest import CLI, start_console, stop_console
-from tests.test_chat_terminal import spawn_chat
+from tests.test_chat_terminal import chat_once
 
 SCREENSHOTS_ENV = "IMPYARD_CONSOLE_SCREENSHOTS"
 MESSAGE = "hello pip, what a grey morning"
-
-
-def chat_once(fake: FakeOpenAI, home: Path) -> None:
-    """One turn through ``impyard chat`` on a fresh home (its first imp, pip, is made by the chat)."""
-    child = spawn_chat(fake, home, "--backend", "process")
-    child.logfile_read = io.StringIO()
-    try:
-        child.expect("you> ")
-        child.sendline(MESSAGE)
-        child.expect("pip> Hello from the tour!")
-        child.expect("you> ")
-        child.sendline("/quit")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close(force=True)
 
 
 @pytest.mark.slow
@@ -48,7 +31,7 @@ def chat_once(fake: FakeOpenAI, home: Path) -> None:
 def test_a_chat_turn_shows_on_the_console(fake: FakeOpenAI, impyard_home: Path, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
-    chat_once(fake, impyard_home)
+    chat_once(fake, impyard_home, MESSAGE, "Hello from the tour!")
     console = start_console()
     try:
         browser.get(console.login_url)
