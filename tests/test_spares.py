@@ -11,10 +11,12 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
 import pytest
+from click.testing import CliRunner
 
 from box.protocol import ErrorCode
 from box.protocol.history import HistoryLoadParams
@@ -24,8 +26,13 @@ from impyard import metrics
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.process import ProcessBackend
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
+from impyard.cli import cli
+from impyard.clock import FixedClock
 from impyard.conversation.sessions import SessionKey, SessionManager, SessionSettings
 from impyard.conversation.spares import UNBOUND_REASON, SpareSettings
+from impyard.storage.db import open_database
+from impyard.storage.leases import LeaseStore
+from impyard.storage.liveness import Holder
 from testing.inprocess import InProcessBackend
 from tests.scripted import ScriptedHost
 from tests.test_sessions import KEY, ManualSleeper, Plan, Recorder, delivery
@@ -274,3 +281,17 @@ async def test_spares_are_off_for_an_imp_whose_setting_is_0(tmp_path: Path) -> N
         sessions.deliver(delivery(1))
         await recorder.until(lambda: recorder.answered() == ["m1"])
         assert backend.channels() == ["c1"] and sessions.spares.started == 0
+
+
+def test_hosts_counts_a_hosts_spares_beside_its_warm_boxes(impyard_home: Path) -> None:
+    db = open_database()
+    LeaseStore(db, FixedClock(datetime.now(UTC)), me=Holder("far-away", "b00t", 4242, "9")).acquire(
+        "host:far-away/4242", {"command": "serve", "home": "/srv/yard", "warm_boxes": 3, "spare_boxes": 2}
+    )
+    db.close()
+    listed = CliRunner().invoke(cli, ["hosts"])
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.splitlines()[1].split("\t")[4] == "3 (+2 spares)"
+    as_json = CliRunner().invoke(cli, ["hosts", "--json"])
+    (host,) = json.loads(as_json.output)["hosts"]
+    assert (host["warm_boxes"], host["spare_boxes"]) == (3, 2)

@@ -74,6 +74,7 @@ def host_entry(info: LeaseInfo, holds: Sequence[str], now: datetime, state: str)
         "home": _text(detail.get("home")),
         "shard": _text(detail.get("shard")),
         "warm_boxes": _int(detail.get("warm_boxes")),
+        "spare_boxes": _int(detail.get("spare_boxes")),  # issue 37: started ahead, not yet claimed
         "holds": list(holds),
         "started_at": _text(detail.get("started_at")) or iso(info.acquired_at),
         "renewed_at": iso(info.renewed_at),
@@ -117,6 +118,12 @@ def cluster(
     return {"hosts": hosts, "leases": [lease_entry(info, now, states[info.name]) for info in others]}
 
 
+def _boxes(warm: int | None, spares: int | None) -> str:
+    """The warm boxes cell: ``2``, or ``2 (+1 spare)`` while spares wait (issue 37)."""
+    shown = "?" if warm is None else str(warm)
+    return f"{shown} (+{spares} spare{'s' if spares != 1 else ''})" if spares else shown
+
+
 def _host_row(host: dict[str, Any], now: datetime) -> tuple[str, ...]:
     started = datetime.fromisoformat(host["started_at"]) if host["started_at"] else None
     return tuple(
@@ -126,7 +133,7 @@ def _host_row(host: dict[str, Any], now: datetime) -> tuple[str, ...]:
             str(host["pid"] or "?"),
             host["command"] or "?",
             host["shard"] or "-",
-            "?" if host["warm_boxes"] is None else str(host["warm_boxes"]),
+            _boxes(host["warm_boxes"], host.get("spare_boxes")),
             ", ".join(host["holds"]) or "-",
             host["home"] or "?",
             _relative(started, now) if started else "?",

@@ -604,6 +604,7 @@ class SessionManager:
                 return False
             session.box = box
             session.boxes_started += 1
+            self.boxes_started += 1  # the boxes its sessions got, started for them or ahead
             session.box_state = "idle"
             metrics.box_started(runtime, "spare")  # its first turn is served by a box started ahead
             try:

@@ -459,6 +459,7 @@ async def _open_discord_host(
                     host = DiscordHost(runtime, clients, surface, cards)
                     runtime.gateway.lease_guard = keeper  # a host that lost its shard acts no more
                     card.warm_boxes = lambda: len(runtime.sessions.sessions)
+                    card.spare_boxes = runtime.sessions.spares.waiting  # issue 37
                     keeper.on_lost = host._fail  # a lost lease stops this host: its boxes close, it exits 1
                     if keeper.lost is not None:
                         host._fail(keeper.lost)

@@ -489,15 +489,22 @@ class HostCard:
     shard: str | None = None
     started_at: str = field(default_factory=lambda: iso(datetime.now(UTC)))
     warm_boxes: Callable[[], int] = field(default=lambda: 0, repr=False)  # set once the sessions run
+    spare_boxes: Callable[[], int] = field(
+        default=lambda: 0, repr=False
+    )  # issue 37: started ahead, unclaimed
 
     def detail(self) -> dict[str, Any]:
         try:
             boxes = int(self.warm_boxes())
         except Exception:  # noqa: BLE001 - a count is never worth a lost lease
             boxes = 0
+        try:
+            spares = int(self.spare_boxes())
+        except Exception:  # noqa: BLE001 - a count is never worth a lost lease
+            spares = 0
         return {
             "home": self.home, "command": self.command, "shard": self.shard, "warm_boxes": boxes,
-            "started_at": self.started_at,
+            "spare_boxes": spares, "started_at": self.started_at,
         }  # fmt: skip
 
 

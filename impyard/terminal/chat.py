@@ -431,6 +431,7 @@ async def _chat(
                 keeper.on_lost = lease_lost
                 runtime.gateway.lease_guard = keeper  # a chat that lost its channel acts no more
                 card.warm_boxes = lambda: len(runtime.sessions.sessions)
+                card.spare_boxes = runtime.sessions.spares.waiting  # issue 37
                 if keeper.lost is not None:
                     lease_lost(keeper.lost)
                 tg.start_soon(partial(departing.run, stop=anyio.Event()), name="departures")
