@@ -184,10 +184,14 @@ asks = json.loads(sys.argv[1])
 for n, (method, params) in enumerate(asks, 1):
     sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": n, "method": method, "params": params}) + "\\n")
 sys.stdout.flush()
-for _ in asks:
-    sys.stderr.write(sys.stdin.readline())
-    sys.stderr.flush()
-sys.stdin.readline()
+for line in sys.stdin:
+    frame = json.loads(line)
+    if frame.get("method") == "box.ready":  # up: as the box program answers it
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": frame["id"], "result": {}}) + "\\n")
+        sys.stdout.flush()
+    elif "method" not in frame:  # the answer to one of its asks
+        sys.stderr.write(line)
+        sys.stderr.flush()
 """
 
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from box.protocol import HOST_METHODS, ErrorCode, RpcError
 from box.protocol.memory import SessionMemory
-from box.protocol.models import TurnStageParams
+from box.protocol.models import EmptyFromHost, TurnStageParams
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
 from impyard.backends.handover import hand_back, sweep
 from impyard.backends.mounts import running_mounts
@@ -45,6 +45,7 @@ SPARE_MEMORY_FLOOR_BYTES = (
     1024**3
 )  # no spare is started, and those there are drained, below this much free memory
 DIED_IN_A_ROW_LIMIT = 3  # spares of an imp that die unclaimed in a row: then none until its next conversation
+READY_TIMEOUT_S = 60.0  # a spare's program has this long to load and answer ``box.ready``
 SPARE_CHANNEL = ""  # an unclaimed spare's channel: none
 UNBOUND_REASON = "this box is a spare and serves no channel yet"
 
@@ -176,6 +177,7 @@ class SparePool:
         self._keepers: dict[str, anyio.Event] = {}  # imp -> the event that wakes its keeper
         self._died: dict[str, int] = {}  # imp -> spares that died unclaimed in a row
         self._swept: set[str] = set()
+        self._changed = anyio.Event()
 
     def start(self, tg: TaskGroup) -> None:
         self._tg = tg
@@ -198,6 +200,12 @@ class SparePool:
         event = self._keepers.get(imp)
         if event is not None:
             event.set()
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def changed(self) -> None:
+        """Until the next change of any spare (one ready, claimed, ended): for a watcher (the benchmark)."""
+        await self._changed.wait()
 
     def claim(self, imp: str, backend: BoxBackend) -> Spare | None:
         """A ready spare of ``imp`` started by ``backend``, now the caller's (never anyone else's); None: none."""
@@ -296,6 +304,10 @@ class SparePool:
         died = False
         try:
             async with spare.backend.open(spare.spec, spare.host) as box:
+                try:  # up, its program loaded: what a claim would otherwise wait for
+                    await box.request("box.ready", EmptyFromHost(), timeout=READY_TIMEOUT_S)
+                except RpcError:
+                    pass  # a box that refuses it (an older image) answered all the same: it is up
                 spare.box = box
                 self.poke(spare.imp)  # the census and a claim waiting for it see it now
                 async with anyio.create_task_group() as tg:
