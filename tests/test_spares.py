@@ -24,6 +24,8 @@ from box.protocol.memory import RecentParams
 from box.protocol.models import DiscordSendParams, HttpFetchParams, ModelRequestParams
 from impyard import metrics
 from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
+from impyard.backends.docker import DockerBackend
+from impyard.backends.plan import LABEL_CHANNEL
 from impyard.backends.process import ProcessBackend
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
 from impyard.cli import cli
@@ -299,3 +301,29 @@ def test_hosts_counts_a_hosts_spares_beside_its_warm_boxes(impyard_home: Path) -
     as_json = CliRunner().invoke(cli, ["hosts", "--json"])
     (host,) = json.loads(as_json.output)["hosts"]
     assert (host["warm_boxes"], host["spare_boxes"]) == (3, 2)
+
+
+async def test_under_docker_a_spare_is_locked_down_as_any_box_and_serves_a_first_turn(
+    tmp_path: Path, docker_backend: DockerBackend
+) -> None:
+    backend, host, recorder = Counting(docker_backend), ScriptedHost(), Recorder()
+    async with manager(tmp_path, host, recorder, backend) as sessions:
+        sessions.deliver(delivery(1, key=SessionKey("pip", "a")))
+        await recorder.until(lambda: recorder.answered() == ["m1"], timeout=120)
+        await until(lambda: len(ready(sessions)) == 1, timeout=120)
+        (spare,) = ready(sessions)
+        by_channel = {c.labels[LABEL_CHANNEL]: c for c in docker_backend.labelled()}
+        assert sorted(by_channel) == ["", "a"]
+        spare_config, cold_config = (by_channel[c].attrs["HostConfig"] for c in ("", "a"))
+        for key in ("ReadonlyRootfs", "NetworkMode", "CapDrop", "SecurityOpt", "Memory", "MemorySwap",
+                    "NanoCpus", "PidsLimit", "Ulimits", "Runtime", "Tmpfs", "Init"):  # fmt: skip
+            assert spare_config[key] == cold_config[key], key  # the same lockdown, flag for flag
+        (mount,) = by_channel[""].attrs["Mounts"]
+        assert mount["Destination"] == "/state" and mount["Source"].endswith(f"spares/{spare}")
+
+        sessions.deliver(delivery(2, key=SessionKey("pip", "b")))
+        await recorder.until(lambda: len(recorder.answered()) == 2, timeout=120)
+        box = sessions.sessions[SessionKey("pip", "b")].box
+        assert box is not None and box.spec.run_id == spare
+        assert "b" not in backend.channels()  # no box was started for b
+    assert [result.outcome for _, result in recorder.outcomes] == ["sent", "sent"]

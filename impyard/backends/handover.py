@@ -26,6 +26,8 @@ import os
 import shutil
 from pathlib import Path
 
+from impyard.backends.statedir import FOREIGN_WRITER_MARK, mark_foreign_writer
+
 log = logging.getLogger("impyard.box")
 
 SPARE_DIRS = "spares"  # under an imp's box state dir (beside ``channels`` and ``tasks``)
@@ -97,7 +99,9 @@ def hand_back(spare_dir: Path) -> Path | None:
         _remove(spare_dir)
         return None
     channel_dir.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
+    if (spare_dir.parent / FOREIGN_WRITER_MARK).exists():  # a root host's process box wrote them: the next
+        mark_foreign_writer(channel_dir)  # Docker box of the channel repairs their owner once, as for any
+    with contextlib.suppress(OSError):  # missing, or not empty: then merged below
         os.rmdir(channel_dir)  # empty since the claim: the spare's dir takes its place whole (owner and all)
     try:
         os.rename(spare_dir, channel_dir)
