@@ -206,11 +206,15 @@ def imp_for(backend: str, mode: str = "warm") -> str:
     return f"{mode}-{backend}"
 
 
+SPARE_MODE = "spare"  # issue 37: a warm imp that keeps one spare box; every other bench imp keeps none
+
+
 def add_imps(backends: Sequence[str]) -> None:
     store = ImpStore()
     for backend in backends:
-        for mode in MODES:
-            store.add(imp_for(backend, mode), PERSONA, sessions={"mode": mode})
+        for mode in MODES:  # no spares: a cold box is started for each conversation, as the cold rows measure
+            store.add(imp_for(backend, mode), PERSONA, sessions={"mode": mode}, box={"spares": 0})
+        store.add(imp_for(backend, SPARE_MODE), PERSONA, sessions={"mode": "warm"}, box={"spares": 1})
 
 
 def message(channel_id: str, n: int) -> Message:

@@ -133,6 +133,10 @@ class BoxProgram:
         if method == "box.init":
             assert isinstance(params, BoxInitParams)
             return self._initialise(params)
+        if (
+            method == "box.ready"
+        ):  # issue 37: the host's spare pool asks whether the box is up, before its init
+            return Empty()
         if self.init is None:
             if method == "mailbox.event":  # a notification has no one to tell: note it and move on
                 log.warning("a channel event arrived before box.init; ignored")

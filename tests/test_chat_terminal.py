@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from impyard import paths
 from impyard.backends.docker import DockerBackend
+from impyard.backends.plan import LABEL_CHANNEL
 from impyard.cli import cli
 from testing.fake_openai import FakeOpenAI, envelope, slow
 from tests.conftest import RUNTIMES, use_runtime
@@ -204,7 +205,7 @@ def test_sigterm_shuts_down_and_leaves_no_box(
     child.sendline("hello pip")
     child.expect("pip> Hello from Pip!")
     backend = DockerBackend(home_id=paths.home_id(impyard_home))
-    boxes = backend.labelled()
+    boxes = [box for box in backend.labelled() if box.labels.get(LABEL_CHANNEL)]  # not the spare (issue 37)
     assert len(boxes) == 1  # the warm box is still there between turns
     assert boxes[0].attrs["HostConfig"]["Runtime"] == runtime
     child.kill(signal.SIGTERM)

@@ -78,7 +78,14 @@ def test_a_host_serving_many_imps_keeps_a_record_that_fits() -> None:
     kept = detail["boxes"]
     assert 100 < len(kept) < 500 and detail["boxes_more"] == 500 - len(kept)
     assert [box["warm"] for box in kept[:3]] == [2, 2, 2]  # the imps with warm boxes first
-    assert HostCard("chat", "/h").detail().keys() == {"home", "command", "shard", "warm_boxes", "started_at"}
+    assert HostCard("chat", "/h").detail().keys() == {
+        "home",
+        "command",
+        "shard",
+        "warm_boxes",
+        "spare_boxes",
+        "started_at",
+    }
     broken = HostCard("chat", "/h", boxes=lambda: 1 / 0).detail()  # type: ignore[arg-type, return-value]
     assert broken["boxes"] == []  # a list of boxes is never worth a lost lease
 

@@ -73,7 +73,7 @@ def test_the_cluster_pairs_each_host_with_the_leases_it_holds() -> None:
     alpha, beta = found["hosts"]
     assert alpha == {
         "host": "alpha", "pid": 100, "command": "serve", "home": "/srv/a", "shard": "1/2", "warm_boxes": 2,
-        "holds": ["shard:1/2"], "started_at": "2026-12-03T11:00:00.000000+00:00",
+        "spare_boxes": None, "holds": ["shard:1/2"], "started_at": "2026-12-03T11:00:00.000000+00:00",
         "renewed_at": "2026-12-03T11:59:56.000000+00:00", "expires_at": "2026-12-03T12:00:26.000000+00:00",
         "lease_age_s": 4.0, "expires_in_s": 26.0, "state": "held",
     }  # fmt: skip

@@ -599,8 +599,9 @@ async def test_a_kinds_limited_supervisor_runs_no_memory_clock(
 def test_supervise_takes_memory_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     got: list[tuple[Any, ...]] = []
 
-    async def fake(*args: Any) -> None:
+    async def fake(*args: Any, **metrics: Any) -> None:  # and where its metrics listen (none asked here)
         got.append(args)
+        assert metrics == {"metrics_host": "127.0.0.1", "metrics_port": None}
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setattr("impyard.cli.supervise.supervise", fake)

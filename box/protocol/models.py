@@ -341,6 +341,9 @@ BOX_METHODS: dict[str, MethodSpec] = _table(
     MethodSpec("mailbox.deliver", DeliverParams, DeliverResult),
     MethodSpec("task.run", TaskRunParams, TaskRunResult),
     MethodSpec("box.shutdown", EmptyFromHost, Empty),
+    MethodSpec(
+        "box.ready", EmptyFromHost, Empty
+    ),  # issue 37: a spare is up, its program loaded; before init too
     MethodSpec("mailbox.event", MailboxEventParams, None),  # a notification (issue 6, ENV-13)
 )
 

@@ -161,3 +161,18 @@ async def claimed_mount(
         yield claim
     finally:
         claim.release()
+
+
+def running_mounts(claims_dir: Path | None = None) -> set[Path]:
+    """The writable mounts of every running box of the home, whichever process started it (issue 37: a spare dir
+    no running box holds is a leftover). Blocking: call it from a worker thread."""
+    directory = claims_dir or paths.home() / CLAIMS_DIR
+    try:
+        guard = os.open(directory / _GUARD, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return set()  # no claims dir: no box has run in this home
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        return {claimed.path for claimed in _running_claims(directory)}
+    finally:
+        os.close(guard)

@@ -54,7 +54,7 @@ def _host_row(host: HostRow, now: datetime) -> tuple[str, ...]:
             str(host.pid or "?"),
             host.command or "?",
             host.shard or "-",
-            "?" if host.warm_boxes is None else str(host.warm_boxes),
+            host.boxes_text,
             host.revisions_text,
             ", ".join(host.holds) or "-",
             host.home or "?",

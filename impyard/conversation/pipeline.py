@@ -26,6 +26,7 @@ from box.protocol.memory import PresenceEntry
 from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, Message, SessionInfo
 from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend
+from impyard.backends.handover import SPARE_DIRS
 from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import Clock
 from impyard.conversation.framing import RecentAuthor, decide_framing
@@ -43,6 +44,7 @@ from impyard.conversation.inbound import (
     clean_content,
 )
 from impyard.conversation.sessions import Delivery, SessionKey, SessionManager, SessionSettings, TurnHandle
+from impyard.conversation.spares import SpareSettings
 from impyard.conversation.typing_indicator import TypingIndicator
 from impyard.conversation.wake import WakeDecision, WakeFacts, decide_wake
 from impyard.failure_words import missed_line
@@ -394,6 +396,9 @@ class Conversations:
     def state_dir_for(self, key: SessionKey) -> Path:
         return self.imps.session_state_dir(key.imp, key.channel_id)
 
+    def spare_dir_for(self, imp: str) -> Path:
+        return self.imps.box_state_dir(imp) / SPARE_DIRS  # issue 37: each spare's /state its own, under it
+
     def settings_for(self, imp: str) -> SessionSettings:
         config = self.configs[imp]
         sessions = config.sessions
@@ -404,6 +409,7 @@ class Conversations:
             session_ceiling_s=sessions.session_ceiling_s,
             queue_limit=sessions.queue_limit,
             failure_notice=sessions.failure_notice or None,
+            spares=SpareSettings(count=config.box.spares, idle_s=config.box.spares_idle_s),
         )
 
     # ------------------------------------------------------------ SessionEvents

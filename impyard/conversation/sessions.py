@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, Protocol
@@ -43,8 +43,11 @@ from box.protocol.models import (
 )
 from impyard import metrics
 from impyard.backends import BoxBackend, BoxDied, BoxError, BoxHost, BoxSpec, BoxTimeout, RunningBox
+from impyard.backends.handover import hand_in
+from impyard.conversation.spares import Spare, SparePool, SpareSettings, available_memory
 from impyard.failure_words import FALLBACK_WORDS, words_for
 from impyard.gateway.surfaces import surface_of
+from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.sessions")
 
@@ -78,6 +81,7 @@ class SessionSettings:
     session_ceiling_s: float = 1800.0
     queue_limit: int = 50  # the mailbox's buffer: messages waiting behind the one being taken
     failure_notice: str | None = FALLBACK_WORDS  # for a failure of no known kind (issue 19 #5)
+    spares: SpareSettings = SpareSettings()  # issue 37: none unless the plan says ([box] spares)
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,11 @@ class SessionPlan(Protocol):
 
     async def presence_for(self, key: SessionKey, message: Message, now: datetime) -> list[PresenceEntry]:
         """Mechanism 10: the imp's other live conversations this session may know of (none when memory is off)."""
+        ...
+
+    def spare_dir_for(self, imp: str) -> Path:
+        """Under which the imp's spare boxes each get a fresh /state of their own (issue 37); asked only of a plan
+        whose ``settings_for`` keeps spares."""
         ...
 
 
@@ -427,9 +436,12 @@ class SessionManager:
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         monotonic: Callable[[], float] = anyio.current_time,
+        spares_max: int | None = None,
+        free_memory: Callable[[], int | None] = available_memory,
     ) -> None:
         """``plan``: what each imp's sessions are made of; ``host``: serves the boxes' requests (the gateway);
-        ``events``: hears the outcomes and gives each session its observer."""
+        ``events``: hears the outcomes and gives each session its observer. ``spares_max``: spare boxes on this
+        host at most (None: ``IMPYARD_SPARES_MAX``, else 8); ``free_memory``: the host's available bytes."""
         self.plan = plan
         self.host = host
         self.events = events
@@ -444,10 +456,16 @@ class SessionManager:
         self._hurried = False  # ``hurry``: a shutdown gives running turns no grace
         self._grace: anyio.CancelScope | None = None  # the grace of a shutdown under way
         self._census = metrics.counting_boxes(self)
+        self.spares = SparePool(
+            settings_for=lambda imp: self.plan.settings_for(imp).spares, backend_for=plan.backend_for,
+            spare_dir_for=lambda imp: self.plan.spare_dir_for(imp), live_sessions=self._live_sessions_of,
+            sleep=sleep, host_max=spares_max, free_memory=free_memory,
+        )  # fmt: skip
 
     async def __aenter__(self) -> SessionManager:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self.spares.start(self._tg)
         self._census.__enter__()
         self._accepting = True
         return self
@@ -463,7 +481,11 @@ class SessionManager:
 
     def box_states(self) -> list[tuple[str, str]]:
         """``metrics.BoxCensus``: each live session's box, by imp and state (starting, idle, busy)."""
-        return [(s.key.imp, s.box_state) for s in list(self._live) if s.box_state is not None]
+        sessions = [(s.key.imp, s.box_state) for s in list(self._live) if s.box_state is not None]
+        return sessions + self.spares.states()
+
+    def _live_sessions_of(self, imp: str) -> int:
+        return sum(1 for session in self._live if session.key.imp == imp)
 
     # ------------------------------------------------------------ the mailbox
 
@@ -494,6 +516,7 @@ class SessionManager:
         self.sessions[delivery.key] = session
         self._live.add(session)
         self._tg.start_soon(self._run_session, session, name=f"session {delivery.key}")
+        self.spares.wanted(delivery.key.imp)  # the imp is in a conversation: its spares are kept (issue 37)
         return handle
 
     async def notify(self, key: SessionKey, method: str, params: BaseModel) -> bool:
@@ -559,6 +582,7 @@ class SessionManager:
                     None
                 )  # the host stopped first: recorded nowhere, answered after a restart
             session.done.set()
+            self.spares.poke(session.key.imp)  # its spares' idle period may start now
 
     async def _box_lifetime(self, session: ChannelSession) -> None:
         key = session.key
@@ -570,6 +594,9 @@ class SessionManager:
             staged=lambda stage: session.staged(stage, self.now()),
         )  # fmt: skip
         backend = self.plan.backend_for(key.imp)
+        spare = self.spares.claim(key.imp, backend)
+        if spare is not None and await self._on_spare(session, spare, host, backend.name):
+            return
         session.box_state = "starting"
         try:
             async with backend.open(spec, host) as box:
@@ -589,6 +616,47 @@ class SessionManager:
                     session.box = None
         finally:
             session.box_state = None
+
+    async def _on_spare(
+        self, session: ChannelSession, spare: Spare, host: SessionBoxHost, runtime: str
+    ) -> bool:
+        """Serve ``session`` on the spare it claimed (issue 37): the channel's /state is handed into the spare's,
+        the spare hears its channel and scopes (``box.init``, once), and it serves the session as a box started
+        for it would. False: the spare failed before its first turn (it died, or would not take its init) — the
+        session starts a box as ever, and nothing was lost."""
+        key, box = session.key, spare.box
+        assert box is not None  # a spare is claimed only once it runs
+        session.box_state = "starting"
+        try:
+            try:
+                # The channel's previous box has closed (``_run_session`` waited): its files move, never shared.
+                await in_thread(hand_in, self.plan.state_dir_for(key), spare.spec.state_dir)
+                spec = replace(spare.spec, channel_id=key.channel_id)
+                box.spec = spec  # from here on its requests are this channel's, judged as any of its boxes'
+                spare.host.bind(host)
+                init = await self.plan.init_for(key, self.now())
+                host.given(spec, init.memory)  # before the box hears it (issue 32 #1)
+                await box.init(init, timeout=INIT_TIMEOUT_S)
+            except (BoxDied, BoxTimeout, OSError) as exc:
+                log.warning(
+                    "session %s: its spare box failed before its first turn (%s); starting one", key, exc
+                )
+                return False
+            session.box = box
+            session.boxes_started += 1
+            self.boxes_started += 1  # the boxes its sessions got, started for them or ahead
+            session.box_state = "idle"
+            metrics.box_started(runtime, "spare")  # its first turn is served by a box started ahead
+            try:
+                await self._serve_turns(session, box, self.monotonic(), runtime)
+            finally:
+                session.box = None
+            return True
+        finally:
+            session.box_state = None
+            spare.release()
+            with anyio.CancelScope(shield=True):
+                await spare.closed.wait()  # closed, its /state the channel's again, before the next box of it
 
     async def _serve_turns(
         self, session: ChannelSession, box: RunningBox, started: float, runtime: str = ""
@@ -736,6 +804,7 @@ class SessionManager:
     async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop accepting; running turns get ``grace_s`` to finish; then every box is killed."""
         self._accepting = False
+        self.spares.stop()  # the waiting spares close now; a claimed one with its session
         for session in list(self._live):
             session.closing = True
             session.stop_taking()  # a session waiting for work ends its wait

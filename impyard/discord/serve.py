@@ -484,6 +484,7 @@ async def _open_discord_host(
                     card.warm_boxes = lambda: len(runtime.sessions.sessions)
                     card.boxes = runtime.boxes  # per imp, with their runtime (the console's Imps page)
                     card.imp_revisions = runtime.imp_revisions  # issue 36: which settings it runs
+                    card.spare_boxes = runtime.sessions.spares.waiting  # issue 37
                     keeper.on_lost = host._fail  # a lost lease stops this host: its boxes close, it exits 1
                     if keeper.lost is not None:
                         host._fail(keeper.lost)

@@ -9,6 +9,7 @@ settled at the measured cost, and the call's audit row written by the core in th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -360,6 +361,8 @@ class ModelAct(Act):
         params, record, estimate = call.params, call.record, call.estimate
         model = call.plan.facts.model
         cost = estimate
+        limit = self._limit(params)
+        began = time.monotonic()
         try:
             with call.scope:
                 if _local(
@@ -368,9 +371,13 @@ class ModelAct(Act):
                     response = await self.local.answer(call.plan.body)
                 else:
                     response = await self.broker.call(
-                        params.path, call.plan.raw, params.purpose, timeout_s=self._limit(params)
+                        params.path, call.plan.raw, params.purpose, timeout_s=limit
                     )
             if call.scope.cancelled_caught:
+                if limit is not None and time.monotonic() - began >= limit:
+                    # The box gave the call up at its limit and ended at the same moment: the server was slow, as
+                    # the host's own timer would have said a moment later (which of the two fires first is chance).
+                    raise UpstreamTimeout(limit)
                 raise _EndedWithBox  # the box went away: recorded as cut, below
         except UpstreamTimeout as exc:
             # Issue 38: the server took the request and was slow: said so, and audited as a timeout.

@@ -552,6 +552,15 @@ class BoxConfig(_Strict):
         100_000, "Most files and directories in the state dir.", expect="a whole number from 100 to 10000000",
         ge=100, le=10_000_000,
     )  # fmt: skip
+    spares: int = _field(
+        1, "Spare boxes kept started for the imp while it has had a conversation within spares_idle_s; 0: none "
+        "(issue 37: a conversation's first message claims one instead of waiting for a box to start).",
+        expect="a whole number from 0 to 8", ge=0, le=8,
+    )  # fmt: skip
+    spares_idle_s: Seconds = _field(
+        3600.0, "Seconds without a conversation of the imp after which its spare boxes close.",
+        expect="a number of seconds from 1 to 86400", ge=1, le=86_400,
+    )  # fmt: skip
 
     @field_validator("memory")
     @classmethod

@@ -18,7 +18,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]")
 # The lease kinds a host holds (``impyard.storage.leases``): shard:I/N, channel:<id>, task:<task>/<run>,
 # host:<hostname>/<pid>; anything else (a supervisor's own, a console's) by its prefix when it is one of these.
 LEASE_KINDS = frozenset({"shard", "channel", "task", "host", "supervisor", "console"})
-BOX_STATES = frozenset({"starting", "idle", "busy", "task"})
+BOX_STATES = frozenset({"starting", "idle", "busy", "task", "spare"})  # spare: issue 37
 START_KINDS = frozenset({"cold", "spare", "warm"})
 TOKEN_KINDS = frozenset({"input", "output", "cached"})
 

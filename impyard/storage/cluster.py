@@ -82,6 +82,7 @@ class HostRow:
     home: str | None
     shard: str | None
     warm_boxes: int | None
+    spare_boxes: int | None  # issue 37: started ahead, not yet claimed (None: the host did not say)
     holds: tuple[str, ...]  # the leases it holds now, by name
     started_text: str  # as the host wrote it (``--json`` prints it so)
     started_at: datetime | None
@@ -92,6 +93,13 @@ class HostRow:
     state: LeaseState
     boxes: tuple[ImpBoxes, ...] | None  # per imp it serves; None: the host did not say (an older impyard)
     imp_revisions: dict[str, int] | None = None  # issue 36: the revision of each imp's settings it runs
+
+    @property
+    def boxes_text(self) -> str:
+        """The warm boxes cell: ``2``, or ``2 (+1 spare)`` while spares wait (issue 37)."""
+        shown = "?" if self.warm_boxes is None else str(self.warm_boxes)
+        spares = self.spare_boxes
+        return f"{shown} (+{spares} spare{'s' if spares != 1 else ''})" if spares else shown
 
     @property
     def revisions_text(self) -> str:
@@ -107,7 +115,8 @@ class HostRow:
     def as_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
             "host": self.host, "pid": self.pid, "command": self.command, "home": self.home, "shard": self.shard,
-            "warm_boxes": self.warm_boxes, "holds": list(self.holds), "started_at": self.started_text,
+            "warm_boxes": self.warm_boxes, "spare_boxes": self.spare_boxes, "holds": list(self.holds),
+            "started_at": self.started_text,
             "renewed_at": iso(self.renewed_at), "expires_at": iso(self.expires_at), "lease_age_s": self.lease_age_s,
             "expires_in_s": self.expires_in_s, "state": self.state,
         }  # fmt: skip
@@ -240,6 +249,7 @@ def host_row(info: LeaseInfo, holds: Sequence[str], now: datetime, state: LeaseS
         home=_text(detail.get("home")),
         shard=_text(detail.get("shard")),
         warm_boxes=_int(detail.get("warm_boxes")),
+        spare_boxes=_int(detail.get("spare_boxes")),
         holds=tuple(holds),
         started_text=started,
         started_at=_time(started),

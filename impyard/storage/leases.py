@@ -553,6 +553,9 @@ class HostCard:
     shard: str | None = None
     started_at: str = field(default_factory=lambda: iso(datetime.now(UTC)))
     warm_boxes: Callable[[], int] = field(default=lambda: 0, repr=False)  # set once the sessions run
+    spare_boxes: Callable[[], int] = field(
+        default=lambda: 0, repr=False
+    )  # issue 37: started ahead, unclaimed
     boxes: Callable[[], Sequence[ImpBoxes]] | None = field(default=None, repr=False)  # per imp: once they run
     # Issue 36: the revision of each imp's settings this host runs (impyard.imps.shared), once it knows them.
     imp_revisions: Callable[[], Mapping[str, int]] | None = field(default=None, repr=False)
@@ -564,9 +567,13 @@ class HostCard:
             warm = int(self.warm_boxes())
         except Exception:  # noqa: BLE001 - a count is never worth a lost lease
             warm = 0
+        try:
+            spares = int(self.spare_boxes())
+        except Exception:  # noqa: BLE001 - a count is never worth a lost lease
+            spares = 0
         found: dict[str, Any] = {
             "home": self.home, "command": self.command, "shard": self.shard, "warm_boxes": warm,
-            "started_at": self.started_at,
+            "spare_boxes": spares, "started_at": self.started_at,
         }  # fmt: skip
         if self.imp_revisions is not None:
             try:

@@ -433,6 +433,7 @@ async def _chat(
                 card.warm_boxes = lambda: len(runtime.sessions.sessions)
                 card.boxes = runtime.boxes  # per imp, with their runtime (the console's Imps page)
                 card.imp_revisions = runtime.imp_revisions  # issue 36: which settings it runs
+                card.spare_boxes = runtime.sessions.spares.waiting  # issue 37
                 if keeper.lost is not None:
                     lease_lost(keeper.lost)
                 tg.start_soon(partial(departing.run, stop=anyio.Event()), name="departures")

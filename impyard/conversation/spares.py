@@ -1,0 +1,348 @@
+"""Spare boxes (issue 37, docs/conversation.md "Spare boxes"): boxes started ahead, per imp and backend, that a
+conversation's first message claims instead of waiting for a box to start.
+
+A spare is started and locked down exactly as a session's box is (``backend.open``), with a ``/state`` of its own
+(``impyard.backends.handover``), and waits before ``box.init``: it holds no channel, no scopes, no state of any
+conversation. Until a session claims it its host is a ``SpareHost``, which refuses every request (a model call, a
+memory read, a post: each needs a channel and scopes it has not been given). The claim is the ``box.init`` that
+gives it its channel and scopes, once; the box then serves that one session until it closes, and is never handed
+to another channel or imp.
+
+The pool keeps ``[box] spares`` spares of each imp that has had a conversation in the last ``[box] spares_idle_s``
+(none for an imp with none), at most ``IMPYARD_SPARES_MAX`` on the host, and none while the host's available
+memory is under ``SPARE_MEMORY_FLOOR_BYTES``. Each imp's keeper refills after a claim and replaces a spare that
+died unclaimed (never a lost turn: no turn was on it), and drains the imp's spares once it has had no session for
+the idle period. Every spare is a task of the session manager's task group: a shutdown closes them with every
+other box.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskGroup
+from pydantic import BaseModel
+
+from box.protocol import HOST_METHODS, ErrorCode, RpcError
+from box.protocol.memory import SessionMemory
+from box.protocol.models import EmptyFromHost, TurnStageParams
+from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
+from impyard.backends.handover import hand_back, sweep
+from impyard.backends.mounts import running_mounts
+from impyard.threads import in_thread
+
+log = logging.getLogger("impyard.sessions")
+
+SPARES_MAX_ENV = "IMPYARD_SPARES_MAX"
+HOST_SPARES_MAX = 8  # spares on one host at most, whatever the imps' settings say
+SPARE_MEMORY_FLOOR_BYTES = (
+    1024**3
+)  # no spare is started, and those there are drained, below this much free memory
+DIED_IN_A_ROW_LIMIT = 3  # spares of an imp that die unclaimed in a row: then none until its next conversation
+READY_TIMEOUT_S = 60.0  # a spare's program has this long to load and answer ``box.ready``
+SPARE_CHANNEL = ""  # an unclaimed spare's channel: none
+UNBOUND_REASON = "this box is a spare and serves no channel yet"
+
+
+@dataclass(frozen=True)
+class SpareSettings:
+    """An imp's spares: how many to keep (``[box] spares``) while it has had a conversation within ``idle_s``."""
+
+    count: int = 0
+    idle_s: float = 3600.0
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` of this host in bytes (None where the kernel does not say: no floor applies)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:  # noqa: PTH123
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def host_spares_max(environ: dict[str, str] | None = None) -> int:
+    """``IMPYARD_SPARES_MAX`` (a whole number, 0 turns spares off), else ``HOST_SPARES_MAX``; a bad value is
+    said once in the log and the default applies."""
+    raw = (os.environ if environ is None else environ).get(SPARES_MAX_ENV, "").strip()
+    if not raw:
+        return HOST_SPARES_MAX
+    if raw.isdigit() and int(raw) <= 1000:
+        return int(raw)
+    log.warning("%s=%r is not a whole number from 0 to 1000; using %d", SPARES_MAX_ENV, raw, HOST_SPARES_MAX)
+    return HOST_SPARES_MAX
+
+
+class SpareHost:
+    """A spare's host: until its claim it refuses every request and forgets its stages; from its claim on, the
+    claiming session's host (the gateway behind it) hears everything, as a cold box's would."""
+
+    def __init__(self, imp: str) -> None:
+        self.imp = imp
+        self.bound: BoxHost | None = None
+
+    def bind(self, host: BoxHost) -> None:
+        if self.bound is not None:
+            raise RuntimeError("a spare box is claimed once")
+        self.bound = host
+
+    async def serve(self, spec: BoxSpec, method: str, params: BaseModel) -> BaseModel | None:
+        if self.bound is not None:
+            return await self.bound.serve(spec, method, params)
+        if HOST_METHODS[method].is_notification:  # its log lines: nothing of anyone's is in them yet
+            log.debug("spare box of %s: %s before its claim (ignored)", self.imp, method)
+            return None
+        log.warning("spare box of %s asked for %s before its claim: refused", self.imp, method)
+        raise RpcError(ErrorCode.DENIED, f"denied: {UNBOUND_REASON}", {"rule": "spare", "reason": "unbound"})
+
+    async def turn_stage(self, spec: BoxSpec, params: TurnStageParams, *, woken: bool = False) -> None:
+        if self.bound is not None:
+            await self.bound.turn_stage(spec, params, woken=woken)
+
+    async def refused(self, spec: BoxSpec, method: str, code: int, reason: str) -> None:
+        if self.bound is not None:
+            await self.bound.refused(spec, method, code, reason)
+        else:
+            log.warning("spare box of %s sent a refused %s before its claim", self.imp, method[:64])
+
+    async def closed(self, spec: BoxSpec) -> None:
+        if self.bound is not None:
+            await self.bound.closed(spec)
+
+    def given(self, spec: BoxSpec, memory: SessionMemory | None) -> None:
+        if self.bound is not None:
+            self.bound.given(spec, memory)
+
+
+@dataclass(eq=False)
+class Spare:
+    """One spare box: started by the pool's task, claimed at most once by a session, closed by the pool's task
+    once the session lets go (``release``) — or once drained, or dead, unclaimed."""
+
+    imp: str
+    backend: BoxBackend
+    spec: BoxSpec
+    host: SpareHost
+    box: RunningBox | None = None  # set once it runs
+    claimed: bool = False
+    draining: bool = False
+    wake: anyio.Event = field(default_factory=anyio.Event)  # claimed, drained, or dead
+    released: anyio.Event = field(default_factory=anyio.Event)  # its session is done with it
+    closed: anyio.Event = field(default_factory=anyio.Event)  # its box is gone and its /state handed back
+
+    @property
+    def ready(self) -> bool:
+        box = self.box
+        return box is not None and not self.claimed and not self.draining and not box.exited.is_set()
+
+    def release(self) -> None:
+        self.released.set()
+        self.wake.set()
+
+
+class SparePool:
+    """The spares of one session manager, in its task group (``start``)."""
+
+    def __init__(
+        self,
+        *,
+        settings_for: Callable[[str], SpareSettings],
+        backend_for: Callable[[str], BoxBackend],
+        spare_dir_for: Callable[[str], Path],
+        live_sessions: Callable[[str], int],
+        sleep: Callable[[float], Awaitable[None]],
+        host_max: int | None = None,
+        free_memory: Callable[[], int | None] = available_memory,
+    ) -> None:
+        self.settings_for = settings_for
+        self.backend_for = backend_for
+        self.spare_dir_for = spare_dir_for
+        self.live_sessions = live_sessions
+        self.sleep = sleep
+        self.host_max = host_spares_max() if host_max is None else host_max
+        self.free_memory = free_memory
+        self.spares: set[Spare] = set()
+        self.started = 0  # spares ever started (the benchmark's and the tests' count)
+        self.claimed = 0
+        self._tg: TaskGroup | None = None
+        self._keepers: dict[str, anyio.Event] = {}  # imp -> the event that wakes its keeper
+        self._died: dict[str, int] = {}  # imp -> spares that died unclaimed in a row
+        self._swept: set[str] = set()
+        self._changed = anyio.Event()
+
+    def start(self, tg: TaskGroup) -> None:
+        self._tg = tg
+
+    # ------------------------------------------------------------ what the session manager asks
+
+    def wanted(self, imp: str) -> None:
+        """``imp`` has a conversation: keep its spares (its keeper starts, or hears of it)."""
+        if self._tg is None or self.settings_for(imp).count <= 0 or self.host_max <= 0:
+            return
+        self._died.pop(imp, None)  # a conversation gives a failing imp's spares another try
+        if imp in self._keepers:
+            self._keepers[imp].set()
+        else:
+            self._keepers[imp] = anyio.Event()
+            self._tg.start_soon(self._keep, imp, name=f"spares of {imp}")
+
+    def poke(self, imp: str) -> None:
+        """Something changed for ``imp`` (a session ended, a spare ended): its keeper looks again."""
+        event = self._keepers.get(imp)
+        if event is not None:
+            event.set()
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def changed(self) -> None:
+        """Until the next change of any spare (one ready, claimed, ended): for a watcher (the benchmark)."""
+        await self._changed.wait()
+
+    def claim(self, imp: str, backend: BoxBackend) -> Spare | None:
+        """A ready spare of ``imp`` started by ``backend``, now the caller's (never anyone else's); None: none."""
+        for spare in sorted(self.spares, key=lambda s: s.spec.run_id):
+            if spare.imp == imp and spare.backend is backend and spare.ready:
+                spare.claimed = True
+                spare.wake.set()
+                self.claimed += 1
+                self.poke(imp)  # refilled in the background
+                return spare
+        return None
+
+    def waiting(self, imp: str | None = None) -> int:
+        """Spares started or starting, not claimed (``impyard hosts``' spares)."""
+        return sum(1 for s in self.spares if not s.claimed and (imp is None or s.imp == imp))
+
+    def states(self) -> list[tuple[str, str]]:
+        """``impyard_boxes``: each unclaimed spare, ``spare`` once it runs, ``starting`` before."""
+        return [(s.imp, "spare" if s.box is not None else "starting") for s in self.spares if not s.claimed]
+
+    def drain(self, imp: str | None = None) -> None:
+        """Close the unclaimed spares (of ``imp``, or all): idle, short of memory, shutting down."""
+        for spare in list(self.spares):
+            if not spare.claimed and (imp is None or spare.imp == imp):
+                spare.draining = True
+                spare.wake.set()
+
+    def stop(self) -> None:
+        """Shutting down: no spare is started or claimed any more, and those waiting close."""
+        self._tg = None
+        for event in self._keepers.values():
+            event.set()
+        self.drain()
+
+    # ------------------------------------------------------------ the keeper of one imp's spares
+
+    def _short_of_memory(self) -> bool:
+        free = self.free_memory()
+        return free is not None and free < SPARE_MEMORY_FLOOR_BYTES
+
+    def _fill(self, imp: str) -> None:
+        tg = self._tg
+        if tg is None or self._died.get(imp, 0) >= DIED_IN_A_ROW_LIMIT:
+            return
+        if self._short_of_memory():
+            if self.waiting():
+                log.info("the host is short of memory: closing its spare boxes")
+            self.drain()
+            return
+        want = self.settings_for(imp).count
+        backend = self.backend_for(imp)
+        while self.waiting(imp) < want and self.waiting() < self.host_max:
+            run_id = uuid.uuid4().hex
+            spec = BoxSpec(imp, SPARE_CHANNEL, self.spare_dir_for(imp) / run_id, run_id=run_id)
+            spare = Spare(imp, backend, spec, SpareHost(imp))
+            self.spares.add(spare)
+            self.started += 1
+            tg.start_soon(self._run_spare, spare, name=f"spare box of {imp}")
+
+    async def _keep(self, imp: str) -> None:
+        """Keep ``imp``'s spares until it has had no session for the idle period (or the host stops)."""
+        try:
+            if imp not in self._swept:  # what a host that died left behind: handed back, or removed
+                self._swept.add(imp)
+                try:
+                    mounts = await in_thread(running_mounts)
+                    await in_thread(sweep, self.spare_dir_for(imp), mounts)
+                except OSError as exc:
+                    log.warning("could not sweep the spare box dirs of %s: %s", imp, exc)
+            while self._tg is not None:
+                changed = self._keepers[imp] = anyio.Event()
+                self._fill(imp)
+                idle_s = self.settings_for(imp).idle_s
+                fired = False
+                async with anyio.create_task_group() as tg:
+
+                    async def idle_timer(idle_s: float = idle_s) -> None:
+                        nonlocal fired
+                        await self.sleep(idle_s)
+                        fired = True
+                        tg.cancel_scope.cancel()
+
+                    if self.live_sessions(imp) == 0:
+                        tg.start_soon(idle_timer)
+                    await changed.wait()
+                    tg.cancel_scope.cancel()
+                if fired:
+                    log.info("no conversation of %s for %g s: closing its spare boxes", imp, idle_s)
+                    return
+        finally:
+            self._keepers.pop(imp, None)
+            self.drain(imp)
+
+    async def _run_spare(self, spare: Spare) -> None:
+        """One spare's whole life: started, waiting, claimed and served (by its session) or drained, closed."""
+        died = False
+        try:
+            async with spare.backend.open(spare.spec, spare.host) as box:
+                try:  # up, its program loaded: what a claim would otherwise wait for
+                    await box.request("box.ready", EmptyFromHost(), timeout=READY_TIMEOUT_S)
+                except RpcError:
+                    pass  # a box that refuses it (an older image) answered all the same: it is up
+                spare.box = box
+                self.poke(spare.imp)  # the census and a claim waiting for it see it now
+                async with anyio.create_task_group() as tg:
+
+                    async def death() -> None:
+                        await box.exited.wait()
+                        spare.wake.set()
+
+                    tg.start_soon(death)
+                    await spare.wake.wait()
+                    if spare.claimed:
+                        await (
+                            spare.released.wait()
+                        )  # the session's box now: it closes when the session is done
+                    else:
+                        died = not spare.draining
+                    tg.cancel_scope.cancel()
+        except Exception as exc:  # noqa: BLE001 - a spare that cannot start costs nothing but its own start
+            died = not spare.claimed
+            log.warning(
+                "a spare box of %s ended: %s",
+                spare.imp,
+                str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__,
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await in_thread(hand_back, spare.spec.state_dir)
+                except OSError as exc:
+                    log.warning("could not hand back the /state of a spare box of %s: %s", spare.imp, exc)
+                self.spares.discard(spare)
+                spare.closed.set()
+            if died:
+                self._died[spare.imp] = self._died.get(spare.imp, 0) + 1
+                log.info("a spare box of %s died unclaimed; replacing it", spare.imp)
+            elif spare.claimed:
+                self._died.pop(spare.imp, None)
+            self.poke(spare.imp)
