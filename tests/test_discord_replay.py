@@ -342,3 +342,23 @@ def test_a_takeover_after_kill_9_replays_what_arrived_in_between(
             logged,
         )
     assert wakes_of(url) == sorted([(str(first), "sent"), (str(between), "sent")])
+
+
+def test_serve_refuses_a_bound_out_of_range_in_one_line_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from click.testing import CliRunner
+
+    from impyard.cli import cli
+
+    add_pip()
+    monkeypatch.setenv("IMPYARD_DISCORD_TOKEN_PIP", "pip-token-0123456789")
+    monkeypatch.setenv("IMPYARD_DISCORD_API_BASE", "http://127.0.0.1:9/api/v10")  # never reached
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-used")
+    monkeypatch.setenv("IMPYARD_REPLAY_PER_CHANNEL", "lots")
+    result = CliRunner().invoke(cli, ["serve", "pip"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        "Error: IMPYARD_REPLAY_PER_CHANNEL must be a whole number of messages from 0 to 1000 (got 'lots')"
+    ], result.output
