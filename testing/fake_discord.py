@@ -2016,7 +2016,9 @@ class FakeDiscord:
             return _unknown("Channel", 10003)
         if (refused := self._missing_access(ctx, state)) is not None:
             return refused
-        limit = max(1, min(100, _as_int(ctx.query.get("limit")) or 50))
+        limit, refused = self._history_query(ctx)
+        if refused is not None:
+            return refused
         ids = [i for i in state.message_ids if not self._messages[i].deleted]
         before, after, around = (_as_int(ctx.query.get(k)) for k in ("before", "after", "around"))
         if before is not None:
@@ -2030,6 +2032,32 @@ class FakeDiscord:
         else:
             picked = ids[-limit:]
         return _Reply(200, [copy.deepcopy(self._messages[i].payload) for i in reversed(picked)])
+
+    # --- message history: the query as Discord checks it (issue 36: a host reads back what it missed) -----
+
+    @staticmethod
+    def _history_query(ctx: _Ctx) -> tuple[int, _Reply | None]:
+        """GET /channels/{id}/messages: ``limit`` is 1 to 100 (50 when absent), ``before``/``after``/``around``
+        snowflakes; Discord refuses anything else with 50035 Invalid Form Body rather than clamping it."""
+        for key in ("before", "after", "around"):
+            raw = ctx.query.get(key)
+            if raw is not None and not (raw.isdigit() and int(raw) < 2**64):
+                return 0, _form_error([key], "NUMBER_TYPE_COERCE", f'Value "{raw}" is not snowflake.')
+        raw = ctx.query.get("limit")
+        if raw is None:
+            return 50, None
+        limit = _as_int(raw)
+        if limit is None:
+            return 0, _form_error(["limit"], "NUMBER_TYPE_COERCE", f'Value "{raw}" is not int.')
+        if limit < 1:
+            return 0, _form_error(
+                ["limit"], "NUMBER_TYPE_MIN", "int value should be greater than or equal to 1."
+            )
+        if limit > 100:
+            return 0, _form_error(
+                ["limit"], "NUMBER_TYPE_MAX", "int value should be less than or equal to 100."
+            )
+        return limit, None
 
     def _get_message(self, ctx: _Ctx, channel_id: str, message_id: str) -> _Reply:
         state = self._visible_channel(ctx, channel_id)

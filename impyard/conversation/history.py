@@ -190,6 +190,13 @@ _SHOWN = (
     .order_by(_h.c.seq.desc())
     .limit(bindparam("limit"))
 )  # fmt: skip
+# Issue 36: the newest message kept of each channel (by the order kept, whoever wrote it), the latest first.
+_newest = select(_h.c.channel_id, func.max(_h.c.seq).label("seq")).group_by(_h.c.channel_id).subquery()
+_LAST_KEPT = (
+    select(_h.c.channel_id, _h.c.message_id)
+    .join(_newest, _h.c.seq == _newest.c.seq)
+    .order_by(_h.c.seq.desc())
+)
 _REPLIED = (
     select(_h.c.seq)
     .where(
@@ -425,6 +432,12 @@ class History(Store):
         return self.db.write(lambda conn: conn.execute(_CLEAR, {"channel_id": channel_id}).rowcount)
 
     # ------------------------------------------------------------ recovery
+
+    def last_kept(self) -> list[tuple[str, str]]:
+        """(channel, message id) of the newest message kept in each channel, the most recently active first: where
+        a host that starts reads the surface's history from (issue 36, ``impyard.discord.replay``)."""
+        rows = self.db.read(lambda conn: conn.execute(_LAST_KEPT).all())
+        return [(str(row[0]), str(row[1])) for row in rows]
 
     def replied(self, imp: str, channel_id: str, message_id: str) -> bool:
         """Whether ``imp``'s reply to that message is in the channel's history."""

@@ -30,7 +30,7 @@ from impyard.backends.handover import SPARE_DIRS
 from impyard.channels.store import ChannelInfo, ChannelStore
 from impyard.clock import Clock
 from impyard.conversation.framing import RecentAuthor, decide_framing
-from impyard.conversation.history import DEFAULT_RECENT, History, PendingWake
+from impyard.conversation.history import DEFAULT_RECENT, RECOVERY_FRESH, History, PendingWake
 
 # What surfaces import from here (a message as it is handed in lives in ``impyard.conversation.inbound``).
 from impyard.conversation.inbound import (
@@ -64,6 +64,7 @@ __all__ = [
     "MAX_ATTACHMENT_DATA_B64",
     "MAX_INBOUND_CHARS",
     "RECENTLY_FINISHED",
+    "ReplayOutcome",
     "Conversations",
     "Inbound",
     "RouteOutcome",
@@ -76,6 +77,8 @@ log = logging.getLogger("impyard.conversation")
 RECENTLY_FINISHED = 1_000  # finished message ids remembered for a ``wait_finished`` that asks after the fact
 
 RouteOutcome = Literal["ignored", "ambient", "started", "queued", "busy", "refused", "unsaved", "duplicate"]
+# Issue 36: what became of a message read back after no host served its channel: routed, or (stale) told missed.
+ReplayOutcome = RouteOutcome | Literal["missed"]
 # Seed 003: a side-effect consumer of finished turns (the Discord presence). Called once per turn after its
 # outcome is recorded; it must return at once (hand work to its own task) and never raise.
 TurnConsumer = Callable[[SessionKey, DeliverResult], Awaitable[None]]
@@ -146,13 +149,46 @@ class Conversations:
 
     async def route(self, imp: str, inbound: Inbound) -> Routed:
         """Take one inbound message: its outcome, and when a session took it, the handle of its turn."""
+        routed, _ = await self._route(imp, inbound)
+        return routed
+
+    async def replay(self, imp: str, inbounds: Sequence[Inbound]) -> list[ReplayOutcome]:
+        """Issue 36: messages a surface missed while no host served their channel (read back from the surface's
+        own history, oldest first), taken as if they arrived now, exactly as ``recover`` treats a restart's
+        wakes: one still fresh (``RECOVERY_FRESH``) is routed as any message; a stale one is kept, and if it
+        wakes the imp its wake is claimed and marked ``missed``, and its person told once per channel. A message
+        claimed before (another host, or a live delivery) is ``duplicate``, as in ``route``."""
+        outcomes: list[ReplayOutcome] = []
+        missed: list[PendingWake] = []
+        for inbound in inbounds:
+            stale = self.clock.now() - inbound.message.created_at > RECOVERY_FRESH
+            routed, kept = await self._route(imp, inbound, stale=stale)
+            if stale and routed.outcome == "ambient" and kept is not None:
+                if (
+                    kept.recent is not None
+                ):  # its wake claimed just now, too late to answer: marked so, then told
+                    message = inbound.message
+                    await self.history.db.run(
+                        self.history.finish, imp, inbound.channel_id, [message.id], "missed",
+                        "sent while no host served its channel",
+                    )  # fmt: skip
+                    missed.append(PendingWake(imp, inbound.channel_id, message, self.clock.now()))
+                    outcomes.append("missed")
+                    continue
+            outcomes.append(routed.outcome)
+        await self._mention_missed(missed)
+        return outcomes
+
+    async def _route(self, imp: str, inbound: Inbound, *, stale: bool = False) -> tuple[Routed, _Kept | None]:
+        """``route``; with ``stale`` a message that wakes the imp is kept and claimed, never handed to a session
+        (``replay`` marks it missed): it comes back ``ambient`` with what was kept."""
         if inbound.from_a_bot:
-            return Routed("ignored")  # bots (other imps included) and the imp itself never wake an imp
+            return Routed("ignored"), None  # bots (other imps included) and the imp itself never wake an imp
         message = inbound.message
         content = clean_content(message.content, inbound.max_chars)
         attachments = bound_attachments(message.attachments)
         if not content and not attachments:
-            return Routed("ignored")
+            return Routed("ignored"), None
         message = message.model_copy(update={"content": content, "attachments": attachments})
         # Issue 18: routing's storage is two short transactions, each quick (on the event loop on SQLite).
         kept = await self._keep(imp, inbound, message)
@@ -163,19 +199,20 @@ class Conversations:
                 "could not %s %s in %s: %s (%s)", what, message.id, inbound.channel_id,
                 storage_faults.describe(kept.failed, self.history.db.url.where()), type(kept.failed).__name__,
             )  # fmt: skip
-            return Routed("unsaved")
+            return Routed("unsaved"), kept
         if (
             kept.duplicate
         ):  # issue 36: claimed already: another host (or an earlier delivery) queues and answers it
             self.duplicates += 1  # counted here; the surface logs the outcome once (no text)
-            return Routed("duplicate")
-        if kept.recent is None:
-            return Routed("ambient")
+            return Routed("duplicate"), kept
+        if kept.recent is None or stale:
+            return Routed("ambient"), kept
         assert kept.decision is not None
-        return await self._to_session(
+        routed = await self._to_session(
             imp, inbound.channel_id, inbound.channel_kind, message, addressed=kept.decision.addressed,
             recent=kept.recent,
         )  # fmt: skip
+        return routed, kept
 
     def _recent_rows(self, imp: str) -> int:
         """How many of the channel's messages a wake reads: the framing's window, or the box's (issue 33) if larger."""

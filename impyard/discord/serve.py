@@ -48,6 +48,16 @@ from impyard.discord.client import DiscordSettings, DiscordSetupError, ImpClient
 from impyard.discord.commands import CommandHost
 from impyard.discord.inbound import SeenAudience, audiences, bot_role_ids, skip_reason, to_inbound
 from impyard.discord.presence import PresenceService
+from impyard.discord.replay import (
+    PER_CHANNEL_ENV,
+    TOTAL_ENV,
+    Mark,
+    ReplayBounds,
+    ReplayBoundsError,
+    ReplayTally,
+    marks,
+    read_gap,
+)
 from impyard.discord.shards import Shard
 from impyard.discord.surface import DiscordSurface
 from impyard.failure_words import failure_line
@@ -93,7 +103,24 @@ class AudiencesSeen:
     channels: tuple[SeenAudience, ...]
 
 
-HostEvent = discord.Message | ReactionsCleared | AudiencesSeen  # what a bot hands its imp's inbound worker
+@dataclass(frozen=True)
+class Replayed:
+    """Messages of one channel sent while no host served it, read back at start (issue 36), oldest first."""
+
+    messages: tuple[discord.Message, ...]
+    tally: ReplayTally
+
+
+@dataclass(frozen=True)
+class ReplayDone:
+    """After the last ``Replayed`` of a start: the worker has routed them all."""
+
+    done: anyio.Event
+
+
+HostEvent = (  # what a bot (or the start's replay) hands its imp's inbound worker
+    discord.Message | ReactionsCleared | AudiencesSeen | Replayed | ReplayDone
+)
 
 
 # ------------------------------------------------------------------ which imps
@@ -262,6 +289,10 @@ class DiscordHost:
                         await self._forward_reactions_cleared(client, item)
                     elif isinstance(item, AudiencesSeen):
                         await self._record_audiences(item)
+                    elif isinstance(item, Replayed):
+                        await self._replayed(client, item)
+                    elif isinstance(item, ReplayDone):
+                        item.done.set()
                     else:
                         await self._receive(client, item)
                 except Exception:  # noqa: BLE001 - one bad message never stops the imp's inbound
@@ -292,6 +323,91 @@ class DiscordHost:
             client.imp, inbound.channel_id, message.id, inbound.channel_kind, outcome,
             len(inbound.message.attachments), (time.perf_counter() - started) * 1000,
         )  # fmt: skip
+
+    async def _replayed(self, client: ImpClient, event: Replayed) -> None:
+        """Issue 36: messages read back at start, through the pipeline as if they arrived now (``replay``)."""
+        assert client.user is not None
+        imp_ids = {c.user.id for c in self.clients.values() if c.user is not None}
+        inbounds = [
+            await to_inbound(
+                message, bot_user_id=client.user.id, bot_role_ids=bot_role_ids(message), imp_user_ids=imp_ids
+            )
+            for message in event.messages
+        ]
+        outcomes = await self.runtime.conversations.replay(client.imp, inbounds)
+        event.tally.outcomes.update(outcomes)
+        for inbound, outcome in zip(inbounds, outcomes, strict=True):
+            log.info(
+                "replayed imp=%s channel=%s message=%s kind=%s outcome=%s",
+                client.imp, inbound.channel_id, inbound.message.id, inbound.channel_kind, outcome,
+            )  # fmt: skip
+
+    async def replay(self, client: ImpClient, found: Sequence[Mark], bounds: ReplayBounds) -> None:
+        """Issue 36, in the background once the bot is connected: each channel's messages after the newest one the
+        host kept (``found``, noted before it connected, the most recently active channel first), bounded per
+        channel and in all, handed to the imp's inbound worker; then one line of counts."""
+        queue = self._queues.get(client.imp)
+        if queue is None:
+            return
+        if bounds.off:
+            log.info("replay imp=%s: off (%s or %s is 0)", client.imp, PER_CHANNEL_ENV, TOTAL_ENV)
+            return
+        tally = ReplayTally()
+        budget = bounds.total
+        try:
+            for mark in found:
+                if budget <= 0:
+                    tally.unread += 1
+                    continue
+                channel = await self._replay_channel(client, mark, tally)
+                if channel is None:
+                    continue
+                try:
+                    gap = await read_gap(channel, mark.after, min(bounds.per_channel, budget))
+                except (discord.NotFound, discord.Forbidden):
+                    tally.unreadable += 1
+                    continue
+                except (discord.HTTPException, OSError) as exc:
+                    log.warning(
+                        "imp %s: could not read channel %s back: %s", client.imp, mark.channel_id, exc
+                    )
+                    tally.unreadable += 1
+                    continue
+                tally.channels += 1
+                tally.ignored += gap.ignored
+                tally.beyond += gap.beyond
+                tally.over += 1 if gap.beyond else 0
+                budget -= len(gap.messages)
+                if gap.messages:
+                    await queue.send(Replayed(tuple(gap.messages), tally))
+            done = anyio.Event()
+            await queue.send(ReplayDone(done))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return  # shutting down
+        await done.wait()
+        log.info("%s", tally.line(client.imp, bounds))
+
+    async def _replay_channel(
+        self, client: ImpClient, mark: Mark, tally: ReplayTally
+    ) -> discord.abc.Messageable | None:
+        """The channel to read back: from the bot's cache, else fetched; None for a server the bot is not in (another
+        imp's channel) or a channel Discord no longer gives it (counted)."""
+        if mark.guild_id is not None:
+            guild = client.get_guild(mark.guild_id)
+            if guild is None:
+                return None
+            cached = guild.get_channel_or_thread(mark.channel_id)
+            if isinstance(cached, discord.abc.Messageable):
+                return cached
+        try:
+            fetched = await client.fetch_channel(mark.channel_id)
+        except (discord.HTTPException, discord.InvalidData, OSError):
+            tally.unreadable += 1
+            return None
+        if not isinstance(fetched, discord.abc.Messageable):
+            tally.unreadable += 1
+            return None
+        return fetched
 
     async def _record_audiences(self, event: AudiencesSeen) -> None:
         """A known server channel whose audience Discord now tells otherwise is recorded so (issue 32 #4; the first
@@ -418,7 +534,8 @@ async def open_discord_host(
     Options: ``backend``, ``clock``, ``backends`` (imp → BoxBackend, for tests), ``settings``
     (DiscordSettings), ``supervise``, ``supervisor_settings``, ``lock``, ``ready_timeout_s``, ``shard``, ``ready``
     (a list of ``/readyz`` checks the host appends its own to as its parts come up: its leases, its database,
-    each bot's connection).
+    each bot's connection), ``replay`` (ReplayBounds: what is read back of the messages sent while no host served,
+    issue 36; by default from the environment).
     """
     try:
         async with _open_discord_host(imp_names, **options) as host:
@@ -441,9 +558,14 @@ async def _open_discord_host(
     ready_timeout_s: float = READY_TIMEOUT_S,
     shard: Shard | None = None,
     ready: list[ReadyCheck] | None = None,
+    replay: ReplayBounds | None = None,
 ) -> AsyncIterator[DiscordHost]:
     ready = ready if ready is not None else []
     settings = settings or DiscordSettings.from_env()
+    try:
+        bounds = replay if replay is not None else ReplayBounds.from_env()
+    except ReplayBoundsError as exc:
+        raise DiscordSetupError(str(exc)) from None
     settings.apply()
     store = ImpStore()
     await in_thread(sync_with_database, store)  # issue 36: the imps as the database has them, before picking
@@ -496,6 +618,13 @@ async def _open_discord_host(
                         channels=runtime.channels, gateway=runtime.gateway, configs={c.name: c for c in configs},
                         memory=runtime.host.memory, history=runtime.history, cards=cards,
                     )  # fmt: skip
+                    # Issue 36: where each imp's channels were left, noted before the bots connect (a message that
+                    # arrives live from now on is kept past it, and must not hide the gap before it).
+                    known = await runtime.db.run(runtime.channels.all)
+                    found = {
+                        imp: await runtime.db.run(marks, runtime.history, known, imp, shard)
+                        for imp in clients
+                    }
                     async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
                         tg.start_soon(cards.run, name="approval cards")
                         if host.presence is not None:
@@ -509,6 +638,11 @@ async def _open_discord_host(
                             tg.start_soon(host.keep_connected, client, name=f"discord {imp}")
                         ready.extend(discord_check(client) for client in clients.values())
                         await host.wait_ready(ready_timeout_s)
+                        for (
+                            imp,
+                            client,
+                        ) in clients.items():  # in the background: readiness does not wait for it
+                            tg.start_soon(host.replay, client, found[imp], bounds, name=f"replay {imp}")
                         supervisor_stop = anyio.Event()
                         supervisor_done = anyio.Event()
                         # Without --supervise, departures alone (no lock: `impyard supervise` may run beside).
