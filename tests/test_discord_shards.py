@@ -626,3 +626,41 @@ def test_a_host_of_another_shard_layout_is_refused_until_every_host_stopped(
             assert [lease["name"] for lease in leases] == [
                 "shard:2/3"
             ]  # the old layout's leases are forgotten
+
+
+def test_two_homes_with_different_imp_files_are_refused_then_run_one_imp(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Issue 36, "one source of truth for imps", through real ``serve`` processes on one PostgreSQL: a home whose pip
+    differs from the database's is refused at start in one line naming the way out; once the operator chose (``imp
+    apply -f``), the running host picks the new revision up for its next boxes and the second host starts."""
+    url = database_for("postgresql", tmp_path, request)
+    a, b = tmp_path / "home-a", tmp_path / "home-b"
+    with make_fake() as fake, FakeOpenAI() as model:
+        model.script(envelope(answer="hi"))
+        prepare_home(a, url)  # pip, published as revision 1
+        (b / "imps" / "pip").mkdir(
+            parents=True
+        )  # home B's own pip, written by hand before it ever met the database
+        (b / "imps" / "pip" / "imp.toml").write_text('name = "pip"\n\n[memory]\nenabled = false\n')
+        (b / "imps" / "pip" / "persona.md").write_text("You are Pip of home B.")
+        with serve_process(a, "0/2", model, fake, url, IMPYARD_IMP_SYNC_S="1") as log:
+            wait_for_line(log, "serving pip on Discord as shard 0/2")
+            line = refused(b, "1/2", model, fake, url)
+            assert line.startswith("Error: imp pip: this home's files differ from the database's (the database has "
+                                   "revision 1 by ") and f"impyard imp apply -f {b / 'imps' / 'pip' / 'imp.toml'}" in line  # fmt: skip
+            assert (
+                b / "imps" / "pip" / "persona.md"
+            ).read_text() == "You are Pip of home B."  # nothing written over
+            chose = CliRunner().invoke(
+                cli, ["imp", "apply", "-f", str(b / "imps" / "pip" / "imp.toml")],
+                env={"IMPYARD_HOME": str(b), "IMPYARD_DATABASE_URL": url},
+            )  # fmt: skip
+            assert chose.exit_code == 0 and "revision 2" in chose.output, chose.output
+            wait_for_line(log, "imp pip: revision 2 applied")  # host A, without a restart
+            answer_in(fake, EVEN_A)  # a new box of host A, with home B's settings
+            with serve_process(b, "1/2", model, fake, url) as other:
+                wait_for_line(other, "serving pip on Discord as shard 1/2")
+                answer_in(fake, ODD_A)
+    replies = [r.body for r in model.requests_for("/chat/completions") if r.purpose == "reply"]
+    assert replies and all("You are Pip of home B." in json.dumps(body["messages"][0]) for body in replies)

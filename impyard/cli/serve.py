@@ -47,6 +47,8 @@ HOST_LOGGERS = (
     "impyard.posts",
     "impyard.supervisor",
     "impyard.tasks",
+    "impyard.runtime",  # issue 36: a new revision of an imp's settings applied, or needing a restart
+    "impyard.imps",
 )
 
 

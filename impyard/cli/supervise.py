@@ -42,6 +42,7 @@ TRANSITION_LOGGERS = (
     "impyard.tasks",
     "impyard.tasks.schedules",
     "impyard.memory.wakefulness",
+    "impyard.runtime",  # issue 36: a new revision of an imp's settings reached this home
 )
 
 
