@@ -50,6 +50,9 @@ def test_an_imp_moves_to_a_fresh_home_and_remembers(
     assert "1 schedules" in exported.output and "memories" in exported.output
     header = json.loads(gzip.open(file, "rt").readline())
     assert header["imp"] == "pip" and {"imp.toml", "persona.md"} <= set(header["files"])
+    assert not [
+        name for name in header["files"] if name.startswith(".")
+    ]  # the home's revision mark stays home
 
     other = tmp_path / "other-home"
     imported = run(other, "imp", "import", str(file))
@@ -59,6 +62,10 @@ def test_an_imp_moves_to_a_fresh_home_and_remembers(
     ).read_text()
     assert remembered(other) == remembered(impyard_home)
     assert FACT[:30] in run(other, "memory", "show", "pip").output
+    assert (
+        "pip" in run(other, "imp", "ls").output and (other / "imps/pip/imp.toml").is_file()
+    )  # kept by the sync
+    assert ".revision" in {p.name for p in (other / "imps/pip").iterdir()}  # published to the new database
     assert "Say good morning" in run(other, "schedule", "ls").output
     fake.requests.clear()
     chat(fake, other, "Do you remember the lighthouse in Bergen?")

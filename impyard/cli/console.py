@@ -12,6 +12,7 @@ import click
 from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
 from impyard.cli.health import metrics_options
+from impyard.cli.shared_imps import bring_up_to_date
 from impyard.clock import SystemClock
 from impyard.console.auth import TOKEN_ENV, TokenError, new_token, token_from_env
 from impyard.console.context import ConsoleContext
@@ -86,6 +87,7 @@ def console_command(host: str, port: int, metrics_port: int | None, metrics_host
         token = token_from_env() or new_token()
     except TokenError as exc:
         raise CliError(str(exc)) from exc
+    bring_up_to_date()  # issue 36: the Imps page shows the imps as the database has them
     db = open_or_fail()
     context = ConsoleContext(db=db, clock=SystemClock())
     context.started_at = context.clock.now()

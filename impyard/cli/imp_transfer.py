@@ -10,8 +10,10 @@ import click
 
 from impyard.cli.database import open_or_fail
 from impyard.cli.errors import CliError
+from impyard.cli.shared_imps import bring_up_to_date
 from impyard.clock import SystemClock
 from impyard.imps.config import CONFIG_FILE, ImpConfigError, ImpError, validate_name
+from impyard.imps.shared import SharedImps
 from impyard.imps.store import ImpStore
 from impyard.imps.validate import parse_config
 from impyard.memory.transfer import (
@@ -101,6 +103,11 @@ def import_command(file: Path, as_name: str | None) -> None:
         raise CliError(f"an imp named '{name}' already exists here ({target / CONFIG_FILE}): use --as NAME")
     db = open_or_fail()
     try:
+        if (there := SharedImps(db).get(name)) is not None:  # issue 36: another home of this database has it
+            raise CliError(
+                f"an imp named '{name}' already exists in this database (revision {there.revision}, by "
+                f"{there.updated_by}): use --as NAME"
+            )
         counts = import_rows(db, export, name)
     except TransferError as exc:
         raise CliError(str(exc)) from exc
@@ -108,9 +115,12 @@ def import_command(file: Path, as_name: str | None) -> None:
         db.close()
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
     for filename, text in sorted(files.items(), key=lambda item: item[0] == CONFIG_FILE):  # imp.toml last
+        if filename.startswith("."):
+            continue  # a home's own marks (which revision its copy came from) never move with an imp
         partial = target / f".{filename}.importing"
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, target / filename)
+    bring_up_to_date(store)  # its settings go to the database: every host of it runs the imported imp
     click.echo(
         f"imported {name} from {file} (exported {export.exported_at} by impyard {export.impyard}): {_summary(counts)}"
     )

@@ -113,9 +113,13 @@ def _rows(conn: Connection, table: Table, skip: frozenset[str], imp: str) -> Ite
 
 
 def imp_files(directory: Path) -> dict[str, str]:
-    """The imp's own files: every UTF-8 file at the top of its directory (never its boxes' state)."""
+    """The imp's own files: every UTF-8 file at the top of its directory (never its boxes' state, nor the home's
+    hidden marks: which revision of the database its copy came from is this home's)."""
     files: dict[str, str] = {}
-    for path in sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink()):
+    candidates = (
+        p for p in directory.iterdir() if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
+    )
+    for path in sorted(candidates):
         if len(files) >= MAX_FILES:
             raise TransferError(
                 f"{directory} holds more than {MAX_FILES} files: move the extra ones out first"
