@@ -143,7 +143,10 @@ async def test_a_hostile_guild_box_gets_its_own_guilds_records_only(
 ) -> None:
     report, plan_file = tmp_path / "report.json", tmp_path / "plan.json"
     backend = hostile("probe", report, plan_file)
-    pip = {"memory": {"enabled": True, "embedder": "hashing"}}
+    pip = {
+        "memory": {"enabled": True, "embedder": "hashing"},
+        "box": {"spares": 0},
+    }  # the hostile box is the channel's own: no spare (issue 37) opened for no channel
     async with serving(monkeypatch, model, backend=backend, pip=pip) as yard:
         # Carol talks with pip in her DM: a DM conversation of hers exists while the guild box runs.
         await yard.answered(yard.fake.post_message(DM, CAROL, "hello pip").id)
@@ -206,7 +209,10 @@ async def test_a_flood_of_memory_requests_ends_that_box_never_the_host(
     being answered or for ids of their own: only a message the host woke the imp for starts a turn, once, so
     the bound is the host's and the box cannot lift it."""
     report = tmp_path / "flood.jsonl"
-    pip = {"memory": {"enabled": True, "embedder": "hashing"}}
+    pip = {
+        "memory": {"enabled": True, "embedder": "hashing"},
+        "box": {"spares": 0},
+    }  # the hostile box is the channel's own: no spare (issue 37) opened for no channel
     async with serving(monkeypatch, model, backend=hostile(mode, report), pip=pip) as yard:
         flooding = yard.fake.post_message(GENERAL, ALICE, "pip?")
         await yard.answered(flooding.id)
@@ -241,7 +247,10 @@ async def test_malformed_and_oversized_memory_requests_are_refused_cleanly(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI, tmp_path: Path
 ) -> None:
     report = tmp_path / "malformed.json"
-    pip = {"memory": {"enabled": True, "embedder": "hashing"}}
+    pip = {
+        "memory": {"enabled": True, "embedder": "hashing"},
+        "box": {"spares": 0},
+    }  # the hostile box is the channel's own: no spare (issue 37) opened for no channel
     async with serving(monkeypatch, model, backend=hostile("malformed", report), pip=pip) as yard:
         asked = yard.fake.post_message(GENERAL, ALICE, "pip?")
         await yard.answered(asked.id)

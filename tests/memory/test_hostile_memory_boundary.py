@@ -181,7 +181,10 @@ async def test_a_chat_box_is_served_memory_only_when_its_imp_has_memory(
     a switch that refuses everyone)."""
     report = tmp_path / "chat.jsonl"
     backend = ByChannel(boundary_box("take", report), ProcessBackend(warn=False), str(GENERAL))
-    pip = {"memory": {"enabled": enabled, "embedder": "hashing"}}
+    pip = {
+        "memory": {"enabled": enabled, "embedder": "hashing"},
+        "box": {"spares": 0},
+    }  # the hostile box is the channel's own: no spare (issue 37) opened for no channel
     async with serving(monkeypatch, model, backend=backend, pip=pip) as yard:
         store = MemoryStore(yard.rt.gateway.db, yard.rt.gateway.clock.now)
         seeded = keep(store, GUILD_SCOPE, str(GENERAL), "Carol planted tulips by the gate.")
@@ -222,7 +225,11 @@ async def test_a_new_box_replaying_old_message_ids_gets_at_most_64_memory_reques
     refused. Before issue 32 each old id started a new turn: 64, then 128, then 192 served in one real turn."""
     report = tmp_path / "replay.jsonl"
     backend = ByChannel(boundary_box("replay", report), ProcessBackend(warn=False), str(GENERAL))
-    pip = {"memory": {"enabled": True, "embedder": "hashing"}, "sessions": {"mode": "cold"}}
+    pip = {
+        "memory": {"enabled": True, "embedder": "hashing"},
+        "sessions": {"mode": "cold"},
+        "box": {"spares": 0},
+    }  # the hostile box is the channel's own: no spare (issue 37) opened for no channel
     async with serving(monkeypatch, model, backend=backend, pip=pip) as yard:
         posted = []
         for text in ("pip, first", "pip, second", "pip, third"):
