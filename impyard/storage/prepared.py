@@ -198,7 +198,10 @@ class Prepared:
             return
         cursor = driver.cursor()
         try:
-            cursor.executemany(plan.sql, values)
+            if len(values) == 1:  # psycopg's executemany sets up a pipeline: for one row, twice a plain execute
+                cursor.execute(plan.sql, values[0])
+            else:
+                cursor.executemany(plan.sql, values)
         except conn.dialect.loaded_dbapi.Error as exc:
             conn._handle_dbapi_exception(exc, plan.sql, values, cursor, None)  # raises SQLAlchemy's error
         finally:
