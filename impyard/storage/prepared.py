@@ -198,7 +198,9 @@ class Prepared:
             return
         cursor = driver.cursor()
         try:
-            if len(values) == 1:  # psycopg's executemany sets up a pipeline: for one row, twice a plain execute
+            if (
+                len(values) == 1
+            ):  # psycopg's executemany sets up a pipeline: for one row, twice a plain execute
                 cursor.execute(plan.sql, values[0])
             else:
                 cursor.executemany(plan.sql, values)
