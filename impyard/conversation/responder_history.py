@@ -67,6 +67,25 @@ _LOAD = Prepared(
     .order_by(_l.seq.desc()),
     named=False,  # a turn's whole load: plain tuples
 )
+_ALL_LINES = responder_lines.alias("all_lines")  # the imp's lines in every channel, beside the channel's own
+_LOAD_COUNTED = (
+    Prepared(  # issue 36: the channel's lines and how many the imp keeps in all, in one round trip
+        select(
+            _l.message_id,
+            _l.role,
+            _l.author,
+            _l.content,
+            _l.at,
+            select(func.count())
+            .select_from(_ALL_LINES)
+            .where(_ALL_LINES.c.imp == bindparam("imp"))
+            .scalar_subquery(),
+        )
+        .where(_l.imp == bindparam("imp"), _l.channel_id == bindparam("channel_id"))
+        .order_by(_l.seq.desc()),
+        named=False,
+    )
+)
 _PLACES = Prepared(
     select(_l.seq, _l.channel_id).where(_l.imp == bindparam("imp")).order_by(_l.seq), named=False
 )
@@ -157,8 +176,9 @@ class ResponderHistory(Store):
         limit = self.bounds_for(imp).limit
 
         def read(conn: Connection) -> tuple[int, Sequence[Any]]:
-            count = _COUNT_IMP.run(conn, params).scalar_one()
-            return count, ([] if count > limit else _LOAD.run(conn, params).all())
+            rows = _LOAD_COUNTED.run(conn, params).all()  # each row ends with the imp's count
+            count = int(rows[0][5]) if rows else _COUNT_IMP.run(conn, params).scalar_one()
+            return count, ([] if count > limit else rows)
 
         def trimmed(
             conn: Connection,

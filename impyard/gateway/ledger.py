@@ -443,8 +443,8 @@ class Ledger(Store):
             raise ValueError("an estimate cannot be negative")
         now = now or self.clock.now()
         day, month = day_key(now), month_key(now)
-        spent = self._lock(conn, _windows(imp, day, month))
-        self._check(conn, imp, estimate_micros, now, spent)
+        locked = self._lock(conn, _windows(imp, day, month))
+        self._check(conn, imp, estimate_micros, now, locked)
         reservation_id = _RESERVE.run(
             conn,
             dict(
@@ -477,10 +477,10 @@ class Ledger(Store):
         imp: str,
         estimate_micros: int,
         now: datetime,
-        spent: dict[_Key, int] | None = None,
+        locked: dict[_Key, int] | None = None,
     ) -> None:
         """Every window must take the estimate on top of what is spent and reserved, else BudgetExhausted.
-        ``spent``: what the windows have spent and reserved, read already (by ``_lock``, with their locks)."""
+        ``locked``: what the windows have spent and reserved, read already (by ``_lock``, with their locks)."""
         day, month = day_period(day_key(now)), month_period(month_key(now))
         mine, fleet = self._limits_of(conn, imp)  # each scope's limits read once
         checks = (
@@ -490,7 +490,7 @@ class Ledger(Store):
             ("all/month", fleet.monthly, (ALL_IMPS, month), seconds_to_next_month(now)),
         )
         wanted = [key for _, limit, key, _ in checks if limit is not None]
-        spent_in = spent if spent is not None else self._spent(conn, wanted) if wanted else {}
+        spent_in = locked if locked is not None else self._spent(conn, wanted) if wanted else {}
         for name, limit, key, retry_after in checks:
             if limit is None:
                 continue
