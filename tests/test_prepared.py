@@ -50,6 +50,9 @@ ADD_RETURNING = (
 BUMP = (
     sa.update(THINGS).where(THINGS.c.flag == sa.bindparam("which")).values(n=THINGS.c.n + sa.bindparam("by"))
 )
+HALF = sa.select(
+    sa.func.sum(THINGS.c.id) / sa.cast(2, sa.Numeric(10, 2))
+)  # a NUMERIC: its type from the driver
 ALL = sa.select(THINGS.c.name, THINGS.c.flag, THINGS.c.at, THINGS.c.n).order_by(THINGS.c.name)
 
 
@@ -107,6 +110,7 @@ def run(conn: Connection, lean: bool, statement: Any, params: Any = None) -> Any
         pytest.param(lambda c, lean: run(c, lean, BY_NAME, {"name": "ann"}).scalar(), id="scalar"),
         pytest.param(lambda c, lean: tuple(run(c, lean, BY_NAME, {"name": "bob"}).one()), id="one"),
         pytest.param(lambda c, lean: run(c, lean, BUMP, {"which": False, "by": 3}).rowcount, id="rowcount"),
+        pytest.param(lambda c, lean: run(c, lean, HALF).scalar_one(), id="numeric"),
         pytest.param(
             lambda c, lean: (
                 run(c, lean, BUMP, {"which": True, "by": 2}),
@@ -213,3 +217,30 @@ def test_what_the_lean_path_cannot_run_is_refused_with_its_reason(
     WITH_DEFAULT.create(engine)
     with engine.begin() as conn, pytest.raises(ValueError, match=why):
         Prepared(statement).run(conn, {"id": 1, "ids": [1]})
+
+
+def test_a_driver_error_on_postgresql_is_sqlalchemys(postgres_url: str) -> None:
+    """Issue 36: on PostgreSQL the lean path runs on psycopg's cursor, and a failure comes back as the error
+    ``conn.execute`` gives (what ``db.write`` reads a serialization failure or a lost server from), with psycopg's
+    error and its SQLSTATE inside; the transaction is then failed, as after ``conn.execute``."""
+    engine = sa.create_engine(postgres_url)
+    META.drop_all(engine)
+    META.create_all(engine)
+    try:
+        add_id = sa.insert(THINGS).values(id=sa.bindparam("id"), name="x", flag=True)
+        for lean in (False, True):
+            with engine.connect() as conn, conn.begin():
+                conn.execute(THINGS.delete())
+                conn.execute(add_id, {"id": 1})
+                with pytest.raises(sa.exc.IntegrityError) as caught:
+                    run(conn, lean, add_id, {"id": 1})
+                assert getattr(caught.value.orig, "sqlstate", None) == "23505"
+                with pytest.raises(sa.exc.InternalError, match="aborted"):
+                    run(conn, lean, ALL).all()
+            with engine.connect() as conn, conn.begin(), pytest.raises(sa.exc.IntegrityError):
+                Prepared(add_id).many(conn, [{"id": 7}, {"id": 7}]) if lean else conn.execute(
+                    add_id, [{"id": 7}, {"id": 7}]
+                )
+    finally:
+        META.drop_all(engine)
+        engine.dispose()

@@ -55,7 +55,7 @@ from impyard.imps.store import ImpConfig, ImpStore
 from impyard.memory.scopes import presence, scopes_of
 from impyard.memory.scopes import resolve as resolve_scopes
 from impyard.storage import faults as storage_faults
-from impyard.storage.db import STORAGE_ERRORS
+from impyard.storage.db import STORAGE_ERRORS, Database
 from impyard.threads import in_thread
 
 __all__ = [
@@ -94,6 +94,33 @@ class _Kept:
     recent: list[HistoryEntry] | None = None
     failed: BaseException | None = None
     duplicate: bool = False
+
+
+def _woken(decision: WakeDecision, recent: list[HistoryEntry] | None) -> _Kept:
+    """A woken message's outcome: its window, or ``duplicate`` when its wake was claimed before (None)."""
+    return _Kept(decision, duplicate=True) if recent is None else _Kept(decision, recent=recent)
+
+
+def _kept_then_woken(
+    db: Database,
+    kept: Callable[[Connection], ChannelInfo],
+    decide: Callable[[ChannelInfo], WakeDecision],
+    woken: Callable[[Connection], list[HistoryEntry] | None],
+) -> _Kept:
+    """Blocking: ``Pipeline._keep``'s two transactions, one after the other, in one worker's trip (PostgreSQL,
+    where each quick call is a trip of its own): the same outcomes as its two quick calls."""
+    try:
+        channel = db.write(kept)
+    except STORAGE_ERRORS as exc:
+        return _Kept(failed=exc)
+    decision = decide(channel)
+    if not decision.wake:
+        return _Kept(decision)
+    try:
+        recent = db.write(woken)
+    except STORAGE_ERRORS as exc:  # kept in the history, explicitly not answered
+        return _Kept(decision, failed=exc)
+    return _woken(decision, recent)
 
 
 @dataclass(frozen=True)
@@ -247,29 +274,32 @@ class Conversations:
                 return None
             return self.history.recent(inbound.channel_id, self._recent_rows(imp), imp=imp, conn=conn)
 
+        def decide(channel: ChannelInfo) -> WakeDecision:
+            return decide_wake(
+                WakeFacts(
+                    is_dm=inbound.channel_kind in ("dm", "terminal"),
+                    mode=channel.mode,  # type: ignore[arg-type]  # a ChannelMode, as the store keeps it
+                    mentions_imp=inbound.mentions_imp,
+                    mentions_imp_role=inbound.mentions_imp_role,
+                    replies_to_imp=inbound.replies_to_imp,
+                    mentions_everyone=inbound.mentions_everyone,
+                )
+            )
+
+        if db.dialect != "sqlite":  # issue 36: every quick call is a worker's trip there; both in one trip
+            return await db.run(_kept_then_woken, db, kept, decide, woken)
         try:
             channel = await db.quick(db.write, kept)
         except STORAGE_ERRORS as exc:
             return _Kept(failed=exc)
-        decision = decide_wake(
-            WakeFacts(
-                is_dm=inbound.channel_kind in ("dm", "terminal"),
-                mode=channel.mode,  # type: ignore[arg-type]  # a ChannelMode, as the store keeps it
-                mentions_imp=inbound.mentions_imp,
-                mentions_imp_role=inbound.mentions_imp_role,
-                replies_to_imp=inbound.replies_to_imp,
-                mentions_everyone=inbound.mentions_everyone,
-            )
-        )
+        decision = decide(channel)
         if not decision.wake:
             return _Kept(decision)
         try:
             recent = await db.quick(db.write, woken)
         except STORAGE_ERRORS as exc:  # kept in the history, explicitly not answered
             return _Kept(decision, failed=exc)
-        if recent is None:
-            return _Kept(decision, duplicate=True)
-        return _Kept(decision, recent=recent)
+        return _woken(decision, recent)
 
     async def receive(self, imp: str, inbound: Inbound) -> RouteOutcome:
         """``route`` for a surface that does not wait for the turn (Discord): only the outcome."""

@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select
+from sqlalchemy import Integer, bindparam, cast, delete, func, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -51,14 +51,40 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+# pg_advisory_xact_lock(HISTORY_LOCK_CLASS, hashtext(imp)): the writers of one imp's lines queue on it (``_lock``)
+# instead of failing to serialize (b"hist"; two keys, apart from the migrator's one-key lock and the memory's class).
+HISTORY_LOCK_CLASS = 0x68697374
+
 # The statements, built once (SQLAlchemy's compiled cache then hits on every call).
 _l, _n, _i = responder_lines.c, responder_counters.c, responder_imports.c
+_LOCK_IMP = select(
+    func.pg_advisory_xact_lock(cast(bindparam("lock_class"), Integer), func.hashtext(bindparam("imp")))
+)
 _COUNT_IMP = Prepared(select(func.count()).select_from(responder_lines).where(_l.imp == bindparam("imp")))
 _LOAD = Prepared(
     select(_l.message_id, _l.role, _l.author, _l.content, _l.at)
     .where(_l.imp == bindparam("imp"), _l.channel_id == bindparam("channel_id"))
     .order_by(_l.seq.desc()),
     named=False,  # a turn's whole load: plain tuples
+)
+_ALL_LINES = responder_lines.alias("all_lines")  # the imp's lines in every channel, beside the channel's own
+_LOAD_COUNTED = (
+    Prepared(  # issue 36: the channel's lines and how many the imp keeps in all, in one round trip
+        select(
+            _l.message_id,
+            _l.role,
+            _l.author,
+            _l.content,
+            _l.at,
+            select(func.count())
+            .select_from(_ALL_LINES)
+            .where(_ALL_LINES.c.imp == bindparam("imp"))
+            .scalar_subquery(),
+        )
+        .where(_l.imp == bindparam("imp"), _l.channel_id == bindparam("channel_id"))
+        .order_by(_l.seq.desc()),
+        named=False,
+    )
 )
 _PLACES = Prepared(
     select(_l.seq, _l.channel_id).where(_l.imp == bindparam("imp")).order_by(_l.seq), named=False
@@ -150,18 +176,20 @@ class ResponderHistory(Store):
         limit = self.bounds_for(imp).limit
 
         def read(conn: Connection) -> tuple[int, Sequence[Any]]:
-            count = _COUNT_IMP.run(conn, params).scalar_one()
-            return count, ([] if count > limit else _LOAD.run(conn, params).all())
+            rows = _LOAD_COUNTED.run(conn, params).all()  # each row ends with the imp's count
+            count = int(rows[0][5]) if rows else _COUNT_IMP.run(conn, params).scalar_one()
+            return count, ([] if count > limit else rows)
 
         def trimmed(
             conn: Connection,
         ) -> Sequence[Any]:  # the limit fell (its imp.toml changed): trimmed first
+            _lock(conn, imp)
             self._trim(conn, imp)
             return _LOAD.run(conn, params).all()
 
         count, rows = self.db.read(read)
         if count > limit:
-            rows = self.db.write(trimmed)
+            rows = self.db.write(trimmed, locking=True)
         lines: list[Record] = []
         budget = MAX_LOAD_CHARS
         for row in rows:
@@ -184,9 +212,15 @@ class ResponderHistory(Store):
         """Append ``lines`` to the channel (a line already kept — same id and role — is skipped), trim the imp's
         lines (ENV-07: after appending; ENV-11: the busiest channel first), count ``outcome``. One transaction,
         which ``also`` joins (the gateway's audit row, given how many lines were new: database work only, since
-        on PostgreSQL the transaction may run again). Returns that number."""
+        on PostgreSQL the transaction may run again). Returns that number.
+
+        On PostgreSQL the commits of one imp queue on its lock (``_lock``) at READ COMMITTED: every commit trims
+        over all the imp's lines, so at SERIALIZABLE the commits of its busy channels kept failing to serialize
+        and running again (a host's CPU spent twice, and a turn's commit could fail for good)."""
         kept = [(channel_id, line) for line in lines]
-        return self.db.write(lambda conn: self.commit_in(conn, imp, kept, channel_id, outcome, also))
+        return self.db.write(
+            lambda conn: self.commit_in(conn, imp, kept, channel_id, outcome, also), locking=True
+        )
 
     def commit_in(
         self,
@@ -197,7 +231,9 @@ class ResponderHistory(Store):
         outcome: str | None = None,
         also: Callable[[Connection, int], None] | None = None,
     ) -> int:
-        """``commit`` inside the caller's write transaction."""
+        """``commit`` inside the caller's write transaction (on PostgreSQL one of ``db.write(locking=True)``, since
+        this takes the imp's lock first)."""
+        _lock(conn, imp)
         stored = self._insert(conn, imp, lines)
         self._trim(conn, imp)
         if outcome is not None:
@@ -289,6 +325,7 @@ class ResponderHistory(Store):
         now = iso(self.clock.now())
 
         def txn(conn: Connection) -> int | None:  # None: imported before (by this process or another)
+            _lock(conn, imp)
             if conn.execute(_IMPORTED, {"imp": imp, "source": LEGACY_FILE}).first() is not None:
                 return None
             stored = self._insert(conn, imp, records)
@@ -299,7 +336,7 @@ class ResponderHistory(Store):
                                           "imported_at": now})  # fmt: skip
             return stored
 
-        imported = self.db.write(txn)
+        imported = self.db.write(txn, locking=True)
         done, stored = imported is None, imported or 0
         _rename(dir_fd, LEGACY_FILE + IMPORTED_SUFFIX)
         if not done:
@@ -341,6 +378,14 @@ class ResponderHistory(Store):
     def _count(conn: Connection, imp: str, channel_id: str, outcome: str, count: int) -> None:
         row = {"imp": imp, "channel_id": channel_id, "outcome": outcome, "count": count}
         _inserts(conn.dialect.name)[1].run(conn, row)
+
+
+def _lock(conn: Connection, imp: str) -> None:
+    """Before anything of the imp's lines is read to decide a write: wait for the imp's other writers (PostgreSQL's
+    advisory lock, held to the transaction's end; another imp whose name hashes alike only queues too). Each
+    writer then reads at READ COMMITTED what the one before it left. SQLite's ``BEGIN IMMEDIATE`` is the lock."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_IMP, {"lock_class": HISTORY_LOCK_CLASS, "imp": imp}).all()
 
 
 def line_views(records: Sequence[Record]) -> list[HistoryLineView]:

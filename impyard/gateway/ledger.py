@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -101,6 +102,11 @@ _LIMITS = Prepared(
         budget_limits.c.scope == sa.bindparam("scope")
     )
 )
+_LIMITS_OF_TWO = Prepared(
+    sa.select(budget_limits.c.scope, budget_limits.c.daily_usd, budget_limits.c.monthly_usd).where(
+        budget_limits.c.scope.in_([sa.bindparam("scope_0"), sa.bindparam("scope_1")])
+    )
+)
 _LOCK_TOTALS = (
     sa.select(ledger_totals.c.scope)
     .where(sa.tuple_(ledger_totals.c.scope, ledger_totals.c.period).in_(sa.bindparam("keys", expanding=True)))
@@ -118,6 +124,23 @@ _SPENT = Prepared(
         ledger_totals.c.scope.in_([sa.bindparam("scope_0"), sa.bindparam("scope_1")]),
         ledger_totals.c.period.in_([sa.bindparam("period_0"), sa.bindparam("period_1")]),
     )
+)
+# PostgreSQL: the four totals a reservation moves, locked in one order and read in the same statement (issue 36:
+# one round trip for the lock and what the check reads), when they are all there already (every reservation but a
+# window's first).
+_LOCK_WINDOWS = Prepared(
+    sa.select(
+        ledger_totals.c.scope,
+        ledger_totals.c.period,
+        ledger_totals.c.reserved_micros + ledger_totals.c.settled_micros,
+    )
+    .where(
+        ledger_totals.c.scope.in_([sa.bindparam("scope_0"), sa.bindparam("scope_1")]),
+        ledger_totals.c.period.in_([sa.bindparam("period_0"), sa.bindparam("period_1")]),
+    )
+    .order_by(ledger_totals.c.scope, ledger_totals.c.period)
+    .with_for_update(),
+    named=False,
 )
 _RESERVE = Prepared(sa.insert(ledger).returning(ledger.c.id))
 _SETTLE = Prepared(
@@ -246,8 +269,16 @@ class Ledger(Store):
         """The effective limits of ``scope`` (in the caller's transaction when ``conn`` is given)."""
         if conn is None:
             return self.db.read(lambda conn: self.limits(scope, conn))
+        return self._effective(scope, _LIMITS.run(conn, {"scope": scope}).first())
+
+    def _limits_of(self, conn: Connection, imp: str) -> tuple[Limits, Limits]:
+        """The imp's limits and the fleet's, read in one statement (issue 36: one round trip on PostgreSQL)."""
+        rows = {row[0]: row for row in _LIMITS_OF_TWO.run(conn, {"scope_0": imp, "scope_1": ALL_IMPS}).all()}
+        return self._effective(imp, rows.get(imp)), self._effective(ALL_IMPS, rows.get(ALL_IMPS))
+
+    def _effective(self, scope: str, row: Any) -> Limits:
+        """``scope``'s limits: the policy's, each overridden by ``row``'s (its ``budget_limits`` row) where set."""
         base: BudgetLimit = self.policy.budgets.all if scope == ALL_IMPS else self.policy.budget_for(scope)
-        row = _LIMITS.run(conn, {"scope": scope}).first()
         daily, monthly, source = base.daily_usd, base.monthly_usd, "policy"
         if row is not None:
             overridden = [
@@ -318,11 +349,27 @@ class Ledger(Store):
                 ],
             )
 
-    def _lock(self, conn: Connection, keys: list[_Key]) -> None:
+    def _lock(self, conn: Connection, keys: list[_Key]) -> dict[_Key, int] | None:
         """Lock the windows' totals (made at 0 where new) in one order, before they are checked: on PostgreSQL a
         reservation runs at READ COMMITTED (``db.write(locking=True)``), so one of another process or host waits
-        here for this one's commit and then reads what it left — never both passing a cap they share."""
+        here for this one's commit and then reads what it left — never both passing a cap they share.
+
+        On PostgreSQL, when every total is there already, one statement locks them and reads what each has spent
+        and reserved (returned, for ``_check``); a window's first reservation makes its totals first, then locks
+        them all (None: ``_check`` reads them). Either way the rows are locked in one order."""
         ordered = sorted(set(keys))
+        if conn.dialect.name != "sqlite":
+            scopes, periods = (
+                sorted({scope for scope, _ in ordered}),
+                sorted({period for _, period in ordered}),
+            )
+            if len(scopes) <= 2 and len(periods) <= 2 and len(ordered) == len(scopes) * len(periods):
+                params = {
+                    "scope_0": scopes[0], "scope_1": scopes[-1], "period_0": periods[0], "period_1": periods[-1],
+                }  # fmt: skip
+                rows = _LOCK_WINDOWS.run(conn, params).all()
+                if len(rows) == len(ordered):
+                    return {(scope, period): int(amount) for scope, period, amount in rows}
         _MAKE_TOTALS(self.db.dialect).many(
             conn,
             [
@@ -334,6 +381,7 @@ class Ledger(Store):
             conn.dialect.name != "sqlite"
         ):  # SQLite's BEGIN IMMEDIATE holds the whole database's write lock already
             conn.execute(_LOCK_TOTALS, {"keys": ordered}).all()
+        return None
 
     @staticmethod
     def _spent(conn: Connection, keys: list[_Key]) -> dict[_Key, int]:
@@ -395,8 +443,8 @@ class Ledger(Store):
             raise ValueError("an estimate cannot be negative")
         now = now or self.clock.now()
         day, month = day_key(now), month_key(now)
-        self._lock(conn, _windows(imp, day, month))
-        self._check(conn, imp, estimate_micros, now)
+        locked = self._lock(conn, _windows(imp, day, month))
+        self._check(conn, imp, estimate_micros, now, locked)
         reservation_id = _RESERVE.run(
             conn,
             dict(
@@ -423,10 +471,18 @@ class Ledger(Store):
         now = self.clock.now()
         self.db.read(lambda conn: self._check(conn, imp, estimate_micros, now))
 
-    def _check(self, conn: Connection, imp: str, estimate_micros: int, now: datetime) -> None:
-        """Every window must take the estimate on top of what is spent and reserved, else BudgetExhausted."""
+    def _check(
+        self,
+        conn: Connection,
+        imp: str,
+        estimate_micros: int,
+        now: datetime,
+        locked: dict[_Key, int] | None = None,
+    ) -> None:
+        """Every window must take the estimate on top of what is spent and reserved, else BudgetExhausted.
+        ``locked``: what the windows have spent and reserved, read already (by ``_lock``, with their locks)."""
         day, month = day_period(day_key(now)), month_period(month_key(now))
-        mine, fleet = self.limits(imp, conn), self.limits(ALL_IMPS, conn)  # each scope's limits read once
+        mine, fleet = self._limits_of(conn, imp)  # each scope's limits read once
         checks = (
             (f"imp:{imp}/day", mine.daily, (imp, day), seconds_to_next_day(now)),
             (f"imp:{imp}/month", mine.monthly, (imp, month), seconds_to_next_month(now)),
@@ -434,7 +490,7 @@ class Ledger(Store):
             ("all/month", fleet.monthly, (ALL_IMPS, month), seconds_to_next_month(now)),
         )
         wanted = [key for _, limit, key, _ in checks if limit is not None]
-        spent_in = self._spent(conn, wanted) if wanted else {}
+        spent_in = locked if locked is not None else self._spent(conn, wanted) if wanted else {}
         for name, limit, key, retry_after in checks:
             if limit is None:
                 continue

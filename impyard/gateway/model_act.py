@@ -458,14 +458,29 @@ class ModelAct(Act):
     async def _settle_and_audit(self, call: _UpstreamCall, cost: int) -> None:
         """The reservation settled at the measured cost, then the call's audit row: two quick transactions
         (issue 18), so that a row that cannot be written never leaves the budget held."""
-        record = call.record
+        db = self.gateway.db
+        if db.dialect != "sqlite":  # issue 36: every quick call is a worker's trip there; both in one trip
+            await db.run(self._settle_then_row, call, cost)
+            return
         try:
-            await self.gateway.db.quick(self.gateway.ledger.settle, call.reservation, cost)
+            await db.quick(self.gateway.ledger.settle, call.reservation, cost)
         finally:
-            # Whether its box is gone is read here, once settled: a box cut while it settled is said to be too.
-            if call.orphaned and record.verdict != "interrupted":
-                record.detail += "; the box ended before the answer came: finished and settled for it"
-            await self.gateway.db.quick(self.gateway.row_now, record)  # the gateway's row, in its own trip
+            self._note_orphaned(call)
+            await db.quick(self.gateway.row_now, call.record)  # the gateway's row, in its own trip
+
+    def _settle_then_row(self, call: _UpstreamCall, cost: int) -> None:
+        """Blocking: ``_settle_and_audit``'s two transactions, one after the other, in one worker's trip."""
+        try:
+            self.gateway.ledger.settle(call.reservation, cost)
+        finally:
+            self._note_orphaned(call)
+            self.gateway.row_now(call.record)
+
+    @staticmethod
+    def _note_orphaned(call: _UpstreamCall) -> None:
+        """Whether its box is gone is read once settled: a box cut while it settled is said to be too."""
+        if call.orphaned and call.record.verdict != "interrupted":
+            call.record.detail += "; the box ended before the answer came: finished and settled for it"
 
 
 def _local(path: str, model: str | None) -> bool:

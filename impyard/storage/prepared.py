@@ -6,8 +6,11 @@ A store wraps each of its hot statements once, at module level: ``_INFO = Prepar
 ``_INFO.run(conn, params)`` inside the transaction ``db.write``/``db.read`` gave it. On SQLite the statement is
 compiled on its first run into SQL text, the order of its parameters and the type processors of its parameters and
 columns, and then run on the driver's connection (the transaction is the driver's own: our BEGIN, SQLAlchemy's
-commit). On PostgreSQL it is ``conn.execute`` (there every statement is a round trip, which SQLAlchemy's CPU is
-small beside).
+commit). On PostgreSQL likewise (issue 36, "PostgreSQL's turn"): compiled once into psycopg's SQL text with named
+parameters, run on a cursor of the psycopg connection in the transaction psycopg began for SQLAlchemy; there
+SQLAlchemy's path cost as much CPU as psycopg's own (about 50 µs a statement each). A driver error is handed to
+SQLAlchemy's own handling (``Connection._handle_dbapi_exception``), so that a store sees the ``DBAPIError`` it
+would have seen, a lost connection is invalidated, and ``db.write`` retries or waits exactly as before.
 
 What comes back (``Rows``) answers what the stores ask of a result: ``first``, ``one``, ``one_or_none``, ``all``,
 ``scalar``, ``scalar_one``, ``scalar_one_or_none``, ``rowcount``, iteration; its rows are tuples that also answer by
@@ -66,22 +69,39 @@ class _Bind:
 
 @dataclass
 class _Plan:
-    """A statement compiled for SQLite: its text, its parameters in order, its columns' result processors."""
+    """A statement compiled for the driver: its text, its parameters in order, its columns' result processors."""
 
     sql: str
     binds: tuple[_Bind, ...]
     results: tuple[Processor | None, ...]
     named: bool  # rows answer by column name too (else plain tuples: a few µs less for each row)
+    positional: bool = (
+        True  # SQLite's ``?`` parameters in order; PostgreSQL's psycopg: ``%(name)s``, a mapping
+    )
     row_type: Any = (
         None  # a namedtuple class, built from the cursor's column names on the first run with rows
     )
+    pending: Any = None  # PostgreSQL: (dialect, column types) whose processors need the driver's type codes
+
+    def resolve(self, description: Sequence[Sequence[Any]] | None) -> None:
+        """PostgreSQL: the columns' result processors, once, from the first result's type codes (a NUMERIC's
+        processor depends on which numeric type came back, as in SQLAlchemy's own result set-up)."""
+        if self.pending is None:
+            return
+        dialect, types = self.pending
+        codes = [d[1] for d in description or ()]
+        if len(codes) == len(types):
+            self.results = tuple(
+                t.result_processor(dialect, code) for t, code in zip(types, codes, strict=True)
+            )
+        self.pending = None
 
     @property
     def plain(self) -> bool:
         """Rows as the driver gives them: plain tuples, nothing to process."""
         return not self.named and not any(self.results)
 
-    def values(self, params: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    def values(self, params: Mapping[str, Any] | None) -> tuple[Any, ...] | dict[str, Any]:
         given = params or {}
         out = []
         for bind in self.binds:
@@ -92,7 +112,9 @@ class _Plan:
             else:
                 value = bind.default
             out.append(value if bind.processor is None else bind.processor(value))
-        return tuple(out)
+        if self.positional:
+            return tuple(out)
+        return {bind.name: value for bind, value in zip(self.binds, out, strict=True)}
 
     def row(self, raw: tuple[Any, ...], description: Sequence[Sequence[Any]]) -> Any:
         if self.row_type is None and self.named:
@@ -112,22 +134,31 @@ def _plan(statement: Executable, dialect: Dialect, keys: Sequence[str], named: b
         why.append("Python-side column defaults")
     if compiled.post_compile_params or compiled.literal_execute_params:
         why.append("expanding or literal-execute parameters")
-    if compiled.positiontup is None:
+    positional = dialect.paramstyle in ("qmark", "numeric", "format")
+    if positional and compiled.positiontup is None:
         why.append("no positional parameters")
+    if not positional and dialect.paramstyle not in ("pyformat", "named"):
+        why.append(f"the driver's parameter style {dialect.paramstyle}")
+    if getattr(compiled, "escaped_bind_names", None):
+        why.append("parameter names the driver needs escaped")
     if why:
         raise ValueError(f"the lean path cannot run this statement ({', '.join(why)}): {compiled}")
     binds = []
-    for name in compiled.positiontup:
+    for name in compiled.positiontup if positional else compiled.binds:
         bind = compiled.binds[name]
         impl = bind.type.dialect_impl(dialect)
         binds.append(_Bind(name, impl.bind_processor(dialect), bool(bind.required), bind.effective_value))
     columns = list(getattr(statement, "exported_columns", ()) or ())
-    results = tuple(column.type.dialect_impl(dialect).result_processor(dialect, None) for column in columns)
-    return _Plan(str(compiled), tuple(binds), results, named)
+    types = tuple(column.type.dialect_impl(dialect) for column in columns)
+    if dialect.name == "sqlite":
+        return _Plan(
+            str(compiled), tuple(binds), tuple(t.result_processor(dialect, None) for t in types), named
+        )
+    return _Plan(str(compiled), tuple(binds), (), named, positional, pending=(dialect, types))
 
 
 class Prepared:
-    """One hot statement of a store: compiled once per process for SQLite, run on its driver (module docs).
+    """One hot statement of a store: compiled once per process and engine, run on its driver (module docs).
 
     An ``INSERT`` without explicit values takes its columns from the keys of the parameters it is run with, as
     with ``conn.execute``: it is compiled once for each set of keys (a store passes the same ones every time)."""
@@ -135,36 +166,54 @@ class Prepared:
     __slots__ = ("statement", "named", "_plans")
 
     def __init__(self, statement: Executable, *, named: bool = True) -> None:
-        """``named=False``: on SQLite its rows are plain tuples, read by position only (a statement that reads
-        many rows a turn); on PostgreSQL they are SQLAlchemy's rows either way."""
+        """``named=False``: its rows are plain tuples, read by position only (a statement that reads many rows a
+        turn)."""
         self.statement = statement
         self.named = named
         self._plans: dict[tuple[str, ...], _Plan] = {}
 
     def run(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Rows:
         """The statement in ``conn``'s transaction; what it returned."""
-        if conn.dialect.name != "sqlite":
-            return conn.execute(self.statement, params)
         plan = self._plan_for(conn.dialect, params)
         driver: Any = conn.connection.driver_connection
-        return _LeanRows(plan, driver.execute(plan.sql, plan.values(params)))
+        values = plan.values(params)
+        if conn.dialect.name == "sqlite":
+            return _LeanRows(plan, driver.execute(plan.sql, values))
+        cursor = driver.cursor()
+        try:
+            cursor.execute(plan.sql, values)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            conn._handle_dbapi_exception(exc, plan.sql, values, cursor, None)  # raises SQLAlchemy's error
+        return _LeanRows(plan, cursor)
 
     def many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """The statement once for each of ``rows`` (the driver's executemany), in ``conn``'s transaction."""
         if not rows:
             return
-        if conn.dialect.name != "sqlite":
-            conn.execute(self.statement, list(rows))
-            return
         plan = self._plan_for(conn.dialect, rows[0])
         driver: Any = conn.connection.driver_connection
-        driver.executemany(plan.sql, [plan.values(row) for row in rows])
+        values = [plan.values(row) for row in rows]
+        if conn.dialect.name == "sqlite":
+            driver.executemany(plan.sql, values)
+            return
+        cursor = driver.cursor()
+        try:
+            if (
+                len(values) == 1
+            ):  # psycopg's executemany sets up a pipeline: for one row, twice a plain execute
+                cursor.execute(plan.sql, values[0])
+            else:
+                cursor.executemany(plan.sql, values)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            conn._handle_dbapi_exception(exc, plan.sql, values, cursor, None)  # raises SQLAlchemy's error
+        finally:
+            cursor.close()
 
     def _plan_for(self, dialect: Dialect, params: Mapping[str, Any] | None) -> _Plan:
-        keys = tuple(params) if params else ()
+        keys = (dialect.name, *params) if params else (dialect.name,)  # a process may use both engines
         plan = self._plans.get(keys)
         if plan is None:
-            plan = self._plans[keys] = _plan(self.statement, dialect, keys, self.named)
+            plan = self._plans[keys] = _plan(self.statement, dialect, keys[1:], self.named)
         return plan
 
     def __repr__(self) -> str:
@@ -187,6 +236,7 @@ class _LeanRows:
     def _rows(self) -> list[Any]:
         cursor = self._cursor
         raw = cursor.fetchall()
+        self._plan.resolve(cursor.description)
         if not raw or self._plan.plain:
             return raw
         return [self._plan.row(row, cursor.description) for row in raw]
@@ -196,6 +246,7 @@ class _LeanRows:
         raw = cursor.fetchone()
         if raw is None:
             return None
+        self._plan.resolve(cursor.description)
         row = self._plan.row(raw, cursor.description)
         cursor.close()  # the rest is not wanted: the statement is done with
         return row
