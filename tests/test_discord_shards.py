@@ -163,6 +163,8 @@ async def test_a_message_of_another_shards_server_is_dropped_and_counted(
     from tests.discord_yard import GENERAL, GUILD
 
     caplog.set_level(logging.DEBUG, "impyard")
+    for name in ("impyard.discord", "impyard.serve"):  # a serve run earlier in this process set them to INFO
+        caplog.set_level(logging.DEBUG, name)
     async with serving(monkeypatch, model, shard=Shard(1, 2)) as yard:
         yard.fake.broadcast_to_every_shard()
         first = yard.fake.post_message(GENERAL, MEMBER, "hi pip")

@@ -282,7 +282,7 @@ async def test_hold_host_records_this_process_and_forgets_it_at_the_end(tmp_path
     assert set(rows) == {"shard:1/2", host_lease_name(me)}
     detail = rows[host_lease_name(me)].detail
     assert detail | {"started_at": ""} == {
-        "home": "/srv/home-a", "command": "serve", "shard": "1/2", "warm_boxes": 4, "started_at": "",
+        "home": "/srv/home-a", "command": "serve", "shard": "1/2", "warm_boxes": 4, "spare_boxes": 0, "started_at": "",
     }  # fmt: skip
     assert rows["shard:1/2"].holder == me
 

@@ -7,7 +7,7 @@ import tempfile
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +324,12 @@ class _SessionTrust:
     also_trusted: frozenset[str]
 
     def info(self, channel_id: str, *, conn: Connection | None = None) -> ChannelInfo | None:
-        return self.stored.info(channel_id, conn=conn)
+        """The stored row; a channel ``--session-trusted`` names reads as trusted (the gateway may judge a send
+        from this row alone)."""
+        found = self.stored.info(channel_id, conn=conn)
+        if channel_id not in self.also_trusted:
+            return found
+        return replace(found, trusted=True) if found is not None else ChannelInfo(channel_id, trusted=True)
 
     def is_trusted(self, channel_id: str, *, conn: Connection | None = None) -> bool:
         return channel_id in self.also_trusted or self.stored.is_trusted(channel_id, conn=conn)

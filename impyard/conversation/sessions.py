@@ -457,7 +457,7 @@ class SessionManager:
         self._grace: anyio.CancelScope | None = None  # the grace of a shutdown under way
         self._census = metrics.counting_boxes(self)
         self.spares = SparePool(
-            settings_for=lambda imp: self.plan.settings_for(imp).spares, backend_for=plan.backend_for,
+            settings_for=lambda imp: self.plan.settings_for(imp).spares, backend_for=lambda imp: self.plan.backend_for(imp),
             spare_dir_for=lambda imp: self.plan.spare_dir_for(imp), live_sessions=self._live_sessions_of,
             sleep=sleep, host_max=spares_max, free_memory=free_memory,
         )  # fmt: skip

@@ -44,7 +44,9 @@ class ChannelTrust(Protocol):
 
     def info(self, channel_id: str, *, conn: Connection | None = None) -> ChannelInfo | None: ...
 
-    def is_trusted(self, channel_id: str, *, conn: Connection | None = None) -> bool: ...
+    def is_trusted(self, channel_id: str, *, conn: Connection | None = None) -> bool:
+        """Must agree with ``channel_is_trusted(info(channel_id))``: the gateway judges a send from the row alone."""
+        ...
 
 
 DbChannelTrust = ChannelStore  # the name earlier callers use for the channel store
