@@ -22,9 +22,9 @@ from impyard.storage.readiness import database_check
 
 
 @asynccontextmanager
-async def console_beside(host: str, port: int) -> AsyncIterator[None]:
-    """The console in this process (``impyard serve --console``) on its own connection to this home's database,
-    listening until the block ends; its address is printed as ``impyard console`` prints it."""
+async def console_beside(host: str, port: int) -> AsyncIterator[ConsoleContext]:
+    """The console in this process (``impyard console``, and ``impyard serve --console`` beside the Discord host) on
+    its own connection to this home's database, listening until the block ends; its address is printed first."""
     try:
         token = token_from_env() or new_token()
     except TokenError as exc:
@@ -32,29 +32,26 @@ async def console_beside(host: str, port: int) -> AsyncIterator[None]:
     db = open_or_fail()
     try:
         context = ConsoleContext(db=db, clock=SystemClock())
-        context.started_at = context.clock.now()
         try:
             async with running_console(context, host=host, port=port, token=token) as address:
                 click.echo(f"impyard console: {address.login_url}")
-                yield
+                yield context
         except ConsoleStartError as exc:
             raise CliError(str(exc)) from exc
     finally:
         db.close()
 
 
-async def _serve_until_stopped(
-    context: ConsoleContext, host: str, port: int, token: str, metrics_host: str, metrics_port: int | None
-) -> None:
+async def _serve_until_stopped(host: str, port: int, metrics_host: str, metrics_port: int | None) -> None:
     phase = Phase("starting: the console is not listening yet")
-    checks: list[ReadyCheck] = [phase.check, database_check(context.db)]
+    checks: list[ReadyCheck] = [phase.check]
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with AsyncExitStack() as health:
             if metrics_port is not None:
                 await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
-            async with running_console(context, host=host, port=port, token=token) as address:
+            async with console_beside(host, port) as context:
+                checks.append(database_check(context.db))
                 phase.ready()
-                click.echo(f"impyard console: {address.login_url}", nl=True)
                 click.echo("  (open it in a browser; Ctrl-C stops the console)", err=True)
                 async for _ in signals:
                     break
@@ -83,22 +80,13 @@ def console_command(host: str, port: int, metrics_port: int | None, metrics_host
       impyard console
       impyard console --port 9000
     """
-    try:
-        token = token_from_env() or new_token()
-    except TokenError as exc:
-        raise CliError(str(exc)) from exc
     bring_up_to_date()  # issue 36: the Imps page shows the imps as the database has them
-    db = open_or_fail()
-    context = ConsoleContext(db=db, clock=SystemClock())
-    context.started_at = context.clock.now()
     try:
-        anyio.run(_serve_until_stopped, context, host, port, token, metrics_host, metrics_port)
-    except (ConsoleStartError, HealthPortError) as exc:
+        anyio.run(_serve_until_stopped, host, port, metrics_host, metrics_port)
+    except HealthPortError as exc:
         raise CliError(str(exc)) from exc
     except KeyboardInterrupt:
         pass
-    finally:
-        db.close()
 
 
 __all__ = ["TOKEN_ENV", "console_command"]

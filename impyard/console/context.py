@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from aiohttp import web
 
@@ -23,7 +22,6 @@ class ConsoleContext:
     operator: str = field(
         default_factory=operator_name
     )  # decisions are ``operator:<account>``, as on the CLI
-    started_at: datetime | None = None
 
 
 CONTEXT = web.AppKey("impyard.console.context", ConsoleContext)

@@ -33,6 +33,8 @@ from sqlalchemy.exc import IntegrityError
 from impyard import __version__
 from impyard.clock import iso
 from impyard.errors import ImpyardError
+from impyard.imps.config import ImpError
+from impyard.imps.shared import MAX_FILE_BYTES, MAX_FILES, settings_files
 from impyard.memory.copying import keeps_anything
 from impyard.storage.db import Database
 from impyard.storage.tables import (
@@ -70,8 +72,6 @@ WHAT = {  # how the summary names each table
 MAX_LINE_BYTES = (
     4 * 1024 * 1024
 )  # a record with its vector and texts is a few KiB; the header holds the files
-MAX_FILE_BYTES = 1024 * 1024  # one of the imp's own files (imp.toml, persona, news)
-MAX_FILES = 16
 READ_BATCH = 500
 INSERT_BATCH = 500
 _NAME_LINE = re.compile(r"(?m)^name\s*=.*$")
@@ -113,29 +113,12 @@ def _rows(conn: Connection, table: Table, skip: frozenset[str], imp: str) -> Ite
 
 
 def imp_files(directory: Path) -> dict[str, str]:
-    """The imp's own files: every UTF-8 file at the top of its directory (never its boxes' state, nor the home's
-    hidden marks: which revision of the database its copy came from is this home's)."""
-    files: dict[str, str] = {}
-    candidates = (
-        p for p in directory.iterdir() if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
-    )
-    for path in sorted(candidates):
-        if len(files) >= MAX_FILES:
-            raise TransferError(
-                f"{directory} holds more than {MAX_FILES} files: move the extra ones out first"
-            )
-        data = path.read_bytes()
-        if len(data) > MAX_FILE_BYTES:
-            raise TransferError(
-                f"{path} is {len(data)} bytes; an exported file may be at most {MAX_FILE_BYTES}"
-            )
-        try:
-            files[path.name] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise TransferError(
-                f"{path} is not UTF-8 text: an export carries the imp's text files only"
-            ) from None
-    return files
+    """The imp's settings as the shared store keeps them (``impyard.imps.shared.settings_files``): never its boxes'
+    state, the home's hidden marks (which revision its copy came from) nor what this home's gateway learned."""
+    try:
+        return settings_files(directory)
+    except ImpError as exc:
+        raise TransferError(str(exc).splitlines()[0]) from None
 
 
 def write_export(
