@@ -200,3 +200,26 @@ def test_each_host_says_which_revision_of_each_imp_it_runs(impyard_home: Path) -
     assert "bo@1, pip@3" in shown.output, shown.output
     (listed,) = json.loads(CliRunner().invoke(cli, ["hosts", "--json"]).output)["hosts"]
     assert listed["imps"] == {"bo": 1, "pip": 3}
+
+
+def test_two_homes_publishing_the_same_new_imp_at_once_agree(shared_db: str, tmp_path: Path) -> None:
+    """Two hosts of fresh homes start together with the same pip: the second's publish finds the first's row (it
+    read the database just before): it judges again against that row instead of refusing to start."""
+    from impyard.imps.shared import Published, read_mark, settings_files, sync_home
+
+    a, b = homes(tmp_path)
+    for home in (a, b):
+        ImpStore(home).add("pip", "You are Pip.")
+    db = open_database()
+    try:
+        SharedImps(db).publish("pip", settings_files(a / "imps/pip"), base=None)  # home A got there first
+
+        class ReadJustBefore(SharedImps):
+            def all(self) -> dict[str, Published]:
+                return {}
+
+        report = sync_home(ImpStore(b), ReadJustBefore(db))
+    finally:
+        db.close()
+    mark = read_mark(b / "imps/pip")
+    assert mark is not None and mark.revision == 1 and report.published == []

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,11 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from box.protocol.models import Author, Message
+from impyard import runtime as runtime_module
 from impyard.backends import BoxSpec
 from impyard.backends.process import ProcessBackend
 from impyard.clock import FixedClock
+from impyard.conversation.activity import ActivityPublisher
 from impyard.conversation.pipeline import Inbound
 from impyard.gateway.core import Gateway
 from impyard.gateway.surfaces import RecordingSurface
@@ -106,7 +109,14 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-async def runtime(fake: FakeOpenAI, clock: FixedClock, tmp_path: Path) -> AsyncIterator[Runtime]:
+async def runtime(
+    fake: FakeOpenAI, clock: FixedClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Runtime]:
+    # The Now page's publisher writes the host's activity once at start, then at most once a day here: its own
+    # writes are not a turn's (and a write of it beside a turn's quick call sends that call to a worker).
+    monkeypatch.setattr(
+        runtime_module, "ActivityPublisher", partial(ActivityPublisher, every=timedelta(days=1))
+    )
     ImpStore().add("pip", "You are Pip.")
     async with open_runtime(
         ["pip"],

@@ -52,6 +52,11 @@ class ImpConflict(ImpError):
     """The home's copy and the database both changed an imp: one line naming both and the way out."""
 
 
+class ImpMoved(ImpConflict):
+    """The database's revision of an imp moved while a change was being made from an older one (another home
+    published, or started, at the same moment): nothing was written."""
+
+
 @dataclass(frozen=True)
 class Published:
     name: str
@@ -195,14 +200,15 @@ class SharedImps:
         return self.db.write(write)
 
 
-def _moved(name: str, base: int | None, current: Any) -> ImpConflict:
+def _moved(name: str, base: int | None, current: Any) -> ImpMoved:
     if current is None:
-        return ImpConflict(f"imp {name} was removed from the database meanwhile: nothing was written")
+        return ImpMoved(f"imp {name} was removed from the database meanwhile: nothing was written")
     there = f"revision {current.revision} by {current.updated_by} at {current.updated_at}"
     if base is None:
-        return ImpConflict(f"imp {name} already exists in the database ({there}): nothing was written")
-    return ImpConflict(
-        f"imp {name} changed in the database meanwhile ({there}; this change was made from revision {base}): nothing was written, try again"
+        return ImpMoved(f"imp {name} already exists in the database ({there}): nothing was written")
+    return ImpMoved(
+        f"imp {name} changed in the database meanwhile ({there}; this change was made from revision {base}): "
+        "nothing was written, try again"
     )
 
 
@@ -274,7 +280,10 @@ def sync_home(
     )
     for name in sorted(local | set(rows)):
         try:
-            _sync_one(store, shared, name, rows.get(name), report)
+            try:
+                _sync_one(store, shared, name, rows.get(name), report)
+            except ImpMoved:  # another home published it at the same moment: judge again against its row
+                _sync_one(store, shared, name, shared.get(name), report)
         except ImpConflict as exc:
             if on_conflict is None:
                 raise
