@@ -121,6 +121,7 @@ class BoxProgram:
         self.init: BoxInitParams | None = None
         self.responder: Responder | None = None
         self._turn_lock = anyio.Lock()
+        self._loaded_for_turns = False  # box.ready's loading, once (issue 37)
         # Seams for tests and for the memory engine: the backoff's sleep, the memory, the tools.
         self._sleep = sleep
         self._memory = memory
@@ -135,8 +136,8 @@ class BoxProgram:
             return self._initialise(params)
         if (
             method == "box.ready"
-        ):  # issue 37: the host's spare pool asks whether the box is up, before its init
-            return Empty()
+        ):  # issue 37: a spare's pool asks, before its init; answered once it is loaded
+            return self._load_for_turns()
         if self.init is None:
             if method == "mailbox.event":  # a notification has no one to tell: note it and move on
                 log.warning("a channel event arrived before box.init; ignored")
@@ -158,6 +159,17 @@ class BoxProgram:
             await self._ready().record_event(params)
             return None
         raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {method}")
+
+    def _load_for_turns(self) -> Empty:
+        """``box.ready`` (issue 37): a spare loads, before its claim, what its first turn would load in front of
+        the person (``box.warmup``). In the loop's own thread, once: nothing else is asked of a spare meanwhile
+        (its pool claims it only once this is answered), and no schema is built by two threads at once."""
+        if not self._loaded_for_turns:
+            from box.warmup import load_for_turns
+
+            load_for_turns()
+            self._loaded_for_turns = True
+        return Empty()
 
     def _initialise(self, params: BoxInitParams) -> BoxInitResult:
         if self.init is not None:

@@ -206,3 +206,70 @@ def test_every_protocol_model_builds() -> None:
     for model in sorted(models, key=lambda m: m.__qualname__):
         assert model.model_rebuild(force=True) is not False, model.__qualname__
         assert model.__pydantic_complete__, model.__qualname__
+
+
+# ---------------------------------------------------------------- a spare's box.ready (issue 37)
+
+ALL_MODELS = sorted(
+    {
+        model.__name__
+        for spec in [*BOX_METHODS.values(), *HOST_METHODS.values()]
+        for model in (spec.params, spec.result)
+        if model is not None and model.__module__ == "box.protocol.models"
+    }
+)
+# What a spare has loaded once it answered box.ready: the turn's code and the memory engine, not the probe.
+LOADED_BY_READY = (
+    "box.responder",
+    "box.machine",
+    "box.memory",
+    "box.memory.engine",
+    "box.memory.night",
+    "box.common.envelope",
+    "box.tool_loop",
+    "box.tools",
+    "box.model",
+)
+_REPORT_ALL = _RUN_AND_REPORT.replace("for name in %r}", "for name in %r}  # every model") % (ALL_MODELS,)
+
+
+def run_spare(tmp_path: Path, stdin: bytes) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """``run_box``, reporting whether each protocol model of ``box.protocol.models`` was built."""
+    report = tmp_path / "report.json"
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _REPORT_ALL, BOX_SOURCE_ROOT, str(report)],
+        input=stdin, capture_output=True, env=box_environment(state), cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    frames = [json.loads(line) for line in done.stdout.splitlines()]
+    return {item["id"]: item for item in frames if "method" not in item}, json.loads(report.read_text())
+
+
+def test_box_ready_loads_what_a_first_turn_would_load_in_front_of_the_person(tmp_path: Path) -> None:
+    """Issue 37: a spare answers box.ready once the turn's modules are loaded and every protocol model is built,
+    so the first turn after its claim loads nothing of the box's own: a claimed spare's first reply is warm."""
+    frames, seen = run_spare(tmp_path, frame(1, "box.ready", {}))
+    assert frames == {1: {"jsonrpc": "2.0", "id": 1, "result": {}}}
+    loaded = set(seen["modules"])
+    assert sorted(set(LOADED_BY_READY) - loaded) == []
+    assert "box.probe" not in loaded  # only `impyard box check` asks for it
+    assert {name for name, built in seen["built"].items() if not built} == set()
+
+
+def test_a_turn_after_box_ready_loads_nothing_more_of_the_box(tmp_path: Path) -> None:
+    deliver = frame(3, "mailbox.deliver", deliver_params().model_dump(mode="json"))
+    (tmp_path / "ready").mkdir()
+    (tmp_path / "turn").mkdir()
+    _, before = run_spare(tmp_path / "ready", frame(1, "box.ready", {}) + init_frame(2))
+    frames, after = run_spare(tmp_path / "turn", frame(1, "box.ready", {}) + init_frame(2) + deliver)
+    assert frames[3]["result"]["outcome"] == "failed"  # its history.load went unanswered: the turn ran
+    own = sorted(m for m in set(after["modules"]) - set(before["modules"]) if m.split(".")[0] == "box")
+    assert own == []
+
+
+def test_box_ready_is_answered_once_and_the_box_then_inits_as_any_box(tmp_path: Path) -> None:
+    frames, _ = run_spare(tmp_path, frame(1, "box.ready", {}) + frame(2, "box.ready", {}) + init_frame(3))
+    assert frames[1]["result"] == {} and frames[2]["result"] == {}
+    assert frames[3]["result"] == {"protocol": 1, "box": "0.1.0"}

@@ -49,7 +49,7 @@ from box.memory.embedder import GatewayEmbedder, HashingEmbedder
 from box.memory.focus import authored_by, cut, moment_entry
 from box.memory.moment import SCHEMA as APPRAISAL_SCHEMA
 from box.memory.moment import Felt, encoding, event_text, joins, read_appraisal, reply_moment, searched_text
-from box.memory.prompts import Prompts
+from box.memory.prompts import Prompts, packaged_prompts
 from box.memory.recall import Embedder, Recall, Recalled
 from box.memory.reflection import Reflector, Seed
 from box.memory.state import State, compose
@@ -143,7 +143,7 @@ class ChatMemory:
             if settings.embedder == "hashing"
             else GatewayEmbedder(self.model, settings.embedding_model, settings.dimensions)
         )
-        self.prompts = prompts or Prompts.load()
+        self.prompts = prompts or packaged_prompts()
         self.params = params
         self.temperament = temperament_of(settings)
         self._host_log = host_log

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -90,6 +91,13 @@ class Prompts:
             return str(values[match["name"]])
 
         return _PLACEHOLDER.sub(fill, template)
+
+
+@cache
+def packaged_prompts() -> Prompts:
+    """The image's own blocks (``PROMPTS_DIR``), read once per box: every memory engine of the box shares them,
+    and a spare reads them before its claim (issue 37, ``box.warmup``)."""
+    return Prompts.load()
 
 
 def _parse(text: str) -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from box.common.history import lookback
 from box.protocol.memory import PresenceEntry
-from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, Message, SessionInfo
+from box.protocol.models import BoxInitParams, DeliverResult, HistoryEntry, ImpSpec, Message, SessionInfo
 from impyard import __version__ as impyard_version
 from impyard.backends import BoxBackend
 from impyard.backends.handover import SPARE_DIRS
@@ -52,8 +52,7 @@ from impyard.gateway.policy import Policy
 from impyard.gateway.reach import with_reach
 from impyard.gateway.surfaces import Post, Surface, surface_of
 from impyard.imps.store import ImpConfig, ImpStore
-from impyard.memory.scopes import presence, scopes_of
-from impyard.memory.scopes import resolve as resolve_scopes
+from impyard.memory.scopes import SessionScopes, presence, scopes_of
 from impyard.storage import faults as storage_faults
 from impyard.storage.db import STORAGE_ERRORS, Database
 from impyard.threads import in_thread
@@ -421,15 +420,27 @@ class Conversations:
         return self.backends[imp]
 
     async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
-        """What a new box of this session is told; the channel and the persona are read off the event loop."""
+        """What a new box of this session is told; the channel and the persona are read off the event loop, side
+        by side: the channel and its scopes in one database trip, the persona's files in a thread (issue 37: this
+        is on the path of a claimed spare's first reply, and of a cold box's)."""
         config = self.configs[key.imp]
-        info = await self.channels.db.run(self.channels.info, key.channel_id)
-        imp = await in_thread(self.imps.imp_spec, config)
-        imp = with_reach(imp, self.policy() if self.policy else None, key.channel_id)  # issue 38
+        db = self.channels.db
+        with_memory = config.memory.enabled  # what the imp's spec says (``ImpConfig.imp_spec``)
+
+        def channel_reads() -> tuple[ChannelInfo | None, SessionScopes | None]:
+            scopes = scopes_of(db, key.imp, key.channel_id) if with_memory else None
+            return self.channels.info(key.channel_id), scopes
+
+        specs: list[ImpSpec] = []
+        async with anyio.create_task_group() as tg:
+
+            async def read_spec() -> None:
+                specs.append(await in_thread(self.imps.imp_spec, config))
+
+            tg.start_soon(read_spec)
+            info, scopes = await db.run(channel_reads)
+        imp = with_reach(specs[0], self.policy() if self.policy else None, key.channel_id)  # issue 38
         kind = info.kind if info and info.kind in ("dm", "guild", "terminal", "task") else "guild"
-        scopes = (
-            await resolve_scopes(self.channels.db, key.imp, key.channel_id) if imp.memory.enabled else None
-        )
         return BoxInitParams(
             protocol=1,
             imp=imp,
