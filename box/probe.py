@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import os
 import resource
 import socket
@@ -122,6 +123,23 @@ def _file_size_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
+STATE_ENTRIES_SHOWN = 16
+STATE_NAME_CHARS = 64
+
+
+def _state_entries(state_dir: Path) -> str | None:
+    """Some names in /state (at most 16, each cut to 64 characters), sorted: a claimed spare shows the channel's
+    files there (issue 37). Bounded work and output, whatever the dir holds."""
+    try:
+        with os.scandir(state_dir) as entries:
+            names = [
+                entry.name[:STATE_NAME_CHARS] for entry in itertools.islice(entries, STATE_ENTRIES_SHOWN)
+            ]
+    except OSError:
+        return None
+    return ",".join(sorted(names))
+
+
 def observe(state_dir: Path) -> dict[str, ReportValue]:
     cap_eff = _status_field("CapEff")
     uname = os.uname()
@@ -137,6 +155,7 @@ def observe(state_dir: Path) -> dict[str, ReportValue]:
         "tmp_writable": _writable(tempfile.gettempdir()),
         "state_dir": str(state_dir),
         "state_writable": state_dir.is_dir() and _writable(str(state_dir)),
+        "state_entries": _state_entries(state_dir),
         "cap_eff": int(cap_eff, 16) if cap_eff else None,
         "no_new_privs": _no_new_privs(),
         "file_size_limit": _file_size_limit(),

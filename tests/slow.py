@@ -49,11 +49,11 @@ SLOW_TESTS: dict[str, dict[str, int]] = {
     },
     "tests/test_box_backends.py": {
         "test_fork_loop_is_stopped_by_the_pids_limit": 9,
+        "test_box_check_passes_on_docker": 9,
         "test_cancelling_the_host_leaves_no_box_behind": 8,
         "test_the_same_scripted_conversation_on_each_backend": 7,
         "test_a_docker_box_can_use_state_a_process_box_wrote_as_root": 6,
         "test_lockdown_observed_from_inside_and_outside": 6,
-        "test_box_check_passes_on_docker": 6,
         "test_memory_hog_is_killed_by_the_memory_limit": 3,
         "test_labelled_orphans_are_removed_at_start": 2,
     },
@@ -75,6 +75,7 @@ SLOW_TESTS: dict[str, dict[str, int]] = {
     },
     "tests/test_box_runtime.py": {
         "test_box_check_fails_when_a_limit_is_really_absent": 21,
+        "test_box_check_fails_when_only_the_spare_lacks_a_limit": 6,
         "test_a_box_runs_under_the_runtime_asked_for_and_says_so": 5,
     },
     "tests/test_box_stateroot.py": {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -12,12 +14,13 @@ import docker
 import pytest
 from click.testing import CliRunner
 
-from impyard.backends import BoxSpec, BoxStartError, RefuseAllHost
+from impyard.backends import BoxHost, BoxSpec, BoxStartError, RefuseAllHost, RunningBox
 from impyard.backends.docker import DockerBackend, DockerLimits, run_argv
 from impyard.backends.lockdown import evaluate
 from impyard.backends.process import ProcessBackend
 from impyard.cli import cli
 from impyard.cli.box import probe
+from impyard.conversation.spares import SPARE_CHANNEL
 from tests.scripted import ScriptedHost, chat_result, deliver_params, envelope, init_params
 
 pytestmark = pytest.mark.anyio
@@ -223,9 +226,30 @@ def test_every_lockdown_flag_is_on_the_command_line(tmp_path: Path) -> None:
 def test_box_check_passes_on_docker(box_runtime: str) -> None:
     result = CliRunner().invoke(cli, ["box", "check", "--backend", "docker", "--json"])
     assert result.exit_code == 0, result.output
-    shown = json.loads(result.output)
+    shown = json.loads(result.stdout)
     assert shown["confined"] is True and shown["runtime"] == shown["outside"]["runtime"] == box_runtime
     assert shown["runtime_setting"] == f"{box_runtime} (IMPYARD_BOX_RUNTIME)"
+    # Issue 37: a spare too, as the pool starts it, then claimed; the same lockdown from both sides.
+    spare = shown["spare"]
+    assert spare["confined"] is True and spare["error"] is None
+    started = {row["name"]: row for row in shown["checks"]}
+    unclaimed = {row["name"]: row for row in spare["checks"] if row["box"] == "spare (unclaimed)"}
+    claimed = {row["name"]: row for row in spare["checks"] if row["box"] == "spare (claimed)"}
+    assert set(unclaimed) == set(started) - {"state mount writable"} | {
+        "refused before its claim",
+        "a fresh /state of its own",
+    }
+    assert {row["confirmed_by"] for row in unclaimed.values()} == {"outside"}  # it was asked nothing
+    assert spare["unclaimed"]["outside"]["runtime"] == spare["claimed"]["outside"]["runtime"] == box_runtime
+    # Claimed, the probe ran inside it: each property confirmed by the same sides as the started box's.
+    assert set(claimed) == set(started) | {"the channel's /state inside", "/state handed back"}
+    assert {name: row["confirmed_by"] for name, row in claimed.items() if name in started} == {
+        name: row["confirmed_by"] for name, row in started.items()
+    }
+    observed = spare["claimed"]["observed"]
+    assert observed["uid"] == shown["observed"]["uid"] and observed["kernel"] == shown["observed"]["kernel"]
+    assert "box-check-marker" in observed["state_entries"].split(",")  # the channel's /state, handed in
+    assert spare["unclaimed"]["state"] == []  # before: a fresh dir of its own
 
 
 def test_box_check_fails_on_the_process_backend() -> None:
@@ -233,6 +257,70 @@ def test_box_check_fails_on_the_process_backend() -> None:
     assert result.exit_code == 1
     assert "lockdown properties missing" in result.output
     assert "no network" in result.output
+
+
+def test_box_check_checks_a_spare_before_and_after_its_claim_on_the_process_backend() -> None:
+    """Issue 37: the spare fails as the started box does (no lockdown: clear, non-zero), and what the process
+    backend can show still holds: refused before its claim, a fresh /state, the channel's files in it once
+    claimed (the probe ran inside it) and the channel's again once it closed."""
+    result = CliRunner().invoke(cli, ["box", "check", "--backend", "process", "--json"])
+    assert result.exit_code == 1
+    shown = json.loads(result.stdout)
+    keys = {"backend", "runtime", "runtime_setting", "observed", "outside", "checks", "confined"}
+    assert set(shown) == keys | {"spare"}  # the started box's keys, as scripts read them
+    assert shown["confined"] is False and shown["spare"]["confined"] is False
+    spare = shown["spare"]
+    rows = {(row["box"], row["name"]): row for row in spare["checks"]}
+    started = {row["name"]: row["ok"] for row in shown["checks"]}
+    seen_outside = set(started) - {"state mount writable"}
+    assert {name for box, name in rows if box == "spare (unclaimed)"} == seen_outside | {
+        "refused before its claim",
+        "a fresh /state of its own",
+    }
+    assert not any(rows["spare (unclaimed)", name]["ok"] for name in seen_outside)  # nothing to see: missing
+    refused = rows["spare (unclaimed)", "refused before its claim"]
+    assert (
+        refused["ok"]
+        and "denied (unbound)" in refused["outside"]
+        and "the gateway heard nothing" in refused["outside"]
+    )
+    assert rows["spare (unclaimed)", "a fresh /state of its own"]["ok"]
+    # Claimed: the same probe ran inside it, and the same rules judged it as the started box.
+    observed = spare["claimed"]["observed"]
+    assert (
+        observed["uid"] == shown["observed"]["uid"]
+        and observed["interfaces"] == shown["observed"]["interfaces"]
+    )
+    assert {name: rows["spare (claimed)", name]["ok"] for name in started} == started
+    assert rows["spare (claimed)", "the channel's /state inside"]["ok"]
+    assert "box-check-marker" in observed["state_entries"].split(",")
+    assert rows["spare (claimed)", "/state handed back"]["ok"]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert "in the started box" in error and "in the spare (unclaimed) box" in error
+    assert "in the spare (claimed) box" in error and "use the Docker backend" in error
+
+
+def test_a_spare_that_cannot_start_fails_box_check_naming_the_spare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: a spare the pool could not start is a failed check of the spare box, said in one line; the
+    started box's result is shown all the same."""
+
+    class NoSpares(ProcessBackend):
+        @asynccontextmanager
+        async def open(self, spec: BoxSpec, host: BoxHost) -> AsyncIterator[RunningBox]:
+            if spec.channel_id == SPARE_CHANNEL:
+                raise BoxStartError("no room for a spare here")
+            async with super().open(spec, host) as running:
+                yield running
+
+    monkeypatch.setattr("impyard.cli.box.choose_backend", lambda name: NoSpares(warn=False))
+    result = CliRunner().invoke(cli, ["box", "check", "--json"])
+    assert result.exit_code == 1
+    shown = json.loads(result.stdout)
+    assert shown["observed"]["uid"] is not None  # the started box ran and is shown
+    assert shown["spare"]["confined"] is False
+    assert shown["spare"]["error"] == "the spare box did not start: no room for a spare here"
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert "; the spare box did not start: no room for a spare here (the process backend)" in error
 
 
 def test_doctor_names_what_is_missing_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ from impyard.backends.runtimes import (
 )
 from impyard.cli import cli
 from impyard.cli.doctor_rules import DockerFacts, runtime_finding
+from impyard.conversation.spares import SPARE_CHANNEL
 from impyard.imps.store import ImpStore
 from impyard.runtime import backends_for
 from tests.conftest import docker_backend_for
@@ -264,9 +265,34 @@ def test_box_check_fails_when_a_limit_is_really_absent(
         return argv
 
     monkeypatch.setattr(docker_module, "run_argv", without)
-    result = CliRunner().invoke(cli, ["box", "check", "--json"])
+    result = CliRunner().invoke(cli, ["box", "check", "--json", "--no-spare"])  # the started box: enough here
     assert result.exit_code == 1, result.output
-    shown = json.loads(result.output[: result.output.rindex("}") + 1])
-    assert shown["runtime"] == box_runtime and shown["confined"] is False
+    shown = json.loads(result.stdout)
+    assert shown["runtime"] == box_runtime and shown["confined"] is False and shown["spare"] is None
     failed = {row["name"] for row in shown["checks"] if not row["ok"]}
     assert check in failed, shown["checks"]
+
+
+def test_box_check_fails_when_only_the_spare_lacks_a_limit(
+    box_runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: box check starts a spare as the pool does (through the same `docker run` line) and checks it
+    unclaimed and claimed: a limit missing from the spare alone fails the check, and the error names the spare."""
+    real_run_argv = docker_module.run_argv
+
+    def spare_without_pids_limit(spec: BoxSpec, *args: object, **kwargs: object) -> list[str]:
+        argv = real_run_argv(spec, *args, **kwargs)  # type: ignore[arg-type]
+        if spec.channel_id == SPARE_CHANNEL:  # a spare's box only: the started box keeps it
+            at = argv.index("--pids-limit")
+            del argv[at : at + 2]
+        return argv
+
+    monkeypatch.setattr(docker_module, "run_argv", spare_without_pids_limit)
+    result = CliRunner().invoke(cli, ["box", "check", "--json"])
+    assert result.exit_code == 1, result.output
+    shown = json.loads(result.stdout)
+    assert shown["confined"] is True and shown["spare"]["confined"] is False  # the started box is whole
+    failed = {(row["box"], row["name"]) for row in shown["spare"]["checks"] if not row["ok"]}
+    assert failed == {("spare (unclaimed)", "pids limit"), ("spare (claimed)", "pids limit")}
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert "in the spare (unclaimed) box (pids limit)" in error and "started box" not in error

@@ -388,17 +388,22 @@ def test_each_lockdown_row_says_what_is_expected_and_what_was_observed(
 
 
 def test_box_check_prints_expected_before_observed() -> None:
-    result = CliRunner().invoke(cli, ["box", "check", "--backend", "process", "--json"])
-    report = json.loads(result.output[: result.output.rindex("}") + 1])["observed"]
+    result = CliRunner().invoke(cli, ["box", "check", "--backend", "process", "--json", "--no-spare"])
+    report = json.loads(result.stdout)["observed"]
     table = CliRunner().invoke(cli, ["box", "check", "--backend", "process"])
-    rows = channel_rows(table.output.split("Error:")[0].strip())
-    root = rows["read-only root"]
-    assert (root["expected"], root["inside"]) == (
-        "read-only",
-        "writable" if report["root_writable"] else "read-only",
-    )
-    assert root["result"] == ("MISSING" if report["root_writable"] else "ok")
-    assert root["outside"] == "–"  # the process backend: nothing to see from outside
+    header, *lines = table.stdout.strip().splitlines()
+    names = header.split("\t")
+    assert names[:2] == ["box", "property"]  # each row names its box (issue 37)
+    rows = {tuple(line.split("\t")[:2]): dict(zip(names, line.split("\t"), strict=True)) for line in lines}
+    assert {box for box, _ in rows} == {"started", "spare (unclaimed)", "spare (claimed)"}
+    for box in ("started", "spare (claimed)"):
+        root = rows[box, "read-only root"]
+        assert (root["expected"], root["inside"]) == (
+            "read-only",
+            "writable" if report["root_writable"] else "read-only",
+        )
+        assert root["result"] == ("MISSING" if report["root_writable"] else "ok")
+        assert root["outside"] == "–"  # the process backend: nothing to see from outside
 
 
 # --- every group's --help shows an example (issue 17) -----------------------------------------------------------

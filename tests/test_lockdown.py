@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from box.protocol.models import ReportValue
-from impyard.backends.lockdown import LockdownCheck, Side, evaluate, judge
+from impyard.backends.lockdown import NOT_ASKED, LockdownCheck, Side, evaluate, evaluate_outside, judge
 from impyard.backends.outside import observe_outside
 
 MIB = 1024**2
@@ -153,6 +153,33 @@ def test_the_process_backend_has_no_outside_and_no_runtime_row() -> None:
     shown = checks({**RUNC_INSIDE, "interfaces": "eth0,lo"}, None, runtime=None)
     assert "runtime" not in shown and shown["no network"].outside == "–"
     assert not shown["no network"].ok and shown["pids limit"].ok  # the inside alone decides
+
+
+def outside_only(
+    outside: dict[str, ReportValue] | None, runtime: str | None = "runsc"
+) -> dict[str, LockdownCheck]:
+    found = evaluate_outside(
+        outside, memory="512m", pids_limit=128, state_quota_bytes=256 * MIB, runtime=runtime,
+        host_kernel="6.1.0-test",
+    )  # fmt: skip
+    return {check.name: check for check in found}
+
+
+def test_an_unclaimed_spare_is_judged_on_the_hosts_view_alone() -> None:
+    """Issue 37: a spare before its claim runs no task; the same rules judge what the host sees of it."""
+    shown = outside_only(OUTSIDE)
+    inside_only = {"state mount writable"}  # the host cannot see it
+    assert set(shown) == set(checks(RUNSC_INSIDE, OUTSIDE)) - inside_only
+    assert all(c.ok and c.confirmed_by == "outside" and c.observed == NOT_ASKED for c in shown.values())
+    for outside, missing in [
+        ({"network_mode": "bridge"}, {"no network", "no route out"}),
+        ({"pids_limit": "max"}, {"pids limit"}),
+        ({"pids_limit": None}, {"pids limit"}),  # the engine's word alone confirms nothing
+        ({"runtime": "runc"}, {"runtime"}),
+    ]:
+        assert {n for n, c in outside_only({**OUTSIDE, **outside}).items() if not c.ok} == missing, outside
+    # The process backend: nothing to look at, nothing confirmed.
+    assert not any(check.ok for check in outside_only(None, runtime=None).values())
 
 
 # ------------------------------------------------------------------ what the host reads from outside

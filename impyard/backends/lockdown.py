@@ -10,7 +10,7 @@ a box.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from box.protocol.models import ReportValue
 
@@ -19,6 +19,9 @@ GVISOR_MARK = "gVisor"  # the first line of gVisor's kernel log: "Starting gViso
 
 NOT_REPORTED = "not reported"
 NOT_LOOKED = "–"  # the process backend: nothing outside to look at
+NOT_ASKED = "not asked (unclaimed)"  # a spare before its claim runs no task (issue 37)
+# Properties the host cannot see: only the box's own view confirms them
+SEEN_INSIDE_ONLY = frozenset({"state mount writable"})
 
 
 @dataclass(frozen=True)
@@ -348,3 +351,27 @@ def evaluate(
     if runtime is not None:
         checks.insert(0, runtime_check(report, runtime, host_kernel, outside))
     return checks
+
+
+def evaluate_outside(
+    outside: dict[str, ReportValue] | None,
+    *,
+    memory: str,
+    pids_limit: int,
+    state_quota_bytes: int | None = None,
+    runtime: str | None = None,
+    host_kernel: str = "",
+) -> list[LockdownCheck]:
+    """A box seen from outside only: a spare before its claim (issue 37), which runs no task and is not asked.
+    The same rules as ``evaluate``, each property judged on the host's view alone; those only the inside can
+    see are left out. ``outside`` None (the process backend): nothing confirms anything, and every row fails."""
+    checks = evaluate(
+        {},
+        memory=memory,
+        pids_limit=pids_limit,
+        state_quota_bytes=state_quota_bytes,
+        outside=outside,
+        runtime=runtime,
+        host_kernel=host_kernel,
+    )
+    return [replace(check, observed=NOT_ASKED) for check in checks if check.name not in SEEN_INSIDE_ONLY]

@@ -176,6 +176,8 @@ class SparePool:
         self._tg: TaskGroup | None = None
         self._keepers: dict[str, anyio.Event] = {}  # imp -> the event that wakes its keeper
         self._died: dict[str, int] = {}  # imp -> spares that died unclaimed in a row
+        # imp -> why its latest spare ended before a claim (``impyard box check`` says it)
+        self.failures: dict[str, str] = {}
         self._swept: set[str] = set()
         self._changed = anyio.Event()
 
@@ -324,14 +326,15 @@ class SparePool:
                         )  # the session's box now: it closes when the session is done
                     else:
                         died = not spare.draining
+                        if died:
+                            self.failures[spare.imp] = f"it exited before its claim (exit {box.returncode})"
                     tg.cancel_scope.cancel()
         except Exception as exc:  # noqa: BLE001 - a spare that cannot start costs nothing but its own start
             died = not spare.claimed
-            log.warning(
-                "a spare box of %s ended: %s",
-                spare.imp,
-                str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__,
-            )
+            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            if died:
+                self.failures[spare.imp] = reason
+            log.warning("a spare box of %s ended: %s", spare.imp, reason)
         finally:
             with anyio.CancelScope(shield=True):
                 try:
