@@ -421,8 +421,8 @@ class Conversations:
 
     async def init_for(self, key: SessionKey, now: datetime) -> BoxInitParams:
         """What a new box of this session is told; the channel and the persona are read off the event loop, side
-        by side: the channel and its scopes in one database trip, the persona's files in a thread (issue 37: this
-        is on the path of a claimed spare's first reply, and of a cold box's)."""
+        by side: the channel and its scopes in one quick database call, the persona's files in a thread (issue 37:
+        this is on the path of a claimed spare's first reply, and of a cold box's)."""
         config = self.configs[key.imp]
         db = self.channels.db
         with_memory = config.memory.enabled  # what the imp's spec says (``ImpConfig.imp_spec``)
@@ -438,7 +438,7 @@ class Conversations:
                 specs.append(await in_thread(self.imps.imp_spec, config))
 
             tg.start_soon(read_spec)
-            info, scopes = await db.run(channel_reads)
+            info, scopes = await db.quick(channel_reads)  # two indexed reads: on the loop where SQLite allows
         imp = with_reach(specs[0], self.policy() if self.policy else None, key.channel_id)  # issue 38
         kind = info.kind if info and info.kind in ("dm", "guild", "terminal", "task") else "guild"
         return BoxInitParams(
