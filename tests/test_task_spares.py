@@ -279,6 +279,26 @@ async def test_a_lost_lease_stops_the_box_of_the_spare_its_run_claimed(fake: Fak
         assert spare not in spare_dirs(y)  # its /state went back to the task's dir
 
 
+async def test_a_task_on_a_spare_is_killed_at_its_ceiling(fake: FakeOpenAI) -> None:
+    fake.script(slow(envelope(answer="never posted"), HANGS_S), purpose="reply")
+    settings = SupervisorSettings(tick_s=0.05, max_ceiling_s=3.0)
+    tasks_backend, recorder = Alike(ProcessBackend(warn=False)), Recorder()
+    async with (
+        yard(fake, tasks_backend, settings, pip=PATIENT) as y,
+        host_of(y, ProcessBackend(warn=False), recorder) as sessions,
+    ):
+        spare = await conversation(sessions, recorder)
+        (claimed,) = [s for s in sessions.spares.spares if s.spec.run_id == spare]
+        task = y.add()
+        await supervisor_of(y, tasks_backend, sessions, settings).run(once=True)
+        failed = y.task(task.id)
+        assert failed.state == "failed" and "killed at its ceiling of 3s" in (failed.outcome or "")
+        [run] = y.supervisor.tasks.runs(task.id)
+        assert (run.run_id, run.result) == (spare, "ceiling") and tasks_backend.opened == []
+        assert run.box_pid is not None and not alive(run.box_pid)  # the spare's box is gone, not abandoned
+        assert claimed.closed.is_set() and spare not in spare_dirs(y) and y.surface.sent == []
+
+
 async def test_the_idle_drain_counts_from_the_last_conversation_not_from_a_tasks_claim(
     fake: FakeOpenAI,
 ) -> None:

@@ -108,7 +108,7 @@ class SpareFailed(Exception):
 
 class SpareHost:
     """A spare's host: until its claim it refuses every request and forgets its stages; from its claim on, the
-    claiming session's host (the gateway behind it) hears everything, as a cold box's would."""
+    claiming session's host, or task run's fence (the gateway behind it), hears everything, as a cold box's would."""
 
     def __init__(self, imp: str) -> None:
         self.imp = imp
@@ -149,8 +149,8 @@ class SpareHost:
 
 @dataclass(eq=False)
 class Spare:
-    """One spare box: started by the pool's task, claimed at most once by a session, closed by the pool's task
-    once the session lets go (``release``) — or once drained, or dead, unclaimed."""
+    """One spare box: started by the pool's task, claimed at most once by a session or a task run, closed by the
+    pool's task once it lets go (``release``) — or once drained, or dead, unclaimed."""
 
     imp: str
     backend: BoxBackend
