@@ -169,6 +169,14 @@ class DockerBackend:
         self._checked = False
 
     @property
+    def lockdown(self) -> tuple[object, ...]:
+        """What its boxes are — image, limits, runtime, home and state root — whatever role label they carry: two
+        backends with the same lockdown start the same box (issue 37: a task may run on a spare box that the
+        session manager's backend started, ``impyard.conversation.spares.same_lockdown``). The image as it was
+        given (None: the current box sources' own, not hashed here, on the event loop)."""
+        return ("docker", self._image, self.limits, self.runtime_choice, self.home_id, self.state_root)
+
+    @property
     def image(self) -> str:
         if self._image is None:
             from impyard.backends.image import expected_tag

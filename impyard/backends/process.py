@@ -67,6 +67,12 @@ class ProcessBackend:
         self._warned = not warn
         self.state_root = state_root
 
+    @property
+    def lockdown(self) -> tuple[object, ...]:
+        """What its boxes are (their command and state root): two backends with the same lockdown start the same
+        box (issue 37, ``impyard.conversation.spares.same_lockdown``)."""
+        return ("process", tuple(self.command), self.state_root)
+
     @asynccontextmanager
     async def open(self, spec: BoxSpec, host: BoxHost) -> AsyncIterator[RunningBox]:
         if not self._warned:

@@ -4,9 +4,9 @@ issue 37).
 
 The spare is started by a ``SparePool`` itself, so the check sees what a host's pool starts: its own fresh
 ``/state`` (``impyard.backends.handover``), ``box.ready``, a ``SpareHost`` that refuses every request. It is
-claimed as a conversation's first message claims one (``SessionManager._on_spare``): the check channel's
-``/state`` handed in, the host bound, ``box.init``; then the same ``probe`` task runs inside it, and once it
-closes the pool hands its ``/state`` back to the channel.
+claimed as a conversation's first message or a task claims one (``impyard.conversation.spares.serving``): the
+check channel's ``/state`` handed in, the host bound, ``box.init``; then the same ``probe`` task runs inside it,
+and once it closes the pool hands its ``/state`` back to the channel.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import itertools
 import logging
 import os
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from box.protocol.models import (
 )
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RefuseAllHost, RunningBox
 from impyard.backends.docker import DockerBackend
-from impyard.backends.handover import hand_in, note_path
+from impyard.backends.handover import note_path
 from impyard.backends.lockdown import (
     NOT_ASKED,
     NOT_LOOKED,
@@ -45,7 +45,7 @@ from impyard.backends.lockdown import (
 )
 from impyard.backends.outside import observe_outside
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
-from impyard.conversation.spares import Spare, SparePool, SpareSettings
+from impyard.conversation.spares import Spare, SpareFailed, SparePool, SpareSettings, serving
 from impyard.conversation.spares import log as spares_log
 from impyard.threads import in_thread
 
@@ -111,22 +111,26 @@ async def look_outside(backend: BoxBackend, spec: BoxSpec) -> dict[str, ReportVa
     return await in_thread(observe_outside, attrs)
 
 
+def check_init(channel_id: str) -> BoxInitParams:
+    """What the check tells a box in ``box.init``: the check's imp, a task channel, nothing else."""
+    return BoxInitParams(
+        protocol=1,
+        imp=ImpSpec(name=CHECK_IMP),
+        session=SessionInfo(id=f"check-{uuid.uuid4().hex[:8]}", channel_id=channel_id, channel_kind="task"),
+        now=datetime.now(UTC),
+    )
+
+
 async def ask_inside(running: RunningBox, channel_id: str) -> dict[str, ReportValue]:
     """``box.init`` as the check's channel, then the ``probe`` task: what the box observes of itself."""
-    now = datetime.now(UTC)
-    await running.init(
-        BoxInitParams(
-            protocol=1,
-            imp=ImpSpec(name=CHECK_IMP),
-            session=SessionInfo(
-                id=f"check-{uuid.uuid4().hex[:8]}", channel_id=channel_id, channel_kind="task"
-            ),
-            now=now,
-        ),
-        timeout=PROBE_TIMEOUT_S,
-    )
+    await running.init(check_init(channel_id), timeout=PROBE_TIMEOUT_S)
+    return await run_probe(running)
+
+
+async def run_probe(running: RunningBox) -> dict[str, ReportValue]:
+    """The ``probe`` task of an initialised box: what it observes of itself."""
     result = await running.run_task(
-        TaskRunParams(task=TaskSpec(id="probe", kind="probe"), now=now), timeout=PROBE_TIMEOUT_S
+        TaskRunParams(task=TaskSpec(id="probe", kind="probe"), now=datetime.now(UTC)), timeout=PROBE_TIMEOUT_S
     )
     return result.report
 
@@ -231,20 +235,24 @@ async def _through(
     seen.fresh_state = _names(spare.spec.state_dir) + (
         [note_path(spare.spec.state_dir).name] if note_path(spare.spec.state_dir).exists() else []
     )
-    # The claim, as a session makes it (SessionManager._on_spare): the channel's files handed in, the box's
-    # spec the channel's, the host bound, box.init; then the probe the started box ran.
+    # The claim, exactly as a session or a task makes it (``spares.serving``): the channel's files handed in,
+    # the box's spec the channel's, the host bound, box.init; then the probe the started box ran. On every path
+    # the spare is released, closed, and its /state handed back to the channel before this goes on.
     if pool.claim(CHECK_IMP, backend) is not spare:
         raise SpareCheckError("the spare box could not be claimed: it ended before its claim")
-    await in_thread(hand_in, channel_dir, spare.spec.state_dir)
-    box.spec = replace(spare.spec, channel_id=CHECK_CHANNEL)
-    spare.host.bind(gateway)
+
+    async def init(_spec: BoxSpec) -> BoxInitParams:
+        return check_init(CHECK_CHANNEL)
+
     try:
-        seen.inside = await ask_inside(box, CHECK_CHANNEL)
-        seen.claimed_outside = await look_outside(backend, spare.spec)  # named as the pool started it
-    except (BoxError, RpcError) as exc:
+        async with serving(
+            spare, state_dir=channel_dir, channel_id=CHECK_CHANNEL, host=gateway, init=init,
+            init_timeout=PROBE_TIMEOUT_S,
+        ) as claimed:  # fmt: skip
+            seen.inside = await run_probe(claimed)
+            seen.claimed_outside = await look_outside(backend, spare.spec)  # named as the pool started it
+    except (SpareFailed, BoxError, RpcError) as exc:
         raise SpareCheckError(f"the claimed spare box did not run its probe: {exc}") from exc
-    finally:
-        spare.release()  # it closes, and the pool hands its /state back
 
 
 def _handed_back(channel_dir: Path, marker: str, spares_dir: Path) -> tuple[bool, str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, Protocol
@@ -43,11 +43,16 @@ from box.protocol.models import (
 )
 from impyard import metrics
 from impyard.backends import BoxBackend, BoxDied, BoxError, BoxHost, BoxSpec, BoxTimeout, RunningBox
-from impyard.backends.handover import hand_in
-from impyard.conversation.spares import Spare, SparePool, SpareSettings, available_memory
+from impyard.conversation.spares import (
+    Spare,
+    SpareFailed,
+    SparePool,
+    SpareSettings,
+    available_memory,
+    serving,
+)
 from impyard.failure_words import FALLBACK_WORDS, words_for
 from impyard.gateway.surfaces import surface_of
-from impyard.threads import in_thread
 
 log = logging.getLogger("impyard.sessions")
 
@@ -459,7 +464,7 @@ class SessionManager:
         self.spares = SparePool(
             settings_for=lambda imp: self.plan.settings_for(imp).spares, backend_for=lambda imp: self.plan.backend_for(imp),
             spare_dir_for=lambda imp: self.plan.spare_dir_for(imp), live_sessions=self._live_sessions_of,
-            sleep=sleep, host_max=spares_max, free_memory=free_memory,
+            sleep=sleep, host_max=spares_max, free_memory=free_memory, monotonic=monotonic,
         )  # fmt: skip
 
     async def __aenter__(self) -> SessionManager:
@@ -620,43 +625,39 @@ class SessionManager:
     async def _on_spare(
         self, session: ChannelSession, spare: Spare, host: SessionBoxHost, runtime: str
     ) -> bool:
-        """Serve ``session`` on the spare it claimed (issue 37): the channel's /state is handed into the spare's,
-        the spare hears its channel and scopes (``box.init``, once), and it serves the session as a box started
-        for it would. False: the spare failed before its first turn (it died, or would not take its init) — the
-        session starts a box as ever, and nothing was lost."""
-        key, box = session.key, spare.box
-        assert box is not None  # a spare is claimed only once it runs
+        """Serve ``session`` on the spare it claimed (issue 37, ``spares.serving``): the channel's /state handed in,
+        its channel and scopes given (``box.init``, once), then it serves the session as a box started for it
+        would. False: the spare failed before its first turn (it died, or would not take its init) — the session
+        starts a box as ever, and nothing was lost."""
+        key = session.key
+
+        async def init(spec: BoxSpec) -> BoxInitParams:
+            params = await self.plan.init_for(key, self.now())
+            host.given(spec, params.memory)  # before the box hears it (issue 32 #1)
+            return params
+
         session.box_state = "starting"
         try:
-            try:
-                # The channel's previous box has closed (``_run_session`` waited): its files move, never shared.
-                await in_thread(hand_in, self.plan.state_dir_for(key), spare.spec.state_dir)
-                spec = replace(spare.spec, channel_id=key.channel_id)
-                box.spec = spec  # from here on its requests are this channel's, judged as any of its boxes'
-                spare.host.bind(host)
-                init = await self.plan.init_for(key, self.now())
-                host.given(spec, init.memory)  # before the box hears it (issue 32 #1)
-                await box.init(init, timeout=INIT_TIMEOUT_S)
-            except (BoxDied, BoxTimeout, OSError) as exc:
-                log.warning(
-                    "session %s: its spare box failed before its first turn (%s); starting one", key, exc
-                )
-                return False
-            session.box = box
-            session.boxes_started += 1
-            self.boxes_started += 1  # the boxes its sessions got, started for them or ahead
-            session.box_state = "idle"
-            metrics.box_started(runtime, "spare")  # its first turn is served by a box started ahead
-            try:
-                await self._serve_turns(session, box, self.monotonic(), runtime)
-            finally:
-                session.box = None
+            # The channel's previous box has closed (``_run_session`` waited): its files move, never shared.
+            async with serving(
+                spare, state_dir=self.plan.state_dir_for(key), channel_id=key.channel_id, host=host, init=init,
+                init_timeout=INIT_TIMEOUT_S,
+            ) as box:  # fmt: skip
+                session.box = box
+                session.boxes_started += 1
+                self.boxes_started += 1  # the boxes its sessions got, started for them or ahead
+                session.box_state = "idle"
+                metrics.box_started(runtime, "spare")  # its first turn is served by a box started ahead
+                try:
+                    await self._serve_turns(session, box, self.monotonic(), runtime)
+                finally:
+                    session.box = None
             return True
+        except SpareFailed as exc:
+            log.warning("session %s: its spare box failed before its first turn (%s); starting one", key, exc)
+            return False
         finally:
             session.box_state = None
-            spare.release()
-            with anyio.CancelScope(shield=True):
-                await spare.closed.wait()  # closed, its /state the channel's again, before the next box of it
 
     async def _serve_turns(
         self, session: ChannelSession, box: RunningBox, started: float, runtime: str = ""

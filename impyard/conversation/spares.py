@@ -12,8 +12,13 @@ The pool keeps ``[box] spares`` spares of each imp that has had a conversation i
 (none for an imp with none), at most ``IMPYARD_SPARES_MAX`` on the host, and none while the host's available
 memory is under ``SPARE_MEMORY_FLOOR_BYTES``. Each imp's keeper refills after a claim and replaces a spare that
 died unclaimed (never a lost turn: no turn was on it), and drains the imp's spares once it has had no session for
-the idle period. Every spare is a task of the session manager's task group: a shutdown closes them with every
-other box.
+the idle period (counted from its last session's end: a task that took one of its spares keeps it no longer).
+Every spare is a task of the session manager's task group: a shutdown closes them with every other box.
+
+A task run of the same host (``impyard serve``, ``impyard chat``: their supervisor shares this pool) claims a ready
+spare of its imp as a session does, when the spare's backend starts the box the task's would (``same_lockdown``):
+both serve on it through ``serving``, which hands the /state in, binds the spare's host, sends ``box.init`` once,
+and on every path lets the pool close the box and hand the /state back before it returns.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
@@ -31,9 +37,9 @@ from pydantic import BaseModel
 
 from box.protocol import HOST_METHODS, ErrorCode, RpcError
 from box.protocol.memory import SessionMemory
-from box.protocol.models import EmptyFromHost, TurnStageParams
-from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
-from impyard.backends.handover import hand_back, sweep
+from box.protocol.models import BoxInitParams, EmptyFromHost, TurnStageParams
+from impyard.backends import BoxBackend, BoxDied, BoxHost, BoxSpec, BoxTimeout, RunningBox
+from impyard.backends.handover import hand_back, hand_in, sweep
 from impyard.backends.mounts import running_mounts
 from impyard.threads import in_thread
 
@@ -82,9 +88,27 @@ def host_spares_max(environ: dict[str, str] | None = None) -> int:
     return HOST_SPARES_MAX
 
 
+def same_lockdown(started_by: BoxBackend, backend: BoxBackend) -> bool:
+    """Whether a box ``started_by`` started is the box ``backend`` would start: the same backend, or one whose
+    ``lockdown`` is equal (a Docker box's image, limits, runtime, home and state root; a process box's command and
+    state root), whatever label names the role that started it (issue 37: the supervisor's task backend and the
+    session manager's are two objects that start the same box). A backend without ``lockdown`` matches only
+    itself."""
+    if started_by is backend:
+        return True
+    mine, theirs = getattr(started_by, "lockdown", None), getattr(backend, "lockdown", None)
+    return mine is not None and mine == theirs
+
+
+class SpareFailed(Exception):
+    """The claimed spare failed before its work began — it died, its ``box.init`` timed out or was refused, or its
+    /state could not be handed in. Nothing ran on it, and its /state is back where it was: the caller starts a
+    box as it would have without a spare."""
+
+
 class SpareHost:
     """A spare's host: until its claim it refuses every request and forgets its stages; from its claim on, the
-    claiming session's host (the gateway behind it) hears everything, as a cold box's would."""
+    claiming session's host, or task run's fence (the gateway behind it), hears everything, as a cold box's would."""
 
     def __init__(self, imp: str) -> None:
         self.imp = imp
@@ -125,8 +149,8 @@ class SpareHost:
 
 @dataclass(eq=False)
 class Spare:
-    """One spare box: started by the pool's task, claimed at most once by a session, closed by the pool's task
-    once the session lets go (``release``) — or once drained, or dead, unclaimed."""
+    """One spare box: started by the pool's task, claimed at most once by a session or a task run, closed by the
+    pool's task once it lets go (``release``) — or once drained, or dead, unclaimed."""
 
     imp: str
     backend: BoxBackend
@@ -149,8 +173,71 @@ class Spare:
         self.wake.set()
 
 
+@asynccontextmanager
+async def serving(
+    spare: Spare,
+    *,
+    state_dir: Path,
+    channel_id: str,
+    host: BoxHost,
+    init: Callable[[BoxSpec], Awaitable[BoxInitParams]],
+    init_timeout: float,
+) -> AsyncIterator[RunningBox]:
+    """Serve one session or one task run on the spare its caller claimed (issue 37), as on a box started for it.
+
+    ``state_dir`` (the channel's /state, or the task's) is handed into the spare's own dir — its previous box must
+    have closed — the spare's host is bound to ``host`` (from here on its requests are ``channel_id``'s, judged as
+    any of its boxes'), and ``box.init`` (what ``init`` answers for the box's spec) gives it its channel and
+    scopes, once. Then the body uses the box. On every path the spare is released, and before this returns the
+    pool has closed it and handed its /state back to ``state_dir``; a body that fails or is cancelled (a ceiling,
+    a lost lease, a shutdown) has the box killed first, as a started box's backend would. ``SpareFailed``, on
+    entry: nothing ran on it."""
+    box = spare.box
+    assert box is not None and spare.claimed  # a spare is claimed only once it runs
+    try:
+        try:
+            spec = replace(spare.spec, channel_id=channel_id)
+            box.spec = spec
+            spare.host.bind(host)
+            await box.init(await _handed_in_beside(init(spec), state_dir, spare), timeout=init_timeout)
+        except (BoxDied, BoxTimeout, RpcError, OSError) as exc:
+            raise SpareFailed(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__) from exc
+        yield box
+    except BaseException:
+        await box.kill()  # failed, or cancelled: no polite close (shielded)
+        raise
+    finally:
+        spare.release()
+        with anyio.CancelScope(shield=True):
+            await spare.closed.wait()  # closed, its /state handed back, before the next box of it
+
+
+async def _handed_in_beside(init: Awaitable[BoxInitParams], state_dir: Path, spare: Spare) -> BoxInitParams:
+    """``state_dir``'s files handed into the spare's /state (a thread) while ``init`` is read (the database, the
+    persona's files): the claim waits for the slower of the two, not for both in turn. Either one's error is
+    raised as it would have been alone, the hand-in's first."""
+    read: list[BoxInitParams] = []
+    failed: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def reading() -> None:
+            try:
+                read.append(await init)
+            except Exception as exc:  # noqa: BLE001 - raised below, once the hand-in is done
+                failed.append(exc)
+
+        tg.start_soon(reading)
+        try:
+            await in_thread(hand_in, state_dir, spare.spec.state_dir)
+        except OSError as exc:  # raised below, once the reading is done: never wrapped in a group
+            failed.insert(0, exc)
+    if failed:
+        raise failed[0]
+    return read[0]
+
+
 class SparePool:
-    """The spares of one session manager, in its task group (``start``)."""
+    """The spares of one session manager, in its task group (``start``); its host's supervisor claims from it too."""
 
     def __init__(
         self,
@@ -162,7 +249,10 @@ class SparePool:
         sleep: Callable[[float], Awaitable[None]],
         host_max: int | None = None,
         free_memory: Callable[[], int | None] = available_memory,
+        monotonic: Callable[[], float] = anyio.current_time,
     ) -> None:
+        """``live_sessions``: the imp's sessions now (never its tasks: the idle period counts from its last session's
+        end); ``sleep`` and ``monotonic``: the idle period's clock."""
         self.settings_for = settings_for
         self.backend_for = backend_for
         self.spare_dir_for = spare_dir_for
@@ -170,6 +260,7 @@ class SparePool:
         self.sleep = sleep
         self.host_max = host_spares_max() if host_max is None else host_max
         self.free_memory = free_memory
+        self.monotonic = monotonic
         self.spares: set[Spare] = set()
         self.started = 0  # spares ever started (the benchmark's and the tests' count)
         self.claimed = 0
@@ -178,6 +269,7 @@ class SparePool:
         self._died: dict[str, int] = {}  # imp -> spares that died unclaimed in a row
         # imp -> why its latest spare ended before a claim (``impyard box check`` says it)
         self.failures: dict[str, str] = {}
+        self._idle_since: dict[str, float] = {}  # imp -> since when it has had no session (``monotonic``)
         self._swept: set[str] = set()
         self._changed = anyio.Event()
 
@@ -191,6 +283,7 @@ class SparePool:
         if self._tg is None or self.settings_for(imp).count <= 0 or self.host_max <= 0:
             return
         self._died.pop(imp, None)  # a conversation gives a failing imp's spares another try
+        self._idle_since.pop(imp, None)  # and its idle period starts again once it has none
         if imp in self._keepers:
             self._keepers[imp].set()
         else:
@@ -210,9 +303,11 @@ class SparePool:
         await self._changed.wait()
 
     def claim(self, imp: str, backend: BoxBackend) -> Spare | None:
-        """A ready spare of ``imp`` started by ``backend``, now the caller's (never anyone else's); None: none."""
+        """A ready spare of ``imp`` whose box is the one ``backend`` would start (``same_lockdown``), now the
+        caller's — a session's or a task run's, never anyone else's; None: none. The caller serves on it
+        (``serving``) or lets it go (``Spare.release``)."""
         for spare in sorted(self.spares, key=lambda s: s.spec.run_id):
-            if spare.imp == imp and spare.backend is backend and spare.ready:
+            if spare.imp == imp and spare.ready and same_lockdown(spare.backend, backend):
                 spare.claimed = True
                 spare.wake.set()
                 self.claimed += 1
@@ -268,7 +363,8 @@ class SparePool:
             tg.start_soon(self._run_spare, spare, name=f"spare box of {imp}")
 
     async def _keep(self, imp: str) -> None:
-        """Keep ``imp``'s spares until it has had no session for the idle period (or the host stops)."""
+        """Keep ``imp``'s spares until it has had no session for the idle period (or the host stops). The period
+        counts from the moment it had none: a claim by a task, or a spare's end, never starts it again."""
         try:
             if imp not in self._swept:  # what a host that died left behind: handed back, or removed
                 self._swept.add(imp)
@@ -281,17 +377,22 @@ class SparePool:
                 changed = self._keepers[imp] = anyio.Event()
                 self._fill(imp)
                 idle_s = self.settings_for(imp).idle_s
+                idle_since: float | None = None
+                if self.live_sessions(imp):
+                    self._idle_since.pop(imp, None)
+                else:
+                    idle_since = self._idle_since.setdefault(imp, self.monotonic())
                 fired = False
                 async with anyio.create_task_group() as tg:
 
-                    async def idle_timer(idle_s: float = idle_s) -> None:
+                    async def idle_timer(left_s: float) -> None:
                         nonlocal fired
-                        await self.sleep(idle_s)
+                        await self.sleep(left_s)
                         fired = True
                         tg.cancel_scope.cancel()
 
-                    if self.live_sessions(imp) == 0:
-                        tg.start_soon(idle_timer)
+                    if idle_since is not None:
+                        tg.start_soon(idle_timer, max(0.0, idle_s - (self.monotonic() - idle_since)))
                     await changed.wait()
                     tg.cancel_scope.cancel()
                 if fired:
@@ -299,6 +400,7 @@ class SparePool:
                     return
         finally:
             self._keepers.pop(imp, None)
+            self._idle_since.pop(imp, None)
             self.drain(imp)
 
     async def _run_spare(self, spare: Spare) -> None:

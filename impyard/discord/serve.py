@@ -650,7 +650,12 @@ async def _open_discord_host(
                             supervisor_settings or SupervisorSettings(), kinds=DEPARTURES_ONLY
                         )  # fmt: skip
                         supervisor = await stack.enter_async_context(  # one host: the same gateway and pump
-                            open_supervisor(host=runtime.host, backend=backend, settings=task_settings)
+                            open_supervisor(
+                                host=runtime.host,
+                                backend=backend,
+                                settings=task_settings,
+                                spares=runtime.sessions.spares,  # issue 37: its tasks take the imps' spares too
+                            )
                         )
 
                         async def run_supervisor() -> None:

@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import anyio
 
 from impyard.clock import Clock
+from impyard.conversation.spares import SparePool
 from impyard.gateway.surfaces import SURFACE_LOG, Surface, TerminalSurface
 from impyard.host import Host, open_host
 from impyard.paths import home
@@ -37,6 +38,7 @@ async def open_supervisor(
     settings: SupervisorSettings | None = None,
     lock: bool | None = None,
     host: Host | None = None,
+    spares: SparePool | None = None,
 ) -> AsyncIterator[Supervisor]:
     """The supervisor of this IMPYARD_HOME: its lock first (a second one refuses with the holder's pid), then
     its host. Standalone, it opens a host of its own that reaches only the task log (``surface``, else the
@@ -44,7 +46,11 @@ async def open_supervisor(
     host's gateway and leaves the gates to that host's pump.
 
     ``lock`` defaults to whether it runs every kind: a supervisor limited to some kinds (``settings.kinds``,
-    the departures of ``chat`` and ``serve``) runs beside the one that holds the lock."""
+    the departures of ``chat`` and ``serve``) runs beside the one that holds the lock.
+
+    ``spares``: the spare boxes of the session manager of that host (issue 37), which its task runs claim where
+    one of their imp waits. A standalone supervisor keeps none: its tasks start their own boxes, and it never
+    leaves a box running between them (docs/tasks.md)."""
     if lock is None:
         lock = settings is None or settings.kinds is None
     instance = InstanceLock(home(), "supervise", SUPERVISE_LOCK_FILENAME)
@@ -69,7 +75,7 @@ async def open_supervisor(
             yield Supervisor(
                 db=host.db, gateway=host.gateway, imps=host.imps,
                 backend_for=backend_for or BackendChooser(host.imps, backend), clock=clock or host.clock,
-                settings=settings, pump=host.pump if own_pump else None,
+                settings=settings, pump=host.pump if own_pump else None, spares=spares,
             )  # fmt: skip
     finally:
         if lock:

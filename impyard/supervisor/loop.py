@@ -16,8 +16,11 @@ Every tick (at most ``tick_s``, default 0.5 s, and at once when a slot frees):
    taken over (below);
 8. ready tasks fill the free slots (the concurrency cap, default 3): an imp
    over budget has its task deferred to the next budget window (never
-   stranded), then the task is claimed and run in a fresh one-shot box with
-   the same lockdown and the same gateway as a chat session.
+   stranded), then the task is claimed and run in a one-shot box with
+   the same lockdown and the same gateway as a chat session: a spare box of its imp where the host keeps
+   them (issue 37: under ``serve`` and ``chat`` the supervisor claims from the session manager's pool,
+   ``spares``; its run takes the spare's run id, so its lease, its audit and its box's labels name one run), else
+   one started for it. A spare that fails before the task begins is let go and a box is started instead.
 
 A task box runs ``task.run`` inside its ceiling; the host attests the result
 (``impyard.tasks.attest``). Issue 21: each run holds the lease ``task:<task>/<run>`` (``impyard.storage.leases``) from
@@ -56,7 +59,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from box.protocol import RpcError
-from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskSpec
+from box.protocol.models import BoxInitParams, SessionInfo, TaskRunParams, TaskRunResult, TaskSpec
 from impyard import __version__ as impyard_version
 from impyard import metrics
 from impyard.backends import BoxBackend, BoxError, BoxSpec, RunningBox
@@ -64,6 +67,7 @@ from impyard.backends.docker import DockerBackend
 from impyard.backends.stateroot import state_root
 from impyard.clock import Clock, iso
 from impyard.conversation.sessions import describe_error
+from impyard.conversation.spares import Spare, SpareFailed, SparePool, serving
 from impyard.durations import format_duration
 from impyard.gateway.core import Gateway
 from impyard.gateway.gate_pump import GatePump
@@ -134,11 +138,14 @@ class Supervisor:
         settings: SupervisorSettings | None = None,
         pump: GatePump | None = None,
         leases: LeaseStore | None = None,
+        spares: SparePool | None = None,
     ) -> None:
         """``pump``: the host's gate pump, run on every tick; None where the host runs its own (``serve``).
         ``leases``: where task runs hold their leases (default: this process, on ``db``, by the wall clock: a
-        lease's expiry is compared across hosts, never on a test's fixed clock)."""
+        lease's expiry is compared across hosts, never on a test's fixed clock). ``spares``: the spare boxes of
+        the host's session manager its task runs may claim (issue 37; None: every task starts its own box)."""
         self.db = db
+        self.spares = spares
         self.pump = pump
         self.gateway = gateway
         self.imps = imps
@@ -455,27 +462,34 @@ class Supervisor:
             except (BoxError, ImpError) as exc:
                 await self.db.run(self.tasks.fail, task.id, f"cannot start a box: {str(exc)[:300]}")
                 continue
-            run_id = uuid.uuid4().hex
-            # Issue 21: the run's lease before the claim, so a running task is never seen without its lease.
-            lease = await self.leases.db.run(
-                self.leases.acquire,
-                task_lease_name(task.id, run_id),
-                self._lease_detail(task),
-                self._run_lease_ttl,
-            )
+            # Issue 37: a spare of its imp whose box is the one its backend would start, when the host keeps
+            # one; the run takes the spare's run id (a box's run label, its audit and its lease name one run).
+            spare = self.spares.claim(task.imp, backend) if self.spares is not None else None
+            run_id = spare.spec.run_id if spare is not None else uuid.uuid4().hex
             claimed: Task | None = None
             try:
-                claimed = await self.db.run(self.tasks.claim, task.id, run_id, backend.name)
+                # Issue 21: the run's lease before the claim, so a running task is never seen without its lease.
+                lease = await self.leases.db.run(
+                    self.leases.acquire,
+                    task_lease_name(task.id, run_id),
+                    self._lease_detail(task),
+                    self._run_lease_ttl,
+                )
+                try:
+                    claimed = await self.db.run(self.tasks.claim, task.id, run_id, backend.name)
+                finally:
+                    if claimed is None:  # cancelled or claimed elsewhere meanwhile (or the claim failed)
+                        await self._let_go(lease)
             finally:
-                if claimed is None:  # cancelled or claimed elsewhere meanwhile (or the claim failed)
-                    await self._let_go(lease)
+                if claimed is None and spare is not None:
+                    spare.release()  # never init'ed: the pool closes it and starts another
             if claimed is None:
                 continue
             handle = _Running(claimed, lease)
             self.running[claimed.id] = handle
             self.peak_running = max(self.peak_running, len(self.running))
             free -= 1
-            tg.start_soon(self._run_task, handle, backend, config, name=f"task {claimed.id}")
+            tg.start_soon(self._run_task, handle, backend, config, spare, name=f"task {claimed.id}")
 
     async def _hold(self, task: Task, error: ImpConfigError) -> None:
         """Issue 19 #6: block ``task`` while its imp.toml is broken; it is looked at again every
@@ -541,9 +555,12 @@ class Supervisor:
             now=self.clock.now(),
         )
 
-    async def _run_task(self, handle: _Running, backend: BoxBackend, config: ImpConfig) -> None:
+    async def _run_task(
+        self, handle: _Running, backend: BoxBackend, config: ImpConfig, spare: Spare | None = None
+    ) -> None:
         """One task run under its lease: renewed while the box runs (a lost lease stops the box, and the box's
-        acts are refused from then on: ``RunFence``), released and forgotten once the run ended."""
+        acts are refused from then on: ``RunFence``), released and forgotten once the run ended. ``spare``: the
+        spare box claimed for it (issue 37), let go on every path."""
         keeper = LeaseKeeper(
             self.leases, [handle.lease], renew_every=timedelta(seconds=self.settings.run_lease_renew_s),
             ttl=self._run_lease_ttl, on_lost=partial(self._lease_lost, handle),
@@ -551,9 +568,11 @@ class Supervisor:
         try:
             async with anyio.create_task_group() as keeping:
                 keeping.start_soon(keeper.run, name=f"lease of task {handle.task.id}")
-                await self._run_box(handle, backend, config, RunFence(self.gateway, keeper))
+                await self._run_box(handle, backend, config, RunFence(self.gateway, keeper), spare)
                 keeping.cancel_scope.cancel()
         finally:
+            if spare is not None:
+                spare.release()  # already, unless the run ended before it reached its box
             await self._let_go(handle.lease)  # after the run's end is written: never running without a lease
             self.running.pop(handle.task.id, None)
             self._wake.set()
@@ -583,8 +602,48 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - the host that takes the lease over reclaims it
             log.error("task %s: could not end its run after its lease was lost: %s", task.id, exc)
 
+    async def _on_spare(
+        self,
+        handle: _Running,
+        spare: Spare,
+        runtime: str,
+        config: ImpConfig,
+        host: RunFence,
+        params: TaskRunParams,
+        init_timeout: float,
+    ) -> TaskRunResult | None:
+        """Run the task on the spare claimed for it (issue 37, ``spares.serving``): its /state handed into the
+        spare's, the spare's host bound to the run's fence, ``box.init`` once, then ``task.run``; before this
+        returns the spare is closed and the /state is back in the task's dir. None: the spare failed before the
+        task began (it died, or would not take its init) — nothing ran, and the caller starts a box."""
+        task = handle.task
+        assert task.run_id == spare.spec.run_id and spare.box is not None
+        # A process box: a reclaim after this host died finds it by its pid, as a box started for the run.
+        if spare.box.host_pid is not None:
+            await self.db.run(self.tasks.record_pid, task.run_id, spare.box.host_pid)
+        try:
+            async with serving(
+                spare, state_dir=self.imps.task_state_dir(task.imp, task.id), channel_id=task.channel_id,
+                host=host, init=lambda spec: self._init_params(task, config, spec, host.guard.check),
+                init_timeout=init_timeout,
+            ) as box:  # fmt: skip
+                handle.box = box
+                metrics.box_started(runtime, "spare")  # a box started ahead serves this task
+                return await box.run_task(params)
+        except SpareFailed as exc:
+            log.warning(
+                "task %s: its spare box failed before the task began (%s); starting one", task.id, exc
+            )
+            handle.box = None
+            return None
+
     async def _run_box(
-        self, handle: _Running, backend: BoxBackend, config: ImpConfig, host: RunFence
+        self,
+        handle: _Running,
+        backend: BoxBackend,
+        config: ImpConfig,
+        host: RunFence,
+        spare: Spare | None = None,
     ) -> None:
         task = handle.task
         assert task.run_id is not None
@@ -607,18 +666,26 @@ class Supervisor:
                 with anyio.move_on_after(ceiling) as ceiling_scope:
                     try:
                         params = await self._task_params(task)
-                        async with backend.open(spec, host) as box:
-                            handle.box = box
-                            self.started += 1
-                            metrics.box_started(backend.name, "cold")  # a task's box is always its own
-                            if box.host_pid is not None:  # a process box; an engine's box has no pid of ours
-                                await self.db.run(self.tasks.record_pid, task.run_id, box.host_pid)
-                            init = await self._init_params(
-                                task, config, spec, host.guard.check
-                            )  # the box's scopes: once it runs; fenced by its run's lease
-                            await box.init(init, timeout=min(ceiling, self.settings.init_timeout_s))
-                            result = await box.run_task(params)
-                            box_outcome, box_summary = result.outcome, result.summary
+                        init_timeout = min(ceiling, self.settings.init_timeout_s)
+                        result = None
+                        if spare is not None:
+                            result = await self._on_spare(
+                                handle, spare, backend.name, config, host, params, init_timeout
+                            )
+                        if result is None:
+                            async with backend.open(spec, host) as box:
+                                handle.box = box
+                                self.started += 1
+                                metrics.box_started(backend.name, "cold")  # a box started for this task
+                                # a process box; an engine's box has no pid of ours
+                                if box.host_pid is not None:
+                                    await self.db.run(self.tasks.record_pid, task.run_id, box.host_pid)
+                                init = await self._init_params(
+                                    task, config, spec, host.guard.check
+                                )  # the box's scopes: once it runs; fenced by its run's lease
+                                await box.init(init, timeout=init_timeout)
+                                result = await box.run_task(params)
+                        box_outcome, box_summary = result.outcome, result.summary
                     except BoxError as exc:
                         died = str(exc)
                     except RpcError as exc:

@@ -386,6 +386,7 @@ async def _chat(
             open_supervisor(  # no lock: `impyard supervise` may run beside it
                 host=runtime.host, backend=backend, settings=settings,
                 backend_for=backends.__getitem__ if backends else None,
+                spares=runtime.sessions.spares,  # issue 37: a departure takes the imp's spare box
             ) as departing,
         ):  # fmt: skip
             failure_notice = runtime.conversations.settings_for(imp).failure_notice
