@@ -233,6 +233,9 @@ async def open_runtime(
             )  # missed ones mentioned once
             if resumed:
                 log.info("answering %d message(s) left unanswered by the last run", resumed)
+            kept = await conversations.keep_recent_spares(host.clock.now())  # issue 37
+            if kept:
+                log.info("keeping spare boxes for %s: a conversation within the idle period", ", ".join(kept))
             async with anyio.create_task_group() as tg:
                 if pump_period_s is not None:
                     tg.start_soon(host.pump.run, pump_period_s, name="gate pump")

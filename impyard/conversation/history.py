@@ -197,6 +197,13 @@ _LAST_KEPT = (
     .join(_newest, _h.c.seq == _newest.c.seq)
     .order_by(_h.c.seq.desc())
 )
+# Issue 37: each imp's newest finished turn since a moment, through the finished_at index (a range of the wakes
+# finished since then, whatever their imp).
+_CONVERSED_SINCE = (
+    select(_w.c.imp, func.max(_w.c.finished_at))
+    .where(_w.c.finished_at >= bindparam("since"))
+    .group_by(_w.c.imp)
+)
 _REPLIED = (
     select(_h.c.seq)
     .where(
@@ -438,6 +445,12 @@ class History(Store):
         a host that starts reads the surface's history from (issue 36, ``impyard.discord.replay``)."""
         rows = self.db.read(lambda conn: conn.execute(_LAST_KEPT).all())
         return [(str(row[0]), str(row[1])) for row in rows]
+
+    def conversed_since(self, since: datetime) -> dict[str, datetime]:
+        """Each imp whose turn of a conversation ended at or after ``since``, with the newest such end, on any host
+        of the database: whose spares a starting host keeps for what is left of their idle period (issue 37)."""
+        rows = self.db.read(lambda conn: conn.execute(_CONVERSED_SINCE, {"since": iso(since)}).all())
+        return {str(row[0]): parse_iso(str(row[1])) for row in rows if row[1] is not None}
 
     def replied(self, imp: str, channel_id: str, message_id: str) -> bool:
         """Whether ``imp``'s reply to that message is in the channel's history."""

@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -349,6 +349,23 @@ class Conversations:
                 self.history.finish, imp, channel_id, [message.id], "busy", "the channel's queue was full"
             )
         return Routed(handle.outcome, handle if handle.accepted else None)
+
+    async def keep_recent_spares(self, now: datetime) -> list[str]:
+        """Issue 37: at a host's start, the imps whose last conversation (on this host before a restart, or on
+        another host of the database) ended within their ``[box] spares_idle_s`` keep their spares for the rest of
+        that period, so the first message after a restart or a takeover finds one. The imps that do."""
+        keeping = {imp: self.settings_for(imp).spares for imp in self.configs}
+        keeping = {imp: spares for imp, spares in keeping.items() if spares.count > 0}
+        if not keeping or self.sessions is None:
+            return []
+        since = now - timedelta(seconds=max(spares.idle_s for spares in keeping.values()))
+        ended = await self.history.db.run(self.history.conversed_since, since)
+        pool = self.sessions.spares
+        return [
+            imp
+            for imp in sorted(keeping)
+            if imp in ended and pool.resume(imp, max(0.0, (now - ended[imp]).total_seconds()))
+        ]
 
     async def recover(
         self, reaches: Collection[str] | None = None, owns: Callable[[ChannelInfo | None], bool] | None = None

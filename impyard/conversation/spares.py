@@ -290,6 +290,24 @@ class SparePool:
             self._keepers[imp] = anyio.Event()
             self._tg.start_soon(self._keep, imp, name=f"spares of {imp}")
 
+    def resume(self, imp: str, quiet_s: float) -> bool:
+        """At a host's start: ``imp``'s last conversation ended ``quiet_s`` ago (on this host before a restart, or
+        on another of the database): its spares are kept as if this host had seen it, for what is left of the idle
+        period — so the first message after a restart or a takeover finds one. False: none are kept (the period
+        is over, or the imp keeps none)."""
+        settings = self.settings_for(imp)
+        if (
+            self._tg is None
+            or settings.count <= 0
+            or self.host_max <= 0
+            or not 0 <= quiet_s < settings.idle_s
+        ):
+            return False
+        self.wanted(imp)
+        if not self.live_sessions(imp):
+            self._idle_since[imp] = self.monotonic() - quiet_s  # the keeper's idle period runs from then
+        return True
+
     def poke(self, imp: str) -> None:
         """Something changed for ``imp`` (a session ended, a spare ended): its keeper looks again."""
         event = self._keepers.get(imp)
