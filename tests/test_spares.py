@@ -30,6 +30,7 @@ from impyard.backends.process import ProcessBackend
 from impyard.backends.statedir import FOREIGN_WRITER_MARK
 from impyard.cli import cli
 from impyard.clock import FixedClock
+from impyard.conversation import spares as spares_module
 from impyard.conversation.sessions import SessionKey, SessionManager, SessionSettings
 from impyard.conversation.spares import UNBOUND_REASON, SpareSettings
 from impyard.storage.db import open_database
@@ -120,6 +121,49 @@ async def test_a_conversations_first_turn_is_served_by_a_spare_started_ahead(tmp
         assert metrics.sample("impyard_box_starts_total", runtime="in-process", kind="spare") == 1
         assert metrics.sample("impyard_box_starts_total", runtime="in-process", kind="cold") == 1
     assert [result.outcome for _, result in recorder.outcomes] == ["sent", "sent"]
+
+
+async def test_a_claimed_spares_replacement_starts_once_its_first_turn_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refill waits for the claimant's first turn (a box start would take the CPU its first reply needs)."""
+    monkeypatch.setattr(spares_module, "REFILL_AFTER_S", 3600.0)  # only the turn's end starts it here
+    backend, host, recorder = Counting(InProcessBackend()), ScriptedHost(), Recorder()
+    async with manager(tmp_path, host, recorder, backend) as sessions:
+        sessions.deliver(delivery(1, key=SessionKey("pip", "a")))
+        await recorder.until(lambda: recorder.answered() == ["m1"])
+        await until(lambda: len(ready(sessions)) == 1)
+        host.hold = anyio.Event()  # b's first turn waits in its model call
+        calls = host.model_calls
+        sessions.deliver(delivery(2, key=SessionKey("pip", "b")))
+        await until(lambda: sessions.spares.claimed == 1 and host.model_calls > calls)
+        for _ in range(20):  # the pool's keeper runs whenever anything changes: none of it starts a box
+            sessions.spares.poke("pip")
+            await anyio.sleep(0.01)
+        assert sorted(backend.channels()) == ["", "a"] and sessions.spares.waiting() == 0
+        host.hold.set()
+        await recorder.until(lambda: len(recorder.answered()) == 2)
+        await until(lambda: len(ready(sessions)) == 1)  # its replacement, once the turn was done
+        assert sorted(backend.channels()) == ["", "", "a"]
+
+
+async def test_a_claimed_spare_is_replaced_after_refill_after_s_whatever_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spares_module, "REFILL_AFTER_S", 0.05)
+    backend, host, recorder = Counting(InProcessBackend()), ScriptedHost(), Recorder()
+    async with manager(tmp_path, host, recorder, backend) as sessions:
+        sessions.deliver(delivery(1, key=SessionKey("pip", "a")))
+        await recorder.until(lambda: recorder.answered() == ["m1"])
+        await until(lambda: len(ready(sessions)) == 1)
+        host.hold = anyio.Event()
+        sessions.deliver(delivery(2, key=SessionKey("pip", "b")))
+        await until(
+            lambda: len(ready(sessions)) == 1 and sessions.spares.claimed == 1
+        )  # b's turn still waits
+        assert recorder.answered() == ["m1"]
+        host.hold.set()
+        await recorder.until(lambda: len(recorder.answered()) == 2)
 
 
 async def test_a_spare_is_claimed_once_and_never_shared(tmp_path: Path) -> None:

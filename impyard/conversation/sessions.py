@@ -649,7 +649,7 @@ class SessionManager:
                 session.box_state = "idle"
                 metrics.box_started(runtime, "spare")  # its first turn is served by a box started ahead
                 try:
-                    await self._serve_turns(session, box, self.monotonic(), runtime)
+                    await self._serve_turns(session, box, self.monotonic(), runtime, after_first=spare.settle)
                 finally:
                     session.box = None
             return True
@@ -660,8 +660,14 @@ class SessionManager:
             session.box_state = None
 
     async def _serve_turns(
-        self, session: ChannelSession, box: RunningBox, started: float, runtime: str = ""
+        self,
+        session: ChannelSession,
+        box: RunningBox,
+        started: float,
+        runtime: str = "",
+        after_first: Callable[[], None] | None = None,
     ) -> None:
+        """``after_first``: told once the first turn has ended (a claimed spare's replacement may start then)."""
         settings = session.settings
         turns = 0
         while not session.closing:
@@ -678,6 +684,9 @@ class SessionManager:
                 metrics.box_started(runtime, "warm")  # a box already running serves this turn
             turns += 1
             healthy = await self._turn(session, box, batch)
+            if after_first is not None:
+                after_first()
+                after_first = None
             if not healthy or settings.mode == "cold":
                 return  # a fresh box for whatever comes next
             if self.monotonic() - started >= settings.session_ceiling_s:

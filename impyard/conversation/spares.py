@@ -50,6 +50,10 @@ HOST_SPARES_MAX = 8  # spares on one host at most, whatever the imps' settings s
 SPARE_MEMORY_FLOOR_BYTES = (
     1024**3
 )  # no spare is started, and those there are drained, below this much free memory
+# A claimed spare's replacement starts once the claimant's first turn is done, and at the latest this long after
+# the claim: a box start (the engine, Python loading the box) would otherwise take the CPU that the first reply
+# it was kept for needs — a new conversation's first reply is what spares are for.
+REFILL_AFTER_S = 1.0
 DIED_IN_A_ROW_LIMIT = 3  # spares of an imp that die unclaimed in a row: then none until its next conversation
 READY_TIMEOUT_S = 60.0  # a spare's program has this long to load and answer ``box.ready``
 SPARE_CHANNEL = ""  # an unclaimed spare's channel: none
@@ -162,13 +166,20 @@ class Spare:
     wake: anyio.Event = field(default_factory=anyio.Event)  # claimed, drained, or dead
     released: anyio.Event = field(default_factory=anyio.Event)  # its session is done with it
     closed: anyio.Event = field(default_factory=anyio.Event)  # its box is gone and its /state handed back
+    # Its claimant's first work is done (or REFILL_AFTER_S passed): from then its replacement may start.
+    settled: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def ready(self) -> bool:
         box = self.box
         return box is not None and not self.claimed and not self.draining and not box.exited.is_set()
 
+    def settle(self) -> None:
+        """Its claimant's first turn is done: its replacement may start now (``SparePool.claim``)."""
+        self.settled.set()
+
     def release(self) -> None:
+        self.settled.set()
         self.released.set()
         self.wake.set()
 
@@ -329,9 +340,21 @@ class SparePool:
                 spare.claimed = True
                 spare.wake.set()
                 self.claimed += 1
-                self.poke(imp)  # refilled in the background
+                if self._tg is not None:  # refilled in the background, once its first turn is done
+                    self._tg.start_soon(self._refill_after, spare, name=f"refill of {imp}'s spares")
                 return spare
         return None
+
+    async def _refill_after(self, spare: Spare) -> None:
+        with anyio.move_on_after(REFILL_AFTER_S):
+            await spare.settled.wait()
+        spare.settled.set()
+        self.poke(spare.imp)
+
+    def _unsettled(self, imp: str) -> int:
+        """Spares of ``imp`` started and not yet given up for a replacement: unclaimed, or claimed and their
+        claimant's first turn still running (``REFILL_AFTER_S``)."""
+        return sum(1 for s in self.spares if s.imp == imp and not (s.claimed and s.settled.is_set()))
 
     def waiting(self, imp: str | None = None) -> int:
         """Spares started or starting, not claimed (``impyard hosts``' spares)."""
@@ -372,7 +395,7 @@ class SparePool:
             return
         want = self.settings_for(imp).count
         backend = self.backend_for(imp)
-        while self.waiting(imp) < want and self.waiting() < self.host_max:
+        while self._unsettled(imp) < want and self.waiting() < self.host_max:
             run_id = uuid.uuid4().hex
             spec = BoxSpec(imp, SPARE_CHANNEL, self.spare_dir_for(imp) / run_id, run_id=run_id)
             spare = Spare(imp, backend, spec, SpareHost(imp))
