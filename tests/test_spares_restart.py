@@ -56,15 +56,21 @@ def kept(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [record.getMessage() for record in caplog.records if KEPT in record.getMessage()]
 
 
-async def test_a_restart_within_the_idle_period_keeps_a_spare_that_the_next_first_message_claims(
-    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
-) -> None:
+async def talked(caplog: pytest.LogCaptureFixture) -> FixedClock:
+    """pip (one spare, ``IDLE_S``) talked in d1 on a first host, which then stopped; the clock of both hosts."""
     caplog.set_level(logging.INFO, logger="impyard")
     ImpStore().add("pip", "You are Pip.", box={"spares": 1, "spares_idle_s": IDLE_S})
     clock = FixedClock()
     async with host(clock) as rt:
         await talk(rt, clock, "d1", 1)
     assert kept(caplog) == []  # the first host: nobody had talked yet
+    return clock
+
+
+async def test_a_restart_within_the_idle_period_keeps_a_spare_that_the_next_first_message_claims(
+    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = await talked(caplog)
     clock.advance(seconds=IDLE_S - 60)  # restarted a minute before the idle period would have ended
     async with host(clock) as rt:
         assert kept(caplog) == ["keeping spare boxes for pip: a conversation within the idle period"]
@@ -79,11 +85,7 @@ async def test_a_restart_within_the_idle_period_keeps_a_spare_that_the_next_firs
 async def test_a_restart_after_the_idle_period_keeps_none(
     fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="impyard")
-    ImpStore().add("pip", "You are Pip.", box={"spares": 1, "spares_idle_s": IDLE_S})
-    clock = FixedClock()
-    async with host(clock) as rt:
-        await talk(rt, clock, "d1", 1)
+    clock = await talked(caplog)
     clock.advance(seconds=IDLE_S + 1)
     async with host(clock) as rt:
         assert kept(caplog) == [] and rt.sessions.spares.waiting() == 0

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from impyard import metrics
-from impyard.backends import BoxBackend, BoxHost, BoxSpec, RunningBox
+from impyard.backends import BoxBackend
 from impyard.backends.docker import DockerBackend, DockerLimits
 from impyard.backends.plan import LABEL_CHANNEL, LABEL_ROLE
 from impyard.backends.process import ProcessBackend
@@ -47,7 +47,7 @@ from tests.discord_yard import serving as discord_serving
 from tests.scripted import ScriptedHost
 from tests.test_departures_chat import Pipe, add_pip, assert_departed_from_the_terminal, chat, depart_tasks
 from tests.test_sessions import Recorder, delivery
-from tests.test_spares import SparePlan, ready, until
+from tests.test_spares import Counting, SparePlan, ready, until
 from tests.test_supervisor import FAST, KEY, Yard, alive, wait_until, yard
 from tests.test_task_leases import HANGS_S, PATIENT, START_S, steal
 
@@ -57,26 +57,13 @@ SPARE = SessionSettings(spares=SpareSettings(count=1, idle_s=600))
 
 
 @dataclass
-class Alike:
+class Alike(Counting):
     """A backend that notes each box it starts, around a real one, and starts the box the real one would (its
     ``lockdown``): a spare another backend of the same lockdown started serves its tasks."""
-
-    inner: BoxBackend
-    opened: list[BoxSpec] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
 
     @property
     def lockdown(self) -> object:
         return getattr(self.inner, "lockdown", None)
-
-    @asynccontextmanager
-    async def open(self, spec: BoxSpec, host: BoxHost) -> AsyncIterator[RunningBox]:
-        self.opened.append(spec)
-        async with self.inner.open(spec, host) as box:
-            yield box
 
 
 @asynccontextmanager
