@@ -264,3 +264,44 @@ def test_a_start_waiting_for_the_database_is_stopped_by_sigterm_and_exits_0(
     assert "open it in a browser" not in text
     assert "Traceback" not in text
     nothing_held(env, child.pid)
+
+
+def test_a_chat_stopped_while_it_takes_its_lease_never_comes_up_and_exits_0(
+    tmp_path: Path, migrated_postgres_url: str
+) -> None:
+    """``impyard chat`` takes its terminal channel's lease first; another connection holds the leases' table locked,
+    so that waits in a database thread. SIGTERM then stops the start (before, the request was counted and the chat
+    came all the way up before it stopped): it never says ``Chatting with``, holds nothing after, and exits 0."""
+    url = migrated_postgres_url
+    home = tmp_path / "home"
+    prepare_home(home, url)
+    env = {
+        **os.environ, "IMPYARD_HOME": str(home), "IMPYARD_DATABASE_URL": url, "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+    }  # fmt: skip
+    chat_log = home / "logs" / "chat.log"
+    out = tmp_path / "chat.out"
+    with running([IMPYARD, "chat", "pip", "--backend", "process"], env, out) as child:
+        with psycopg.connect(libpq(url)) as lock:
+            lock.execute("LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+            until(lambda: waiting_on_a_lock(url) or child.poll() is not None, out)
+            assert child.poll() is None, out.read_text()
+            child.send_signal(signal.SIGTERM)
+            line = "stop requested during start-up: stopping before the chat starts; what started is closed"
+            until(
+                lambda: (chat_log.is_file() and line in chat_log.read_text()) or child.poll() is not None, out
+            )
+            assert child.poll() is None, (
+                f"exit status {child.returncode} while the lease waits:\n{out.read_text()}"
+            )
+            lock.rollback()  # the lease's statement ends: the stop goes on
+        try:
+            status = child.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after SIGTERM:\n{out.read_text()}") from None
+    shown = out.read_text()
+    assert status == 0, f"exit status {status}:\n{shown}"
+    assert "Chatting with" not in shown
+    assert "(impyard) stopping before the chat started" in shown
+    assert "Traceback" not in shown + chat_log.read_text()
+    nothing_held(env, child.pid)
