@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -28,6 +29,9 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from impyard import paths
+from impyard.backends import BoxError
+from impyard.backends.docker import DockerBackend
 from impyard.cli import cli
 from impyard.supervisor.orphans import looks_like_box_process
 from testing.fake_discord import FakeDiscord
@@ -136,46 +140,77 @@ def test_serve_stopped_while_its_bot_logs_in_releases_its_lease_and_exits_0(tmp_
     nothing_held(env, child.pid)
 
 
-def kill_mid_turn(home: Path, model: FakeOpenAI, fake: FakeDiscord, env: dict[str, str], log: Path) -> None:
+def boxes_of(home: Path) -> list[str]:
+    """This home's boxes still there: process-backend pids, and Docker containers (where an engine runs)."""
+    found = [f"pid {pid}" for pid in box_processes(home)]
+    if shutil.which("docker"):
+        try:
+            found += [f"container {c.name}" for c in DockerBackend(home_id=paths.home_id(home)).labelled()]
+        except BoxError:
+            pass  # no engine here: no container either
+    return found
+
+
+def remove_boxes(home: Path) -> None:
+    for pid in box_processes(home):
+        os.kill(pid, signal.SIGKILL)
+    if shutil.which("docker"):
+        backend = DockerBackend(home_id=paths.home_id(home))
+        for container in backend.labelled():
+            backend.kill_by_name(container.name or container.short_id)
+    until(lambda: not boxes_of(home))
+
+
+def kill_mid_turn(
+    home: Path, model: FakeOpenAI, fake: FakeDiscord, env: dict[str, str], backend: str, log: Path
+) -> None:
     """A host of ``home`` killed (SIGKILL) while its box waits for the model: its message is left unanswered for
-    the next host of the home to answer at start. The box it left behind is killed too."""
-    with running(serve_args(None), env, log) as child:
+    the next host of the home to answer at start. The box it left behind is removed too."""
+    with running(serve_args(None, backend), env, log) as child:
         wait_for_line(log, "serving pip on Discord")
         fake.post_message(EVEN_A, ALICE, "hello pip")
         until(lambda: model.requests, log)  # mid-turn: the model holds the box's request
         child.kill()
         child.wait(timeout=WAIT_S)
-    for pid in box_processes(home):
-        os.kill(pid, signal.SIGKILL)
-    until(lambda: not box_processes(home))
+    remove_boxes(home)
 
 
-def test_serve_stopped_while_its_bot_connects_closes_the_box_it_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_serve_stopped_while_its_bot_connects_closes_the_box_it_started(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     """``serve --console --metrics-port 0``, stopped while its bot waits for Discord's server list (widened by
     ``IMPYARD_DISCORD_GUILD_READY_TIMEOUT``): by then the health server and the console listen, the runtime is
     open and a box answers the message the last run left unanswered (the model holds it). SIGTERM stops the start:
-    that box is closed, the console and the health server too, nothing stays held, and it exits 0."""
+    that box is closed (a process, or a Docker container), the console and the health server too, nothing stays
+    held, and it exits 0."""
+    if backend == "docker":
+        request.getfixturevalue("box_image")  # skips where no Docker engine runs
     home = tmp_path / "home"
     with make_fake() as fake, FakeOpenAI() as model:
         model.script(slow(envelope(answer="late"), HELD_S))  # every turn: the model holds it
         prepare_home(home)
         env = serve_env(home, model, fake)
-        kill_mid_turn(home, model, fake, env, tmp_path / "killed.log")
+        kill_mid_turn(home, model, fake, env, backend, tmp_path / "killed.log")
         slow_guilds = {**env, "IMPYARD_DISCORD_GUILD_READY_TIMEOUT": "60"}
-        args = [*serve_args(None), "--console", "--console-port", "0", "--metrics-port", "0"]
+        args = [*serve_args(None, backend), "--console", "--console-port", "0", "--metrics-port", "0"]
         log = tmp_path / "serve.log"
         identified, asked = len(fake.identifies), len(model.requests)
         with running(args, slow_guilds, log) as child:
             until(lambda: len(model.requests) > asked, log)  # the left message's turn, in a box of this start
             until(lambda: len(fake.identifies) > identified, log)  # and the bot is waiting for its servers
+            assert boxes_of(home), log.read_text()
             assert "serving pip on Discord" not in log.read_text()
             text = terminated(child, log)
-    assert f"{DURING_START} serving; what started is closed" in text
-    assert "impyard console: http://" in text and "metrics and health on http://" in text
-    assert "serving pip on Discord" not in text
-    assert "Traceback" not in text
-    assert box_processes(home) == []
-    nothing_held(env, child.pid)
+    try:
+        assert f"{DURING_START} serving; what started is closed" in text
+        assert "impyard console: http://" in text and "metrics and health on http://" in text
+        assert "serving pip on Discord" not in text
+        assert "Traceback" not in text
+        assert boxes_of(home) == [], text
+        nothing_held(env, child.pid)
+    finally:
+        remove_boxes(home)
 
 
 def test_a_second_sigterm_while_serve_stops_cuts_the_turn_off_and_exits_0(tmp_path: Path) -> None:
