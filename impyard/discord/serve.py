@@ -11,7 +11,8 @@ order by one worker per imp, owned by this host's task group. With ``--supervise
 the log); without it, a task loop for departures alone (mechanism 103: a person who left a memory
 imp's conversation is thought over once) runs beside whatever ``impyard supervise`` runs. Shutdown
 (SIGINT/SIGTERM, or a bot's connection failing for good): running turns get their grace, every box
-is closed, the bots disconnect. An imp with ``[discord] presence = true`` shows what it is doing as its
+is closed, the bots disconnect; a second signal cuts the grace. The signals are received from before anything
+starts (``impyard.stop_signals``): one during start-up stops the start, and what started is closed. An imp with ``[discord] presence = true`` shows what it is doing as its
 bot's status after each answered turn (``impyard.discord.presence``, a worker in this host's task group).
 
 With ``shard`` (``impyard serve --shard I/N``) every bot connects as that Discord shard and so gets the events
@@ -230,10 +231,9 @@ class DiscordHost:
     _queues: dict[str, MemoryObjectSendStream[HostEvent]] = field(default_factory=dict)
     _ready: dict[str, anyio.Event] = field(default_factory=dict)
     _closing: bool = False
-    _hurried: bool = False
-    _supervisor_grace: anyio.CancelScope | None = (
-        None  # the wait for the task loop's own grace, while it runs
-    )
+    _hurried: bool = False  # a second signal: no grace left for turns and tasks
+    # The wait for the task loop's own grace, while it runs (cancelled by a second signal).
+    _supervisor_grace: anyio.CancelScope | None = None
 
     # ------------------------------------------------------------ the Bridge (called by the clients)
 
