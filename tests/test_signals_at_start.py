@@ -28,11 +28,13 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import text as sql
 
 from impyard import paths
 from impyard.backends import BoxError
 from impyard.backends.docker import LABEL_BOX, LABEL_HOME, DockerBackend
 from impyard.cli import cli
+from impyard.storage.db import open_database
 from impyard.supervisor.orphans import looks_like_box_process
 from testing.fake_discord import FakeDiscord
 from testing.fake_openai import FakeOpenAI, envelope, slow
@@ -219,6 +221,12 @@ def test_serve_stopped_while_its_bot_connects_closes_the_box_it_started(
         assert "Traceback" not in text
         assert boxes_of(home) == [], text
         nothing_held(env, child.pid)
+        db = open_database(url=f"sqlite:///{home / 'impyard.db'}")
+        try:  # the cut-off turn's message is still to answer: the next start answers it
+            wakes = db.read(lambda c: c.execute(sql("SELECT outcome FROM wakes")).scalars().all())
+        finally:
+            db.close()
+        assert wakes == [None]
     finally:
         remove_boxes(home)
 
