@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import anyio
+
 from impyard.channels.store import ChannelStore
 from impyard.clock import Clock, SystemClock
 from impyard.conversation.history import History, retention_from_env
@@ -217,6 +219,7 @@ async def open_host(
                     surfaces=frozenset(reaches), imp_user_ids=user_ids, imp_revisions=dict(synced.revisions),
                 )  # fmt: skip
         finally:
-            await gateway.aclose()
+            with anyio.CancelScope(shield=True):  # a host stopped while it starts (a signal) closes it too
+                await gateway.aclose()
     finally:
         db.close()

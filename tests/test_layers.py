@@ -18,7 +18,9 @@ IMPYARD = ROOT / "impyard"
 
 # Lowest first. A package may import only packages of a lower rank (and itself).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("foundations",),  # impyard/{errors,clock,durations,paths,toml_errors,failure_words,threads}.py
+    (
+        "foundations",
+    ),  # impyard/{errors,clock,durations,paths,toml_errors,failure_words,threads,stop_signals}.py
     ("metrics",),  # issue 34: every package counts into it; it knows none of them
     ("storage",),
     ("backends",),
@@ -41,6 +43,7 @@ FOUNDATIONS = {
     "toml_errors",
     "failure_words",
     "threads",
+    "stop_signals",
     "__init__",
     "__main__",
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import signal
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -18,7 +18,11 @@ from impyard.console.auth import TOKEN_ENV, TokenError, new_token, token_from_en
 from impyard.console.context import ConsoleContext
 from impyard.console.server import DEFAULT_HOST, DEFAULT_PORT, ConsoleStartError, running_console
 from impyard.metrics.http import HealthPortError, Phase, ReadyCheck, serve_health
+from impyard.stop_signals import stop_signals
 from impyard.storage.readiness import database_check
+from impyard.threads import in_thread
+
+log = logging.getLogger("impyard.console")
 
 
 @asynccontextmanager
@@ -43,9 +47,12 @@ async def console_beside(host: str, port: int) -> AsyncIterator[ConsoleContext]:
 
 
 async def _serve_until_stopped(host: str, port: int, metrics_host: str, metrics_port: int | None) -> None:
+    """Until SIGINT/SIGTERM, received from before anything starts (``impyard.stop_signals``): one that arrives
+    while the console starts stops the start, and what started is closed."""
     phase = Phase("starting: the console is not listening yet")
     checks: list[ReadyCheck] = [phase.check]
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    async with stop_signals(log, "serving the console") as signals:
+        await in_thread(bring_up_to_date)  # issue 36: the Imps page shows the imps as the database has them
         async with AsyncExitStack() as health:
             if metrics_port is not None:
                 await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
@@ -53,8 +60,9 @@ async def _serve_until_stopped(host: str, port: int, metrics_host: str, metrics_
                 checks.append(database_check(context.db))
                 phase.ready()
                 click.echo("  (open it in a browser; Ctrl-C stops the console)", err=True)
-                async for _ in signals:
-                    break
+                stopped = anyio.Event()
+                signals.serving(lambda name: stopped.set())
+                await stopped.wait()
                 phase.stopping()
 
 
@@ -76,11 +84,11 @@ def console_command(host: str, port: int, metrics_port: int | None, metrics_host
     IMPYARD_CONSOLE_TOKEN): without it no page shows anything. Run it beside
     `impyard chat`, `serve` or `supervise` on the same home or database.
     Every change it makes goes through the same rules as the CLI.
+    Ctrl-C (SIGINT) or SIGTERM stops it, at any moment, its start included.
     Example:
       impyard console
       impyard console --port 9000
     """
-    bring_up_to_date()  # issue 36: the Imps page shows the imps as the database has them
     try:
         anyio.run(_serve_until_stopped, host, port, metrics_host, metrics_port)
     except HealthPortError as exc:

@@ -19,6 +19,7 @@ from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
 from impyard.imps.store import ImpError
 from impyard.metrics.http import HealthPortError
+from impyard.stop_signals import stop_signals
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.storage.leases import LeaseHeld, LeaseLost
@@ -108,7 +109,9 @@ def serve_command(
     \b
     With no IMP, every imp whose Discord token is set is served (one bot each).
     One host per IMPYARD_HOME; SIGINT or SIGTERM stops it cleanly (running turns
-    finish, every box is closed). The walkthrough is docs/discord.md.
+    finish, every box is closed; a second one cuts them off), at any moment: one
+    during start-up stops the start and closes what started. Exit status 0.
+    The walkthrough is docs/discord.md.
     Several hosts split the servers as Discord shards, each with its own home:
     --shard 0/2 on one, --shard 1/2 on the other. A shard has one host at a
     time: a second host of the same shard on the same database is refused,
@@ -130,7 +133,11 @@ def serve_command(
     configure_logs(log_json)
 
     async def run() -> None:
-        async with AsyncExitStack() as stack:
+        # The signals are received before anything starts, the console included (impyard.stop_signals).
+        async with (
+            stop_signals(logging.getLogger("impyard.serve"), "serving") as signals,
+            AsyncExitStack() as stack,
+        ):
             if with_console:
                 await stack.enter_async_context(console_beside(console_host, console_port))
             await serve(
@@ -140,6 +147,7 @@ def serve_command(
                 shard=shard,
                 metrics_host=metrics_host,
                 metrics_port=metrics_port,
+                signals=signals,
             )
 
     try:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-import signal
 from contextlib import AsyncExitStack
 
 import anyio
 import click
-from anyio.abc import TaskStatus
 
 from impyard.backends import BoxError
 from impyard.backends.stateroot import state_root
@@ -18,6 +16,7 @@ from impyard.gateway.broker import UpstreamConfig
 from impyard.gateway.policy import PolicyError
 from impyard.imps.store import ImpError
 from impyard.metrics.http import HealthPortError, Phase, ReadyCheck, serve_health
+from impyard.stop_signals import stop_signals
 from impyard.storage.db import DatabaseError
 from impyard.storage.instance import AlreadyRunning
 from impyard.storage.readiness import database_check
@@ -57,31 +56,17 @@ async def supervise(
 ) -> None:
     """The loop, stopped cleanly by SIGINT or SIGTERM (a second signal stops at once).
 
-    The signals are watched before anything starts: a signal that arrives while the lock is taken or the
-    host opens stops the loop cleanly as soon as it runs, never the process half-way. ``metrics_port``:
+    The signals are received before anything starts (``impyard.stop_signals``): one that arrives while the health
+    server opens, the lock is taken or the host opens stops the start, and what started is closed. ``metrics_port``:
     ``/metrics``, ``/healthz`` and ``/readyz`` from before the lock is taken to after the loop stopped; ready
     while the loop runs and its database answers (a standalone supervisor holds no lease for its life: each
     task run holds its own, and a run that loses it is stopped alone).
     """
+    log = logging.getLogger("impyard.supervisor")
     stop = anyio.Event()
     phase = Phase("starting: taking the lock and opening the host")
     checks: list[ReadyCheck] = [phase.check]
-    async with AsyncExitStack() as health, anyio.create_task_group() as tg:
-
-        async def watch_signals(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                task_status.started()
-                async for signum in signals:
-                    if stop.is_set():
-                        tg.cancel_scope.cancel()
-                        return
-                    logging.getLogger("impyard.supervisor").warning(
-                        "%s: finishing running tasks (again to stop now; they are requeued)",
-                        signal.Signals(signum).name,
-                    )
-                    stop.set()
-
-        await tg.start(watch_signals)
+    async with stop_signals(log, "supervising") as signals, AsyncExitStack() as health:
         if metrics_port is not None:
             await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
         async with open_supervisor(
@@ -89,11 +74,16 @@ async def supervise(
         ) as supervisor:
             checks.append(database_check(supervisor.db))
             phase.ready()
+
+            def first(name: str) -> None:
+                log.warning("%s: finishing running tasks (again to stop now; they are requeued)", name)
+                stop.set()
+
+            signals.serving(first, again=lambda name: signals.stop_now())
             try:
                 await supervisor.run(once=once, stop=stop)
             finally:
                 phase.stopping()
-        tg.cancel_scope.cancel()
 
 
 @click.command("supervise")
@@ -136,6 +126,8 @@ def supervise_command(
     10 minutes of silence, sleep after 2 hours, and 10 minutes into sleep
     the night's folding and forgetting (docs/memory.md).
     --metrics-port serves /metrics, /healthz and /readyz (docs/metrics.md).
+    SIGINT or SIGTERM stops it: running tasks finish (a second one stops at
+    once, requeuing them); one during start-up stops the start. Exit status 0.
     See docs/tasks.md. Example:
       export OPENAI_API_KEY=sk-...
       impyard schedule add pip --cron "0 9 * * *" --tz Europe/Oslo "Note what you did today"

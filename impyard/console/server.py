@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import anyio
 from aiohttp import web
 
 from impyard.console.app import build_app
@@ -66,4 +67,5 @@ async def running_console(
         bound = next((address[1] for address in runner.addresses if isinstance(address, tuple)), port)
         yield ConsoleAddress(host=host, port=int(bound), token=token)
     finally:
-        await runner.cleanup()
+        with anyio.CancelScope(shield=True):  # closed on every path, a cancelled start's included
+            await runner.cleanup()

@@ -11,7 +11,8 @@ order by one worker per imp, owned by this host's task group. With ``--supervise
 the log); without it, a task loop for departures alone (mechanism 103: a person who left a memory
 imp's conversation is thought over once) runs beside whatever ``impyard supervise`` runs. Shutdown
 (SIGINT/SIGTERM, or a bot's connection failing for good): running turns get their grace, every box
-is closed, the bots disconnect. An imp with ``[discord] presence = true`` shows what it is doing as its
+is closed, the bots disconnect; a second signal cuts the grace. The signals are received from before anything
+starts (``impyard.stop_signals``): one during start-up stops the start, and what started is closed. An imp with ``[discord] presence = true`` shows what it is doing as its
 bot's status after each answered turn (``impyard.discord.presence``, a worker in this host's task group).
 
 With ``shard`` (``impyard serve --shard I/N``) every bot connects as that Discord shard and so gets the events
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
@@ -68,6 +68,7 @@ from impyard.imps.store import ImpConfig, ImpStore
 from impyard.metrics.http import Phase, ReadyCheck, serve_health
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
+from impyard.stop_signals import StopSignals, stop_signals
 from impyard.storage.instance import InstanceLock
 from impyard.storage.leases import HostCard, hold_host
 from impyard.storage.readiness import database_check, lease_check
@@ -230,6 +231,9 @@ class DiscordHost:
     _queues: dict[str, MemoryObjectSendStream[HostEvent]] = field(default_factory=dict)
     _ready: dict[str, anyio.Event] = field(default_factory=dict)
     _closing: bool = False
+    _hurried: bool = False  # a second signal: no grace left for turns and tasks
+    # The wait for the task loop's own grace, while it runs (cancelled by a second signal).
+    _supervisor_grace: anyio.CancelScope | None = None
 
     # ------------------------------------------------------------ the Bridge (called by the clients)
 
@@ -486,6 +490,14 @@ class DiscordHost:
                 total[kind] = total.get(kind, 0) + count
         return total
 
+    def hurry(self) -> None:
+        """Stop now (a second SIGINT/SIGTERM): the graces of the stop, under way or to come, end at once; running
+        turns and tasks are cut off (a task is requeued), their boxes closed."""
+        self._hurried = True
+        self.runtime.sessions.hurry()
+        if self._supervisor_grace is not None:
+            self._supervisor_grace.cancel()
+
     async def close(self) -> None:
         """Graceful: running turns finish (their grace), boxes close, typing stops, the bots disconnect."""
         self._closing = True
@@ -677,8 +689,10 @@ async def _open_discord_host(
                             try:
                                 with anyio.CancelScope(shield=True):
                                     supervisor_stop.set()  # it gives its running tasks their own grace
-                                    with anyio.move_on_after(SUPERVISOR_STOP_S):
+                                    grace = 0 if host._hurried else SUPERVISOR_STOP_S
+                                    with anyio.move_on_after(grace) as host._supervisor_grace:
                                         await supervisor_done.wait()
+                                    host._supervisor_grace = None
                                     await host.close()
                             finally:
                                 tg.cancel_scope.cancel()
@@ -693,6 +707,7 @@ async def serve(
     *,
     stop: anyio.Event | None = None,
     handle_signals: bool = True,
+    signals: StopSignals | None = None,
     metrics_host: str | None = None,
     metrics_port: int | None = None,
     on_metrics_port: Callable[[int], None] | None = None,
@@ -700,30 +715,50 @@ async def serve(
 ) -> None:
     """Run until SIGINT/SIGTERM (or ``stop``); raises DiscordSetupError when a bot cannot start or stay up.
 
+    The signals are received from before anything starts (``impyard.stop_signals``; ``signals``: the caller's, who
+    received them before starting what it runs beside, ``serve --console``; ``handle_signals`` False: none, for
+    tests): one during start-up stops the start, and what started is closed (the bots, every box, the leases, the
+    health server); once serving, the first lets running turns finish and the second cuts them off.
+
     ``metrics_port`` (``--metrics-port``; 0: a free one, told to ``on_metrics_port``): ``/metrics``, ``/healthz``
     and ``/readyz`` on ``metrics_host`` (loopback by default), open before the host starts (so ``/healthz`` answers
     while it starts, and ``/readyz`` says it is not ready until every bot is connected) and closed after it stopped.
     """
-    phase = Phase("starting: the bots are logging in and connecting")
-    checks: list[ReadyCheck] = [phase.check]
-    async with AsyncExitStack() as health:
-        if metrics_port is not None:
-            bound = await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
-            if on_metrics_port is not None:
-                on_metrics_port(bound)
-        await _serve(imp_names, stop, handle_signals, phase, checks, options)
+    async with AsyncExitStack() as received:
+        if signals is None and handle_signals:
+            signals = await received.enter_async_context(stop_signals(log, "serving"))
+        phase = Phase("starting: the bots are logging in and connecting")
+        checks: list[ReadyCheck] = [phase.check]
+        async with AsyncExitStack() as health:
+            if metrics_port is not None:
+                bound = await health.enter_async_context(serve_health(metrics_host, metrics_port, checks))
+                if on_metrics_port is not None:
+                    on_metrics_port(bound)
+            await _serve(imp_names, stop, signals, phase, checks, options)
 
 
 async def _serve(
     imp_names: Sequence[str] | None,
     stop: anyio.Event | None,
-    handle_signals: bool,
+    signals: StopSignals | None,
     phase: Phase,
     checks: list[ReadyCheck],
     options: dict[str, Any],
 ) -> None:
     async with open_discord_host(imp_names, ready=checks, **options) as host:
         phase.ready()
+        if signals is not None:
+
+            def first(name: str) -> None:
+                log.warning("%s received", name)
+                host.stop.set()
+
+            def again(name: str) -> None:
+                log.warning("%s again: stopping now (running turns are cut off, their boxes closed)", name)
+                host.stop.set()
+                host.hurry()
+
+            signals.serving(first, again)
         try:
             async with anyio.create_task_group() as tg:
                 if stop is not None:
@@ -733,8 +768,6 @@ async def _serve(
                         host.stop.set()
 
                     tg.start_soon(relay)
-                if handle_signals:
-                    tg.start_soon(_watch_signals, host.stop)
                 await host.stop.wait()
                 phase.stopping()
                 log.info("stopping: running turns get their grace, then every box is closed")
@@ -744,11 +777,3 @@ async def _serve(
     if host.failure is not None:
         raise DiscordSetupError(host.failure)
     log.info("stopped")
-
-
-async def _watch_signals(stop: anyio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            log.warning("%s received", signal.Signals(signum).name)
-            stop.set()
-            return

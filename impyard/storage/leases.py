@@ -464,7 +464,9 @@ async def holding(
             if describe is not None:
                 written[name] = dict(describe())
             checks = guard if index == 0 else None
-            held.append(await store.db.run(store.acquire, name, written.get(name), ttl, guard=checks))
+            with anyio.CancelScope(shield=True):  # taken, then released: even by a start stopped meanwhile
+                lease = await store.db.run(store.acquire, name, written.get(name), ttl, guard=checks)
+            held.append(lease)
         keeper = LeaseKeeper(
             store, held, renew_every=renew_every, ttl=ttl, details=details, written=written,
             detail_every=DETAIL_EVERY,

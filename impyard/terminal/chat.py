@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import sys
 import uuid
 from collections import deque
 from collections.abc import Mapping
@@ -333,25 +334,38 @@ async def run_chat(
     settings = replace(departures or SupervisorSettings(), kinds=DEPARTURES_ONLY)
     card = HostCard("chat", str(home()))
     stopping = Stopping()
+    starting = anyio.CancelScope()  # the chat's start and life: cancelled by a stop request before it is up
+
+    def stop_starting(by_signal: bool) -> None:
+        log.warning("stop requested during start-up: stopping before the chat starts; what started is closed")
+        shown = out or sys.stdout
+        shown.write(("\n" if by_signal else "") + "(impyard) stopping before the chat started\n")
+        shown.flush()
+        starting.cancel()
+
+    keeper: LeaseKeeper | None = None
     try:
         async with anyio.create_task_group() as signals:
-            # Ctrl-C and SIGTERM are received for the chat's whole life, its closing included (issue 38).
+            # Ctrl-C and SIGTERM are received for the chat's whole life, its closing included (issue 38); one
+            # before the chat is up stops its start (what started is closed: the lease, the boxes).
             await signals.start(stopping.receive_signals, name="stop signals")
+            stopping.gently = stopping.now = stop_starting  # until the chat is up (``_chat`` sets its own)
             try:
-                # Issue 21: one chat per terminal channel on the database (LeaseHeld names the holder, before
-                # anything starts), and this process's own record for `impyard hosts`.
-                async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
-                    console = open_console(stdin, out)
-                    await _chat(
-                        imp, console, clock, user, settings, card, keeper, backend, log_path, backends,
-                        stopping, as_name,
-                    )  # fmt: skip
+                with starting:
+                    # Issue 21: one chat per terminal channel on the database (LeaseHeld names the holder, before
+                    # anything starts), and this process's own record for `impyard hosts`.
+                    async with hold_host(card, [f"channel:{terminal_channel(user)}"]) as keeper:
+                        console = open_console(stdin, out)
+                        await _chat(
+                            imp, console, clock, user, settings, card, keeper, backend, log_path, backends,
+                            stopping, as_name,
+                        )  # fmt: skip
             finally:
                 stopping.forget_handlers()
                 signals.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise sole_error(group) from None
-    if keeper.lost_error is not None:
+    if keeper is not None and keeper.lost_error is not None:
         raise keeper.lost_error  # after every box closed: the chat exits 1, naming the lease and its taker
 
 

@@ -3,9 +3,10 @@
 The first stop request (Ctrl-C on the prompt's empty line, or SIGINT / SIGTERM) cancels the chat's own work;
 the boxes then close, and a running turn gets the session manager's grace to end (its reply is still shown).
 The second cuts that grace: running turns are abandoned and their boxes killed at once. Later requests change
-nothing. The signals are received from before the chat starts until after its boxes are closed, so a Ctrl-C
-never lands as a ``KeyboardInterrupt`` inside the event loop (which unwound the loop's tasks out of order and
-left ``RuntimeError: Attempted to exit a cancel scope…`` in chat.log).
+nothing. The signals are received from before the chat starts until after its boxes are closed (one before the
+chat is up stops its start: what started is closed, and the chat exits 0), so a Ctrl-C never lands as a
+``KeyboardInterrupt`` inside the event loop (which unwound the loop's tasks out of order and left
+``RuntimeError: Attempted to exit a cancel scope…`` in chat.log).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _nothing(by_signal: bool) -> None:
 
 class Stopping:
     """The chat's stop requests, counted. ``gently`` and ``now`` are what the running chat does for the first and
-    the second (set once it runs; a request before that is counted, and the chat stops as soon as it is up). Each
+    the second (set once it runs; before that, ``run_chat``'s own: a request stops the start). Each
     is told whether a signal asked (the terminal echoed ``^C`` where the next line would start)."""
 
     def __init__(self) -> None:
