@@ -180,6 +180,38 @@ async def test_labelled_orphans_are_removed_at_start(
     assert docker_backend.labelled() == []
 
 
+async def test_a_box_gone_between_listing_and_inspection_is_not_listed(
+    docker_backend: DockerBackend, box_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A box that ends between the engine's listing and the inspection of each listed container (a session
+    closing, a spare drained, while ``remove_orphans`` or a test lists) is left out, not a NotFound for all."""
+    labels = {
+        "org.impyard.box": "1", "org.impyard.home": docker_backend.home_id, "org.impyard.imp": "pip",
+        "org.impyard.role": "session",
+    }  # fmt: skip
+    client = docker_backend.client()
+    gone, kept = (
+        client.containers.run(
+            box_image, ["300"], entrypoint="sleep", detach=True, labels=labels, network_mode="none"
+        )
+        for _ in range(2)
+    )
+    inspect = docker.models.containers.ContainerCollection.get
+
+    def get(self: docker.models.containers.ContainerCollection, container_id: str) -> object:
+        if container_id in (gone.id, gone.name):  # removed by its own host a moment after it was listed
+            raise docker.errors.NotFound(f"No such container: {container_id}")
+        return inspect(self, container_id)
+
+    monkeypatch.setattr(docker.models.containers.ContainerCollection, "get", get)
+    try:
+        assert [container.id for container in docker_backend.labelled()] == [kept.id]
+    finally:
+        monkeypatch.undo()
+        gone.remove(force=True)
+    assert docker_backend.remove_orphans() == 1 and docker_backend.labelled() == []
+
+
 async def test_missing_image_fails_closed(test_home_id: str, tmp_path: Path) -> None:
     backend = DockerBackend("impyard-box:does-not-exist", home_id=test_home_id)
     with pytest.raises(BoxStartError, match="impyard box build"):

@@ -251,7 +251,9 @@ class DockerBackend:
     def labelled(self, **labels: str) -> list[Container]:
         filters = [f"{LABEL_BOX}=1", f"{LABEL_HOME}={self.home_id}"]
         filters += [f"org.impyard.{key}={value}" for key, value in labels.items()]
-        return self.client().containers.list(all=True, filters={"label": filters})
+        # ignore_removed: a box that ends between the listing and its inspection (a session closing, a spare
+        # drained) is simply not listed, instead of failing the whole listing with NotFound
+        return self.client().containers.list(all=True, filters={"label": filters}, ignore_removed=True)
 
     def remove_orphans(self) -> int:
         """Remove this home's boxes of this role left by a supervisor that died; returns how many."""
