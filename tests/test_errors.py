@@ -65,6 +65,8 @@ INTERNAL = {
     "impyard.storage.quick.Busy",  # quick work met SQLite's lock: it runs again on a worker (Database.quick), never shown
     "impyard.memory.service._LeaseLostInFlight",  # a fenced memory write rolled back: the box is refused (lease)
     "impyard.gateway.model_act._EndedWithBox",  # a local server's call ended with its box: audited "interrupted"
+    "impyard.conversation.spares.SpareFailed",  # a claimed spare failed before its work: a box is started instead
+    "impyard.cli.box_probe.SpareCheckError",  # box check's spare did not get through: shown as its failed row
 }
 
 
