@@ -208,9 +208,11 @@ async def serving(
     try:
         try:
             spec = replace(spare.spec, channel_id=channel_id)
+            params = await _handed_in_beside(init(spec), state_dir, spare)
+            # Only now is it the channel's: whatever it asked before this was refused as an unbound spare's.
             box.spec = spec
             spare.host.bind(host)
-            await box.init(await _handed_in_beside(init(spec), state_dir, spare), timeout=init_timeout)
+            await box.init(params, timeout=init_timeout)
         except (BoxDied, BoxTimeout, RpcError, OSError) as exc:
             raise SpareFailed(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__) from exc
         yield box
