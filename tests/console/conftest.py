@@ -15,16 +15,17 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import requests
 
 from impyard.console.auth import Keys
 
+T = TypeVar("T")
 CLI = (sys.executable, "-c", "from impyard.cli import main; main()")  # the impyard command of this tree
 TOKEN = "console-test-token-0123456789abcdef"
 START_TIMEOUT_S = 60
@@ -111,6 +112,22 @@ def console(impyard_home: Path) -> Iterator[Console]:
 
 def _first(paths: tuple[str, ...]) -> str | None:
     return next((p for p in paths if Path(p).exists()), None) or shutil.which(Path(paths[0]).name)
+
+
+def settled(browser: Any, read: Callable[[Any], T], timeout_s: float = 30) -> T:
+    """``read(browser)`` on a page whose live parts are replaced on a timer (Now, Hosts, Approvals' decided list):
+    read again whenever an element went while it was being read, never a StaleElementReferenceException."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    got: list[T] = []
+
+    def attempt(b: Any) -> bool:
+        got.append(read(b))
+        return True
+
+    WebDriverWait(browser, timeout_s, ignored_exceptions=(StaleElementReferenceException,)).until(attempt)
+    return got[-1]
 
 
 @pytest.fixture(scope="session")

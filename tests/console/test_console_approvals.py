@@ -390,6 +390,7 @@ async def test_the_console_and_a_discord_button_at_once_decide_once_and_post_onc
 async def test_in_a_browser_approve_a_held_post_and_see_it_delivered_once(
     monkeypatch: pytest.MonkeyPatch, model: FakeOpenAI, browser: Any
 ) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -417,10 +418,14 @@ async def test_in_a_browser_approve_a_held_post_and_see_it_delivered_once(
 
             def decided_in_the_browser() -> str:
                 row = f'#decided-gates tr[data-gate="{gate_id}"]'  # the live list catches up by itself
-                WebDriverWait(browser, 30).until(
-                    lambda b: "executed" in "".join(e.text for e in b.find_elements(By.CSS_SELECTOR, row))
-                )
-                return str(browser.find_element(By.CSS_SELECTOR, row).text)
+
+                def executed(b: Any) -> str | None:
+                    text = "".join(e.text for e in b.find_elements(By.CSS_SELECTOR, row))
+                    return text if "executed" in text else None
+
+                # the list is replaced on each refresh: a row that went as it was read is read again
+                wait = WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
+                return str(wait.until(executed))
 
             row = await anyio.to_thread.run_sync(decided_in_the_browser)
             await yard.rt.host.pump.run_once()

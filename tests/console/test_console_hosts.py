@@ -31,7 +31,7 @@ from impyard.storage.db import open_database
 from impyard.storage.leases import HostCard, ImpBoxes, LeaseStore
 from impyard.storage.liveness import Holder, this_process
 from testing.fake_openai import FakeOpenAI
-from tests.console.conftest import CLI, Console
+from tests.console.conftest import CLI, Console, settled
 from tests.console.page_rows import table_rows
 from tests.discord_yard import ALICE, GENERAL, serving
 
@@ -179,9 +179,14 @@ def test_in_a_browser_a_stopped_host_is_marked(console: Console, cluster: Holder
     browser.get(console.login_url)
     browser.find_element(By.LINK_TEXT, "Hosts").click()
     assert browser.current_url == console.base + "/hosts"
-    stopped = browser.find_element(By.CSS_SELECTOR, 'tr[data-lease="shard:1/2"]')
-    assert stopped.text.endswith("expired") and "stopped" in (stopped.get_attribute("class") or "")
-    badge = stopped.find_element(By.CSS_SELECTOR, ".badge")
-    assert badge.value_of_css_property("color") == "rgba(201, 42, 42, 1)"  # --bad: the stylesheet loaded
+
+    def stopped_row(b: Any) -> tuple[str, str, str]:
+        stopped = b.find_element(By.CSS_SELECTOR, 'tr[data-lease="shard:1/2"]')
+        badge = stopped.find_element(By.CSS_SELECTOR, ".badge")
+        return stopped.text, stopped.get_attribute("class") or "", badge.value_of_css_property("color")
+
+    text, classes, color = settled(browser, stopped_row)  # the live list may be replaced as it is read
+    assert text.endswith("expired") and "stopped" in classes
+    assert color == "rgba(201, 42, 42, 1)"  # --bad: the stylesheet loaded
     live = browser.find_element(By.ID, "hosts-live")
     assert live.get_attribute("data-refresh-url") == "/hosts/fragment"

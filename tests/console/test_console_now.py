@@ -152,6 +152,7 @@ class HeldReply:
 def test_a_turn_held_in_flight_appears_live_then_moves_to_the_outcomes(
     console: Console, fake: FakeOpenAI, impyard_home: Path, browser: Any
 ) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -160,16 +161,23 @@ def test_a_turn_held_in_flight_appears_live_then_moves_to_the_outcomes(
     browser.get(console.login_url)
     browser.get(console.base + "/now")  # opened before the turn: what follows comes by the page's own polling
     assert browser.find_elements(By.ID, "now-no-turns")
-    wait = WebDriverWait(browser, WAIT_S, poll_frequency=0.2)
+    # The page replaces its lists on each refresh: an element that went as it was read is read again.
+    wait = WebDriverWait(
+        browser, WAIT_S, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+    )
     chat = spawn_chat(fake, impyard_home, "--backend", "process")
     chat.logfile_read = io.StringIO()
     try:
         chat.expect("you> ")
         chat.sendline("hello pip, are you there?")
-        row = wait.until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#now-turns tr[data-imp='pip'][data-stage='thinking']")
+        cells = wait.until(
+            lambda d: [
+                [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+                for row in d.find_elements(
+                    By.CSS_SELECTOR, "#now-turns tr[data-imp='pip'][data-stage='thinking']"
+                )
+            ]
         )[0]
-        cells = [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
         assert cells[:4] == ["pip", f"terminal ({chat_user()})", "terminal", "thinking"], cells
         assert "hello pip" not in browser.find_element(By.ID, "now").text  # never the message's text
         assert held.asked.is_set()
@@ -180,9 +188,14 @@ def test_a_turn_held_in_flight_appears_live_then_moves_to_the_outcomes(
         held.released.set()
         chat.expect("pip> Held, then said.")
         outcome = wait.until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#now-recent tr[data-imp='pip'][data-outcome='sent']")
+            lambda d: [
+                row.text
+                for row in d.find_elements(
+                    By.CSS_SELECTOR, "#now-recent tr[data-imp='pip'][data-outcome='sent']"
+                )
+            ]
         )[0]
-        assert f"terminal ({chat_user()})" in outcome.text
+        assert f"terminal ({chat_user()})" in outcome
         wait.until(lambda d: d.find_elements(By.ID, "now-no-turns"))  # the turn left the turns in flight
         assert browser.find_elements(
             By.CSS_SELECTOR, "#now-sessions tr[data-imp='pip']"

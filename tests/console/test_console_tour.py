@@ -19,7 +19,7 @@ import pytest
 from impyard.console.pages import PAGES, now
 from impyard.storage.db import open_database
 from testing.fake_openai import FakeOpenAI
-from tests.console.conftest import CLI, start_console, stop_console
+from tests.console.conftest import CLI, settled, start_console, stop_console
 from tests.test_chat_terminal import chat_once
 
 SCREENSHOTS_ENV = "IMPYARD_CONSOLE_SCREENSHOTS"
@@ -48,10 +48,11 @@ def test_a_chat_turn_shows_on_the_console(fake: FakeOpenAI, impyard_home: Path, 
             pip["daily_spent_usd"] > 0 and spent[1] == f"{pip['daily_spent_usd']:.4f}"
         )  # the turn's cost, as the CLI
         browser.get(console.base + "/now")  # the turn's outcome leads Now's recent outcomes
-        (recent,) = browser.find_elements(
-            By.CSS_SELECTOR, "#now-recent tr[data-imp='pip'][data-outcome='sent']"
-        )
-        assert "terminal (" in recent.text
+        (recent,) = settled(
+            browser,
+            lambda b: [e.text for e in b.find_elements(By.CSS_SELECTOR, "#now-recent tr[data-imp='pip'][data-outcome='sent']")],
+        )  # fmt: skip
+        assert "terminal (" in recent
         shots = os.environ.get(SCREENSHOTS_ENV)
         if shots:
             take_screenshots(console.base, browser, Path(shots))
