@@ -198,6 +198,17 @@ SLOW_TESTS: dict[str, dict[str, int]] = {
     "tests/test_sessions.py": {
         "test_a_failed_turn_in_respond_framing_gets_a_notice": 4,
     },
+    "tests/test_signals_at_start.py": {
+        "test_a_second_sigterm_while_serve_stops_cuts_the_turn_off_and_exits_0": 20,
+        "test_serve_stopped_while_its_bot_connects_closes_the_box_it_started": 17,
+        "test_a_start_waiting_for_the_database_is_stopped_by_sigterm_and_exits_0": 8,
+        "test_serve_stopped_while_its_bot_logs_in_releases_its_lease_and_exits_0": 6,
+        "test_a_chat_stopped_while_it_takes_its_lease_never_comes_up_and_exits_0": 4,
+    },
+    "tests/test_spares.py": {
+        "test_a_claimed_spare_gets_its_channels_state_and_hands_it_back": 5,
+        "test_a_spare_is_claimed_once_and_never_shared": 5,
+    },
     "tests/test_storage_outage.py": {
         "test_a_message_that_arrives_while_the_server_is_down_is_answered_once_when_it_is_back": 4,
         "test_a_write_waits_for_the_server_and_runs_once_it_answers": 3,
@@ -214,6 +225,14 @@ SLOW_TESTS: dict[str, dict[str, int]] = {
         "test_host_b_reclaims_a_frozen_host_as_task_once_its_lease_expired_and_a_then_stops_its_box": 22,
         "test_host_b_leaves_a_task_to_live_host_a_and_reclaims_it_once_when_a_is_killed": 11,
         "test_a_run_holds_its_lease_and_once_it_is_taken_over_its_box_stops_and_its_acts_are_refused": 6,
+    },
+    "tests/test_task_spares.py": {
+        "test_a_task_on_a_spare_is_killed_at_its_ceiling": 9,
+        "test_a_lost_lease_stops_the_box_of_the_spare_its_run_claimed": 7,
+        "test_a_spare_that_dies_as_its_task_claims_it_leaves_the_task_to_a_started_box_once": 7,
+        "test_a_task_run_after_a_conversation_is_served_by_the_imps_spare": 6,
+        "test_under_docker_a_task_runs_on_the_spare_a_conversation_left": 3,
+        "test_a_task_of_an_imp_with_no_spare_starts_its_own_box_and_another_imps_spare_stays": 2,
     },
     "tests/test_task_state_pruning.py": {
         "test_a_finished_tasks_state_goes_after_the_retention_and_not_before": 3,
