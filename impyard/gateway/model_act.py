@@ -59,6 +59,9 @@ log = logging.getLogger("impyard.gateway")
 
 PRICES_RULE = "prices"  # the rule name a refusal for a missing price carries
 UPSTREAM_RULE = "upstream-limits"
+# A call the box gave up within this much of its limit (counted from its arrival) was given up at the limit: the
+# request's way to the host and the cancel's way back, on a busy host (issue 38: audited "timeout", not "interrupted").
+GIVEN_UP_SLACK_S = 0.1
 # The purposes the box's own code asks with (its memory's, the reply's, a task's); the policy's rules name more.
 BOX_PURPOSES = frozenset({*get_args(MemoryPurpose), "reply", "embedding", "image", "task"})
 
@@ -115,6 +118,7 @@ class _UpstreamCall:
     ended_with_box: bool = (
         False  # issue 38: cut because its box went away (``ModelRequestParams.end_with_box``)
     )
+    asked_at: float = field(default_factory=time.monotonic)  # when the box's request reached the act
 
 
 class ModelAct(Act):
@@ -250,6 +254,7 @@ class ModelAct(Act):
         return SendOutlook(rule.name, rule.rate_per_minute, retry_after)
 
     async def handle(self, request: Request) -> ModelRequestResult:
+        asked_at = time.monotonic()  # the box's attempt timer runs from about now: judged and reserved since
         spec, params, record = request.spec, request.params, request.record
         assert isinstance(params, ModelRequestParams)
         decision, plan = await self._decide_model(spec, params, commit=True)
@@ -269,7 +274,9 @@ class ModelAct(Act):
         assert (
             plan.reservation is not None and plan.price is not None and decision.estimate_micros is not None
         )
-        call = _UpstreamCall(spec, params, plan, plan.reservation, decision.estimate_micros, record)
+        call = _UpstreamCall(
+            spec, params, plan, plan.reservation, decision.estimate_micros, record, asked_at=asked_at
+        )
         # The call writes its row in the trip that settles it (issue 18), whatever becomes of its caller.
         record.deferred = True
         if self._calls is None:  # no task group (a gateway used without ``running``): cut with its caller
@@ -362,7 +369,6 @@ class ModelAct(Act):
         model = call.plan.facts.model
         cost = estimate
         limit = self._limit(params)
-        began = time.monotonic()
         try:
             with call.scope:
                 if _local(
@@ -374,9 +380,11 @@ class ModelAct(Act):
                         params.path, call.plan.raw, params.purpose, timeout_s=limit
                     )
             if call.scope.cancelled_caught:
-                if limit is not None and time.monotonic() - began >= limit:
+                if limit is not None and time.monotonic() - call.asked_at >= limit - GIVEN_UP_SLACK_S:
                     # The box gave the call up at its limit and ended at the same moment: the server was slow, as
                     # the host's own timer would have said a moment later (which of the two fires first is chance).
+                    # Counted from the request's arrival, less the slack its way here and the cancel's way back
+                    # may take on a busy host: the box's timer started as it sent it.
                     raise UpstreamTimeout(limit)
                 raise _EndedWithBox  # the box went away: recorded as cut, below
         except UpstreamTimeout as exc:
