@@ -314,6 +314,36 @@ async def test_shutdown_closes_the_spares(tmp_path: Path) -> None:
     assert leftovers(tmp_path / "pip" / "state" / "spares") == []
 
 
+@dataclass
+class SlowSpares(Counting):
+    """Spares whose program never gets loaded (they never answer ``box.ready``); a session's box is the real one."""
+
+    def open(self, spec: BoxSpec, host: BoxHost):  # type: ignore[no-untyped-def]
+        if spec.channel_id:
+            return super().open(spec, host)
+        self.opened.append(spec)
+        return ProcessBackend(
+            warn=False, command=[sys.executable, "-c", "import time; time.sleep(300)"]
+        ).open(spec, host)
+
+
+async def test_a_spare_drained_while_it_still_loads_is_closed_at_once(tmp_path: Path) -> None:
+    """Drained (short of memory, idle, a stop) before it answered ``box.ready`` — which may take seconds under
+    gVisor — a spare is killed then, not waited for up to READY_TIMEOUT_S (60 s)."""
+    backend, host, recorder = SlowSpares(InProcessBackend()), ScriptedHost(), Recorder()
+    async with manager(tmp_path, host, recorder, backend) as sessions:
+        sessions.deliver(delivery(1))
+        await recorder.until(lambda: recorder.answered() == ["m1"])
+        await until(lambda: sessions.spares.waiting() == 1 and len(backend.opened) == 2)
+        await anyio.sleep(0.2)  # its process is up, and will never answer box.ready
+        (loading,) = sessions.spares.spares
+        assert not loading.ready
+        sessions.spares.drain("pip")
+        with anyio.fail_after(30):
+            await loading.closed.wait()
+        assert loading.spec.run_id not in leftovers(tmp_path / "pip" / "state" / "spares")
+
+
 async def test_no_spare_is_started_when_the_host_is_short_of_memory(tmp_path: Path) -> None:
     backend, host, recorder = Counting(InProcessBackend()), ScriptedHost(), Recorder()
     async with manager(tmp_path, host, recorder, backend, free_memory=lambda: 64 * 1024**2) as sessions:

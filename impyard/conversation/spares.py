@@ -446,15 +446,41 @@ class SparePool:
             self._idle_since.pop(imp, None)
             self.drain(imp)
 
+    @staticmethod
+    async def _until_ready(spare: Spare, box: RunningBox) -> bool:
+        """Whether the box answered ``box.ready`` (up, and loaded for its turns: what a claim would otherwise wait
+        for) before the spare was drained. Its errors are raised as they came, never in a group."""
+        failed: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+
+            async def drained() -> None:
+                await spare.wake.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(drained)
+            try:
+                await box.request("box.ready", EmptyFromHost(), timeout=READY_TIMEOUT_S)
+            except RpcError:
+                pass  # a box that refuses it (an older image) answered all the same: it is up
+            except Exception as exc:  # noqa: BLE001 - raised below, outside the group
+                failed.append(exc)
+            tg.cancel_scope.cancel()
+            if not failed:
+                return True
+        if failed:
+            raise failed[0]
+        return False
+
     async def _run_spare(self, spare: Spare) -> None:
         """One spare's whole life: started, waiting, claimed and served (by its session) or drained, closed."""
         died = False
         try:
             async with spare.backend.open(spare.spec, spare.host) as box:
-                try:  # up, its program loaded: what a claim would otherwise wait for
-                    await box.request("box.ready", EmptyFromHost(), timeout=READY_TIMEOUT_S)
-                except RpcError:
-                    pass  # a box that refuses it (an older image) answered all the same: it is up
+                if not await self._until_ready(spare, box):
+                    await (
+                        box.kill()
+                    )  # drained while it loaded (a stop, short of memory): nothing to close politely
+                    return
                 spare.box = box
                 self.poke(spare.imp)  # the census and a claim waiting for it see it now
                 async with anyio.create_task_group() as tg:
@@ -474,6 +500,8 @@ class SparePool:
                         if died:
                             self.failures[spare.imp] = f"it exited before its claim (exit {box.returncode})"
                     tg.cancel_scope.cancel()
+                if not spare.claimed:
+                    await box.kill()  # it holds nothing of anyone's: no polite close to wait for
         except Exception as exc:  # noqa: BLE001 - a spare that cannot start costs nothing but its own start
             died = not spare.claimed
             reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
