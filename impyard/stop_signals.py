@@ -109,7 +109,8 @@ async def stop_signals(log: logging.Logger, starting: str) -> AsyncIterator[Stop
 
 
 def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside nested task-group wrappers, else the group."""
+    """The one exception inside nested task-group wrappers (so a caller sees the DiscordSetupError, LeaseHeld or
+    BoxError that was raised), else the group. Every long-running command's one unwrapping."""
     error: BaseException = group
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]

@@ -271,6 +271,39 @@ def waiting_on_a_lock(url: str) -> bool:
     return bool(row and row[0])
 
 
+def postgres_home(tmp_path: Path, url: str) -> tuple[Path, dict[str, str]]:
+    """A home on ``url`` with pip, and the environment its commands run in (a model nobody answers)."""
+    home = tmp_path / "home"
+    prepare_home(home, url)
+    env = {
+        **os.environ, "IMPYARD_HOME": str(home), "IMPYARD_DATABASE_URL": url, "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+    }  # fmt: skip
+    return home, env
+
+
+def sigterm_while_locked(
+    url: str, table: str, child: subprocess.Popen[bytes], said: Callable[[], bool], log: Path
+) -> int:
+    """Another connection holds ``table`` locked until the start waits on it in a database thread; SIGTERM then,
+    and ``said`` (the stop's line) seen while the start still waits (the event loop is free); the lock let go,
+    the exit status."""
+    with psycopg.connect(libpq(url)) as lock:
+        lock.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        until(lambda: waiting_on_a_lock(url) or child.poll() is not None, log)
+        assert child.poll() is None, log.read_text()
+        child.send_signal(signal.SIGTERM)
+        until(lambda: said() or child.poll() is not None, log)
+        assert child.poll() is None, (
+            f"exit status {child.returncode} while the start waits:\n{log.read_text()}"
+        )
+        lock.rollback()  # the waiting statement ends: the stop goes on
+    try:
+        return child.wait(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after SIGTERM:\n{log.read_text()}") from None
+
+
 @pytest.mark.parametrize(
     ("command", "started"),
     [
@@ -287,29 +320,11 @@ def test_a_start_waiting_for_the_database_is_stopped_by_sigterm_and_exits_0(
     waits: the event loop is free); once the read ends, what started is closed and the command exits 0, never
     having come up."""
     url = migrated_postgres_url
-    home = tmp_path / "home"
-    prepare_home(home, url)
-    env = {
-        **os.environ, "IMPYARD_HOME": str(home), "IMPYARD_DATABASE_URL": url, "OPENAI_API_KEY": "sk-test",
-        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
-    }  # fmt: skip
+    _, env = postgres_home(tmp_path, url)
     log = tmp_path / f"{command[0]}.log"
+    line = f"SIGTERM during start-up: stopping before {started}; what started is closed"
     with running([IMPYARD, *command], env, log) as child:
-        with psycopg.connect(libpq(url)) as lock:
-            lock.execute("LOCK TABLE imp_settings IN ACCESS EXCLUSIVE MODE")
-            until(lambda: waiting_on_a_lock(url) or child.poll() is not None, log)
-            assert child.poll() is None, log.read_text()
-            child.send_signal(signal.SIGTERM)
-            line = f"SIGTERM during start-up: stopping before {started}; what started is closed"
-            until(lambda: line in log.read_text() or child.poll() is not None, log)
-            assert child.poll() is None, (
-                f"exit status {child.returncode} while the read waits:\n{log.read_text()}"
-            )
-            lock.rollback()  # the read ends: the stop goes on
-        try:
-            status = child.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after SIGTERM:\n{log.read_text()}") from None
+        status = sigterm_while_locked(url, "imp_settings", child, lambda: line in log.read_text(), log)
     text = log.read_text()
     assert status == 0, f"exit status {status}:\n{text}"
     assert "stopped during start-up" in text or command[0] == "console"  # its INFO lines are not shown
@@ -326,32 +341,14 @@ def test_a_chat_stopped_while_it_takes_its_lease_never_comes_up_and_exits_0(
     so that waits in a database thread. SIGTERM then stops the start (before, the request was counted and the chat
     came all the way up before it stopped): it never says ``Chatting with``, holds nothing after, and exits 0."""
     url = migrated_postgres_url
-    home = tmp_path / "home"
-    prepare_home(home, url)
-    env = {
-        **os.environ, "IMPYARD_HOME": str(home), "IMPYARD_DATABASE_URL": url, "OPENAI_API_KEY": "sk-test",
-        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
-    }  # fmt: skip
+    home, env = postgres_home(tmp_path, url)
     chat_log = home / "logs" / "chat.log"
     out = tmp_path / "chat.out"
+    line = "stop requested during start-up: stopping before the chat starts; what started is closed"
     with running([IMPYARD, "chat", "pip", "--backend", "process"], env, out) as child:
-        with psycopg.connect(libpq(url)) as lock:
-            lock.execute("LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
-            until(lambda: waiting_on_a_lock(url) or child.poll() is not None, out)
-            assert child.poll() is None, out.read_text()
-            child.send_signal(signal.SIGTERM)
-            line = "stop requested during start-up: stopping before the chat starts; what started is closed"
-            until(
-                lambda: (chat_log.is_file() and line in chat_log.read_text()) or child.poll() is not None, out
-            )
-            assert child.poll() is None, (
-                f"exit status {child.returncode} while the lease waits:\n{out.read_text()}"
-            )
-            lock.rollback()  # the lease's statement ends: the stop goes on
-        try:
-            status = child.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after SIGTERM:\n{out.read_text()}") from None
+        status = sigterm_while_locked(
+            url, "leases", child, lambda: chat_log.is_file() and line in chat_log.read_text(), out
+        )
     shown = out.read_text()
     assert status == 0, f"exit status {status}:\n{shown}"
     assert "Chatting with" not in shown

@@ -354,16 +354,17 @@ class Conversations:
         """Issue 37: at a host's start, the imps whose last conversation (on this host before a restart, or on
         another host of the database) ended within their ``[box] spares_idle_s`` keep their spares for the rest of
         that period, so the first message after a restart or a takeover finds one. The imps that do."""
-        keeping = {imp: self.settings_for(imp).spares for imp in self.configs}
-        keeping = {imp: spares for imp, spares in keeping.items() if spares.count > 0}
-        if not keeping or self.sessions is None:
+        idle_s = {
+            imp: kept.idle_s for imp in self.configs if (kept := self.settings_for(imp).spares).count > 0
+        }
+        if not idle_s or self.sessions is None:
             return []
-        since = now - timedelta(seconds=max(spares.idle_s for spares in keeping.values()))
+        since = now - timedelta(seconds=max(idle_s.values()))
         ended = await self.history.db.run(self.history.conversed_since, since)
         pool = self.sessions.spares
         return [
             imp
-            for imp in sorted(keeping)
+            for imp in sorted(idle_s)
             if imp in ended and pool.resume(imp, max(0.0, (now - ended[imp]).total_seconds()))
         ]
 

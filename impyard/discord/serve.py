@@ -68,7 +68,7 @@ from impyard.imps.store import ImpConfig, ImpStore
 from impyard.metrics.http import Phase, ReadyCheck, serve_health
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
-from impyard.stop_signals import StopSignals, stop_signals
+from impyard.stop_signals import StopSignals, sole_error, stop_signals
 from impyard.storage.instance import InstanceLock
 from impyard.storage.leases import HostCard, hold_host
 from impyard.storage.readiness import database_check, lease_check
@@ -529,14 +529,6 @@ def shard_scope(shard: Shard | None) -> str:
     return f" as shard {shard} (the servers of shard {shard.id}{dms})"
 
 
-def only_error(group: BaseExceptionGroup[Any]) -> BaseException:
-    """The one exception inside nested task-group wrappers (so callers see a DiscordSetupError), else the group."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
-
-
 @asynccontextmanager
 async def open_discord_host(
     imp_names: Sequence[str] | None = None, **options: Any
@@ -553,7 +545,7 @@ async def open_discord_host(
         async with _open_discord_host(imp_names, **options) as host:
             yield host
     except BaseExceptionGroup as group:
-        raise only_error(group) from None
+        raise sole_error(group) from None
 
 
 @asynccontextmanager
@@ -773,7 +765,7 @@ async def _serve(
                 log.info("stopping: running turns get their grace, then every box is closed")
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            raise only_error(group) from None
+            raise sole_error(group) from None
     if host.failure is not None:
         raise DiscordSetupError(host.failure)
     log.info("stopped")

@@ -46,6 +46,7 @@ from impyard.gateway.surfaces import Post
 from impyard.memory.departures import depart_now, wait_finished
 from impyard.paths import home
 from impyard.runtime import Runtime, open_runtime
+from impyard.stop_signals import sole_error
 from impyard.storage.leases import HostCard, LeaseKeeper, hold_host
 from impyard.supervisor import DEPARTURES_ONLY, Supervisor, SupervisorSettings, open_supervisor
 from impyard.terminal.commands import help_text, history_count, mode_answer, parse, paste_message
@@ -367,14 +368,6 @@ async def run_chat(
         raise sole_error(group) from None
     if keeper is not None and keeper.lost_error is not None:
         raise keeper.lost_error  # after every box closed: the chat exits 1, naming the lease and its taker
-
-
-def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside nested task-group wrappers (a LeaseHeld, a BoxError), else the group."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
 
 
 async def _chat(
